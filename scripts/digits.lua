@@ -1,0 +1,25 @@
+-- The default recipe: an MLP on scikit-learn's 8x8 handwritten digits (built
+-- into taper). About half a minute on a 2-core CPU; ~97% held-out accuracy.
+--   taper train scripts/digits.lua
+--   taper train scripts/digits.lua --set epochs=5 --set lr=1e-3
+local cfg = taper.config{ epochs = 30, batch = 32, lr = 3e-3, weight_decay = 1e-4, seed = 1 }
+
+local train = taper.data.digits{ split = "train" }:shuffle{ seed = cfg.seed }:batch(cfg.batch)
+local test = taper.data.digits{ split = "test" }:batch(256)
+
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 128, 64 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = cfg.weight_decay },
+  data = train,
+  seed = cfg.seed,
+}
+print(("digits: %d train / %d test samples, %d parameters"):format(#train, #test, run.parameters))
+
+for epoch in run:epochs(cfg.epochs) do
+  for batch in run:batches() do
+    run:step(batch)
+  end
+  if epoch % 5 == 0 or epoch == cfg.epochs then
+    run:evaluate(test)
+  end
+end

@@ -1,0 +1,272 @@
+//! Data sets compiled into the binary (provenance and licences in
+//! `src/data/builtin/README.md`).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::{Arc, OnceLock};
+
+use candle_core::{Device, Tensor};
+
+use super::Source;
+use crate::{Error, Result};
+
+const DIGITS_GZ: &[u8] = include_bytes!("builtin/digits.csv.gz");
+const SHAKESPEARE_GZ: &[u8] = include_bytes!("builtin/shakespeare.txt.gz");
+
+fn gunzip(bytes: &[u8], what: &str) -> Result<String> {
+    let mut s = String::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_string(&mut s)
+        .map_err(|e| Error::Data(format!("built-in {what}: {e}")))?;
+    Ok(s)
+}
+
+/// scikit-learn's 8x8 digits: 1,797 samples of 64 pixels (0..16) and a label.
+struct DigitsTable {
+    pixels: Vec<f32>,
+    labels: Vec<u32>,
+}
+
+fn digits_table() -> Result<&'static DigitsTable> {
+    static TABLE: OnceLock<DigitsTable> = OnceLock::new();
+    if let Some(t) = TABLE.get() {
+        return Ok(t);
+    }
+    let text = gunzip(DIGITS_GZ, "digits")?;
+    let mut pixels = Vec::with_capacity(1797 * 64);
+    let mut labels = Vec::with_capacity(1797);
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
+        let vals: Vec<f32> = line
+            .split(',')
+            .map(|v| v.trim().parse::<f32>())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::Data(format!("built-in digits.csv line {}: {e}", i + 1)))?;
+        if vals.len() != 65 {
+            return Err(Error::Data(format!(
+                "built-in digits.csv line {}: {} columns, expected 65",
+                i + 1,
+                vals.len()
+            )));
+        }
+        pixels.extend(vals[..64].iter().map(|p| p / 16.0));
+        labels.push(vals[64] as u32);
+    }
+    Ok(TABLE.get_or_init(|| DigitsTable { pixels, labels }))
+}
+
+/// The digits, split deterministically: every fifth sample (index % 5 == 0)
+/// is `test` (360 samples), the rest `train` (1,437).
+pub struct Digits {
+    split: String,
+    rows: Vec<usize>,
+}
+
+pub fn digits(split: &str) -> Result<Digits> {
+    let table = digits_table()?;
+    let n = table.labels.len();
+    let rows: Vec<usize> = match split {
+        "train" => (0..n).filter(|i| i % 5 != 0).collect(),
+        "test" => (0..n).filter(|i| i % 5 == 0).collect(),
+        "all" => (0..n).collect(),
+        other => {
+            return Err(Error::Config(format!(
+                "digits: unknown split `{other}`: use train, test or all"
+            )))
+        }
+    };
+    Ok(Digits {
+        split: split.to_string(),
+        rows,
+    })
+}
+
+impl Source for Digits {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+    fn split(&self) -> &str {
+        &self.split
+    }
+    fn describe(&self) -> String {
+        format!("digits/{} ({} samples)", self.split, self.rows.len())
+    }
+    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        let t = digits_table()?;
+        let mut x = Vec::with_capacity(indices.len() * 64);
+        let mut y = Vec::with_capacity(indices.len());
+        for &i in indices {
+            let r = self.rows[i];
+            x.extend_from_slice(&t.pixels[r * 64..(r + 1) * 64]);
+            y.push(t.labels[r]);
+        }
+        Ok((
+            Tensor::from_vec(x, (indices.len(), 64), &Device::Cpu)?,
+            Tensor::from_vec(y, indices.len(), &Device::Cpu)?,
+        ))
+    }
+}
+
+/// A character vocabulary.
+#[derive(Debug, Clone)]
+pub struct Vocab {
+    chars: Vec<char>,
+    index: HashMap<char, u32>,
+}
+
+impl Vocab {
+    pub fn from_text(text: &str) -> Self {
+        let mut chars: Vec<char> = text.chars().collect();
+        chars.sort_unstable();
+        chars.dedup();
+        let index = chars.iter().enumerate().map(|(i, &c)| (c, i as u32)).collect();
+        Vocab { chars, index }
+    }
+    pub fn len(&self) -> usize {
+        self.chars.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.chars.is_empty()
+    }
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        text.chars()
+            .map(|c| {
+                self.index
+                    .get(&c)
+                    .copied()
+                    .ok_or_else(|| Error::Data(format!("character {c:?} is not in the vocabulary")))
+            })
+            .collect()
+    }
+    pub fn decode(&self, ids: &[u32]) -> String {
+        ids.iter()
+            .map(|&i| self.chars.get(i as usize).copied().unwrap_or('\u{fffd}'))
+            .collect()
+    }
+}
+
+struct Corpus {
+    vocab: Arc<Vocab>,
+    tokens: Arc<Vec<u32>>,
+}
+
+fn shakespeare_corpus() -> Result<&'static Corpus> {
+    static CORPUS: OnceLock<Corpus> = OnceLock::new();
+    if let Some(c) = CORPUS.get() {
+        return Ok(c);
+    }
+    let text = gunzip(SHAKESPEARE_GZ, "shakespeare")?;
+    let vocab = Vocab::from_text(&text);
+    let tokens = vocab.encode(&text)?;
+    Ok(CORPUS.get_or_init(|| Corpus {
+        vocab: Arc::new(vocab),
+        tokens: Arc::new(tokens),
+    }))
+}
+
+/// Character-level text cut into windows of `context + 1` tokens, `stride`
+/// apart: inputs are the first `context`, targets the same shifted by one.
+pub struct CharText {
+    name: String,
+    split: String,
+    tokens: Arc<Vec<u32>>,
+    range: std::ops::Range<usize>,
+    context: usize,
+    stride: usize,
+    vocab: Arc<Vocab>,
+}
+
+/// The built-in Shakespeare: the first 90% of the corpus is `train`, the
+/// last 10% `val`.
+pub fn shakespeare(split: &str, context: usize, stride: Option<usize>) -> Result<CharText> {
+    let c = shakespeare_corpus()?;
+    let n = c.tokens.len();
+    let cut = n * 9 / 10;
+    let range = match split {
+        "train" => 0..cut,
+        "val" | "test" => cut..n,
+        other => {
+            return Err(Error::Config(format!(
+                "shakespeare: unknown split `{other}`: use train or val"
+            )))
+        }
+    };
+    if context == 0 || context + 1 > range.len() {
+        return Err(Error::Config(format!("shakespeare: context {context} does not fit the split")));
+    }
+    Ok(CharText {
+        name: "shakespeare".into(),
+        split: split.to_string(),
+        tokens: c.tokens.clone(),
+        range,
+        context,
+        stride: stride.unwrap_or(context).max(1),
+        vocab: c.vocab.clone(),
+    })
+}
+
+impl Source for CharText {
+    fn len(&self) -> usize {
+        (self.range.len() - self.context - 1) / self.stride + 1
+    }
+    fn split(&self) -> &str {
+        &self.split
+    }
+    fn describe(&self) -> String {
+        format!(
+            "{}/{} ({} windows of {}, vocabulary {})",
+            self.name,
+            self.split,
+            self.len(),
+            self.context,
+            self.vocab.len()
+        )
+    }
+    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        let t = self.context;
+        let mut x = Vec::with_capacity(indices.len() * t);
+        let mut y = Vec::with_capacity(indices.len() * t);
+        for &i in indices {
+            let s = self.range.start + i * self.stride;
+            x.extend_from_slice(&self.tokens[s..s + t]);
+            y.extend_from_slice(&self.tokens[s + 1..s + t + 1]);
+        }
+        let b = indices.len();
+        Ok((
+            Tensor::from_vec(x, (b, t), &Device::Cpu)?,
+            Tensor::from_vec(y, (b, t), &Device::Cpu)?,
+        ))
+    }
+    fn vocab(&self) -> Option<&Vocab> {
+        Some(&self.vocab)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits_split_is_fixed_and_complete() -> anyhow::Result<()> {
+        let (train, test) = (digits("train")?, digits("test")?);
+        assert_eq!((train.len(), test.len()), (1437, 360));
+        let (x, y) = test.gather(&[0, 1])?;
+        assert_eq!(x.dims(), &[2, 64]);
+        // Row 0 of the CSV is a 0, row 5 is a 5 (the file cycles 0..9 at first).
+        assert_eq!(y.to_vec1::<u32>()?, vec![0, 5]);
+        let max = x.max_all()?.to_scalar::<f32>()?;
+        assert!(max <= 1.0 && max > 0.9);
+        Ok(())
+    }
+
+    #[test]
+    fn shakespeare_windows_shift_by_one() -> anyhow::Result<()> {
+        let s = shakespeare("train", 16, None)?;
+        let (x, y) = s.gather(&[3])?;
+        let (x, y) = (x.to_vec2::<u32>()?, y.to_vec2::<u32>()?);
+        assert_eq!(x[0][1..], y[0][..15]);
+        let v = s.vocab().unwrap();
+        assert_eq!(v.decode(&v.encode("ROMEO:")?), "ROMEO:");
+        assert!(v.len() > 50 && v.len() < 80, "{}", v.len());
+        Ok(())
+    }
+}

@@ -1,0 +1,48 @@
+//! Data: sources of samples and the pipeline (take, shuffle, batch) a recipe
+//! builds over them. Batches are built natively on the host; Lua only holds
+//! handles.
+
+mod builtin;
+mod pipeline;
+
+pub use builtin::{digits, shakespeare, CharText, Digits, Vocab};
+pub use pipeline::{Epoch, Pipeline};
+
+use candle_core::Tensor;
+
+use crate::Result;
+
+/// A finite, indexable set of samples.
+pub trait Source: Send + Sync {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The split this source reads (`train`, `test`, ...), for metrics.
+    fn split(&self) -> &str;
+    /// One line for `__tostring` and logs.
+    fn describe(&self) -> String;
+    /// Inputs and targets for these samples, on the CPU, batch first.
+    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)>;
+    /// Text sources: their vocabulary, for encoding prompts and decoding output.
+    fn vocab(&self) -> Option<&Vocab> {
+        None
+    }
+}
+
+/// One batch: inputs, targets and the sample indices they came from.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub x: Tensor,
+    pub y: Tensor,
+    pub indices: Vec<usize>,
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.indices.is_empty()
+    }
+}

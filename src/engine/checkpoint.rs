@@ -1,0 +1,98 @@
+//! Checkpoints: one safetensors file holding the model (`model.*`) and the
+//! optimizer state (`optim.*`), with run metadata in its header. Written to a
+//! temporary file, synced, then renamed into place, so a checkpoint on disk is
+//! never half-written. A JSON copy of the metadata is written beside it for
+//! people and tools; taper itself reads the header.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+pub const FORMAT: &str = "taper-checkpoint/1";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointMeta {
+    pub format: String,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// The epoch in progress (1-based), or the last one finished.
+    pub epoch: u64,
+    /// Steps taken in `epoch`; resume skips that many batches of it.
+    pub epoch_steps: u64,
+    /// Whether `epoch` was finished.
+    pub epoch_complete: bool,
+    pub model: String,
+    pub optimizer: String,
+    pub lr: f64,
+    pub seed: u64,
+}
+
+fn err(path: &Path, msg: impl ToString) -> Error {
+    Error::Checkpoint {
+        path: path.to_path_buf(),
+        msg: msg.to_string(),
+    }
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = with_suffix(path, ".tmp");
+    write(&tmp)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// Writes `tensors` and `meta` to `path` (and `path` with `.json`) atomically.
+pub fn save(path: &Path, tensors: Vec<(String, Tensor)>, meta: &CheckpointMeta) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let json = serde_json::to_string(meta).map_err(|e| err(path, e))?;
+    let cpu = tensors
+        .into_iter()
+        .map(|(k, t)| Ok((k, t.to_device(&Device::Cpu)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let header = HashMap::from([("taper".to_string(), json)]);
+    write_atomic(path, |tmp| {
+        safetensors::serialize_to_file(cpu, Some(header), tmp).map_err(|e| err(path, e))
+    })?;
+    let pretty = serde_json::to_string_pretty(meta).map_err(|e| err(path, e))?;
+    let side = path.with_extension("json");
+    write_atomic(&side, |tmp| {
+        std::fs::write(tmp, pretty + "\n").map_err(|e| Error::io(tmp, e))
+    })
+}
+
+/// Reads a checkpoint written by [`save`].
+pub fn load(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, CheckpointMeta)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
+        .map_err(|e| err(path, format!("not a safetensors file: {e}")))?;
+    let json = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("taper"))
+        .ok_or_else(|| err(path, "no taper metadata: not a taper checkpoint"))?;
+    let meta: CheckpointMeta =
+        serde_json::from_str(json).map_err(|e| err(path, format!("bad metadata: {e}")))?;
+    if meta.format != FORMAT {
+        return Err(err(
+            path,
+            format!("format {} is not {FORMAT}", meta.format),
+        ));
+    }
+    let tensors = candle_core::safetensors::load_buffer(&bytes, device)
+        .map_err(|e| err(path, e))?;
+    Ok((tensors, meta))
+}

@@ -1,0 +1,178 @@
+//! A small GPT-2 style causal language model (pre-norm blocks, learned
+//! positions, tied embeddings), built from differentiable ops only: candle's
+//! fused softmax/layer-norm record no backward op (candle #2168).
+
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Init, Linear, VarBuilder};
+use serde::Deserialize;
+
+use super::model::{layer_norm, ModelSpec};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpt {
+    pub vocab: usize,
+    pub context: usize,
+    #[serde(default = "Gpt::default_width")]
+    pub width: usize,
+    #[serde(default = "Gpt::default_layers")]
+    pub layers: usize,
+    #[serde(default = "Gpt::default_heads")]
+    pub heads: usize,
+    /// Hidden size of the MLP as a multiple of `width`.
+    #[serde(default = "Gpt::default_mlp")]
+    pub mlp: usize,
+}
+
+impl Gpt {
+    fn default_width() -> usize {
+        128
+    }
+    fn default_layers() -> usize {
+        4
+    }
+    fn default_heads() -> usize {
+        4
+    }
+    fn default_mlp() -> usize {
+        4
+    }
+}
+
+const STD: f64 = 0.02;
+
+fn linear(vb: &VarBuilder, i: usize, o: usize, std: f64) -> Result<Linear> {
+    let w = vb.get_with_hints((o, i), "weight", Init::Randn { mean: 0., stdev: std })?;
+    let b = vb.get_with_hints(o, "bias", Init::Const(0.))?;
+    Ok(Linear::new(w, Some(b)))
+}
+
+struct Norm {
+    w: Tensor,
+    b: Tensor,
+}
+
+impl Norm {
+    fn new(vb: VarBuilder, width: usize) -> Result<Self> {
+        Ok(Norm {
+            w: vb.get_with_hints(width, "weight", Init::Const(1.))?,
+            b: vb.get_with_hints(width, "bias", Init::Const(0.))?,
+        })
+    }
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        layer_norm(x, &self.w, &self.b, 1e-5)
+    }
+}
+
+struct Block {
+    ln1: Norm,
+    qkv: Linear,
+    proj: Linear,
+    ln2: Norm,
+    fc: Linear,
+    fc_proj: Linear,
+    heads: usize,
+}
+
+impl Block {
+    fn new(vb: VarBuilder, cfg: &Gpt) -> Result<Self> {
+        let w = cfg.width;
+        // GPT-2: residual projections scaled by 1/sqrt(2 * layers).
+        let res_std = STD / (2.0 * cfg.layers as f64).sqrt();
+        Ok(Block {
+            ln1: Norm::new(vb.pp("ln1"), w)?,
+            qkv: linear(&vb.pp("attn.qkv"), w, 3 * w, STD)?,
+            proj: linear(&vb.pp("attn.proj"), w, w, res_std)?,
+            ln2: Norm::new(vb.pp("ln2"), w)?,
+            fc: linear(&vb.pp("mlp.fc"), w, cfg.mlp * w, STD)?,
+            fc_proj: linear(&vb.pp("mlp.proj"), cfg.mlp * w, w, res_std)?,
+            heads: cfg.heads,
+        })
+    }
+
+    fn attention(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (b, t, c) = x.dims3()?;
+        let hd = c / self.heads;
+        let qkv = self.qkv.forward(x)?.reshape((b, t, 3, self.heads, hd))?;
+        let part = |i: usize| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous();
+        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+        let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
+        let att = att.broadcast_add(mask)?;
+        let att = candle_nn::ops::softmax(&att, D::Minus1)?;
+        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))?;
+        self.proj.forward(&y)
+    }
+
+    fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attention(&self.ln1.forward(x)?, mask)?)?;
+        let h = self.fc.forward(&self.ln2.forward(&x)?)?.gelu()?;
+        x + self.fc_proj.forward(&h)?
+    }
+}
+
+struct GptNet {
+    wte: Tensor,
+    wpe: Tensor,
+    blocks: Vec<Block>,
+    ln_f: Norm,
+    context: usize,
+}
+
+fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let m: Vec<f32> = (0..t * t)
+        .map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 })
+        .collect();
+    Tensor::from_vec(m, (t, t), &Device::Cpu)?
+        .to_dtype(dtype)?
+        .to_device(device)
+}
+
+impl Module for GptNet {
+    /// `[batch, time]` token ids (u32) to `[batch, time, vocab]` logits.
+    fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+        let (b, t) = idx.dims2()?;
+        if t > self.context {
+            candle_core::bail!("gpt: sequence of {t} tokens exceeds the context of {}", self.context);
+        }
+        let tok = self.wte.embedding(&idx.flatten_all()?)?.reshape((b, t, ()))?;
+        let pos = self.wpe.narrow(0, 0, t)?;
+        let mut x = tok.broadcast_add(&pos)?;
+        let mask = causal_mask(t, x.dtype(), x.device())?;
+        for block in &self.blocks {
+            x = block.forward(&x, &mask)?;
+        }
+        let x = self.ln_f.forward(&x)?;
+        // Tied embeddings: the head is the token embedding transposed.
+        x.broadcast_matmul(&self.wte.t()?)
+    }
+}
+
+impl ModelSpec for Gpt {
+    fn describe(&self) -> String {
+        format!(
+            "gpt vocab {} context {} width {} layers {} heads {}",
+            self.vocab, self.context, self.width, self.layers, self.heads
+        )
+    }
+
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
+        if self.heads == 0 || self.width % self.heads != 0 {
+            candle_core::bail!("gpt: width {} is not divisible by heads {}", self.width, self.heads);
+        }
+        let emb = Init::Randn { mean: 0., stdev: STD };
+        let blocks = (0..self.layers)
+            .map(|i| Block::new(vb.pp(format!("h{i}")), self))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(GptNet {
+            wte: vb.get_with_hints((self.vocab, self.width), "wte", emb)?,
+            wpe: vb.get_with_hints((self.context, self.width), "wpe", emb)?,
+            blocks,
+            ln_f: Norm::new(vb.pp("ln_f"), self.width)?,
+            context: self.context,
+        }))
+    }
+
+    fn context(&self) -> Option<usize> {
+        Some(self.context)
+    }
+}

@@ -1,0 +1,18 @@
+//! Training on candle: models, parameters, optimizers, losses, the step and
+//! checkpoints.
+
+pub mod checkpoint;
+mod device;
+mod gpt;
+pub mod loss;
+pub mod model;
+pub mod optim;
+mod params;
+pub mod rng;
+mod trainer;
+
+pub use device::{describe as describe_device, parse_device};
+pub use gpt::Gpt;
+pub use model::{Activation, Cnn, Mlp, ModelSpec};
+pub use params::ParamStore;
+pub use trainer::{Eval, Trainer, TrainerOptions};

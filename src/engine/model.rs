@@ -1,0 +1,209 @@
+//! Models: a spec (plain config, cheap to clone) that builds a forward
+//! function over parameters drawn from a `VarBuilder`. Built-in specs are
+//! `Mlp`, `Cnn` and `Gpt`; embedders implement [`ModelSpec`] for their own.
+
+use candle_core::{Module, Result, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+use serde::Deserialize;
+
+/// What a model is: describes itself and builds its forward function.
+pub trait ModelSpec: Send + Sync {
+    /// One line, for `__tostring`, logs and checkpoints: `mlp 64-128-64-10 relu`.
+    fn describe(&self) -> String;
+    /// Builds the forward function. Every parameter comes from `vb`, so the
+    /// same spec builds a trainable model (over a `ParamStore`) or a frozen
+    /// one (over detached tensors, for evaluation).
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>>;
+    /// For sequence models: the longest input they accept (generation crops to it).
+    fn context(&self) -> Option<usize> {
+        None
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    #[default]
+    Relu,
+    Gelu,
+    Tanh,
+    Silu,
+}
+
+impl Activation {
+    pub fn apply(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Gelu => x.gelu(),
+            Activation::Tanh => x.tanh(),
+            Activation::Silu => x.silu(),
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::Tanh => "tanh",
+            Activation::Silu => "silu",
+        }
+    }
+}
+
+/// A multi-layer perceptron: `inputs -> hidden... -> outputs`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mlp {
+    pub inputs: usize,
+    #[serde(default)]
+    pub hidden: Vec<usize>,
+    pub outputs: usize,
+    #[serde(default)]
+    pub activation: Activation,
+}
+
+struct Dense {
+    layers: Vec<Linear>,
+    act: Activation,
+}
+
+impl Dense {
+    fn new(vb: &VarBuilder, prefix: &str, sizes: &[usize], act: Activation) -> Result<Self> {
+        let layers = sizes
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| candle_nn::linear(w[0], w[1], vb.pp(format!("{prefix}{i}"))))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Dense { layers, act })
+    }
+}
+
+impl Module for Dense {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut x = x.clone();
+        for (i, l) in self.layers.iter().enumerate() {
+            x = l.forward(&x)?;
+            if i + 1 < self.layers.len() {
+                x = self.act.apply(&x)?;
+            }
+        }
+        Ok(x)
+    }
+}
+
+impl ModelSpec for Mlp {
+    fn describe(&self) -> String {
+        let sizes: Vec<String> = self.sizes().iter().map(|s| s.to_string()).collect();
+        format!("mlp {} {}", sizes.join("-"), self.activation.name())
+    }
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
+        Ok(Box::new(Dense::new(&vb, "fc", &self.sizes(), self.activation)?))
+    }
+}
+
+impl Mlp {
+    fn sizes(&self) -> Vec<usize> {
+        let mut s = vec![self.inputs];
+        s.extend(&self.hidden);
+        s.push(self.outputs);
+        s
+    }
+}
+
+/// A small convolutional net: per entry of `channels`, a 3x3 convolution
+/// (padding 1), the activation and a 2x2 max-pool; then a dense head.
+/// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cnn {
+    /// `{channels, height, width}` of one sample.
+    pub input: [usize; 3],
+    pub channels: Vec<usize>,
+    #[serde(default)]
+    pub hidden: Vec<usize>,
+    pub outputs: usize,
+    #[serde(default)]
+    pub activation: Activation,
+}
+
+struct CnnNet {
+    input: [usize; 3],
+    convs: Vec<candle_nn::Conv2d>,
+    head: Dense,
+    act: Activation,
+}
+
+impl Module for CnnNet {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let b = x.dim(0)?;
+        let [c, h, w] = self.input;
+        let mut x = x.reshape((b, c, h, w))?;
+        for conv in &self.convs {
+            x = self.act.apply(&conv.forward(&x)?)?.max_pool2d(2)?;
+        }
+        let x = self.act.apply(&x.flatten_from(1)?)?;
+        self.head.forward(&x)
+    }
+}
+
+impl Cnn {
+    fn flat_features(&self) -> usize {
+        let [_, mut h, mut w] = self.input;
+        for _ in &self.channels {
+            h /= 2;
+            w /= 2;
+        }
+        self.channels.last().copied().unwrap_or(self.input[0]) * h * w
+    }
+}
+
+impl ModelSpec for Cnn {
+    fn describe(&self) -> String {
+        let [c, h, w] = self.input;
+        format!(
+            "cnn {c}x{h}x{w} conv{:?} hidden{:?} -> {} {}",
+            self.channels,
+            self.hidden,
+            self.outputs,
+            self.activation.name()
+        )
+    }
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
+        let [_, h, w] = self.input;
+        if h >> self.channels.len() == 0 || w >> self.channels.len() == 0 {
+            candle_core::bail!(
+                "cnn: {} pooling stages shrink a {h}x{w} input to nothing",
+                self.channels.len()
+            );
+        }
+        let cfg = candle_nn::Conv2dConfig {
+            padding: 1,
+            ..Default::default()
+        };
+        let mut in_c = self.input[0];
+        let mut convs = Vec::new();
+        for (i, &out_c) in self.channels.iter().enumerate() {
+            convs.push(candle_nn::conv2d(in_c, out_c, 3, cfg, vb.pp(format!("conv{i}")))?);
+            in_c = out_c;
+        }
+        let mut sizes = vec![self.flat_features()];
+        sizes.extend(&self.hidden);
+        sizes.push(self.outputs);
+        let head = Dense::new(&vb, "fc", &sizes, self.activation)?;
+        Ok(Box::new(CnnNet {
+            input: self.input,
+            convs,
+            head,
+            act: self.activation,
+        }))
+    }
+}
+
+/// Layer norm over the last dimension, from differentiable ops. candle's fused
+/// `layer_norm` records no backward op (candle #2168), so gradients would stop.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    let xn = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
+    xn.broadcast_mul(w)?.broadcast_add(b)
+}

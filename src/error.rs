@@ -1,0 +1,83 @@
+//! The crate's error type: one variant per kind of failure a caller matches on.
+
+use std::path::PathBuf;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A recipe option, config key or CLI value is wrong. The message names
+    /// the key and, for Lua, the file and line.
+    #[error("{0}")]
+    Config(String),
+    /// The recipe failed to load (syntax) or raised an error while running.
+    #[error("{0}")]
+    Script(String),
+    /// A data source could not be read or decoded.
+    #[error("data: {0}")]
+    Data(String),
+    /// The requested device is not available in this build or on this machine.
+    #[error("{0}")]
+    Device(String),
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {}: {msg}", path.display())]
+    Checkpoint { path: PathBuf, msg: String },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Lua(#[from] mlua::Error),
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// The CLI's exit code: 2 for usage and recipe errors (syntax, options,
+    /// config, device), 1 for failures during training.
+    pub fn exit_code(&self) -> u8 {
+        if self.is_recipe_error() {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// True for errors in the recipe itself or its invocation.
+    pub fn is_recipe_error(&self) -> bool {
+        match self {
+            Error::Config(_) | Error::Device(_) => true,
+            Error::Lua(e) => lua_is_recipe_error(e),
+            _ => false,
+        }
+    }
+}
+
+fn lua_is_recipe_error(e: &mlua::Error) -> bool {
+    match e {
+        mlua::Error::SyntaxError { .. } => true,
+        mlua::Error::CallbackError { cause, .. } => lua_is_recipe_error(cause),
+        mlua::Error::WithContext { cause, .. } => lua_is_recipe_error(cause),
+        mlua::Error::ExternalError(inner) => match inner.downcast_ref::<Error>() {
+            Some(e) => e.is_recipe_error(),
+            None => inner
+                .downcast_ref::<mlua::Error>()
+                .is_some_and(lua_is_recipe_error),
+        },
+        _ => false,
+    }
+}
+
+/// Wraps a taper error for a trip through Lua. `mlua::Error::external` keeps it
+/// downcastable, so the type survives `pcall` and comes back out intact.
+pub(crate) fn lua_err(e: impl Into<Error>) -> mlua::Error {
+    mlua::Error::external(e.into())
+}

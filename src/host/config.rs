@@ -1,0 +1,71 @@
+//! `taper.config{ key = default, ... }`: a recipe's tunables, overridden from
+//! the command line with `--set key=value`, typed by the default.
+
+use mlua::{Lua, Table, Value};
+
+use super::options::config_error;
+use super::state;
+
+pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
+    taper.set("config", lua.create_function(config)?)
+}
+
+fn config(lua: &Lua, defaults: Table) -> mlua::Result<Table> {
+    let host = state(lua);
+    if host.config_called.replace(true) {
+        return Err(config_error(lua, "taper.config: call it once per recipe"));
+    }
+    let out = lua.create_table()?;
+    let mut declared = Vec::new();
+    for pair in defaults.pairs::<String, Value>() {
+        let (k, v) = pair?;
+        declared.push(k.clone());
+        out.set(k, v)?;
+    }
+    declared.sort();
+    for (key, raw) in &host.opts.overrides {
+        let default: Value = defaults.get(key.as_str())?;
+        let value = match default {
+            Value::Nil => {
+                return Err(config_error(
+                    lua,
+                    format!(
+                        "--set {key}={raw}: unknown config key `{key}`; the recipe declares: {}",
+                        declared.join(", ")
+                    ),
+                ))
+            }
+            Value::Integer(_) => raw.parse::<i64>().map(Value::Integer).map_err(|_| {
+                config_error(lua, format!("--set {key}={raw}: `{key}` is an integer"))
+            })?,
+            Value::Number(_) => raw.parse::<f64>().map(Value::Number).map_err(|_| {
+                config_error(lua, format!("--set {key}={raw}: `{key}` is a number"))
+            })?,
+            Value::Boolean(_) => match raw.as_str() {
+                "true" => Value::Boolean(true),
+                "false" => Value::Boolean(false),
+                _ => {
+                    return Err(config_error(
+                        lua,
+                        format!("--set {key}={raw}: `{key}` is a boolean (true or false)"),
+                    ))
+                }
+            },
+            Value::String(_) => Value::String(lua.create_string(raw)?),
+            other => {
+                return Err(config_error(
+                    lua,
+                    format!(
+                        "--set {key}={raw}: `{key}` has a {} default; only numbers, booleans and strings can be set",
+                        other.type_name()
+                    ),
+                ))
+            }
+        };
+        out.set(key.as_str(), value)?;
+    }
+    let record: serde_json::Value = mlua::LuaSerdeExt::from_value(lua, Value::Table(out.clone()))?;
+    host.out.record("config", 0, 0, record.as_object().cloned().unwrap_or_default())
+        .map_err(crate::error::lua_err)?;
+    Ok(out)
+}

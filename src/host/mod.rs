@@ -1,0 +1,346 @@
+//! The Lua host: the `taper` module a recipe sees, and running a recipe.
+
+mod config;
+mod data;
+mod models;
+mod options;
+mod output;
+mod run;
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use candle_core::Device;
+use mlua::{Lua, Table, Value};
+use serde::de::DeserializeOwned;
+
+use crate::data::Source;
+use crate::engine::{parse_device, Eval, ModelSpec};
+use crate::{Error, Result};
+use output::Output;
+pub use run::RunSummary;
+use run::RunState;
+
+/// How a host runs recipes. `Default` suits embedding: CPU, seed 0, no output
+/// folder, quiet.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    /// `auto`, `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Mixed into every seed a recipe gives (init, shuffles, sampling).
+    pub seed: u64,
+    /// Receives `metrics.jsonl` and final or failure checkpoints.
+    pub out_dir: Option<PathBuf>,
+    /// Restore the first run the recipe creates from this checkpoint.
+    pub resume: Option<PathBuf>,
+    /// No progress bar and no printed lines.
+    pub quiet: bool,
+    /// Load and validate only: `run:epochs()` yields no epoch.
+    pub check_only: bool,
+    /// `--set key=value` overrides for `taper.config`.
+    pub overrides: Vec<(String, String)>,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            device: "cpu".into(),
+            seed: 0,
+            out_dir: None,
+            resume: None,
+            quiet: true,
+            check_only: false,
+            overrides: Vec::new(),
+        }
+    }
+}
+
+/// State shared by the Lua API functions (stored as Lua app data).
+pub(crate) struct HostState {
+    pub opts: HostOptions,
+    pub device: Device,
+    pub out: Output,
+    pub config_called: Cell<bool>,
+    pub runs: RefCell<Vec<Rc<RefCell<RunState>>>>,
+    pub resume: RefCell<Option<PathBuf>>,
+}
+
+pub(crate) fn state(lua: &Lua) -> Rc<HostState> {
+    // Set in Host::new before any Lua code can run.
+    lua.app_data_ref::<Rc<HostState>>()
+        .map(|s| s.clone())
+        .expect("taper host state is installed by Host::new")
+}
+
+/// What a finished recipe left behind.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub runs: Vec<RunSummary>,
+    pub metrics: Option<PathBuf>,
+}
+
+pub struct Host {
+    lua: Lua,
+    state: Rc<HostState>,
+    checkpoints: Vec<PathBuf>,
+}
+
+impl Host {
+    pub fn new(opts: HostOptions) -> Result<Host> {
+        let device = parse_device(&opts.device)?;
+        let out = Output::new(opts.out_dir.as_deref(), opts.quiet)?;
+        let lua = Lua::new();
+        let state = Rc::new(HostState {
+            resume: RefCell::new(opts.resume.clone()),
+            opts,
+            device,
+            out,
+            config_called: Cell::new(false),
+            runs: RefCell::new(Vec::new()),
+        });
+        lua.set_app_data(state.clone());
+        let taper = lua.create_table()?;
+        taper.set("version", env!("CARGO_PKG_VERSION"))?;
+        taper.set("device", crate::engine::describe_device(&state.device))?;
+        config::register(&lua, &taper)?;
+        models::register(&lua, &taper)?;
+        data::register(&lua, &taper)?;
+        run::register(&lua, &taper)?;
+        lua.globals().set("taper", taper.clone())?;
+        lua.register_module("taper", taper)?;
+        install_print(&lua)?;
+        Ok(Host {
+            lua,
+            state,
+            checkpoints: Vec::new(),
+        })
+    }
+
+    /// The Lua state, for embedders that add their own functions.
+    pub fn lua(&self) -> &Lua {
+        &self.lua
+    }
+
+    fn sub_table(&self, name: &str) -> Result<Table> {
+        let taper: Table = self.lua.globals().get("taper")?;
+        Ok(taper.get(name)?)
+    }
+
+    /// Makes `taper.model.<name>{...}` build `T`, decoded from the options
+    /// table (use `#[serde(deny_unknown_fields)]`).
+    pub fn register_model<T>(&self, name: &str) -> Result<()>
+    where
+        T: ModelSpec + DeserializeOwned + 'static,
+    {
+        let what = format!("taper.model.{name}");
+        let f = self.lua.create_function(move |lua, opts: Value| {
+            let spec: T = options::decode(lua, &what, opts)?;
+            Ok(models::ModelHandle(Arc::new(spec)))
+        })?;
+        self.sub_table("model")?.set(name, f)?;
+        Ok(())
+    }
+
+    /// Makes `taper.data.<name>{...}` a source built by `make` from options `O`.
+    pub fn register_data<O, F>(&self, name: &str, make: F) -> Result<()>
+    where
+        O: DeserializeOwned + 'static,
+        F: Fn(O) -> Result<Arc<dyn Source>> + 'static,
+    {
+        let what = format!("taper.data.{name}");
+        let f = self.lua.create_function(move |lua, opts: Value| {
+            let o: O = options::decode(lua, &what, opts)?;
+            let source = make(o).map_err(crate::error::lua_err)?;
+            Ok(data::DataHandle(crate::data::Pipeline::new(source)))
+        })?;
+        self.sub_table("data")?.set(name, f)?;
+        Ok(())
+    }
+
+    /// Runs a recipe file. Its directory is on the `require` path.
+    pub fn run_file(&mut self, path: &Path) -> Result<Report> {
+        let src = std::fs::read_to_string(path).map_err(|e| {
+            Error::Config(format!(
+                "cannot read recipe {}: {e} (try `taper train scripts/digits.lua`)",
+                path.display()
+            ))
+        })?;
+        if let Some(dir) = path.parent() {
+            let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+            let package: Table = self.lua.globals().get("package")?;
+            let old: String = package.get("path")?;
+            let d = dir.display();
+            package.set("path", format!("{d}/?.lua;{d}/?/init.lua;{old}"))?;
+        }
+        self.run_source(&path.display().to_string(), &src)
+    }
+
+    /// Runs recipe source; `name` is what error messages call the file.
+    pub fn run_source(&mut self, name: &str, src: &str) -> Result<Report> {
+        let result = self
+            .lua
+            .load(src)
+            .set_name(format!("@{name}"))
+            .exec()
+            .map_err(Error::from)
+            .and_then(|_| self.check_overrides_used());
+        match result {
+            Ok(()) => self.finish(),
+            Err(e) => {
+                self.state.out.finish_bar();
+                self.save_all("failed")?;
+                Err(e)
+            }
+        }
+    }
+
+    fn check_overrides_used(&self) -> Result<()> {
+        if !self.state.opts.overrides.is_empty() && !self.state.config_called.get() {
+            return Err(Error::Config(
+                "--set was given but the recipe declares no taper.config{...}".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<Report> {
+        for r in self.state.runs.borrow().iter() {
+            run::finish_epoch(&self.state, &mut r.borrow_mut())?;
+        }
+        self.state.out.finish_bar();
+        self.save_all("final")?;
+        Ok(Report {
+            runs: self
+                .state
+                .runs
+                .borrow()
+                .iter()
+                .map(|r| r.borrow().summary())
+                .collect(),
+            metrics: self.state.out.metrics_path(),
+        })
+    }
+
+    /// Writes a checkpoint of every run that has trained, into the output
+    /// folder: `checkpoint.safetensors`, `checkpoint-2.safetensors`, ...
+    fn save_all(&mut self, why: &str) -> Result<()> {
+        let Some(dir) = self.state.opts.out_dir.clone() else {
+            return Ok(());
+        };
+        for r in self.state.runs.borrow().iter() {
+            let r = r.borrow();
+            if r.trainer.step == 0 {
+                continue;
+            }
+            let name = match r.id {
+                1 => "checkpoint.safetensors".to_string(),
+                n => format!("checkpoint-{n}.safetensors"),
+            };
+            let path = dir.join(name);
+            r.save(&path)?;
+            let _ = self.state.out.record(
+                "checkpoint",
+                r.trainer.step,
+                r.epoch,
+                serde_json::Map::from_iter([
+                    ("path".into(), path.display().to_string().into()),
+                    ("reason".into(), why.into()),
+                ]),
+            );
+            self.checkpoints.push(path);
+        }
+        Ok(())
+    }
+
+    /// Checkpoints written at the end of the last recipe, or after its failure.
+    pub fn checkpoints(&self) -> &[PathBuf] {
+        &self.checkpoints
+    }
+
+    /// The last evaluation of each run, in creation order.
+    pub fn last_evals(&self) -> Vec<Option<Eval>> {
+        self.state.runs.borrow().iter().map(|r| r.borrow().last_eval).collect()
+    }
+}
+
+/// `print` goes through the output so that it neither tears the progress bar
+/// nor shows when quiet.
+fn install_print(lua: &Lua) -> mlua::Result<()> {
+    let print = lua.create_function(|lua, args: mlua::MultiValue| {
+        let tostring: mlua::Function = lua.globals().get("tostring")?;
+        let parts = args
+            .into_iter()
+            .map(|v| tostring.call::<String>(v))
+            .collect::<mlua::Result<Vec<_>>>()?;
+        state(lua).out.line(&parts.join("\t"));
+        Ok(())
+    })?;
+    lua.globals().set("print", print)
+}
+
+/// A readable, multi-line message for an error from a recipe: the cause
+/// first, then the Lua traceback when there is one.
+pub fn render_error(e: &Error) -> String {
+    match e {
+        Error::Lua(l) => render_lua(l),
+        other => other.to_string(),
+    }
+}
+
+fn render_lua(e: &mlua::Error) -> String {
+    match e {
+        mlua::Error::CallbackError { traceback, cause } => {
+            let head = render_lua(cause);
+            if lua_cause_is_config(cause) {
+                head
+            } else {
+                format!("{head}\n{traceback}")
+            }
+        }
+        mlua::Error::WithContext { context, cause } => format!("{context}: {}", render_lua(cause)),
+        mlua::Error::ExternalError(inner) => match inner.downcast_ref::<Error>() {
+            Some(t) => render_error(t),
+            None => inner.to_string(),
+        },
+        mlua::Error::SyntaxError { message, .. } => message.clone(),
+        mlua::Error::RuntimeError(msg) => msg.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn lua_cause_is_config(e: &mlua::Error) -> bool {
+    match e {
+        mlua::Error::ExternalError(inner) => {
+            matches!(inner.downcast_ref::<Error>(), Some(Error::Config(_)))
+        }
+        mlua::Error::CallbackError { cause, .. } => lua_cause_is_config(cause),
+        _ => false,
+    }
+}
+
+/// `YYYYmmdd-HHMMSS` in UTC, for default output folder names.
+pub fn utc_stamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

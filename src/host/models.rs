@@ -1,0 +1,108 @@
+//! `taper.model`, `taper.optim` and `taper.loss`: constructors that return
+//! handles to plain specs. The run instantiates them.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use mlua::{Lua, MetaMethod, Table, UserData, UserDataMethods, Value};
+
+use super::options::decode;
+use crate::engine::loss::CrossEntropy;
+use crate::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
+use crate::engine::{Cnn, Gpt, Mlp, ModelSpec, ParamStore};
+
+#[derive(Clone)]
+pub struct ModelHandle(pub Arc<dyn ModelSpec>);
+
+impl UserData for ModelHandle {
+    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
+            Ok(format!("taper.model({})", this.0.describe()))
+        });
+        // Builds the model once on the CPU to count its parameters.
+        m.add_method("parameters", |_, this, ()| {
+            let store = ParamStore::new(0);
+            this.0
+                .build(store.var_builder(DType::F32, &Device::Cpu))
+                .map_err(crate::error::lua_err)?;
+            Ok(store.num_params())
+        });
+        m.add_method("describe", |_, this, ()| Ok(this.0.describe()));
+    }
+}
+
+#[derive(Clone)]
+pub struct OptimHandle(pub OptimSpec);
+
+impl UserData for OptimHandle {
+    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
+            Ok(format!("taper.optim({})", this.0.describe()))
+        });
+    }
+}
+
+#[derive(Clone)]
+pub struct LossHandle(pub CrossEntropy);
+
+impl UserData for LossHandle {
+    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
+            Ok(format!(
+                "taper.loss(cross_entropy label_smoothing {})",
+                this.0.label_smoothing
+            ))
+        });
+    }
+}
+
+fn model<T: ModelSpec + serde::de::DeserializeOwned + 'static>(
+    lua: &Lua,
+    name: &'static str,
+) -> mlua::Result<mlua::Function> {
+    lua.create_function(move |lua, opts: Value| {
+        let spec: T = decode(lua, name, opts)?;
+        Ok(ModelHandle(Arc::new(spec)))
+    })
+}
+
+pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
+    let models = lua.create_table()?;
+    models.set("mlp", model::<Mlp>(lua, "taper.model.mlp")?)?;
+    models.set("cnn", model::<Cnn>(lua, "taper.model.cnn")?)?;
+    models.set("gpt", model::<Gpt>(lua, "taper.model.gpt")?)?;
+    taper.set("model", models)?;
+
+    let optim = lua.create_table()?;
+    optim.set(
+        "adamw",
+        lua.create_function(|lua, opts: Value| {
+            let c: AdamWConfig = decode(lua, "taper.optim.adamw", opts)?;
+            Ok(OptimHandle(OptimSpec::AdamW(c)))
+        })?,
+    )?;
+    optim.set(
+        "sgd",
+        lua.create_function(|lua, opts: Value| {
+            let c: SgdConfig = decode(lua, "taper.optim.sgd", opts)?;
+            Ok(OptimHandle(OptimSpec::Sgd(c)))
+        })?,
+    )?;
+    taper.set("optim", optim)?;
+
+    let loss = lua.create_table()?;
+    loss.set(
+        "cross_entropy",
+        lua.create_function(|lua, opts: Value| {
+            let c: CrossEntropy = decode(lua, "taper.loss.cross_entropy", opts)?;
+            if !(0.0..1.0).contains(&c.label_smoothing) {
+                return Err(super::options::config_error(
+                    lua,
+                    "taper.loss.cross_entropy: label_smoothing must be in [0, 1)",
+                ));
+            }
+            Ok(LossHandle(c))
+        })?,
+    )?;
+    taper.set("loss", loss)
+}

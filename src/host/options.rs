@@ -1,0 +1,103 @@
+//! Decoding Lua option tables into Rust structs, with errors that name the
+//! key and the recipe's file and line.
+
+use std::fmt::Display;
+
+use mlua::{AnyUserData, Lua, Table, UserData, Value};
+use serde::de::DeserializeOwned;
+
+use crate::error::lua_err;
+use crate::Error;
+
+/// `file:line: ` of the innermost Lua function on the stack, or "".
+pub(crate) fn location(lua: &Lua) -> String {
+    for level in 0..32 {
+        let found = lua.inspect_stack(level, |d| {
+            let src = d.source();
+            if src.what == "C" {
+                return None;
+            }
+            let line = d.current_line()?;
+            Some(format!("{}:{line}: ", src.short_src.as_deref().unwrap_or("?")))
+        });
+        match found {
+            None => break,
+            Some(Some(loc)) => return loc,
+            Some(None) => continue,
+        }
+    }
+    String::new()
+}
+
+/// A config error at the caller's location.
+pub(crate) fn config_error(lua: &Lua, msg: impl Display) -> mlua::Error {
+    lua_err(Error::Config(format!("{}{msg}", location(lua))))
+}
+
+/// Decodes an options table (or nil, meaning all defaults) into `T`.
+/// `T` should use `#[serde(deny_unknown_fields)]` so that a typo is an error.
+pub(crate) fn decode<T: DeserializeOwned>(lua: &Lua, what: &str, value: Value) -> mlua::Result<T> {
+    let value = match value {
+        Value::Nil => Value::Table(lua.create_table()?),
+        v => v,
+    };
+    let de = mlua::serde::Deserializer::new(value);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            config_error(lua, format!("{what}: {inner}"))
+        } else {
+            config_error(lua, format!("{what}: option `{path}`: {inner}"))
+        }
+    })
+}
+
+/// For options tables holding handles, which serde cannot decode: rejects any
+/// key not in `allowed`.
+pub(crate) fn check_keys(lua: &Lua, what: &str, t: &Table, allowed: &[&str]) -> mlua::Result<()> {
+    for pair in t.pairs::<Value, Value>() {
+        let (k, _) = pair?;
+        let key = match &k {
+            Value::String(s) => s.to_str()?.to_string(),
+            other => format!("{other:?}"),
+        };
+        if !allowed.contains(&key.as_str()) {
+            return Err(config_error(
+                lua,
+                format!("{what}: unknown option `{key}`, expected one of {}", allowed.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads `t[key]` as the userdata `T`, cloned out. `None` when absent.
+pub(crate) fn handle<T: UserData + Clone + 'static>(
+    lua: &Lua,
+    what: &str,
+    t: &Table,
+    key: &str,
+    expected: &str,
+) -> mlua::Result<Option<T>> {
+    match t.get::<Value>(key)? {
+        Value::Nil => Ok(None),
+        Value::UserData(ud) => match ud.borrow::<T>() {
+            Ok(h) => Ok(Some(h.clone())),
+            Err(_) => Err(config_error(
+                lua,
+                format!("{what}: option `{key}` must be {expected}, got {}", type_name(&ud)),
+            )),
+        },
+        other => Err(config_error(
+            lua,
+            format!("{what}: option `{key}` must be {expected}, got a {}", other.type_name()),
+        )),
+    }
+}
+
+fn type_name(ud: &AnyUserData) -> String {
+    ud.metatable()
+        .and_then(|m| m.get::<String>("__name"))
+        .unwrap_or_else(|_| "userdata".to_string())
+}

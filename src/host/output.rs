@@ -1,0 +1,110 @@
+//! What a run shows and keeps: `metrics.jsonl` (one JSON object per line),
+//! the progress bar, and printed lines that do not tear the bar.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Map, Value};
+
+use crate::{Error, Result};
+
+pub(crate) struct Output {
+    metrics: RefCell<Option<(PathBuf, BufWriter<File>)>>,
+    bar: RefCell<Option<ProgressBar>>,
+    quiet: bool,
+    start: Instant,
+}
+
+impl Output {
+    pub fn new(out_dir: Option<&Path>, quiet: bool) -> Result<Self> {
+        let metrics = match out_dir {
+            None => None,
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+                let path = dir.join("metrics.jsonl");
+                let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
+                Some((path, BufWriter::new(f)))
+            }
+        };
+        Ok(Output {
+            metrics: RefCell::new(metrics),
+            bar: RefCell::new(None),
+            quiet,
+            start: Instant::now(),
+        })
+    }
+
+    /// Appends one record. Every record carries `event`, `step`, `epoch` and
+    /// `time` (seconds since the host started).
+    pub fn record(&self, event: &str, step: u64, epoch: u64, fields: Map<String, Value>) -> Result<()> {
+        let mut m = self.metrics.borrow_mut();
+        let Some((path, w)) = m.as_mut() else {
+            return Ok(());
+        };
+        let mut rec = Map::new();
+        rec.insert("event".into(), event.into());
+        rec.insert("step".into(), step.into());
+        rec.insert("epoch".into(), epoch.into());
+        let t = (self.start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+        rec.insert("time".into(), t.into());
+        for (k, v) in fields {
+            rec.entry(k).or_insert(v);
+        }
+        let line = serde_json::to_string(&Value::Object(rec)).map_err(|e| Error::Data(e.to_string()))?;
+        // Flushed per record: records are per epoch or per log call, and a
+        // crash must not lose them.
+        writeln!(w, "{line}")
+            .and_then(|_| w.flush())
+            .map_err(|e| Error::io(path.clone(), e))
+    }
+
+    /// Prints a line to stdout above the progress bar.
+    pub fn line(&self, s: &str) {
+        if self.quiet {
+            return;
+        }
+        match self.bar.borrow().as_ref() {
+            Some(bar) if !bar.is_hidden() => bar.suspend(|| println!("{s}")),
+            _ => println!("{s}"),
+        }
+    }
+
+    /// A new bar for `len` steps (hidden when quiet or stderr is no terminal).
+    pub fn start_bar(&self, len: usize, prefix: String) {
+        self.finish_bar();
+        if self.quiet {
+            return;
+        }
+        let bar = ProgressBar::new(len as u64);
+        let style = ProgressStyle::with_template(
+            "{prefix} [{bar:30.cyan/blue}] {pos}/{len} {msg} {per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_prefix(prefix);
+        bar.enable_steady_tick(Duration::from_millis(250));
+        *self.bar.borrow_mut() = Some(bar);
+    }
+
+    pub fn tick(&self, step: u64, loss: f64) {
+        if let Some(bar) = self.bar.borrow().as_ref() {
+            bar.set_message(format!("step {step} loss {loss:.4}"));
+            bar.inc(1);
+        }
+    }
+
+    pub fn finish_bar(&self) {
+        if let Some(bar) = self.bar.borrow_mut().take() {
+            bar.finish_and_clear();
+        }
+    }
+
+    pub fn metrics_path(&self) -> Option<PathBuf> {
+        self.metrics.borrow().as_ref().map(|(p, _)| p.clone())
+    }
+}

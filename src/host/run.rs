@@ -1,0 +1,383 @@
+//! `taper.run{...}` and the run handle: the methods a recipe's loop calls.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::DType;
+use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
+use serde::Deserialize;
+use serde_json::{json, Map};
+
+use super::data::{BatchHandle, DataHandle};
+use super::models::{LossHandle, ModelHandle, OptimHandle};
+use super::options::{check_keys, config_error, decode, handle};
+use super::{state, HostState};
+use crate::data::Pipeline;
+use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
+use crate::engine::optim::{AdamWConfig, OptimSpec};
+use crate::engine::{Eval, Trainer, TrainerOptions};
+use crate::error::lua_err;
+use crate::Result;
+
+/// Batch size for data without `:batch(n)`: training, evaluation.
+const TRAIN_BATCH: usize = 32;
+const EVAL_BATCH: usize = 256;
+
+pub(crate) struct RunState {
+    pub id: usize,
+    pub trainer: Trainer,
+    pub data: Option<Pipeline>,
+    pub seed: u64,
+    /// The epoch in progress, or the last one started (1-based; 0 before any).
+    pub epoch: u64,
+    pub in_epoch: bool,
+    pub epoch_steps: u64,
+    /// Batches of the next epoch to skip (resuming mid-epoch).
+    skip_next: usize,
+    epoch_loss: f64,
+    epoch_samples: usize,
+    epoch_start: Instant,
+    total_epochs: u64,
+    pub last_eval: Option<Eval>,
+}
+
+/// What a run reached, for embedders and tests.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub step: u64,
+    pub epoch: u64,
+    pub last_eval: Option<Eval>,
+}
+
+impl RunState {
+    pub fn summary(&self) -> RunSummary {
+        RunSummary {
+            step: self.trainer.step,
+            epoch: self.epoch,
+            last_eval: self.last_eval,
+        }
+    }
+
+    fn meta(&self) -> CheckpointMeta {
+        CheckpointMeta {
+            format: FORMAT.into(),
+            step: self.trainer.step,
+            epoch: self.epoch,
+            epoch_steps: self.epoch_steps,
+            epoch_complete: !self.in_epoch,
+            model: self.trainer.spec().describe(),
+            optimizer: self.trainer.optimizer_description().to_string(),
+            lr: self.trainer.learning_rate(),
+            seed: self.seed,
+        }
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.trainer.save(path, &self.meta())
+    }
+
+    fn resume(&mut self, path: &Path) -> Result<()> {
+        let meta = self.trainer.load(path)?;
+        if meta.epoch_complete {
+            self.epoch = meta.epoch;
+        } else {
+            // Re-enter the interrupted epoch, after the batches already taken.
+            self.epoch = meta.epoch.saturating_sub(1);
+            self.skip_next = meta.epoch_steps as usize;
+        }
+        Ok(())
+    }
+}
+
+/// Closes the epoch in progress: one `epoch` record and a summary line.
+pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
+    if !r.in_epoch {
+        return Ok(());
+    }
+    r.in_epoch = false;
+    host.out.finish_bar();
+    let secs = r.epoch_start.elapsed().as_secs_f64();
+    let loss = r.epoch_loss / r.epoch_samples.max(1) as f64;
+    let rate = r.epoch_samples as f64 / secs.max(1e-9);
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    if r.epoch_samples > 0 {
+        f.insert("loss".into(), json!(loss));
+    }
+    f.insert("samples".into(), r.epoch_samples.into());
+    f.insert("seconds".into(), json!(secs));
+    f.insert("samples_per_s".into(), json!(rate));
+    f.insert("lr".into(), json!(r.trainer.learning_rate()));
+    host.out.record("epoch", r.trainer.step, r.epoch, f)?;
+    host.out.line(&format!(
+        "epoch {}/{}  step {}  train loss {loss:.4}  {rate:.0} samples/s  {secs:.2}s",
+        r.epoch, r.total_epochs, r.trainer.step
+    ));
+    Ok(())
+}
+
+#[derive(Clone)]
+pub(crate) struct RunHandle(Rc<RefCell<RunState>>);
+
+const RUN_KEYS: &[&str] = &["model", "optim", "data", "loss", "seed"];
+
+fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
+    let what = "taper.run";
+    check_keys(lua, what, &opts, RUN_KEYS)?;
+    let model: ModelHandle = handle(lua, what, &opts, "model", "a taper.model")?
+        .ok_or_else(|| config_error(lua, "taper.run: option `model` is required"))?;
+    let optim = handle::<OptimHandle>(lua, what, &opts, "optim", "a taper.optim")?
+        .map(|o| o.0)
+        .unwrap_or(OptimSpec::AdamW(AdamWConfig::default()));
+    let data = handle::<DataHandle>(lua, what, &opts, "data", "taper.data")?.map(|d| d.0);
+    let loss = handle::<LossHandle>(lua, what, &opts, "loss", "a taper.loss")?
+        .map(|l| l.0)
+        .unwrap_or_default();
+    let seed: u64 = decode(lua, "taper.run: option `seed`", opts.get::<Value>("seed")?)
+        .or_else(|_| Ok::<_, mlua::Error>(0))?;
+    let host = state(lua);
+    let seed = seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let topts = TrainerOptions {
+        device: host.device.clone(),
+        dtype: DType::F32,
+        seed,
+        loss,
+    };
+    let trainer = Trainer::new(Arc::clone(&model.0), &optim, topts).map_err(lua_err)?;
+    let id = host.runs.borrow().len() + 1;
+    let mut run = RunState {
+        id,
+        trainer,
+        data,
+        seed,
+        epoch: 0,
+        in_epoch: false,
+        epoch_steps: 0,
+        skip_next: 0,
+        epoch_loss: 0.0,
+        epoch_samples: 0,
+        epoch_start: Instant::now(),
+        total_epochs: 0,
+        last_eval: None,
+    };
+    if let Some(path) = host.resume.borrow_mut().take() {
+        run.resume(&path).map_err(lua_err)?;
+        host.out.line(&format!("resumed from {} at step {}", path.display(), run.trainer.step));
+    }
+    let mut f = Map::new();
+    f.insert("run".into(), id.into());
+    f.insert("model".into(), model.0.describe().into());
+    f.insert("parameters".into(), run.trainer.params().num_params().into());
+    f.insert("optimizer".into(), run.trainer.optimizer_description().into());
+    f.insert("device".into(), crate::engine::describe_device(&host.device).into());
+    host.out.record("run", run.trainer.step, run.epoch, f).map_err(lua_err)?;
+    let rc = Rc::new(RefCell::new(run));
+    host.runs.borrow_mut().push(rc.clone());
+    Ok(RunHandle(rc))
+}
+
+fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
+    run.0.borrow_mut().total_epochs = n;
+    let run = run.0.clone();
+    lua.create_function(move |lua, ()| {
+        let host = state(lua);
+        let mut r = run.borrow_mut();
+        finish_epoch(&host, &mut r).map_err(lua_err)?;
+        let next = r.epoch + 1;
+        if host.opts.check_only || next > n {
+            return Ok(None);
+        }
+        r.epoch = next;
+        r.in_epoch = true;
+        r.epoch_steps = r.skip_next as u64;
+        r.epoch_loss = 0.0;
+        r.epoch_samples = 0;
+        r.epoch_start = Instant::now();
+        Ok(Some(next))
+    })
+}
+
+fn batches(lua: &Lua, run: &RunHandle, data: Option<DataHandle>) -> mlua::Result<Function> {
+    let host = state(lua);
+    let mut r = run.0.borrow_mut();
+    let pipe = match data.map(|d| d.0).or_else(|| r.data.clone()) {
+        Some(p) => p,
+        None => {
+            return Err(config_error(
+                lua,
+                "run:batches(): this run has no data; pass taper.run{ data = ... } or run:batches(data)",
+            ))
+        }
+    };
+    let epoch = r.epoch.max(1);
+    let skip = std::mem::take(&mut r.skip_next);
+    let it = RefCell::new(pipe.epoch(epoch, TRAIN_BATCH, skip));
+    host.out.start_bar(it.borrow().remaining(), format!("epoch {epoch}"));
+    let run = run.0.clone();
+    lua.create_function(move |lua, ()| match it.borrow_mut().next() {
+        // The epoch's data is used up: close it now, so that its summary
+        // comes before any evaluation the loop body does next.
+        None => {
+            let mut r = run.borrow_mut();
+            if r.total_epochs > 0 {
+                finish_epoch(&state(lua), &mut r).map_err(lua_err)?;
+            }
+            Ok(None)
+        }
+        Some(b) => Ok(Some(BatchHandle(b.map_err(lua_err)?))),
+    })
+}
+
+fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(f64, u64)> {
+    let host = state(lua);
+    let mut r = run.0.borrow_mut();
+    let loss = r.trainer.train_step(&batch.0).map_err(lua_err)?;
+    r.epoch_steps += 1;
+    r.epoch_loss += loss * batch.0.len() as f64;
+    r.epoch_samples += batch.0.len();
+    host.out.tick(r.trainer.step, loss);
+    Ok((loss, r.trainer.step))
+}
+
+fn evaluate(lua: &Lua, run: &RunHandle, data: DataHandle) -> mlua::Result<Table> {
+    let host = state(lua);
+    let mut r = run.0.borrow_mut();
+    let ev = r
+        .trainer
+        .evaluate(data.0.epoch(1, EVAL_BATCH, 0))
+        .map_err(lua_err)?;
+    r.last_eval = Some(ev);
+    let split = data.0.source().split().to_string();
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    f.insert("split".into(), split.clone().into());
+    f.insert("loss".into(), json!(ev.loss));
+    f.insert("accuracy".into(), json!(ev.accuracy));
+    f.insert("samples".into(), ev.samples.into());
+    host.out.record("eval", r.trainer.step, r.epoch, f).map_err(lua_err)?;
+    host.out.line(&format!(
+        "  {split}: loss {:.4}  accuracy {:.2}%",
+        ev.loss,
+        ev.accuracy * 100.0
+    ));
+    let t = lua.create_table()?;
+    t.set("loss", ev.loss)?;
+    t.set("accuracy", ev.accuracy)?;
+    t.set("samples", ev.samples)?;
+    t.set("split", split)?;
+    Ok(t)
+}
+
+fn log(lua: &Lua, run: &RunHandle, fields: Table) -> mlua::Result<()> {
+    let host = state(lua);
+    let r = run.0.borrow();
+    let value: serde_json::Value = mlua::LuaSerdeExt::from_value(lua, Value::Table(fields))
+        .map_err(|e| config_error(lua, format!("run:log: {e}")))?;
+    let Some(mut map) = value.as_object().cloned() else {
+        return Err(config_error(lua, "run:log: expected a table of key = value"));
+    };
+    map.entry("run").or_insert(r.id.into());
+    let line: Vec<String> = map
+        .iter()
+        .filter(|(k, _)| k.as_str() != "run")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    host.out.line(&line.join("  "));
+    host.out.record("log", r.trainer.step, r.epoch, map).map_err(lua_err)
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GenerateOpts {
+    prompt: Prompt,
+    #[serde(default = "default_tokens")]
+    tokens: usize,
+    #[serde(default = "default_temperature")]
+    temperature: f64,
+    #[serde(default)]
+    seed: u64,
+}
+
+fn default_tokens() -> usize {
+    200
+}
+fn default_temperature() -> f64 {
+    1.0
+}
+
+fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
+    let o: GenerateOpts = decode(lua, "run:generate", opts)?;
+    let r = run.0.borrow();
+    let vocab = r.data.as_ref().and_then(|d| d.source().vocab().cloned());
+    let ids = match (&o.prompt, &vocab) {
+        (Prompt::Ids(ids), _) => ids.clone(),
+        (Prompt::Text(s), Some(v)) => v.encode(s).map_err(|e| config_error(lua, e))?,
+        (Prompt::Text(_), None) => {
+            return Err(config_error(lua, "run:generate: a text prompt needs a run whose data is text"))
+        }
+    };
+    let out = r
+        .trainer
+        .generate(&ids, o.tokens, o.temperature, o.seed)
+        .map_err(lua_err)?;
+    match (&o.prompt, vocab) {
+        (Prompt::Text(_), Some(v)) => Ok(Value::String(lua.create_string(v.decode(&out))?)),
+        _ => mlua::LuaSerdeExt::to_value(lua, &out),
+    }
+}
+
+impl UserData for RunHandle {
+    fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
+        f.add_field_method_get("steps", |_, this| Ok(this.0.borrow().trainer.step));
+        f.add_field_method_get("epoch", |_, this| Ok(this.0.borrow().epoch));
+        f.add_field_method_get("parameters", |_, this| {
+            Ok(this.0.borrow().trainer.params().num_params())
+        });
+    }
+
+    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
+            let r = this.0.borrow();
+            Ok(format!(
+                "taper.run({}, step {}, epoch {})",
+                r.trainer.spec().describe(),
+                r.trainer.step,
+                r.epoch
+            ))
+        });
+        m.add_method("epochs", |lua, this, n: u64| epochs(lua, this, n));
+        m.add_method("batches", |lua, this, d: Option<DataHandle>| batches(lua, this, d));
+        m.add_method("step", |lua, this, b: mlua::UserDataRef<BatchHandle>| step(lua, this, &b));
+        m.add_method("evaluate", |lua, this, d: DataHandle| evaluate(lua, this, d));
+        m.add_method("log", |lua, this, t: Table| log(lua, this, t));
+        m.add_method("generate", |lua, this, o: Value| generate(lua, this, o));
+        m.add_method("lr", |_, this, ()| Ok(this.0.borrow().trainer.learning_rate()));
+        m.add_method("set_lr", |lua, this, lr: f64| {
+            if !(lr.is_finite() && lr >= 0.0) {
+                return Err(config_error(lua, format!("run:set_lr: bad learning rate {lr}")));
+            }
+            this.0.borrow_mut().trainer.set_learning_rate(lr);
+            Ok(())
+        });
+        m.add_method("save", |lua, this, path: String| {
+            let r = this.0.borrow();
+            r.save(&PathBuf::from(&path)).map_err(lua_err)?;
+            state(lua).out.line(&format!("saved {path}"));
+            Ok(())
+        });
+    }
+}
+
+pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
+    taper.set("run", lua.create_function(new_run)?)
+}

@@ -1,0 +1,22 @@
+//! taper: a training host. Models train on candle; the training loop belongs to
+//! a Lua recipe. See `../shared/DESIGN.md` in the project's shared folder and
+//! the README for the shape of things.
+//!
+//! Embedding: create a [`Host`], register your own model constructors or data
+//! sources under the `taper` Lua module, and run a recipe:
+//!
+//! ```no_run
+//! let mut host = taper::Host::new(taper::HostOptions::default())?;
+//! host.run_file("scripts/digits.lua".as_ref())?;
+//! # Ok::<(), taper::Error>(())
+//! ```
+
+pub mod bench;
+pub mod data;
+pub mod engine;
+mod error;
+pub mod host;
+pub mod memory;
+
+pub use error::{Error, Result};
+pub use host::{Host, HostOptions};

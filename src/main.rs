@@ -1,0 +1,135 @@
+//! The `taper` command line: a thin layer over the library.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use taper::{Host, HostOptions};
+
+#[global_allocator]
+static ALLOC: taper::memory::CountingAlloc = taper::memory::CountingAlloc;
+
+#[derive(Parser)]
+#[command(name = "taper", version, about = "Train candle models from Lua recipes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct RecipeArgs {
+    /// The recipe, e.g. scripts/digits.lua
+    recipe: PathBuf,
+    /// Override a `taper.config{}` value, typed by its default (repeatable): --set epochs=2
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_set)]
+    set: Vec<(String, String)>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train: run the recipe and its loop.
+    Train {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// auto (a GPU when the build has CUDA and one is present), cpu, cuda or cuda:N
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// Mixed into every seed the recipe gives (init, shuffles, sampling)
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Output folder for metrics.jsonl and checkpoints [default: runs/<recipe>-<UTC time>]
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Continue from a checkpoint written by taper (weights, optimizer state, step, epoch)
+        #[arg(long, value_name = "PATH")]
+        resume: Option<PathBuf>,
+        /// No progress bar and no printed lines
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Load and validate a recipe without training (its loop runs no epoch).
+    Check {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+    },
+    /// Benchmarks that print figures; see `taper bench --help`.
+    Bench(taper::bench::BenchArgs),
+}
+
+fn parse_set(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got `{s}`")),
+    }
+}
+
+fn default_out(recipe: &Path) -> PathBuf {
+    let stem = recipe.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
+    PathBuf::from("runs").join(format!("{stem}-{}", taper::host::utc_stamp()))
+}
+
+fn main() -> ExitCode {
+    taper::memory::tune_malloc();
+    let cli = Cli::parse();
+    let (recipe, opts) = match cli.command {
+        Command::Bench(args) => {
+            return match taper::bench::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("taper bench: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Check { recipe } => {
+            let opts = HostOptions {
+                device: "cpu".into(),
+                quiet: false,
+                check_only: true,
+                overrides: recipe.set.clone(),
+                ..HostOptions::default()
+            };
+            (recipe.recipe, opts)
+        }
+        Command::Train { recipe, device, seed, out, resume, quiet } => {
+            let opts = HostOptions {
+                device,
+                seed,
+                out_dir: Some(out.unwrap_or_else(|| default_out(&recipe.recipe))),
+                resume,
+                quiet,
+                check_only: false,
+                overrides: recipe.set.clone(),
+            };
+            (recipe.recipe, opts)
+        }
+    };
+    let check = opts.check_only;
+    let mut host = match Host::new(opts) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("taper: {}", taper::host::render_error(&e));
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    match host.run_file(&recipe) {
+        Ok(report) => {
+            if check {
+                println!("{}: ok", recipe.display());
+            } else if let Some(m) = report.metrics {
+                println!("metrics: {}", m.display());
+                for c in host.checkpoints() {
+                    println!("checkpoint: {}", c.display());
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("taper: {}", taper::host::render_error(&e));
+            for c in host.checkpoints() {
+                eprintln!("taper: checkpoint written to {} (continue with --resume)", c.display());
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

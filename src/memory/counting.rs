@@ -1,0 +1,80 @@
+//! A global allocator that counts live and peak bytes. The `taper` binary
+//! installs it; an embedder may install it too. When it is not installed the
+//! counters stay at zero and [`HostMemory::is_counting`] says so.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// `#[global_allocator] static A: taper::memory::CountingAlloc = taper::memory::CountingAlloc;`
+pub struct CountingAlloc;
+
+impl CountingAlloc {
+    #[inline]
+    fn add(n: usize) {
+        let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every method forwards to `System` unchanged; the counters are
+// bookkeeping only and never affect the pointers returned.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ACTIVE.store(true, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            Self::add(layout.size());
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ACTIVE.store(true, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            Self::add(layout.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) };
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+            Self::add(new_size);
+        }
+        p
+    }
+}
+
+/// Reads the counters of [`CountingAlloc`].
+pub struct HostMemory;
+
+impl HostMemory {
+    /// Whether the counting allocator is installed in this process.
+    pub fn is_counting() -> bool {
+        ACTIVE.load(Ordering::Relaxed)
+    }
+    /// Bytes currently allocated on the heap.
+    pub fn current() -> usize {
+        CURRENT.load(Ordering::Relaxed)
+    }
+    /// Highest `current()` since start or since the last [`HostMemory::reset_peak`].
+    pub fn peak() -> usize {
+        PEAK.load(Ordering::Relaxed)
+    }
+    /// Starts a new peak window at the current level.
+    pub fn reset_peak() {
+        PEAK.store(CURRENT.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}

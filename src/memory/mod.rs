@@ -1,0 +1,8 @@
+//! Host memory: a counting global allocator and the malloc tuning the binary
+//! applies at start.
+
+mod counting;
+mod malloc;
+
+pub use counting::{CountingAlloc, HostMemory};
+pub use malloc::tune_malloc;
