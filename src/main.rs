@@ -10,7 +10,11 @@ use taper::{Host, HostOptions};
 static ALLOC: taper::memory::CountingAlloc = taper::memory::CountingAlloc;
 
 #[derive(Parser)]
-#[command(name = "taper", version, about = "Train candle models from Lua recipes")]
+#[command(
+    name = "taper",
+    version,
+    about = "Train candle models from Lua recipes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,7 +73,10 @@ fn default_out(recipe: &Path) -> PathBuf {
 }
 
 fn main() -> ExitCode {
-    taper::memory::tune_malloc();
+    // TAPER_MALLOC_TUNING=0 keeps glibc's defaults (to measure the difference).
+    if std::env::var("TAPER_MALLOC_TUNING").as_deref() != Ok("0") {
+        taper::memory::tune_malloc();
+    }
     let cli = Cli::parse();
     let (recipe, opts) = match cli.command {
         Command::Bench(args) => {
@@ -91,7 +98,14 @@ fn main() -> ExitCode {
             };
             (recipe.recipe, opts)
         }
-        Command::Train { recipe, device, seed, out, resume, quiet } => {
+        Command::Train {
+            recipe,
+            device,
+            seed,
+            out,
+            resume,
+            quiet,
+        } => {
             let opts = HostOptions {
                 device,
                 seed,
@@ -127,7 +141,10 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("taper: {}", taper::host::render_error(&e));
             for c in host.checkpoints() {
-                eprintln!("taper: checkpoint written to {} (continue with --resume)", c.display());
+                eprintln!(
+                    "taper: checkpoint written to {} (continue with --resume)",
+                    c.display()
+                );
             }
             ExitCode::from(e.exit_code())
         }

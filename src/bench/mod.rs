@@ -1,10 +1,233 @@
-//! `taper bench`: benchmarks that print figures.
+//! `taper bench`: benchmarks that print figures (never asserted in tests).
+//! Machines are noisy, so each compares against a reference measured in the
+//! same process, alternating, and reports medians and ratios.
 
-use crate::Result;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+
+use crate::data::{shakespeare, Batch, Pipeline};
+use crate::engine::optim::{AdamWConfig, OptimSpec};
+use crate::engine::rng::Rng;
+use crate::engine::{Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
+use crate::{Error, Host, HostOptions, Result};
 
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: Which,
+}
 
-pub fn run(_args: &BenchArgs) -> Result<()> {
+#[derive(clap::Subcommand, Debug)]
+pub enum Which {
+    /// Per-step cost of driving the training loop from Lua versus the same
+    /// steps driven from Rust, on the Shakespeare GPT (scripts/shakespeare.lua's shape).
+    LuaOverhead {
+        /// Steps per measurement
+        #[arg(long, default_value_t = 40)]
+        steps: usize,
+        /// Alternating Rust/Lua measurements
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        #[arg(long, default_value_t = 64)]
+        width: usize,
+        #[arg(long, default_value_t = 2)]
+        layers: usize,
+        #[arg(long, default_value_t = 64)]
+        context: usize,
+    },
+    /// Milliseconds per training step (forward, backward, AdamW) on random
+    /// data, for comparison with benches/torch_step.py.
+    Step {
+        /// mlp (784-256-10, batch 128) or gpt (4 layers, 4 heads, width 128, context 128, batch 32)
+        #[arg(long, default_value = "mlp")]
+        model: String,
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+    },
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    match &args.which {
+        Which::LuaOverhead {
+            steps,
+            rounds,
+            width,
+            layers,
+            context,
+        } => lua_overhead(*steps, *rounds, *width, *layers, *context),
+        Which::Step { model, steps } => step_time(model, *steps),
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn adamw() -> OptimSpec {
+    OptimSpec::AdamW(AdamWConfig {
+        lr: 3e-3,
+        ..Default::default()
+    })
+}
+
+/// Seconds per step of `steps` steps driven from Rust.
+fn rust_loop(spec: &Gpt, data: &Pipeline, steps: usize) -> Result<f64> {
+    let mut trainer = Trainer::new(Arc::new(spec.clone()), &adamw(), TrainerOptions::default())?;
+    let mut epoch = data.epoch(1, 32, 0);
+    let t = Instant::now();
+    for _ in 0..steps {
+        let batch = epoch
+            .next()
+            .ok_or_else(|| Error::Data("bench: out of data".into()))??;
+        trainer.train_step(&batch)?;
+    }
+    Ok(t.elapsed().as_secs_f64() / steps as f64)
+}
+
+/// Seconds per step of the same steps driven by a Lua recipe.
+fn lua_loop(spec: &Gpt, steps: usize) -> Result<f64> {
+    let mut host = Host::new(HostOptions::default())?;
+    let src = format!(
+        r#"
+        local data = taper.data.shakespeare{{ context = {ctx} }}:shuffle{{ seed = 1 }}:batch(32)
+        local run = taper.run{{
+          model = taper.model.gpt{{ vocab = {vocab}, context = {ctx}, width = {w}, layers = {l}, heads = 4 }},
+          optim = taper.optim.adamw{{ lr = 3e-3 }}, data = data,
+        }}
+        for epoch in run:epochs(1) do
+          local t0, n = taper.clock(), 0
+          for batch in run:batches() do
+            run:step(batch)
+            n = n + 1
+            if n == {steps} then break end
+          end
+          elapsed = taper.clock() - t0
+        end
+        "#,
+        ctx = spec.context,
+        vocab = spec.vocab,
+        w = spec.width,
+        l = spec.layers,
+        steps = steps
+    );
+    host.run_source("bench.lua", &src)?;
+    let elapsed: f64 = host.lua().globals().get("elapsed")?;
+    Ok(elapsed / steps as f64)
+}
+
+fn lua_overhead(
+    steps: usize,
+    rounds: usize,
+    width: usize,
+    layers: usize,
+    context: usize,
+) -> Result<()> {
+    let source = shakespeare("train", context, None)?;
+    let vocab = crate::data::Source::vocab(&source)
+        .map(|v| v.len())
+        .unwrap_or(0);
+    let spec = Gpt {
+        vocab,
+        context,
+        width,
+        layers,
+        heads: 4,
+        mlp: 4,
+    };
+    let data = Pipeline::new(Arc::new(source)).shuffle(1).batch(32, false);
+    println!(
+        "lua-overhead: {} , batch 32, {steps} steps x {rounds} rounds",
+        spec.describe()
+    );
+    rust_loop(&spec, &data, 3)?; // warm up
+    let (mut rs, mut ls) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let r = rust_loop(&spec, &data, steps)?;
+        let l = lua_loop(&spec, steps)?;
+        println!(
+            "  round {round}: rust {:.3} ms/step, lua {:.3} ms/step",
+            r * 1e3,
+            l * 1e3
+        );
+        rs.push(r);
+        ls.push(l);
+    }
+    let (r, l) = (median(&mut rs), median(&mut ls));
+    println!(
+        "median: rust {:.3} ms/step, lua {:.3} ms/step, lua/rust = {:.4} ({:+.2}% per step)",
+        r * 1e3,
+        l * 1e3,
+        l / r,
+        (l / r - 1.0) * 100.0
+    );
+    Ok(())
+}
+
+fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelSpec>, Batch)> {
+    let dev = Device::Cpu;
+    match model {
+        "mlp" => {
+            let (b, n) = (128, 784);
+            let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
+            let y: Vec<u32> = (0..b).map(|_| rng.below(10) as u32).collect();
+            let spec = Mlp {
+                inputs: n,
+                hidden: vec![256],
+                outputs: 10,
+                activation: Default::default(),
+            };
+            let batch = Batch {
+                x: Tensor::from_vec(x, (b, n), &dev)?,
+                y: Tensor::from_vec(y, b, &dev)?,
+                indices: (0..b).collect(),
+            };
+            Ok((Arc::new(spec), batch))
+        }
+        "gpt" => {
+            let (b, t, v) = (32, 128, 65);
+            let ids: Vec<u32> = (0..b * (t + 1)).map(|_| rng.below(v) as u32).collect();
+            let all = Tensor::from_vec(ids, (b, t + 1), &dev)?;
+            let spec = Gpt {
+                vocab: v,
+                context: t,
+                width: 128,
+                layers: 4,
+                heads: 4,
+                mlp: 4,
+            };
+            let batch = Batch {
+                x: all.narrow(1, 0, t)?,
+                y: all.narrow(1, 1, t)?.contiguous()?,
+                indices: (0..b).collect(),
+            };
+            Ok((Arc::new(spec), batch))
+        }
+        other => Err(Error::Config(format!(
+            "bench step: unknown model `{other}`: use mlp or gpt"
+        ))),
+    }
+}
+
+fn step_time(model: &str, steps: usize) -> Result<()> {
+    let (spec, batch) = random_batch(model, &mut Rng::new(0))?;
+    let mut trainer = Trainer::new(spec.clone(), &adamw(), TrainerOptions::default())?;
+    for _ in 0..3 {
+        trainer.train_step(&batch)?;
+    }
+    let mut times = Vec::new();
+    for _ in 0..steps {
+        let t = Instant::now();
+        trainer.train_step(&batch)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "step {model}: {} median {:.2} ms/step over {steps} steps (threads: {})",
+        spec.describe(),
+        median(&mut times) * 1e3,
+        candle_core::utils::get_num_threads()
+    );
     Ok(())
 }

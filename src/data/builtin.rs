@@ -118,7 +118,11 @@ impl Vocab {
         let mut chars: Vec<char> = text.chars().collect();
         chars.sort_unstable();
         chars.dedup();
-        let index = chars.iter().enumerate().map(|(i, &c)| (c, i as u32)).collect();
+        let index = chars
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (c, i as u32))
+            .collect();
         Vocab { chars, index }
     }
     pub fn len(&self) -> usize {
@@ -191,7 +195,9 @@ pub fn shakespeare(split: &str, context: usize, stride: Option<usize>) -> Result
         }
     };
     if context == 0 || context + 1 > range.len() {
-        return Err(Error::Config(format!("shakespeare: context {context} does not fit the split")));
+        return Err(Error::Config(format!(
+            "shakespeare: context {context} does not fit the split"
+        )));
     }
     Ok(CharText {
         name: "shakespeare".into(),

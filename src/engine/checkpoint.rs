@@ -87,12 +87,9 @@ pub fn load(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, Ch
     let meta: CheckpointMeta =
         serde_json::from_str(json).map_err(|e| err(path, format!("bad metadata: {e}")))?;
     if meta.format != FORMAT {
-        return Err(err(
-            path,
-            format!("format {} is not {FORMAT}", meta.format),
-        ));
+        return Err(err(path, format!("format {} is not {FORMAT}", meta.format)));
     }
-    let tensors = candle_core::safetensors::load_buffer(&bytes, device)
-        .map_err(|e| err(path, e))?;
+    let tensors =
+        candle_core::safetensors::load_buffer(&bytes, device).map_err(|e| err(path, e))?;
     Ok((tensors, meta))
 }

@@ -12,7 +12,9 @@ pub fn parse_device(spec: &str) -> Result<Device> {
             let ordinal = match s.strip_prefix("cuda:") {
                 None => 0,
                 Some(n) => n.parse::<usize>().map_err(|_| {
-                    Error::Device(format!("bad device `{s}`: expected cuda:N with N a GPU index"))
+                    Error::Device(format!(
+                        "bad device `{s}`: expected cuda:N with N a GPU index"
+                    ))
                 })?,
             };
             cuda(ordinal)

@@ -42,7 +42,14 @@ impl Gpt {
 const STD: f64 = 0.02;
 
 fn linear(vb: &VarBuilder, i: usize, o: usize, std: f64) -> Result<Linear> {
-    let w = vb.get_with_hints((o, i), "weight", Init::Randn { mean: 0., stdev: std })?;
+    let w = vb.get_with_hints(
+        (o, i),
+        "weight",
+        Init::Randn {
+            mean: 0.,
+            stdev: std,
+        },
+    )?;
     let b = vb.get_with_hints(o, "bias", Init::Const(0.))?;
     Ok(Linear::new(w, Some(b)))
 }
@@ -94,7 +101,12 @@ impl Block {
         let (b, t, c) = x.dims3()?;
         let hd = c / self.heads;
         let qkv = self.qkv.forward(x)?.reshape((b, t, 3, self.heads, hd))?;
-        let part = |i: usize| qkv.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?.contiguous();
+        let part = |i: usize| {
+            qkv.narrow(2, i, 1)?
+                .squeeze(2)?
+                .transpose(1, 2)?
+                .contiguous()
+        };
         let (q, k, v) = (part(0)?, part(1)?, part(2)?);
         let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
         let att = att.broadcast_add(mask)?;
@@ -120,7 +132,13 @@ struct GptNet {
 
 fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
     let m: Vec<f32> = (0..t * t)
-        .map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 })
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
         .collect();
     Tensor::from_vec(m, (t, t), &Device::Cpu)?
         .to_dtype(dtype)?
@@ -132,9 +150,15 @@ impl Module for GptNet {
     fn forward(&self, idx: &Tensor) -> Result<Tensor> {
         let (b, t) = idx.dims2()?;
         if t > self.context {
-            candle_core::bail!("gpt: sequence of {t} tokens exceeds the context of {}", self.context);
+            candle_core::bail!(
+                "gpt: sequence of {t} tokens exceeds the context of {}",
+                self.context
+            );
         }
-        let tok = self.wte.embedding(&idx.flatten_all()?)?.reshape((b, t, ()))?;
+        let tok = self
+            .wte
+            .embedding(&idx.flatten_all()?)?
+            .reshape((b, t, ()))?;
         let pos = self.wpe.narrow(0, 0, t)?;
         let mut x = tok.broadcast_add(&pos)?;
         let mask = causal_mask(t, x.dtype(), x.device())?;
@@ -156,10 +180,17 @@ impl ModelSpec for Gpt {
     }
 
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
-        if self.heads == 0 || self.width % self.heads != 0 {
-            candle_core::bail!("gpt: width {} is not divisible by heads {}", self.width, self.heads);
+        if self.heads == 0 || !self.width.is_multiple_of(self.heads) {
+            candle_core::bail!(
+                "gpt: width {} is not divisible by heads {}",
+                self.width,
+                self.heads
+            );
         }
-        let emb = Init::Randn { mean: 0., stdev: STD };
+        let emb = Init::Randn {
+            mean: 0.,
+            stdev: STD,
+        };
         let blocks = (0..self.layers)
             .map(|i| Block::new(vb.pp(format!("h{i}")), self))
             .collect::<Result<Vec<_>>>()?;

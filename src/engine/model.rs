@@ -96,7 +96,12 @@ impl ModelSpec for Mlp {
         format!("mlp {} {}", sizes.join("-"), self.activation.name())
     }
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
-        Ok(Box::new(Dense::new(&vb, "fc", &self.sizes(), self.activation)?))
+        Ok(Box::new(Dense::new(
+            &vb,
+            "fc",
+            &self.sizes(),
+            self.activation,
+        )?))
     }
 }
 
@@ -138,7 +143,7 @@ impl Module for CnnNet {
         let [c, h, w] = self.input;
         let mut x = x.reshape((b, c, h, w))?;
         for conv in &self.convs {
-            x = self.act.apply(&conv.forward(&x)?)?.max_pool2d(2)?;
+            x = max_pool_2x2(&self.act.apply(&conv.forward(&x)?)?)?;
         }
         let x = self.act.apply(&x.flatten_from(1)?)?;
         self.head.forward(&x)
@@ -182,7 +187,13 @@ impl ModelSpec for Cnn {
         let mut in_c = self.input[0];
         let mut convs = Vec::new();
         for (i, &out_c) in self.channels.iter().enumerate() {
-            convs.push(candle_nn::conv2d(in_c, out_c, 3, cfg, vb.pp(format!("conv{i}")))?);
+            convs.push(candle_nn::conv2d(
+                in_c,
+                out_c,
+                3,
+                cfg,
+                vb.pp(format!("conv{i}")),
+            )?);
             in_c = out_c;
         }
         let mut sizes = vec![self.flat_features()];
@@ -196,6 +207,21 @@ impl ModelSpec for Cnn {
             act: self.activation,
         }))
     }
+}
+
+/// 2x2 max-pooling with stride 2 (odd trailing rows/columns dropped, as
+/// PyTorch does), from reshape and `max`. candle 0.11.1's `max_pool2d`
+/// backward multiplies the gradient by (maxima / k^2) instead of dividing by
+/// the number of maxima, so its gradients come out 4x too small; the gradient
+/// check in tests/gradients.rs caught it.
+pub fn max_pool_2x2(x: &Tensor) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    let (h2, w2) = (h / 2, w / 2);
+    x.narrow(2, 0, 2 * h2)?
+        .narrow(3, 0, 2 * w2)?
+        .reshape((b, c, h2, 2, w2, 2))?
+        .max(5)?
+        .max(3)
 }
 
 /// Layer norm over the last dimension, from differentiable ops. candle's fused

@@ -102,7 +102,11 @@ pub fn grad_norm(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
     let mut total = 0f64;
     for (_, v) in vars {
         if let Some(g) = grads.get(v) {
-            total += g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()?;
+            total += g
+                .to_dtype(DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
         }
     }
     Ok(total.sqrt())
@@ -200,7 +204,8 @@ impl Optimizer for AdamW {
                 let Some(v) = state.get(&format!("v.{name}")) else {
                     candle_core::bail!("adamw state: m.{name} without v.{name}");
                 };
-                self.moments.insert(name.to_string(), (m.clone(), v.clone()));
+                self.moments
+                    .insert(name.to_string(), (m.clone(), v.clone()));
             }
         }
         Ok(())

@@ -117,9 +117,10 @@ impl Trainer {
     /// A model over detached parameters: no gradient graph is recorded, so
     /// memory does not grow with the amount evaluated.
     fn frozen(&self) -> Result<Box<dyn Module>> {
-        Ok(self
-            .spec
-            .build(self.store.frozen_builder(self.opts.dtype, &self.opts.device))?)
+        Ok(self.spec.build(
+            self.store
+                .frozen_builder(self.opts.dtype, &self.opts.device),
+        )?)
     }
 
     pub fn evaluate(&self, batches: Epoch) -> Result<Eval> {
@@ -146,9 +147,18 @@ impl Trainer {
     }
 
     /// Samples `n` tokens after `prompt` from a sequence model.
-    pub fn generate(&self, prompt: &[u32], n: usize, temperature: f64, seed: u64) -> Result<Vec<u32>> {
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        n: usize,
+        temperature: f64,
+        seed: u64,
+    ) -> Result<Vec<u32>> {
         let context = self.spec.context().ok_or_else(|| {
-            Error::Config(format!("generate: {} is not a sequence model", self.spec.describe()))
+            Error::Config(format!(
+                "generate: {} is not a sequence model",
+                self.spec.describe()
+            ))
         })?;
         if prompt.is_empty() {
             return Err(Error::Config("generate: the prompt is empty".into()));
@@ -228,7 +238,10 @@ fn sample(logits: &[f64], temperature: f64, rng: &mut Rng) -> u32 {
         return argmax(logits);
     }
     let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let w: Vec<f64> = logits.iter().map(|l| ((l - max) / temperature).exp()).collect();
+    let w: Vec<f64> = logits
+        .iter()
+        .map(|l| ((l - max) / temperature).exp())
+        .collect();
     let mut r = rng.uniform() * w.iter().sum::<f64>();
     for (i, wi) in w.iter().enumerate() {
         r -= wi;

@@ -65,7 +65,13 @@ fn config(lua: &Lua, defaults: Table) -> mlua::Result<Table> {
         out.set(key.as_str(), value)?;
     }
     let record: serde_json::Value = mlua::LuaSerdeExt::from_value(lua, Value::Table(out.clone()))?;
-    host.out.record("config", 0, 0, record.as_object().cloned().unwrap_or_default())
+    host.out
+        .record(
+            "config",
+            0,
+            0,
+            record.as_object().cloned().unwrap_or_default(),
+        )
         .map_err(crate::error::lua_err)?;
     Ok(out)
 }

@@ -31,9 +31,12 @@ struct BatchOpts {
 }
 
 fn vocab_of<'a>(lua: &Lua, d: &'a DataHandle, what: &str) -> mlua::Result<&'a data::Vocab> {
-    d.0.source()
-        .vocab()
-        .ok_or_else(|| config_error(lua, format!("{what}: {} is not a text source", d.0.describe())))
+    d.0.source().vocab().ok_or_else(|| {
+        config_error(
+            lua,
+            format!("{what}: {} is not a text source", d.0.describe()),
+        )
+    })
 }
 
 impl UserData for DataHandle {
@@ -47,6 +50,9 @@ impl UserData for DataHandle {
         });
         m.add_meta_method(MetaMethod::Len, |_, this, ()| Ok(this.0.len()));
         m.add_method("len", |_, this, ()| Ok(this.0.len()));
+        m.add_method("num_batches", |_, this, ()| {
+            Ok(this.0.batches_per_epoch(super::run::TRAIN_BATCH))
+        });
         m.add_method("shuffle", |lua, this, opts: Value| {
             let o: ShuffleOpts = decode(lua, "data:shuffle", opts)?;
             let seed = o.seed ^ state(lua).opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -54,14 +60,17 @@ impl UserData for DataHandle {
         });
         m.add_method("batch", |lua, this, opts: Value| {
             let o = match opts {
-                Value::Integer(n) if n > 0 => BatchOpts { size: n as usize, drop_last: false },
+                Value::Integer(n) if n > 0 => BatchOpts {
+                    size: n as usize,
+                    drop_last: false,
+                },
                 v @ Value::Table(_) => decode::<BatchOpts>(lua, "data:batch", v)?,
-                other => {
-                    return Err(config_error(
-                        lua,
-                        format!("data:batch: expected a positive integer or {{size = n}}, got {other:?}"),
-                    ))
-                }
+                other => return Err(config_error(
+                    lua,
+                    format!(
+                        "data:batch: expected a positive integer or {{size = n}}, got {other:?}"
+                    ),
+                )),
             };
             if o.size == 0 {
                 return Err(config_error(lua, "data:batch: size must be positive"));
@@ -74,9 +83,13 @@ impl UserData for DataHandle {
             }
             Ok(DataHandle(this.0.clone().take(n as usize)))
         });
-        m.add_method("vocab_size", |lua, this, ()| Ok(vocab_of(lua, this, "data:vocab_size")?.len()));
+        m.add_method("vocab_size", |lua, this, ()| {
+            Ok(vocab_of(lua, this, "data:vocab_size")?.len())
+        });
         m.add_method("encode", |lua, this, text: String| {
-            vocab_of(lua, this, "data:encode")?.encode(&text).map_err(lua_err)
+            vocab_of(lua, this, "data:encode")?
+                .encode(&text)
+                .map_err(lua_err)
         });
         m.add_method("decode", |lua, this, ids: Vec<u32>| {
             Ok(vocab_of(lua, this, "data:decode")?.decode(&ids))
@@ -91,7 +104,11 @@ impl UserData for BatchHandle {
     }
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
-            Ok(format!("taper.batch({} samples, x {:?})", this.0.len(), this.0.x.dims()))
+            Ok(format!(
+                "taper.batch({} samples, x {:?})",
+                this.0.len(),
+                this.0.x.dims()
+            ))
         });
         m.add_meta_method(MetaMethod::Len, |_, this, ()| Ok(this.0.len()));
     }
@@ -127,9 +144,8 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         "digits",
         lua.create_function(|lua, opts: Value| {
             let o: SplitOpts = decode(lua, "taper.data.digits", opts)?;
-            let src: Arc<dyn Source> = Arc::new(data::digits(&o.split).map_err(|e| {
-                config_error(lua, e)
-            })?);
+            let src: Arc<dyn Source> =
+                Arc::new(data::digits(&o.split).map_err(|e| config_error(lua, e))?);
             Ok(DataHandle(Pipeline::new(src)))
         })?,
     )?;
@@ -137,7 +153,8 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         "shakespeare",
         lua.create_function(|lua, opts: Value| {
             let o: TextOpts = decode(lua, "taper.data.shakespeare", opts)?;
-            let src = data::shakespeare(&o.split, o.context, o.stride).map_err(|e| config_error(lua, e))?;
+            let src = data::shakespeare(&o.split, o.context, o.stride)
+                .map_err(|e| config_error(lua, e))?;
             Ok(DataHandle(Pipeline::new(Arc::new(src))))
         })?,
     )?;
@@ -146,13 +163,10 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
 
 impl mlua::FromLua for DataHandle {
     fn from_lua(value: Value, _: &Lua) -> mlua::Result<Self> {
-        match &value {
-            Value::UserData(ud) => {
-                if let Ok(d) = ud.borrow::<DataHandle>() {
-                    return Ok(d.clone());
-                }
+        if let Value::UserData(ud) = &value {
+            if let Ok(d) = ud.borrow::<DataHandle>() {
+                return Ok(d.clone());
             }
-            _ => {}
         }
         Err(mlua::Error::FromLuaConversionError {
             from: value.type_name(),

@@ -20,8 +20,8 @@ use crate::data::Source;
 use crate::engine::{parse_device, Eval, ModelSpec};
 use crate::{Error, Result};
 use output::Output;
-pub use run::RunSummary;
 use run::RunState;
+pub use run::RunSummary;
 
 /// How a host runs recipes. `Default` suits embedding: CPU, seed 0, no output
 /// folder, quiet.
@@ -104,6 +104,11 @@ impl Host {
         let taper = lua.create_table()?;
         taper.set("version", env!("CARGO_PKG_VERSION"))?;
         taper.set("device", crate::engine::describe_device(&state.device))?;
+        let start = std::time::Instant::now();
+        taper.set(
+            "clock",
+            lua.create_function(move |_, ()| Ok(start.elapsed().as_secs_f64()))?,
+        )?;
         config::register(&lua, &taper)?;
         models::register(&lua, &taper)?;
         data::register(&lua, &taper)?;
@@ -168,7 +173,11 @@ impl Host {
             ))
         })?;
         if let Some(dir) = path.parent() {
-            let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
             let package: Table = self.lua.globals().get("package")?;
             let old: String = package.get("path")?;
             let d = dir.display();
@@ -261,7 +270,12 @@ impl Host {
 
     /// The last evaluation of each run, in creation order.
     pub fn last_evals(&self) -> Vec<Option<Eval>> {
-        self.state.runs.borrow().iter().map(|r| r.borrow().last_eval).collect()
+        self.state
+            .runs
+            .borrow()
+            .iter()
+            .map(|r| r.borrow().last_eval)
+            .collect()
     }
 }
 

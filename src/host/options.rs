@@ -18,7 +18,10 @@ pub(crate) fn location(lua: &Lua) -> String {
                 return None;
             }
             let line = d.current_line()?;
-            Some(format!("{}:{line}: ", src.short_src.as_deref().unwrap_or("?")))
+            Some(format!(
+                "{}:{line}: ",
+                src.short_src.as_deref().unwrap_or("?")
+            ))
         });
         match found {
             None => break,
@@ -44,8 +47,10 @@ pub(crate) fn decode<T: DeserializeOwned>(lua: &Lua, what: &str, value: Value) -
     let de = mlua::serde::Deserializer::new(value);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." || path.is_empty() {
+        let inner = e.into_inner().to_string();
+        let inner = inner.trim_start_matches("deserialize error: ");
+        // An unknown key is already named in the message itself.
+        if path == "." || path.is_empty() || inner.starts_with("unknown field") {
             config_error(lua, format!("{what}: {inner}"))
         } else {
             config_error(lua, format!("{what}: option `{path}`: {inner}"))
@@ -65,7 +70,10 @@ pub(crate) fn check_keys(lua: &Lua, what: &str, t: &Table, allowed: &[&str]) -> 
         if !allowed.contains(&key.as_str()) {
             return Err(config_error(
                 lua,
-                format!("{what}: unknown option `{key}`, expected one of {}", allowed.join(", ")),
+                format!(
+                    "{what}: unknown option `{key}`, expected one of {}",
+                    allowed.join(", ")
+                ),
             ));
         }
     }
@@ -86,12 +94,18 @@ pub(crate) fn handle<T: UserData + Clone + 'static>(
             Ok(h) => Ok(Some(h.clone())),
             Err(_) => Err(config_error(
                 lua,
-                format!("{what}: option `{key}` must be {expected}, got {}", type_name(&ud)),
+                format!(
+                    "{what}: option `{key}` must be {expected}, got {}",
+                    type_name(&ud)
+                ),
             )),
         },
         other => Err(config_error(
             lua,
-            format!("{what}: option `{key}` must be {expected}, got a {}", other.type_name()),
+            format!(
+                "{what}: option `{key}` must be {expected}, got a {}",
+                other.type_name()
+            ),
         )),
     }
 }

@@ -40,7 +40,13 @@ impl Output {
 
     /// Appends one record. Every record carries `event`, `step`, `epoch` and
     /// `time` (seconds since the host started).
-    pub fn record(&self, event: &str, step: u64, epoch: u64, fields: Map<String, Value>) -> Result<()> {
+    pub fn record(
+        &self,
+        event: &str,
+        step: u64,
+        epoch: u64,
+        fields: Map<String, Value>,
+    ) -> Result<()> {
         let mut m = self.metrics.borrow_mut();
         let Some((path, w)) = m.as_mut() else {
             return Ok(());
@@ -54,7 +60,8 @@ impl Output {
         for (k, v) in fields {
             rec.entry(k).or_insert(v);
         }
-        let line = serde_json::to_string(&Value::Object(rec)).map_err(|e| Error::Data(e.to_string()))?;
+        let line =
+            serde_json::to_string(&Value::Object(rec)).map_err(|e| Error::Data(e.to_string()))?;
         // Flushed per record: records are per epoch or per log call, and a
         // crash must not lose them.
         writeln!(w, "{line}")

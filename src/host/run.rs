@@ -23,7 +23,7 @@ use crate::error::lua_err;
 use crate::Result;
 
 /// Batch size for data without `:batch(n)`: training, evaluation.
-const TRAIN_BATCH: usize = 32;
+pub(crate) const TRAIN_BATCH: usize = 32;
 const EVAL_BATCH: usize = 256;
 
 pub(crate) struct RunState {
@@ -165,15 +165,30 @@ fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
     };
     if let Some(path) = host.resume.borrow_mut().take() {
         run.resume(&path).map_err(lua_err)?;
-        host.out.line(&format!("resumed from {} at step {}", path.display(), run.trainer.step));
+        host.out.line(&format!(
+            "resumed from {} at step {}",
+            path.display(),
+            run.trainer.step
+        ));
     }
     let mut f = Map::new();
     f.insert("run".into(), id.into());
     f.insert("model".into(), model.0.describe().into());
-    f.insert("parameters".into(), run.trainer.params().num_params().into());
-    f.insert("optimizer".into(), run.trainer.optimizer_description().into());
-    f.insert("device".into(), crate::engine::describe_device(&host.device).into());
-    host.out.record("run", run.trainer.step, run.epoch, f).map_err(lua_err)?;
+    f.insert(
+        "parameters".into(),
+        run.trainer.params().num_params().into(),
+    );
+    f.insert(
+        "optimizer".into(),
+        run.trainer.optimizer_description().into(),
+    );
+    f.insert(
+        "device".into(),
+        crate::engine::describe_device(&host.device).into(),
+    );
+    host.out
+        .record("run", run.trainer.step, run.epoch, f)
+        .map_err(lua_err)?;
     let rc = Rc::new(RefCell::new(run));
     host.runs.borrow_mut().push(rc.clone());
     Ok(RunHandle(rc))
@@ -215,7 +230,8 @@ fn batches(lua: &Lua, run: &RunHandle, data: Option<DataHandle>) -> mlua::Result
     let epoch = r.epoch.max(1);
     let skip = std::mem::take(&mut r.skip_next);
     let it = RefCell::new(pipe.epoch(epoch, TRAIN_BATCH, skip));
-    host.out.start_bar(it.borrow().remaining(), format!("epoch {epoch}"));
+    host.out
+        .start_bar(it.borrow().remaining(), format!("epoch {epoch}"));
     let run = run.0.clone();
     lua.create_function(move |lua, ()| match it.borrow_mut().next() {
         // The epoch's data is used up: close it now, so that its summary
@@ -257,7 +273,9 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: DataHandle) -> mlua::Result<Table>
     f.insert("loss".into(), json!(ev.loss));
     f.insert("accuracy".into(), json!(ev.accuracy));
     f.insert("samples".into(), ev.samples.into());
-    host.out.record("eval", r.trainer.step, r.epoch, f).map_err(lua_err)?;
+    host.out
+        .record("eval", r.trainer.step, r.epoch, f)
+        .map_err(lua_err)?;
     host.out.line(&format!(
         "  {split}: loss {:.4}  accuracy {:.2}%",
         ev.loss,
@@ -277,7 +295,10 @@ fn log(lua: &Lua, run: &RunHandle, fields: Table) -> mlua::Result<()> {
     let value: serde_json::Value = mlua::LuaSerdeExt::from_value(lua, Value::Table(fields))
         .map_err(|e| config_error(lua, format!("run:log: {e}")))?;
     let Some(mut map) = value.as_object().cloned() else {
-        return Err(config_error(lua, "run:log: expected a table of key = value"));
+        return Err(config_error(
+            lua,
+            "run:log: expected a table of key = value",
+        ));
     };
     map.entry("run").or_insert(r.id.into());
     let line: Vec<String> = map
@@ -286,7 +307,9 @@ fn log(lua: &Lua, run: &RunHandle, fields: Table) -> mlua::Result<()> {
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     host.out.line(&line.join("  "));
-    host.out.record("log", r.trainer.step, r.epoch, map).map_err(lua_err)
+    host.out
+        .record("log", r.trainer.step, r.epoch, map)
+        .map_err(lua_err)
 }
 
 #[derive(Deserialize)]
@@ -323,7 +346,10 @@ fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
         (Prompt::Ids(ids), _) => ids.clone(),
         (Prompt::Text(s), Some(v)) => v.encode(s).map_err(|e| config_error(lua, e))?,
         (Prompt::Text(_), None) => {
-            return Err(config_error(lua, "run:generate: a text prompt needs a run whose data is text"))
+            return Err(config_error(
+                lua,
+                "run:generate: a text prompt needs a run whose data is text",
+            ))
         }
     };
     let out = r
@@ -356,15 +382,26 @@ impl UserData for RunHandle {
             ))
         });
         m.add_method("epochs", |lua, this, n: u64| epochs(lua, this, n));
-        m.add_method("batches", |lua, this, d: Option<DataHandle>| batches(lua, this, d));
-        m.add_method("step", |lua, this, b: mlua::UserDataRef<BatchHandle>| step(lua, this, &b));
-        m.add_method("evaluate", |lua, this, d: DataHandle| evaluate(lua, this, d));
+        m.add_method("batches", |lua, this, d: Option<DataHandle>| {
+            batches(lua, this, d)
+        });
+        m.add_method("step", |lua, this, b: mlua::UserDataRef<BatchHandle>| {
+            step(lua, this, &b)
+        });
+        m.add_method("evaluate", |lua, this, d: DataHandle| {
+            evaluate(lua, this, d)
+        });
         m.add_method("log", |lua, this, t: Table| log(lua, this, t));
         m.add_method("generate", |lua, this, o: Value| generate(lua, this, o));
-        m.add_method("lr", |_, this, ()| Ok(this.0.borrow().trainer.learning_rate()));
+        m.add_method("lr", |_, this, ()| {
+            Ok(this.0.borrow().trainer.learning_rate())
+        });
         m.add_method("set_lr", |lua, this, lr: f64| {
             if !(lr.is_finite() && lr >= 0.0) {
-                return Err(config_error(lua, format!("run:set_lr: bad learning rate {lr}")));
+                return Err(config_error(
+                    lua,
+                    format!("run:set_lr: bad learning rate {lr}"),
+                ));
             }
             this.0.borrow_mut().trainer.set_learning_rate(lr);
             Ok(())

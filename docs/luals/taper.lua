@@ -1,0 +1,206 @@
+---@meta taper
+-- LuaLS annotations for the `taper` module that recipes see. Editors that use
+-- lua-language-server pick them up through the `.luarc.json` at the root of
+-- the repository (or add this folder to `workspace.library`).
+-- Reference: docs/lua-api.md.
+
+---@class taper
+---@field version string taper's version
+---@field device string the device runs train on (`cpu`, `Cuda(0)`, ...)
+taper = {}
+
+---Seconds since the host started (monotonic), for timing loops.
+---@return number
+function taper.clock() end
+
+---Declares the recipe's tunables with defaults; `taper train R --set key=value`
+---overrides them, typed by the default. An unknown key or a type mismatch is
+---an error. Call it once per recipe.
+---@generic T: table
+---@param defaults T
+---@return T
+function taper.config(defaults) end
+
+---@class taper.RunOptions
+---@field model taper.Model required
+---@field optim? taper.Optim default `taper.optim.adamw{}`
+---@field data? taper.Data training data for `run:batches()`
+---@field loss? taper.Loss default `taper.loss.cross_entropy{}`
+---@field seed? integer parameter init seed (default 0), mixed with `--seed`
+
+---Creates a run: a model's parameters, its optimizer and its place in training.
+---@param opts taper.RunOptions
+---@return taper.Run
+function taper.run(opts) end
+
+---@class taper.Run
+---@field steps integer optimizer steps taken
+---@field epoch integer the epoch in progress, or the last one started (0 before any)
+---@field parameters integer trainable parameter count
+local Run = {}
+
+---Iterates epoch numbers up to `n` (continuing after the resumed epoch under
+---`--resume`). Ending an epoch writes an `epoch` record. Yields nothing under
+---`taper check`.
+---@param n integer
+---@return fun(): integer?
+function Run:epochs(n) end
+
+---Iterates the batches of the current epoch of `data` (default: the run's
+---`data`). Each epoch has its own seeded order.
+---@param data? taper.Data
+---@return fun(): taper.Batch?
+function Run:batches(data) end
+
+---Forward, loss, backward and one optimizer update.
+---@param batch taper.Batch
+---@return number loss the batch's mean loss
+---@return integer step the step count after this update
+function Run:step(batch) end
+
+---Mean loss and accuracy over `data`, with no gradient graph. Writes an
+---`eval` record.
+---@param data taper.Data
+---@return {loss: number, accuracy: number, samples: integer, split: string}
+function Run:evaluate(data) end
+
+---Writes a `log` record to metrics.jsonl (with `step` and `epoch` added) and
+---prints it.
+---@param fields table<string, any>
+function Run:log(fields) end
+
+---@class taper.GenerateOptions
+---@field prompt string|integer[] text (needs text data on the run) or token ids
+---@field tokens? integer how many to generate (default 200)
+---@field temperature? number 0 is greedy (default 1.0)
+---@field seed? integer (default 0)
+
+---Samples a continuation from a sequence model (`taper.model.gpt`). Returns
+---text for a text prompt, token ids for an id prompt.
+---@param opts taper.GenerateOptions
+---@return string|integer[]
+function Run:generate(opts) end
+
+---The optimizer's learning rate.
+---@return number
+function Run:lr() end
+
+---Sets the learning rate for the next steps (schedules in Lua use this).
+---@param lr number
+function Run:set_lr(lr) end
+
+---Writes a checkpoint (safetensors: weights, optimizer state, step, epoch),
+---atomically.
+---@param path string
+function Run:save(path) end
+
+---@class taper.Batch
+---@field size integer samples in the batch
+---@field indices integer[] sample indices (0-based, in the data's order)
+
+---@class taper.Data
+---@field split string
+local Data = {}
+
+---A new permutation of the samples every epoch, from `seed` and the epoch number.
+---@param opts {seed: integer}
+---@return taper.Data
+function Data:shuffle(opts) end
+
+---Batches of `n` samples (the last one may be smaller unless `drop_last`).
+---@param n integer|{size: integer, drop_last?: boolean}
+---@return taper.Data
+function Data:batch(n) end
+
+---The first `n` samples only.
+---@param n integer
+---@return taper.Data
+function Data:take(n) end
+
+---Number of samples.
+---@return integer
+function Data:len() end
+
+---Number of batches per epoch.
+---@return integer
+function Data:num_batches() end
+
+---Text data: vocabulary size.
+---@return integer
+function Data:vocab_size() end
+
+---Text data: characters to token ids.
+---@param text string
+---@return integer[]
+function Data:encode(text) end
+
+---Text data: token ids to characters.
+---@param ids integer[]
+---@return string
+function Data:decode(ids) end
+
+taper.data = {}
+
+---scikit-learn's 8x8 handwritten digits, built in: 64 features in [0, 1], 10 classes.
+---`train` 1,437 samples, `test` 360 (every fifth), or `all`.
+---@param opts? {split?: "train"|"test"|"all"}
+---@return taper.Data
+function taper.data.digits(opts) end
+
+---1 MB of Shakespeare, built in, as character windows of `context` tokens
+---(targets shifted by one), `stride` apart (default: `context`).
+---@param opts? {split?: "train"|"val", context?: integer, stride?: integer}
+---@return taper.Data
+function taper.data.shakespeare(opts) end
+
+---@class taper.Model
+local Model = {}
+---@return integer
+function Model:parameters() end
+---@return string
+function Model:describe() end
+
+---@alias taper.Activation "relu"|"gelu"|"tanh"|"silu"
+
+taper.model = {}
+
+---A multi-layer perceptron.
+---@param opts {inputs: integer, hidden?: integer[], outputs: integer, activation?: taper.Activation}
+---@return taper.Model
+function taper.model.mlp(opts) end
+
+---Convolutions (3x3, padding 1, then activation and 2x2 max-pool) and a dense head.
+---`input` is `{channels, height, width}`; flat samples are reshaped to it.
+---@param opts {input: integer[], channels: integer[], hidden?: integer[], outputs: integer, activation?: taper.Activation}
+---@return taper.Model
+function taper.model.cnn(opts) end
+
+---A GPT-2 style causal language model (pre-norm, learned positions, tied embeddings).
+---@param opts {vocab: integer, context: integer, width?: integer, layers?: integer, heads?: integer, mlp?: integer}
+---@return taper.Model
+function taper.model.gpt(opts) end
+
+---@class taper.Optim
+
+taper.optim = {}
+
+---AdamW with PyTorch's semantics and defaults.
+---@param opts? {lr?: number, betas?: number[], eps?: number, weight_decay?: number, clip_grad_norm?: number}
+---@return taper.Optim
+function taper.optim.adamw(opts) end
+
+---SGD with PyTorch's semantics and defaults.
+---@param opts? {lr?: number, momentum?: number, dampening?: number, nesterov?: boolean, weight_decay?: number, clip_grad_norm?: number}
+---@return taper.Optim
+function taper.optim.sgd(opts) end
+
+---@class taper.Loss
+
+taper.loss = {}
+
+---Cross-entropy over the last dimension, with optional label smoothing.
+---@param opts? {label_smoothing?: number}
+---@return taper.Loss
+function taper.loss.cross_entropy(opts) end
+
+return taper

@@ -1,0 +1,217 @@
+//! The `taper` binary: exit codes and one-line messages for bad input, failure
+//! checkpoints, and resume.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::Result;
+use candle_core::Device;
+use taper::engine::checkpoint;
+
+fn taper(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run taper")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn write(dir: &Path, name: &str, src: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, src).unwrap();
+    p
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn syntax_error_exits_2_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = write(
+        dir.path(),
+        "x.lua",
+        "local cfg = taper.config{ epochs = 1 }\nlocal a = = 1\n",
+    );
+    let o = taper(&["train", s(&r), "--out", s(&dir.path().join("out"))]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("x.lua:2:"), "{err}");
+}
+
+#[test]
+fn unknown_option_exits_2_naming_key_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = write(
+        dir.path(),
+        "x.lua",
+        "\n\ntaper.optim.adamw{ lr = 1e-3, betaz = {0.9, 0.99} }\n",
+    );
+    let o = taper(&["check", s(&r)]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("x.lua:3: taper.optim.adamw: unknown field `betaz`"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn missing_recipe_unknown_device_and_missing_cuda_say_what_to_do() {
+    let o = taper(&["train", "scripts/nope.lua"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err.contains("cannot read recipe scripts/nope.lua"), "{err}");
+
+    let o = taper(&["train", "scripts/digits.lua", "--device", "tpu"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err.contains("unknown device `tpu`: use auto, cpu, cuda or cuda:N"),
+        "{err}"
+    );
+
+    if !cfg!(feature = "cuda") {
+        let o = taper(&["train", "scripts/digits.lua", "--device", "cuda"]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            err.contains("built without CUDA") && err.contains("--features cuda"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+#[test]
+fn bad_set_exits_2() {
+    let o = taper(&["check", "scripts/digits.lua", "--set", "epochz=3"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err.contains("unknown config key `epochz`"), "{err}");
+    let o = taper(&["check", "scripts/digits.lua", "--set", "epochs=many"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = taper(&["check", "scripts/digits.lua", "--set", "noequals"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn check_validates_every_shipped_recipe() {
+    for r in ["scripts/digits.lua", "scripts/shakespeare.lua"] {
+        let o = taper(&["check", r]);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{r}: {err}");
+        assert!(out.contains(&format!("{r}: ok")), "{out}");
+    }
+}
+
+const FAILING: &str = r#"
+local cfg = taper.config{ epochs = 2, fail_at = 3 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{}:shuffle{ seed = 1 }:batch(64),
+}
+for epoch in run:epochs(cfg.epochs) do
+  for batch in run:batches() do
+    run:step(batch)
+    if run.steps == cfg.fail_at then error("boom at step " .. run.steps) end
+  end
+end
+"#;
+
+#[test]
+fn runtime_error_exits_1_after_writing_a_checkpoint_that_resumes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let r = write(dir.path(), "fail.lua", FAILING);
+    let out = dir.path().join("out");
+    let o = taper(&["train", s(&r), "--out", s(&out)]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("fail.lua:10: boom at step 3"), "{err}");
+    assert!(err.contains("stack traceback"), "{err}");
+    assert!(err.contains("checkpoint written to"), "{err}");
+    let ckpt = out.join("checkpoint.safetensors");
+    let (_, meta) = checkpoint::load(&ckpt, &Device::Cpu)?;
+    assert_eq!(
+        (meta.step, meta.epoch, meta.epoch_steps, meta.epoch_complete),
+        (3, 1, 3, false)
+    );
+
+    // Resume finishes the run: the rest of epoch 1 (23 - 3 batches) and epoch 2.
+    let out2 = dir.path().join("out2");
+    let o = taper(&[
+        "train",
+        s(&r),
+        "--resume",
+        s(&ckpt),
+        "--set",
+        "fail_at=0",
+        "--out",
+        s(&out2),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    let (_, meta) = checkpoint::load(&out2.join("checkpoint.safetensors"), &Device::Cpu)?;
+    assert_eq!((meta.step, meta.epoch, meta.epoch_complete), (46, 2, true));
+    Ok(())
+}
+
+#[test]
+fn resume_continues_the_same_run() -> Result<()> {
+    // 4 epochs straight == 2 epochs, stop, resume for 2 more: identical weights.
+    let dir = tempfile::tempdir()?;
+    let (a, b, c) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
+    let quick = ["--quiet", "--set", "batch=128"];
+    let run = |out: &Path, epochs: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "scripts/digits.lua",
+            "--out",
+            s(out),
+            "--set",
+            epochs,
+        ];
+        args.extend(quick);
+        args.extend(extra);
+        let o = taper(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o).1);
+    };
+    run(&a, "epochs=4", &[]);
+    run(&b, "epochs=2", &[]);
+    let ckpt = b.join("checkpoint.safetensors");
+    run(&c, "epochs=4", &["--resume", s(&ckpt)]);
+    let (ta, ma) = checkpoint::load(&a.join("checkpoint.safetensors"), &Device::Cpu)?;
+    let (tc, mc) = checkpoint::load(&c.join("checkpoint.safetensors"), &Device::Cpu)?;
+    assert_eq!((ma.step, ma.epoch), (mc.step, mc.epoch));
+    assert_eq!(ta.len(), tc.len());
+    for (k, t) in &ta {
+        let d = (t - &tc[k])?
+            .abs()?
+            .flatten_all()?
+            .max(0)?
+            .to_dtype(candle_core::DType::F64)?
+            .to_scalar::<f64>()?;
+        assert_eq!(d, 0.0, "{k} differs after resume");
+    }
+    // The metrics of the resumed run carry on from step and epoch 2.
+    let m = std::fs::read_to_string(c.join("metrics.jsonl"))?;
+    let first_epoch = m
+        .lines()
+        .find(|l| l.contains("\"event\":\"epoch\""))
+        .unwrap();
+    assert!(first_epoch.contains("\"epoch\":3"), "{first_epoch}");
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! The Lua API's option decoding: unknown keys, wrong types and defaults give
+//! errors that name the key and the recipe's file and line.
+
+use anyhow::Result;
+use taper::{host::render_error, Host, HostOptions};
+
+fn run(src: &str) -> taper::Result<taper::host::Report> {
+    Host::new(HostOptions::default())?.run_source("recipe.lua", src)
+}
+
+fn run_with(overrides: &[(&str, &str)], src: &str) -> taper::Result<taper::host::Report> {
+    let opts = HostOptions {
+        overrides: overrides
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..HostOptions::default()
+    };
+    Host::new(opts)?.run_source("recipe.lua", src)
+}
+
+/// The rendered error, asserting it is a recipe error (CLI exit code 2).
+fn recipe_error(r: taper::Result<taper::host::Report>) -> String {
+    let e = r.expect_err("the recipe should fail");
+    let msg = render_error(&e);
+    assert_eq!(e.exit_code(), 2, "not a recipe error: {msg}");
+    msg
+}
+
+#[test]
+fn unknown_option_names_key_file_and_line() {
+    let msg = recipe_error(run(
+        "local x = 1\nlocal o = taper.optim.adamw{ lr = 1e-3, wieght_decay = 0.1 }\n",
+    ));
+    assert!(
+        msg.starts_with("recipe.lua:2: taper.optim.adamw: unknown field `wieght_decay`"),
+        "{msg}"
+    );
+    assert!(msg.contains("expected one of"), "{msg}");
+}
+
+#[test]
+fn wrong_type_names_the_nested_key() {
+    let msg = recipe_error(run(
+        "taper.model.mlp{ inputs = 64, hidden = { 128, 'wide' }, outputs = 10 }",
+    ));
+    assert!(
+        msg.starts_with("recipe.lua:1: taper.model.mlp: option `hidden[1]`"),
+        "{msg}"
+    );
+    let msg = recipe_error(run("taper.optim.sgd{ lr = 'fast' }"));
+    assert!(msg.contains("option `lr`"), "{msg}");
+    let msg = recipe_error(run(
+        "taper.model.mlp{ inputs = 64, outputs = 10, activation = 'relu6' }",
+    ));
+    assert!(
+        msg.contains("option `activation`") && msg.contains("relu6"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_required_option_is_named() {
+    let msg = recipe_error(run("taper.model.mlp{ inputs = 64 }"));
+    assert!(msg.contains("missing field `outputs`"), "{msg}");
+}
+
+#[test]
+fn run_options_are_checked() {
+    let msg = recipe_error(run(
+        "local m = taper.model.mlp{ inputs = 2, outputs = 2 }\ntaper.run{ model = m, optimiser = 1 }",
+    ));
+    assert!(
+        msg.starts_with("recipe.lua:2: taper.run: unknown option `optimiser`"),
+        "{msg}"
+    );
+    let msg = recipe_error(run("taper.run{ model = 3 }"));
+    assert!(
+        msg.contains("option `model` must be a taper.model, got a integer"),
+        "{msg}"
+    );
+    let msg = recipe_error(run(
+        "taper.run{ model = taper.model.mlp{ inputs = 2, outputs = 2 }, optim = taper.data.digits{} }",
+    ));
+    assert!(
+        msg.contains("option `optim` must be a taper.optim"),
+        "{msg}"
+    );
+    let msg = recipe_error(run("taper.run{}"));
+    assert!(msg.contains("option `model` is required"), "{msg}");
+}
+
+#[test]
+fn defaults_follow_pytorch() -> Result<()> {
+    run(r#"
+        assert(tostring(taper.optim.adamw{}) ==
+          "taper.optim(adamw lr 0.001 betas (0.9, 0.999) eps 0.00000001 weight_decay 0.01)",
+          tostring(taper.optim.adamw{}))
+        assert(tostring(taper.optim.sgd{}) == "taper.optim(sgd lr 0.001 momentum 0 weight_decay 0)")
+        assert(tostring(taper.model.gpt{ vocab = 10, context = 8 }) ==
+          "taper.model(gpt vocab 10 context 8 width 128 layers 4 heads 4)")
+        local m = taper.model.mlp{ inputs = 3, hidden = { 4 }, outputs = 2 }
+        assert(m:parameters() == 3 * 4 + 4 + 4 * 2 + 2)
+        assert(#taper.data.digits{} == 1437 and #taper.data.digits{ split = "test" } == 360)
+    "#)?;
+    Ok(())
+}
+
+#[test]
+fn errors_keep_their_type_through_pcall() {
+    // An error raised in Rust, caught and re-raised by the script, is still a
+    // recipe error (exit code 2), not a flattened string.
+    let msg = recipe_error(run(
+        "local ok, err = pcall(taper.optim.adamw, { bad = 1 })\nassert(not ok)\nerror(err)",
+    ));
+    assert!(msg.contains("unknown field `bad`"), "{msg}");
+}
+
+#[test]
+fn config_overrides_are_typed_by_default() -> Result<()> {
+    run_with(
+        &[
+            ("epochs", "2"),
+            ("lr", "0.5"),
+            ("name", "x"),
+            ("wide", "true"),
+        ],
+        r#"
+        local cfg = taper.config{ epochs = 20, lr = 3e-3, name = "digits", wide = false, batch = 64 }
+        assert(math.type(cfg.epochs) == "integer" and cfg.epochs == 2)
+        assert(cfg.lr == 0.5 and cfg.name == "x" and cfg.wide == true and cfg.batch == 64)
+        "#,
+    )?;
+    let msg = recipe_error(run_with(
+        &[("epochs", "2.5")],
+        "taper.config{ epochs = 20 }",
+    ));
+    assert!(
+        msg.contains("--set epochs=2.5: `epochs` is an integer"),
+        "{msg}"
+    );
+    let msg = recipe_error(run_with(
+        &[("epoch", "2")],
+        "taper.config{ epochs = 20, lr = 1.0 }",
+    ));
+    assert!(
+        msg.contains("unknown config key `epoch`; the recipe declares: epochs, lr"),
+        "{msg}"
+    );
+    let msg = recipe_error(run_with(&[("epochs", "2")], "local x = 1"));
+    assert!(msg.contains("declares no taper.config"), "{msg}");
+    Ok(())
+}
+
+#[test]
+fn syntax_error_names_file_and_line() {
+    let msg = recipe_error(run("local a = 1\nlocal b = = 2\n"));
+    assert!(msg.starts_with("recipe.lua:2:"), "{msg}");
+}
+
+#[test]
+fn runtime_error_is_a_training_failure_with_traceback() {
+    let e = run("local function f() error('boom') end\nf()")
+        .err()
+        .unwrap();
+    assert_eq!(e.exit_code(), 1);
+    let msg = render_error(&e);
+    assert!(
+        msg.contains("recipe.lua:1: boom") && msg.contains("stack traceback"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn data_pipeline_handles() -> Result<()> {
+    run(r#"
+        local d = taper.data.digits{}:take(100):shuffle{ seed = 3 }:batch{ size = 32, drop_last = true }
+        assert(#d == 100 and d.split == "train")
+        local run = taper.run{ model = taper.model.mlp{ inputs = 64, outputs = 10 }, data = d }
+        local n, seen = 0, {}
+        for epoch in run:epochs(1) do
+          for b in run:batches() do
+            n = n + 1
+            assert(b.size == 32)
+            for _, i in ipairs(b.indices) do assert(not seen[i]); seen[i] = true end
+            local loss, step = run:step(b)
+            assert(step == n and loss > 0)
+          end
+        end
+        assert(n == 3 and run.steps == 3 and run.epoch == 1)
+        local t = taper.data.shakespeare{ context = 8 }
+        assert(t:decode(t:encode("ROMEO:")) == "ROMEO:")
+    "#)?;
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! Optimizers against references: PyTorch results pasted from candle-nn's own
+//! tests (tests/optim.rs, with the PyTorch script below), and float64
+//! implementations of the PyTorch update rules for the options candle lacks.
+
+use anyhow::Result;
+use candle_core::{Device, Tensor, Var};
+use taper::engine::optim::{clip_grad_norm, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+
+const XS: [[f32; 2]; 4] = [[2., 1.], [7., 4.], [-4., 12.], [5., 8.]];
+
+fn ys() -> [f32; 4] {
+    XS.map(|x| 3.0 * x[0] + x[1] - 2.0)
+}
+
+/// Linear regression y = 3 x1 + x2 - 2 from zero weights, loss = sum of
+/// squared errors, `steps` updates of `opt`.
+fn regress(opt: &mut dyn Optimizer, steps: usize, clip: Option<f64>) -> Result<(Vec<f32>, f32)> {
+    let dev = Device::Cpu;
+    let w = Var::new(&[[0f32, 0.]], &dev)?;
+    let b = Var::new(0f32, &dev)?;
+    let vars = vec![("b".to_string(), b.clone()), ("w".to_string(), w.clone())];
+    let xs = Tensor::new(&XS, &dev)?;
+    let ys = Tensor::new(&ys(), &dev)?;
+    for _ in 0..steps {
+        let pred = xs
+            .matmul(&w.as_tensor().t()?)?
+            .squeeze(1)?
+            .broadcast_add(b.as_tensor())?;
+        let loss = (pred - &ys)?.sqr()?.sum_all()?;
+        let mut grads = loss.backward()?;
+        if let Some(max) = clip {
+            clip_grad_norm(&vars, &mut grads, max)?;
+        }
+        opt.step(&vars, &grads)?;
+    }
+    Ok((w.as_tensor().flatten_all()?.to_vec1()?, b.to_scalar()?))
+}
+
+/// Gradient of the regression loss in float64: (dw, db).
+fn grad64(w: &[f64; 2], b: f64) -> ([f64; 2], f64) {
+    let (mut dw, mut db) = ([0.0; 2], 0.0);
+    for (x, y) in XS.iter().zip(ys()) {
+        let r = w[0] * x[0] as f64 + w[1] * x[1] as f64 + b - y as f64;
+        dw[0] += 2.0 * r * x[0] as f64;
+        dw[1] += 2.0 * r * x[1] as f64;
+        db += 2.0 * r;
+    }
+    (dw, db)
+}
+
+fn close(a: &[f32], b: &[f64], rel: f64) {
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (*x as f64 - y).abs() <= rel * y.abs().max(1.0),
+            "{a:?} vs reference {b:?}"
+        );
+    }
+}
+
+/* PyTorch (as pasted in candle-nn tests/optim.rs):
+    m = torch.nn.Linear(2, 1); zero weight and bias
+    optimizer = optim.AdamW(m.parameters(), lr=0.1)   # weight_decay 0.01
+    for _step in range(100): loss = ((m(sample_xs) - sample_ys)**2).sum(); step
+    print(m.weight)  # [[2.7257, 0.7097]]
+    print(m.bias)    # [0.7873]
+*/
+#[test]
+fn adamw_matches_pytorch() -> Result<()> {
+    let mut opt = AdamW::new(AdamWConfig {
+        lr: 0.1,
+        ..Default::default()
+    });
+    let (w, b) = regress(&mut opt, 100, None)?;
+    close(&w, &[2.7257, 0.7097], 1e-4);
+    close(&[b], &[0.7873], 1e-4);
+    Ok(())
+}
+
+/* PyTorch (as pasted in candle-nn tests/optim.rs):
+    optimizer = optim.SGD(m.parameters(), lr=0.004, momentum=0.)
+    for _step in range(1000): ...
+    # weight [[2.9983196, 0.99790204]], bias -1.9796902
+*/
+#[test]
+fn sgd_matches_pytorch() -> Result<()> {
+    let mut opt = Sgd::new(SgdConfig {
+        lr: 0.004,
+        ..Default::default()
+    });
+    let (w, b) = regress(&mut opt, 1000, None)?;
+    close(&w, &[2.9983196, 0.99790204], 1e-5);
+    close(&[b], &[-1.9796902], 1e-5);
+    Ok(())
+}
+
+/// torch.optim.SGD's rule in float64 (weight decay, momentum, dampening, nesterov).
+fn sgd64(c: &SgdConfig, steps: usize) -> ([f64; 2], f64) {
+    let (mut w, mut b) = ([0.0f64; 2], 0.0f64);
+    let mut buf: Option<([f64; 2], f64)> = None;
+    for _ in 0..steps {
+        let (mut dw, mut db) = grad64(&w, b);
+        for i in 0..2 {
+            dw[i] += c.weight_decay * w[i];
+        }
+        db += c.weight_decay * b;
+        let nb = match buf {
+            None => (dw, db),
+            Some((bw, bb)) => (
+                [
+                    c.momentum * bw[0] + (1.0 - c.dampening) * dw[0],
+                    c.momentum * bw[1] + (1.0 - c.dampening) * dw[1],
+                ],
+                c.momentum * bb + (1.0 - c.dampening) * db,
+            ),
+        };
+        buf = Some(nb);
+        if c.nesterov {
+            dw = [dw[0] + c.momentum * nb.0[0], dw[1] + c.momentum * nb.0[1]];
+            db += c.momentum * nb.1;
+        } else {
+            (dw, db) = nb;
+        }
+        w = [w[0] - c.lr * dw[0], w[1] - c.lr * dw[1]];
+        b -= c.lr * db;
+    }
+    (w, b)
+}
+
+#[test]
+fn sgd_momentum_weight_decay_nesterov_match_float64() -> Result<()> {
+    for nesterov in [false, true] {
+        let c = SgdConfig {
+            lr: 0.002,
+            momentum: 0.9,
+            dampening: if nesterov { 0.0 } else { 0.1 },
+            nesterov,
+            weight_decay: 0.05,
+            clip_grad_norm: None,
+        };
+        let (w, b) = regress(&mut Sgd::new(c.clone()), 60, None)?;
+        let (rw, rb) = sgd64(&c, 60);
+        close(&w, &rw, 1e-4);
+        close(&[b], &[rb], 1e-4);
+    }
+    Ok(())
+}
+
+/// torch.optim.AdamW's rule in float64.
+fn adamw64(c: &AdamWConfig, steps: usize, clip: Option<f64>) -> ([f64; 3], f64) {
+    let mut p = [0.0f64; 3]; // w0, w1, b
+    let (mut m, mut v) = ([0.0f64; 3], [0.0f64; 3]);
+    let (b1, b2) = c.betas;
+    for t in 1..=steps {
+        let (dw, db) = grad64(&[p[0], p[1]], p[2]);
+        let mut g = [dw[0], dw[1], db];
+        if let Some(max) = clip {
+            let norm = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let s = max / (norm + 1e-6);
+            if s < 1.0 {
+                g = g.map(|x| x * s);
+            }
+        }
+        for i in 0..3 {
+            p[i] *= 1.0 - c.lr * c.weight_decay;
+            m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+            v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+            let mh = m[i] / (1.0 - b1.powi(t as i32));
+            let vh = v[i] / (1.0 - b2.powi(t as i32));
+            p[i] -= c.lr * mh / (vh.sqrt() + c.eps);
+        }
+    }
+    (p, 0.0)
+}
+
+#[test]
+fn adamw_options_and_clipping_match_float64() -> Result<()> {
+    let c = AdamWConfig {
+        lr: 0.05,
+        betas: (0.8, 0.99),
+        eps: 1e-6,
+        weight_decay: 0.3,
+        clip_grad_norm: None,
+    };
+    for clip in [None, Some(5.0)] {
+        let (w, b) = regress(&mut AdamW::new(c.clone()), 50, clip)?;
+        let (p, _) = adamw64(&c, 50, clip);
+        close(&w, &p[..2], 2e-4);
+        close(&[b], &p[2..], 2e-4);
+    }
+    Ok(())
+}
+
+#[test]
+fn optimizer_state_round_trips() -> Result<()> {
+    // 30 steps straight == 10 steps, save state, restore into a new optimizer, 20 steps.
+    let c = AdamWConfig {
+        lr: 0.05,
+        ..Default::default()
+    };
+    let mut a = AdamW::new(c.clone());
+    let straight = regress(&mut a, 30, None)?;
+    let dev = Device::Cpu;
+    let w = Var::new(&[[0f32, 0.]], &dev)?;
+    let b = Var::new(0f32, &dev)?;
+    let vars = vec![("b".to_string(), b.clone()), ("w".to_string(), w.clone())];
+    let xs = Tensor::new(&XS, &dev)?;
+    let ys = Tensor::new(&ys(), &dev)?;
+    let mut opt = AdamW::new(c.clone());
+    for i in 0..30 {
+        if i == 10 {
+            let state: std::collections::HashMap<_, _> = opt.state().into_iter().collect();
+            opt = AdamW::new(c.clone());
+            opt.load_state(&state)?;
+        }
+        let pred = xs
+            .matmul(&w.as_tensor().t()?)?
+            .squeeze(1)?
+            .broadcast_add(b.as_tensor())?;
+        let loss = (pred - &ys)?.sqr()?.sum_all()?;
+        opt.step(&vars, &loss.backward()?)?;
+    }
+    assert_eq!(w.as_tensor().flatten_all()?.to_vec1::<f32>()?, straight.0);
+    assert_eq!(b.to_scalar::<f32>()?, straight.1);
+    Ok(())
+}
