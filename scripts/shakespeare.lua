@@ -4,7 +4,7 @@
 --   taper train scripts/shakespeare.lua
 --   taper train scripts/shakespeare.lua --set steps=100 --set sample=0   (a short run)
 local cfg = taper.config{
-  epochs = 1, batch = 32, context = 64, lr = 3e-3,
+  epochs = 3, batch = 32, context = 64, lr = 6e-3,
   steps = 0, -- when > 0: the number of batches per epoch (a shortened run)
   width = 64, layers = 2, heads = 4, seed = 1,
   sample = 300, temperature = 0.8,

@@ -119,6 +119,7 @@ fn main() -> ExitCode {
         }
     };
     let check = opts.check_only;
+    let quiet = opts.quiet;
     let mut host = match Host::new(opts) {
         Ok(h) => h,
         Err(e) => {
@@ -130,7 +131,7 @@ fn main() -> ExitCode {
         Ok(report) => {
             if check {
                 println!("{}: ok", recipe.display());
-            } else if let Some(m) = report.metrics {
+            } else if let (false, Some(m)) = (quiet, report.metrics) {
                 println!("metrics: {}", m.display());
                 for c in host.checkpoints() {
                     println!("checkpoint: {}", c.display());

@@ -106,7 +106,11 @@ fn bad_set_exits_2() {
 
 #[test]
 fn check_validates_every_shipped_recipe() {
-    for r in ["scripts/digits.lua", "scripts/shakespeare.lua"] {
+    for r in [
+        "scripts/digits.lua",
+        "scripts/digits_cnn.lua",
+        "scripts/shakespeare.lua",
+    ] {
         let o = taper(&["check", r]);
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(0), "{r}: {err}");

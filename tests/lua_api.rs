@@ -86,6 +86,13 @@ fn run_options_are_checked() {
         msg.contains("option `optim` must be a taper.optim"),
         "{msg}"
     );
+    let msg = recipe_error(run(
+        "taper.run{ model = taper.model.mlp{ inputs = 2, outputs = 2 }, seed = 1.5 }",
+    ));
+    assert!(
+        msg.contains("option `seed` must be a non-negative integer"),
+        "{msg}"
+    );
     let msg = recipe_error(run("taper.run{}"));
     assert!(msg.contains("option `model` is required"), "{msg}");
 }

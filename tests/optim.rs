@@ -13,27 +13,57 @@ fn ys() -> [f32; 4] {
 }
 
 /// Linear regression y = 3 x1 + x2 - 2 from zero weights, loss = sum of
-/// squared errors, `steps` updates of `opt`.
-fn regress(opt: &mut dyn Optimizer, steps: usize, clip: Option<f64>) -> Result<(Vec<f32>, f32)> {
-    let dev = Device::Cpu;
-    let w = Var::new(&[[0f32, 0.]], &dev)?;
-    let b = Var::new(0f32, &dev)?;
-    let vars = vec![("b".to_string(), b.clone()), ("w".to_string(), w.clone())];
-    let xs = Tensor::new(&XS, &dev)?;
-    let ys = Tensor::new(&ys(), &dev)?;
-    for _ in 0..steps {
-        let pred = xs
-            .matmul(&w.as_tensor().t()?)?
-            .squeeze(1)?
-            .broadcast_add(b.as_tensor())?;
-        let loss = (pred - &ys)?.sqr()?.sum_all()?;
+/// squared errors.
+struct Regression {
+    w: Var,
+    b: Var,
+    vars: Vec<(String, Var)>,
+    xs: Tensor,
+    ys: Tensor,
+}
+
+impl Regression {
+    fn new() -> Result<Self> {
+        let dev = Device::Cpu;
+        let w = Var::new(&[[0f32, 0.]], &dev)?;
+        let b = Var::new(0f32, &dev)?;
+        let vars = vec![("b".to_string(), b.clone()), ("w".to_string(), w.clone())];
+        Ok(Regression {
+            w,
+            b,
+            vars,
+            xs: Tensor::new(&XS, &dev)?,
+            ys: Tensor::new(&ys(), &dev)?,
+        })
+    }
+
+    fn step(&self, opt: &mut dyn Optimizer, clip: Option<f64>) -> Result<()> {
+        let pred = self.xs.matmul(&self.w.as_tensor().t()?)?.squeeze(1)?;
+        let pred = pred.broadcast_add(self.b.as_tensor())?;
+        let loss = (pred - &self.ys)?.sqr()?.sum_all()?;
         let mut grads = loss.backward()?;
         if let Some(max) = clip {
-            clip_grad_norm(&vars, &mut grads, max)?;
+            clip_grad_norm(&self.vars, &mut grads, max)?;
         }
-        opt.step(&vars, &grads)?;
+        opt.step(&self.vars, &grads)?;
+        Ok(())
     }
-    Ok((w.as_tensor().flatten_all()?.to_vec1()?, b.to_scalar()?))
+
+    fn weights(&self) -> Result<(Vec<f32>, f32)> {
+        Ok((
+            self.w.as_tensor().flatten_all()?.to_vec1()?,
+            self.b.to_scalar()?,
+        ))
+    }
+}
+
+/// `steps` updates of `opt` on a fresh regression problem.
+fn regress(opt: &mut dyn Optimizer, steps: usize, clip: Option<f64>) -> Result<(Vec<f32>, f32)> {
+    let p = Regression::new()?;
+    for _ in 0..steps {
+        p.step(opt, clip)?;
+    }
+    p.weights()
 }
 
 /// Gradient of the regression loss in float64: (dw, db).
@@ -197,14 +227,8 @@ fn optimizer_state_round_trips() -> Result<()> {
         lr: 0.05,
         ..Default::default()
     };
-    let mut a = AdamW::new(c.clone());
-    let straight = regress(&mut a, 30, None)?;
-    let dev = Device::Cpu;
-    let w = Var::new(&[[0f32, 0.]], &dev)?;
-    let b = Var::new(0f32, &dev)?;
-    let vars = vec![("b".to_string(), b.clone()), ("w".to_string(), w.clone())];
-    let xs = Tensor::new(&XS, &dev)?;
-    let ys = Tensor::new(&ys(), &dev)?;
+    let straight = regress(&mut AdamW::new(c.clone()), 30, None)?;
+    let p = Regression::new()?;
     let mut opt = AdamW::new(c.clone());
     for i in 0..30 {
         if i == 10 {
@@ -212,14 +236,8 @@ fn optimizer_state_round_trips() -> Result<()> {
             opt = AdamW::new(c.clone());
             opt.load_state(&state)?;
         }
-        let pred = xs
-            .matmul(&w.as_tensor().t()?)?
-            .squeeze(1)?
-            .broadcast_add(b.as_tensor())?;
-        let loss = (pred - &ys)?.sqr()?.sum_all()?;
-        opt.step(&vars, &loss.backward()?)?;
+        p.step(&mut opt, None)?;
     }
-    assert_eq!(w.as_tensor().flatten_all()?.to_vec1::<f32>()?, straight.0);
-    assert_eq!(b.to_scalar::<f32>()?, straight.1);
+    assert_eq!(p.weights()?, straight);
     Ok(())
 }

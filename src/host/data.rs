@@ -65,12 +65,14 @@ impl UserData for DataHandle {
                     drop_last: false,
                 },
                 v @ Value::Table(_) => decode::<BatchOpts>(lua, "data:batch", v)?,
-                other => return Err(config_error(
-                    lua,
-                    format!(
+                other => {
+                    return Err(config_error(
+                        lua,
+                        format!(
                         "data:batch: expected a positive integer or {{size = n}}, got {other:?}"
                     ),
-                )),
+                    ))
+                }
             };
             if o.size == 0 {
                 return Err(config_error(lua, "data:batch: size must be positive"));

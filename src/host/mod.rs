@@ -6,6 +6,7 @@ mod models;
 mod options;
 mod output;
 mod run;
+mod run_state;
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -20,8 +21,8 @@ use crate::data::Source;
 use crate::engine::{parse_device, Eval, ModelSpec};
 use crate::{Error, Result};
 use output::Output;
-use run::RunState;
-pub use run::RunSummary;
+use run_state::RunState;
+pub use run_state::RunSummary;
 
 /// How a host runs recipes. `Default` suits embedding: CPU, seed 0, no output
 /// folder, quiet.
@@ -216,7 +217,7 @@ impl Host {
 
     fn finish(&mut self) -> Result<Report> {
         for r in self.state.runs.borrow().iter() {
-            run::finish_epoch(&self.state, &mut r.borrow_mut())?;
+            run_state::finish_epoch(&self.state, &mut r.borrow_mut())?;
         }
         self.state.out.finish_bar();
         self.save_all("final")?;

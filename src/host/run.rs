@@ -1,7 +1,7 @@
 //! `taper.run{...}` and the run handle: the methods a recipe's loop calls.
 
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,110 +14,15 @@ use serde_json::{json, Map};
 use super::data::{BatchHandle, DataHandle};
 use super::models::{LossHandle, ModelHandle, OptimHandle};
 use super::options::{check_keys, config_error, decode, handle};
-use super::{state, HostState};
-use crate::data::Pipeline;
-use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
+use super::run_state::{finish_epoch, RunState};
+use super::state;
 use crate::engine::optim::{AdamWConfig, OptimSpec};
-use crate::engine::{Eval, Trainer, TrainerOptions};
+use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
-use crate::Result;
 
 /// Batch size for data without `:batch(n)`: training, evaluation.
 pub(crate) const TRAIN_BATCH: usize = 32;
 const EVAL_BATCH: usize = 256;
-
-pub(crate) struct RunState {
-    pub id: usize,
-    pub trainer: Trainer,
-    pub data: Option<Pipeline>,
-    pub seed: u64,
-    /// The epoch in progress, or the last one started (1-based; 0 before any).
-    pub epoch: u64,
-    pub in_epoch: bool,
-    pub epoch_steps: u64,
-    /// Batches of the next epoch to skip (resuming mid-epoch).
-    skip_next: usize,
-    epoch_loss: f64,
-    epoch_samples: usize,
-    epoch_start: Instant,
-    total_epochs: u64,
-    pub last_eval: Option<Eval>,
-}
-
-/// What a run reached, for embedders and tests.
-#[derive(Debug, Clone)]
-pub struct RunSummary {
-    pub step: u64,
-    pub epoch: u64,
-    pub last_eval: Option<Eval>,
-}
-
-impl RunState {
-    pub fn summary(&self) -> RunSummary {
-        RunSummary {
-            step: self.trainer.step,
-            epoch: self.epoch,
-            last_eval: self.last_eval,
-        }
-    }
-
-    fn meta(&self) -> CheckpointMeta {
-        CheckpointMeta {
-            format: FORMAT.into(),
-            step: self.trainer.step,
-            epoch: self.epoch,
-            epoch_steps: self.epoch_steps,
-            epoch_complete: !self.in_epoch,
-            model: self.trainer.spec().describe(),
-            optimizer: self.trainer.optimizer_description().to_string(),
-            lr: self.trainer.learning_rate(),
-            seed: self.seed,
-        }
-    }
-
-    pub fn save(&self, path: &Path) -> Result<()> {
-        self.trainer.save(path, &self.meta())
-    }
-
-    fn resume(&mut self, path: &Path) -> Result<()> {
-        let meta = self.trainer.load(path)?;
-        if meta.epoch_complete {
-            self.epoch = meta.epoch;
-        } else {
-            // Re-enter the interrupted epoch, after the batches already taken.
-            self.epoch = meta.epoch.saturating_sub(1);
-            self.skip_next = meta.epoch_steps as usize;
-        }
-        Ok(())
-    }
-}
-
-/// Closes the epoch in progress: one `epoch` record and a summary line.
-pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
-    if !r.in_epoch {
-        return Ok(());
-    }
-    r.in_epoch = false;
-    host.out.finish_bar();
-    let secs = r.epoch_start.elapsed().as_secs_f64();
-    let loss = r.epoch_loss / r.epoch_samples.max(1) as f64;
-    let rate = r.epoch_samples as f64 / secs.max(1e-9);
-    let mut f = Map::new();
-    f.insert("run".into(), r.id.into());
-    if r.epoch_samples > 0 {
-        f.insert("loss".into(), json!(loss));
-    }
-    f.insert("samples".into(), r.epoch_samples.into());
-    f.insert("seconds".into(), json!(secs));
-    f.insert("samples_per_s".into(), json!(rate));
-    f.insert("lr".into(), json!(r.trainer.learning_rate()));
-    host.out.record("epoch", r.trainer.step, r.epoch, f)?;
-    host.out.line(&format!(
-        "epoch {}/{}  step {}  train loss {loss:.4}  {rate:.0} samples/s  {secs:.2}s",
-        r.epoch, r.total_epochs, r.trainer.step
-    ));
-    Ok(())
-}
 
 #[derive(Clone)]
 pub(crate) struct RunHandle(Rc<RefCell<RunState>>);
@@ -136,8 +41,16 @@ fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
     let loss = handle::<LossHandle>(lua, what, &opts, "loss", "a taper.loss")?
         .map(|l| l.0)
         .unwrap_or_default();
-    let seed: u64 = decode(lua, "taper.run: option `seed`", opts.get::<Value>("seed")?)
-        .or_else(|_| Ok::<_, mlua::Error>(0))?;
+    let seed: u64 = match opts.get::<Value>("seed")? {
+        Value::Nil => 0,
+        Value::Integer(n) if n >= 0 => n as u64,
+        other => {
+            return Err(config_error(
+                lua,
+                format!("taper.run: option `seed` must be a non-negative integer, got {other:?}"),
+            ))
+        }
+    };
     let host = state(lua);
     let seed = seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let topts = TrainerOptions {
@@ -341,6 +254,7 @@ fn default_temperature() -> f64 {
 fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
     let o: GenerateOpts = decode(lua, "run:generate", opts)?;
     let r = run.0.borrow();
+    let check_only = state(lua).opts.check_only;
     let vocab = r.data.as_ref().and_then(|d| d.source().vocab().cloned());
     let ids = match (&o.prompt, &vocab) {
         (Prompt::Ids(ids), _) => ids.clone(),
@@ -352,9 +266,11 @@ fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
             ))
         }
     };
+    // `taper check` validates the call without sampling from an untrained model.
+    let tokens = if check_only { 0 } else { o.tokens };
     let out = r
         .trainer
-        .generate(&ids, o.tokens, o.temperature, o.seed)
+        .generate(&ids, tokens, o.temperature, o.seed)
         .map_err(lua_err)?;
     match (&o.prompt, vocab) {
         (Prompt::Text(_), Some(v)) => Ok(Value::String(lua.create_string(v.decode(&out))?)),

@@ -1,0 +1,106 @@
+//! A run's state on the host side: the trainer plus its place in the epoch
+//! loop, and what ending an epoch or saving records.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{json, Map};
+
+use super::HostState;
+use crate::data::Pipeline;
+use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
+use crate::engine::{Eval, Trainer};
+use crate::Result;
+
+pub(crate) struct RunState {
+    pub id: usize,
+    pub trainer: Trainer,
+    pub data: Option<Pipeline>,
+    pub seed: u64,
+    /// The epoch in progress, or the last one started (1-based; 0 before any).
+    pub epoch: u64,
+    pub in_epoch: bool,
+    pub epoch_steps: u64,
+    /// Batches of the next epoch to skip (resuming mid-epoch).
+    pub skip_next: usize,
+    pub epoch_loss: f64,
+    pub epoch_samples: usize,
+    pub epoch_start: Instant,
+    pub total_epochs: u64,
+    pub last_eval: Option<Eval>,
+}
+
+/// What a run reached, for embedders and tests.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub step: u64,
+    pub epoch: u64,
+    pub last_eval: Option<Eval>,
+}
+
+impl RunState {
+    pub fn summary(&self) -> RunSummary {
+        RunSummary {
+            step: self.trainer.step,
+            epoch: self.epoch,
+            last_eval: self.last_eval,
+        }
+    }
+
+    fn meta(&self) -> CheckpointMeta {
+        CheckpointMeta {
+            format: FORMAT.into(),
+            step: self.trainer.step,
+            epoch: self.epoch,
+            epoch_steps: self.epoch_steps,
+            epoch_complete: !self.in_epoch,
+            model: self.trainer.spec().describe(),
+            optimizer: self.trainer.optimizer_description().to_string(),
+            lr: self.trainer.learning_rate(),
+            seed: self.seed,
+        }
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.trainer.save(path, &self.meta())
+    }
+
+    pub fn resume(&mut self, path: &Path) -> Result<()> {
+        let meta = self.trainer.load(path)?;
+        if meta.epoch_complete {
+            self.epoch = meta.epoch;
+        } else {
+            // Re-enter the interrupted epoch, after the batches already taken.
+            self.epoch = meta.epoch.saturating_sub(1);
+            self.skip_next = meta.epoch_steps as usize;
+        }
+        Ok(())
+    }
+}
+
+/// Closes the epoch in progress: one `epoch` record and a summary line.
+pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
+    if !r.in_epoch {
+        return Ok(());
+    }
+    r.in_epoch = false;
+    host.out.finish_bar();
+    let secs = r.epoch_start.elapsed().as_secs_f64();
+    let loss = r.epoch_loss / r.epoch_samples.max(1) as f64;
+    let rate = r.epoch_samples as f64 / secs.max(1e-9);
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    if r.epoch_samples > 0 {
+        f.insert("loss".into(), json!(loss));
+    }
+    f.insert("samples".into(), r.epoch_samples.into());
+    f.insert("seconds".into(), json!(secs));
+    f.insert("samples_per_s".into(), json!(rate));
+    f.insert("lr".into(), json!(r.trainer.learning_rate()));
+    host.out.record("epoch", r.trainer.step, r.epoch, f)?;
+    host.out.line(&format!(
+        "epoch {}/{}  step {}  train loss {loss:.4}  {rate:.0} samples/s  {secs:.2}s",
+        r.epoch, r.total_epochs, r.trainer.step
+    ));
+    Ok(())
+}
