@@ -16,19 +16,8 @@ train = train:shuffle{ seed = cfg.seed }:batch(cfg.batch)
 -- A fixed slice of the held-out text keeps evaluation quick.
 local val = taper.data.shakespeare{ split = "val", context = cfg.context }:take(512):batch(64)
 
-local run = taper.run{
-  model = taper.model.gpt{
-    vocab = train:vocab_size(), context = cfg.context,
-    width = cfg.width, layers = cfg.layers, heads = cfg.heads,
-  },
-  optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0.1, clip_grad_norm = 1.0 },
-  data = train,
-  seed = cfg.seed,
-}
-print(("shakespeare: %d windows of %d characters, vocabulary %d, %d parameters")
-  :format(#train, cfg.context, train:vocab_size(), run.parameters))
-
--- Linear warmup, then cosine decay to a tenth of the peak.
+-- Linear warmup, then cosine decay to a tenth of the peak: a schedule written
+-- in Lua (taper.schedule.warmup_cosine{} is the built-in equivalent).
 local total = cfg.epochs * train:num_batches()
 local warmup = math.max(1, math.min(100, total // 10))
 local function lr_at(step)
@@ -37,9 +26,21 @@ local function lr_at(step)
   return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 end
 
+local run = taper.run{
+  model = taper.model.gpt{
+    vocab = train:vocab_size(), context = cfg.context,
+    width = cfg.width, layers = cfg.layers, heads = cfg.heads,
+  },
+  optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0.1, clip_grad_norm = 1.0 },
+  data = train,
+  schedule = function(step) return { lr = lr_at(step) } end,
+  seed = cfg.seed,
+}
+print(("shakespeare: %d windows of %d characters, vocabulary %d, %d parameters")
+  :format(#train, cfg.context, train:vocab_size(), run.parameters))
+
 for epoch in run:epochs(cfg.epochs) do
   for batch in run:batches() do
-    run:set_lr(lr_at(run.steps))
     run:step(batch)
   end
   run:evaluate(val)

@@ -27,6 +27,8 @@ function taper.config(defaults) end
 ---@field data? taper.Data training data for `run:batches()`
 ---@field loss? taper.Loss default `taper.loss.cross_entropy{}`
 ---@field seed? integer parameter init seed (default 0), mixed with `--seed`
+---@field schedule? taper.Schedule|fun(step: integer, epoch: integer, state: table): taper.Plan?
+---@field micro_batch? integer default micro-batch size (gradients accumulated; same mean gradient)
 
 ---Creates a run: a model's parameters, its optimizer and its place in training.
 ---@param opts taper.RunOptions
@@ -193,6 +195,36 @@ function taper.optim.adamw(opts) end
 ---@param opts? {lr?: number, momentum?: number, dampening?: number, nesterov?: boolean, weight_decay?: number, clip_grad_norm?: number}
 ---@return taper.Optim
 function taper.optim.sgd(opts) end
+
+---@class taper.Plan
+---@field lr? number learning rate for this step
+---@field micro_batch? integer samples per micro-batch for this step
+
+---@class taper.Schedule
+local Schedule = {}
+
+---The plan a schedule gives for `step` (0-based) in `epoch` (default 1).
+---@param step integer
+---@param epoch? integer
+---@return taper.Plan
+function Schedule:plan(step, epoch) end
+
+taper.schedule = {}
+
+---The same plan every step.
+---@param opts {lr?: number, micro_batch?: integer}
+---@return taper.Schedule
+function taper.schedule.constant(opts) end
+
+---Linear warmup to `lr` over `warmup` steps, then cosine decay to `min_lr` at `total`.
+---@param opts {lr: number, warmup?: integer, total: integer, min_lr?: number, micro_batch?: integer}
+---@return taper.Schedule
+function taper.schedule.warmup_cosine(opts) end
+
+---`lr * gamma ^ floor(step / every)` (or finished epochs, with `per_epoch`).
+---@param opts {lr: number, every: integer, gamma: number, per_epoch?: boolean, micro_batch?: integer}
+---@return taper.Schedule
+function taper.schedule.step(opts) end
 
 ---@class taper.Loss
 

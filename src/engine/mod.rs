@@ -9,6 +9,7 @@ pub mod model;
 pub mod optim;
 mod params;
 pub mod rng;
+pub mod schedule;
 mod trainer;
 
 pub use device::{describe as describe_device, parse_device};

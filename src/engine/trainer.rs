@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Module, Tensor, Var};
 
 use super::checkpoint::{self, CheckpointMeta};
 use super::loss::{self, CrossEntropy};
@@ -99,19 +100,44 @@ impl Trainer {
 
     /// Forward, loss, backward and one optimizer update. Returns the loss.
     pub fn train_step(&mut self, batch: &Batch) -> Result<f64> {
-        let (x, y) = self.inputs(batch)?;
-        let logits = self.model.forward(&x)?;
-        let loss = self.opts.loss.loss(&logits, &y)?;
-        let mut grads = loss.backward()?;
-        drop(logits);
-        let vars = self.store.vars();
-        if let Some(max) = self.optim.clip_grad_norm() {
-            optim::clip_grad_norm(&vars, &mut grads, max)?;
+        self.train_step_micro(batch, batch.len())
+    }
+
+    /// One optimizer update from `batch`, computed in micro-batches of at
+    /// most `micro` samples whose gradients are accumulated. Each micro-batch's
+    /// mean loss is weighted by its share of the batch, so the optimizer sees
+    /// the same mean gradient as the whole batch gives (up to float rounding),
+    /// whatever the split. Returns the batch's mean loss.
+    pub fn train_step_micro(&mut self, batch: &Batch, micro: usize) -> Result<f64> {
+        let n = batch.len();
+        if n == 0 {
+            return Err(Error::Data("train step: the batch is empty".into()));
         }
-        self.optim.step(&vars, &grads)?;
+        let micro = micro.clamp(1, n);
+        let vars = self.store.vars();
+        let mut acc = GradStore::default();
+        let mut loss_sum = 0f64;
+        let (bx, by) = self.inputs(batch)?;
+        for start in (0..n).step_by(micro) {
+            let len = micro.min(n - start);
+            let (x, y) = if len == n {
+                (bx.clone(), by.clone())
+            } else {
+                (bx.narrow(0, start, len)?, by.narrow(0, start, len)?)
+            };
+            let weight = len as f64 / n as f64;
+            let loss = self.opts.loss.loss(&self.model.forward(&x)?, &y)?;
+            let grads = (&loss * weight)?.backward()?;
+            accumulate(&mut acc, &vars, grads)?;
+            // A CPU-GPU sync point: the progress bar wants the number.
+            loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * weight;
+        }
+        if let Some(max) = self.optim.clip_grad_norm() {
+            optim::clip_grad_norm(&vars, &mut acc, max)?;
+        }
+        self.optim.step(&vars, &acc)?;
         self.step += 1;
-        // A CPU-GPU sync point: the progress bar wants the number.
-        Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+        Ok(loss_sum)
     }
 
     /// A model over detached parameters: no gradient graph is recorded, so
@@ -231,6 +257,22 @@ impl Trainer {
         self.step = meta.step;
         Ok(meta)
     }
+}
+
+/// Adds the variables' gradients from `grads` into `acc`. Gradients of
+/// intermediate tensors are dropped here, so they do not stay alive while
+/// the next micro-batch runs.
+fn accumulate(acc: &mut GradStore, vars: &[(String, Var)], mut grads: GradStore) -> Result<()> {
+    for (_, v) in vars {
+        if let Some(g) = grads.remove(v) {
+            let sum = match acc.remove(v) {
+                Some(prev) => (prev + g)?,
+                None => g,
+            };
+            acc.insert(v, sum);
+        }
+    }
+    Ok(())
 }
 
 fn sample(logits: &[f64], temperature: f64, rng: &mut Rng) -> u32 {

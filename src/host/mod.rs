@@ -7,6 +7,7 @@ mod options;
 mod output;
 mod run;
 mod run_state;
+mod schedule;
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -114,6 +115,7 @@ impl Host {
         models::register(&lua, &taper)?;
         data::register(&lua, &taper)?;
         run::register(&lua, &taper)?;
+        schedule::register(&lua, &taper)?;
         lua.globals().set("taper", taper.clone())?;
         lua.register_module("taper", taper)?;
         install_print(&lua)?;

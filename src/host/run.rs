@@ -15,8 +15,10 @@ use super::data::{BatchHandle, DataHandle};
 use super::models::{LossHandle, ModelHandle, OptimHandle};
 use super::options::{check_keys, config_error, decode, handle};
 use super::run_state::{finish_epoch, RunState};
+use super::schedule::{LuaSchedule, ScheduleHandle};
 use super::state;
 use crate::engine::optim::{AdamWConfig, OptimSpec};
+use crate::engine::schedule::Schedule;
 use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
 
@@ -27,7 +29,15 @@ const EVAL_BATCH: usize = 256;
 #[derive(Clone)]
 pub(crate) struct RunHandle(Rc<RefCell<RunState>>);
 
-const RUN_KEYS: &[&str] = &["model", "optim", "data", "loss", "seed"];
+const RUN_KEYS: &[&str] = &[
+    "model",
+    "optim",
+    "data",
+    "loss",
+    "seed",
+    "schedule",
+    "micro_batch",
+];
 
 fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
     let what = "taper.run";
@@ -51,6 +61,17 @@ fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
             ))
         }
     };
+    let schedule = run_schedule(lua, &opts)?;
+    let micro_batch: Option<usize> = match opts.get::<Value>("micro_batch")? {
+        Value::Nil => None,
+        v => Some(decode(lua, "taper.run: option `micro_batch`", v)?),
+    };
+    if micro_batch == Some(0) {
+        return Err(config_error(
+            lua,
+            "taper.run: option `micro_batch` must be positive",
+        ));
+    }
     let host = state(lua);
     let seed = seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let topts = TrainerOptions {
@@ -75,6 +96,8 @@ fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
         epoch_start: Instant::now(),
         total_epochs: 0,
         last_eval: None,
+        schedule,
+        micro_batch,
     };
     if let Some(path) = host.resume.borrow_mut().take() {
         run.resume(&path).map_err(lua_err)?;
@@ -105,6 +128,22 @@ fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
     let rc = Rc::new(RefCell::new(run));
     host.runs.borrow_mut().push(rc.clone());
     Ok(RunHandle(rc))
+}
+
+/// `schedule = taper.schedule.x{...}` or `schedule = function(step, epoch, state) ... end`.
+fn run_schedule(lua: &Lua, opts: &Table) -> mlua::Result<Option<Rc<RefCell<dyn Schedule>>>> {
+    match opts.get::<Value>("schedule")? {
+        Value::Nil => Ok(None),
+        Value::Function(f) => Ok(Some(Rc::new(RefCell::new(LuaSchedule::new(lua, f)?)))),
+        Value::UserData(ud) if ud.is::<ScheduleHandle>() => Ok(Some(ud.borrow::<ScheduleHandle>()?.0.clone())),
+        other => Err(config_error(
+            lua,
+            format!(
+                "taper.run: option `schedule` must be a taper.schedule or a function(step, epoch, state), got a {}",
+                other.type_name()
+            ),
+        )),
+    }
 }
 
 fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
@@ -162,8 +201,25 @@ fn batches(lua: &Lua, run: &RunHandle, data: Option<DataHandle>) -> mlua::Result
 
 fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(f64, u64)> {
     let host = state(lua);
+    // The schedule may be Lua code that reads the run: no borrow is held
+    // while it runs.
+    let (schedule, at_step, at_epoch) = {
+        let r = run.0.borrow();
+        (r.schedule.clone(), r.trainer.step, r.epoch.max(1))
+    };
+    let plan = match schedule {
+        Some(s) => s.borrow_mut().plan(at_step, at_epoch).map_err(lua_err)?,
+        None => Default::default(),
+    };
     let mut r = run.0.borrow_mut();
-    let loss = r.trainer.train_step(&batch.0).map_err(lua_err)?;
+    if let Some(lr) = plan.lr {
+        r.trainer.set_learning_rate(lr);
+    }
+    let micro = plan.micro_batch.or(r.micro_batch).unwrap_or(batch.0.len());
+    let loss = r
+        .trainer
+        .train_step_micro(&batch.0, micro)
+        .map_err(lua_err)?;
     r.epoch_steps += 1;
     r.epoch_loss += loss * batch.0.len() as f64;
     r.epoch_samples += batch.0.len();

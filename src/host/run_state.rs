@@ -1,7 +1,9 @@
 //! A run's state on the host side: the trainer plus its place in the epoch
 //! loop, and what ending an epoch or saving records.
 
+use std::cell::RefCell;
 use std::path::Path;
+use std::rc::Rc;
 use std::time::Instant;
 
 use serde_json::{json, Map};
@@ -9,6 +11,7 @@ use serde_json::{json, Map};
 use super::HostState;
 use crate::data::Pipeline;
 use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
+use crate::engine::schedule::Schedule;
 use crate::engine::{Eval, Trainer};
 use crate::Result;
 
@@ -28,6 +31,10 @@ pub(crate) struct RunState {
     pub epoch_start: Instant,
     pub total_epochs: u64,
     pub last_eval: Option<Eval>,
+    /// Decides each step's learning rate and micro-batch, when given.
+    pub schedule: Option<Rc<RefCell<dyn Schedule>>>,
+    /// Micro-batch size when the schedule does not say (None: whole batch).
+    pub micro_batch: Option<usize>,
 }
 
 /// What a run reached, for embedders and tests.

@@ -1,0 +1,157 @@
+//! Batch schedules: what each optimizer step uses (learning rate, micro-batch
+//! size), as a function of the step and epoch. Built-in schedules are plain
+//! data; a recipe can also give a Lua function (see `host::schedule`).
+
+use serde::Deserialize;
+
+/// The plan for one optimizer step. `None` keeps the current value.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepPlan {
+    pub lr: Option<f64>,
+    /// Samples per micro-batch; gradients of the micro-batches are
+    /// accumulated into one update.
+    pub micro_batch: Option<usize>,
+}
+
+/// A schedule: the plan for optimizer step `step` (0-based: the steps taken
+/// before it) in epoch `epoch` (1-based).
+pub trait Schedule {
+    fn plan(&mut self, step: u64, epoch: u64) -> crate::Result<StepPlan>;
+    fn describe(&self) -> String;
+}
+
+/// The same plan every step.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constant {
+    pub lr: Option<f64>,
+    pub micro_batch: Option<usize>,
+}
+
+impl Schedule for Constant {
+    fn plan(&mut self, _: u64, _: u64) -> crate::Result<StepPlan> {
+        Ok(StepPlan {
+            lr: self.lr,
+            micro_batch: self.micro_batch,
+        })
+    }
+    fn describe(&self) -> String {
+        format!(
+            "constant lr {:?} micro_batch {:?}",
+            self.lr, self.micro_batch
+        )
+    }
+}
+
+/// Linear warmup from 0 to `lr` over `warmup` steps, then cosine decay to
+/// `min_lr` at step `total` (constant after).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupCosine {
+    pub lr: f64,
+    #[serde(default)]
+    pub warmup: u64,
+    pub total: u64,
+    #[serde(default)]
+    pub min_lr: f64,
+    pub micro_batch: Option<usize>,
+}
+
+impl WarmupCosine {
+    pub fn lr_at(&self, step: u64) -> f64 {
+        if step < self.warmup {
+            return self.lr * (step + 1) as f64 / self.warmup as f64;
+        }
+        let span = self.total.saturating_sub(self.warmup).max(1) as f64;
+        let p = ((step - self.warmup) as f64 / span).min(1.0);
+        self.min_lr + (self.lr - self.min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+    }
+}
+
+impl Schedule for WarmupCosine {
+    fn plan(&mut self, step: u64, _: u64) -> crate::Result<StepPlan> {
+        Ok(StepPlan {
+            lr: Some(self.lr_at(step)),
+            micro_batch: self.micro_batch,
+        })
+    }
+    fn describe(&self) -> String {
+        format!(
+            "warmup_cosine lr {} warmup {} total {} min_lr {}",
+            self.lr, self.warmup, self.total, self.min_lr
+        )
+    }
+}
+
+/// `lr * gamma^(epoch_or_step / every)`: step decay, counted in optimizer
+/// steps or (with `per_epoch`) in finished epochs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepDecay {
+    pub lr: f64,
+    pub every: u64,
+    pub gamma: f64,
+    #[serde(default)]
+    pub per_epoch: bool,
+    pub micro_batch: Option<usize>,
+}
+
+impl Schedule for StepDecay {
+    fn plan(&mut self, step: u64, epoch: u64) -> crate::Result<StepPlan> {
+        let count = if self.per_epoch {
+            epoch.saturating_sub(1)
+        } else {
+            step
+        };
+        let k = count / self.every.max(1);
+        Ok(StepPlan {
+            lr: Some(self.lr * self.gamma.powi(k as i32)),
+            micro_batch: self.micro_batch,
+        })
+    }
+    fn describe(&self) -> String {
+        format!(
+            "step lr {} every {} gamma {}",
+            self.lr, self.every, self.gamma
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warmup_cosine_shape() {
+        let s = WarmupCosine {
+            lr: 1.0,
+            warmup: 10,
+            total: 110,
+            min_lr: 0.1,
+            micro_batch: None,
+        };
+        assert!((s.lr_at(0) - 0.1).abs() < 1e-12);
+        assert!((s.lr_at(9) - 1.0).abs() < 1e-12);
+        assert!((s.lr_at(10) - 1.0).abs() < 1e-12);
+        assert!((s.lr_at(60) - 0.55).abs() < 1e-12); // halfway: (1 + 0.1) / 2
+        assert!((s.lr_at(110) - 0.1).abs() < 1e-12);
+        assert!((s.lr_at(500) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn step_decay_counts_steps_or_epochs() -> crate::Result<()> {
+        let mut s = StepDecay {
+            lr: 1.0,
+            every: 2,
+            gamma: 0.5,
+            per_epoch: false,
+            micro_batch: None,
+        };
+        assert_eq!(s.plan(3, 1)?.lr, Some(0.5));
+        assert_eq!(s.plan(4, 1)?.lr, Some(0.25));
+        s.per_epoch = true;
+        assert_eq!(s.plan(100, 1)?.lr, Some(1.0));
+        assert_eq!(s.plan(100, 3)?.lr, Some(0.5));
+        Ok(())
+    }
+}

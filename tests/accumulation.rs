@@ -1,0 +1,122 @@
+//! Micro-batch accumulation is exact: one optimizer step on a batch of 64
+//! equals the same step computed as 8 micro-batches of 8, or as uneven
+//! 24 + 24 + 16, within float32 rounding.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use candle_core::DType;
+use taper::data::{digits, shakespeare, Pipeline};
+use taper::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
+use taper::engine::{Activation, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
+
+/// Parameters after `steps` steps with micro-batches of `micro`.
+fn train(
+    spec: Arc<dyn ModelSpec>,
+    optim: &OptimSpec,
+    data: &Pipeline,
+    micro: usize,
+    steps: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let mut t = Trainer::new(
+        spec,
+        optim,
+        TrainerOptions {
+            seed: 4,
+            ..Default::default()
+        },
+    )?;
+    for batch in data.epoch(1, 64, 0).take(steps) {
+        t.train_step_micro(&batch?, micro)?;
+    }
+    t.params()
+        .vars()
+        .iter()
+        .map(|(_, v)| {
+            Ok(v.as_tensor()
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1()?)
+        })
+        .collect()
+}
+
+/// The largest per-tensor relative difference, ||a - b|| / ||a||.
+fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let mut worst = 0f64;
+    for (x, y) in a.iter().zip(b) {
+        let diff: f64 = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (*p as f64 - *q as f64).powi(2))
+            .sum();
+        let norm: f64 = x.iter().map(|p| (*p as f64).powi(2)).sum();
+        worst = worst.max((diff / norm.max(1e-30)).sqrt());
+    }
+    worst
+}
+
+#[test]
+fn mlp_accumulation_equals_full_batch() -> Result<()> {
+    let spec: Arc<dyn ModelSpec> = Arc::new(Mlp {
+        inputs: 64,
+        hidden: vec![32],
+        outputs: 10,
+        activation: Activation::Relu,
+    });
+    let data = Pipeline::new(Arc::new(digits("train")?))
+        .shuffle(2)
+        .batch(64, false);
+    for optim in [
+        OptimSpec::Sgd(SgdConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            ..Default::default()
+        }),
+        OptimSpec::AdamW(AdamWConfig {
+            lr: 1e-3,
+            clip_grad_norm: Some(1.0),
+            ..Default::default()
+        }),
+    ] {
+        let full = train(spec.clone(), &optim, &data, 64, 5)?;
+        for micro in [8, 24, 1] {
+            let acc = train(spec.clone(), &optim, &data, micro, 5)?;
+            let d = max_rel_diff(&full, &acc);
+            eprintln!("{} micro {micro}: {d:e}", optim.describe());
+            assert!(
+                d < 1e-6,
+                "{} micro {micro}: max relative difference {d}",
+                optim.describe()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gpt_accumulation_equals_full_batch() -> Result<()> {
+    let src = shakespeare("train", 16, None)?;
+    let vocab = taper::data::Source::vocab(&src)
+        .map(|v| v.len())
+        .unwrap_or(0);
+    let spec: Arc<dyn ModelSpec> = Arc::new(Gpt {
+        vocab,
+        context: 16,
+        width: 16,
+        layers: 1,
+        heads: 2,
+        mlp: 2,
+    });
+    let data = Pipeline::new(Arc::new(src)).batch(64, false);
+    let optim = OptimSpec::Sgd(SgdConfig {
+        lr: 0.5,
+        ..Default::default()
+    });
+    let full = train(spec.clone(), &optim, &data, 64, 3)?;
+    let acc = train(spec, &optim, &data, 24, 3)?;
+    let d = max_rel_diff(&full, &acc);
+    eprintln!("gpt micro 24: {d:e}");
+    assert!(d < 1e-6, "max relative difference {d}");
+    Ok(())
+}
