@@ -182,7 +182,7 @@ fn runtime_error_is_a_training_failure_with_traceback() {
 fn data_pipeline_handles() -> Result<()> {
     run(r#"
         local d = taper.data.digits{}:take(100):shuffle{ seed = 3 }:batch{ size = 32, drop_last = true }
-        assert(#d == 100 and d.split == "train")
+        assert(#d == 100 and d.split_name == "train")
         local run = taper.run{ model = taper.model.mlp{ inputs = 64, outputs = 10 }, data = d }
         local n, seen = 0, {}
         for epoch in run:epochs(1) do

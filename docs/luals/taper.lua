@@ -101,7 +101,7 @@ function Run:save(path) end
 ---@field indices integer[] sample indices (0-based, in the data's order)
 
 ---@class taper.Data
----@field split string
+---@field split_name string the split the source reads (`train`, `test`, ...)
 local Data = {}
 
 ---A new permutation of the samples every epoch, from `seed` and the epoch number.
@@ -114,10 +114,36 @@ function Data:shuffle(opts) end
 ---@return taper.Data
 function Data:batch(n) end
 
----The first `n` samples only.
+---The first `n` samples only (before any shuffle).
 ---@param n integer
 ---@return taper.Data
 function Data:take(n) end
+
+---Drops the first `n` samples (before any shuffle).
+---@param n integer
+---@return taper.Data
+function Data:skip(n) end
+
+---Parts in these proportions: `local train, val = data:split{ 0.9, 0.1 }`; contiguous, or
+---with `seed = n`, drawn through a fixed seeded permutation.
+---@param parts table proportions, and optionally `seed`
+---@return taper.Data ...
+function Data:split(parts) end
+
+---Sets the split name reported in `eval` records.
+---@param name string
+---@return taper.Data
+function Data:named(name) end
+
+---Builds up to `depth` batches ahead on a background thread.
+---@param depth integer
+---@return taper.Data
+function Data:prefetch(depth) end
+
+---Iterates the batches of an epoch (default 1) without a run.
+---@param epoch? integer
+---@return fun(): taper.Batch?
+function Data:batches(epoch) end
 
 ---Number of samples.
 ---@return integer
@@ -154,6 +180,27 @@ function taper.data.digits(opts) end
 ---@param opts? {split?: "train"|"val", context?: integer, stride?: integer}
 ---@return taper.Data
 function taper.data.shakespeare(opts) end
+
+---MNIST-format IDX files (gzipped or raw), pixels divided by `scale` (default 255).
+---@param opts {images: string, labels: string, split?: string, scale?: number}
+---@return taper.Data
+function taper.data.idx(opts) end
+
+---A numeric CSV file: features divided by `scale`, an integer label column
+---(`label`, default -1: the last).
+---@param opts {path: string, label?: integer, header?: boolean, scale?: number, split?: string}
+---@return taper.Data
+function taper.data.csv(opts) end
+
+---A UTF-8 text file as character windows; `val_fraction` of the end is `val`.
+---@param opts {path: string, split?: "train"|"val"|"all", context?: integer, stride?: integer, val_fraction?: number}
+---@return taper.Data
+function taper.data.text(opts) end
+
+---A memory-mapped file of little-endian u16/u32 token ids, as windows.
+---@param opts {path: string, dtype?: "u16"|"u32", context?: integer, stride?: integer, split?: string}
+---@return taper.Data
+function taper.data.tokens(opts) end
 
 ---@class taper.Model
 local Model = {}

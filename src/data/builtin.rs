@@ -7,6 +7,9 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::{Device, Tensor};
 
+use std::path::Path;
+
+use super::files::{parse_csv, Csv};
 use super::Source;
 use crate::{Error, Result};
 
@@ -22,36 +25,28 @@ fn gunzip(bytes: &[u8], what: &str) -> Result<String> {
 }
 
 /// scikit-learn's 8x8 digits: 1,797 samples of 64 pixels (0..16) and a label.
-struct DigitsTable {
-    pixels: Vec<f32>,
-    labels: Vec<u32>,
-}
-
-fn digits_table() -> Result<&'static DigitsTable> {
-    static TABLE: OnceLock<DigitsTable> = OnceLock::new();
+fn digits_table() -> Result<&'static Csv> {
+    static TABLE: OnceLock<Csv> = OnceLock::new();
     if let Some(t) = TABLE.get() {
         return Ok(t);
     }
     let text = gunzip(DIGITS_GZ, "digits")?;
-    let mut pixels = Vec::with_capacity(1797 * 64);
-    let mut labels = Vec::with_capacity(1797);
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.is_empty()) {
-        let vals: Vec<f32> = line
-            .split(',')
-            .map(|v| v.trim().parse::<f32>())
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| Error::Data(format!("built-in digits.csv line {}: {e}", i + 1)))?;
-        if vals.len() != 65 {
-            return Err(Error::Data(format!(
-                "built-in digits.csv line {}: {} columns, expected 65",
-                i + 1,
-                vals.len()
-            )));
-        }
-        pixels.extend(vals[..64].iter().map(|p| p / 16.0));
-        labels.push(vals[64] as u32);
+    let table = parse_csv(
+        Path::new("built-in digits.csv"),
+        &text,
+        -1,
+        false,
+        16.0,
+        "all",
+    )?;
+    if table.len() != 1797 || table.width() != 64 {
+        return Err(Error::Data(format!(
+            "built-in digits: {} rows of {}",
+            table.len(),
+            table.width()
+        )));
     }
-    Ok(TABLE.get_or_init(|| DigitsTable { pixels, labels }))
+    Ok(TABLE.get_or_init(|| table))
 }
 
 /// The digits, split deterministically: every fifth sample (index % 5 == 0)
@@ -62,8 +57,7 @@ pub struct Digits {
 }
 
 pub fn digits(split: &str) -> Result<Digits> {
-    let table = digits_table()?;
-    let n = table.labels.len();
+    let n = digits_table()?.len();
     let rows: Vec<usize> = match split {
         "train" => (0..n).filter(|i| i % 5 != 0).collect(),
         "test" => (0..n).filter(|i| i % 5 == 0).collect(),
@@ -91,18 +85,8 @@ impl Source for Digits {
         format!("digits/{} ({} samples)", self.split, self.rows.len())
     }
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
-        let t = digits_table()?;
-        let mut x = Vec::with_capacity(indices.len() * 64);
-        let mut y = Vec::with_capacity(indices.len());
-        for &i in indices {
-            let r = self.rows[i];
-            x.extend_from_slice(&t.pixels[r * 64..(r + 1) * 64]);
-            y.push(t.labels[r]);
-        }
-        Ok((
-            Tensor::from_vec(x, (indices.len(), 64), &Device::Cpu)?,
-            Tensor::from_vec(y, indices.len(), &Device::Cpu)?,
-        ))
+        let rows: Vec<usize> = indices.iter().map(|&i| self.rows[i]).collect();
+        digits_table()?.gather(&rows)
     }
 }
 
@@ -179,35 +163,61 @@ pub struct CharText {
     vocab: Arc<Vocab>,
 }
 
+impl CharText {
+    /// Windows over `tokens`: `split` is `train` (the first `1 - val_fraction`),
+    /// `val` (the rest) or `all`.
+    pub fn new(
+        name: &str,
+        split: &str,
+        tokens: Arc<Vec<u32>>,
+        vocab: Arc<Vocab>,
+        context: usize,
+        stride: Option<usize>,
+        val_fraction: f64,
+    ) -> Result<Self> {
+        let n = tokens.len();
+        let cut = n - ((n as f64) * val_fraction.clamp(0.0, 1.0)).round() as usize;
+        let range = match split {
+            "train" => 0..cut,
+            "val" | "test" => cut..n,
+            "all" => 0..n,
+            other => {
+                return Err(Error::Config(format!(
+                    "{name}: unknown split `{other}`: use train, val or all"
+                )))
+            }
+        };
+        if context == 0 || context + 1 > range.len() {
+            return Err(Error::Config(format!(
+                "{name}: context {context} does not fit the {split} split ({} tokens)",
+                range.len()
+            )));
+        }
+        Ok(CharText {
+            name: name.into(),
+            split: split.to_string(),
+            tokens,
+            range,
+            context,
+            stride: stride.unwrap_or(context).max(1),
+            vocab,
+        })
+    }
+}
+
 /// The built-in Shakespeare: the first 90% of the corpus is `train`, the
 /// last 10% `val`.
 pub fn shakespeare(split: &str, context: usize, stride: Option<usize>) -> Result<CharText> {
     let c = shakespeare_corpus()?;
-    let n = c.tokens.len();
-    let cut = n * 9 / 10;
-    let range = match split {
-        "train" => 0..cut,
-        "val" | "test" => cut..n,
-        other => {
-            return Err(Error::Config(format!(
-                "shakespeare: unknown split `{other}`: use train or val"
-            )))
-        }
-    };
-    if context == 0 || context + 1 > range.len() {
-        return Err(Error::Config(format!(
-            "shakespeare: context {context} does not fit the split"
-        )));
-    }
-    Ok(CharText {
-        name: "shakespeare".into(),
-        split: split.to_string(),
-        tokens: c.tokens.clone(),
-        range,
+    CharText::new(
+        "shakespeare",
+        split,
+        c.tokens.clone(),
+        c.vocab.clone(),
         context,
-        stride: stride.unwrap_or(context).max(1),
-        vocab: c.vocab.clone(),
-    })
+        stride,
+        0.1,
+    )
 }
 
 impl Source for CharText {

@@ -3,10 +3,16 @@
 //! handles.
 
 mod builtin;
+mod files;
+mod permutation;
 mod pipeline;
+mod tokens;
 
 pub use builtin::{digits, shakespeare, CharText, Digits, Vocab};
+pub use files::{csv, idx, parse_csv, text, Csv, Idx};
+pub use permutation::Permutation;
 pub use pipeline::{Epoch, Pipeline};
+pub use tokens::{tokens, TokenType, Tokens};
 
 use candle_core::Tensor;
 

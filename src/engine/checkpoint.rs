@@ -29,6 +29,19 @@ pub struct CheckpointMeta {
     pub optimizer: String,
     pub lr: f64,
     pub seed: u64,
+    /// FNV-1a hash of the recipe's source, to notice a resume under an
+    /// edited recipe (allowed, but worth saying).
+    #[serde(default)]
+    pub recipe_hash: String,
+}
+
+/// FNV-1a (64-bit) of `text`, as 16 hex digits.
+pub fn text_hash(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }
 
 fn err(path: &Path, msg: impl ToString) -> Error {

@@ -1,5 +1,7 @@
 //! `taper.data`: built-in sources and the pipeline combinators, as handles.
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use mlua::{Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
@@ -13,8 +15,39 @@ use crate::error::lua_err;
 #[derive(Clone)]
 pub struct DataHandle(pub Pipeline);
 
+/// A batch handed to Lua. Its tensors are released as soon as the iterator
+/// that produced it moves on: Lua's garbage collector cannot see tensor
+/// memory (a handle looks tiny to it), so leaving batches to the collector
+/// let 1.7 GB pile up over an epoch of a token file.
 #[derive(Clone)]
-pub struct BatchHandle(pub Batch);
+pub struct BatchHandle(Rc<RefCell<Option<Batch>>>);
+
+impl BatchHandle {
+    pub fn get(&self) -> mlua::Result<std::cell::Ref<'_, Batch>> {
+        std::cell::Ref::filter_map(self.0.borrow(), |b| b.as_ref()).map_err(|_| {
+            mlua::Error::external(crate::Error::Script(
+                "this batch was released: a batch lives until its iterator moves on".into(),
+            ))
+        })
+    }
+}
+
+/// Hands out batches to Lua one at a time, releasing the previous one.
+#[derive(Default)]
+pub struct BatchIssuer {
+    last: RefCell<Option<BatchHandle>>,
+}
+
+impl BatchIssuer {
+    pub fn issue(&self, batch: Option<Batch>) -> Option<BatchHandle> {
+        if let Some(prev) = self.last.take() {
+            prev.0.borrow_mut().take();
+        }
+        let handle = BatchHandle(Rc::new(RefCell::new(Some(batch?))));
+        *self.last.borrow_mut() = Some(handle.clone());
+        Some(handle)
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,7 +74,7 @@ fn vocab_of<'a>(lua: &Lua, d: &'a DataHandle, what: &str) -> mlua::Result<&'a da
 
 impl UserData for DataHandle {
     fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
-        f.add_field_method_get("split", |_, this| Ok(this.0.source().split().to_string()));
+        f.add_field_method_get("split_name", |_, this| Ok(this.0.split_name().to_string()));
     }
 
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
@@ -85,6 +118,66 @@ impl UserData for DataHandle {
             }
             Ok(DataHandle(this.0.clone().take(n as usize)))
         });
+        m.add_method("skip", |lua, this, n: i64| {
+            if n < 0 {
+                return Err(config_error(lua, "data:skip: n must not be negative"));
+            }
+            Ok(DataHandle(this.0.clone().skip(n as usize)))
+        });
+        // data:split{ 0.8, 0.2 } (contiguous) or data:split{ 0.8, 0.2, seed = 1 }.
+        m.add_method("split", |lua, this, spec: Table| {
+            let mut parts = Vec::new();
+            let mut seed = None;
+            for pair in spec.pairs::<Value, Value>() {
+                match pair? {
+                    (Value::Integer(_), Value::Number(p)) => parts.push(p),
+                    (Value::Integer(_), Value::Integer(p)) => parts.push(p as f64),
+                    (Value::String(k), Value::Integer(s)) if k.to_str()? == "seed" && s >= 0 => {
+                        seed = Some(s as u64)
+                    }
+                    (k, v) => {
+                        return Err(config_error(
+                            lua,
+                            format!(
+                                "data:split: expected {{p1, p2, ..., seed = n}}, got {k:?} = {v:?}"
+                            ),
+                        ))
+                    }
+                }
+            }
+            let seed = seed.map(|s| s ^ state(lua).opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let parts = this
+                .0
+                .split(&parts, seed)
+                .map_err(|e| config_error(lua, e))?;
+            Ok(mlua::MultiValue::from_iter(
+                parts
+                    .into_iter()
+                    .map(|p| lua.create_userdata(DataHandle(p)).map(Value::UserData))
+                    .collect::<mlua::Result<Vec<_>>>()?,
+            ))
+        });
+        m.add_method("named", |_, this, name: String| {
+            Ok(DataHandle(this.0.clone().named(&name)))
+        });
+        m.add_method("prefetch", |lua, this, depth: i64| {
+            if depth < 0 {
+                return Err(config_error(
+                    lua,
+                    "data:prefetch: depth must not be negative",
+                ));
+            }
+            Ok(DataHandle(this.0.clone().prefetch(depth as usize)))
+        });
+        // Iterates the batches of an epoch without a run (for looking at data).
+        m.add_method("batches", |lua, this, epoch: Option<u64>| {
+            let it = RefCell::new(this.0.epoch(epoch.unwrap_or(1).max(1), 32, 0));
+            let issuer = BatchIssuer::default();
+            lua.create_function(move |_, ()| {
+                let b = it.borrow_mut().next().transpose().map_err(lua_err)?;
+                Ok(issuer.issue(b))
+            })
+        });
         m.add_method("vocab_size", |lua, this, ()| {
             Ok(vocab_of(lua, this, "data:vocab_size")?.len())
         });
@@ -101,18 +194,17 @@ impl UserData for DataHandle {
 
 impl UserData for BatchHandle {
     fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
-        f.add_field_method_get("size", |_, this| Ok(this.0.len()));
-        f.add_field_method_get("indices", |_, this| Ok(this.0.indices.clone()));
+        f.add_field_method_get("size", |_, this| Ok(this.get()?.len()));
+        f.add_field_method_get("indices", |_, this| Ok(this.get()?.indices.clone()));
     }
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
-            Ok(format!(
-                "taper.batch({} samples, x {:?})",
-                this.0.len(),
-                this.0.x.dims()
-            ))
+            Ok(match this.get() {
+                Ok(b) => format!("taper.batch({} samples, x {:?})", b.len(), b.x.dims()),
+                Err(_) => "taper.batch(released)".to_string(),
+            })
         });
-        m.add_meta_method(MetaMethod::Len, |_, this, ()| Ok(this.0.len()));
+        m.add_meta_method(MetaMethod::Len, |_, this, ()| Ok(this.get()?.len()));
     }
 }
 
@@ -160,7 +252,142 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
             Ok(DataHandle(Pipeline::new(Arc::new(src))))
         })?,
     )?;
+    file_sources(lua, &t)?;
     taper.set("data", t)
+}
+
+/// A missing input file is a usage error (exit 2) that says where data comes
+/// from; a file that exists but is corrupt is a data error (exit 1).
+fn check_files(lua: &Lua, what: &str, paths: &[&std::path::Path]) -> mlua::Result<()> {
+    for p in paths {
+        if !p.exists() {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: {} does not exist (for the data sets the recipes use, run `bash scripts/fetch-data.sh`)",
+                    p.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdxOpts {
+    images: std::path::PathBuf,
+    labels: std::path::PathBuf,
+    #[serde(default = "all")]
+    split: String,
+    #[serde(default = "pixel_scale")]
+    scale: f32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CsvOpts {
+    path: std::path::PathBuf,
+    #[serde(default = "last")]
+    label: i64,
+    #[serde(default)]
+    header: bool,
+    #[serde(default = "one")]
+    scale: f32,
+    #[serde(default = "all")]
+    split: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TextFileOpts {
+    path: std::path::PathBuf,
+    #[serde(default = "train")]
+    split: String,
+    #[serde(default = "context")]
+    context: usize,
+    stride: Option<usize>,
+    #[serde(default = "val_fraction")]
+    val_fraction: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenOpts {
+    path: std::path::PathBuf,
+    #[serde(default = "u16_tokens")]
+    dtype: data::TokenType,
+    #[serde(default = "context")]
+    context: usize,
+    stride: Option<usize>,
+    #[serde(default = "all")]
+    split: String,
+}
+
+fn all() -> String {
+    "all".into()
+}
+fn pixel_scale() -> f32 {
+    255.0
+}
+fn one() -> f32 {
+    1.0
+}
+fn last() -> i64 {
+    -1
+}
+fn val_fraction() -> f64 {
+    0.1
+}
+fn u16_tokens() -> data::TokenType {
+    data::TokenType::U16
+}
+
+fn source(s: impl Source + 'static) -> DataHandle {
+    DataHandle(Pipeline::new(Arc::new(s)))
+}
+
+fn file_sources(lua: &Lua, t: &Table) -> mlua::Result<()> {
+    t.set(
+        "idx",
+        lua.create_function(|lua, opts: Value| {
+            let o: IdxOpts = decode(lua, "taper.data.idx", opts)?;
+            check_files(lua, "taper.data.idx", &[&o.images, &o.labels])?;
+            Ok(source(
+                data::idx(&o.images, &o.labels, &o.split, o.scale).map_err(lua_err)?,
+            ))
+        })?,
+    )?;
+    t.set(
+        "csv",
+        lua.create_function(|lua, opts: Value| {
+            let o: CsvOpts = decode(lua, "taper.data.csv", opts)?;
+            check_files(lua, "taper.data.csv", &[&o.path])?;
+            Ok(source(
+                data::csv(&o.path, o.label, o.header, o.scale, &o.split).map_err(lua_err)?,
+            ))
+        })?,
+    )?;
+    t.set(
+        "text",
+        lua.create_function(|lua, opts: Value| {
+            let o: TextFileOpts = decode(lua, "taper.data.text", opts)?;
+            check_files(lua, "taper.data.text", &[&o.path])?;
+            let src = data::text(&o.path, &o.split, o.context, o.stride, o.val_fraction)
+                .map_err(lua_err)?;
+            Ok(source(src))
+        })?,
+    )?;
+    t.set(
+        "tokens",
+        lua.create_function(|lua, opts: Value| {
+            let o: TokenOpts = decode(lua, "taper.data.tokens", opts)?;
+            check_files(lua, "taper.data.tokens", &[&o.path])?;
+            Ok(source(
+                data::tokens(&o.path, o.dtype, o.context, o.stride, &o.split).map_err(lua_err)?,
+            ))
+        })?,
+    )
 }
 
 impl mlua::FromLua for DataHandle {

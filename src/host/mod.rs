@@ -67,6 +67,8 @@ pub(crate) struct HostState {
     pub config_called: Cell<bool>,
     pub runs: RefCell<Vec<Rc<RefCell<RunState>>>>,
     pub resume: RefCell<Option<PathBuf>>,
+    /// Hash of the recipe being run (see `CheckpointMeta::recipe_hash`).
+    pub recipe_hash: RefCell<String>,
 }
 
 pub(crate) fn state(lua: &Lua) -> Rc<HostState> {
@@ -101,6 +103,7 @@ impl Host {
             out,
             config_called: Cell::new(false),
             runs: RefCell::new(Vec::new()),
+            recipe_hash: RefCell::new(String::new()),
         });
         lua.set_app_data(state.clone());
         let taper = lua.create_table()?;
@@ -191,6 +194,7 @@ impl Host {
 
     /// Runs recipe source; `name` is what error messages call the file.
     pub fn run_source(&mut self, name: &str, src: &str) -> Result<Report> {
+        *self.state.recipe_hash.borrow_mut() = crate::engine::checkpoint::text_hash(src);
         let result = self
             .lua
             .load(src)

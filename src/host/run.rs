@@ -11,7 +11,7 @@ use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataM
 use serde::Deserialize;
 use serde_json::{json, Map};
 
-use super::data::{BatchHandle, DataHandle};
+use super::data::{BatchHandle, BatchIssuer, DataHandle};
 use super::models::{LossHandle, ModelHandle, OptimHandle};
 use super::options::{check_keys, config_error, decode, handle};
 use super::run_state::{finish_epoch, RunState};
@@ -94,13 +94,17 @@ fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
         epoch_loss: 0.0,
         epoch_samples: 0,
         epoch_start: Instant::now(),
+        epoch_data_wait: 0.0,
         total_epochs: 0,
         last_eval: None,
         schedule,
         micro_batch,
+        recipe_hash: host.recipe_hash.borrow().clone(),
     };
     if let Some(path) = host.resume.borrow_mut().take() {
-        run.resume(&path).map_err(lua_err)?;
+        if let Some(notice) = run.resume(&path).map_err(lua_err)? {
+            host.out.line(&notice);
+        }
         host.out.line(&format!(
             "resumed from {} at step {}",
             path.display(),
@@ -163,6 +167,7 @@ fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
         r.epoch_loss = 0.0;
         r.epoch_samples = 0;
         r.epoch_start = Instant::now();
+        r.epoch_data_wait = 0.0;
         Ok(Some(next))
     })
 }
@@ -185,22 +190,32 @@ fn batches(lua: &Lua, run: &RunHandle, data: Option<DataHandle>) -> mlua::Result
     host.out
         .start_bar(it.borrow().remaining(), format!("epoch {epoch}"));
     let run = run.0.clone();
-    lua.create_function(move |lua, ()| match it.borrow_mut().next() {
-        // The epoch's data is used up: close it now, so that its summary
-        // comes before any evaluation the loop body does next.
-        None => {
-            let mut r = run.borrow_mut();
-            if r.total_epochs > 0 {
-                finish_epoch(&state(lua), &mut r).map_err(lua_err)?;
+    let waited = std::cell::Cell::new(std::time::Duration::ZERO);
+    let issuer = BatchIssuer::default();
+    lua.create_function(move |lua, ()| {
+        let item = it.borrow_mut().next();
+        // Releases the previous batch's tensors, whatever Lua still holds.
+        issuer.issue(None);
+        let total = it.borrow().wait();
+        run.borrow_mut().epoch_data_wait += (total - waited.replace(total)).as_secs_f64();
+        match item {
+            // The epoch's data is used up: close it now, so that its summary
+            // comes before any evaluation the loop body does next.
+            None => {
+                let mut r = run.borrow_mut();
+                if r.total_epochs > 0 {
+                    finish_epoch(&state(lua), &mut r).map_err(lua_err)?;
+                }
+                Ok(None)
             }
-            Ok(None)
+            Some(b) => Ok(issuer.issue(Some(b.map_err(lua_err)?))),
         }
-        Some(b) => Ok(Some(BatchHandle(b.map_err(lua_err)?))),
     })
 }
 
 fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(f64, u64)> {
     let host = state(lua);
+    let batch = batch.get()?;
     // The schedule may be Lua code that reads the run: no borrow is held
     // while it runs.
     let (schedule, at_step, at_epoch) = {
@@ -215,14 +230,11 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(f64, u
     if let Some(lr) = plan.lr {
         r.trainer.set_learning_rate(lr);
     }
-    let micro = plan.micro_batch.or(r.micro_batch).unwrap_or(batch.0.len());
-    let loss = r
-        .trainer
-        .train_step_micro(&batch.0, micro)
-        .map_err(lua_err)?;
+    let micro = plan.micro_batch.or(r.micro_batch).unwrap_or(batch.len());
+    let loss = r.trainer.train_step_micro(&batch, micro).map_err(lua_err)?;
     r.epoch_steps += 1;
-    r.epoch_loss += loss * batch.0.len() as f64;
-    r.epoch_samples += batch.0.len();
+    r.epoch_loss += loss * batch.len() as f64;
+    r.epoch_samples += batch.len();
     host.out.tick(r.trainer.step, loss);
     Ok((loss, r.trainer.step))
 }
@@ -235,7 +247,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: DataHandle) -> mlua::Result<Table>
         .evaluate(data.0.epoch(1, EVAL_BATCH, 0))
         .map_err(lua_err)?;
     r.last_eval = Some(ev);
-    let split = data.0.source().split().to_string();
+    let split = data.0.split_name().to_string();
     let mut f = Map::new();
     f.insert("run".into(), r.id.into());
     f.insert("split".into(), split.clone().into());

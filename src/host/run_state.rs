@@ -29,12 +29,15 @@ pub(crate) struct RunState {
     pub epoch_loss: f64,
     pub epoch_samples: usize,
     pub epoch_start: Instant,
+    /// Seconds this epoch spent waiting for batches (see `data::Epoch::wait`).
+    pub epoch_data_wait: f64,
     pub total_epochs: u64,
     pub last_eval: Option<Eval>,
     /// Decides each step's learning rate and micro-batch, when given.
     pub schedule: Option<Rc<RefCell<dyn Schedule>>>,
     /// Micro-batch size when the schedule does not say (None: whole batch).
     pub micro_batch: Option<usize>,
+    pub recipe_hash: String,
 }
 
 /// What a run reached, for embedders and tests.
@@ -65,6 +68,7 @@ impl RunState {
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
             seed: self.seed,
+            recipe_hash: self.recipe_hash.clone(),
         }
     }
 
@@ -72,8 +76,17 @@ impl RunState {
         self.trainer.save(path, &self.meta())
     }
 
-    pub fn resume(&mut self, path: &Path) -> Result<()> {
+    /// Restores from a checkpoint; returns a notice when the checkpoint was
+    /// written by a different version of the recipe.
+    pub fn resume(&mut self, path: &Path) -> Result<Option<String>> {
         let meta = self.trainer.load(path)?;
+        let notice =
+            (!meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash).then(|| {
+                format!(
+                    "note: {} was written by a different version of this recipe",
+                    path.display()
+                )
+            });
         if meta.epoch_complete {
             self.epoch = meta.epoch;
         } else {
@@ -81,7 +94,7 @@ impl RunState {
             self.epoch = meta.epoch.saturating_sub(1);
             self.skip_next = meta.epoch_steps as usize;
         }
-        Ok(())
+        Ok(notice)
     }
 }
 
@@ -103,6 +116,7 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
     f.insert("samples".into(), r.epoch_samples.into());
     f.insert("seconds".into(), json!(secs));
     f.insert("samples_per_s".into(), json!(rate));
+    f.insert("data_wait_s".into(), json!(r.epoch_data_wait));
     f.insert("lr".into(), json!(r.trainer.learning_rate()));
     host.out.record("epoch", r.trainer.step, r.epoch, f)?;
     host.out.line(&format!(

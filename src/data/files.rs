@@ -1,0 +1,321 @@
+//! Sources read from files: IDX (MNIST's format), CSV and plain text. Each
+//! error names the file and the offset or line where reading failed.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+use super::{CharText, Source, Vocab};
+use crate::{Error, Result};
+
+fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
+    Error::Data(format!("{}: {msg}", path.display()))
+}
+
+/// The bytes of a file, gunzipped when it starts with the gzip magic.
+pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    let raw = std::fs::read(path).map_err(|e| data_err(path, e))?;
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .map_err(|e| {
+                data_err(
+                    path,
+                    format!("corrupt gzip stream after {} bytes: {e}", out.len()),
+                )
+            })?;
+        Ok(out)
+    } else {
+        Ok(raw)
+    }
+}
+
+/// Parses an IDX header: the dimensions and where the data starts.
+fn idx_header(path: &Path, b: &[u8]) -> Result<(Vec<usize>, usize)> {
+    if b.len() < 4 {
+        return Err(data_err(
+            path,
+            format!("offset 0: truncated IDX header ({} bytes)", b.len()),
+        ));
+    }
+    if b[0] != 0 || b[1] != 0 {
+        return Err(data_err(
+            path,
+            "offset 0: not an IDX file (the first two bytes must be zero)",
+        ));
+    }
+    if b[2] != 0x08 {
+        return Err(data_err(
+            path,
+            format!(
+                "offset 2: element type 0x{:02x} is not supported (only unsigned bytes, 0x08)",
+                b[2]
+            ),
+        ));
+    }
+    let nd = b[3] as usize;
+    let header = 4 + 4 * nd;
+    if b.len() < header {
+        return Err(data_err(
+            path,
+            format!(
+                "offset {}: truncated IDX header: {nd} dimensions need {header} bytes",
+                b.len()
+            ),
+        ));
+    }
+    let dims: Vec<usize> = (0..nd)
+        .map(|i| {
+            u32::from_be_bytes([b[4 + 4 * i], b[5 + 4 * i], b[6 + 4 * i], b[7 + 4 * i]]) as usize
+        })
+        .collect();
+    let expected: usize = dims.iter().product();
+    let found = b.len() - header;
+    if found != expected {
+        return Err(data_err(
+            path,
+            format!(
+                "offset {header}: dimensions {dims:?} need {expected} bytes of data, the file has {found} ({})",
+                if found < expected { "truncated" } else { "trailing bytes" }
+            ),
+        ));
+    }
+    Ok((dims, header))
+}
+
+/// Images and labels in IDX files (MNIST, Fashion-MNIST), gzipped or raw.
+/// Pixels are scaled by `1 / scale` (255: into [0, 1]); samples are flat.
+pub struct Idx {
+    name: String,
+    split: String,
+    pixels: Vec<u8>,
+    labels: Vec<u8>,
+    sample: usize,
+    scale: f32,
+}
+
+pub fn idx(images: &Path, labels: &Path, split: &str, scale: f32) -> Result<Idx> {
+    let ib = read_maybe_gz(images)?;
+    let (idims, ioff) = idx_header(images, &ib)?;
+    let lb = read_maybe_gz(labels)?;
+    let (ldims, loff) = idx_header(labels, &lb)?;
+    if idims.is_empty() || ldims.len() != 1 || idims[0] != ldims[0] {
+        return Err(data_err(
+            labels,
+            format!(
+                "{ldims:?} labels do not match the images' dimensions {idims:?} in {}",
+                images.display()
+            ),
+        ));
+    }
+    let sample: usize = idims[1..].iter().product();
+    Ok(Idx {
+        name: images
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        split: split.to_string(),
+        pixels: ib[ioff..].to_vec(),
+        labels: lb[loff..].to_vec(),
+        sample,
+        scale,
+    })
+}
+
+impl Idx {
+    /// Elements per sample (for a CNN: height x width).
+    pub fn sample_len(&self) -> usize {
+        self.sample
+    }
+}
+
+impl Source for Idx {
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+    fn split(&self) -> &str {
+        &self.split
+    }
+    fn describe(&self) -> String {
+        format!(
+            "idx {} ({} samples of {})",
+            self.name,
+            self.labels.len(),
+            self.sample
+        )
+    }
+    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        let s = self.sample;
+        let mut x = Vec::with_capacity(indices.len() * s);
+        let mut y = Vec::with_capacity(indices.len());
+        for &i in indices {
+            x.extend(
+                self.pixels[i * s..(i + 1) * s]
+                    .iter()
+                    .map(|&p| p as f32 / self.scale),
+            );
+            y.push(self.labels[i] as u32);
+        }
+        Ok((
+            Tensor::from_vec(x, (indices.len(), s), &Device::Cpu)?,
+            Tensor::from_vec(y, indices.len(), &Device::Cpu)?,
+        ))
+    }
+}
+
+/// Numeric CSV rows: feature columns and one integer label column.
+pub struct Csv {
+    name: String,
+    split: String,
+    features: Vec<f32>,
+    labels: Vec<u32>,
+    width: usize,
+}
+
+/// Parses CSV text. `label` is the label column (negative: from the end);
+/// features are divided by `scale`. `what` names the file in errors.
+pub fn parse_csv(
+    what: &Path,
+    text: &str,
+    label: i64,
+    header: bool,
+    scale: f32,
+    split: &str,
+) -> Result<Csv> {
+    let mut features = Vec::new();
+    let mut labels = Vec::new();
+    let mut columns = None;
+    for (i, line) in text.lines().enumerate().skip(usize::from(header)) {
+        let line_no = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let n = *columns.get_or_insert(cells.len());
+        if cells.len() != n {
+            return Err(data_err(
+                what,
+                format!("line {line_no}: {} columns, expected {n}", cells.len()),
+            ));
+        }
+        let li = if label < 0 { n as i64 + label } else { label };
+        if li < 0 || li >= n as i64 {
+            return Err(data_err(
+                what,
+                format!("label column {label} is outside the {n} columns"),
+            ));
+        }
+        for (c, cell) in cells.iter().enumerate() {
+            let v: f32 = cell.parse().map_err(|_| {
+                data_err(
+                    what,
+                    format!("line {line_no}, column {}: `{cell}` is not a number", c + 1),
+                )
+            })?;
+            if c as i64 == li {
+                if v < 0.0 || v.fract() != 0.0 {
+                    return Err(data_err(
+                        what,
+                        format!("line {line_no}: label `{cell}` is not a class index"),
+                    ));
+                }
+                labels.push(v as u32);
+            } else {
+                features.push(v / scale);
+            }
+        }
+    }
+    let width = columns.unwrap_or(1) - 1;
+    Ok(Csv {
+        name: what
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        split: split.to_string(),
+        features,
+        labels,
+        width,
+    })
+}
+
+pub fn csv(path: &Path, label: i64, header: bool, scale: f32, split: &str) -> Result<Csv> {
+    let bytes = read_maybe_gz(path)?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        data_err(
+            path,
+            format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
+        )
+    })?;
+    parse_csv(path, &text, label, header, scale, split)
+}
+
+impl Csv {
+    pub fn width(&self) -> usize {
+        self.width
+    }
+}
+
+impl Source for Csv {
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+    fn split(&self) -> &str {
+        &self.split
+    }
+    fn describe(&self) -> String {
+        format!(
+            "csv {} ({} rows of {} features)",
+            self.name,
+            self.labels.len(),
+            self.width
+        )
+    }
+    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        let w = self.width;
+        let mut x = Vec::with_capacity(indices.len() * w);
+        let mut y = Vec::with_capacity(indices.len());
+        for &i in indices {
+            x.extend_from_slice(&self.features[i * w..(i + 1) * w]);
+            y.push(self.labels[i]);
+        }
+        Ok((
+            Tensor::from_vec(x, (indices.len(), w), &Device::Cpu)?,
+            Tensor::from_vec(y, indices.len(), &Device::Cpu)?,
+        ))
+    }
+}
+
+/// A UTF-8 text file as character-level windows; the vocabulary is the
+/// file's characters. `val_fraction` of the end is the `val` split.
+pub fn text(
+    path: &Path,
+    split: &str,
+    context: usize,
+    stride: Option<usize>,
+    val_fraction: f64,
+) -> Result<CharText> {
+    let bytes = read_maybe_gz(path)?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        data_err(
+            path,
+            format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
+        )
+    })?;
+    let vocab = Vocab::from_text(&text);
+    let tokens = vocab.encode(&text)?;
+    let name = PathBuf::from(path.file_name().unwrap_or_default())
+        .display()
+        .to_string();
+    CharText::new(
+        &name,
+        split,
+        Arc::new(tokens),
+        Arc::new(vocab),
+        context,
+        stride,
+        val_fraction,
+    )
+}

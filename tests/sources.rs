@@ -1,0 +1,145 @@
+//! File sources: they read real formats, and corrupt or truncated files give
+//! an error naming the file and the offset or line; nothing panics.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use taper::data::{csv, idx, text, tokens, Source, TokenType};
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn gz(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// An IDX file of unsigned bytes with the given dimensions.
+fn idx_bytes(dims: &[u32], data: &[u8]) -> Vec<u8> {
+    let mut b = vec![0, 0, 0x08, dims.len() as u8];
+    for d in dims {
+        b.extend_from_slice(&d.to_be_bytes());
+    }
+    b.extend_from_slice(data);
+    b
+}
+
+fn err_text<T>(r: taper::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn idx_reads_raw_and_gzipped() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let pixels: Vec<u8> = (0..3 * 2 * 2).map(|i| (i * 20) as u8).collect();
+    let images = write(dir.path(), "img.gz", &gz(&idx_bytes(&[3, 2, 2], &pixels)));
+    let labels = write(dir.path(), "lab", &idx_bytes(&[3], &[7, 1, 9]));
+    let src = idx(&images, &labels, "train", 255.0)?;
+    assert_eq!((src.len(), src.sample_len()), (3, 4));
+    let (x, y) = src.gather(&[2, 0])?;
+    assert_eq!(y.to_vec1::<u32>()?, vec![9, 7]);
+    let x = x.to_vec2::<f32>()?;
+    assert!((x[0][0] - 160.0 / 255.0).abs() < 1e-6 && x[1][3] == 60.0 / 255.0);
+    Ok(())
+}
+
+#[test]
+fn corrupt_idx_names_file_and_offset() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let labels = write(dir.path(), "lab", &idx_bytes(&[2], &[1, 2]));
+    let truncated = write(dir.path(), "trunc", &idx_bytes(&[2, 2, 2], &[0; 5]));
+    let msg = err_text(idx(&truncated, &labels, "x", 255.0));
+    assert!(msg.contains("trunc: offset 16: dimensions [2, 2, 2] need 8 bytes of data, the file has 5 (truncated)"), "{msg}");
+    let bad_magic = write(dir.path(), "magic", b"\x01\x02\x08\x01\x00\x00\x00\x02ab");
+    let msg = err_text(idx(&bad_magic, &labels, "x", 255.0));
+    assert!(msg.contains("magic: offset 0: not an IDX file"), "{msg}");
+    let floats = write(
+        dir.path(),
+        "floats",
+        &[0, 0, 0x0d, 1, 0, 0, 0, 1, 0, 0, 0, 0],
+    );
+    let msg = err_text(idx(&floats, &labels, "x", 255.0));
+    assert!(
+        msg.contains("offset 2: element type 0x0d is not supported"),
+        "{msg}"
+    );
+    let short = write(dir.path(), "short", &[0, 0]);
+    assert!(err_text(idx(&short, &labels, "x", 255.0))
+        .contains("short: offset 0: truncated IDX header"));
+    let mut broken_gz = gz(&idx_bytes(&[2, 2, 2], &[0; 8]));
+    broken_gz.truncate(broken_gz.len() / 2);
+    let broken = write(dir.path(), "broken.gz", &broken_gz);
+    assert!(err_text(idx(&broken, &labels, "x", 255.0)).contains("broken.gz: corrupt gzip stream"));
+    let images = write(dir.path(), "img", &idx_bytes(&[3, 1, 1], &[0; 3]));
+    let msg = err_text(idx(&images, &labels, "x", 255.0));
+    assert!(
+        msg.contains("[2] labels do not match the images' dimensions [3, 1, 1]"),
+        "{msg}"
+    );
+    Ok(())
+}
+
+#[test]
+fn csv_reads_and_reports_lines() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ok = write(dir.path(), "ok.csv", b"a,b,label\n1,2,0\n3,4,2\n");
+    let src = csv(&ok, -1, true, 2.0, "all")?;
+    let (x, y) = src.gather(&[1])?;
+    assert_eq!(
+        (x.to_vec2::<f32>()?, y.to_vec1::<u32>()?),
+        (vec![vec![1.5, 2.0]], vec![2])
+    );
+    let first = csv(&ok, 0, true, 1.0, "all")?;
+    assert_eq!(first.gather(&[1])?.1.to_vec1::<u32>()?, vec![3]);
+
+    let ragged = write(dir.path(), "ragged.csv", b"1,2,0\n3,0\n");
+    assert!(err_text(csv(&ragged, -1, false, 1.0, "all"))
+        .contains("ragged.csv: line 2: 2 columns, expected 3"));
+    let word = write(dir.path(), "word.csv", b"1,2,0\n3,x4,1\n");
+    assert!(err_text(csv(&word, -1, false, 1.0, "all"))
+        .contains("word.csv: line 2, column 2: `x4` is not a number"));
+    let frac = write(dir.path(), "frac.csv", b"1,2,0.5\n");
+    assert!(err_text(csv(&frac, -1, false, 1.0, "all"))
+        .contains("frac.csv: line 1: label `0.5` is not a class index"));
+    Ok(())
+}
+
+#[test]
+fn tokens_are_windows_and_reject_partial_tokens() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ids: Vec<u8> = (0u16..100).flat_map(|t| t.to_le_bytes()).collect();
+    let path = write(dir.path(), "train.bin", &ids);
+    let src = tokens(&path, TokenType::U16, 8, Some(4), "train")?;
+    assert_eq!(src.len(), (100 - 9) / 4 + 1);
+    let (x, y) = src.gather(&[2])?;
+    assert_eq!(x.to_vec2::<u32>()?[0], (8..16).collect::<Vec<u32>>());
+    assert_eq!(y.to_vec2::<u32>()?[0], (9..17).collect::<Vec<u32>>());
+    let odd = write(dir.path(), "odd.bin", &ids[..199]);
+    let msg = err_text(tokens(&odd, TokenType::U16, 8, None, "x"));
+    assert!(
+        msg.contains("odd.bin: offset 198: 1 trailing bytes"),
+        "{msg}"
+    );
+    let wide = tokens(&path, TokenType::U32, 8, None, "x")?;
+    assert_eq!(wide.gather(&[0])?.0.to_vec2::<u32>()?[0][0], 1 << 16);
+    Ok(())
+}
+
+#[test]
+fn text_file_builds_its_vocabulary() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = write(dir.path(), "t.txt", "abcabcabcabc".repeat(10).as_bytes());
+    let src = text(&path, "train", 4, None, 0.25)?;
+    assert_eq!(src.vocab().map(|v| v.len()), Some(3));
+    let bad = write(dir.path(), "bad.txt", b"ok\xff\xfe");
+    assert!(err_text(text(&bad, "train", 1, None, 0.1)).contains("bad.txt: offset 2: not UTF-8"));
+    Ok(())
+}
