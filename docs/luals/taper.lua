@@ -181,6 +181,18 @@ function taper.data.digits(opts) end
 ---@return taper.Data
 function taper.data.shakespeare(opts) end
 
+---@class taper.BatchTable
+---@field x number[][]|integer[][] samples first; every row the same length
+---@field y integer[]|integer[][] class labels, or token ids
+---@field x_type? "f32"|"u32" `u32` for token ids (default f32)
+
+---Data made by Lua: `fn(epoch)` returns an iterator whose calls return one
+---batch table each, then nil. Yield whole batches; every number crosses into Rust.
+---@param fn fun(epoch: integer): (fun(): taper.BatchTable?)
+---@param opts? {split?: string}
+---@return taper.Data
+function taper.data.generator(fn, opts) end
+
 ---MNIST-format IDX files (gzipped or raw), pixels divided by `scale` (default 255).
 ---@param opts {images: string, labels: string, split?: string, scale?: number}
 ---@return taper.Data

@@ -2,6 +2,8 @@
 //! Machines are noisy, so each compares against a reference measured in the
 //! same process, alternating, and reports medians and ratios.
 
+mod data;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,6 +39,13 @@ pub enum Which {
         #[arg(long, default_value_t = 64)]
         context: usize,
     },
+    /// Data pipeline throughput per source, and the share of step time spent
+    /// waiting for data with and without prefetch.
+    Data {
+        /// Training steps for the data-wait measurement
+        #[arg(long, default_value_t = 60)]
+        steps: usize,
+    },
     /// Milliseconds per training step (forward, backward, AdamW) on random
     /// data, for comparison with benches/torch_step.py.
     Step {
@@ -58,6 +67,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             context,
         } => lua_overhead(*steps, *rounds, *width, *layers, *context),
         Which::Step { model, steps } => step_time(model, *steps),
+        Which::Data { steps } => data::run(*steps),
     }
 }
 

@@ -14,7 +14,7 @@ use super::optim::{self, OptimSpec, Optimizer};
 use super::params::ParamStore;
 use super::rng::Rng;
 use super::ModelSpec;
-use crate::data::{Batch, Epoch};
+use crate::data::Batch;
 use crate::{Error, Result};
 
 pub struct TrainerOptions {
@@ -149,7 +149,7 @@ impl Trainer {
         )?)
     }
 
-    pub fn evaluate(&self, batches: Epoch) -> Result<Eval> {
+    pub fn evaluate(&self, batches: impl Iterator<Item = Result<Batch>>) -> Result<Eval> {
         let model = self.frozen()?;
         let (mut loss_sum, mut correct, mut count) = (0f64, 0f64, 0usize);
         for batch in batches {

@@ -252,6 +252,10 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
             Ok(DataHandle(Pipeline::new(Arc::new(src))))
         })?,
     )?;
+    t.set(
+        "generator",
+        lua.create_function(super::generator::new_generator)?,
+    )?;
     file_sources(lua, &t)?;
     taper.set("data", t)
 }

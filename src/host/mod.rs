@@ -2,6 +2,7 @@
 
 mod config;
 mod data;
+mod generator;
 mod models;
 mod options;
 mod output;

@@ -80,18 +80,26 @@ impl Output {
         }
     }
 
-    /// A new bar for `len` steps (hidden when quiet or stderr is no terminal).
-    pub fn start_bar(&self, len: usize, prefix: String) {
+    /// A new bar for `len` steps, or a spinner when the length is unknown
+    /// (hidden when quiet or stderr is no terminal).
+    pub fn start_bar(&self, len: Option<usize>, prefix: String) {
         self.finish_bar();
         if self.quiet {
             return;
         }
-        let bar = ProgressBar::new(len as u64);
-        let style = ProgressStyle::with_template(
-            "{prefix} [{bar:30.cyan/blue}] {pos}/{len} {msg} {per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
+        let (bar, template) = match len {
+            Some(n) => (
+                ProgressBar::new(n as u64),
+                "{prefix} [{bar:30.cyan/blue}] {pos}/{len} {msg} {per_sec} eta {eta}",
+            ),
+            None => (
+                ProgressBar::new_spinner(),
+                "{prefix} {spinner} {pos} {msg} {per_sec}",
+            ),
+        };
+        let style = ProgressStyle::with_template(template)
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
         bar.set_style(style);
         bar.set_prefix(prefix);
         bar.enable_steady_tick(Duration::from_millis(250));

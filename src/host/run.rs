@@ -11,7 +11,8 @@ use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataM
 use serde::Deserialize;
 use serde_json::{json, Map};
 
-use super::data::{BatchHandle, BatchIssuer, DataHandle};
+use super::data::{BatchHandle, BatchIssuer};
+use super::generator::Feed;
 use super::models::{LossHandle, ModelHandle, OptimHandle};
 use super::options::{check_keys, config_error, decode, handle};
 use super::run_state::{finish_epoch, RunState};
@@ -47,7 +48,7 @@ fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
     let optim = handle::<OptimHandle>(lua, what, &opts, "optim", "a taper.optim")?
         .map(|o| o.0)
         .unwrap_or(OptimSpec::AdamW(AdamWConfig::default()));
-    let data = handle::<DataHandle>(lua, what, &opts, "data", "taper.data")?.map(|d| d.0);
+    let data = Feed::from_value(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
     let loss = handle::<LossHandle>(lua, what, &opts, "loss", "a taper.loss")?
         .map(|l| l.0)
         .unwrap_or_default();
@@ -172,21 +173,20 @@ fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
     })
 }
 
-fn batches(lua: &Lua, run: &RunHandle, data: Option<DataHandle>) -> mlua::Result<Function> {
+fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     let host = state(lua);
+    let given = Feed::from_value(lua, "run:batches", &data)?;
     let mut r = run.0.borrow_mut();
-    let pipe = match data.map(|d| d.0).or_else(|| r.data.clone()) {
-        Some(p) => p,
-        None => {
-            return Err(config_error(
-                lua,
-                "run:batches(): this run has no data; pass taper.run{ data = ... } or run:batches(data)",
-            ))
-        }
+    let Some(feed) = given.or_else(|| r.data.clone()) else {
+        return Err(config_error(
+            lua,
+            "run:batches(): this run has no data; pass taper.run{ data = ... } or run:batches(data)",
+        ));
     };
     let epoch = r.epoch.max(1);
     let skip = std::mem::take(&mut r.skip_next);
-    let it = RefCell::new(pipe.epoch(epoch, TRAIN_BATCH, skip));
+    drop(r);
+    let it = RefCell::new(feed.epoch(epoch, TRAIN_BATCH, skip).map_err(lua_err)?);
     host.out
         .start_bar(it.borrow().remaining(), format!("epoch {epoch}"));
     let run = run.0.clone();
@@ -239,15 +239,16 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(f64, u
     Ok((loss, r.trainer.step))
 }
 
-fn evaluate(lua: &Lua, run: &RunHandle, data: DataHandle) -> mlua::Result<Table> {
+fn evaluate(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Table> {
     let host = state(lua);
+    let Some(feed) = Feed::from_value(lua, "run:evaluate", &data)? else {
+        return Err(config_error(lua, "run:evaluate(data): data is required"));
+    };
+    let batches = feed.epoch(1, EVAL_BATCH, 0).map_err(lua_err)?;
     let mut r = run.0.borrow_mut();
-    let ev = r
-        .trainer
-        .evaluate(data.0.epoch(1, EVAL_BATCH, 0))
-        .map_err(lua_err)?;
+    let ev = r.trainer.evaluate(batches).map_err(lua_err)?;
     r.last_eval = Some(ev);
-    let split = data.0.split_name().to_string();
+    let split = feed.split_name();
     let mut f = Map::new();
     f.insert("run".into(), r.id.into());
     f.insert("split".into(), split.clone().into());
@@ -323,7 +324,10 @@ fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
     let o: GenerateOpts = decode(lua, "run:generate", opts)?;
     let r = run.0.borrow();
     let check_only = state(lua).opts.check_only;
-    let vocab = r.data.as_ref().and_then(|d| d.source().vocab().cloned());
+    let vocab = match &r.data {
+        Some(Feed::Pipeline(p)) => p.source().vocab().cloned(),
+        _ => None,
+    };
     let ids = match (&o.prompt, &vocab) {
         (Prompt::Ids(ids), _) => ids.clone(),
         (Prompt::Text(s), Some(v)) => v.encode(s).map_err(|e| config_error(lua, e))?,
@@ -366,15 +370,11 @@ impl UserData for RunHandle {
             ))
         });
         m.add_method("epochs", |lua, this, n: u64| epochs(lua, this, n));
-        m.add_method("batches", |lua, this, d: Option<DataHandle>| {
-            batches(lua, this, d)
-        });
+        m.add_method("batches", |lua, this, d: Value| batches(lua, this, d));
         m.add_method("step", |lua, this, b: mlua::UserDataRef<BatchHandle>| {
             step(lua, this, &b)
         });
-        m.add_method("evaluate", |lua, this, d: DataHandle| {
-            evaluate(lua, this, d)
-        });
+        m.add_method("evaluate", |lua, this, d: Value| evaluate(lua, this, d));
         m.add_method("log", |lua, this, t: Table| log(lua, this, t));
         m.add_method("generate", |lua, this, o: Value| generate(lua, this, o));
         m.add_method("lr", |_, this, ()| {

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use serde_json::{json, Map};
 
+use super::generator::Feed;
 use super::HostState;
-use crate::data::Pipeline;
 use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
 use crate::engine::schedule::Schedule;
 use crate::engine::{Eval, Trainer};
@@ -18,7 +18,7 @@ use crate::Result;
 pub(crate) struct RunState {
     pub id: usize,
     pub trainer: Trainer,
-    pub data: Option<Pipeline>,
+    pub data: Option<Feed>,
     pub seed: u64,
     /// The epoch in progress, or the last one started (1-based; 0 before any).
     pub epoch: u64,

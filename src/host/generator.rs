@@ -1,0 +1,269 @@
+//! `taper.data.generator(fn)`: batches produced by Lua. `fn(epoch)` returns an
+//! iterator (a function, e.g. `coroutine.wrap(...)`) whose calls return one
+//! batch table each, then nil:
+//!
+//! ```lua
+//! { x = { {0.1, 0.2}, {0.3, 0.4} }, y = { 1, 0 } }          -- features, labels
+//! { x = { {5, 9, 2} }, y = { {9, 2, 7} }, x_type = "u32" }   -- token ids
+//! ```
+//!
+//! Every number crosses from Lua to Rust, so produce whole batches (not one
+//! sample per call), and prefer native sources for large data.
+
+use candle_core::{DType, Device, Tensor};
+use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
+
+use super::data::DataHandle;
+use super::options::config_error;
+use crate::data::{Batch, Epoch, Pipeline};
+use crate::{Error, Result};
+
+#[derive(Clone)]
+pub struct GeneratorHandle {
+    f: Function,
+    place: String,
+    split: String,
+}
+
+impl UserData for GeneratorHandle {
+    fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
+        f.add_field_method_get("split_name", |_, this| Ok(this.split.clone()));
+    }
+    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
+            Ok(format!("taper.data(generator at {})", this.place))
+        });
+    }
+}
+
+pub(crate) fn new_generator(
+    lua: &Lua,
+    (f, opts): (Function, Option<Table>),
+) -> mlua::Result<GeneratorHandle> {
+    let info = f.info();
+    let place = format!(
+        "{}:{}",
+        info.short_src.as_deref().unwrap_or("?"),
+        info.line_defined.unwrap_or(0)
+    );
+    let mut split = "train".to_string();
+    if let Some(o) = opts {
+        super::options::check_keys(lua, "taper.data.generator", &o, &["split"])?;
+        if let Some(s) = o.get::<Option<String>>("split")? {
+            split = s;
+        }
+    }
+    Ok(GeneratorHandle { f, place, split })
+}
+
+/// Training or evaluation data: a native pipeline or a Lua generator.
+#[derive(Clone)]
+pub(crate) enum Feed {
+    Pipeline(Pipeline),
+    Lua(GeneratorHandle),
+}
+
+impl Feed {
+    pub fn from_value(lua: &Lua, what: &str, v: &Value) -> mlua::Result<Option<Feed>> {
+        match v {
+            Value::Nil => Ok(None),
+            Value::UserData(ud) if ud.is::<DataHandle>() => {
+                Ok(Some(Feed::Pipeline(ud.borrow::<DataHandle>()?.0.clone())))
+            }
+            Value::UserData(ud) if ud.is::<GeneratorHandle>() => {
+                Ok(Some(Feed::Lua(ud.borrow::<GeneratorHandle>()?.clone())))
+            }
+            other => Err(config_error(
+                lua,
+                format!(
+                    "{what}: expected data (taper.data.*), got a {}",
+                    other.type_name()
+                ),
+            )),
+        }
+    }
+
+    pub fn split_name(&self) -> String {
+        match self {
+            Feed::Pipeline(p) => p.split_name().to_string(),
+            Feed::Lua(g) => g.split.clone(),
+        }
+    }
+
+    pub fn epoch(&self, epoch: u64, default_batch: usize, skip: usize) -> Result<FeedEpoch> {
+        match self {
+            Feed::Pipeline(p) => Ok(FeedEpoch::Native(p.epoch(epoch, default_batch, skip))),
+            Feed::Lua(g) => {
+                let iter: Function = g.f.call(epoch)?;
+                let mut e = LuaEpoch {
+                    iter,
+                    place: g.place.clone(),
+                    done: false,
+                };
+                for _ in 0..skip {
+                    if e.next().transpose()?.is_none() {
+                        break;
+                    }
+                }
+                Ok(FeedEpoch::Lua(e))
+            }
+        }
+    }
+}
+
+pub(crate) enum FeedEpoch {
+    Native(Epoch),
+    Lua(LuaEpoch),
+}
+
+impl FeedEpoch {
+    /// Batches left, when known.
+    pub fn remaining(&self) -> Option<usize> {
+        match self {
+            FeedEpoch::Native(e) => Some(e.remaining()),
+            FeedEpoch::Lua(_) => None,
+        }
+    }
+    pub fn wait(&self) -> std::time::Duration {
+        match self {
+            FeedEpoch::Native(e) => e.wait(),
+            FeedEpoch::Lua(_) => std::time::Duration::ZERO,
+        }
+    }
+}
+
+impl Iterator for FeedEpoch {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            FeedEpoch::Native(e) => e.next(),
+            FeedEpoch::Lua(e) => e.next(),
+        }
+    }
+}
+
+pub(crate) struct LuaEpoch {
+    iter: Function,
+    place: String,
+    done: bool,
+}
+
+impl Iterator for LuaEpoch {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let v: Value = match self.iter.call(()) {
+            Ok(v) => v,
+            Err(e) => return Some(Err(e.into())),
+        };
+        match v {
+            Value::Nil => {
+                self.done = true;
+                None
+            }
+            Value::Table(t) => Some(
+                batch_from_table(&t)
+                    .map_err(|e| Error::Data(format!("generator at {}: {e}", self.place))),
+            ),
+            other => Some(Err(Error::Data(format!(
+                "generator at {}: expected a batch table or nil, got a {}",
+                self.place,
+                other.type_name()
+            )))),
+        }
+    }
+}
+
+fn batch_from_table(t: &Table) -> std::result::Result<Batch, String> {
+    for pair in t.pairs::<Value, Value>() {
+        let (k, _) = pair.map_err(|e| e.to_string())?;
+        let key = k.to_string().unwrap_or_default();
+        if !["x", "y", "x_type"].contains(&key.as_str()) {
+            return Err(format!("unknown batch key `{key}` (expected x, y, x_type)"));
+        }
+    }
+    let x_type: Option<String> = t.get("x_type").map_err(|e| e.to_string())?;
+    let x_dtype = match x_type.as_deref() {
+        None | Some("f32") => DType::F32,
+        Some("u32") => DType::U32,
+        Some(other) => return Err(format!("x_type `{other}`: use f32 or u32")),
+    };
+    let x = to_tensor(
+        &t.get::<Value>("x").map_err(|e| e.to_string())?,
+        x_dtype,
+        "x",
+    )?;
+    let y = to_tensor(
+        &t.get::<Value>("y").map_err(|e| e.to_string())?,
+        DType::U32,
+        "y",
+    )?;
+    let n = x.dim(0).map_err(|e| e.to_string())?;
+    if y.dim(0).map_err(|e| e.to_string())? != n {
+        return Err(format!("x has {n} samples, y has {}", y.dims()[0]));
+    }
+    Ok(Batch {
+        x,
+        y,
+        indices: (0..n).collect(),
+    })
+}
+
+/// A nested table of numbers to a tensor; every row must have the same shape.
+fn to_tensor(v: &Value, dtype: DType, name: &str) -> std::result::Result<Tensor, String> {
+    let mut shape = Vec::new();
+    let mut probe = v.clone();
+    while let Value::Table(t) = probe {
+        let n = t.raw_len();
+        if n == 0 {
+            return Err(format!("{name}: empty table"));
+        }
+        shape.push(n);
+        probe = t.raw_get(1).map_err(|e| e.to_string())?;
+    }
+    if shape.is_empty() {
+        return Err(format!("{name}: expected a table of numbers"));
+    }
+    let mut flat = Vec::with_capacity(shape.iter().product());
+    flatten(v, &shape, 0, name, &mut flat)?;
+    let t = Tensor::from_vec(flat, shape, &Device::Cpu).map_err(|e| e.to_string())?;
+    t.to_dtype(dtype).map_err(|e| e.to_string())
+}
+
+fn flatten(
+    v: &Value,
+    shape: &[usize],
+    depth: usize,
+    name: &str,
+    out: &mut Vec<f64>,
+) -> std::result::Result<(), String> {
+    match (v, shape.get(depth)) {
+        (Value::Table(t), Some(&n)) => {
+            if t.raw_len() != n {
+                return Err(format!(
+                    "{name}: a row at depth {depth} has {} values, expected {n}",
+                    t.raw_len()
+                ));
+            }
+            for i in 1..=n {
+                let item: Value = t.raw_get(i).map_err(|e| e.to_string())?;
+                flatten(&item, shape, depth + 1, name, out)?;
+            }
+            Ok(())
+        }
+        (Value::Integer(i), None) => {
+            out.push(*i as f64);
+            Ok(())
+        }
+        (Value::Number(x), None) => {
+            out.push(*x);
+            Ok(())
+        }
+        (other, _) => Err(format!(
+            "{name}: unexpected {} at depth {depth}",
+            other.type_name()
+        )),
+    }
+}
