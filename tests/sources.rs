@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use taper::data::{csv, idx, text, tokens, Source, TokenType};
+use taper::data::{csv, idx, samples, text, tokens, Source, TokenType};
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let p = dir.join(name);
@@ -141,5 +141,50 @@ fn text_file_builds_its_vocabulary() -> Result<()> {
     assert_eq!(src.vocab().map(|v| v.len()), Some(3));
     let bad = write(dir.path(), "bad.txt", b"ok\xff\xfe");
     assert!(err_text(text(&bad, "train", 1, None, 0.1)).contains("bad.txt: offset 2: not UTF-8"));
+    Ok(())
+}
+
+#[test]
+fn safetensors_samples_read_rows_and_report_problems() -> Result<()> {
+    use candle_core::{Device, Tensor};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("s.safetensors");
+    let x = Tensor::from_vec((0u8..20).collect::<Vec<_>>(), (5, 2, 2), &Device::Cpu)?;
+    let y = Tensor::from_vec(vec![4i64, 3, 2, 1, 0], 5, &Device::Cpu)?;
+    let ids = Tensor::from_vec((0u32..15).collect::<Vec<_>>(), (5, 3), &Device::Cpu)?;
+    candle_core::safetensors::save(
+        &std::collections::HashMap::from([("images", x), ("labels", y), ("ids", ids)]),
+        &path,
+    )?;
+    let src = samples(&path, "images", "labels", 2.0, "train")?;
+    assert_eq!(src.len(), 5);
+    let (x, y) = src.gather(&[3, 1])?;
+    assert_eq!(x.dims(), &[2, 2, 2]);
+    assert_eq!(
+        x.flatten_all()?.to_vec1::<f32>()?,
+        vec![6.0, 6.5, 7.0, 7.5, 2.0, 2.5, 3.0, 3.5]
+    );
+    assert_eq!(y.to_vec1::<u32>()?, vec![1, 3]);
+    let tokens = samples(&path, "ids", "ids", 1.0, "train")?;
+    assert_eq!(
+        tokens.gather(&[4])?.0.to_vec2::<u32>()?,
+        vec![vec![12, 13, 14]]
+    );
+
+    let msg = err_text(samples(&path, "pixels", "labels", 1.0, "x"));
+    assert!(
+        msg.contains("no tensor named `pixels` (it has: ids, images, labels)"),
+        "{msg}"
+    );
+    let bytes = std::fs::read(&path)?;
+    let cut = write(dir.path(), "cut.safetensors", &bytes[..bytes.len() - 10]);
+    let msg = err_text(samples(&cut, "images", "labels", 1.0, "x"));
+    assert!(
+        msg.contains("cut.safetensors: offset 0: not a safetensors file"),
+        "{msg}"
+    );
+    let junk = write(dir.path(), "junk.safetensors", b"hello world, not a header");
+    assert!(err_text(samples(&junk, "images", "labels", 1.0, "x"))
+        .contains("junk.safetensors: offset 0"));
     Ok(())
 }

@@ -130,6 +130,11 @@ function Data:skip(n) end
 ---@return taper.Data ...
 function Data:split(parts) end
 
+---Passes every batch through `fn(x, y)` (nested tables), which returns a batch table.
+---@param fn fun(x: number[][], y: integer[]): taper.BatchTable
+---@return taper.Data
+function Data:map(fn) end
+
 ---Sets the split name reported in `eval` records.
 ---@param name string
 ---@return taper.Data
@@ -208,6 +213,11 @@ function taper.data.csv(opts) end
 ---@param opts {path: string, split?: "train"|"val"|"all", context?: integer, stride?: integer, val_fraction?: number}
 ---@return taper.Data
 function taper.data.text(opts) end
+
+---A safetensors file of samples: tensors `x` and `y` (default names), sample first.
+---@param opts {path: string, x?: string, y?: string, scale?: number, split?: string}
+---@return taper.Data
+function taper.data.safetensors(opts) end
 
 ---A memory-mapped file of little-endian u16/u32 token ids, as windows.
 ---@param opts {path: string, dtype?: "u16"|"u32", context?: integer, stride?: integer, split?: string}

@@ -6,12 +6,14 @@ mod builtin;
 mod files;
 mod permutation;
 mod pipeline;
+mod samples;
 mod tokens;
 
 pub use builtin::{digits, shakespeare, CharText, Digits, Vocab};
 pub use files::{csv, idx, parse_csv, text, Csv, Idx};
 pub use permutation::Permutation;
 pub use pipeline::{Epoch, Pipeline};
+pub use samples::{samples, Samples};
 pub use tokens::{tokens, TokenType, Tokens};
 
 use candle_core::Tensor;

@@ -157,6 +157,9 @@ impl UserData for DataHandle {
                     .collect::<mlua::Result<Vec<_>>>()?,
             ))
         });
+        m.add_method("map", |_, this, f: mlua::Function| {
+            Ok(super::generator::map_pipeline(this.0.clone(), f))
+        });
         m.add_method("named", |_, this, name: String| {
             Ok(DataHandle(this.0.clone().named(&name)))
         });
@@ -328,6 +331,26 @@ struct TokenOpts {
     split: String,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SafetensorsOpts {
+    path: std::path::PathBuf,
+    #[serde(default = "x_name")]
+    x: String,
+    #[serde(default = "y_name")]
+    y: String,
+    #[serde(default = "pixel_scale")]
+    scale: f32,
+    #[serde(default = "all")]
+    split: String,
+}
+
+fn x_name() -> String {
+    "x".into()
+}
+fn y_name() -> String {
+    "y".into()
+}
 fn all() -> String {
     "all".into()
 }
@@ -380,6 +403,16 @@ fn file_sources(lua: &Lua, t: &Table) -> mlua::Result<()> {
             let src = data::text(&o.path, &o.split, o.context, o.stride, o.val_fraction)
                 .map_err(lua_err)?;
             Ok(source(src))
+        })?,
+    )?;
+    t.set(
+        "safetensors",
+        lua.create_function(|lua, opts: Value| {
+            let o: SafetensorsOpts = decode(lua, "taper.data.safetensors", opts)?;
+            check_files(lua, "taper.data.safetensors", &[&o.path])?;
+            Ok(source(
+                data::samples(&o.path, &o.x, &o.y, o.scale, &o.split).map_err(lua_err)?,
+            ))
         })?,
     )?;
     t.set(

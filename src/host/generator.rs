@@ -20,9 +20,36 @@ use crate::{Error, Result};
 
 #[derive(Clone)]
 pub struct GeneratorHandle {
-    f: Function,
+    kind: Kind,
     place: String,
     split: String,
+}
+
+#[derive(Clone)]
+enum Kind {
+    /// `fn(epoch)` returns an iterator of batch tables.
+    Generator(Function),
+    /// Native batches passed through `fn(x, y)`, which returns a batch table.
+    Map(Pipeline, Function),
+}
+
+fn place_of(f: &Function) -> String {
+    let info = f.info();
+    format!(
+        "{}:{}",
+        info.short_src.as_deref().unwrap_or("?"),
+        info.line_defined.unwrap_or(0)
+    )
+}
+
+/// `data:map(fn)`: each batch of `data` goes through `fn(x, y)` (nested
+/// tables) on the main thread; `fn` returns a batch table.
+pub(crate) fn map_pipeline(p: Pipeline, f: Function) -> GeneratorHandle {
+    GeneratorHandle {
+        place: place_of(&f),
+        split: p.split_name().to_string(),
+        kind: Kind::Map(p, f),
+    }
 }
 
 impl UserData for GeneratorHandle {
@@ -31,7 +58,10 @@ impl UserData for GeneratorHandle {
     }
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
-            Ok(format!("taper.data(generator at {})", this.place))
+            Ok(match &this.kind {
+                Kind::Generator(_) => format!("taper.data(generator at {})", this.place),
+                Kind::Map(p, _) => format!("taper.data({} mapped by {})", p.describe(), this.place),
+            })
         });
     }
 }
@@ -40,12 +70,7 @@ pub(crate) fn new_generator(
     lua: &Lua,
     (f, opts): (Function, Option<Table>),
 ) -> mlua::Result<GeneratorHandle> {
-    let info = f.info();
-    let place = format!(
-        "{}:{}",
-        info.short_src.as_deref().unwrap_or("?"),
-        info.line_defined.unwrap_or(0)
-    );
+    let place = place_of(&f);
     let mut split = "train".to_string();
     if let Some(o) = opts {
         super::options::check_keys(lua, "taper.data.generator", &o, &["split"])?;
@@ -53,7 +78,11 @@ pub(crate) fn new_generator(
             split = s;
         }
     }
-    Ok(GeneratorHandle { f, place, split })
+    Ok(GeneratorHandle {
+        kind: Kind::Generator(f),
+        place,
+        split,
+    })
 }
 
 /// Training or evaluation data: a native pipeline or a Lua generator.
@@ -90,13 +119,26 @@ impl Feed {
         }
     }
 
-    pub fn epoch(&self, epoch: u64, default_batch: usize, skip: usize) -> Result<FeedEpoch> {
+    pub fn epoch(
+        &self,
+        lua: &Lua,
+        epoch: u64,
+        default_batch: usize,
+        skip: usize,
+    ) -> Result<FeedEpoch> {
         match self {
             Feed::Pipeline(p) => Ok(FeedEpoch::Native(p.epoch(epoch, default_batch, skip))),
             Feed::Lua(g) => {
-                let iter: Function = g.f.call(epoch)?;
+                let source = match &g.kind {
+                    Kind::Generator(f) => LuaSource::Iter(f.call(epoch)?),
+                    Kind::Map(p, f) => LuaSource::Map(
+                        Box::new(p.epoch(epoch, default_batch, 0)),
+                        f.clone(),
+                        lua.clone(),
+                    ),
+                };
                 let mut e = LuaEpoch {
-                    iter,
+                    source,
                     place: g.place.clone(),
                     done: false,
                 };
@@ -142,10 +184,32 @@ impl Iterator for FeedEpoch {
     }
 }
 
+enum LuaSource {
+    Iter(Function),
+    Map(Box<Epoch>, Function, Lua),
+}
+
 pub(crate) struct LuaEpoch {
-    iter: Function,
+    source: LuaSource,
     place: String,
     done: bool,
+}
+
+impl LuaEpoch {
+    /// The next batch table (or nil) from the Lua side.
+    fn next_value(&mut self) -> Result<Value> {
+        match &mut self.source {
+            LuaSource::Iter(f) => Ok(f.call(())?),
+            LuaSource::Map(epoch, f, lua) => match epoch.next() {
+                None => Ok(Value::Nil),
+                Some(b) => {
+                    let b = b?;
+                    let (x, y) = (tensor_to_lua(lua, &b.x)?, tensor_to_lua(lua, &b.y)?);
+                    Ok(f.call((x, y))?)
+                }
+            },
+        }
+    }
 }
 
 impl Iterator for LuaEpoch {
@@ -154,9 +218,9 @@ impl Iterator for LuaEpoch {
         if self.done {
             return None;
         }
-        let v: Value = match self.iter.call(()) {
+        let v = match self.next_value() {
             Ok(v) => v,
-            Err(e) => return Some(Err(e.into())),
+            Err(e) => return Some(Err(e)),
         };
         match v {
             Value::Nil => {
@@ -174,6 +238,34 @@ impl Iterator for LuaEpoch {
             )))),
         }
     }
+}
+
+/// A tensor as nested Lua tables (integers for integer dtypes).
+fn tensor_to_lua(lua: &Lua, t: &Tensor) -> Result<Value> {
+    let dims = t.dims().to_vec();
+    let ints = !t.dtype().is_float();
+    let flat: Vec<f64> = t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
+    fn build(lua: &Lua, flat: &[f64], dims: &[usize], ints: bool) -> mlua::Result<Value> {
+        if dims.is_empty() {
+            return Ok(if ints {
+                Value::Integer(flat[0] as i64)
+            } else {
+                Value::Number(flat[0])
+            });
+        }
+        let t = lua.create_table_with_capacity(dims[0], 0)?;
+        let stride: usize = dims[1..].iter().product();
+        for i in 0..dims[0] {
+            t.raw_push(build(
+                lua,
+                &flat[i * stride..(i + 1) * stride],
+                &dims[1..],
+                ints,
+            )?)?;
+        }
+        Ok(Value::Table(t))
+    }
+    Ok(build(lua, &flat, &dims, ints)?)
 }
 
 fn batch_from_table(t: &Table) -> std::result::Result<Batch, String> {

@@ -186,7 +186,7 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     let epoch = r.epoch.max(1);
     let skip = std::mem::take(&mut r.skip_next);
     drop(r);
-    let it = RefCell::new(feed.epoch(epoch, TRAIN_BATCH, skip).map_err(lua_err)?);
+    let it = RefCell::new(feed.epoch(lua, epoch, TRAIN_BATCH, skip).map_err(lua_err)?);
     host.out
         .start_bar(it.borrow().remaining(), format!("epoch {epoch}"));
     let run = run.0.clone();
@@ -244,7 +244,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Table> {
     let Some(feed) = Feed::from_value(lua, "run:evaluate", &data)? else {
         return Err(config_error(lua, "run:evaluate(data): data is required"));
     };
-    let batches = feed.epoch(1, EVAL_BATCH, 0).map_err(lua_err)?;
+    let batches = feed.epoch(lua, 1, EVAL_BATCH, 0).map_err(lua_err)?;
     let mut r = run.0.borrow_mut();
     let ev = r.trainer.evaluate(batches).map_err(lua_err)?;
     r.last_eval = Some(ev);

@@ -1,0 +1,226 @@
+//! A safetensors file of samples: one tensor of inputs and one of targets,
+//! both with the sample as their first dimension, memory-mapped and read row
+//! by row. Inputs of a float or u8 type become f32 (u8 divided by `scale`);
+//! integer inputs (token ids) and all targets become u32.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use super::Source;
+use crate::{Error, Result};
+
+struct Column {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte offset of the data in the file.
+    start: usize,
+    row_bytes: usize,
+}
+
+pub struct Samples {
+    path: PathBuf,
+    split: String,
+    map: Mmap,
+    x: Column,
+    y: Column,
+    scale: f32,
+}
+
+fn err(path: &Path, msg: impl std::fmt::Display) -> Error {
+    Error::Data(format!("{}: {msg}", path.display()))
+}
+
+fn column(
+    path: &Path,
+    map: &[u8],
+    header: usize,
+    st: &safetensors::tensor::Metadata,
+    name: &str,
+) -> Result<Column> {
+    let info = st.info(name).ok_or_else(|| {
+        err(
+            path,
+            format!("no tensor named `{name}` (it has: {})", {
+                let mut names: Vec<String> = st.tensors().into_keys().collect();
+                names.sort();
+                names.join(", ")
+            }),
+        )
+    })?;
+    let size = match info.dtype {
+        Dtype::U8 | Dtype::I8 => 1,
+        Dtype::U16 | Dtype::I16 | Dtype::F16 | Dtype::BF16 => 2,
+        Dtype::U32 | Dtype::I32 | Dtype::F32 => 4,
+        Dtype::I64 | Dtype::U64 | Dtype::F64 => 8,
+        other => {
+            return Err(err(
+                path,
+                format!("tensor `{name}`: dtype {other:?} is not supported"),
+            ))
+        }
+    };
+    if info.shape.is_empty() {
+        return Err(err(
+            path,
+            format!("tensor `{name}` is a scalar; samples need a first dimension"),
+        ));
+    }
+    let start = 8 + header + info.data_offsets.0;
+    let end = 8 + header + info.data_offsets.1;
+    if end > map.len() {
+        return Err(err(
+            path,
+            format!(
+                "offset {}: tensor `{name}` runs past the end of the file ({} bytes)",
+                end,
+                map.len()
+            ),
+        ));
+    }
+    let row_bytes = info.shape[1..].iter().product::<usize>() * size;
+    Ok(Column {
+        dtype: info.dtype,
+        shape: info.shape.clone(),
+        start,
+        row_bytes,
+    })
+}
+
+pub fn samples(path: &Path, x: &str, y: &str, scale: f32, split: &str) -> Result<Samples> {
+    let file = File::open(path).map_err(|e| err(path, e))?;
+    // SAFETY: read-only mapping of a file taper does not write.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| err(path, format!("mmap: {e}")))?;
+    let (header, meta) = SafeTensors::read_metadata(&map)
+        .map_err(|e| err(path, format!("offset 0: not a safetensors file: {e}")))?;
+    let xc = column(path, &map, header, &meta, x)?;
+    let yc = column(path, &map, header, &meta, y)?;
+    if xc.shape[0] != yc.shape[0] {
+        return Err(err(
+            path,
+            format!(
+                "`{x}` has {} samples, `{y}` has {}",
+                xc.shape[0], yc.shape[0]
+            ),
+        ));
+    }
+    Ok(Samples {
+        path: path.to_path_buf(),
+        split: split.into(),
+        map,
+        x: xc,
+        y: yc,
+        scale,
+    })
+}
+
+/// Decodes little-endian elements to f64 (exact for every supported integer
+/// type up to 2^53 and for the float types).
+fn decode(dtype: Dtype, b: &[u8], out: &mut Vec<f64>) {
+    match dtype {
+        Dtype::U8 => out.extend(b.iter().map(|&v| v as f64)),
+        Dtype::I8 => out.extend(b.iter().map(|&v| v as i8 as f64)),
+        Dtype::U16 => out.extend(
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]) as f64),
+        ),
+        Dtype::I16 => out.extend(
+            b.chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]) as f64),
+        ),
+        Dtype::F16 => out.extend(
+            b.chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()),
+        ),
+        Dtype::BF16 => out.extend(
+            b.chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64()),
+        ),
+        Dtype::U32 => out.extend(
+            b.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as f64),
+        ),
+        Dtype::I32 => out.extend(
+            b.chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as f64),
+        ),
+        Dtype::F32 => out.extend(
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4])) as f64),
+        ),
+        Dtype::I64 => out.extend(
+            b.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64),
+        ),
+        Dtype::U64 => out.extend(
+            b.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64),
+        ),
+        Dtype::F64 => out.extend(
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))),
+        ),
+        _ => {}
+    }
+}
+
+impl Samples {
+    fn rows(&self, c: &Column, indices: &[usize]) -> Vec<f64> {
+        let mut out = Vec::with_capacity(indices.len() * c.row_bytes);
+        for &i in indices {
+            let s = c.start + i * c.row_bytes;
+            decode(c.dtype, &self.map[s..s + c.row_bytes], &mut out);
+        }
+        out
+    }
+}
+
+fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64)
+}
+
+impl Source for Samples {
+    fn len(&self) -> usize {
+        self.x.shape[0]
+    }
+    fn split(&self) -> &str {
+        &self.split
+    }
+    fn describe(&self) -> String {
+        format!(
+            "safetensors {} (x {:?} {:?}, y {:?})",
+            self.path.display(),
+            self.x.shape,
+            self.x.dtype,
+            self.y.shape
+        )
+    }
+    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        let b = indices.len();
+        let mut xs = vec![b];
+        xs.extend(&self.x.shape[1..]);
+        let mut ys = vec![b];
+        ys.extend(&self.y.shape[1..]);
+        let xv = self.rows(&self.x, indices);
+        let x = if is_float(self.x.dtype) || self.x.dtype == Dtype::U8 {
+            let scale = if self.x.dtype == Dtype::U8 {
+                self.scale
+            } else {
+                1.0
+            } as f64;
+            Tensor::from_vec(
+                xv.iter().map(|v| (v / scale) as f32).collect::<Vec<_>>(),
+                xs,
+                &Device::Cpu,
+            )?
+        } else {
+            Tensor::from_vec(xv, xs, &Device::Cpu)?.to_dtype(DType::U32)?
+        };
+        let y = Tensor::from_vec(self.rows(&self.y, indices), ys, &Device::Cpu)?
+            .to_dtype(DType::U32)?;
+        Ok((x, y))
+    }
+}
