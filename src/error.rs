@@ -27,6 +27,12 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Out of memory (device, budget or injected): the step engine recovers.
+    #[error(transparent)]
+    Oom(#[from] crate::memory::OomError),
+    /// An OOM policy stopped the run (after writing a checkpoint).
+    #[error("{0}")]
+    Stopped(String),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
@@ -42,13 +48,34 @@ impl Error {
     }
 
     /// The CLI's exit code: 2 for usage and recipe errors (syntax, options,
-    /// config, device), 1 for failures during training.
+    /// config, device), 3 when an OOM policy stopped the run, 1 for other
+    /// failures during training.
     pub fn exit_code(&self) -> u8 {
         if self.is_recipe_error() {
             2
+        } else if self.find(|e| matches!(e, Error::Stopped(_))) {
+            3
         } else {
             1
         }
+    }
+
+    /// Whether this error, or one it wraps (through Lua), satisfies `f`.
+    pub fn find(&self, f: impl Fn(&Error) -> bool + Copy) -> bool {
+        fn lua(e: &mlua::Error, f: impl Fn(&Error) -> bool + Copy) -> bool {
+            match e {
+                mlua::Error::CallbackError { cause, .. }
+                | mlua::Error::WithContext { cause, .. } => lua(cause, f),
+                mlua::Error::ExternalError(inner) => match inner.downcast_ref::<Error>() {
+                    Some(t) => t.find(f),
+                    None => inner
+                        .downcast_ref::<mlua::Error>()
+                        .is_some_and(|m| lua(m, f)),
+                },
+                _ => false,
+            }
+        }
+        f(self) || matches!(self, Error::Lua(l) if lua(l, f))
     }
 
     /// True for errors in the recipe itself or its invocation.

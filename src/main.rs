@@ -50,6 +50,13 @@ enum Command {
         /// No progress bar and no printed lines
         #[arg(long)]
         quiet: bool,
+        /// Memory budget (e.g. 512MiB): exceeding it at a phase boundary is an OOM
+        /// that the run's policy recovers from (on the CPU: the heap, counted)
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        mem_limit: Option<usize>,
+        /// Inject an OOM, e.g. "step=5,phase=backward" or "step=7,phase=forward,times=3" (repeatable)
+        #[arg(long, value_name = "SPEC")]
+        inject_oom: Vec<String>,
     },
     /// Load and validate a recipe without training (its loop runs no epoch).
     Check {
@@ -65,6 +72,10 @@ fn parse_set(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("expected KEY=VALUE, got `{s}`")),
     }
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    taper::host::parse_size(s)
 }
 
 fn default_out(recipe: &Path) -> PathBuf {
@@ -105,6 +116,8 @@ fn main() -> ExitCode {
             out,
             resume,
             quiet,
+            mem_limit,
+            inject_oom,
         } => {
             let opts = HostOptions {
                 device,
@@ -114,6 +127,8 @@ fn main() -> ExitCode {
                 quiet,
                 check_only: false,
                 overrides: recipe.set.clone(),
+                mem_limit,
+                inject_oom,
             };
             (recipe.recipe, opts)
         }

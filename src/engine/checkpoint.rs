@@ -33,6 +33,9 @@ pub struct CheckpointMeta {
     /// edited recipe (allowed, but worth saying).
     #[serde(default)]
     pub recipe_hash: String,
+    /// Batches an OOM policy skipped, as (epoch, position in the epoch).
+    #[serde(default)]
+    pub skipped: Vec<(u64, u64)>,
 }
 
 /// FNV-1a (64-bit) of `text`, as 16 hex digits.

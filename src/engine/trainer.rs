@@ -15,6 +15,7 @@ use super::params::ParamStore;
 use super::rng::Rng;
 use super::ModelSpec;
 use crate::data::Batch;
+use crate::memory::oom::{classify, Phase};
 use crate::{Error, Result};
 
 pub struct TrainerOptions {
@@ -109,6 +110,21 @@ impl Trainer {
     /// the same mean gradient as the whole batch gives (up to float rounding),
     /// whatever the split. Returns the batch's mean loss.
     pub fn train_step_micro(&mut self, batch: &Batch, micro: usize) -> Result<f64> {
+        self.train_step_guarded(batch, micro, &mut |_| Ok(()))
+    }
+
+    /// [`Trainer::train_step_micro`] with `guard` called at each phase
+    /// boundary: after each micro-batch's forward and backward, and before
+    /// the optimizer changes any parameter. An error from `guard` (or a
+    /// device OOM, classified here) abandons the step: every tensor of the
+    /// attempt is dropped on the way out, and parameters and optimizer state
+    /// are as they were, so the same batch can be retried.
+    pub fn train_step_guarded(
+        &mut self,
+        batch: &Batch,
+        micro: usize,
+        guard: &mut dyn FnMut(Phase) -> Result<()>,
+    ) -> Result<f64> {
         let n = batch.len();
         if n == 0 {
             return Err(Error::Data("train step: the batch is empty".into()));
@@ -126,15 +142,26 @@ impl Trainer {
                 (bx.narrow(0, start, len)?, by.narrow(0, start, len)?)
             };
             let weight = len as f64 / n as f64;
-            let loss = self.opts.loss.loss(&self.model.forward(&x)?, &y)?;
-            let grads = (&loss * weight)?.backward()?;
+            let fwd = |this: &Self| -> Result<Tensor> {
+                Ok(this.opts.loss.loss(&this.model.forward(&x)?, &y)?)
+            };
+            let loss = fwd(self).map_err(|e| classify(e, Phase::Forward))?;
+            guard(Phase::Forward)?;
+            let grads = (&loss * weight)
+                .and_then(|l| l.backward())
+                .map_err(|e| classify(e.into(), Phase::Backward))?;
             accumulate(&mut acc, &vars, grads)?;
+            guard(Phase::Backward)?;
             // A CPU-GPU sync point: the progress bar wants the number.
             loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * weight;
         }
+        guard(Phase::Optimizer)?;
         if let Some(max) = self.optim.clip_grad_norm() {
-            optim::clip_grad_norm(&vars, &mut acc, max)?;
+            optim::clip_grad_norm(&vars, &mut acc, max)
+                .map_err(|e| classify(e.into(), Phase::Optimizer))?;
         }
+        // From here parameters change one by one: a failure inside the update
+        // is not retryable (the run stops with what it has checkpointed).
         self.optim.step(&vars, &acc)?;
         self.step += 1;
         Ok(loss_sum)

@@ -4,9 +4,11 @@ mod config;
 mod data;
 mod generator;
 mod models;
+mod oom;
 mod options;
 mod output;
 mod run;
+mod run_options;
 mod run_state;
 mod schedule;
 
@@ -22,6 +24,7 @@ use serde::de::DeserializeOwned;
 use crate::data::Source;
 use crate::engine::{parse_device, Eval, ModelSpec};
 use crate::{Error, Result};
+pub use oom::parse_size;
 use output::Output;
 use run_state::RunState;
 pub use run_state::RunSummary;
@@ -44,6 +47,10 @@ pub struct HostOptions {
     pub check_only: bool,
     /// `--set key=value` overrides for `taper.config`.
     pub overrides: Vec<(String, String)>,
+    /// A memory budget in bytes for every run (soft OOM above it).
+    pub mem_limit: Option<usize>,
+    /// Injected OOM faults, `step=5,phase=backward[,times=2]`, for every run.
+    pub inject_oom: Vec<String>,
 }
 
 impl Default for HostOptions {
@@ -56,6 +63,8 @@ impl Default for HostOptions {
             quiet: true,
             check_only: false,
             overrides: Vec::new(),
+            mem_limit: None,
+            inject_oom: Vec::new(),
         }
     }
 }
@@ -95,6 +104,15 @@ pub struct Host {
 impl Host {
     pub fn new(opts: HostOptions) -> Result<Host> {
         let device = parse_device(&opts.device)?;
+        for spec in &opts.inject_oom {
+            oom::Injection::parse(spec)
+                .map_err(|e| Error::Config(format!("--inject-oom {spec}: {e}")))?;
+        }
+        if opts.mem_limit.is_some() && !crate::memory::HostMemory::is_counting() {
+            return Err(Error::Config(
+                "--mem-limit needs taper::memory::CountingAlloc as the global allocator".into(),
+            ));
+        }
         let out = Output::new(opts.out_dir.as_deref(), opts.quiet)?;
         let lua = Lua::new();
         let state = Rc::new(HostState {
@@ -120,6 +138,7 @@ impl Host {
         data::register(&lua, &taper)?;
         run::register(&lua, &taper)?;
         schedule::register(&lua, &taper)?;
+        oom::register(&lua, &taper)?;
         lua.globals().set("taper", taper.clone())?;
         lua.register_module("taper", taper)?;
         install_print(&lua)?;
@@ -207,7 +226,12 @@ impl Host {
             Ok(()) => self.finish(),
             Err(e) => {
                 self.state.out.finish_bar();
-                self.save_all("failed")?;
+                let why = if e.find(|e| matches!(e, Error::Stopped(_))) {
+                    "stopped"
+                } else {
+                    "failed"
+                };
+                self.save_all(why)?;
                 Err(e)
             }
         }

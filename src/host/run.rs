@@ -3,24 +3,18 @@
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::DType;
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 use serde::Deserialize;
 use serde_json::{json, Map};
 
 use super::data::{BatchHandle, BatchIssuer};
 use super::generator::Feed;
-use super::models::{LossHandle, ModelHandle, OptimHandle};
-use super::options::{check_keys, config_error, decode, handle};
+use super::oom::Injection;
+use super::options::{config_error, decode};
 use super::run_state::{finish_epoch, RunState};
-use super::schedule::{LuaSchedule, ScheduleHandle};
 use super::state;
-use crate::engine::optim::{AdamWConfig, OptimSpec};
-use crate::engine::schedule::Schedule;
-use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
 
 /// Batch size for data without `:batch(n)`: training, evaluation.
@@ -28,135 +22,37 @@ pub(crate) const TRAIN_BATCH: usize = 32;
 const EVAL_BATCH: usize = 256;
 
 #[derive(Clone)]
-pub(crate) struct RunHandle(Rc<RefCell<RunState>>);
+pub(crate) struct RunHandle(pub(crate) Rc<RefCell<RunState>>);
 
-const RUN_KEYS: &[&str] = &[
-    "model",
-    "optim",
-    "data",
-    "loss",
-    "seed",
-    "schedule",
-    "micro_batch",
-];
-
-fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
-    let what = "taper.run";
-    check_keys(lua, what, &opts, RUN_KEYS)?;
-    let model: ModelHandle = handle(lua, what, &opts, "model", "a taper.model")?
-        .ok_or_else(|| config_error(lua, "taper.run: option `model` is required"))?;
-    let optim = handle::<OptimHandle>(lua, what, &opts, "optim", "a taper.optim")?
-        .map(|o| o.0)
-        .unwrap_or(OptimSpec::AdamW(AdamWConfig::default()));
-    let data = Feed::from_value(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
-    let loss = handle::<LossHandle>(lua, what, &opts, "loss", "a taper.loss")?
-        .map(|l| l.0)
-        .unwrap_or_default();
-    let seed: u64 = match opts.get::<Value>("seed")? {
-        Value::Nil => 0,
-        Value::Integer(n) if n >= 0 => n as u64,
-        other => {
-            return Err(config_error(
-                lua,
-                format!("taper.run: option `seed` must be a non-negative integer, got {other:?}"),
-            ))
-        }
-    };
-    let schedule = run_schedule(lua, &opts)?;
-    let micro_batch: Option<usize> = match opts.get::<Value>("micro_batch")? {
-        Value::Nil => None,
-        v => Some(decode(lua, "taper.run: option `micro_batch`", v)?),
-    };
-    if micro_batch == Some(0) {
-        return Err(config_error(
-            lua,
-            "taper.run: option `micro_batch` must be positive",
-        ));
-    }
-    let host = state(lua);
-    let seed = seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let topts = TrainerOptions {
-        device: host.device.clone(),
-        dtype: DType::F32,
-        seed,
-        loss,
-    };
-    let trainer = Trainer::new(Arc::clone(&model.0), &optim, topts).map_err(lua_err)?;
-    let id = host.runs.borrow().len() + 1;
-    let mut run = RunState {
-        id,
-        trainer,
-        data,
-        seed,
-        epoch: 0,
-        in_epoch: false,
-        epoch_steps: 0,
-        skip_next: 0,
-        epoch_loss: 0.0,
-        epoch_samples: 0,
-        epoch_start: Instant::now(),
-        epoch_data_wait: 0.0,
-        total_epochs: 0,
-        last_eval: None,
-        schedule,
-        micro_batch,
-        recipe_hash: host.recipe_hash.borrow().clone(),
-    };
-    if let Some(path) = host.resume.borrow_mut().take() {
-        if let Some(notice) = run.resume(&path).map_err(lua_err)? {
-            host.out.line(&notice);
-        }
-        host.out.line(&format!(
-            "resumed from {} at step {}",
-            path.display(),
-            run.trainer.step
-        ));
-    }
-    let mut f = Map::new();
-    f.insert("run".into(), id.into());
-    f.insert("model".into(), model.0.describe().into());
-    f.insert(
-        "parameters".into(),
-        run.trainer.params().num_params().into(),
-    );
-    f.insert(
-        "optimizer".into(),
-        run.trainer.optimizer_description().into(),
-    );
-    f.insert(
-        "device".into(),
-        crate::engine::describe_device(&host.device).into(),
-    );
-    host.out
-        .record("run", run.trainer.step, run.epoch, f)
-        .map_err(lua_err)?;
-    let rc = Rc::new(RefCell::new(run));
-    host.runs.borrow_mut().push(rc.clone());
-    Ok(RunHandle(rc))
+fn busy() -> mlua::Error {
+    lua_err(crate::Error::Script(
+        "the run is busy: code called from inside its step (an OOM policy, schedule or generator) cannot use the run".into(),
+    ))
 }
 
-/// `schedule = taper.schedule.x{...}` or `schedule = function(step, epoch, state) ... end`.
-fn run_schedule(lua: &Lua, opts: &Table) -> mlua::Result<Option<Rc<RefCell<dyn Schedule>>>> {
-    match opts.get::<Value>("schedule")? {
-        Value::Nil => Ok(None),
-        Value::Function(f) => Ok(Some(Rc::new(RefCell::new(LuaSchedule::new(lua, f)?)))),
-        Value::UserData(ud) if ud.is::<ScheduleHandle>() => Ok(Some(ud.borrow::<ScheduleHandle>()?.0.clone())),
-        other => Err(config_error(
-            lua,
-            format!(
-                "taper.run: option `schedule` must be a taper.schedule or a function(step, epoch, state), got a {}",
-                other.type_name()
-            ),
-        )),
+fn read(rc: &Rc<RefCell<RunState>>) -> mlua::Result<std::cell::Ref<'_, RunState>> {
+    rc.try_borrow().map_err(|_| busy())
+}
+
+fn write(rc: &Rc<RefCell<RunState>>) -> mlua::Result<std::cell::RefMut<'_, RunState>> {
+    rc.try_borrow_mut().map_err(|_| busy())
+}
+
+impl RunHandle {
+    fn get(&self) -> mlua::Result<std::cell::Ref<'_, RunState>> {
+        read(&self.0)
+    }
+    fn get_mut(&self) -> mlua::Result<std::cell::RefMut<'_, RunState>> {
+        write(&self.0)
     }
 }
 
 fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
-    run.0.borrow_mut().total_epochs = n;
+    run.get_mut()?.total_epochs = n;
     let run = run.0.clone();
     lua.create_function(move |lua, ()| {
         let host = state(lua);
-        let mut r = run.borrow_mut();
+        let mut r = write(&run)?;
         finish_epoch(&host, &mut r).map_err(lua_err)?;
         let next = r.epoch + 1;
         if host.opts.check_only || next > n {
@@ -169,6 +65,7 @@ fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
         r.epoch_samples = 0;
         r.epoch_start = Instant::now();
         r.epoch_data_wait = 0.0;
+        r.epoch_mem_peak = 0;
         Ok(Some(next))
     })
 }
@@ -176,7 +73,7 @@ fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
 fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     let host = state(lua);
     let given = Feed::from_value(lua, "run:batches", &data)?;
-    let mut r = run.0.borrow_mut();
+    let mut r = run.get_mut()?;
     let Some(feed) = given.or_else(|| r.data.clone()) else {
         return Err(config_error(
             lua,
@@ -197,12 +94,12 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
         // Releases the previous batch's tensors, whatever Lua still holds.
         issuer.issue(None);
         let total = it.borrow().wait();
-        run.borrow_mut().epoch_data_wait += (total - waited.replace(total)).as_secs_f64();
+        write(&run)?.epoch_data_wait += (total - waited.replace(total)).as_secs_f64();
         match item {
             // The epoch's data is used up: close it now, so that its summary
             // comes before any evaluation the loop body does next.
             None => {
-                let mut r = run.borrow_mut();
+                let mut r = write(&run)?;
                 if r.total_epochs > 0 {
                     finish_epoch(&state(lua), &mut r).map_err(lua_err)?;
                 }
@@ -213,30 +110,34 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     })
 }
 
-fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(f64, u64)> {
+fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option<f64>, u64)> {
     let host = state(lua);
     let batch = batch.get()?;
     // The schedule may be Lua code that reads the run: no borrow is held
     // while it runs.
     let (schedule, at_step, at_epoch) = {
-        let r = run.0.borrow();
+        let r = run.get()?;
         (r.schedule.clone(), r.trainer.step, r.epoch.max(1))
     };
     let plan = match schedule {
         Some(s) => s.borrow_mut().plan(at_step, at_epoch).map_err(lua_err)?,
         None => Default::default(),
     };
-    let mut r = run.0.borrow_mut();
+    let mut r = run.get_mut()?;
     if let Some(lr) = plan.lr {
         r.trainer.set_learning_rate(lr);
     }
     let micro = plan.micro_batch.or(r.micro_batch).unwrap_or(batch.len());
-    let loss = r.trainer.train_step_micro(&batch, micro).map_err(lua_err)?;
+    let loss = super::oom::step(lua, &host, &mut r, &batch, micro).map_err(lua_err)?;
     r.epoch_steps += 1;
+    let Some(loss) = loss else {
+        // Skipped by the OOM policy: recorded there, and in checkpoints.
+        return Ok((None, r.trainer.step));
+    };
     r.epoch_loss += loss * batch.len() as f64;
     r.epoch_samples += batch.len();
     host.out.tick(r.trainer.step, loss);
-    Ok((loss, r.trainer.step))
+    Ok((Some(loss), r.trainer.step))
 }
 
 fn evaluate(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Table> {
@@ -245,7 +146,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Table> {
         return Err(config_error(lua, "run:evaluate(data): data is required"));
     };
     let batches = feed.epoch(lua, 1, EVAL_BATCH, 0).map_err(lua_err)?;
-    let mut r = run.0.borrow_mut();
+    let mut r = run.get_mut()?;
     let ev = r.trainer.evaluate(batches).map_err(lua_err)?;
     r.last_eval = Some(ev);
     let split = feed.split_name();
@@ -273,7 +174,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Table> {
 
 fn log(lua: &Lua, run: &RunHandle, fields: Table) -> mlua::Result<()> {
     let host = state(lua);
-    let r = run.0.borrow();
+    let r = run.get()?;
     let value: serde_json::Value = mlua::LuaSerdeExt::from_value(lua, Value::Table(fields))
         .map_err(|e| config_error(lua, format!("run:log: {e}")))?;
     let Some(mut map) = value.as_object().cloned() else {
@@ -322,7 +223,7 @@ fn default_temperature() -> f64 {
 
 fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
     let o: GenerateOpts = decode(lua, "run:generate", opts)?;
-    let r = run.0.borrow();
+    let r = run.get()?;
     let check_only = state(lua).opts.check_only;
     let vocab = match &r.data {
         Some(Feed::Pipeline(p)) => p.source().vocab().cloned(),
@@ -352,16 +253,16 @@ fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
 
 impl UserData for RunHandle {
     fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
-        f.add_field_method_get("steps", |_, this| Ok(this.0.borrow().trainer.step));
-        f.add_field_method_get("epoch", |_, this| Ok(this.0.borrow().epoch));
+        f.add_field_method_get("steps", |_, this| Ok(this.get()?.trainer.step));
+        f.add_field_method_get("epoch", |_, this| Ok(this.get()?.epoch));
         f.add_field_method_get("parameters", |_, this| {
-            Ok(this.0.borrow().trainer.params().num_params())
+            Ok(this.get()?.trainer.params().num_params())
         });
     }
 
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
-            let r = this.0.borrow();
+            let r = this.get()?;
             Ok(format!(
                 "taper.run({}, step {}, epoch {})",
                 r.trainer.spec().describe(),
@@ -377,9 +278,22 @@ impl UserData for RunHandle {
         m.add_method("evaluate", |lua, this, d: Value| evaluate(lua, this, d));
         m.add_method("log", |lua, this, t: Table| log(lua, this, t));
         m.add_method("generate", |lua, this, o: Value| generate(lua, this, o));
-        m.add_method("lr", |_, this, ()| {
-            Ok(this.0.borrow().trainer.learning_rate())
+        m.add_method("inject_oom", |lua, this, o: Value| {
+            let o: super::run_options::InjectOpts = decode(lua, "run:inject_oom", o)?;
+            if o.step == 0 {
+                return Err(config_error(
+                    lua,
+                    "run:inject_oom: steps are numbered from 1",
+                ));
+            }
+            this.get_mut()?.oom.injections.push(Injection {
+                step: o.step,
+                phase: o.phase,
+                times: o.times,
+            });
+            Ok(())
         });
+        m.add_method("lr", |_, this, ()| Ok(this.get()?.trainer.learning_rate()));
         m.add_method("set_lr", |lua, this, lr: f64| {
             if !(lr.is_finite() && lr >= 0.0) {
                 return Err(config_error(
@@ -387,11 +301,11 @@ impl UserData for RunHandle {
                     format!("run:set_lr: bad learning rate {lr}"),
                 ));
             }
-            this.0.borrow_mut().trainer.set_learning_rate(lr);
+            this.get_mut()?.trainer.set_learning_rate(lr);
             Ok(())
         });
         m.add_method("save", |lua, this, path: String| {
-            let r = this.0.borrow();
+            let r = this.get()?;
             r.save(&PathBuf::from(&path)).map_err(lua_err)?;
             state(lua).out.line(&format!("saved {path}"));
             Ok(())
@@ -400,5 +314,5 @@ impl UserData for RunHandle {
 }
 
 pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
-    taper.set("run", lua.create_function(new_run)?)
+    taper.set("run", lua.create_function(super::run_options::new_run)?)
 }

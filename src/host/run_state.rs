@@ -31,6 +31,8 @@ pub(crate) struct RunState {
     pub epoch_start: Instant,
     /// Seconds this epoch spent waiting for batches (see `data::Epoch::wait`).
     pub epoch_data_wait: f64,
+    /// Highest heap peak of a successful step this epoch (counting allocator).
+    pub epoch_mem_peak: usize,
     pub total_epochs: u64,
     pub last_eval: Option<Eval>,
     /// Decides each step's learning rate and micro-batch, when given.
@@ -38,6 +40,10 @@ pub(crate) struct RunState {
     /// Micro-batch size when the schedule does not say (None: whole batch).
     pub micro_batch: Option<usize>,
     pub recipe_hash: String,
+    /// OOM handling: injected faults, budget, policy, learned cap.
+    pub oom: super::oom::OomState,
+    /// Batches an OOM policy skipped: (epoch, batch position in the epoch).
+    pub skipped: Vec<(u64, u64)>,
 }
 
 /// What a run reached, for embedders and tests.
@@ -69,6 +75,7 @@ impl RunState {
             lr: self.trainer.learning_rate(),
             seed: self.seed,
             recipe_hash: self.recipe_hash.clone(),
+            skipped: self.skipped.clone(),
         }
     }
 
@@ -94,6 +101,7 @@ impl RunState {
             self.epoch = meta.epoch.saturating_sub(1);
             self.skip_next = meta.epoch_steps as usize;
         }
+        self.skipped = meta.skipped.clone();
         Ok(notice)
     }
 }
@@ -117,6 +125,9 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
     f.insert("seconds".into(), json!(secs));
     f.insert("samples_per_s".into(), json!(rate));
     f.insert("data_wait_s".into(), json!(r.epoch_data_wait));
+    if crate::memory::HostMemory::is_counting() {
+        f.insert("memory_peak".into(), json!(r.epoch_mem_peak));
+    }
     f.insert("lr".into(), json!(r.trainer.learning_rate()));
     host.out.record("epoch", r.trainer.step, r.epoch, f)?;
     host.out.line(&format!(

@@ -3,6 +3,8 @@
 
 mod counting;
 mod malloc;
+pub mod oom;
 
 pub use counting::{CountingAlloc, HostMemory};
 pub use malloc::tune_malloc;
+pub use oom::{OomCause, OomError, Phase};

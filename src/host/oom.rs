@@ -1,0 +1,479 @@
+//! The one OOM recovery site: a training step that runs out of memory is
+//! cleaned up, reported to the run's policy, and retried on the same batch
+//! with the policy's plan. Sources of OOM: the device, the memory budget
+//! (`--mem-limit`, measured by the counting allocator at phase boundaries)
+//! and injected faults (`--inject-oom`, `run:inject_oom{}`).
+
+use mlua::{Function, Lua, Table, Value};
+use serde_json::{json, Map};
+
+use super::run_state::RunState;
+use super::HostState;
+use crate::data::Batch;
+use crate::memory::{HostMemory, OomCause, OomError, Phase};
+use crate::{Error, Result};
+
+/// Attempts at one batch before the run stops.
+const MAX_ATTEMPTS: u32 = 16;
+
+/// An injected fault: the first `times` attempts at step `step` (1-based)
+/// fail in `phase`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Injection {
+    pub step: u64,
+    pub phase: Phase,
+    pub times: u32,
+}
+
+impl Injection {
+    /// `step=5,phase=backward[,times=2]`.
+    pub fn parse(s: &str) -> std::result::Result<Injection, String> {
+        let (mut step, mut phase, mut times) = (None, Phase::Forward, 1);
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}`: expected key=value"))?;
+            match k {
+                "step" => {
+                    step = Some(
+                        v.parse()
+                            .map_err(|_| format!("step `{v}` is not a step number"))?,
+                    )
+                }
+                "phase" => {
+                    phase = Phase::parse(v)
+                        .ok_or_else(|| format!("phase `{v}`: use forward, backward or optimizer"))?
+                }
+                "times" => {
+                    times = v
+                        .parse()
+                        .map_err(|_| format!("times `{v}` is not a count"))?
+                }
+                other => return Err(format!("unknown key `{other}` (step, phase, times)")),
+            }
+        }
+        let step = step.ok_or("step=N is required")?;
+        if step == 0 {
+            return Err("steps are numbered from 1".into());
+        }
+        Ok(Injection { step, phase, times })
+    }
+}
+
+/// `512MiB`, `1GiB`, `300MB`, `4096`.
+pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}`: expected a size like 512MiB"))?;
+    let mult = match unit.trim() {
+        "" | "B" => 1.0,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "`{s}`: unknown unit `{other}` (B, KB, MB, GB, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    Ok((n * mult) as usize)
+}
+
+/// What a policy decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Split(Option<usize>),
+    Retry,
+    Skip,
+    Stop(String),
+}
+
+/// A run's OOM handling: injected faults, budget, policy, and what it learned.
+#[derive(Default)]
+pub struct OomState {
+    pub injections: Vec<Injection>,
+    pub budget: Option<usize>,
+    pub policy: Option<Value>,
+    /// The largest micro-batch known to fit (lowered on OOM, raised by on_step).
+    pub cap: Option<usize>,
+    pub clean_steps: u64,
+    pub events: u64,
+}
+
+fn check(oom: &OomState, step: u64, attempt: u32, phase: Phase) -> Result<()> {
+    if oom
+        .injections
+        .iter()
+        .any(|i| i.step == step && i.phase == phase && attempt <= i.times)
+    {
+        return Err(Error::Oom(OomError {
+            phase,
+            cause: OomCause::Injected,
+            detail: format!("injected at step {step}, attempt {attempt}"),
+        }));
+    }
+    if let Some(limit) = oom.budget {
+        let peak = HostMemory::peak();
+        if peak > limit {
+            return Err(Error::Oom(OomError {
+                phase,
+                cause: OomCause::Budget,
+                detail: format!("peak {peak} B exceeds the limit of {limit} B"),
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// Where a Lua function was defined, for errors about it.
+pub fn place(f: &Function) -> String {
+    let info = f.info();
+    format!(
+        "{}:{}",
+        info.short_src.as_deref().unwrap_or("?"),
+        info.line_defined.unwrap_or(0)
+    )
+}
+
+/// Calls `policy.name(policy, arg)` (a table with methods) or `policy(arg)`
+/// (a function, for `on_oom` only). Returns nil when there is no such hook.
+fn call_hook(policy: &Value, name: &str, arg: Table) -> Result<(Value, String)> {
+    match policy {
+        Value::Function(f) if name == "on_oom" => Ok((f.call(arg)?, place(f))),
+        Value::Table(t) => match t.get::<Value>(name)? {
+            Value::Function(f) => Ok((f.call((t.clone(), arg))?, place(&f))),
+            _ => Ok((Value::Nil, String::new())),
+        },
+        _ => Ok((Value::Nil, String::new())),
+    }
+}
+
+fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
+    let bad = |what: String| Error::Script(format!("OOM policy at {at}: {what}"));
+    let mut reason: Option<String> = None;
+    let (name, micro) = match &v {
+        Value::Nil => return Ok(None),
+        Value::String(s) => (s.to_str()?.to_string(), None),
+        Value::Table(t) => {
+            for pair in t.pairs::<String, Value>() {
+                let (k, _) = pair?;
+                if !["action", "micro_batch", "reason"].contains(&k.as_str()) {
+                    return Err(bad(format!(
+                        "unknown key `{k}` in its action (action, micro_batch, reason)"
+                    )));
+                }
+            }
+            let name: Option<String> = t.get("action")?;
+            let micro: Option<i64> = t.get("micro_batch")?;
+            reason = t.get("reason")?;
+            if let Some(m) = micro.filter(|m| *m < 1) {
+                return Err(bad(format!("micro_batch {m} must be at least 1")));
+            }
+            (
+                name.ok_or_else(|| bad("its action table has no `action`".into()))?,
+                micro.map(|m| m as usize),
+            )
+        }
+        other => {
+            return Err(bad(format!(
+                "returned a {}, expected an action",
+                other.type_name()
+            )))
+        }
+    };
+    match name.as_str() {
+        "split" => Ok(Some(Action::Split(micro))),
+        "retry" => Ok(Some(Action::Retry)),
+        "skip" => Ok(Some(Action::Skip)),
+        "stop" => Ok(Some(Action::Stop(format!(
+            "the OOM policy at {at} stopped the run{}",
+            reason.map(|r| format!(": {r}")).unwrap_or_default()
+        )))),
+        "precision" | "recompute" | "offload" => Err(bad(format!(
+            "action `{name}` is not available in this build yet (split, retry, skip and stop are)"
+        ))),
+        other => Err(bad(format!(
+            "unknown action `{other}` (split, retry, skip, stop)"
+        ))),
+    }
+}
+
+fn event_table(
+    lua: &Lua,
+    r: &RunState,
+    e: &OomError,
+    batch: usize,
+    micro: usize,
+    attempt: u32,
+) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.set("phase", e.phase.name())?;
+    t.set("cause", e.cause.name())?;
+    t.set("step", r.trainer.step + 1)?;
+    t.set("epoch", r.epoch)?;
+    t.set("batch_size", batch)?;
+    t.set("micro_batch", micro)?;
+    t.set("attempt", attempt)?;
+    t.set("error", e.to_string())?;
+    let mem = lua.create_table()?;
+    mem.set("used", HostMemory::current())?;
+    mem.set("peak", HostMemory::peak())?;
+    mem.set("limit", r.oom.budget)?;
+    t.set("memory", mem)?;
+    Ok(t)
+}
+
+/// Asks the policy (or the default: halve the micro-batch) what to do.
+fn decide(
+    lua: &Lua,
+    r: &RunState,
+    e: &OomError,
+    batch: usize,
+    micro: usize,
+    attempt: u32,
+) -> Result<Action> {
+    let action = match &r.oom.policy {
+        None => None,
+        Some(p) => {
+            let (v, at) = call_hook(p, "on_oom", event_table(lua, r, e, batch, micro, attempt)?)?;
+            parse_action(v, &at)?
+        }
+    };
+    Ok(action.unwrap_or(Action::Split(None)))
+}
+
+/// One training step on `batch` with OOM recovery. Returns the loss, or
+/// `None` when the policy skipped the batch.
+pub fn step(
+    lua: &Lua,
+    host: &HostState,
+    r: &mut RunState,
+    batch: &Batch,
+    planned: usize,
+) -> Result<Option<f64>> {
+    let n = batch.len();
+    let mut micro = planned
+        .min(r.oom.cap.unwrap_or(usize::MAX))
+        .clamp(1, n.max(1));
+    let step_no = r.trainer.step + 1;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        HostMemory::reset_peak();
+        let oom = &r.oom;
+        let result = r.trainer.train_step_guarded(batch, micro, &mut |phase| {
+            check(oom, step_no, attempt, phase)
+        });
+        let e = match result {
+            Ok(loss) => {
+                r.epoch_mem_peak = r.epoch_mem_peak.max(HostMemory::peak());
+                after_success(lua, r, micro, n)?;
+                return Ok(Some(loss));
+            }
+            Err(Error::Oom(e)) => e,
+            Err(other) => return Err(other),
+        };
+        // The attempt's tensors were dropped when train_step_guarded returned.
+        let action = if attempt >= MAX_ATTEMPTS {
+            Action::Stop(format!(
+                "{MAX_ATTEMPTS} attempts at step {step_no} ran out of memory"
+            ))
+        } else {
+            decide(lua, r, &e, n, micro, attempt)?
+        };
+        let before = micro;
+        let action = match action {
+            Action::Split(m) if micro <= 1 && m.is_none() => Action::Stop(format!(
+                "out of memory at step {step_no} with a micro-batch of 1: nothing left to split"
+            )),
+            Action::Split(m) => {
+                micro = m.unwrap_or(micro / 2).clamp(1, n);
+                r.oom.cap = Some(micro);
+                Action::Split(Some(micro))
+            }
+            other => other,
+        };
+        r.oom.events += 1;
+        r.oom.clean_steps = 0;
+        record(host, r, &e, attempt, before, &action)?;
+        match action {
+            Action::Skip => {
+                r.skipped.push((r.epoch, r.epoch_steps));
+                return Ok(None);
+            }
+            Action::Stop(why) => return Err(Error::Stopped(format!("{why} ({e})"))),
+            Action::Split(_) | Action::Retry => {}
+        }
+    }
+}
+
+fn record(
+    host: &HostState,
+    r: &RunState,
+    e: &OomError,
+    attempt: u32,
+    before: usize,
+    action: &Action,
+) -> Result<()> {
+    let (name, after) = match action {
+        Action::Split(m) => ("split", m.unwrap_or(before)),
+        Action::Retry => ("retry", before),
+        Action::Skip => ("skip", before),
+        Action::Stop(_) => ("stop", before),
+    };
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    f.insert("phase".into(), e.phase.name().into());
+    f.insert("cause".into(), e.cause.name().into());
+    f.insert("attempt".into(), attempt.into());
+    f.insert("micro_batch".into(), before.into());
+    f.insert("action".into(), name.into());
+    f.insert("new_micro_batch".into(), after.into());
+    f.insert("memory_used".into(), json!(HostMemory::current()));
+    f.insert("memory_peak".into(), json!(HostMemory::peak()));
+    f.insert("error".into(), e.to_string().into());
+    host.out.record("oom", r.trainer.step + 1, r.epoch, f)?;
+    host.out.line(&format!(
+        "OOM at step {} ({}, {}), attempt {attempt}: {name}{}",
+        r.trainer.step + 1,
+        e.phase.name(),
+        e.cause.name(),
+        if name == "split" {
+            format!(" micro-batch {before} -> {after}")
+        } else {
+            String::new()
+        }
+    ));
+    Ok(())
+}
+
+/// After a clean step: count it, and let the policy's `on_step` grow the
+/// micro-batch back.
+fn after_success(lua: &Lua, r: &mut RunState, micro: usize, batch: usize) -> Result<()> {
+    r.oom.clean_steps += 1;
+    let Some(p) = r.oom.policy.clone() else {
+        return Ok(());
+    };
+    let info = lua.create_table()?;
+    info.set("step", r.trainer.step)?;
+    info.set("micro_batch", micro)?;
+    info.set("batch_size", batch)?;
+    info.set("clean_steps", r.oom.clean_steps)?;
+    let (v, at) = call_hook(&p, "on_step", info)?;
+    match v {
+        Value::Nil => Ok(()),
+        Value::Table(t) => {
+            let m: Option<i64> = t
+                .get("micro_batch")
+                .map_err(|e| Error::Script(format!("on_step at {at}: {e}")))?;
+            if let Some(m) = m {
+                if m < 1 {
+                    return Err(Error::Script(format!(
+                        "on_step at {at}: micro_batch {m} must be at least 1"
+                    )));
+                }
+                r.oom.cap = Some(m as usize);
+            }
+            Ok(())
+        }
+        other => Err(Error::Script(format!(
+            "on_step at {at}: returned a {}, expected nil or {{ micro_batch = n }}",
+            other.type_name()
+        ))),
+    }
+}
+
+/// The built-in policies: the Lua files in `scripts/policies/`, compiled in.
+const POLICIES: &[(&str, &str)] = &[
+    (
+        "split_then_stop",
+        include_str!("../../scripts/policies/split_then_stop.lua"),
+    ),
+    (
+        "composer_like",
+        include_str!("../../scripts/policies/composer_like.lua"),
+    ),
+    (
+        "grow_back",
+        include_str!("../../scripts/policies/grow_back.lua"),
+    ),
+    ("chain", include_str!("../../scripts/policies/chain.lua")),
+];
+
+/// `taper.policy.<name>{...}`: each built-in file returns its constructor.
+pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
+    let t = lua.create_table()?;
+    for (name, src) in POLICIES {
+        let ctor: Function = lua
+            .load(*src)
+            .set_name(format!("@scripts/policies/{name}.lua"))
+            .eval()?;
+        t.set(*name, ctor)?;
+    }
+    taper.set("policy", t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_injections_and_sizes() {
+        assert_eq!(
+            Injection::parse("step=5,phase=backward,times=2"),
+            Ok(Injection {
+                step: 5,
+                phase: Phase::Backward,
+                times: 2
+            })
+        );
+        assert!(Injection::parse("phase=backward").is_err());
+        assert!(Injection::parse("step=3,phase=sideways")
+            .unwrap_err()
+            .contains("sideways"));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn actions_decode_or_name_the_policy() {
+        let lua = Lua::new();
+        let v = |src: &str| lua.load(src).eval::<Value>().unwrap();
+        assert_eq!(
+            parse_action(v("'split'"), "p.lua:1").unwrap(),
+            Some(Action::Split(None))
+        );
+        assert_eq!(
+            parse_action(v("{ action = 'split', micro_batch = 8 }"), "p.lua:1").unwrap(),
+            Some(Action::Split(Some(8)))
+        );
+        assert_eq!(parse_action(Value::Nil, "p.lua:1").unwrap(), None);
+        let err = parse_action(v("'explode'"), "p.lua:3")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("OOM policy at p.lua:3: unknown action `explode`"),
+            "{err}"
+        );
+        let err = parse_action(v("'offload'"), "p.lua:3")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not available in this build yet"), "{err}");
+        let err = parse_action(v("42"), "p.lua:3").unwrap_err().to_string();
+        assert!(err.contains("returned a integer"), "{err}");
+        let err = parse_action(v("{ micro_batch = 2 }"), "p.lua:3")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no `action`"), "{err}");
+    }
+}

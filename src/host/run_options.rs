@@ -1,0 +1,223 @@
+//! Decoding `taper.run{...}`: the model, optimizer, data, loss, seed,
+//! schedule, micro-batch and OOM options of a new run.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::DType;
+use mlua::{Lua, Table, Value};
+use serde::Deserialize;
+use serde_json::Map;
+
+use super::generator::Feed;
+use super::models::{LossHandle, ModelHandle, OptimHandle};
+use super::oom::{Injection, OomState};
+use super::options::{check_keys, config_error, decode, handle};
+use super::run::RunHandle;
+use super::run_state::RunState;
+use super::schedule::{LuaSchedule, ScheduleHandle};
+use super::state;
+use crate::engine::optim::{AdamWConfig, OptimSpec};
+use crate::engine::schedule::Schedule;
+use crate::engine::{Trainer, TrainerOptions};
+use crate::error::lua_err;
+
+const RUN_KEYS: &[&str] = &[
+    "model",
+    "optim",
+    "data",
+    "loss",
+    "seed",
+    "schedule",
+    "micro_batch",
+    "on_oom",
+    "mem_limit",
+];
+
+pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
+    let what = "taper.run";
+    check_keys(lua, what, &opts, RUN_KEYS)?;
+    let model: ModelHandle = handle(lua, what, &opts, "model", "a taper.model")?
+        .ok_or_else(|| config_error(lua, "taper.run: option `model` is required"))?;
+    let optim = handle::<OptimHandle>(lua, what, &opts, "optim", "a taper.optim")?
+        .map(|o| o.0)
+        .unwrap_or(OptimSpec::AdamW(AdamWConfig::default()));
+    let data = Feed::from_value(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
+    let loss = handle::<LossHandle>(lua, what, &opts, "loss", "a taper.loss")?
+        .map(|l| l.0)
+        .unwrap_or_default();
+    let seed: u64 = match opts.get::<Value>("seed")? {
+        Value::Nil => 0,
+        Value::Integer(n) if n >= 0 => n as u64,
+        other => {
+            return Err(config_error(
+                lua,
+                format!("taper.run: option `seed` must be a non-negative integer, got {other:?}"),
+            ))
+        }
+    };
+    let schedule = run_schedule(lua, &opts)?;
+    let micro_batch: Option<usize> = match opts.get::<Value>("micro_batch")? {
+        Value::Nil => None,
+        v => Some(decode(lua, "taper.run: option `micro_batch`", v)?),
+    };
+    if micro_batch == Some(0) {
+        return Err(config_error(
+            lua,
+            "taper.run: option `micro_batch` must be positive",
+        ));
+    }
+    let host = state(lua);
+    let oom = run_oom(lua, &host, &opts)?;
+    let seed = seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let topts = TrainerOptions {
+        device: host.device.clone(),
+        dtype: DType::F32,
+        seed,
+        loss,
+    };
+    let trainer = Trainer::new(Arc::clone(&model.0), &optim, topts).map_err(lua_err)?;
+    let id = host.runs.borrow().len() + 1;
+    let mut run = RunState {
+        id,
+        trainer,
+        data,
+        seed,
+        epoch: 0,
+        in_epoch: false,
+        epoch_steps: 0,
+        skip_next: 0,
+        epoch_loss: 0.0,
+        epoch_samples: 0,
+        epoch_start: Instant::now(),
+        epoch_data_wait: 0.0,
+        epoch_mem_peak: 0,
+        total_epochs: 0,
+        last_eval: None,
+        schedule,
+        micro_batch,
+        recipe_hash: host.recipe_hash.borrow().clone(),
+        oom,
+        skipped: Vec::new(),
+    };
+    if let Some(path) = host.resume.borrow_mut().take() {
+        if let Some(notice) = run.resume(&path).map_err(lua_err)? {
+            host.out.line(&notice);
+        }
+        host.out.line(&format!(
+            "resumed from {} at step {}",
+            path.display(),
+            run.trainer.step
+        ));
+    }
+    let mut f = Map::new();
+    f.insert("run".into(), id.into());
+    f.insert("model".into(), model.0.describe().into());
+    f.insert(
+        "parameters".into(),
+        run.trainer.params().num_params().into(),
+    );
+    f.insert(
+        "optimizer".into(),
+        run.trainer.optimizer_description().into(),
+    );
+    f.insert(
+        "device".into(),
+        crate::engine::describe_device(&host.device).into(),
+    );
+    host.out
+        .record("run", run.trainer.step, run.epoch, f)
+        .map_err(lua_err)?;
+    let rc = Rc::new(RefCell::new(run));
+    host.runs.borrow_mut().push(rc.clone());
+    Ok(RunHandle(rc))
+}
+
+/// `on_oom = function(event) ... end | { on_oom = ..., on_step = ... }`,
+/// `mem_limit = "512MiB" | bytes`, and the host's `--mem-limit`/`--inject-oom`.
+fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<OomState> {
+    let policy = match opts.get::<Value>("on_oom")? {
+        Value::Nil => None,
+        v @ (Value::Function(_) | Value::Table(_)) => Some(v),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                "taper.run: option `on_oom` must be a function(event) or a policy table, got a {}",
+                other.type_name()
+            ),
+            ))
+        }
+    };
+    let budget = match opts.get::<Value>("mem_limit")? {
+        Value::Nil => host.opts.mem_limit,
+        Value::Integer(n) if n > 0 => Some(n as usize),
+        Value::String(s) => Some(
+            super::oom::parse_size(&s.to_str()?)
+                .map_err(|e| config_error(lua, format!("taper.run: option `mem_limit`: {e}")))?,
+        ),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `mem_limit` must be a size like \"512MiB\", got {other:?}"
+                ),
+            ))
+        }
+    };
+    if budget.is_some() && !crate::memory::HostMemory::is_counting() {
+        return Err(config_error(
+            lua,
+            "taper.run: `mem_limit` needs taper::memory::CountingAlloc as the global allocator",
+        ));
+    }
+    let injections = host
+        .opts
+        .inject_oom
+        .iter()
+        .map(|s| {
+            Injection::parse(s).map_err(|e| config_error(lua, format!("--inject-oom {s}: {e}")))
+        })
+        .collect::<mlua::Result<Vec<_>>>()?;
+    Ok(OomState {
+        injections,
+        budget,
+        policy,
+        ..Default::default()
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InjectOpts {
+    pub step: u64,
+    #[serde(default = "forward")]
+    pub phase: crate::memory::Phase,
+    #[serde(default = "once")]
+    pub times: u32,
+}
+
+fn forward() -> crate::memory::Phase {
+    crate::memory::Phase::Forward
+}
+fn once() -> u32 {
+    1
+}
+
+/// `schedule = taper.schedule.x{...}` or `schedule = function(step, epoch, state) ... end`.
+fn run_schedule(lua: &Lua, opts: &Table) -> mlua::Result<Option<Rc<RefCell<dyn Schedule>>>> {
+    match opts.get::<Value>("schedule")? {
+        Value::Nil => Ok(None),
+        Value::Function(f) => Ok(Some(Rc::new(RefCell::new(LuaSchedule::new(lua, f)?)))),
+        Value::UserData(ud) if ud.is::<ScheduleHandle>() => Ok(Some(ud.borrow::<ScheduleHandle>()?.0.clone())),
+        other => Err(config_error(
+            lua,
+            format!(
+                "taper.run: option `schedule` must be a taper.schedule or a function(step, epoch, state), got a {}",
+                other.type_name()
+            ),
+        )),
+    }
+}

@@ -1,0 +1,133 @@
+//! Out-of-memory errors: one place classifies them, whatever their source.
+//!
+//! - **device**: a real CUDA out-of-memory. candle returns it as
+//!   `Error::Cuda(..)` holding `CUDA_ERROR_OUT_OF_MEMORY` (or cuBLAS'
+//!   `CUBLAS_STATUS_ALLOC_FAILED`), possibly wrapped in backtrace, context or
+//!   path layers, which [`classify`] unwraps.
+//! - **budget**: the run's memory limit was exceeded, measured at phase
+//!   boundaries (a soft OOM, so that a CPU run exercises the whole path).
+//! - **injected**: a fault injected by `--inject-oom` or `run:inject_oom{}`.
+
+use serde::{Deserialize, Serialize};
+
+/// Where in a training step the memory ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Forward,
+    Backward,
+    Optimizer,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Phase> {
+        match s {
+            "forward" => Some(Phase::Forward),
+            "backward" => Some(Phase::Backward),
+            "optimizer" => Some(Phase::Optimizer),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OomCause {
+    Device,
+    Budget,
+    Injected,
+}
+
+impl OomCause {
+    pub fn name(self) -> &'static str {
+        match self {
+            OomCause::Device => "device",
+            OomCause::Budget => "budget",
+            OomCause::Injected => "injected",
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("out of memory ({}) in the {} phase: {detail}", cause.name(), phase.name())]
+pub struct OomError {
+    pub phase: Phase,
+    pub cause: OomCause,
+    pub detail: String,
+}
+
+/// Whether a candle error is a device out-of-memory, looking through the
+/// layers candle wraps errors in.
+pub fn is_device_oom(e: &candle_core::Error) -> bool {
+    use candle_core::Error as E;
+    match e {
+        E::WithBacktrace { inner, .. } | E::Context { inner, .. } | E::WithPath { inner, .. } => {
+            is_device_oom(inner)
+        }
+        E::Cuda(inner) => oom_text(&inner.to_string()),
+        E::WrappedContext { wrapped, .. } => oom_text(&wrapped.to_string()),
+        E::Wrapped(inner) => oom_text(&inner.to_string()),
+        _ => false,
+    }
+}
+
+fn oom_text(s: &str) -> bool {
+    s.contains("CUDA_ERROR_OUT_OF_MEMORY") || s.contains("CUBLAS_STATUS_ALLOC_FAILED")
+}
+
+/// Turns `e` into an [`OomError`] when it is one; otherwise gives it back.
+pub fn classify(e: crate::Error, phase: Phase) -> crate::Error {
+    match e {
+        crate::Error::Candle(c) if is_device_oom(&c) => crate::Error::Oom(OomError {
+            phase,
+            cause: OomCause::Device,
+            detail: c.to_string().lines().next().unwrap_or_default().to_string(),
+        }),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct FakeDriver(&'static str);
+    impl std::fmt::Display for FakeDriver {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for FakeDriver {}
+
+    #[test]
+    fn unwraps_candle_layers() {
+        // As cudarc reports it, inside candle's wrappers.
+        let cuda = candle_core::Error::Cuda(Box::new(FakeDriver(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")",
+        )));
+        let wrapped = cuda.context("allocating the activations").bt();
+        assert!(is_device_oom(&wrapped));
+        let blas = candle_core::Error::Cuda(Box::new(FakeDriver(
+            "cublas error: CUBLAS_STATUS_ALLOC_FAILED",
+        )));
+        assert!(is_device_oom(&blas.with_path("model.safetensors")));
+        let other = candle_core::Error::Cuda(Box::new(FakeDriver("CUDA_ERROR_ILLEGAL_ADDRESS")));
+        assert!(!is_device_oom(&other));
+        assert!(!is_device_oom(&candle_core::Error::Msg(
+            "out of memory".into()
+        )));
+        match classify(crate::Error::Candle(wrapped), Phase::Backward) {
+            crate::Error::Oom(o) => {
+                assert_eq!((o.phase, o.cause), (Phase::Backward, OomCause::Device))
+            }
+            other => panic!("not classified: {other}"),
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! OOM recovery: injected and budget OOMs are recovered on the same batch
+//! without changing the training; cleanup returns memory to its pre-step
+//! level; policies decide, and their mistakes are clear errors.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Result;
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+use taper::data::{digits, Pipeline};
+use taper::engine::checkpoint;
+use taper::engine::optim::OptimSpec;
+use taper::engine::{Activation, Mlp, Trainer, TrainerOptions};
+use taper::memory::{CountingAlloc, HostMemory, OomCause, OomError, Phase};
+use taper::{host::render_error, Host, HostOptions};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+/// The counters are process-wide: tests here measure memory, so they run
+/// one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const RECIPE: &str = r#"
+local cfg = taper.config{ epochs = 2, batch = 64, hidden = 64, micro = 0, policy = "default" }
+local policies = {
+  default = nil,
+  grow = taper.policy.grow_back{ after = 5 },
+  floor = taper.policy.split_then_stop{ min_micro = 16 },
+}
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { cfg.hidden, cfg.hidden }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = 3e-3 },
+  data = taper.data.digits{}:shuffle{ seed = 1 }:batch(cfg.batch),
+  micro_batch = cfg.micro > 0 and cfg.micro or nil,
+  on_oom = policies[cfg.policy],
+  seed = 2,
+}
+for epoch in run:epochs(cfg.epochs) do
+  for batch in run:batches() do run:step(batch) end
+  run:evaluate(taper.data.digits{ split = "test" })
+end
+"#;
+
+fn train(
+    dir: &Path,
+    set: &[(&str, &str)],
+    inject: &[&str],
+    mem_limit: Option<usize>,
+) -> taper::Result<taper::host::Report> {
+    let opts = HostOptions {
+        out_dir: Some(dir.to_path_buf()),
+        overrides: set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        inject_oom: inject.iter().map(|s| s.to_string()).collect(),
+        mem_limit,
+        ..HostOptions::default()
+    };
+    Host::new(opts)?.run_source("oom.lua", RECIPE)
+}
+
+fn weights(dir: &Path) -> Result<HashMap<String, Tensor>> {
+    Ok(checkpoint::load(&dir.join("checkpoint.safetensors"), &Device::Cpu)?.0)
+}
+
+fn max_rel_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> Result<f64> {
+    let mut worst = 0f64;
+    for (k, t) in a.iter().filter(|(k, _)| k.starts_with("model.")) {
+        let x: Vec<f64> = t
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F64)?
+            .to_vec1()?;
+        let y: Vec<f64> = b[k]
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F64)?
+            .to_vec1()?;
+        let diff: f64 = x.iter().zip(&y).map(|(p, q)| (p - q).powi(2)).sum();
+        let norm: f64 = x.iter().map(|p| p * p).sum();
+        worst = worst.max((diff / norm).sqrt());
+    }
+    Ok(worst)
+}
+
+fn records(dir: &Path, event: &str) -> Result<Vec<Value>> {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl"))?;
+    Ok(text
+        .lines()
+        .map(serde_json::from_str::<Value>)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|r| r["event"] == event)
+        .collect())
+}
+
+#[test]
+fn injected_ooms_leave_training_unchanged() -> Result<()> {
+    let _serial = serial();
+    let (clean, faulty) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    train(clean.path(), &[], &[], None)?;
+    let inject = [
+        "step=3,phase=forward",
+        "step=10,phase=backward,times=2",
+        "step=25,phase=optimizer",
+        "step=40,phase=backward,times=2",
+    ];
+    train(faulty.path(), &[], &inject, None)?;
+    let d = max_rel_diff(&weights(clean.path())?, &weights(faulty.path())?)?;
+    assert!(d < 1e-5, "weights differ by {d} (relative)");
+    let ooms = records(faulty.path(), "oom")?;
+    assert_eq!(ooms.len(), 6, "{ooms:?}");
+    assert!(ooms
+        .iter()
+        .all(|r| r["cause"] == "injected" && r["action"] == "split"));
+    assert_eq!(ooms[0]["phase"], "forward");
+    // The default policy halves: 64 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1.
+    let micro: Vec<u64> = ooms
+        .iter()
+        .map(|r| r["new_micro_batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(micro, vec![32, 16, 8, 4, 2, 1]);
+    // The same steps were taken: no batch lost or repeated.
+    let epochs = records(faulty.path(), "epoch")?;
+    assert_eq!(epochs.last().unwrap()["step"], 46);
+    Ok(())
+}
+
+#[test]
+fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()> {
+    let _serial = serial();
+    // Measure the step peak at micro-batches of 256, 64 and 32 (a wide MLP, so
+    // activations dominate), then set the budget between the peaks of 32 and
+    // 64: the run must come down from 256 to 32 and train as well.
+    let peak = |micro: &str| -> Result<u64> {
+        let d = tempfile::tempdir()?;
+        train(
+            d.path(),
+            &[
+                ("batch", "256"),
+                ("hidden", "1024"),
+                ("micro", micro),
+                ("epochs", "1"),
+            ],
+            &[],
+            None,
+        )?;
+        Ok(records(d.path(), "epoch")?[0]["memory_peak"]
+            .as_u64()
+            .unwrap_or(0))
+    };
+    let (p32, p64, p256) = (peak("32")?, peak("64")?, peak("256")?);
+    assert!(p32 < p64 && p64 < p256, "peaks {p32} {p64} {p256}");
+    let limit = ((p32 + p64) / 2) as usize;
+    eprintln!("step peaks: micro 32 {p32} B, 64 {p64} B, 256 {p256} B; limit {limit} B");
+    let (free, tight) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let set = [("batch", "256"), ("hidden", "1024"), ("epochs", "8")];
+    let a = train(free.path(), &set, &[], None)?;
+    let b = train(tight.path(), &set, &[], Some(limit))?;
+    let ooms = records(tight.path(), "oom")?;
+    assert!(ooms.iter().all(|r| r["cause"] == "budget"));
+    let micro: Vec<u64> = ooms
+        .iter()
+        .map(|r| r["new_micro_batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(micro, vec![128, 64, 32], "{ooms:?}");
+    for e in records(tight.path(), "epoch")? {
+        assert!(
+            e["memory_peak"].as_u64().unwrap() as usize <= limit,
+            "{e} over {limit}"
+        );
+    }
+    let (fa, fb) = (a.runs[0].last_eval.unwrap(), b.runs[0].last_eval.unwrap());
+    assert!(
+        (fa.accuracy - fb.accuracy).abs() <= 0.01,
+        "{} vs {}",
+        fa.accuracy,
+        fb.accuracy
+    );
+    assert!(fb.accuracy >= 0.93, "{}", fb.accuracy);
+    let d = max_rel_diff(&weights(free.path())?, &weights(tight.path())?)?;
+    assert!(d < 1e-4, "weights differ by {d}");
+    Ok(())
+}
+
+#[test]
+fn cleanup_returns_memory_to_the_pre_step_level() -> Result<()> {
+    let _serial = serial();
+    let spec = Mlp {
+        inputs: 64,
+        hidden: vec![256],
+        outputs: 10,
+        activation: Activation::Relu,
+    };
+    let mut t = Trainer::new(
+        Arc::new(spec),
+        &OptimSpec::AdamW(Default::default()),
+        TrainerOptions::default(),
+    )?;
+    let data = Pipeline::new(Arc::new(digits("train")?)).batch(128, false);
+    let batch = data.epoch(1, 128, 0).next().unwrap()?;
+    t.train_step(&batch)?; // optimizer state and lazy tables exist from here
+    let fail = |p: Phase| -> taper::Result<()> {
+        if p == Phase::Backward {
+            Err(OomError {
+                phase: p,
+                cause: OomCause::Injected,
+                detail: "test".into(),
+            }
+            .into())
+        } else {
+            Ok(())
+        }
+    };
+    let _ = t.train_step_guarded(&batch, 32, &mut |p| fail(p));
+    let before = HostMemory::current();
+    for _ in 0..100 {
+        assert!(matches!(
+            t.train_step_guarded(&batch, 32, &mut |p| fail(p)),
+            Err(taper::Error::Oom(_))
+        ));
+    }
+    let after = HostMemory::current();
+    assert_eq!(t.step, 1, "a failed attempt must not count as a step");
+    assert!(
+        after <= before + 4096,
+        "100 failed attempts left {} bytes",
+        after as i64 - before as i64
+    );
+    Ok(())
+}
+
+#[test]
+fn grow_back_recovers_upward_without_oscillating() -> Result<()> {
+    let _serial = serial();
+    let dir = tempfile::tempdir()?;
+    train(
+        dir.path(),
+        &[("policy", "grow"), ("epochs", "1")],
+        &["step=2,phase=backward"],
+        None,
+    )?;
+    let ooms = records(dir.path(), "oom")?;
+    assert_eq!(ooms.len(), 1, "grew back into the ceiling: {ooms:?}");
+    assert_eq!(ooms[0]["new_micro_batch"], 32);
+    Ok(())
+}
+
+#[test]
+fn policy_stop_checkpoints_exits_3_and_resumes() -> Result<()> {
+    let _serial = serial();
+    let dir = tempfile::tempdir()?;
+    let e = train(
+        dir.path(),
+        &[("policy", "floor")],
+        &["step=4,phase=backward,times=5"],
+        None,
+    )
+    .expect_err("the policy stops at micro-batch 16");
+    assert_eq!(e.exit_code(), 3, "{}", render_error(&e));
+    assert!(
+        render_error(&e).contains("micro-batch 16 reached the floor 16"),
+        "{}",
+        render_error(&e)
+    );
+    let ckpt = dir.path().join("checkpoint.safetensors");
+    let (_, meta) = checkpoint::load(&ckpt, &Device::Cpu)?;
+    assert_eq!(
+        (meta.step, meta.epoch_steps, meta.epoch_complete),
+        (3, 3, false)
+    );
+    let stops = records(dir.path(), "checkpoint")?;
+    assert_eq!(stops[0]["reason"], "stopped");
+    // --resume continues with step 4, which now fits.
+    let out = tempfile::tempdir()?;
+    let opts = HostOptions {
+        out_dir: Some(out.path().into()),
+        resume: Some(ckpt),
+        ..HostOptions::default()
+    };
+    let r = Host::new(opts)?.run_source("oom.lua", RECIPE)?;
+    assert_eq!(r.runs[0].step, 46);
+    Ok(())
+}
+
+#[test]
+fn broken_policies_are_clear_errors_and_checkpoint() -> Result<()> {
+    let _serial = serial();
+    for (policy, expected) in [
+        (
+            "function(ev) error('policy bug') end",
+            "oom.lua:3: policy bug",
+        ),
+        (
+            "function(ev) return 'explode' end",
+            "OOM policy at oom.lua:3: unknown action `explode`",
+        ),
+        (
+            "function(ev) return { action = 'split', micro_batch = 0 } end",
+            "micro_batch 0 must be at least 1",
+        ),
+        (
+            "function(ev) return 'retry' end",
+            "16 attempts at step 2 ran out of memory",
+        ),
+        (
+            "function(ev) return 'offload' end",
+            "not available in this build yet",
+        ),
+    ] {
+        let dir = tempfile::tempdir()?;
+        let src = format!(
+            "local run = taper.run{{ model = taper.model.mlp{{ inputs = 64, outputs = 10 }}, data = taper.data.digits{{}}:batch(64),\n  on_oom =\n{policy} }}\nfor epoch in run:epochs(1) do for b in run:batches() do run:step(b) end end"
+        );
+        let opts = HostOptions {
+            out_dir: Some(dir.path().into()),
+            inject_oom: vec!["step=2,phase=forward,times=99".into()],
+            ..HostOptions::default()
+        };
+        let e = Host::new(opts)?
+            .run_source("oom.lua", &src)
+            .expect_err(policy);
+        let msg = render_error(&e);
+        assert!(msg.contains(expected), "{policy}: {msg}");
+        let code = e.exit_code();
+        assert!(code == 1 || code == 3, "{policy}: exit {code}");
+        assert!(
+            dir.path().join("checkpoint.safetensors").exists(),
+            "{policy}: no checkpoint"
+        );
+    }
+    Ok(())
+}
