@@ -29,6 +29,8 @@ function taper.config(defaults) end
 ---@field seed? integer parameter init seed (default 0), mixed with `--seed`
 ---@field schedule? taper.Schedule|fun(step: integer, epoch: integer, state: table): taper.Plan?
 ---@field micro_batch? integer default micro-batch size (gradients accumulated; same mean gradient)
+---@field on_oom? taper.Policy|fun(event: taper.OomEvent): taper.OomAction?
+---@field mem_limit? string|integer memory budget, e.g. "512MiB" (soft OOM above it)
 
 ---Creates a run: a model's parameters, its optimizer and its place in training.
 ---@param opts taper.RunOptions
@@ -82,6 +84,10 @@ function Run:log(fields) end
 ---@param opts taper.GenerateOptions
 ---@return string|integer[]
 function Run:generate(opts) end
+
+---Injects an OOM into the first `times` attempts of step `step` (numbered from 1).
+---@param opts {step: integer, phase?: "forward"|"backward"|"optimizer", times?: integer}
+function Run:inject_oom(opts) end
 
 ---The optimizer's learning rate.
 ---@return number
@@ -294,6 +300,45 @@ function taper.schedule.warmup_cosine(opts) end
 ---@param opts {lr: number, every: integer, gamma: number, per_epoch?: boolean, micro_batch?: integer}
 ---@return taper.Schedule
 function taper.schedule.step(opts) end
+
+---@class taper.OomEvent
+---@field phase "forward"|"backward"|"optimizer"
+---@field cause "device"|"budget"|"injected"
+---@field step integer
+---@field epoch integer
+---@field batch_size integer
+---@field micro_batch integer
+---@field attempt integer
+---@field error string
+---@field memory {used: integer, peak: integer, limit: integer?}
+
+---@alias taper.OomAction "split"|"retry"|"skip"|"stop"|{action: "split"|"retry"|"skip"|"stop", micro_batch?: integer, reason?: string}
+
+---@class taper.Policy
+---@field on_oom fun(self: taper.Policy, event: taper.OomEvent): taper.OomAction?
+---@field on_step? fun(self: taper.Policy, info: {step: integer, micro_batch: integer, batch_size: integer, clean_steps: integer}): {micro_batch: integer}?
+
+taper.policy = {}
+
+---Halve the micro-batch; at `min_micro`, stop (with a checkpoint).
+---@param opts? {min_micro?: integer}
+---@return taper.Policy
+function taper.policy.split_then_stop(opts) end
+
+---Halve and keep the smaller size; stop after `max_attempts` OOMs on one step.
+---@param opts? {max_attempts?: integer}
+---@return taper.Policy
+function taper.policy.composer_like(opts) end
+
+---Halve on OOM; after `after` clean steps grow back, never to the size that failed.
+---@param opts? {after?: integer, margin?: number}
+---@return taper.Policy
+function taper.policy.grow_back(opts) end
+
+---Ask each policy in turn; the first non-nil answer decides.
+---@param policies (taper.Policy|fun(event: taper.OomEvent): taper.OomAction?)[]
+---@return taper.Policy
+function taper.policy.chain(policies) end
 
 ---@class taper.Loss
 

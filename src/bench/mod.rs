@@ -3,6 +3,7 @@
 //! same process, alternating, and reports medians and ratios.
 
 mod data;
+mod oom;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -46,6 +47,12 @@ pub enum Which {
         #[arg(long, default_value_t = 60)]
         steps: usize,
     },
+    /// What OOM recovery costs: time to the next successful step, and
+    /// throughput under a memory limit that forces micro-batching.
+    Oom {
+        #[arg(long, default_value_t = 9)]
+        rounds: usize,
+    },
     /// Milliseconds per training step (forward, backward, AdamW) on random
     /// data, for comparison with benches/torch_step.py.
     Step {
@@ -68,6 +75,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         } => lua_overhead(*steps, *rounds, *width, *layers, *context),
         Which::Step { model, steps } => step_time(model, *steps),
         Which::Data { steps } => data::run(*steps),
+        Which::Oom { rounds } => oom::run(*rounds),
     }
 }
 

@@ -1,0 +1,162 @@
+//! `taper bench oom`: what recovering from an OOM costs. (1) The time from an
+//! OOM to the next successful step, as a multiple of a normal step. (2)
+//! Throughput when a memory limit forces micro-batching, against the same
+//! run unconstrained.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::data::{shakespeare, Pipeline, Source};
+use crate::engine::optim::{AdamWConfig, OptimSpec};
+use crate::engine::{Gpt, Trainer, TrainerOptions};
+use crate::memory::{HostMemory, OomCause, OomError, Phase};
+use crate::{Host, HostOptions, Result};
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Normal step vs (failed attempt + retry at half the micro-batch), on the
+/// Shakespeare GPT, alternating.
+fn recovery(rounds: usize) -> Result<()> {
+    let src = shakespeare("train", 64, None)?;
+    let vocab = src.vocab().map(|v| v.len()).unwrap_or(0);
+    let spec = Gpt {
+        vocab,
+        context: 64,
+        width: 64,
+        layers: 2,
+        heads: 4,
+        mlp: 4,
+    };
+    let optim = OptimSpec::AdamW(AdamWConfig {
+        lr: 1e-3,
+        ..Default::default()
+    });
+    let mut t = Trainer::new(Arc::new(spec), &optim, TrainerOptions::default())?;
+    let data = Pipeline::new(Arc::new(src)).shuffle(1).batch(32, false);
+    let mut batches = data.epoch(1, 32, 0);
+    let oom = |p: Phase| -> Result<()> {
+        match p {
+            Phase::Backward => Err(OomError {
+                phase: p,
+                cause: OomCause::Injected,
+                detail: "bench".into(),
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    };
+    let (mut normal, mut failed, mut retry) = (Vec::new(), Vec::new(), Vec::new());
+    t.train_step(
+        &batches
+            .next()
+            .ok_or(crate::Error::Data("no data".into()))??,
+    )?;
+    for _ in 0..rounds {
+        let b = batches
+            .next()
+            .ok_or(crate::Error::Data("no data".into()))??;
+        let s = Instant::now();
+        t.train_step(&b)?;
+        normal.push(s.elapsed().as_secs_f64());
+        let b = batches
+            .next()
+            .ok_or(crate::Error::Data("no data".into()))??;
+        let s = Instant::now();
+        let _ = t.train_step_guarded(&b, 32, &mut |p| oom(p));
+        let f = s.elapsed().as_secs_f64();
+        let s = Instant::now();
+        t.train_step_micro(&b, 16)?;
+        failed.push(f);
+        retry.push(s.elapsed().as_secs_f64());
+    }
+    let (n, f, r) = (median(&mut normal), median(&mut failed), median(&mut retry));
+    println!("recovery (Shakespeare GPT, batch 32, OOM injected at the end of backward, retried as 2 x 16):");
+    println!(
+        "  normal step {:.1} ms; failed attempt {:.1} ms; retry {:.1} ms",
+        n * 1e3,
+        f * 1e3,
+        r * 1e3
+    );
+    println!(
+        "  OOM to the next successful step (the retry): {:.2}x a normal step; counting the failed attempt: {:.2}x",
+        r / n,
+        (f + r) / n
+    );
+    Ok(())
+}
+
+const RECIPE: &str = r#"
+local cfg = taper.config{ micro = 0, epochs = 2 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 1024, 1024 }, outputs = 10 },
+  data = taper.data.digits{}:shuffle{ seed = 1 }:batch(256),
+  micro_batch = cfg.micro > 0 and cfg.micro or nil,
+}
+for epoch in run:epochs(cfg.epochs) do
+  for b in run:batches() do run:step(b) end
+end
+"#;
+
+/// Samples/s and the peak of one run of RECIPE.
+fn run_recipe(set: &[(&str, &str)], limit: Option<usize>) -> Result<(f64, u64, usize)> {
+    let dir = std::env::temp_dir().join(format!("taper-bench-oom-{}", std::process::id()));
+    let opts = HostOptions {
+        out_dir: Some(dir.clone()),
+        mem_limit: limit,
+        overrides: set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..HostOptions::default()
+    };
+    let t = Instant::now();
+    let report = Host::new(opts)?.run_source("bench.lua", RECIPE)?;
+    let secs = t.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .map_err(|e| crate::Error::io(&dir, e))?;
+    let mut peak = 0u64;
+    let mut ooms = 0usize;
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| crate::Error::Data(e.to_string()))?;
+        if v["event"] == "epoch" {
+            peak = peak.max(v["memory_peak"].as_u64().unwrap_or(0));
+        }
+        if v["event"] == "oom" {
+            ooms += 1;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let samples = report.runs[0].step as f64 * 256.0;
+    Ok((samples / secs, peak, ooms))
+}
+
+fn constrained() -> Result<()> {
+    if !HostMemory::is_counting() {
+        println!("(skipping the memory-limit run: the counting allocator is not installed)");
+        return Ok(());
+    }
+    let (_, p32, _) = run_recipe(&[("micro", "32"), ("epochs", "1")], None)?;
+    let (_, p64, _) = run_recipe(&[("micro", "64"), ("epochs", "1")], None)?;
+    let limit = ((p32 + p64) / 2) as usize;
+    println!("under a memory limit (digits MLP 64-1024-1024-10, batch 256, limit {:.1} MiB between the peaks of micro-batches 32 and 64):", limit as f64 / (1 << 20) as f64);
+    for round in 1..=2 {
+        let (free, fp, _) = run_recipe(&[], None)?;
+        let (tight, tp, ooms) = run_recipe(&[], Some(limit))?;
+        println!(
+            "  round {round}: unconstrained {free:.0} samples/s (peak {:.1} MiB); limited {tight:.0} samples/s (peak {:.1} MiB, {ooms} OOMs); ratio {:.2}",
+            fp as f64 / (1 << 20) as f64,
+            tp as f64 / (1 << 20) as f64,
+            tight / free
+        );
+    }
+    Ok(())
+}
+
+pub fn run(rounds: usize) -> Result<()> {
+    recovery(rounds)?;
+    constrained()
+}
