@@ -63,6 +63,18 @@ enum Command {
         #[command(flatten)]
         recipe: RecipeArgs,
     },
+    /// Estimate a recipe's memory per training step without training, and the
+    /// largest micro-batch that fits under a limit.
+    Plan {
+        #[command(flatten)]
+        recipe: RecipeArgs,
+        /// The memory limit to plan for (default: the recipe's mem_limit, if any)
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        mem_limit: Option<usize>,
+        /// Safety margin: plan to use at most (1 - margin) of the limit
+        #[arg(long, default_value_t = 0.1)]
+        margin: f64,
+    },
     /// Benchmarks that print figures; see `taper bench --help`.
     Bench(taper::bench::BenchArgs),
 }
@@ -72,6 +84,67 @@ fn parse_set(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("expected KEY=VALUE, got `{s}`")),
     }
+}
+
+/// `taper plan`: runs the recipe without training, then prints each run's plan.
+fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitCode {
+    use taper::memory::planner::human;
+    let opts = HostOptions {
+        check_only: true,
+        overrides: recipe.set.clone(),
+        ..HostOptions::default()
+    };
+    let result = Host::new(opts).and_then(|mut h| {
+        h.run_file(&recipe.recipe)?;
+        h.plans()
+    });
+    let plans = match result {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("taper: {}", taper::host::render_error(&e));
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    for (i, p) in plans.iter().enumerate() {
+        let q = &p.plan;
+        println!("run {}: {} (batch {})", i + 1, p.model, p.batch_size);
+        println!("  parameters        {:>12}", human(q.parameters));
+        println!("  gradients         {:>12}", human(q.gradients));
+        println!("  optimizer state   {:>12}", human(q.optimizer));
+        println!(
+            "  activations       {:>12} per sample + {} per step (measured on 1-8 samples)",
+            human(q.per_sample),
+            human(q.per_step)
+        );
+        println!(
+            "  heap before training {:>9} (data, Lua, the model)",
+            human(q.resident)
+        );
+        println!(
+            "  estimated peak at micro-batch {}: {}",
+            p.batch_size,
+            human(q.peak(p.batch_size, false))
+        );
+        if let Some(limit) = mem_limit.or(p.limit) {
+            match q.max_micro(limit, margin, p.batch_size) {
+                Some(m) if m >= p.batch_size => println!(
+                    "  under {} with a {:.0}% margin: the whole batch fits",
+                    human(limit),
+                    margin * 100.0
+                ),
+                Some(m) => println!(
+                    "  under {} with a {:.0}% margin: micro-batches of at most {m}",
+                    human(limit),
+                    margin * 100.0
+                ),
+                None => println!(
+                    "  under {}: does not fit even one sample at a time",
+                    human(limit)
+                ),
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -98,6 +171,13 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+        Command::Plan {
+            recipe,
+            mem_limit,
+            margin,
+        } => {
+            return plan(&recipe, mem_limit, margin);
         }
         Command::Check { recipe } => {
             let opts = HostOptions {

@@ -337,3 +337,54 @@ fn broken_policies_are_clear_errors_and_checkpoint() -> Result<()> {
     }
     Ok(())
 }
+
+/// The planner's estimate of a step's peak against the peak measured in a
+/// real run of the same recipe (target: within 20%).
+fn plan_error(recipe: &Path, set: &[(&str, &str)]) -> Result<f64> {
+    let overrides: Vec<(String, String)> = set
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut host = Host::new(HostOptions {
+        check_only: true,
+        overrides: overrides.clone(),
+        ..HostOptions::default()
+    })?;
+    host.run_file(recipe)?;
+    let plan = host.plans()?.remove(0);
+    drop(host);
+    let estimate = plan.plan.peak(plan.batch_size, false) as f64;
+    let dir = tempfile::tempdir()?;
+    let opts = HostOptions {
+        out_dir: Some(dir.path().into()),
+        overrides,
+        ..HostOptions::default()
+    };
+    Host::new(opts)?.run_file(recipe)?;
+    let measured = records(dir.path(), "epoch")?[0]["memory_peak"]
+        .as_u64()
+        .unwrap_or(1) as f64;
+    let err = estimate / measured - 1.0;
+    eprintln!(
+        "{}: estimated {estimate} B, measured {measured} B, error {:+.1}%",
+        recipe.display(),
+        err * 100.0
+    );
+    Ok(err)
+}
+
+#[test]
+fn planner_estimates_within_20_percent() -> Result<()> {
+    let _serial = serial();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let gpt = plan_error(
+        &root.join("scripts/shakespeare.lua"),
+        &[("epochs", "1"), ("steps", "4"), ("sample", "0")],
+    )?;
+    let mlp = plan_error(&root.join("scripts/digits.lua"), &[("epochs", "1")])?;
+    assert!(
+        gpt.abs() < 0.2 && mlp.abs() < 0.2,
+        "gpt {gpt:+.3}, mlp {mlp:+.3}"
+    );
+    Ok(())
+}

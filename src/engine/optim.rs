@@ -92,6 +92,8 @@ pub trait Optimizer {
     fn learning_rate(&self) -> f64;
     fn set_learning_rate(&mut self, lr: f64);
     fn clip_grad_norm(&self) -> Option<f64>;
+    /// Elements of state kept per parameter element (for the memory planner).
+    fn state_factor(&self) -> usize;
     /// State tensors by name, for checkpoints.
     fn state(&self) -> Vec<(String, Tensor)>;
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
@@ -180,6 +182,9 @@ impl Optimizer for AdamW {
     fn clip_grad_norm(&self) -> Option<f64> {
         self.cfg.clip_grad_norm
     }
+    fn state_factor(&self) -> usize {
+        2
+    }
 
     fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
@@ -265,6 +270,9 @@ impl Optimizer for Sgd {
     }
     fn clip_grad_norm(&self) -> Option<f64> {
         self.cfg.clip_grad_norm
+    }
+    fn state_factor(&self) -> usize {
+        usize::from(self.cfg.momentum != 0.0)
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

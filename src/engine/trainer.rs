@@ -167,6 +167,27 @@ impl Trainer {
         Ok(loss_sum)
     }
 
+    /// Heap bytes (above the level before it) of a forward and backward pass
+    /// over the first `n` samples of `batch`; no parameter changes. Needs the
+    /// counting allocator. For the memory planner.
+    pub fn probe_bytes(&self, batch: &Batch, n: usize) -> Result<usize> {
+        let n = n.clamp(1, batch.len());
+        let (x, y) = self.inputs(batch)?;
+        let (x, y) = (x.narrow(0, 0, n)?, y.narrow(0, 0, n)?);
+        let base = crate::memory::HostMemory::current();
+        crate::memory::HostMemory::reset_peak();
+        {
+            let loss = self.opts.loss.loss(&self.model.forward(&x)?, &y)?;
+            let _grads = loss.backward()?;
+        }
+        Ok(crate::memory::HostMemory::peak().saturating_sub(base))
+    }
+
+    /// Bytes of optimizer state per parameter byte (AdamW 2, SGD with momentum 1).
+    pub fn optimizer_state_factor(&self) -> usize {
+        self.optim.state_factor()
+    }
+
     /// A model over detached parameters: no gradient graph is recorded, so
     /// memory does not grow with the amount evaluated.
     fn frozen(&self) -> Result<Box<dyn Module>> {

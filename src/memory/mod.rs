@@ -4,6 +4,7 @@
 mod counting;
 mod malloc;
 pub mod oom;
+pub mod planner;
 
 pub use counting::{CountingAlloc, HostMemory};
 pub use malloc::tune_malloc;

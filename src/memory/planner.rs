@@ -1,0 +1,102 @@
+//! The memory planner: from a model's parameter count, its optimizer and the
+//! measured activation bytes per sample, the bytes a training step needs, and
+//! the largest micro-batch that fits under a limit with a safety margin.
+
+/// Bytes of one training step, by part.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Plan {
+    /// Heap in use before training (data, Lua, the model itself).
+    pub resident: usize,
+    pub parameters: usize,
+    /// Gradient accumulators: one per parameter.
+    pub gradients: usize,
+    /// Optimizer state (AdamW: two moments; SGD with momentum: one buffer).
+    pub optimizer: usize,
+    /// Activations and their gradients for one more sample in a micro-batch.
+    pub per_sample: usize,
+    /// Step memory that does not grow with the micro-batch.
+    pub per_step: usize,
+}
+
+impl Plan {
+    /// The heap peak of a step with micro-batches of `micro`. Parameters are
+    /// part of `resident`; optimizer state is counted once it exists.
+    pub fn peak(&self, micro: usize, optimizer_allocated: bool) -> usize {
+        let optimizer = if optimizer_allocated {
+            0
+        } else {
+            self.optimizer
+        };
+        self.resident + optimizer + self.gradients + self.per_step + self.per_sample * micro
+    }
+
+    /// The largest micro-batch (at most `batch`) whose peak stays under
+    /// `limit * (1 - margin)`; None if not even 1 fits.
+    pub fn max_micro(&self, limit: usize, margin: f64, batch: usize) -> Option<usize> {
+        let budget = (limit as f64 * (1.0 - margin)) as usize;
+        let fixed = self.peak(0, false);
+        if budget < fixed + self.per_sample {
+            return None;
+        }
+        let m = if self.per_sample == 0 {
+            batch
+        } else {
+            (budget - fixed) / self.per_sample
+        };
+        Some(m.clamp(1, batch.max(1)))
+    }
+}
+
+/// Least-squares line through (samples, bytes): (per sample, intercept).
+pub fn fit(points: &[(usize, usize)]) -> (usize, usize) {
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.0 as f64).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1 as f64).sum::<f64>() / n;
+    let sxy: f64 = points
+        .iter()
+        .map(|p| (p.0 as f64 - mx) * (p.1 as f64 - my))
+        .sum();
+    let sxx: f64 = points.iter().map(|p| (p.0 as f64 - mx).powi(2)).sum();
+    let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+    (
+        slope.round() as usize,
+        (my - slope * mx).max(0.0).round() as usize,
+    )
+}
+
+/// `1.5 MiB`-style sizes for people.
+pub fn human(bytes: usize) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1 << 20) as f64 {
+        format!("{:.1} MiB", b / (1 << 20) as f64)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_lines_and_proposes_micro_batches() {
+        assert_eq!(fit(&[(1, 150), (2, 250), (4, 450), (8, 850)]), (100, 50));
+        let p = Plan {
+            resident: 1000,
+            parameters: 100,
+            gradients: 100,
+            optimizer: 200,
+            per_sample: 50,
+            per_step: 0,
+        };
+        assert_eq!(p.peak(4, false), 1000 + 200 + 100 + 200);
+        // budget 2000 * 0.9 = 1800; fixed 1300; (1800 - 1300) / 50 = 10
+        assert_eq!(p.max_micro(2000, 0.1, 64), Some(10));
+        assert_eq!(p.max_micro(2000, 0.1, 8), Some(8));
+        assert_eq!(p.max_micro(1400, 0.1, 8), None);
+    }
+}
