@@ -38,11 +38,7 @@ impl Plan {
         if budget < fixed + self.per_sample {
             return None;
         }
-        let m = if self.per_sample == 0 {
-            batch
-        } else {
-            (budget - fixed) / self.per_sample
-        };
+        let m = (budget - fixed).checked_div(self.per_sample).unwrap_or(batch);
         Some(m.clamp(1, batch.max(1)))
     }
 }
