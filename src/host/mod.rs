@@ -2,11 +2,13 @@
 
 mod config;
 mod data;
+mod data_files;
 mod generator;
 mod models;
 mod oom;
 mod options;
 mod output;
+mod plan;
 mod run;
 mod run_options;
 mod run_state;
@@ -23,9 +25,10 @@ use serde::de::DeserializeOwned;
 
 use crate::data::Source;
 use crate::engine::{parse_device, Eval, ModelSpec};
+pub use crate::memory::inject::parse_size;
 use crate::{Error, Result};
-pub use oom::parse_size;
 use output::Output;
+pub use plan::RunPlan;
 use run_state::RunState;
 pub use run_state::RunSummary;
 
@@ -88,17 +91,6 @@ pub(crate) fn state(lua: &Lua) -> Rc<HostState> {
         .expect("taper host state is installed by Host::new")
 }
 
-/// The memory plan of one run (see [`Host::plans`]).
-#[derive(Debug, Clone)]
-pub struct RunPlan {
-    pub model: String,
-    /// The run's training batch size (0 when it has no native data).
-    pub batch_size: usize,
-    pub plan: crate::memory::planner::Plan,
-    /// The run's memory budget, if any.
-    pub limit: Option<usize>,
-}
-
 /// What a finished recipe left behind.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -116,7 +108,7 @@ impl Host {
     pub fn new(opts: HostOptions) -> Result<Host> {
         let device = parse_device(&opts.device)?;
         for spec in &opts.inject_oom {
-            oom::Injection::parse(spec)
+            crate::memory::inject::Injection::parse(spec)
                 .map_err(|e| Error::Config(format!("--inject-oom {spec}: {e}")))?;
         }
         if opts.mem_limit.is_some() && !crate::memory::HostMemory::is_counting() {
@@ -304,63 +296,6 @@ impl Host {
             self.checkpoints.push(path);
         }
         Ok(())
-    }
-
-    /// Memory plans for the runs the last recipe created (run it with
-    /// `check_only` so nothing trains): parameter, gradient and optimizer
-    /// bytes from the model, activation bytes per sample measured by forward
-    /// and backward passes over 1, 2, 4 and 8 samples of the run's data.
-    pub fn plans(&self) -> Result<Vec<RunPlan>> {
-        use crate::memory::planner::{fit, Plan};
-        if !crate::memory::HostMemory::is_counting() {
-            return Err(Error::Config(
-                "taper plan needs taper::memory::CountingAlloc as the global allocator".into(),
-            ));
-        }
-        let mut out = Vec::new();
-        for r in self.state.runs.borrow().iter() {
-            let r = r.borrow();
-            let t = &r.trainer;
-            let params = t
-                .params()
-                .vars()
-                .iter()
-                .map(|(_, v)| v.elem_count() * v.dtype().size_in_bytes())
-                .sum();
-            let batch = match &r.data {
-                Some(generator::Feed::Pipeline(p)) => {
-                    p.epoch(1, run::TRAIN_BATCH, 0).next().transpose()?
-                }
-                _ => None,
-            };
-            let (per_sample, per_step, batch_size) = match &batch {
-                Some(b) => {
-                    let points = [1, 2, 4, 8]
-                        .iter()
-                        .filter(|&&n| n <= b.len())
-                        .map(|&n| Ok((n, t.probe_bytes(b, n)?)))
-                        .collect::<Result<Vec<_>>>()?;
-                    let (slope, intercept) = fit(&points);
-                    (slope, intercept, b.len())
-                }
-                None => (0, 0, 0),
-            };
-            let plan = Plan {
-                resident: crate::memory::HostMemory::current(),
-                parameters: params,
-                gradients: params,
-                optimizer: params * t.optimizer_state_factor(),
-                per_sample,
-                per_step,
-            };
-            out.push(RunPlan {
-                model: t.spec().describe(),
-                batch_size,
-                plan,
-                limit: r.oom.budget,
-            });
-        }
-        Ok(out)
     }
 
     /// Checkpoints written at the end of the last recipe, or after its failure.

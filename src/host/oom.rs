@@ -10,82 +10,12 @@ use serde_json::{json, Map};
 use super::run_state::RunState;
 use super::HostState;
 use crate::data::Batch;
+use crate::memory::inject::Injection;
 use crate::memory::{HostMemory, OomCause, OomError, Phase};
 use crate::{Error, Result};
 
 /// Attempts at one batch before the run stops.
 const MAX_ATTEMPTS: u32 = 16;
-
-/// An injected fault: the first `times` attempts at step `step` (1-based)
-/// fail in `phase`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Injection {
-    pub step: u64,
-    pub phase: Phase,
-    pub times: u32,
-}
-
-impl Injection {
-    /// `step=5,phase=backward[,times=2]`.
-    pub fn parse(s: &str) -> std::result::Result<Injection, String> {
-        let (mut step, mut phase, mut times) = (None, Phase::Forward, 1);
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("`{part}`: expected key=value"))?;
-            match k {
-                "step" => {
-                    step = Some(
-                        v.parse()
-                            .map_err(|_| format!("step `{v}` is not a step number"))?,
-                    )
-                }
-                "phase" => {
-                    phase = Phase::parse(v)
-                        .ok_or_else(|| format!("phase `{v}`: use forward, backward or optimizer"))?
-                }
-                "times" => {
-                    times = v
-                        .parse()
-                        .map_err(|_| format!("times `{v}` is not a count"))?
-                }
-                other => return Err(format!("unknown key `{other}` (step, phase, times)")),
-            }
-        }
-        let step = step.ok_or("step=N is required")?;
-        if step == 0 {
-            return Err("steps are numbered from 1".into());
-        }
-        Ok(Injection { step, phase, times })
-    }
-}
-
-/// `512MiB`, `1GiB`, `300MB`, `4096`.
-pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}`: expected a size like 512MiB"))?;
-    let mult = match unit.trim() {
-        "" | "B" => 1.0,
-        "KB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        other => {
-            return Err(format!(
-                "`{s}`: unknown unit `{other}` (B, KB, MB, GB, KiB, MiB, GiB)"
-            ))
-        }
-    };
-    Ok((n * mult) as usize)
-}
 
 /// What a policy decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -424,26 +354,6 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_injections_and_sizes() {
-        assert_eq!(
-            Injection::parse("step=5,phase=backward,times=2"),
-            Ok(Injection {
-                step: 5,
-                phase: Phase::Backward,
-                times: 2
-            })
-        );
-        assert!(Injection::parse("phase=backward").is_err());
-        assert!(Injection::parse("step=3,phase=sideways")
-            .unwrap_err()
-            .contains("sideways"));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("12 parsecs").is_err());
-    }
 
     #[test]
     fn actions_decode_or_name_the_policy() {

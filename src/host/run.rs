@@ -11,11 +11,11 @@ use serde_json::{json, Map};
 
 use super::data::{BatchHandle, BatchIssuer};
 use super::generator::Feed;
-use super::oom::Injection;
 use super::options::{config_error, decode};
 use super::run_state::{finish_epoch, RunState};
 use super::state;
 use crate::error::lua_err;
+use crate::memory::inject::Injection;
 
 /// Batch size for data without `:batch(n)`: training, evaluation.
 pub(crate) const TRAIN_BATCH: usize = 32;

@@ -13,7 +13,7 @@ use serde_json::Map;
 
 use super::generator::Feed;
 use super::models::{LossHandle, ModelHandle, OptimHandle};
-use super::oom::{Injection, OomState};
+use super::oom::OomState;
 use super::options::{check_keys, config_error, decode, handle};
 use super::run::RunHandle;
 use super::run_state::RunState;
@@ -23,6 +23,7 @@ use crate::engine::optim::{AdamWConfig, OptimSpec};
 use crate::engine::schedule::Schedule;
 use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
+use crate::memory::inject::Injection;
 
 const RUN_KEYS: &[&str] = &[
     "model",
@@ -155,7 +156,7 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Oom
         Value::Nil => host.opts.mem_limit,
         Value::Integer(n) if n > 0 => Some(n as usize),
         Value::String(s) => Some(
-            super::oom::parse_size(&s.to_str()?)
+            crate::memory::inject::parse_size(&s.to_str()?)
                 .map_err(|e| config_error(lua, format!("taper.run: option `mem_limit`: {e}")))?,
         ),
         other => {

@@ -2,6 +2,7 @@
 //! applies at start.
 
 mod counting;
+pub mod inject;
 mod malloc;
 pub mod oom;
 pub mod planner;

@@ -38,7 +38,9 @@ impl Plan {
         if budget < fixed + self.per_sample {
             return None;
         }
-        let m = (budget - fixed).checked_div(self.per_sample).unwrap_or(batch);
+        let m = (budget - fixed)
+            .checked_div(self.per_sample)
+            .unwrap_or(batch);
         Some(m.clamp(1, batch.max(1)))
     }
 }

@@ -1,0 +1,191 @@
+//! `taper.data` sources read from files: IDX, CSV, text, safetensors samples
+//! and token files.
+
+use std::sync::Arc;
+
+use mlua::{Lua, Table, Value};
+use serde::Deserialize;
+
+use super::data::DataHandle;
+use super::options::{config_error, decode};
+use crate::data::{self, Pipeline, Source};
+use crate::error::lua_err;
+
+/// A missing input file is a usage error (exit 2) that says where data comes
+/// from; a file that exists but is corrupt is a data error (exit 1).
+fn check_files(lua: &Lua, what: &str, paths: &[&std::path::Path]) -> mlua::Result<()> {
+    for p in paths {
+        if !p.exists() {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: {} does not exist (for the data sets the recipes use, run `bash scripts/fetch-data.sh`)",
+                    p.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdxOpts {
+    images: std::path::PathBuf,
+    labels: std::path::PathBuf,
+    #[serde(default = "all")]
+    split: String,
+    #[serde(default = "pixel_scale")]
+    scale: f32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CsvOpts {
+    path: std::path::PathBuf,
+    #[serde(default = "last")]
+    label: i64,
+    #[serde(default)]
+    header: bool,
+    #[serde(default = "one")]
+    scale: f32,
+    #[serde(default = "all")]
+    split: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TextFileOpts {
+    path: std::path::PathBuf,
+    #[serde(default = "super::data::train")]
+    split: String,
+    #[serde(default = "super::data::context")]
+    context: usize,
+    stride: Option<usize>,
+    #[serde(default = "val_fraction")]
+    val_fraction: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenOpts {
+    path: std::path::PathBuf,
+    #[serde(default = "u16_tokens")]
+    dtype: data::TokenType,
+    #[serde(default = "super::data::context")]
+    context: usize,
+    stride: Option<usize>,
+    #[serde(default = "all")]
+    split: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SafetensorsOpts {
+    path: std::path::PathBuf,
+    #[serde(default = "x_name")]
+    x: String,
+    #[serde(default = "y_name")]
+    y: String,
+    #[serde(default = "pixel_scale")]
+    scale: f32,
+    #[serde(default = "all")]
+    split: String,
+}
+
+fn x_name() -> String {
+    "x".into()
+}
+fn y_name() -> String {
+    "y".into()
+}
+fn all() -> String {
+    "all".into()
+}
+fn pixel_scale() -> f32 {
+    255.0
+}
+fn one() -> f32 {
+    1.0
+}
+fn last() -> i64 {
+    -1
+}
+fn val_fraction() -> f64 {
+    0.1
+}
+fn u16_tokens() -> data::TokenType {
+    data::TokenType::U16
+}
+
+fn source(s: impl Source + 'static) -> DataHandle {
+    DataHandle(Pipeline::new(Arc::new(s)))
+}
+
+pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
+    t.set(
+        "idx",
+        lua.create_function(|lua, opts: Value| {
+            let o: IdxOpts = decode(lua, "taper.data.idx", opts)?;
+            check_files(lua, "taper.data.idx", &[&o.images, &o.labels])?;
+            Ok(source(
+                data::idx(&o.images, &o.labels, &o.split, o.scale).map_err(lua_err)?,
+            ))
+        })?,
+    )?;
+    t.set(
+        "csv",
+        lua.create_function(|lua, opts: Value| {
+            let o: CsvOpts = decode(lua, "taper.data.csv", opts)?;
+            check_files(lua, "taper.data.csv", &[&o.path])?;
+            Ok(source(
+                data::csv(&o.path, o.label, o.header, o.scale, &o.split).map_err(lua_err)?,
+            ))
+        })?,
+    )?;
+    t.set(
+        "text",
+        lua.create_function(|lua, opts: Value| {
+            let o: TextFileOpts = decode(lua, "taper.data.text", opts)?;
+            check_files(lua, "taper.data.text", &[&o.path])?;
+            let src = data::text(&o.path, &o.split, o.context, o.stride, o.val_fraction)
+                .map_err(lua_err)?;
+            Ok(source(src))
+        })?,
+    )?;
+    t.set(
+        "safetensors",
+        lua.create_function(|lua, opts: Value| {
+            let o: SafetensorsOpts = decode(lua, "taper.data.safetensors", opts)?;
+            check_files(lua, "taper.data.safetensors", &[&o.path])?;
+            Ok(source(
+                data::samples(&o.path, &o.x, &o.y, o.scale, &o.split).map_err(lua_err)?,
+            ))
+        })?,
+    )?;
+    t.set(
+        "tokens",
+        lua.create_function(|lua, opts: Value| {
+            let o: TokenOpts = decode(lua, "taper.data.tokens", opts)?;
+            check_files(lua, "taper.data.tokens", &[&o.path])?;
+            Ok(source(
+                data::tokens(&o.path, o.dtype, o.context, o.stride, &o.split).map_err(lua_err)?,
+            ))
+        })?,
+    )
+}
+
+impl mlua::FromLua for DataHandle {
+    fn from_lua(value: Value, _: &Lua) -> mlua::Result<Self> {
+        if let Value::UserData(ud) = &value {
+            if let Ok(d) = ud.borrow::<DataHandle>() {
+                return Ok(d.clone());
+            }
+        }
+        Err(mlua::Error::FromLuaConversionError {
+            from: value.type_name(),
+            to: "taper.data".into(),
+            message: Some("expected data from taper.data (e.g. taper.data.digits{})".into()),
+        })
+    }
+}
