@@ -137,10 +137,12 @@ fn tokens_are_windows_and_reject_partial_tokens() -> Result<()> {
 fn text_file_builds_its_vocabulary() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = write(dir.path(), "t.txt", "abcabcabcabc".repeat(10).as_bytes());
-    let src = text(&path, "train", 4, None, 0.25)?;
+    let src = text(&path, None, "train", 4, None, 0.25)?;
     assert_eq!(src.vocab().map(|v| v.len()), Some(3));
     let bad = write(dir.path(), "bad.txt", b"ok\xff\xfe");
-    assert!(err_text(text(&bad, "train", 1, None, 0.1)).contains("bad.txt: offset 2: not UTF-8"));
+    assert!(
+        err_text(text(&bad, None, "train", 1, None, 0.1)).contains("bad.txt: offset 2: not UTF-8")
+    );
     Ok(())
 }
 
@@ -186,5 +188,38 @@ fn safetensors_samples_read_rows_and_report_problems() -> Result<()> {
     let junk = write(dir.path(), "junk.safetensors", b"hello world, not a header");
     assert!(err_text(samples(&junk, "images", "labels", 1.0, "x"))
         .contains("junk.safetensors: offset 0"));
+    Ok(())
+}
+
+/// A small tokenizer.json (word level, split on whitespace), in the format the
+/// `tokenizers` library writes.
+const TOKENIZER: &str = r#"{
+  "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+  "normalizer": null, "pre_tokenizer": { "type": "Whitespace" }, "post_processor": null,
+  "decoder": null,
+  "model": { "type": "WordLevel", "vocab": { "[UNK]": 0, "the": 1, "cat": 2, "sat": 3, "on": 4, "mat": 5 }, "unk_token": "[UNK]" }
+}"#;
+
+#[test]
+fn text_with_a_tokenizer_json() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tok = write(dir.path(), "tokenizer.json", TOKENIZER.as_bytes());
+    let path = write(
+        dir.path(),
+        "t.txt",
+        "the cat sat on the mat\n".repeat(20).as_bytes(),
+    );
+    let src = text(&path, Some(&tok), "all", 6, None, 0.0)?;
+    let v = src.vocab().expect("a vocabulary");
+    assert_eq!(v.len(), 6);
+    assert_eq!(v.encode("the cat sat")?, vec![1, 2, 3]);
+    assert_eq!(v.decode(&[1, 2, 3, 4, 1, 5]), "the cat sat on the mat");
+    assert_eq!(src.len(), (120 - 7) / 6 + 1);
+    let (x, y) = src.gather(&[0])?;
+    assert_eq!(x.to_vec2::<u32>()?[0], vec![1, 2, 3, 4, 1, 5]);
+    assert_eq!(y.to_vec2::<u32>()?[0], vec![2, 3, 4, 1, 5, 1]);
+    let bad = write(dir.path(), "bad.json", b"{ \"model\": 3 }");
+    assert!(err_text(text(&path, Some(&bad), "all", 6, None, 0.0))
+        .contains("bad.json: not a readable tokenizer.json"));
     Ok(())
 }

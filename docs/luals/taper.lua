@@ -215,8 +215,9 @@ function taper.data.idx(opts) end
 ---@return taper.Data
 function taper.data.csv(opts) end
 
----A UTF-8 text file as character windows; `val_fraction` of the end is `val`.
----@param opts {path: string, split?: "train"|"val"|"all", context?: integer, stride?: integer, val_fraction?: number}
+---A UTF-8 text file as token windows: its characters, or the ids of `tokenizer`
+---(a tokenizer.json); `val_fraction` of the end is `val`.
+---@param opts {path: string, tokenizer?: string, split?: "train"|"val"|"all", context?: integer, stride?: integer, val_fraction?: number}
 ---@return taper.Data
 function taper.data.text(opts) end
 

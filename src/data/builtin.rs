@@ -90,11 +90,29 @@ impl Source for Digits {
     }
 }
 
-/// A character vocabulary.
-#[derive(Debug, Clone)]
+/// A text vocabulary: the characters of a corpus, or a `tokenizer.json`
+/// (any model the `tokenizers` crate reads: BPE, WordPiece, WordLevel, ...).
+#[derive(Clone)]
 pub struct Vocab {
-    chars: Vec<char>,
-    index: HashMap<char, u32>,
+    kind: VocabKind,
+}
+
+#[derive(Clone)]
+enum VocabKind {
+    Chars {
+        chars: Vec<char>,
+        index: HashMap<char, u32>,
+    },
+    Tokenizer(Arc<tokenizers::Tokenizer>),
+}
+
+impl std::fmt::Debug for Vocab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            VocabKind::Chars { chars, .. } => write!(f, "Vocab(chars, {})", chars.len()),
+            VocabKind::Tokenizer(_) => write!(f, "Vocab(tokenizer, {})", self.len()),
+        }
+    }
 }
 
 impl Vocab {
@@ -107,28 +125,55 @@ impl Vocab {
             .enumerate()
             .map(|(i, &c)| (c, i as u32))
             .collect();
-        Vocab { chars, index }
+        Vocab {
+            kind: VocabKind::Chars { chars, index },
+        }
+    }
+    pub fn from_tokenizer_file(path: &Path) -> Result<Self> {
+        let t = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+            Error::Data(format!(
+                "{}: not a readable tokenizer.json: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(Vocab {
+            kind: VocabKind::Tokenizer(Arc::new(t)),
+        })
     }
     pub fn len(&self) -> usize {
-        self.chars.len()
+        match &self.kind {
+            VocabKind::Chars { chars, .. } => chars.len(),
+            VocabKind::Tokenizer(t) => t.get_vocab_size(true),
+        }
     }
     pub fn is_empty(&self) -> bool {
-        self.chars.is_empty()
+        self.len() == 0
     }
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        text.chars()
-            .map(|c| {
-                self.index
-                    .get(&c)
-                    .copied()
-                    .ok_or_else(|| Error::Data(format!("character {c:?} is not in the vocabulary")))
-            })
-            .collect()
+        match &self.kind {
+            VocabKind::Chars { index, .. } => text
+                .chars()
+                .map(|c| {
+                    index.get(&c).copied().ok_or_else(|| {
+                        Error::Data(format!("character {c:?} is not in the vocabulary"))
+                    })
+                })
+                .collect(),
+            VocabKind::Tokenizer(t) => Ok(t
+                .encode(text, false)
+                .map_err(|e| Error::Data(format!("tokenizer: {e}")))?
+                .get_ids()
+                .to_vec()),
+        }
     }
     pub fn decode(&self, ids: &[u32]) -> String {
-        ids.iter()
-            .map(|&i| self.chars.get(i as usize).copied().unwrap_or('\u{fffd}'))
-            .collect()
+        match &self.kind {
+            VocabKind::Chars { chars, .. } => ids
+                .iter()
+                .map(|&i| chars.get(i as usize).copied().unwrap_or('\u{fffd}'))
+                .collect(),
+            VocabKind::Tokenizer(t) => t.decode(ids, false).unwrap_or_else(|e| format!("<{e}>")),
+        }
     }
 }
 

@@ -288,10 +288,12 @@ impl Source for Csv {
     }
 }
 
-/// A UTF-8 text file as character-level windows; the vocabulary is the
-/// file's characters. `val_fraction` of the end is the `val` split.
+/// A UTF-8 text file as windows of tokens: its characters, or with
+/// `tokenizer`, the ids of that `tokenizer.json`. `val_fraction` of the end
+/// is the `val` split.
 pub fn text(
     path: &Path,
+    tokenizer: Option<&Path>,
     split: &str,
     context: usize,
     stride: Option<usize>,
@@ -304,7 +306,10 @@ pub fn text(
             format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
         )
     })?;
-    let vocab = Vocab::from_text(&text);
+    let vocab = match tokenizer {
+        Some(t) => Vocab::from_tokenizer_file(t)?,
+        None => Vocab::from_text(&text),
+    };
     let tokens = vocab.encode(&text)?;
     let name = PathBuf::from(path.file_name().unwrap_or_default())
         .display()

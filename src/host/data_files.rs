@@ -57,6 +57,7 @@ struct CsvOpts {
 #[serde(deny_unknown_fields)]
 struct TextFileOpts {
     path: std::path::PathBuf,
+    tokenizer: Option<std::path::PathBuf>,
     #[serde(default = "super::data::train")]
     split: String,
     #[serde(default = "super::data::context")]
@@ -148,8 +149,18 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
         lua.create_function(|lua, opts: Value| {
             let o: TextFileOpts = decode(lua, "taper.data.text", opts)?;
             check_files(lua, "taper.data.text", &[&o.path])?;
-            let src = data::text(&o.path, &o.split, o.context, o.stride, o.val_fraction)
-                .map_err(lua_err)?;
+            if let Some(t) = &o.tokenizer {
+                check_files(lua, "taper.data.text", &[t])?;
+            }
+            let src = data::text(
+                &o.path,
+                o.tokenizer.as_deref(),
+                &o.split,
+                o.context,
+                o.stride,
+                o.val_fraction,
+            )
+            .map_err(lua_err)?;
             Ok(source(src))
         })?,
     )?;
