@@ -88,7 +88,7 @@ fn recovery(rounds: usize) -> Result<()> {
     Ok(())
 }
 
-const RECIPE: &str = r#"
+const MLP: &str = r#"
 local cfg = taper.config{ micro = 0, epochs = 2 }
 local run = taper.run{
   model = taper.model.mlp{ inputs = 64, hidden = { 1024, 1024 }, outputs = 10 },
@@ -100,8 +100,26 @@ for epoch in run:epochs(cfg.epochs) do
 end
 "#;
 
-/// Samples/s and the peak of one run of RECIPE.
-fn run_recipe(set: &[(&str, &str)], limit: Option<usize>) -> Result<(f64, u64, usize)> {
+const GPT: &str = r#"
+local cfg = taper.config{ micro = 0, epochs = 1 }
+local data = taper.data.shakespeare{ context = 64 }:take(32 * 24):shuffle{ seed = 1 }:batch(32)
+local run = taper.run{
+  model = taper.model.gpt{ vocab = data:vocab_size(), context = 64, width = 64, layers = 2, heads = 4 },
+  data = data,
+  micro_batch = cfg.micro > 0 and cfg.micro or nil,
+}
+for epoch in run:epochs(cfg.epochs) do
+  for b in run:batches() do run:step(b) end
+end
+"#;
+
+/// Samples/s, the step peak and the OOM count of one run of `recipe`.
+fn run_recipe(
+    recipe: &str,
+    batch: f64,
+    set: &[(&str, &str)],
+    limit: Option<usize>,
+) -> Result<(f64, u64, usize)> {
     let dir = std::env::temp_dir().join(format!("taper-bench-oom-{}", std::process::id()));
     let opts = HostOptions {
         out_dir: Some(dir.clone()),
@@ -113,7 +131,7 @@ fn run_recipe(set: &[(&str, &str)], limit: Option<usize>) -> Result<(f64, u64, u
         ..HostOptions::default()
     };
     let t = Instant::now();
-    let report = Host::new(opts)?.run_source("bench.lua", RECIPE)?;
+    let report = Host::new(opts)?.run_source("bench.lua", recipe)?;
     let secs = t.elapsed().as_secs_f64();
     let text = std::fs::read_to_string(dir.join("metrics.jsonl"))
         .map_err(|e| crate::Error::io(&dir, e))?;
@@ -130,26 +148,44 @@ fn run_recipe(set: &[(&str, &str)], limit: Option<usize>) -> Result<(f64, u64, u
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let samples = report.runs[0].step as f64 * 256.0;
+    let samples = report.runs[0].step as f64 * batch;
     Ok((samples / secs, peak, ooms))
 }
 
-fn constrained() -> Result<()> {
+/// Throughput under a limit set between the peaks of micro-batches `lo` and
+/// `2 * lo`, against the same run unconstrained.
+fn constrained(name: &str, recipe: &str, batch: f64, lo: usize) -> Result<()> {
     if !HostMemory::is_counting() {
-        println!("(skipping the memory-limit run: the counting allocator is not installed)");
+        println!("(skipping the memory-limit runs: the counting allocator is not installed)");
         return Ok(());
     }
-    let (_, p32, _) = run_recipe(&[("micro", "32"), ("epochs", "1")], None)?;
-    let (_, p64, _) = run_recipe(&[("micro", "64"), ("epochs", "1")], None)?;
-    let limit = ((p32 + p64) / 2) as usize;
-    println!("under a memory limit (digits MLP 64-1024-1024-10, batch 256, limit {:.1} MiB between the peaks of micro-batches 32 and 64):", limit as f64 / (1 << 20) as f64);
+    let (a, b) = (lo.to_string(), (2 * lo).to_string());
+    let (_, p_lo, _) = run_recipe(
+        recipe,
+        batch,
+        &[("micro", a.as_str()), ("epochs", "1")],
+        None,
+    )?;
+    let (_, p_hi, _) = run_recipe(
+        recipe,
+        batch,
+        &[("micro", b.as_str()), ("epochs", "1")],
+        None,
+    )?;
+    let limit = ((p_lo + p_hi) / 2) as usize;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "under a memory limit ({name}, batch {batch}, limit {:.1} MiB between the peaks of micro-batches {lo} and {}):",
+        mib(limit as u64),
+        2 * lo
+    );
     for round in 1..=2 {
-        let (free, fp, _) = run_recipe(&[], None)?;
-        let (tight, tp, ooms) = run_recipe(&[], Some(limit))?;
+        let (free, fp, _) = run_recipe(recipe, batch, &[], None)?;
+        let (tight, tp, ooms) = run_recipe(recipe, batch, &[], Some(limit))?;
         println!(
             "  round {round}: unconstrained {free:.0} samples/s (peak {:.1} MiB); limited {tight:.0} samples/s (peak {:.1} MiB, {ooms} OOMs); ratio {:.2}",
-            fp as f64 / (1 << 20) as f64,
-            tp as f64 / (1 << 20) as f64,
+            mib(fp),
+            mib(tp),
             tight / free
         );
     }
@@ -158,5 +194,11 @@ fn constrained() -> Result<()> {
 
 pub fn run(rounds: usize) -> Result<()> {
     recovery(rounds)?;
-    constrained()
+    constrained("digits MLP 64-1024-1024-10", MLP, 256.0, 32)?;
+    constrained(
+        "Shakespeare GPT width 64, 2 layers, context 64",
+        GPT,
+        32.0,
+        8,
+    )
 }
