@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use crate::data::{self, Pipeline, Source};
-use crate::engine::optim::{AdamWConfig, OptimSpec};
-use crate::engine::{Gpt, Trainer, TrainerOptions};
 use crate::Result;
 
 fn throughput(name: &str, source: Arc<dyn Source>) -> Result<()> {
@@ -56,25 +54,8 @@ impl Source for Slow {
 
 /// Trains `steps` steps of the Shakespeare GPT (the recipe's shape) and
 /// returns (seconds, seconds waiting for data).
-fn wait_share(
-    source: Arc<dyn Source>,
-    vocab: usize,
-    prefetch: usize,
-    steps: usize,
-) -> Result<(f64, f64)> {
-    let spec = Gpt {
-        vocab,
-        context: 64,
-        width: 64,
-        layers: 2,
-        heads: 4,
-        mlp: 4,
-    };
-    let optim = OptimSpec::AdamW(AdamWConfig {
-        lr: 3e-3,
-        ..Default::default()
-    });
-    let mut trainer = Trainer::new(Arc::new(spec), &optim, TrainerOptions::default())?;
+fn wait_share(source: Arc<dyn Source>, prefetch: usize, steps: usize) -> Result<(f64, f64)> {
+    let mut trainer = super::shakespeare_gpt(3e-3)?;
     let p = Pipeline::new(source)
         .shuffle(1)
         .batch(32, false)
@@ -131,7 +112,6 @@ pub fn run(steps: usize) -> Result<()> {
     throughput("tokens 256 MiB", Arc::new(tokens))?;
     let _ = std::fs::remove_dir_all(&dir);
 
-    let vocab = shakespeare.vocab().map(|v| v.len()).unwrap_or(0);
     println!("data wait on the Shakespeare GPT ({steps} steps, batch 32):");
     for (label, delay) in [
         ("built-in source", Duration::ZERO),
@@ -142,7 +122,7 @@ pub fn run(steps: usize) -> Result<()> {
                 inner: shakespeare.clone(),
                 delay,
             });
-            let (total, wait) = wait_share(src, vocab, prefetch, steps)?;
+            let (total, wait) = wait_share(src, prefetch, steps)?;
             println!(
                 "  {label:<27} prefetch {prefetch}: {:>6.1} ms/step, data wait {:>6.3}% of the time",
                 total / steps as f64 * 1e3,

@@ -79,6 +79,28 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
 }
 
+/// The Shakespeare GPT of scripts/shakespeare.lua (width 64, 2 layers,
+/// context 64) with AdamW: the model the data and OOM benchmarks train.
+fn shakespeare_gpt(lr: f64) -> Result<Trainer> {
+    let src = shakespeare("train", 64, None)?;
+    let vocab = crate::data::Source::vocab(&src)
+        .map(|v| v.len())
+        .unwrap_or(0);
+    let spec = Gpt {
+        vocab,
+        context: 64,
+        width: 64,
+        layers: 2,
+        heads: 4,
+        mlp: 4,
+    };
+    let optim = OptimSpec::AdamW(AdamWConfig {
+        lr,
+        ..Default::default()
+    });
+    Trainer::new(Arc::new(spec), &optim, TrainerOptions::default())
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::data::{shakespeare, Pipeline, Source};
-use crate::engine::optim::{AdamWConfig, OptimSpec};
-use crate::engine::{Gpt, Trainer, TrainerOptions};
+use crate::data::{shakespeare, Pipeline};
 use crate::memory::{HostMemory, OomCause, OomError, Phase};
 use crate::{Host, HostOptions, Result};
 
@@ -20,21 +18,8 @@ fn median(v: &mut [f64]) -> f64 {
 /// Normal step vs (failed attempt + retry at half the micro-batch), on the
 /// Shakespeare GPT, alternating.
 fn recovery(rounds: usize) -> Result<()> {
+    let mut t = super::shakespeare_gpt(1e-3)?;
     let src = shakespeare("train", 64, None)?;
-    let vocab = src.vocab().map(|v| v.len()).unwrap_or(0);
-    let spec = Gpt {
-        vocab,
-        context: 64,
-        width: 64,
-        layers: 2,
-        heads: 4,
-        mlp: 4,
-    };
-    let optim = OptimSpec::AdamW(AdamWConfig {
-        lr: 1e-3,
-        ..Default::default()
-    });
-    let mut t = Trainer::new(Arc::new(spec), &optim, TrainerOptions::default())?;
     let data = Pipeline::new(Arc::new(src)).shuffle(1).batch(32, false);
     let mut batches = data.epoch(1, 32, 0);
     let oom = |p: Phase| -> Result<()> {
