@@ -107,3 +107,99 @@ fn bad_schedule_return_names_the_function() {
         render_error(&e)
     );
 }
+
+const RAMP: &str = r#"
+local cfg = taper.config{ epochs = 2, fail_at = 0 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 32 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = 3e-3 },
+  data = taper.data.digits{}:shuffle{ seed = 9 }:batch(64),
+  schedule = taper.schedule.batch_ramp{ from = 16, to = 128, steps = 12, multiple = 16 },
+  seed = 5,
+}
+sizes, seen = {}, {}
+for epoch in run:epochs(cfg.epochs) do
+  for b in run:batches() do
+    sizes[#sizes + 1] = b.size
+    for _, i in ipairs(b.indices) do seen[i] = (seen[i] or 0) + 1 end
+    run:step(b)
+    if run.steps == cfg.fail_at then error("stop here") end
+  end
+end
+"#;
+
+fn ramp(
+    dir: &std::path::Path,
+    set: &[(&str, &str)],
+    resume: Option<std::path::PathBuf>,
+) -> taper::Result<Host> {
+    let opts = HostOptions {
+        out_dir: Some(dir.to_path_buf()),
+        overrides: set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        resume,
+        ..HostOptions::default()
+    };
+    let mut host = Host::new(opts)?;
+    host.run_source("ramp.lua", RAMP)?;
+    Ok(host)
+}
+
+#[test]
+fn batch_ramp_grows_batches_and_still_covers_every_sample() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let host = ramp(dir.path(), &[("epochs", "1")], None)?;
+    let sizes: Vec<usize> = host.lua().load("return sizes").eval()?;
+    // 16 + 112 * s / 12, rounded down to a multiple of 16.
+    assert_eq!(&sizes[..7], &[16, 16, 32, 32, 48, 48, 64]);
+    assert!(
+        sizes[12..sizes.len() - 1].iter().all(|&s| s == 128),
+        "{sizes:?}"
+    );
+    assert_eq!(sizes.iter().sum::<usize>(), 1437);
+    let counts: Vec<usize> = host
+        .lua()
+        .load("local c = {} for i = 0, 1436 do c[#c + 1] = seen[i] or 0 end return c")
+        .eval()?;
+    assert!(
+        counts.iter().all(|&c| c == 1),
+        "every sample once per epoch"
+    );
+    Ok(())
+}
+
+#[test]
+fn batch_ramp_resumes_exactly_mid_epoch() -> Result<()> {
+    use candle_core::Device;
+    use taper::engine::checkpoint;
+    let (a, b, c) = (
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    );
+    ramp(a.path(), &[], None)?;
+    // Fail in the middle of epoch 1, with batch sizes still ramping.
+    assert!(ramp(b.path(), &[("fail_at", "7")], None).is_err());
+    let ckpt = b.path().join("checkpoint.safetensors");
+    let (_, meta) = checkpoint::load(&ckpt, &Device::Cpu)?;
+    assert_eq!((meta.step, meta.epoch_complete), (7, false));
+    assert_eq!(
+        meta.epoch_samples,
+        (16 + 16 + 32 + 32 + 48 + 48 + 64) as u64
+    );
+    ramp(c.path(), &[], Some(ckpt))?;
+    let (ta, ma) = checkpoint::load(&a.path().join("checkpoint.safetensors"), &Device::Cpu)?;
+    let (tc, mc) = checkpoint::load(&c.path().join("checkpoint.safetensors"), &Device::Cpu)?;
+    assert_eq!(ma.step, mc.step);
+    for (k, t) in ta.iter().filter(|(k, _)| k.starts_with("model.")) {
+        let d = (t - &tc[k])?
+            .abs()?
+            .flatten_all()?
+            .max(0)?
+            .to_scalar::<f32>()?;
+        assert_eq!(d, 0.0, "{k} differs after resume");
+    }
+    Ok(())
+}

@@ -275,6 +275,7 @@ function taper.optim.sgd(opts) end
 ---@class taper.Plan
 ---@field lr? number learning rate for this step
 ---@field micro_batch? integer samples per micro-batch for this step
+---@field batch_size? integer samples in this step's batch (a batch-size schedule)
 
 ---@class taper.Schedule
 local Schedule = {}
@@ -296,6 +297,11 @@ function taper.schedule.constant(opts) end
 ---@param opts {lr: number, warmup?: integer, total: integer, min_lr?: number, micro_batch?: integer}
 ---@return taper.Schedule
 function taper.schedule.warmup_cosine(opts) end
+
+---The batch size grows linearly from `from` to `to` over `steps` steps.
+---@param opts {from: integer, to: integer, steps: integer, multiple?: integer, lr?: number, micro_batch?: integer}
+---@return taper.Schedule
+function taper.schedule.batch_ramp(opts) end
 
 ---`lr * gamma ^ floor(step / every)` (or finished epochs, with `per_epoch`).
 ---@param opts {lr: number, every: integer, gamma: number, per_epoch?: boolean, micro_batch?: integer}

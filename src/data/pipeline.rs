@@ -182,19 +182,20 @@ impl Pipeline {
         (0..self.len()).map(|i| o.get(i)).collect()
     }
 
-    /// The batches of `epoch`, starting after `skip` batches.
+    /// The batches of `epoch`, starting `skip` samples into its order (the
+    /// cursor a checkpoint stores, so that resume is exact even when batch
+    /// sizes vary).
     pub fn epoch(&self, epoch: u64, default_batch: usize, skip: usize) -> Epoch {
         let size = self.batch_size.unwrap_or(default_batch);
-        let total = self.batches_per_epoch(default_batch);
-        let next = skip.min(total);
         let direct = Direct {
             source: self.source.clone(),
             order: self.order(epoch),
             len: self.len(),
             size,
-            next,
-            total,
+            pos: skip.min(self.len()),
+            drop_last: self.drop_last,
         };
+        let remaining = direct.remaining();
         let inner = if self.prefetch == 0 {
             Inner::Direct(direct)
         } else {
@@ -211,8 +212,9 @@ impl Pipeline {
         };
         Epoch {
             inner,
-            next,
-            total,
+            size,
+            next: 0,
+            remaining,
             wait: Duration::ZERO,
         }
     }
@@ -277,25 +279,43 @@ struct Direct {
     order: Order,
     len: usize,
     size: usize,
-    next: usize,
-    total: usize,
+    /// The next sample position in the epoch's order.
+    pos: usize,
+    drop_last: bool,
 }
 
-impl Iterator for Direct {
-    type Item = Result<Batch>;
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.next >= self.total {
+impl Direct {
+    fn remaining(&self) -> usize {
+        let left = self.len - self.pos;
+        if self.drop_last {
+            left / self.size
+        } else {
+            left.div_ceil(self.size)
+        }
+    }
+
+    /// The next `n` samples (fewer at the end of the epoch, unless drop_last).
+    fn draw(&mut self, n: usize) -> Option<Result<Batch>> {
+        let n = n.max(1);
+        if self.pos >= self.len || (self.drop_last && self.len - self.pos < n) {
+            self.pos = self.len;
             return None;
         }
-        let start = self.next * self.size;
-        let end = (start + self.size).min(self.len);
-        self.next += 1;
-        let indices: Vec<usize> = (start..end).map(|i| self.order.get(i)).collect();
+        let end = (self.pos + n).min(self.len);
+        let indices: Vec<usize> = (self.pos..end).map(|i| self.order.get(i)).collect();
+        self.pos = end;
         Some(
             self.source
                 .gather(&indices)
                 .map(|(x, y)| Batch { x, y, indices }),
         )
+    }
+}
+
+impl Iterator for Direct {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.draw(self.size)
     }
 }
 
@@ -307,15 +327,16 @@ enum Inner {
 /// Iterates the batches of one epoch.
 pub struct Epoch {
     inner: Inner,
+    size: usize,
     next: usize,
-    total: usize,
+    remaining: usize,
     wait: Duration,
 }
 
 impl Epoch {
-    /// Batches left in this epoch.
+    /// Batches left in this epoch at the data's batch size.
     pub fn remaining(&self) -> usize {
-        self.total - self.next
+        self.remaining.saturating_sub(self.next)
     }
     /// Batches of this epoch already handed out.
     pub fn position(&self) -> usize {
@@ -326,21 +347,33 @@ impl Epoch {
     pub fn wait(&self) -> Duration {
         self.wait
     }
+
+    /// The next batch with `n` samples instead of the data's batch size (a
+    /// batch-size schedule). Prefetched data is built ahead at its own batch
+    /// size, so there only that size can be drawn.
+    pub fn next_sized(&mut self, n: usize) -> Option<Result<Batch>> {
+        let t = Instant::now();
+        let item = match &mut self.inner {
+            Inner::Direct(d) => d.draw(n),
+            Inner::Prefetch(_) if n != self.size => Some(Err(Error::Config(format!(
+                "a schedule asked for a batch of {n}, but this data is prefetched in batches of {}: \
+                 drop :prefetch() to let the schedule choose batch sizes",
+                self.size
+            )))),
+            Inner::Prefetch(rx) => rx.recv().ok(),
+        };
+        self.wait += t.elapsed();
+        if matches!(item, Some(Ok(_))) {
+            self.next += 1;
+        }
+        item
+    }
 }
 
 impl Iterator for Epoch {
     type Item = Result<Batch>;
     fn next(&mut self) -> Option<Self::Item> {
-        let t = Instant::now();
-        let item = match &mut self.inner {
-            Inner::Direct(d) => d.next(),
-            Inner::Prefetch(rx) => rx.recv().ok(),
-        };
-        self.wait += t.elapsed();
-        if item.is_some() {
-            self.next += 1;
-        }
-        item
+        self.next_sized(self.size)
     }
 }
 
@@ -373,6 +406,34 @@ mod tests {
         p.epoch(epoch, 32, 0)
             .flat_map(|b| b.map(|b| b.indices).unwrap_or_default())
             .collect()
+    }
+
+    #[test]
+    fn variable_batch_sizes_cover_the_epoch_and_resume_by_sample() -> anyhow::Result<()> {
+        let p = Pipeline::new(Arc::new(digits("train")?))
+            .shuffle(4)
+            .batch(64, false);
+        let mut e = p.epoch(1, 32, 0);
+        let mut seen = Vec::new();
+        let mut n = 10;
+        while let Some(b) = e.next_sized(n) {
+            let b = b?;
+            assert!(b.len() == n || seen.len() + b.len() == 1437);
+            seen.extend(b.indices);
+            n += 7;
+        }
+        assert_eq!(seen, all(&p, 1));
+        // Starting 100 samples in continues the same order.
+        let rest: Vec<usize> = p
+            .epoch(1, 32, 100)
+            .flat_map(|b| b.map(|b| b.indices).unwrap_or_default())
+            .collect();
+        assert_eq!(rest, seen[100..].to_vec());
+        // Prefetched data refuses another size, clearly.
+        let mut q = p.clone().prefetch(2).epoch(1, 32, 0);
+        let msg = q.next_sized(8).unwrap().unwrap_err().to_string();
+        assert!(msg.contains("drop :prefetch()"), "{msg}");
+        Ok(())
     }
 
     #[test]

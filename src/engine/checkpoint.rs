@@ -21,8 +21,11 @@ pub struct CheckpointMeta {
     pub step: u64,
     /// The epoch in progress (1-based), or the last one finished.
     pub epoch: u64,
-    /// Steps taken in `epoch`; resume skips that many batches of it.
+    /// Steps taken in `epoch` (a generator's data resumes after that many batches).
     pub epoch_steps: u64,
+    /// Samples of `epoch` consumed: native data resumes at this position.
+    #[serde(default)]
+    pub epoch_samples: u64,
     /// Whether `epoch` was finished.
     pub epoch_complete: bool,
     pub model: String,

@@ -11,6 +11,9 @@ pub struct StepPlan {
     /// Samples per micro-batch; gradients of the micro-batches are
     /// accumulated into one update.
     pub micro_batch: Option<usize>,
+    /// Samples in this step's batch (a batch-size schedule); None: the
+    /// data's batch size.
+    pub batch_size: Option<usize>,
 }
 
 /// A schedule: the plan for optimizer step `step` (0-based: the steps taken
@@ -33,6 +36,7 @@ impl Schedule for Constant {
         Ok(StepPlan {
             lr: self.lr,
             micro_batch: self.micro_batch,
+            batch_size: None,
         })
     }
     fn describe(&self) -> String {
@@ -73,6 +77,7 @@ impl Schedule for WarmupCosine {
         Ok(StepPlan {
             lr: Some(self.lr_at(step)),
             micro_batch: self.micro_batch,
+            batch_size: None,
         })
     }
     fn describe(&self) -> String {
@@ -107,12 +112,59 @@ impl Schedule for StepDecay {
         Ok(StepPlan {
             lr: Some(self.lr * self.gamma.powi(k as i32)),
             micro_batch: self.micro_batch,
+            batch_size: None,
         })
     }
     fn describe(&self) -> String {
         format!(
             "step lr {} every {} gamma {}",
             self.lr, self.every, self.gamma
+        )
+    }
+}
+
+/// A batch-size ramp, as large-model trainers warm up: the batch grows
+/// linearly from `from` to `to` samples over the first `steps` steps (then
+/// stays at `to`), rounded down to a multiple of `multiple`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRamp {
+    pub from: usize,
+    pub to: usize,
+    pub steps: u64,
+    #[serde(default = "one")]
+    pub multiple: usize,
+    pub lr: Option<f64>,
+    pub micro_batch: Option<usize>,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl BatchRamp {
+    pub fn size_at(&self, step: u64) -> usize {
+        let p = (step.min(self.steps) as f64) / self.steps.max(1) as f64;
+        let raw = self.from as f64 + (self.to as f64 - self.from as f64) * p;
+        let m = self.multiple.max(1);
+        (((raw as usize) / m) * m)
+            .max(self.from.min(self.to))
+            .max(1)
+    }
+}
+
+impl Schedule for BatchRamp {
+    fn plan(&mut self, step: u64, _: u64) -> crate::Result<StepPlan> {
+        Ok(StepPlan {
+            lr: self.lr,
+            micro_batch: self.micro_batch,
+            batch_size: Some(self.size_at(step)),
+        })
+    }
+    fn describe(&self) -> String {
+        format!(
+            "batch_ramp from {} to {} over {} steps",
+            self.from, self.to, self.steps
         )
     }
 }
@@ -136,6 +188,20 @@ mod tests {
         assert!((s.lr_at(60) - 0.55).abs() < 1e-12); // halfway: (1 + 0.1) / 2
         assert!((s.lr_at(110) - 0.1).abs() < 1e-12);
         assert!((s.lr_at(500) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn batch_ramp_grows_linearly_then_holds() {
+        let r = BatchRamp {
+            from: 8,
+            to: 64,
+            steps: 7,
+            multiple: 8,
+            lr: None,
+            micro_batch: None,
+        };
+        let sizes: Vec<usize> = (0..10).map(|s| r.size_at(s)).collect();
+        assert_eq!(sizes, vec![8, 16, 24, 32, 40, 48, 56, 64, 64, 64]);
     }
 
     #[test]

@@ -119,15 +119,22 @@ impl Feed {
         }
     }
 
+    /// The batches of `epoch`, resuming after `skip` batches (generators) or
+    /// `skip_samples` samples (native data).
     pub fn epoch(
         &self,
         lua: &Lua,
         epoch: u64,
         default_batch: usize,
         skip: usize,
+        skip_samples: usize,
     ) -> Result<FeedEpoch> {
         match self {
-            Feed::Pipeline(p) => Ok(FeedEpoch::Native(p.epoch(epoch, default_batch, skip))),
+            Feed::Pipeline(p) => Ok(FeedEpoch::Native(p.epoch(
+                epoch,
+                default_batch,
+                skip_samples,
+            ))),
             Feed::Lua(g) => {
                 let source = match &g.kind {
                     Kind::Generator(f) => LuaSource::Iter(f.call(epoch)?),
@@ -166,6 +173,18 @@ impl FeedEpoch {
             FeedEpoch::Lua(_) => None,
         }
     }
+    /// The next batch with `n` samples (a batch-size schedule).
+    pub fn next_sized(&mut self, n: usize) -> Option<Result<Batch>> {
+        match self {
+            FeedEpoch::Native(e) => e.next_sized(n),
+            FeedEpoch::Lua(_) => Some(Err(Error::Config(
+                "a schedule asked for a batch size, but generators make their own batches: \
+                 use native data (taper.data.*) with a batch-size schedule"
+                    .into(),
+            ))),
+        }
+    }
+
     pub fn wait(&self) -> std::time::Duration {
         match self {
             FeedEpoch::Native(e) => e.wait(),

@@ -14,6 +14,7 @@ use super::generator::Feed;
 use super::options::{config_error, decode};
 use super::run_state::{finish_epoch, RunState};
 use super::state;
+use crate::engine::schedule::StepPlan;
 use crate::error::lua_err;
 use crate::memory::inject::Injection;
 
@@ -61,6 +62,7 @@ fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
         r.epoch = next;
         r.in_epoch = true;
         r.epoch_steps = r.skip_next as u64;
+        r.epoch_pos = r.skip_next_samples as u64;
         r.epoch_loss = 0.0;
         r.epoch_samples = 0;
         r.epoch_start = Instant::now();
@@ -82,15 +84,24 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     };
     let epoch = r.epoch.max(1);
     let skip = std::mem::take(&mut r.skip_next);
+    let skip_samples = std::mem::take(&mut r.skip_next_samples);
     drop(r);
-    let it = RefCell::new(feed.epoch(lua, epoch, TRAIN_BATCH, skip).map_err(lua_err)?);
+    let it = RefCell::new(
+        feed.epoch(lua, epoch, TRAIN_BATCH, skip, skip_samples)
+            .map_err(lua_err)?,
+    );
     host.out
         .start_bar(it.borrow().remaining(), format!("epoch {epoch}"));
     let run = run.0.clone();
     let waited = std::cell::Cell::new(std::time::Duration::ZERO);
     let issuer = BatchIssuer::default();
     lua.create_function(move |lua, ()| {
-        let item = it.borrow_mut().next();
+        // A batch-size schedule decides the size of the next batch.
+        let plan = plan_next(&run)?;
+        let item = match plan.batch_size {
+            Some(n) => it.borrow_mut().next_sized(n),
+            None => it.borrow_mut().next(),
+        };
         // Releases the previous batch's tensors, whatever Lua still holds.
         issuer.issue(None);
         let total = it.borrow().wait();
@@ -110,19 +121,32 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     })
 }
 
-fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option<f64>, u64)> {
-    let host = state(lua);
-    let batch = batch.get()?;
-    // The schedule may be Lua code that reads the run: no borrow is held
-    // while it runs.
+/// The schedule's plan for the run's next step, computed once per step (a
+/// Lua schedule may keep state) and shared by `run:batches()`, which needs
+/// the batch size, and `run:step()`. The schedule may be Lua code that reads
+/// the run: no borrow is held while it runs.
+fn plan_next(run: &Rc<RefCell<RunState>>) -> mlua::Result<StepPlan> {
     let (schedule, at_step, at_epoch) = {
-        let r = run.get()?;
+        let r = read(run)?;
+        if let Some((step, plan)) = r.pending {
+            if step == r.trainer.step {
+                return Ok(plan);
+            }
+        }
         (r.schedule.clone(), r.trainer.step, r.epoch.max(1))
     };
     let plan = match schedule {
         Some(s) => s.borrow_mut().plan(at_step, at_epoch).map_err(lua_err)?,
-        None => Default::default(),
+        None => StepPlan::default(),
     };
+    write(run)?.pending = Some((at_step, plan));
+    Ok(plan)
+}
+
+fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option<f64>, u64)> {
+    let host = state(lua);
+    let batch = batch.get()?;
+    let plan = plan_next(&run.0)?;
     let mut r = run.get_mut()?;
     if let Some(lr) = plan.lr {
         r.trainer.set_learning_rate(lr);
@@ -130,6 +154,7 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     let micro = plan.micro_batch.or(r.micro_batch).unwrap_or(batch.len());
     let loss = super::oom::step(lua, &host, &mut r, &batch, micro).map_err(lua_err)?;
     r.epoch_steps += 1;
+    r.epoch_pos += batch.len() as u64;
     let Some(loss) = loss else {
         // Skipped by the OOM policy: recorded there, and in checkpoints.
         return Ok((None, r.trainer.step));
@@ -145,7 +170,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Table> {
     let Some(feed) = Feed::from_value(lua, "run:evaluate", &data)? else {
         return Err(config_error(lua, "run:evaluate(data): data is required"));
     };
-    let batches = feed.epoch(lua, 1, EVAL_BATCH, 0).map_err(lua_err)?;
+    let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
     let mut r = run.get_mut()?;
     let ev = r.trainer.evaluate(batches).map_err(lua_err)?;
     r.last_eval = Some(ev);

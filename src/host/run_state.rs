@@ -24,8 +24,14 @@ pub(crate) struct RunState {
     pub epoch: u64,
     pub in_epoch: bool,
     pub epoch_steps: u64,
-    /// Batches of the next epoch to skip (resuming mid-epoch).
+    /// Batches of the next epoch to skip (resuming mid-epoch; generators).
     pub skip_next: usize,
+    /// Samples of the next epoch to skip (resuming mid-epoch; native data).
+    pub skip_next_samples: usize,
+    /// Samples of this epoch consumed (stepped or skipped): the data cursor.
+    pub epoch_pos: u64,
+    /// The schedule's plan for a step, computed before its batch was drawn.
+    pub pending: Option<(u64, crate::engine::schedule::StepPlan)>,
     pub epoch_loss: f64,
     pub epoch_samples: usize,
     pub epoch_start: Instant,
@@ -69,6 +75,7 @@ impl RunState {
             step: self.trainer.step,
             epoch: self.epoch,
             epoch_steps: self.epoch_steps,
+            epoch_samples: self.epoch_pos,
             epoch_complete: !self.in_epoch,
             model: self.trainer.spec().describe(),
             optimizer: self.trainer.optimizer_description().to_string(),
@@ -100,6 +107,7 @@ impl RunState {
             // Re-enter the interrupted epoch, after the batches already taken.
             self.epoch = meta.epoch.saturating_sub(1);
             self.skip_next = meta.epoch_steps as usize;
+            self.skip_next_samples = meta.epoch_samples as usize;
         }
         self.skipped = meta.skipped.clone();
         Ok(notice)

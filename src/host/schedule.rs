@@ -7,7 +7,7 @@ use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataMethods, Value};
 use serde::Deserialize;
 
 use super::options::decode;
-use crate::engine::schedule::{Constant, Schedule, StepDecay, StepPlan, WarmupCosine};
+use crate::engine::schedule::{BatchRamp, Constant, Schedule, StepDecay, StepPlan, WarmupCosine};
 use crate::Error;
 
 #[derive(Clone)]
@@ -28,6 +28,7 @@ impl UserData for ScheduleHandle {
             let t = lua.create_table()?;
             t.set("lr", p.lr)?;
             t.set("micro_batch", p.micro_batch)?;
+            t.set("batch_size", p.batch_size)?;
             Ok(t)
         });
     }
@@ -39,6 +40,7 @@ impl UserData for ScheduleHandle {
 struct PlanTable {
     lr: Option<f64>,
     micro_batch: Option<usize>,
+    batch_size: Option<usize>,
 }
 
 /// `function(step, epoch, state) return { lr = ..., micro_batch = ... } end`.
@@ -82,9 +84,9 @@ impl Schedule for LuaSchedule {
                 inner.trim_start_matches("deserialize error: ")
             ))
         })?;
-        if p.micro_batch == Some(0) {
+        if p.micro_batch == Some(0) || p.batch_size == Some(0) {
             return Err(Error::Config(format!(
-                "{}: micro_batch must be positive",
+                "{}: micro_batch and batch_size must be positive",
                 self.place
             )));
         }
@@ -92,6 +94,7 @@ impl Schedule for LuaSchedule {
         Ok(StepPlan {
             lr: p.lr,
             micro_batch: p.micro_batch,
+            batch_size: p.batch_size,
         })
     }
     fn describe(&self) -> String {
@@ -120,5 +123,9 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         builtin::<WarmupCosine>(lua, "taper.schedule.warmup_cosine")?,
     )?;
     t.set("step", builtin::<StepDecay>(lua, "taper.schedule.step")?)?;
+    t.set(
+        "batch_ramp",
+        builtin::<BatchRamp>(lua, "taper.schedule.batch_ramp")?,
+    )?;
     taper.set("schedule", t)
 }
