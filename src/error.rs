@@ -60,7 +60,9 @@ impl Error {
         }
     }
 
-    /// Whether this error, or one it wraps (through Lua), satisfies `f`.
+    /// Whether this error, or one it wraps (through Lua callbacks, context
+    /// and `pcall`/`error` round trips), satisfies `f`. The one walk over
+    /// mlua's error chain: leaf Lua errors are offered to `f` as `Error::Lua`.
     pub fn find(&self, f: impl Fn(&Error) -> bool + Copy) -> bool {
         fn lua(e: &mlua::Error, f: impl Fn(&Error) -> bool + Copy) -> bool {
             match e {
@@ -72,7 +74,7 @@ impl Error {
                         .downcast_ref::<mlua::Error>()
                         .is_some_and(|m| lua(m, f)),
                 },
-                _ => false,
+                leaf => f(&Error::Lua(leaf.clone())),
             }
         }
         f(self) || matches!(self, Error::Lua(l) if lua(l, f))
@@ -80,26 +82,12 @@ impl Error {
 
     /// True for errors in the recipe itself or its invocation.
     pub fn is_recipe_error(&self) -> bool {
-        match self {
-            Error::Config(_) | Error::Device(_) => true,
-            Error::Lua(e) => lua_is_recipe_error(e),
-            _ => false,
-        }
-    }
-}
-
-fn lua_is_recipe_error(e: &mlua::Error) -> bool {
-    match e {
-        mlua::Error::SyntaxError { .. } => true,
-        mlua::Error::CallbackError { cause, .. } => lua_is_recipe_error(cause),
-        mlua::Error::WithContext { cause, .. } => lua_is_recipe_error(cause),
-        mlua::Error::ExternalError(inner) => match inner.downcast_ref::<Error>() {
-            Some(e) => e.is_recipe_error(),
-            None => inner
-                .downcast_ref::<mlua::Error>()
-                .is_some_and(lua_is_recipe_error),
-        },
-        _ => false,
+        self.find(|e| {
+            matches!(
+                e,
+                Error::Config(_) | Error::Device(_) | Error::Lua(mlua::Error::SyntaxError { .. })
+            )
+        })
     }
 }
 

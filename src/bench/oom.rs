@@ -6,14 +6,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::median;
 use crate::data::{shakespeare, Pipeline};
 use crate::memory::{HostMemory, OomCause, OomError, Phase};
 use crate::{Host, HostOptions, Result};
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Normal step vs (failed attempt + retry at half the micro-batch), on the
 /// Shakespeare GPT, alternating.

@@ -99,19 +99,24 @@ pub trait Optimizer {
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
 }
 
-/// The global L2 norm of all gradients (a CPU-GPU sync point).
+/// The global L2 norm of all gradients. The squares are summed on the
+/// device and read back once: one CPU-GPU sync point per step, not one per
+/// parameter.
 pub fn grad_norm(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
-    let mut total = 0f64;
+    let mut total: Option<Tensor> = None;
     for (_, v) in vars {
         if let Some(g) = grads.get(v) {
-            total += g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
+            let s = g.to_dtype(DType::F64)?.sqr()?.sum_all()?;
+            total = Some(match total {
+                Some(t) => (t + s)?,
+                None => s,
+            });
         }
     }
-    Ok(total.sqrt())
+    Ok(match total {
+        Some(t) => t.to_scalar::<f64>()?.sqrt(),
+        None => 0.0,
+    })
 }
 
 /// Scales gradients so that their global norm is at most `max_norm`, as

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 
 use super::data::DataHandle;
-use super::options::config_error;
+use super::options::{config_error, defined_at};
 use crate::data::{Batch, Epoch, Pipeline};
 use crate::{Error, Result};
 
@@ -33,20 +33,11 @@ enum Kind {
     Map(Pipeline, Function),
 }
 
-fn place_of(f: &Function) -> String {
-    let info = f.info();
-    format!(
-        "{}:{}",
-        info.short_src.as_deref().unwrap_or("?"),
-        info.line_defined.unwrap_or(0)
-    )
-}
-
 /// `data:map(fn)`: each batch of `data` goes through `fn(x, y)` (nested
 /// tables) on the main thread; `fn` returns a batch table.
 pub(crate) fn map_pipeline(p: Pipeline, f: Function) -> GeneratorHandle {
     GeneratorHandle {
-        place: place_of(&f),
+        place: defined_at(&f),
         split: p.split_name().to_string(),
         kind: Kind::Map(p, f),
     }
@@ -70,7 +61,7 @@ pub(crate) fn new_generator(
     lua: &Lua,
     (f, opts): (Function, Option<Table>),
 ) -> mlua::Result<GeneratorHandle> {
-    let place = place_of(&f);
+    let place = defined_at(&f);
     let mut split = "train".to_string();
     if let Some(o) = opts {
         super::options::check_keys(lua, "taper.data.generator", &o, &["split"])?;

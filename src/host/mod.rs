@@ -342,7 +342,8 @@ fn render_lua(e: &mlua::Error) -> String {
     match e {
         mlua::Error::CallbackError { traceback, cause } => {
             let head = render_lua(cause);
-            if lua_cause_is_config(cause) {
+            // A config error is one line that names its place: no traceback.
+            if Error::Lua((**cause).clone()).find(|e| matches!(e, Error::Config(_))) {
                 head
             } else {
                 format!("{head}\n{traceback}")
@@ -356,16 +357,6 @@ fn render_lua(e: &mlua::Error) -> String {
         mlua::Error::SyntaxError { message, .. } => message.clone(),
         mlua::Error::RuntimeError(msg) => msg.clone(),
         other => other.to_string(),
-    }
-}
-
-fn lua_cause_is_config(e: &mlua::Error) -> bool {
-    match e {
-        mlua::Error::ExternalError(inner) => {
-            matches!(inner.downcast_ref::<Error>(), Some(Error::Config(_)))
-        }
-        mlua::Error::CallbackError { cause, .. } => lua_cause_is_config(cause),
-        _ => false,
     }
 }
 

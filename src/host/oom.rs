@@ -7,6 +7,7 @@
 use mlua::{Function, Lua, Table, Value};
 use serde_json::{json, Map};
 
+use super::options::defined_at;
 use super::run_state::RunState;
 use super::HostState;
 use crate::data::Batch;
@@ -63,23 +64,13 @@ fn check(oom: &OomState, step: u64, attempt: u32, phase: Phase) -> Result<()> {
     Ok(())
 }
 
-/// Where a Lua function was defined, for errors about it.
-pub fn place(f: &Function) -> String {
-    let info = f.info();
-    format!(
-        "{}:{}",
-        info.short_src.as_deref().unwrap_or("?"),
-        info.line_defined.unwrap_or(0)
-    )
-}
-
 /// Calls `policy.name(policy, arg)` (a table with methods) or `policy(arg)`
 /// (a function, for `on_oom` only). Returns nil when there is no such hook.
 fn call_hook(policy: &Value, name: &str, arg: Table) -> Result<(Value, String)> {
     match policy {
-        Value::Function(f) if name == "on_oom" => Ok((f.call(arg)?, place(f))),
+        Value::Function(f) if name == "on_oom" => Ok((f.call(arg)?, defined_at(f))),
         Value::Table(t) => match t.get::<Value>(name)? {
-            Value::Function(f) => Ok((f.call((t.clone(), arg))?, place(&f))),
+            Value::Function(f) => Ok((f.call((t.clone(), arg))?, defined_at(&f))),
             _ => Ok((Value::Nil, String::new())),
         },
         _ => Ok((Value::Nil, String::new())),

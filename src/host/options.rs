@@ -32,6 +32,17 @@ pub(crate) fn location(lua: &Lua) -> String {
     String::new()
 }
 
+/// `file:line` where a Lua function was defined, for errors about it
+/// (policies, schedules, generators).
+pub(crate) fn defined_at(f: &mlua::Function) -> String {
+    let info = f.info();
+    format!(
+        "{}:{}",
+        info.short_src.as_deref().unwrap_or("?"),
+        info.line_defined.unwrap_or(0)
+    )
+}
+
 /// A config error at the caller's location.
 pub(crate) fn config_error(lua: &Lua, msg: impl Display) -> mlua::Error {
     lua_err(Error::Config(format!("{}{msg}", location(lua))))

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataMethods, Value};
 use serde::Deserialize;
 
-use super::options::decode;
+use super::options::{decode, defined_at};
 use crate::engine::schedule::{BatchRamp, Constant, Schedule, StepDecay, StepPlan, WarmupCosine};
 use crate::Error;
 
@@ -54,12 +54,7 @@ pub struct LuaSchedule {
 
 impl LuaSchedule {
     pub fn new(lua: &Lua, f: Function) -> mlua::Result<Self> {
-        let info = f.info();
-        let place = format!(
-            "schedule function at {}:{}",
-            info.short_src.as_deref().unwrap_or("?"),
-            info.line_defined.unwrap_or(0)
-        );
+        let place = format!("schedule function at {}", defined_at(&f));
         Ok(LuaSchedule {
             lua: lua.clone(),
             f,
