@@ -57,6 +57,10 @@ enum Command {
         /// Inject an OOM, e.g. "step=5,phase=backward" or "step=7,phase=forward,times=3" (repeatable)
         #[arg(long, value_name = "SPEC")]
         inject_oom: Vec<String>,
+        /// Watch the recipe and the Lua modules it requires; apply edits at the
+        /// end of the epoch (or at run:reload_point()) without stopping the run
+        #[arg(long)]
+        watch: bool,
     },
     /// Load and validate a recipe without training (its loop runs no epoch).
     Check {
@@ -198,6 +202,7 @@ fn main() -> ExitCode {
             quiet,
             mem_limit,
             inject_oom,
+            watch,
         } => {
             let opts = HostOptions {
                 device,
@@ -209,6 +214,7 @@ fn main() -> ExitCode {
                 overrides: recipe.set.clone(),
                 mem_limit,
                 inject_oom,
+                watch,
             };
             (recipe.recipe, opts)
         }

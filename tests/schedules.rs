@@ -151,7 +151,7 @@ fn ramp(
 fn batch_ramp_grows_batches_and_still_covers_every_sample() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let host = ramp(dir.path(), &[("epochs", "1")], None)?;
-    let sizes: Vec<usize> = host.lua().load("return sizes").eval()?;
+    let sizes: Vec<usize> = host.globals()?.get("sizes")?;
     // 16 + 112 * s / 12, rounded down to a multiple of 16.
     assert_eq!(&sizes[..7], &[16, 16, 32, 32, 48, 48, 64]);
     assert!(
@@ -162,6 +162,7 @@ fn batch_ramp_grows_batches_and_still_covers_every_sample() -> Result<()> {
     let counts: Vec<usize> = host
         .lua()
         .load("local c = {} for i = 0, 1436 do c[#c + 1] = seen[i] or 0 end return c")
+        .set_environment(host.globals()?)
         .eval()?;
     assert!(
         counts.iter().all(|&c| c == 1),

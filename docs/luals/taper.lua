@@ -7,6 +7,7 @@
 ---@class taper
 ---@field version string taper's version
 ---@field device string the device runs train on (`cpu`, `Cuda(0)`, ...)
+---@field generation integer the recipe's version: 0 at start, +1 per applied reload
 taper = {}
 
 ---Seconds since the host started (monotonic), for timing loops.
@@ -31,6 +32,9 @@ function taper.config(defaults) end
 ---@field micro_batch? integer default micro-batch size (gradients accumulated; same mean gradient)
 ---@field on_oom? taper.Policy|fun(event: taper.OomEvent): taper.OomAction?
 ---@field mem_limit? string|integer memory budget, e.g. "512MiB" (soft OOM above it)
+---@field state? table the initial `run.state` (kept across reloads)
+---@field on_reload? fun(old_state: table): table? migrates `run.state` when this version takes over
+---@field watch? boolean watch the recipe and its modules, as `--watch` does
 
 ---Creates a run: a model's parameters, its optimizer and its place in training.
 ---@param opts taper.RunOptions
@@ -41,14 +45,23 @@ function taper.run(opts) end
 ---@field steps integer optimizer steps taken
 ---@field epoch integer the epoch in progress, or the last one started (0 before any)
 ---@field parameters integer trainable parameter count
+---@field state table the recipe's own table; survives reloads
 local Run = {}
 
 ---Iterates epoch numbers up to `n` (continuing after the resumed epoch under
 ---`--resume`). Ending an epoch writes an `epoch` record. Yields nothing under
 ---`taper check`.
+---The end of each epoch is a safe point where `--watch` applies edits.
 ---@param n integer
 ---@return fun(): integer?
 function Run:epochs(n) end
+
+---A safe point inside an epoch: applies saved edits to the recipe and its
+---modules now. With `wait`, waits up to that many seconds for a change.
+---Returns true when this call applied a reload.
+---@param opts? {wait?: number}
+---@return boolean
+function Run:reload_point(opts) end
 
 ---Iterates the batches of the current epoch of `data` (default: the run's
 ---`data`). Each epoch has its own seeded order.

@@ -4,6 +4,7 @@
 
 mod data;
 mod oom;
+mod reload;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -53,6 +54,16 @@ pub enum Which {
         #[arg(long, default_value_t = 9)]
         rounds: usize,
     },
+    /// Hot reload: milliseconds from saving a watched module to the run using
+    /// it, and how long applying it pauses the run.
+    Reload {
+        /// Saves of the schedule module
+        #[arg(long, default_value_t = 9)]
+        edits: usize,
+        /// Milliseconds between saves
+        #[arg(long, default_value_t = 400)]
+        interval_ms: u64,
+    },
     /// Milliseconds per training step (forward, backward, AdamW) on random
     /// data, for comparison with benches/torch_step.py.
     Step {
@@ -76,6 +87,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Which::Step { model, steps } => step_time(model, *steps),
         Which::Data { steps } => data::run(*steps),
         Which::Oom { rounds } => oom::run(*rounds),
+        Which::Reload { edits, interval_ms } => reload::run(*edits, *interval_ms),
     }
 }
 
@@ -154,7 +166,7 @@ fn lua_loop(spec: &Gpt, steps: usize) -> Result<f64> {
         steps = steps
     );
     host.run_source("bench.lua", &src)?;
-    let elapsed: f64 = host.lua().globals().get("elapsed")?;
+    let elapsed: f64 = host.globals()?.get("elapsed")?;
     Ok(elapsed / steps as f64)
 }
 
@@ -229,7 +241,7 @@ fn lua_call_cost() -> Result<f64> {
         per_call = (taper.clock() - t0) / n
         "#,
     )?;
-    Ok(host.lua().globals().get("per_call")?)
+    Ok(host.globals()?.get("per_call")?)
 }
 
 fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelSpec>, Batch)> {

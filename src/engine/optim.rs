@@ -21,6 +21,24 @@ impl OptimSpec {
             OptimSpec::Sgd(c) => Box::new(Sgd::new(c.clone())),
         }
     }
+    /// The configured learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            OptimSpec::AdamW(c) => c.lr,
+            OptimSpec::Sgd(c) => c.lr,
+        }
+    }
+
+    /// Same optimizer and hyperparameters, except perhaps the learning rate:
+    /// its state carries over (what a reload may change).
+    pub fn same_but_lr(&self, other: &OptimSpec) -> bool {
+        let with = |s: &OptimSpec| match s.clone() {
+            OptimSpec::AdamW(c) => format!("{:?}", AdamWConfig { lr: 0.0, ..c }),
+            OptimSpec::Sgd(c) => format!("{:?}", SgdConfig { lr: 0.0, ..c }),
+        };
+        with(self) == with(other)
+    }
+
     pub fn describe(&self) -> String {
         match self {
             OptimSpec::AdamW(c) => format!(

@@ -50,6 +50,7 @@ pub struct Trainer {
     store: ParamStore,
     model: Box<dyn Module>,
     optim: Box<dyn Optimizer>,
+    optim_spec: OptimSpec,
     optim_desc: String,
     opts: TrainerOptions,
     /// Optimizer steps taken.
@@ -65,6 +66,7 @@ impl Trainer {
             store,
             model,
             optim: optim.build(),
+            optim_spec: optim.clone(),
             optim_desc: optim.describe(),
             opts,
             step: 0,
@@ -79,6 +81,23 @@ impl Trainer {
     }
     pub fn device(&self) -> &Device {
         &self.opts.device
+    }
+    /// The optimizer as the recipe configured it.
+    pub fn optim_spec(&self) -> &OptimSpec {
+        &self.optim_spec
+    }
+    /// Records a new configuration of the same optimizer (a reload that
+    /// changed its lr); the optimizer's state is untouched.
+    pub fn set_optim_spec(&mut self, spec: OptimSpec) {
+        self.optim_desc = spec.describe();
+        self.optim_spec = spec;
+    }
+    /// Replaces the loss (a reload may change its options).
+    pub fn set_loss(&mut self, loss: CrossEntropy) {
+        self.opts.loss = loss;
+    }
+    pub fn loss(&self) -> CrossEntropy {
+        self.opts.loss
     }
     pub fn optimizer_description(&self) -> &str {
         &self.optim_desc

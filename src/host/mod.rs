@@ -1,5 +1,6 @@
 //! The Lua host: the `taper` module a recipe sees, and running a recipe.
 
+mod adopt;
 mod config;
 mod data;
 mod data_files;
@@ -9,9 +10,11 @@ mod oom;
 mod options;
 mod output;
 mod plan;
+mod reload;
 mod run;
 mod run_options;
 mod run_state;
+mod safe_point;
 mod schedule;
 
 use std::cell::{Cell, RefCell};
@@ -54,6 +57,8 @@ pub struct HostOptions {
     pub mem_limit: Option<usize>,
     /// Injected OOM faults, `step=5,phase=backward[,times=2]`, for every run.
     pub inject_oom: Vec<String>,
+    /// Watch the recipe and its modules; apply edits at safe points.
+    pub watch: bool,
 }
 
 impl Default for HostOptions {
@@ -68,6 +73,7 @@ impl Default for HostOptions {
             overrides: Vec::new(),
             mem_limit: None,
             inject_oom: Vec::new(),
+            watch: false,
         }
     }
 }
@@ -82,6 +88,8 @@ pub(crate) struct HostState {
     pub resume: RefCell<Option<PathBuf>>,
     /// Hash of the recipe being run (see `CheckpointMeta::recipe_hash`).
     pub recipe_hash: RefCell<String>,
+    /// Watching and reloading the recipe's scripts.
+    pub reload: RefCell<reload::ReloadState>,
 }
 
 pub(crate) fn state(lua: &Lua) -> Rc<HostState> {
@@ -126,6 +134,7 @@ impl Host {
             config_called: Cell::new(false),
             runs: RefCell::new(Vec::new()),
             recipe_hash: RefCell::new(String::new()),
+            reload: RefCell::new(reload::ReloadState::default()),
         });
         lua.set_app_data(state.clone());
         let taper = lua.create_table()?;
@@ -145,6 +154,7 @@ impl Host {
         lua.globals().set("taper", taper.clone())?;
         lua.register_module("taper", taper)?;
         install_print(&lua)?;
+        safe_point::register(&lua)?;
         Ok(Host {
             lua,
             state,
@@ -155,6 +165,12 @@ impl Host {
     /// The Lua state, for embedders that add their own functions.
     pub fn lua(&self) -> &Lua {
         &self.lua
+    }
+
+    /// The recipe's globals: each version of a recipe (see `--watch`) runs
+    /// with its own, reading through to the shared ones where `taper` is.
+    pub fn globals(&self) -> Result<Table> {
+        Ok(reload::recipe_env(&self.lua)?)
     }
 
     fn sub_table(&self, name: &str) -> Result<Table> {
@@ -212,18 +228,18 @@ impl Host {
             let d = dir.display();
             package.set("path", format!("{d}/?.lua;{d}/?/init.lua;{old}"))?;
         }
-        self.run_source(&path.display().to_string(), &src)
+        let name = path.display().to_string();
+        self.state.reload.borrow_mut().recipe = Some((path.to_path_buf(), name.clone()));
+        if self.state.opts.watch {
+            reload::start_watching(&self.state);
+        }
+        self.run_source(&name, &src)
     }
 
     /// Runs recipe source; `name` is what error messages call the file.
     pub fn run_source(&mut self, name: &str, src: &str) -> Result<Report> {
         *self.state.recipe_hash.borrow_mut() = crate::engine::checkpoint::text_hash(src);
-        let result = self
-            .lua
-            .load(src)
-            .set_name(format!("@{name}"))
-            .exec()
-            .map_err(Error::from)
+        let result = reload::drive(&self.lua, &self.state, name, src)
             .and_then(|_| self.check_overrides_used());
         match result {
             Ok(()) => self.finish(),

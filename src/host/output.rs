@@ -17,6 +17,8 @@ pub(crate) struct Output {
     bar: RefCell<Option<ProgressBar>>,
     quiet: bool,
     start: Instant,
+    /// Shown after the step and loss on the progress line (a failed reload).
+    note: RefCell<Option<String>>,
 }
 
 impl Output {
@@ -35,6 +37,7 @@ impl Output {
             bar: RefCell::new(None),
             quiet,
             start: Instant::now(),
+            note: RefCell::new(None),
         })
     }
 
@@ -108,9 +111,17 @@ impl Output {
 
     pub fn tick(&self, step: u64, loss: f64) {
         if let Some(bar) = self.bar.borrow().as_ref() {
-            bar.set_message(format!("step {step} loss {loss:.4}"));
+            match self.note.borrow().as_deref() {
+                Some(note) => bar.set_message(format!("step {step} loss {loss:.4} | {note}")),
+                None => bar.set_message(format!("step {step} loss {loss:.4}")),
+            }
             bar.inc(1);
         }
+    }
+
+    /// Sets or clears the note on the progress line.
+    pub fn note(&self, note: Option<String>) {
+        *self.note.borrow_mut() = note;
     }
 
     pub fn finish_bar(&self) {

@@ -3,7 +3,6 @@
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::Instant;
 
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 use serde::Deserialize;
@@ -40,36 +39,12 @@ fn write(rc: &Rc<RefCell<RunState>>) -> mlua::Result<std::cell::RefMut<'_, RunSt
 }
 
 impl RunHandle {
-    fn get(&self) -> mlua::Result<std::cell::Ref<'_, RunState>> {
+    pub(crate) fn get(&self) -> mlua::Result<std::cell::Ref<'_, RunState>> {
         read(&self.0)
     }
-    fn get_mut(&self) -> mlua::Result<std::cell::RefMut<'_, RunState>> {
+    pub(crate) fn get_mut(&self) -> mlua::Result<std::cell::RefMut<'_, RunState>> {
         write(&self.0)
     }
-}
-
-fn epochs(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Function> {
-    run.get_mut()?.total_epochs = n;
-    let run = run.0.clone();
-    lua.create_function(move |lua, ()| {
-        let host = state(lua);
-        let mut r = write(&run)?;
-        finish_epoch(&host, &mut r).map_err(lua_err)?;
-        let next = r.epoch + 1;
-        if host.opts.check_only || next > n {
-            return Ok(None);
-        }
-        r.epoch = next;
-        r.in_epoch = true;
-        r.epoch_steps = r.skip_next as u64;
-        r.epoch_pos = r.skip_next_samples as u64;
-        r.epoch_loss = 0.0;
-        r.epoch_samples = 0;
-        r.epoch_start = Instant::now();
-        r.epoch_data_wait = 0.0;
-        r.epoch_mem_peak = 0;
-        Ok(Some(next))
-    })
 }
 
 fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
@@ -123,23 +98,26 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
 
 /// The schedule's plan for the run's next step, computed once per step (a
 /// Lua schedule may keep state) and shared by `run:batches()`, which needs
-/// the batch size, and `run:step()`. The schedule may be Lua code that reads
-/// the run: no borrow is held while it runs.
+/// the batch size, and `run:step()`. Keyed by step and epoch: the draw that
+/// finds an epoch's data used up plans a step the next epoch takes. The
+/// schedule may be Lua code that reads the run: no borrow is held while it
+/// runs.
 fn plan_next(run: &Rc<RefCell<RunState>>) -> mlua::Result<StepPlan> {
     let (schedule, at_step, at_epoch) = {
         let r = read(run)?;
-        if let Some((step, plan)) = r.pending {
-            if step == r.trainer.step {
+        let at = (r.trainer.step, r.epoch.max(1));
+        if let Some((step, epoch, plan)) = r.pending {
+            if (step, epoch) == at {
                 return Ok(plan);
             }
         }
-        (r.schedule.clone(), r.trainer.step, r.epoch.max(1))
+        (r.schedule.clone(), at.0, at.1)
     };
     let plan = match schedule {
         Some(s) => s.borrow_mut().plan(at_step, at_epoch).map_err(lua_err)?,
         None => StepPlan::default(),
     };
-    write(run)?.pending = Some((at_step, plan));
+    write(run)?.pending = Some((at_step, at_epoch, plan));
     Ok(plan)
 }
 
@@ -283,6 +261,22 @@ impl UserData for RunHandle {
         f.add_field_method_get("parameters", |_, this| {
             Ok(this.get()?.trainer.params().num_params())
         });
+        // Lua functions, so that a reload can yield from them.
+        f.add_field_function_get("epochs", |lua, _| super::safe_point::epochs_fn(lua));
+        f.add_field_function_get("reload_point", |lua, _| {
+            super::safe_point::reload_point_fn(lua)
+        });
+        f.add_field_method_get("state", |_, this| Ok(this.get()?.state.clone()));
+        f.add_field_method_set("state", |lua, this, t: Value| match t {
+            Value::Table(t) => {
+                this.get_mut()?.state = t;
+                Ok(())
+            }
+            other => Err(config_error(
+                lua,
+                format!("run.state must be a table, got a {}", other.type_name()),
+            )),
+        });
     }
 
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
@@ -295,7 +289,6 @@ impl UserData for RunHandle {
                 r.epoch
             ))
         });
-        m.add_method("epochs", |lua, this, n: u64| epochs(lua, this, n));
         m.add_method("batches", |lua, this, d: Value| batches(lua, this, d));
         m.add_method("step", |lua, this, b: mlua::UserDataRef<BatchHandle>| {
             step(lua, this, &b)

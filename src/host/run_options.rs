@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::DType;
-use mlua::{Lua, Table, Value};
+use mlua::{Function, Lua, Table, Value};
 use serde::Deserialize;
 use serde_json::Map;
 
@@ -19,6 +19,7 @@ use super::run::RunHandle;
 use super::run_state::RunState;
 use super::schedule::{LuaSchedule, ScheduleHandle};
 use super::state;
+use crate::engine::loss::CrossEntropy;
 use crate::engine::optim::{AdamWConfig, OptimSpec};
 use crate::engine::schedule::Schedule;
 use crate::engine::{Trainer, TrainerOptions};
@@ -35,18 +36,52 @@ const RUN_KEYS: &[&str] = &[
     "micro_batch",
     "on_oom",
     "mem_limit",
+    "state",
+    "on_reload",
+    "watch",
 ];
 
+/// The decoded options of `taper.run{...}`.
+pub(crate) struct RunOptions {
+    pub model: ModelHandle,
+    pub optim: OptimSpec,
+    pub data: Option<Feed>,
+    pub loss: CrossEntropy,
+    /// Mixed with the host's `--seed`.
+    pub seed: u64,
+    pub schedule: Option<Rc<RefCell<dyn Schedule>>>,
+    pub micro_batch: Option<usize>,
+    pub oom: OomState,
+    pub state: Option<Table>,
+    pub on_reload: Option<Function>,
+}
+
 pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
+    let host = state(lua);
+    let o = decode_run(lua, &host, &opts)?;
+    if opts
+        .get::<Option<bool>>("watch")
+        .map_err(|_| config_error(lua, "taper.run: option `watch` must be true or false"))?
+        == Some(true)
+    {
+        super::reload::start_watching(&host);
+    }
+    match super::adopt::adopt(lua, &host, o)? {
+        Ok(existing) => Ok(existing),
+        Err(o) => create(lua, &host, o),
+    }
+}
+
+fn decode_run(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<RunOptions> {
     let what = "taper.run";
-    check_keys(lua, what, &opts, RUN_KEYS)?;
-    let model: ModelHandle = handle(lua, what, &opts, "model", "a taper.model")?
+    check_keys(lua, what, opts, RUN_KEYS)?;
+    let model: ModelHandle = handle(lua, what, opts, "model", "a taper.model")?
         .ok_or_else(|| config_error(lua, "taper.run: option `model` is required"))?;
-    let optim = handle::<OptimHandle>(lua, what, &opts, "optim", "a taper.optim")?
+    let optim = handle::<OptimHandle>(lua, what, opts, "optim", "a taper.optim")?
         .map(|o| o.0)
         .unwrap_or(OptimSpec::AdamW(AdamWConfig::default()));
     let data = Feed::from_value(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
-    let loss = handle::<LossHandle>(lua, what, &opts, "loss", "a taper.loss")?
+    let loss = handle::<LossHandle>(lua, what, opts, "loss", "a taper.loss")?
         .map(|l| l.0)
         .unwrap_or_default();
     let seed: u64 = match opts.get::<Value>("seed")? {
@@ -59,7 +94,7 @@ pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
             ))
         }
     };
-    let schedule = run_schedule(lua, &opts)?;
+    let schedule = run_schedule(lua, opts)?;
     let micro_batch: Option<usize> = match opts.get::<Value>("micro_batch")? {
         Value::Nil => None,
         v => Some(decode(lua, "taper.run: option `micro_batch`", v)?),
@@ -70,22 +105,62 @@ pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
             "taper.run: option `micro_batch` must be positive",
         ));
     }
-    let host = state(lua);
-    let oom = run_oom(lua, &host, &opts)?;
-    let seed = seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let oom = run_oom(lua, host, opts)?;
+    let state = match opts.get::<Value>("state")? {
+        Value::Nil => None,
+        Value::Table(t) => Some(t),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `state` must be a table, got a {}",
+                    other.type_name()
+                ),
+            ))
+        }
+    };
+    let on_reload = match opts.get::<Value>("on_reload")? {
+        Value::Nil => None,
+        Value::Function(f) => Some(f),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `on_reload` must be a function(old_state), got a {}",
+                    other.type_name()
+                ),
+            ))
+        }
+    };
+    Ok(RunOptions {
+        model,
+        optim,
+        data,
+        loss,
+        seed: seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        schedule,
+        micro_batch,
+        oom,
+        state,
+        on_reload,
+    })
+}
+
+fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<RunHandle> {
+    let model = o.model;
     let topts = TrainerOptions {
         device: host.device.clone(),
         dtype: DType::F32,
-        seed,
-        loss,
+        seed: o.seed,
+        loss: o.loss,
     };
-    let trainer = Trainer::new(Arc::clone(&model.0), &optim, topts).map_err(lua_err)?;
+    let trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
     let id = host.runs.borrow().len() + 1;
     let mut run = RunState {
         id,
         trainer,
-        data,
-        seed,
+        data: o.data,
+        seed: o.seed,
         epoch: 0,
         in_epoch: false,
         epoch_steps: 0,
@@ -100,11 +175,16 @@ pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
         epoch_mem_peak: 0,
         total_epochs: 0,
         last_eval: None,
-        schedule,
-        micro_batch,
+        schedule: o.schedule,
+        micro_batch: o.micro_batch,
         recipe_hash: host.recipe_hash.borrow().clone(),
-        oom,
+        oom: o.oom,
         skipped: Vec::new(),
+        state: match o.state {
+            Some(t) => t,
+            None => lua.create_table()?,
+        },
+        reenter: false,
     };
     if let Some(path) = host.resume.borrow_mut().take() {
         if let Some(notice) = run.resume(&path).map_err(lua_err)? {

@@ -30,8 +30,8 @@ pub(crate) struct RunState {
     pub skip_next_samples: usize,
     /// Samples of this epoch consumed (stepped or skipped): the data cursor.
     pub epoch_pos: u64,
-    /// The schedule's plan for a step, computed before its batch was drawn.
-    pub pending: Option<(u64, crate::engine::schedule::StepPlan)>,
+    /// The schedule's plan for (step, epoch), computed before its batch was drawn.
+    pub pending: Option<(u64, u64, crate::engine::schedule::StepPlan)>,
     pub epoch_loss: f64,
     pub epoch_samples: usize,
     pub epoch_start: Instant,
@@ -50,6 +50,10 @@ pub(crate) struct RunState {
     pub oom: super::oom::OomState,
     /// Batches an OOM policy skipped: (epoch, batch position in the epoch).
     pub skipped: Vec<(u64, u64)>,
+    /// `run.state`: the recipe's own table, which survives reloads.
+    pub state: mlua::Table,
+    /// A reload happened mid-epoch: `run:epochs()` re-enters this epoch.
+    pub reenter: bool,
 }
 
 /// What a run reached, for embedders and tests.

@@ -1,0 +1,172 @@
+//! `taper.run{}` in a reloaded version of a recipe: it returns the run the
+//! previous version created in the same order, keeping the model, optimizer
+//! state, data cursor, step, memory plan and `run.state`, and stages what a
+//! reload may change:
+//!
+//! - may change: `data` (the cursor carries over), `schedule`, `on_oom`,
+//!   `mem_limit`, `micro_batch`, `loss` options, the optimizer's `lr`, and
+//!   everything the recipe's loop does from the next epoch (or safe point);
+//! - may not change: the model's architecture, the optimizer's kind and its
+//!   settings other than `lr`, and the run's `seed`.
+//!
+//! The staged strategies are swapped in only when the new version reaches
+//! its first safe point (`commit`).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use mlua::{Function, Lua, Table, Value};
+
+use super::generator::Feed;
+use super::options::config_error;
+use super::run::RunHandle;
+use super::run_options::RunOptions;
+use super::run_state::RunState;
+use super::HostState;
+use crate::engine::loss::CrossEntropy;
+use crate::engine::optim::OptimSpec;
+use crate::engine::schedule::{Schedule, StepPlan};
+
+/// What a new version gives a run, applied at commit.
+pub(crate) struct Staged {
+    run: Rc<RefCell<RunState>>,
+    data: Option<Feed>,
+    loss: CrossEntropy,
+    optim: OptimSpec,
+    schedule: Option<Rc<RefCell<dyn Schedule>>>,
+    micro_batch: Option<usize>,
+    policy: Option<Value>,
+    budget: Option<usize>,
+    on_reload: Option<Function>,
+}
+
+/// In a reloaded version, the existing run for this `taper.run{}` call,
+/// after checking that the new options keep what a reload must keep.
+/// `Ok(Err(o))` hands the options back: create a new run.
+pub(crate) fn adopt(
+    lua: &Lua,
+    host: &HostState,
+    o: RunOptions,
+) -> mlua::Result<std::result::Result<RunHandle, RunOptions>> {
+    let (index, committed) = {
+        let mut rl = host.reload.borrow_mut();
+        let index = rl.next_run;
+        rl.next_run += 1;
+        if rl.generation == 0 && rl.trial.is_none() {
+            return Ok(Err(o));
+        }
+        (index, rl.trial.is_none())
+    };
+    let Some(run) = host.runs.borrow().get(index).cloned() else {
+        return Ok(Err(o));
+    };
+    check(lua, &run.borrow(), &o)?;
+    let staged = Staged {
+        run: run.clone(),
+        data: o.data,
+        loss: o.loss,
+        optim: o.optim,
+        schedule: o.schedule,
+        micro_batch: o.micro_batch,
+        policy: o.oom.policy,
+        budget: o.oom.budget,
+        on_reload: o.on_reload,
+    };
+    if committed {
+        // A run the new version reaches after its first safe point.
+        commit(vec![staged]).map_err(|e| config_error(lua, e))?;
+    } else if let Some(trial) = host.reload.borrow_mut().trial.as_mut() {
+        trial.push(staged);
+    }
+    Ok(Ok(RunHandle(run)))
+}
+
+fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
+    let restart =
+        "stop the run and start it again (taper train ... --resume <checkpoint>) to change it";
+    let (was, now) = (r.trainer.spec().describe(), o.model.0.describe());
+    if was != now {
+        return Err(config_error(
+            lua,
+            format!("taper.run: a reload cannot change the model's architecture (running: {was}; new: {now}); {restart}"),
+        ));
+    }
+    let old = r.trainer.optim_spec();
+    if !old.same_but_lr(&o.optim) {
+        return Err(config_error(
+            lua,
+            format!(
+                "taper.run: a reload can change the optimizer's lr only (running: {}; new: {}); {restart}",
+                old.describe(),
+                o.optim.describe()
+            ),
+        ));
+    }
+    if o.seed != r.seed {
+        return Err(config_error(
+            lua,
+            format!("taper.run: a reload cannot change the run's seed; {restart}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Applies a new version's staged strategies: first everything that runs
+/// the new code (the schedule's plan for the next step, `on_reload`), and
+/// only when all of it succeeded, the swap.
+pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<(), String> {
+    let mut ready = Vec::with_capacity(staged.len());
+    for s in staged {
+        let (step, epoch, old_state) = {
+            let r = s.run.borrow();
+            let next_epoch = if r.in_epoch { r.epoch } else { r.epoch + 1 };
+            (r.trainer.step, next_epoch.max(1), r.state.clone())
+        };
+        let plan = match &s.schedule {
+            Some(sch) => Some((
+                step,
+                epoch,
+                sch.borrow_mut()
+                    .plan(step, epoch)
+                    .map_err(|e| super::reload::message(&e))?,
+            )),
+            None => None,
+        };
+        let new_state = match &s.on_reload {
+            None => old_state,
+            Some(f) => match f.call::<Value>(old_state.clone()) {
+                Ok(Value::Nil) => old_state,
+                Ok(Value::Table(t)) => t,
+                Ok(other) => {
+                    return Err(format!(
+                        "on_reload must return the new state table (or nil), got a {}",
+                        other.type_name()
+                    ))
+                }
+                Err(e) => return Err(super::reload::message(&e.into())),
+            },
+        };
+        ready.push((s, plan, new_state));
+    }
+    for (s, plan, new_state) in ready {
+        apply(s, plan, new_state);
+    }
+    Ok(())
+}
+
+fn apply(s: Staged, plan: Option<(u64, u64, StepPlan)>, state: Table) {
+    let mut r = s.run.borrow_mut();
+    if s.optim.lr() != r.trainer.optim_spec().lr() {
+        r.trainer.set_learning_rate(s.optim.lr());
+    }
+    r.trainer.set_optim_spec(s.optim);
+    r.trainer.set_loss(s.loss);
+    r.data = s.data;
+    r.schedule = s.schedule;
+    r.micro_batch = s.micro_batch;
+    r.oom.policy = s.policy;
+    r.oom.budget = s.budget;
+    r.state = state;
+    r.pending = plan;
+    r.reenter = r.in_epoch;
+}

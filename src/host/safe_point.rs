@@ -1,0 +1,172 @@
+//! The Rust side of the safe points in `safe_point.lua`: the epoch loop's
+//! bookkeeping, polling the watcher, and remembering required modules.
+
+use std::time::{Duration, Instant};
+
+use mlua::{Function, Lua, Table, UserDataRef, Value};
+use serde::Deserialize;
+use serde_json::Map;
+
+use super::options::{config_error, decode};
+use super::run::RunHandle;
+use super::run_state::finish_epoch;
+use super::state;
+use crate::error::lua_err;
+
+const EPOCHS: &str = "taper.safe_point.epochs";
+const RELOAD_POINT: &str = "taper.safe_point.reload_point";
+const PRIVATE: &str = "taper.safe_point.host";
+
+/// Loads the safe points and replaces `require` with the watching one.
+pub(crate) fn register(lua: &Lua) -> mlua::Result<()> {
+    let host = lua.create_table()?;
+    host.set(
+        "set_epochs",
+        lua.create_function(|_, (run, n): (UserDataRef<RunHandle>, u64)| {
+            run.get_mut()?.total_epochs = n;
+            Ok(())
+        })?,
+    )?;
+    host.set(
+        "epoch_end",
+        lua.create_function(|lua, run: UserDataRef<RunHandle>| epoch_end(lua, &run))?,
+    )?;
+    host.set(
+        "epoch_begin",
+        lua.create_function(|lua, (run, n): (UserDataRef<RunHandle>, u64)| {
+            epoch_begin(lua, &run, n)
+        })?,
+    )?;
+    host.set(
+        "poll",
+        lua.create_function(|lua, (run, opts): (UserDataRef<RunHandle>, Value)| {
+            poll(lua, &run, opts)
+        })?,
+    )?;
+    host.set(
+        "watch_module",
+        lua.create_function(|lua, (name, path): (String, String)| {
+            super::reload::watch_module(lua, &name, path.as_ref());
+            Ok(())
+        })?,
+    )?;
+    let (epochs, reload_point, require): (Function, Function, Function) = lua
+        .load(include_str!("safe_point.lua"))
+        .set_name("=taper/safe_point.lua")
+        .call(host.clone())?;
+    lua.set_named_registry_value(EPOCHS, epochs)?;
+    lua.set_named_registry_value(RELOAD_POINT, reload_point)?;
+    lua.set_named_registry_value(PRIVATE, host)?;
+    lua.globals().set("require", require)
+}
+
+/// `run.epochs` and `run.reload_point`: Lua functions, so that they can yield.
+pub(crate) fn epochs_fn(lua: &Lua) -> mlua::Result<Function> {
+    lua.named_registry_value(EPOCHS)
+}
+pub(crate) fn reload_point_fn(lua: &Lua) -> mlua::Result<Function> {
+    lua.named_registry_value(RELOAD_POINT)
+}
+
+/// Marks `thread` as the running version: only it may yield at a safe point.
+pub(crate) fn set_thread(lua: &Lua, thread: &mlua::Thread) -> mlua::Result<()> {
+    let host: Table = lua.named_registry_value(PRIVATE)?;
+    host.set("thread", thread.clone())
+}
+
+fn epoch_end(lua: &Lua, run: &RunHandle) -> mlua::Result<()> {
+    let host = state(lua);
+    // A version being tried does not close the epoch it re-enters.
+    if host.reload.borrow().trial.is_some() {
+        return Ok(());
+    }
+    finish_epoch(&host, &mut *run.get_mut()?).map_err(lua_err)
+}
+
+fn epoch_begin(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Option<u64>> {
+    let host = state(lua);
+    let mut r = run.get_mut()?;
+    if std::mem::take(&mut r.reenter) && r.in_epoch {
+        // A reload in the middle of an epoch: go on from the data cursor.
+        r.skip_next = r.epoch_steps as usize;
+        r.skip_next_samples = r.epoch_pos as usize;
+        return Ok(Some(r.epoch));
+    }
+    let next = r.epoch + 1;
+    if host.opts.check_only || next > n {
+        return Ok(None);
+    }
+    r.epoch = next;
+    r.in_epoch = true;
+    r.epoch_steps = r.skip_next as u64;
+    r.epoch_pos = r.skip_next_samples as u64;
+    r.epoch_loss = 0.0;
+    r.epoch_samples = 0;
+    r.epoch_start = Instant::now();
+    r.epoch_data_wait = 0.0;
+    r.epoch_mem_peak = 0;
+    Ok(Some(next))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PointOpts {
+    /// Seconds to wait for a change when there is none yet.
+    #[serde(default)]
+    wait: f64,
+}
+
+/// What the safe point should do: `"commit"` (the first safe point of a new
+/// version), `"reload"` (the watched files changed) or nothing.
+fn poll(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Option<&'static str>> {
+    let o: PointOpts = decode(lua, "run:reload_point", opts)?;
+    if !(o.wait.is_finite() && o.wait >= 0.0) {
+        return Err(config_error(
+            lua,
+            format!(
+                "run:reload_point: `wait` must be a number of seconds >= 0, got {}",
+                o.wait
+            ),
+        ));
+    }
+    let host = state(lua);
+    if host.reload.borrow().trial.is_some() {
+        return Ok(Some("commit"));
+    }
+    if host.opts.check_only {
+        return Ok(None);
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(o.wait);
+    let (step, epoch, id) = {
+        let r = run.get()?;
+        (r.trainer.step, r.epoch, r.id)
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let changes = {
+            let mut rl = host.reload.borrow_mut();
+            let Some(w) = rl.watcher.as_mut() else {
+                return Ok(None);
+            };
+            w.poll(left)
+        };
+        if !changes.unchanged.is_empty() {
+            let mut f = Map::new();
+            f.insert("run".into(), id.into());
+            f.insert(
+                "unchanged".into(),
+                super::reload::shown(&changes.unchanged).into(),
+            );
+            host.out.record("watch", step, epoch, f).map_err(lua_err)?;
+        }
+        if !changes.changed.is_empty() {
+            let mut rl = host.reload.borrow_mut();
+            rl.pending = changes;
+            rl.at_run = id;
+            return Ok(Some("reload"));
+        }
+        if left.is_zero() || Instant::now() >= deadline {
+            return Ok(None);
+        }
+    }
+}

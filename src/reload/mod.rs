@@ -1,0 +1,7 @@
+//! Hot reload: watching a recipe and the Lua modules it required, so that a
+//! long run picks up edits at its next safe point (see `host::reload` for
+//! how a new version is tried and swapped in).
+
+pub mod watcher;
+
+pub use watcher::{Changes, Watcher, DEBOUNCE};

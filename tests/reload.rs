@@ -1,0 +1,349 @@
+//! Hot reload, end to end: `taper train --watch` runs in the background while
+//! the test edits its scripts. Every wait polls `metrics.jsonl` or the
+//! process with a deadline; the recipes hold still at a known point with
+//! `run:reload_point{ wait = ... }`, so that edits land where the test says.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::Device;
+use serde_json::Value;
+use taper::engine::checkpoint;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn taper(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start taper")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Starts `taper train RECIPE --watch` writing into `DIR/out`.
+fn watched(dir: &Path, recipe: &str) -> Child {
+    let out = dir.join("out");
+    taper(&[
+        "train",
+        s(&dir.join(recipe)),
+        "--watch",
+        "--quiet",
+        "--out",
+        s(&out),
+    ])
+}
+
+/// Saves the way editors do: a temporary file renamed over the old one.
+fn save(path: &Path, text: &str) {
+    let tmp = path.with_extension("lua.swp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn records(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("out/metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn events(dir: &Path, event: &str) -> Vec<Value> {
+    records(dir)
+        .into_iter()
+        .filter(|r| r["event"] == event)
+        .collect()
+}
+
+/// Polls the metrics until a record matches, failing if the run ends first.
+fn wait_for(child: &mut Child, dir: &Path, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Some(r) = records(dir).into_iter().find(|r| pred(r)) {
+            return r;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("taper exited ({status}) before {what}: {}", stderr(child));
+        }
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stderr(child: &mut Child) -> String {
+    use std::io::Read;
+    let mut s = String::new();
+    if let Some(e) = child.stderr.as_mut() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
+
+fn finish(mut child: Child) {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < DEADLINE, "taper did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "taper failed: {}", stderr(&mut child));
+}
+
+fn epoch_record(dir: &Path, epoch: u64) -> Value {
+    events(dir, "epoch")
+        .into_iter()
+        .find(|r| r["epoch"] == epoch)
+        .unwrap_or_else(|| panic!("no record of epoch {epoch}"))
+}
+
+fn assert_same_weights(a: &Path, b: &Path) {
+    let (ta, ma) = checkpoint::load(&a.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    let (tb, mb) = checkpoint::load(&b.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!((ma.step, ma.epoch), (mb.step, mb.epoch));
+    assert_eq!(ta.len(), tb.len());
+    let values = |t: &candle_core::Tensor| {
+        let t = t.flatten_all().unwrap();
+        t.to_dtype(candle_core::DType::F64)
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
+    };
+    let differ: Vec<&String> = ta
+        .keys()
+        .filter(|k| values(&ta[*k]) != values(&tb[*k]))
+        .collect();
+    assert!(differ.is_empty(), "{differ:?} differ");
+}
+
+fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    dir
+}
+
+/// The digits MLP, 23 steps per epoch. `{schedule}`, `{extra}` and
+/// `{hold}` (code run after each epoch's batches) are filled in per test.
+fn recipe(schedule: &str, hidden: u32, extra: &str, hold: &str) -> String {
+    format!(
+        r#"local train = taper.data.digits{{ split = "train" }}:shuffle{{ seed = 1 }}:batch(64)
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 64, hidden = {{ {hidden} }}, outputs = 10 }},
+  optim = taper.optim.adamw{{ lr = 1e-3 }},
+  data = train, seed = 1, schedule = {schedule}, {extra}
+}}
+for epoch in run:epochs(4) do
+  for batch in run:batches() do run:step(batch) end
+  {hold}
+end
+"#
+    )
+}
+
+const HOLD_AT_2: &str = "if epoch == 2 and taper.generation == 0 then
+    run:log{ holding = true }
+    for _ = 1, 5 do run:reload_point{ wait = 30 } end
+  end";
+
+/// Waits until the run holds at its reload point.
+fn holding(child: &mut Child, dir: &Path) {
+    wait_for(child, dir, "the run to hold", |r| {
+        r["event"] == "log" && r["holding"] == true
+    });
+}
+
+#[test]
+fn an_edited_schedule_module_applies_from_the_next_epoch() {
+    let old = "return function(step, epoch) return { lr = 0.003 } end\n";
+    let new = "return function(step, epoch) return { lr = 0.0005 * epoch } end\n";
+    let dir = dir_with(&[
+        ("sched.lua", old),
+        ("recipe.lua", &recipe("require('sched')", 32, "", HOLD_AT_2)),
+    ]);
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+    save(&dir.path().join("sched.lua"), new);
+    finish(child);
+
+    let reloads = events(dir.path(), "reload");
+    assert_eq!(reloads.len(), 1, "{reloads:?}");
+    assert_eq!(reloads[0]["ok"], true, "{reloads:?}");
+    assert_eq!(reloads[0]["generation"], 1);
+    assert!(reloads[0]["files"][0]
+        .as_str()
+        .unwrap()
+        .ends_with("sched.lua"));
+    for (epoch, lr, step) in [(2, 0.003, 46), (3, 0.0015, 69), (4, 0.002, 92)] {
+        let r = epoch_record(dir.path(), epoch);
+        assert!((r["lr"].as_f64().unwrap() - lr).abs() < 1e-12, "{r}");
+        assert_eq!(r["step"], step, "{r}");
+    }
+
+    // The same run with the switch written into its schedule.
+    let switched = "function(step, epoch) if epoch <= 2 then return { lr = 0.003 } else return { lr = 0.0005 * epoch } end end";
+    let reference = dir_with(&[("recipe.lua", &recipe(switched, 32, "", ""))]);
+    let out = reference.path().join("out");
+    finish(taper(&[
+        "train",
+        s(&reference.path().join("recipe.lua")),
+        "--quiet",
+        "--out",
+        s(&out),
+    ]));
+    assert_same_weights(&dir.path().join("out"), &out);
+}
+
+#[test]
+fn a_broken_version_keeps_the_old_one_until_a_good_one_is_saved() {
+    let good = recipe("nil", 32, "", HOLD_AT_2);
+    let dir = dir_with(&[("recipe.lua", &good)]);
+    let path = dir.path().join("recipe.lua");
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+
+    // A syntax error on line 3.
+    let broken = good.replacen("optim = taper", "optim = = taper", 1);
+    save(&path, &broken);
+    let failed = wait_for(&mut child, dir.path(), "the failed reload", |r| {
+        r["event"] == "reload"
+    });
+    assert_eq!(failed["ok"], false);
+    assert_eq!(failed["generation"], 0);
+    let why = failed["error"].as_str().unwrap();
+    assert!(why.contains("recipe.lua:4:"), "{why}");
+
+    // Saving the same bytes again is not a change.
+    std::fs::write(&path, &broken).unwrap();
+    wait_for(&mut child, dir.path(), "the unchanged save", |r| {
+        r["event"] == "watch"
+    });
+
+    // An error in the new version's top level, before its loop.
+    let throws = good.replacen("local run", "error('not yet')\nlocal run", 1);
+    save(&path, &throws);
+    let failed = wait_for(&mut child, dir.path(), "the second failed reload", |r| {
+        r["event"] == "reload" && r["error"].as_str().is_some_and(|e| e.contains("not yet"))
+    });
+    assert!(
+        failed["error"].as_str().unwrap().contains("recipe.lua:2:"),
+        "{failed}"
+    );
+
+    // A good version: a lower learning rate from epoch 3.
+    save(&path, &good.replace("lr = 1e-3", "lr = 2e-4"));
+    finish(child);
+    let reloads = events(dir.path(), "reload");
+    let oks: Vec<_> = reloads.iter().map(|r| r["ok"].clone()).collect();
+    assert_eq!(oks, [false, false, true], "{reloads:?}");
+    assert_eq!(reloads[2]["generation"], 1);
+    assert_eq!(epoch_record(dir.path(), 2)["lr"], 1e-3);
+    assert_eq!(epoch_record(dir.path(), 3)["lr"], 2e-4);
+    assert_eq!(epoch_record(dir.path(), 4)["step"], 92);
+}
+
+#[test]
+fn a_reload_that_changes_the_model_is_rejected_and_the_run_goes_on() {
+    let hold = "if epoch == 2 and taper.generation == 0 then
+    run:log{ holding = true }
+    run:reload_point{ wait = 30 }
+  end";
+    let dir = dir_with(&[("recipe.lua", &recipe("nil", 32, "", hold))]);
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+    save(&dir.path().join("recipe.lua"), &recipe("nil", 64, "", hold));
+    finish(child);
+    let reloads = events(dir.path(), "reload");
+    assert_eq!(reloads.len(), 1);
+    let why = reloads[0]["error"].as_str().unwrap();
+    assert!(
+        why.contains("architecture") && why.contains("--resume"),
+        "{why}"
+    );
+    assert!(why.contains("recipe.lua:2:"), "{why}");
+    assert_eq!(epoch_record(dir.path(), 4)["step"], 92);
+    let (_, meta) =
+        checkpoint::load(&dir.path().join("out/checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.model, "mlp 64-32-10 relu");
+}
+
+/// A step-level safe point: reloaded in the middle of epoch 2, the run goes
+/// on from the same sample, so its weights equal a run that never reloaded;
+/// `run.state` survives and `on_reload` migrates it.
+#[test]
+fn a_mid_epoch_reload_continues_from_the_data_cursor_with_the_state() {
+    let body = |on_reload: &str| {
+        format!(
+            r#"local train = taper.data.digits{{ split = "train" }}:shuffle{{ seed = 3 }}:batch(50)
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 64, hidden = {{ 24 }}, outputs = 10 }},
+  optim = taper.optim.adamw{{ lr = 2e-3 }},
+  data = train, seed = 2, state = {{ steps = 0 }}, {on_reload}
+}}
+for epoch in run:epochs(3) do
+  for batch in run:batches() do
+    run:step(batch)
+    run.state.steps = run.state.steps + 1
+    if run.steps == 40 and taper.generation == 0 then
+      run:log{{ holding = true }}
+      run:reload_point{{ wait = 30 }}
+    end
+  end
+end
+run:log{{ steps = run.state.steps, migrated = run.state.migrated or false }}
+"#
+        )
+    };
+    let v2 = body("on_reload = function(old) old.migrated = true; return old end,");
+    let dir = dir_with(&[("recipe.lua", &body(""))]);
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+    save(&dir.path().join("recipe.lua"), &v2);
+    finish(child);
+    let reload = &events(dir.path(), "reload")[0];
+    assert_eq!(
+        (reload["ok"].clone(), reload["step"].clone()),
+        (true.into(), 40.into())
+    );
+    let log = events(dir.path(), "log")
+        .into_iter()
+        .find(|r| r.get("steps").is_some())
+        .unwrap();
+    // 1437 samples in batches of 50: 29 steps per epoch.
+    assert_eq!(log["steps"], 87, "{log}");
+    assert_eq!(log["migrated"], true, "{log}");
+    assert_eq!(epoch_record(dir.path(), 2)["samples"], 1437);
+
+    let reference = dir_with(&[("recipe.lua", &v2)]);
+    let out = reference.path().join("out");
+    finish(taper(&[
+        "train",
+        s(&reference.path().join("recipe.lua")),
+        "--quiet",
+        "--out",
+        s(&out),
+    ]));
+    assert_same_weights(&dir.path().join("out"), &out);
+}
+
+#[test]
+fn without_watch_reload_points_return_at_once() {
+    let hold = "if epoch == 2 then assert(run:reload_point{ wait = 30 } == false) end";
+    let dir = dir_with(&[("recipe.lua", &recipe("nil", 16, "", hold))]);
+    let start = Instant::now();
+    let out = dir.path().join("out");
+    finish(taper(&[
+        "train",
+        s(&dir.path().join("recipe.lua")),
+        "--quiet",
+        "--out",
+        s(&out),
+    ]));
+    assert!(start.elapsed() < Duration::from_secs(25));
+}
