@@ -254,10 +254,21 @@ fn a_reload_that_changes_the_model_is_rejected_and_the_run_goes_on() {
     run:log{ holding = true }
     run:reload_point{ wait = 30 }
   end";
-    let dir = dir_with(&[("recipe.lua", &recipe("nil", 32, "", hold))]);
-    let mut child = watched(dir.path(), "recipe.lua");
+    // Watching turned on by the recipe (`watch = true`) rather than `--watch`.
+    let dir = dir_with(&[("recipe.lua", &recipe("nil", 32, "watch = true,", hold))]);
+    let out = dir.path().join("out");
+    let mut child = taper(&[
+        "train",
+        s(&dir.path().join("recipe.lua")),
+        "--quiet",
+        "--out",
+        s(&out),
+    ]);
     holding(&mut child, dir.path());
-    save(&dir.path().join("recipe.lua"), &recipe("nil", 64, "", hold));
+    save(
+        &dir.path().join("recipe.lua"),
+        &recipe("nil", 64, "watch = true,", hold),
+    );
     finish(child);
     let reloads = events(dir.path(), "reload");
     assert_eq!(reloads.len(), 1);
@@ -346,4 +357,51 @@ fn without_watch_reload_points_return_at_once() {
         s(&out),
     ]));
     assert!(start.elapsed() < Duration::from_secs(25));
+}
+
+/// `run.state` goes into checkpoints (when it holds plain values), so a
+/// resumed run has it too.
+#[test]
+fn run_state_is_checkpointed_and_resumed() {
+    let src = r#"local cfg = taper.config{ epochs = 2 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{ split = "train" }:batch(64), state = { steps = 0, seen = {} },
+}
+for epoch in run:epochs(cfg.epochs) do
+  for batch in run:batches() do
+    run:step(batch)
+    run.state.steps = run.state.steps + 1
+  end
+  run.state.seen[#run.state.seen + 1] = epoch
+end
+run:log{ steps = run.state.steps, epochs_seen = #run.state.seen }
+"#;
+    let dir = dir_with(&[("recipe.lua", src)]);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let recipe = dir.path().join("recipe.lua");
+    finish(taper(&["train", s(&recipe), "--quiet", "--out", s(&a)]));
+    let ckpt = a.join("checkpoint.safetensors");
+    finish(taper(&[
+        "train",
+        s(&recipe),
+        "--quiet",
+        "--out",
+        s(&b),
+        "--set",
+        "epochs=3",
+        "--resume",
+        s(&ckpt),
+    ]));
+    let text = std::fs::read_to_string(b.join("metrics.jsonl")).unwrap();
+    let log: Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|r| r["event"] == "log")
+        .unwrap();
+    assert_eq!(
+        (log["steps"].clone(), log["epochs_seen"].clone()),
+        (69.into(), 3.into()),
+        "{log}"
+    );
 }

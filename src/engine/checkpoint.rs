@@ -39,6 +39,9 @@ pub struct CheckpointMeta {
     /// Batches an OOM policy skipped, as (epoch, position in the epoch).
     #[serde(default)]
     pub skipped: Vec<(u64, u64)>,
+    /// The recipe's `run.state` table, when it holds only plain values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<serde_json::Value>,
 }
 
 /// FNV-1a (64-bit) of `text`, as 16 hex digits.

@@ -187,7 +187,7 @@ fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<Run
         reenter: false,
     };
     if let Some(path) = host.resume.borrow_mut().take() {
-        if let Some(notice) = run.resume(&path).map_err(lua_err)? {
+        if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {
             host.out.line(&notice);
         }
         host.out.line(&format!(

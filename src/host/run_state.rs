@@ -87,6 +87,8 @@ impl RunState {
             seed: self.seed,
             recipe_hash: self.recipe_hash.clone(),
             skipped: self.skipped.clone(),
+            // Plain values only: a table holding functions is not saved.
+            state: serde_json::to_value(&self.state).ok(),
         }
     }
 
@@ -96,7 +98,7 @@ impl RunState {
 
     /// Restores from a checkpoint; returns a notice when the checkpoint was
     /// written by a different version of the recipe.
-    pub fn resume(&mut self, path: &Path) -> Result<Option<String>> {
+    pub fn resume(&mut self, lua: &mlua::Lua, path: &Path) -> Result<Option<String>> {
         let meta = self.trainer.load(path)?;
         let notice =
             (!meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash).then(|| {
@@ -114,6 +116,11 @@ impl RunState {
             self.skip_next_samples = meta.epoch_samples as usize;
         }
         self.skipped = meta.skipped.clone();
+        if let Some(state) = &meta.state {
+            if let mlua::Value::Table(t) = mlua::LuaSerdeExt::to_value(lua, state)? {
+                self.state = t;
+            }
+        }
         Ok(notice)
     }
 }
