@@ -13,6 +13,9 @@ pub enum Error {
     /// The recipe failed to load (syntax) or raised an error while running.
     #[error("{0}")]
     Script(String),
+    /// A plugin could not be loaded or created, or lacks a strategy kind.
+    #[error("plugin {0}")]
+    Plugin(String),
     /// A data source could not be read or decoded.
     #[error("data: {0}")]
     Data(String),
@@ -85,7 +88,10 @@ impl Error {
         self.find(|e| {
             matches!(
                 e,
-                Error::Config(_) | Error::Device(_) | Error::Lua(mlua::Error::SyntaxError { .. })
+                Error::Config(_)
+                    | Error::Device(_)
+                    | Error::Plugin(_)
+                    | Error::Lua(mlua::Error::SyntaxError { .. })
             )
         })
     }

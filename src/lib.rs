@@ -17,6 +17,7 @@ pub mod engine;
 mod error;
 pub mod host;
 pub mod memory;
+pub mod plugins;
 pub mod reload;
 
 pub use error::{Error, Result};

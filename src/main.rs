@@ -81,6 +81,48 @@ enum Command {
     },
     /// Benchmarks that print figures; see `taper bench --help`.
     Bench(taper::bench::BenchArgs),
+    /// Native strategy plugins: inspect one, or start a new one.
+    Plugin {
+        #[command(subcommand)]
+        cmd: PluginCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCmd {
+    /// Load a plugin and print its name, version, ABI and kinds.
+    Info { path: PathBuf },
+    /// Write a plugin crate (an OOM policy to start from) into DIR/NAME.
+    New {
+        name: String,
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The taper-plugin crate to depend on [default: this checkout's plugins/abi]
+        #[arg(long)]
+        abi: Option<PathBuf>,
+    },
+}
+
+fn plugin(cmd: PluginCmd) -> ExitCode {
+    use taper::plugins::scaffold;
+    let result = match cmd {
+        PluginCmd::Info { path } => scaffold::info(&path).map(|s| print!("{s}")),
+        PluginCmd::New { name, dir, abi } => {
+            let abi =
+                abi.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/abi"));
+            scaffold::new_plugin(&name, &dir, &abi).map(|root| {
+                println!("wrote {}", root.display());
+                println!("build it: cd {} && cargo build --release", root.display());
+            })
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("taper: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
 
 fn parse_set(s: &str) -> Result<(String, String), String> {
@@ -167,6 +209,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let (recipe, opts) = match cli.command {
+        Command::Plugin { cmd } => return plugin(cmd),
         Command::Bench(args) => {
             return match taper::bench::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,

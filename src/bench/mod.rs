@@ -4,6 +4,7 @@
 
 mod data;
 mod oom;
+mod plugin;
 mod reload;
 
 use std::sync::Arc;
@@ -64,6 +65,17 @@ pub enum Which {
         #[arg(long, default_value_t = 400)]
         interval_ms: u64,
     },
+    /// Nanoseconds per OOM-policy call: built-in Rust vs a native plugin vs a
+    /// Lua function.
+    Plugin {
+        /// The plugin to call (an OOM policy)
+        #[arg(long, default_value = "target/release/libtaper_adaptive_batch.so")]
+        path: std::path::PathBuf,
+        #[arg(long, default_value_t = 200_000)]
+        calls: u64,
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
+    },
     /// Milliseconds per training step (forward, backward, AdamW) on random
     /// data, for comparison with benches/torch_step.py.
     Step {
@@ -88,6 +100,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Which::Data { steps } => data::run(*steps),
         Which::Oom { rounds } => oom::run(*rounds),
         Which::Reload { edits, interval_ms } => reload::run(*edits, *interval_ms),
+        Which::Plugin {
+            path,
+            calls,
+            rounds,
+        } => plugin::run(path, *calls, *rounds),
     }
 }
 

@@ -39,6 +39,13 @@ pub trait Source: Send + Sync {
 }
 
 /// One batch: inputs, targets and the sample indices they came from.
+/// A native per-batch transform in a pipeline (`data:map(plugin)`), run
+/// where the batch is built (on the prefetch thread, with prefetch).
+pub trait Transform: Send + Sync {
+    fn apply(&self, batch: Batch, epoch: u64) -> crate::Result<Batch>;
+    fn describe(&self) -> String;
+}
+
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub x: Tensor,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::permutation::Permutation;
-use super::{Batch, Source};
+use super::{Batch, Source, Transform};
 use crate::{Error, Result};
 
 #[derive(Clone)]
@@ -20,6 +20,7 @@ pub struct Pipeline {
     drop_last: bool,
     prefetch: usize,
     name: Option<String>,
+    transforms: Vec<Arc<dyn Transform>>,
 }
 
 impl Pipeline {
@@ -33,7 +34,14 @@ impl Pipeline {
             drop_last: false,
             prefetch: 0,
             name: None,
+            transforms: Vec::new(),
         }
+    }
+
+    /// Runs `t` over every batch, after it is built.
+    pub fn transform(mut self, t: Arc<dyn Transform>) -> Self {
+        self.transforms.push(t);
+        self
     }
 
     /// The split name reported for this data (default: the source's).
@@ -194,6 +202,8 @@ impl Pipeline {
             size,
             pos: skip.min(self.len()),
             drop_last: self.drop_last,
+            transforms: self.transforms.clone(),
+            epoch,
         };
         let remaining = direct.remaining();
         let inner = if self.prefetch == 0 {
@@ -230,6 +240,9 @@ impl Pipeline {
         }
         if let Some(b) = self.batch_size {
             s += &format!(" batch {b}");
+        }
+        for t in &self.transforms {
+            s += &format!(" map({})", t.describe());
         }
         if self.prefetch > 0 {
             s += &format!(" prefetch {}", self.prefetch);
@@ -282,6 +295,8 @@ struct Direct {
     /// The next sample position in the epoch's order.
     pos: usize,
     drop_last: bool,
+    transforms: Vec<Arc<dyn Transform>>,
+    epoch: u64,
 }
 
 impl Direct {
@@ -304,11 +319,12 @@ impl Direct {
         let end = (self.pos + n).min(self.len);
         let indices: Vec<usize> = (self.pos..end).map(|i| self.order.get(i)).collect();
         self.pos = end;
-        Some(
-            self.source
-                .gather(&indices)
-                .map(|(x, y)| Batch { x, y, indices }),
-        )
+        let batch = self
+            .source
+            .gather(&indices)
+            .map(|(x, y)| Batch { x, y, indices });
+        let epoch = self.epoch;
+        Some(batch.and_then(|b| self.transforms.iter().try_fold(b, |b, t| t.apply(b, epoch))))
     }
 }
 

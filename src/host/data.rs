@@ -157,8 +157,28 @@ impl UserData for DataHandle {
                     .collect::<mlua::Result<Vec<_>>>()?,
             ))
         });
-        m.add_method("map", |_, this, f: mlua::Function| {
-            Ok(super::generator::map_pipeline(this.0.clone(), f))
+        m.add_method("map", |lua, this, f: Value| match f {
+            Value::Function(f) => Ok(Value::UserData(
+                lua.create_userdata(super::generator::map_pipeline(this.0.clone(), f))?,
+            )),
+            v => match super::plugin::of(&v) {
+                Some(p) => {
+                    p.lib
+                        .require(taper_plugin::KIND_TRANSFORM)
+                        .map_err(|e| config_error(lua, format!("data:map: {e}")))?;
+                    let t: Arc<dyn crate::data::Transform> = p;
+                    Ok(Value::UserData(lua.create_userdata(DataHandle(
+                        this.0.clone().transform(t),
+                    ))?))
+                }
+                None => Err(config_error(
+                    lua,
+                    format!(
+                        "data:map: expected a function(x, y) or a transform plugin, got a {}",
+                        v.type_name()
+                    ),
+                )),
+            },
         });
         m.add_method("named", |_, this, name: String| {
             Ok(DataHandle(this.0.clone().named(&name)))

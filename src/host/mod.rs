@@ -10,6 +10,8 @@ mod oom;
 mod options;
 mod output;
 mod plan;
+mod plugin;
+mod policies;
 mod reload;
 mod run;
 mod run_options;
@@ -34,6 +36,12 @@ use output::Output;
 pub use plan::RunPlan;
 use run_state::RunState;
 pub use run_state::RunSummary;
+
+/// Decodes what a Lua OOM policy returned, as the host does (for
+/// benchmarks): whether it decided something.
+pub fn oom_action_of_lua(v: Value) -> Result<bool> {
+    Ok(oom::parse_action(v, "bench")?.is_some())
+}
 
 /// How a host runs recipes. `Default` suits embedding: CPU, seed 0, no output
 /// folder, quiet.
@@ -150,7 +158,8 @@ impl Host {
         data::register(&lua, &taper)?;
         run::register(&lua, &taper)?;
         schedule::register(&lua, &taper)?;
-        oom::register(&lua, &taper)?;
+        policies::register(&lua, &taper)?;
+        plugin::register(&lua, &taper)?;
         lua.globals().set("taper", taper.clone())?;
         lua.register_module("taper", taper)?;
         install_print(&lua)?;

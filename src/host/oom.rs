@@ -4,7 +4,7 @@
 //! (`--mem-limit`, measured by the counting allocator at phase boundaries)
 //! and injected faults (`--inject-oom`, `run:inject_oom{}`).
 
-use mlua::{Function, Lua, Table, Value};
+use mlua::{Lua, Table, Value};
 use serde_json::{json, Map};
 
 use super::options::defined_at;
@@ -77,7 +77,7 @@ fn call_hook(policy: &Value, name: &str, arg: Table) -> Result<(Value, String)> 
     }
 }
 
-fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
+pub(crate) fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
     let bad = |what: String| Error::Script(format!("OOM policy at {at}: {what}"));
     let mut reason: Option<String> = None;
     let (name, micro) = match &v {
@@ -163,6 +163,24 @@ fn decide(
 ) -> Result<Action> {
     let action = match &r.oom.policy {
         None => None,
+        Some(v) if super::plugin::of(v).is_some() => {
+            // A plugin in the slot: called natively, no Lua table.
+            let p = super::plugin::of(v).expect("checked");
+            let ev = taper_plugin::OomEvent {
+                phase: super::plugin::phase_code(e.phase),
+                cause: super::plugin::cause_code(e.cause),
+                step: r.trainer.step + 1,
+                epoch: r.epoch,
+                batch_size: batch as u64,
+                micro_batch: micro as u64,
+                attempt,
+                _pad: 0,
+                memory_used: HostMemory::current() as u64,
+                memory_peak: HostMemory::peak() as u64,
+                memory_limit: r.oom.budget.unwrap_or(0) as u64,
+            };
+            super::plugin::action(&p, p.on_oom(&ev)?)?
+        }
         Some(p) => {
             let (v, at) = call_hook(p, "on_oom", event_table(lua, r, e, batch, micro, attempt)?)?;
             parse_action(v, &at)?
@@ -283,6 +301,20 @@ fn after_success(lua: &Lua, r: &mut RunState, micro: usize, batch: usize) -> Res
     let Some(p) = r.oom.policy.clone() else {
         return Ok(());
     };
+    if let Some(plugin) = super::plugin::of(&p) {
+        let info = taper_plugin::StepInfo {
+            step: r.trainer.step,
+            micro_batch: micro as u64,
+            batch_size: batch as u64,
+            clean_steps: r.oom.clean_steps,
+        };
+        if let Some(plan) = plugin.on_step(&info)? {
+            if plan.micro_batch > 0 {
+                r.oom.cap = Some(plan.micro_batch as usize);
+            }
+        }
+        return Ok(());
+    }
     let info = lua.create_table()?;
     info.set("step", r.trainer.step)?;
     info.set("micro_batch", micro)?;
@@ -310,36 +342,6 @@ fn after_success(lua: &Lua, r: &mut RunState, micro: usize, batch: usize) -> Res
             other.type_name()
         ))),
     }
-}
-
-/// The built-in policies: the Lua files in `scripts/policies/`, compiled in.
-const POLICIES: &[(&str, &str)] = &[
-    (
-        "split_then_stop",
-        include_str!("../../scripts/policies/split_then_stop.lua"),
-    ),
-    (
-        "composer_like",
-        include_str!("../../scripts/policies/composer_like.lua"),
-    ),
-    (
-        "grow_back",
-        include_str!("../../scripts/policies/grow_back.lua"),
-    ),
-    ("chain", include_str!("../../scripts/policies/chain.lua")),
-];
-
-/// `taper.policy.<name>{...}`: each built-in file returns its constructor.
-pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
-    let t = lua.create_table()?;
-    for (name, src) in POLICIES {
-        let ctor: Function = lua
-            .load(*src)
-            .set_name(format!("@scripts/policies/{name}.lua"))
-            .eval()?;
-        t.set(*name, ctor)?;
-    }
-    taper.set("policy", t)
 }
 
 #[cfg(test)]

@@ -225,11 +225,18 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Oom
     let policy = match opts.get::<Value>("on_oom")? {
         Value::Nil => None,
         v @ (Value::Function(_) | Value::Table(_)) => Some(v),
+        v if super::plugin::of(&v).is_some() => {
+            let p = super::plugin::of(&v).expect("checked");
+            p.lib
+                .require(taper_plugin::KIND_OOM_POLICY)
+                .map_err(|e| config_error(lua, format!("taper.run: option `on_oom`: {e}")))?;
+            Some(v)
+        }
         other => {
             return Err(config_error(
                 lua,
                 format!(
-                "taper.run: option `on_oom` must be a function(event) or a policy table, got a {}",
+                "taper.run: option `on_oom` must be a function(event), a policy table or a plugin, got a {}",
                 other.type_name()
             ),
             ))
@@ -296,10 +303,17 @@ fn run_schedule(lua: &Lua, opts: &Table) -> mlua::Result<Option<Rc<RefCell<dyn S
         Value::Nil => Ok(None),
         Value::Function(f) => Ok(Some(Rc::new(RefCell::new(LuaSchedule::new(lua, f)?)))),
         Value::UserData(ud) if ud.is::<ScheduleHandle>() => Ok(Some(ud.borrow::<ScheduleHandle>()?.0.clone())),
+        v if super::plugin::of(&v).is_some() => {
+            let p = super::plugin::of(&v).expect("checked");
+            p.lib
+                .require(taper_plugin::KIND_SCHEDULE)
+                .map_err(|e| config_error(lua, format!("taper.run: option `schedule`: {e}")))?;
+            Ok(Some(Rc::new(RefCell::new(crate::plugins::PluginSchedule(p)))))
+        }
         other => Err(config_error(
             lua,
             format!(
-                "taper.run: option `schedule` must be a taper.schedule or a function(step, epoch, state), got a {}",
+                "taper.run: option `schedule` must be a taper.schedule, a function(step, epoch, state) or a plugin, got a {}",
                 other.type_name()
             ),
         )),

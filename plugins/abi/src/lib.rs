@@ -1,0 +1,467 @@
+//! The C ABI of taper strategy plugins (version 1), and [`export!`], which
+//! turns a Rust type implementing [`Plugin`] into a plugin.
+//!
+//! A plugin is a shared library exporting one entry symbol per ABI major
+//! version, `taper_plugin_v1`, which returns a pointer to a static
+//! [`Descriptor`]. The descriptor starts with the ABI version and its own
+//! size, so that later versions may only append fields. Only `#[repr(C)]`
+//! types cross the boundary: no Rust `String`, `Vec`, `Box<dyn _>` or
+//! `Result`. Every call returns a [`Status`] and, on failure, writes a
+//! message into the host's [`ErrorBuf`]. `export!` wraps each call in
+//! `catch_unwind`, so that a panic becomes [`STATUS_PANIC`] with its message.
+//!
+//! The same ABI in C: `plugins/include/taper_plugin.h` (a test checks that
+//! the two agree on every size and offset).
+//!
+//! Threading: the host serializes calls into one plugin instance (the state
+//! returned by `create`), but may make them from different threads (a data
+//! transform runs on the prefetch thread).
+
+use std::ffi::{c_char, c_void};
+
+/// The ABI version this crate describes; the entry symbol is `taper_plugin_v1`.
+pub const ABI_VERSION: u32 = 1;
+/// The entry symbol's name, NUL-terminated.
+pub const ENTRY_SYMBOL: &[u8] = b"taper_plugin_v1\0";
+
+/// The result of every call: 0 is success.
+pub type Status = i32;
+pub const STATUS_OK: Status = 0;
+/// The call failed; the message is in the error buffer.
+pub const STATUS_ERROR: Status = 1;
+/// The call panicked (Rust) or aborted its work; the message is in the buffer.
+pub const STATUS_PANIC: Status = 2;
+
+/// Strategy kinds, as bits of [`Descriptor::kinds`].
+pub const KIND_OOM_POLICY: u32 = 1;
+pub const KIND_SCHEDULE: u32 = 2;
+pub const KIND_TRANSFORM: u32 = 4;
+
+/// A borrowed UTF-8 string (not NUL-terminated).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Str {
+    pub ptr: *const u8,
+    pub len: usize,
+}
+
+impl Str {
+    pub fn new(s: &str) -> Str {
+        Str {
+            ptr: s.as_ptr(),
+            len: s.len(),
+        }
+    }
+    /// # Safety
+    /// `ptr` must point at `len` readable bytes for the returned lifetime.
+    pub unsafe fn as_str<'a>(&self) -> Result<&'a str, std::str::Utf8Error> {
+        if self.len == 0 {
+            return Ok("");
+        }
+        std::str::from_utf8(std::slice::from_raw_parts(self.ptr, self.len))
+    }
+}
+
+/// A host-owned buffer for an error message: the plugin writes at most
+/// `cap` bytes of UTF-8 and sets `len`.
+#[repr(C)]
+pub struct ErrorBuf {
+    pub ptr: *mut u8,
+    pub cap: usize,
+    pub len: usize,
+}
+
+impl ErrorBuf {
+    /// Writes `msg`, cut at a character boundary to fit.
+    pub fn write(&mut self, msg: &str) {
+        let mut n = msg.len().min(self.cap);
+        while !msg.is_char_boundary(n) {
+            n -= 1;
+        }
+        if !self.ptr.is_null() {
+            // SAFETY: the host gave `cap` writable bytes at `ptr`.
+            unsafe { std::ptr::copy_nonoverlapping(msg.as_ptr(), self.ptr, n) };
+        }
+        self.len = n;
+    }
+}
+
+/// Where in the step an OOM happened.
+pub const PHASE_FORWARD: u32 = 0;
+pub const PHASE_BACKWARD: u32 = 1;
+pub const PHASE_OPTIMIZER: u32 = 2;
+/// What raised it.
+pub const CAUSE_DEVICE: u32 = 0;
+pub const CAUSE_BUDGET: u32 = 1;
+pub const CAUSE_INJECTED: u32 = 2;
+
+/// An out-of-memory event, as the Lua policies see it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OomEvent {
+    pub phase: u32,
+    pub cause: u32,
+    /// The step that failed (1-based).
+    pub step: u64,
+    pub epoch: u64,
+    pub batch_size: u64,
+    /// The micro-batch that ran out of memory.
+    pub micro_batch: u64,
+    /// 1 for the first attempt at this step.
+    pub attempt: u32,
+    pub _pad: u32,
+    pub memory_used: u64,
+    pub memory_peak: u64,
+    /// The memory budget, 0 when none.
+    pub memory_limit: u64,
+}
+
+pub const ACTION_DEFAULT: u32 = 0;
+pub const ACTION_SPLIT: u32 = 1;
+pub const ACTION_RETRY: u32 = 2;
+pub const ACTION_SKIP: u32 = 3;
+pub const ACTION_STOP: u32 = 4;
+
+/// A policy's answer. `ACTION_DEFAULT` lets the host decide (halve the
+/// micro-batch). `micro_batch` 0 with `ACTION_SPLIT` means half.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OomAction {
+    pub action: u32,
+    pub _pad: u32,
+    pub micro_batch: u64,
+}
+
+impl OomAction {
+    pub fn split(micro_batch: u64) -> OomAction {
+        OomAction {
+            action: ACTION_SPLIT,
+            _pad: 0,
+            micro_batch,
+        }
+    }
+    pub fn of(action: u32) -> OomAction {
+        OomAction {
+            action,
+            _pad: 0,
+            micro_batch: 0,
+        }
+    }
+}
+
+/// After each successful step (for policies that grow the micro-batch back).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepInfo {
+    pub step: u64,
+    pub micro_batch: u64,
+    pub batch_size: u64,
+    /// Successful steps since the last OOM.
+    pub clean_steps: u64,
+}
+
+/// A plan for one step; fields left at their "unset" value (NaN, 0) leave
+/// the host's default.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Plan {
+    /// Learning rate; NaN for unset.
+    pub lr: f64,
+    /// Samples per micro-batch; 0 for unset.
+    pub micro_batch: u64,
+    /// Samples in the step's batch; 0 for unset.
+    pub batch_size: u64,
+}
+
+impl Default for Plan {
+    fn default() -> Plan {
+        Plan {
+            lr: f64::NAN,
+            micro_batch: 0,
+            batch_size: 0,
+        }
+    }
+}
+
+pub const DTYPE_F32: u32 = 0;
+pub const DTYPE_U32: u32 = 1;
+pub const MAX_DIMS: usize = 6;
+
+/// A host-owned tensor on the CPU, row-major and contiguous. A transform
+/// may change the values in place, not the shape.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TensorView {
+    pub data: *mut c_void,
+    pub dtype: u32,
+    pub ndim: u32,
+    pub shape: [u64; MAX_DIMS],
+}
+
+impl TensorView {
+    pub fn len(&self) -> usize {
+        self.shape[..self.ndim as usize].iter().product::<u64>() as usize
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The values, when the dtype is f32.
+    ///
+    /// # Safety
+    /// The view must come from the host, for the duration of the call.
+    pub unsafe fn f32_mut<'a>(&mut self) -> Option<&'a mut [f32]> {
+        (self.dtype == DTYPE_F32)
+            .then(|| std::slice::from_raw_parts_mut(self.data as *mut f32, self.len()))
+    }
+    /// The values, when the dtype is u32.
+    ///
+    /// # Safety
+    /// The view must come from the host, for the duration of the call.
+    pub unsafe fn u32_mut<'a>(&mut self) -> Option<&'a mut [u32]> {
+        (self.dtype == DTYPE_U32)
+            .then(|| std::slice::from_raw_parts_mut(self.data as *mut u32, self.len()))
+    }
+}
+
+/// One batch for a transform: inputs, targets, and which samples they are
+/// (so that a random transform can be a function of (seed, epoch, sample)).
+#[repr(C)]
+#[derive(Debug)]
+pub struct BatchView {
+    pub x: TensorView,
+    pub y: TensorView,
+    pub indices: *const u64,
+    pub size: u64,
+    pub epoch: u64,
+}
+
+impl BatchView {
+    /// # Safety
+    /// The view must come from the host, for the duration of the call.
+    pub unsafe fn indices<'a>(&self) -> &'a [u64] {
+        if self.size == 0 {
+            return &[];
+        }
+        std::slice::from_raw_parts(self.indices, self.size as usize)
+    }
+}
+
+pub type CreateFn =
+    unsafe extern "C" fn(config_json: Str, state: *mut *mut c_void, err: *mut ErrorBuf) -> Status;
+pub type DestroyFn = unsafe extern "C" fn(state: *mut c_void);
+pub type OnOomFn = unsafe extern "C" fn(
+    state: *mut c_void,
+    event: *const OomEvent,
+    action: *mut OomAction,
+    err: *mut ErrorBuf,
+) -> Status;
+/// `plan` comes in unset; the plugin fills what it decides.
+pub type OnStepFn = unsafe extern "C" fn(
+    state: *mut c_void,
+    info: *const StepInfo,
+    plan: *mut Plan,
+    err: *mut ErrorBuf,
+) -> Status;
+pub type ScheduleFn = unsafe extern "C" fn(
+    state: *mut c_void,
+    step: u64,
+    epoch: u64,
+    plan: *mut Plan,
+    err: *mut ErrorBuf,
+) -> Status;
+pub type TransformFn =
+    unsafe extern "C" fn(state: *mut c_void, batch: *mut BatchView, err: *mut ErrorBuf) -> Status;
+
+/// What `taper_plugin_v1` returns: static data describing the plugin.
+/// Append-only: a later ABI adds fields at the end and raises `size`.
+#[repr(C)]
+pub struct Descriptor {
+    pub abi_version: u32,
+    /// `size_of::<Descriptor>()` as the plugin was compiled.
+    pub size: u32,
+    /// NUL-terminated UTF-8.
+    pub name: *const c_char,
+    pub version: *const c_char,
+    /// `KIND_*` bits.
+    pub kinds: u32,
+    pub _pad: u32,
+    pub create: Option<CreateFn>,
+    pub destroy: Option<DestroyFn>,
+    pub on_oom: Option<OnOomFn>,
+    pub on_step: Option<OnStepFn>,
+    pub schedule: Option<ScheduleFn>,
+    pub transform: Option<TransformFn>,
+}
+
+// The descriptor is immutable static data.
+unsafe impl Sync for Descriptor {}
+
+/// The type of the entry symbol.
+pub type EntryFn = unsafe extern "C" fn() -> *const Descriptor;
+
+/// A plugin written in Rust. Implement the hooks of the kinds you list in
+/// `KINDS`; the others are never called.
+pub trait Plugin: Sized + Send + 'static {
+    /// `KIND_*` bits.
+    const KINDS: u32;
+    /// Builds the plugin from the recipe's options, as JSON (`{}` when none).
+    fn create(config_json: &str) -> Result<Self, String>;
+    fn on_oom(&mut self, _event: &OomEvent) -> Result<OomAction, String> {
+        Ok(OomAction::default())
+    }
+    /// May set `plan.micro_batch` to grow the micro-batch back.
+    fn on_step(&mut self, _info: &StepInfo, _plan: &mut Plan) -> Result<(), String> {
+        Ok(())
+    }
+    fn schedule(&mut self, _step: u64, _epoch: u64, _plan: &mut Plan) -> Result<(), String> {
+        Ok(())
+    }
+    fn transform(&mut self, _batch: &mut BatchView) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Runs `f`, turning an error or a panic into a status and a message.
+///
+/// # Safety
+/// `err` must be null or point at a valid [`ErrorBuf`].
+#[doc(hidden)]
+pub unsafe fn guard(err: *mut ErrorBuf, f: impl FnOnce() -> Result<(), String>) -> Status {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    let (status, msg) = match result {
+        Ok(Ok(())) => return STATUS_OK,
+        Ok(Err(msg)) => (STATUS_ERROR, msg),
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            (STATUS_PANIC, format!("panicked: {msg}"))
+        }
+    };
+    if !err.is_null() {
+        // SAFETY: the host passes a valid buffer or null.
+        unsafe { (*err).write(&msg) };
+    }
+    status
+}
+
+/// The `extern "C"` functions for a [`Plugin`] type (used by `export!`).
+#[doc(hidden)]
+pub mod glue {
+    use super::*;
+
+    pub unsafe extern "C" fn create<P: Plugin>(
+        config: Str,
+        state: *mut *mut c_void,
+        err: *mut ErrorBuf,
+    ) -> Status {
+        guard(err, || {
+            let cfg = config
+                .as_str()
+                .map_err(|e| format!("config is not UTF-8: {e}"))?;
+            let p = P::create(cfg)?;
+            *state = Box::into_raw(Box::new(p)) as *mut c_void;
+            Ok(())
+        })
+    }
+    pub unsafe extern "C" fn destroy<P: Plugin>(state: *mut c_void) {
+        if !state.is_null() {
+            let _ = std::panic::catch_unwind(|| drop(Box::from_raw(state as *mut P)));
+        }
+    }
+    pub unsafe extern "C" fn on_oom<P: Plugin>(
+        state: *mut c_void,
+        event: *const OomEvent,
+        action: *mut OomAction,
+        err: *mut ErrorBuf,
+    ) -> Status {
+        guard(err, || {
+            *action = (*(state as *mut P)).on_oom(&*event)?;
+            Ok(())
+        })
+    }
+    pub unsafe extern "C" fn on_step<P: Plugin>(
+        state: *mut c_void,
+        info: *const StepInfo,
+        plan: *mut Plan,
+        err: *mut ErrorBuf,
+    ) -> Status {
+        guard(err, || (*(state as *mut P)).on_step(&*info, &mut *plan))
+    }
+    pub unsafe extern "C" fn schedule<P: Plugin>(
+        state: *mut c_void,
+        step: u64,
+        epoch: u64,
+        plan: *mut Plan,
+        err: *mut ErrorBuf,
+    ) -> Status {
+        guard(err, || {
+            (*(state as *mut P)).schedule(step, epoch, &mut *plan)
+        })
+    }
+    pub unsafe extern "C" fn transform<P: Plugin>(
+        state: *mut c_void,
+        batch: *mut BatchView,
+        err: *mut ErrorBuf,
+    ) -> Status {
+        guard(err, || (*(state as *mut P)).transform(&mut *batch))
+    }
+
+    pub const fn descriptor<P: Plugin>(name: *const c_char, version: *const c_char) -> Descriptor {
+        let k = P::KINDS;
+        Descriptor {
+            abi_version: ABI_VERSION,
+            size: std::mem::size_of::<Descriptor>() as u32,
+            name,
+            version,
+            kinds: k,
+            _pad: 0,
+            create: Some(create::<P>),
+            destroy: Some(destroy::<P>),
+            on_oom: if k & KIND_OOM_POLICY != 0 {
+                Some(on_oom::<P>)
+            } else {
+                None
+            },
+            on_step: if k & KIND_OOM_POLICY != 0 {
+                Some(on_step::<P>)
+            } else {
+                None
+            },
+            schedule: if k & KIND_SCHEDULE != 0 {
+                Some(schedule::<P>)
+            } else {
+                None
+            },
+            transform: if k & KIND_TRANSFORM != 0 {
+                Some(transform::<P>)
+            } else {
+                None
+            },
+        }
+    }
+}
+
+/// Exports a [`Plugin`] type as a taper plugin:
+///
+/// ```ignore
+/// taper_plugin::export!(MyPolicy, name = "my-policy");
+/// ```
+///
+/// The version is the crate's (`CARGO_PKG_VERSION`). Build the crate as a
+/// `cdylib`.
+#[macro_export]
+macro_rules! export {
+    ($ty:ty, name = $name:literal) => {
+        #[no_mangle]
+        pub extern "C" fn taper_plugin_v1() -> *const $crate::Descriptor {
+            static DESCRIPTOR: $crate::Descriptor = $crate::glue::descriptor::<$ty>(
+                concat!($name, "\0").as_ptr() as *const ::std::ffi::c_char,
+                concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const ::std::ffi::c_char,
+            );
+            &DESCRIPTOR
+        }
+    };
+}
