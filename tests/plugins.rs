@@ -436,3 +436,123 @@ fn the_c_header_matches_the_rust_abi() {
         );
     }
 }
+
+/// `taper plugin new` writes a crate that builds into a working plugin.
+#[test]
+fn plugin_new_scaffolds_a_crate_that_builds_and_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let taper_bin = env!("CARGO_BIN_EXE_taper");
+    run(Command::new(taper_bin)
+        .args(["plugin", "new", "my-policy", "--dir"])
+        .arg(dir.path()));
+    let again = Command::new(taper_bin)
+        .args(["plugin", "new", "my-policy", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2), "refuses to overwrite");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target = root().join("target/plugins");
+    run(Command::new(cargo)
+        .args(["build", "--release", "--manifest-path"])
+        .arg(dir.path().join("my-policy/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target));
+    let so = target.join("release/libmy_policy.so");
+    let o = run(Command::new(taper_bin).args(["plugin", "info"]).arg(&so));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("name     my-policy") && text.contains("kinds    on_oom"),
+        "{text}"
+    );
+    // And it works as a policy: 32 -> 16 -> 8, then below its floor of 8: stop.
+    let prelude = format!(
+        "local p = taper.plugin.load('{}', {{ floor = 8 }})",
+        so.display()
+    );
+    let (o, out) = taper(
+        dir.path(),
+        &digits(&prelude, "", "on_oom = p,", 1),
+        &["--inject-oom", "step=2,phase=forward,times=3"],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let actions: Vec<_> = records(&out, "oom")
+        .iter()
+        .map(|r| r["action"].clone())
+        .collect();
+    assert_eq!(actions, ["split", "split", "stop"]);
+}
+
+/// Under `--watch`, a rebuilt plugin is loaded as a copy under a new file
+/// name and swapped in at the next safe point; the run keeps going.
+#[test]
+fn a_rebuilt_plugin_is_swapped_in_by_a_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(root().join("plugins/c-policy/policy.c")).unwrap();
+    let so = dir.path().join("libpolicy.so");
+    let build = |version: &str| {
+        let c = dir.path().join("policy.c");
+        std::fs::write(&c, src.replace("\"0.1.0\"", &format!("\"{version}\""))).unwrap();
+        let tmp = dir.path().join("libpolicy.so.new");
+        cc(&c, &tmp);
+        std::fs::rename(&tmp, &so).unwrap();
+    };
+    build("1.0.0");
+    let recipe = format!(
+        r#"local p = taper.plugin.load('{}')
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 64, hidden = {{ 16 }}, outputs = 10 }},
+  data = taper.data.digits{{ split = "train" }}:batch(64), on_oom = p,
+}}
+for epoch in run:epochs(3) do
+  for batch in run:batches() do run:step(batch) end
+  run:log{{ plugin = p.version, generation = taper.generation }}
+  if epoch == 1 and taper.generation == 0 then run:reload_point{{ wait = 30 }} end
+end
+"#,
+        so.display()
+    );
+    let path = dir.path().join("recipe.lua");
+    std::fs::write(&path, recipe).unwrap();
+    let out = dir.path().join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args([
+            "train",
+            path.to_str().unwrap(),
+            "--watch",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while records(&out, "log").is_empty() {
+        assert!(start.elapsed().as_secs() < 60, "no epoch 1");
+        assert!(child.try_wait().unwrap().is_none(), "taper ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    build("2.0.0");
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed().as_secs() < 60, "taper did not finish");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let versions: Vec<_> = records(&out, "log")
+        .iter()
+        .map(|r| r["plugin"].clone())
+        .collect();
+    assert_eq!(versions, ["1.0.0", "2.0.0", "2.0.0"]);
+    let reload = &records(&out, "reload")[0];
+    assert_eq!(reload["ok"], true, "{reload}");
+    assert!(
+        reload["files"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("libpolicy.so"),
+        "{reload}"
+    );
+}

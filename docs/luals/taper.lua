@@ -28,9 +28,9 @@ function taper.config(defaults) end
 ---@field data? taper.Data training data for `run:batches()`
 ---@field loss? taper.Loss default `taper.loss.cross_entropy{}`
 ---@field seed? integer parameter init seed (default 0), mixed with `--seed`
----@field schedule? taper.Schedule|fun(step: integer, epoch: integer, state: table): taper.Plan?
+---@field schedule? taper.Schedule|taper.Plugin|fun(step: integer, epoch: integer, state: table): taper.Plan?
 ---@field micro_batch? integer default micro-batch size (gradients accumulated; same mean gradient)
----@field on_oom? taper.Policy|fun(event: taper.OomEvent): taper.OomAction?
+---@field on_oom? taper.Policy|taper.Plugin|fun(event: taper.OomEvent): taper.OomAction?
 ---@field mem_limit? string|integer memory budget, e.g. "512MiB" (soft OOM above it)
 ---@field state? table the initial `run.state` (kept across reloads)
 ---@field on_reload? fun(old_state: table): table? migrates `run.state` when this version takes over
@@ -149,8 +149,10 @@ function Data:skip(n) end
 ---@return taper.Data ...
 function Data:split(parts) end
 
----Passes every batch through `fn(x, y)` (nested tables), which returns a batch table.
----@param fn fun(x: number[][], y: integer[]): taper.BatchTable
+---Passes every batch through `fn(x, y)` (nested tables), which returns a
+---batch table; or through a transform plugin, natively, where batches are
+---built (on the prefetch thread with prefetch).
+---@param fn taper.Plugin|fun(x: number[][], y: integer[]): taper.BatchTable
 ---@return taper.Data
 function Data:map(fn) end
 
@@ -368,5 +370,39 @@ taper.loss = {}
 ---@param opts? {label_smoothing?: number}
 ---@return taper.Loss
 function taper.loss.cross_entropy(opts) end
+
+---A native strategy plugin (a shared library; see plugins/README.md).
+---@class taper.Plugin
+---@field name string
+---@field version string
+---@field kinds string[] the slots it fills: `on_oom`, `schedule`, `transform`
+local Plugin = {}
+
+---Its OOM policy, called as a Lua policy would be (e.g. from taper.policy.chain).
+---@param event taper.OomEvent
+---@return taper.OomAction?
+function Plugin:on_oom(event) end
+
+---Its growth hook after a clean step (nil when it has none).
+---@param info {step: integer, micro_batch: integer, batch_size: integer, clean_steps: integer}
+---@return {micro_batch: integer}?
+function Plugin:on_step(info) end
+
+---Its schedule's plan for a step.
+---@param step integer
+---@param epoch? integer
+---@return taper.Plan
+function Plugin:plan(step, epoch) end
+
+taper.plugin = {}
+
+---Loads a plugin library (never unloaded; a changed file is loaded as a copy)
+---and creates an instance with `options` (passed to it as JSON). Errors say
+---which check failed: missing file, not a library, no taper entry symbol, ABI
+---version, or the plugin's own `create` message.
+---@param path string
+---@param options? table
+---@return taper.Plugin
+function taper.plugin.load(path, options) end
 
 return taper

@@ -446,8 +446,27 @@ pub mod glue {
 
 /// Exports a [`Plugin`] type as a taper plugin:
 ///
-/// ```ignore
-/// taper_plugin::export!(MyPolicy, name = "my-policy");
+/// ```
+/// use taper_plugin::{OomAction, OomEvent, Plugin, KIND_OOM_POLICY};
+///
+/// struct Halve;
+///
+/// impl Plugin for Halve {
+///     const KINDS: u32 = KIND_OOM_POLICY;
+///     fn create(_config_json: &str) -> Result<Self, String> {
+///         Ok(Halve)
+///     }
+///     fn on_oom(&mut self, ev: &OomEvent) -> Result<OomAction, String> {
+///         Ok(OomAction::split(ev.micro_batch / 2))
+///     }
+/// }
+///
+/// taper_plugin::export!(Halve, name = "halve");
+///
+/// // What the host reads first:
+/// let d = unsafe { &*taper_plugin_v1() };
+/// assert_eq!((d.abi_version, d.kinds), (taper_plugin::ABI_VERSION, KIND_OOM_POLICY));
+/// assert!(d.on_oom.is_some() && d.schedule.is_none());
 /// ```
 ///
 /// The version is the crate's (`CARGO_PKG_VERSION`). Build the crate as a
