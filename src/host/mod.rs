@@ -98,6 +98,8 @@ pub(crate) struct HostState {
     pub recipe_hash: RefCell<String>,
     /// Watching and reloading the recipe's scripts.
     pub reload: RefCell<reload::ReloadState>,
+    /// On a GPU with `--mem-limit`: the rest of the card, reserved.
+    pub _ballast: Option<crate::memory::device::Ballast>,
 }
 
 pub(crate) fn state(lua: &Lua) -> Rc<HostState> {
@@ -133,6 +135,20 @@ impl Host {
             ));
         }
         let out = Output::new(opts.out_dir.as_deref(), opts.quiet)?;
+        // On a GPU the limit is made real: everything above it is reserved.
+        let ballast = match (opts.mem_limit, &device) {
+            (Some(limit), Device::Cuda(_)) => {
+                let b = crate::memory::device::ballast(&device, limit)?;
+                out.line(&format!(
+                    "--mem-limit: reserved {} of {} so that {} stays usable",
+                    crate::memory::planner::human(b.bytes),
+                    crate::engine::describe_device(&device),
+                    crate::memory::planner::human(limit)
+                ));
+                Some(b)
+            }
+            _ => None,
+        };
         let lua = Lua::new();
         let state = Rc::new(HostState {
             resume: RefCell::new(opts.resume.clone()),
@@ -143,6 +159,7 @@ impl Host {
             runs: RefCell::new(Vec::new()),
             recipe_hash: RefCell::new(String::new()),
             reload: RefCell::new(reload::ReloadState::default()),
+            _ballast: ballast,
         });
         lua.set_app_data(state.clone());
         let taper = lua.create_table()?;

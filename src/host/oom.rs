@@ -145,9 +145,19 @@ fn event_table(
     t.set("attempt", attempt)?;
     t.set("error", e.to_string())?;
     let mem = lua.create_table()?;
-    mem.set("used", HostMemory::current())?;
-    mem.set("peak", HostMemory::peak())?;
-    mem.set("limit", r.oom.budget)?;
+    match crate::memory::device::info(r.trainer.device()) {
+        // On a GPU: the driver's figures (the limit is the ballast's doing).
+        Some(d) => {
+            mem.set("used", d.used())?;
+            mem.set("free", d.free)?;
+            mem.set("total", d.total)?;
+        }
+        None => {
+            mem.set("used", HostMemory::current())?;
+            mem.set("peak", HostMemory::peak())?;
+            mem.set("limit", r.oom.budget)?;
+        }
+    }
     t.set("memory", mem)?;
     Ok(t)
 }
@@ -220,7 +230,9 @@ pub fn step(
             Err(Error::Oom(e)) => e,
             Err(other) => return Err(other),
         };
-        // The attempt's tensors were dropped when train_step_guarded returned.
+        // The attempt's tensors were dropped when train_step_guarded returned;
+        // on a GPU, hand the pool's freed blocks back before asking the policy.
+        crate::memory::device::trim(r.trainer.device())?;
         let action = if attempt >= MAX_ATTEMPTS {
             Action::Stop(format!(
                 "{MAX_ATTEMPTS} attempts at step {step_no} ran out of memory"
@@ -277,6 +289,10 @@ fn record(
     f.insert("action".into(), name.into());
     f.insert("new_micro_batch".into(), after.into());
     f.insert("memory_used".into(), json!(HostMemory::current()));
+    if let Some(d) = crate::memory::device::info(r.trainer.device()) {
+        f.insert("device_memory_used".into(), json!(d.used()));
+        f.insert("device_memory_total".into(), json!(d.total));
+    }
     f.insert("memory_peak".into(), json!(HostMemory::peak()));
     f.insert("error".into(), e.to_string().into());
     host.out.record("oom", r.trainer.step + 1, r.epoch, f)?;

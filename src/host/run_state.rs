@@ -147,6 +147,10 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
     if crate::memory::HostMemory::is_counting() {
         f.insert("memory_peak".into(), json!(r.epoch_mem_peak));
     }
+    if let Some(d) = crate::memory::device::info(r.trainer.device()) {
+        f.insert("device_memory_used".into(), json!(d.used()));
+        f.insert("device_memory_total".into(), json!(d.total));
+    }
     f.insert("lr".into(), json!(r.trainer.learning_rate()));
     host.out.record("epoch", r.trainer.step, r.epoch, f)?;
     host.out.line(&format!(

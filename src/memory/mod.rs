@@ -1,7 +1,9 @@
-//! Host memory: a counting global allocator and the malloc tuning the binary
-//! applies at start.
+//! Memory: a counting global allocator and the malloc tuning the binary
+//! applies at start (host), the driver's figures, pool trimming and the
+//! `--mem-limit` ballast (device), OOM classification and the planner.
 
 mod counting;
+pub mod device;
 pub mod inject;
 mod malloc;
 pub mod oom;
