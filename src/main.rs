@@ -203,6 +203,10 @@ fn default_out(recipe: &Path) -> PathBuf {
 }
 
 fn main() -> ExitCode {
+    // TAPER_FUSED_KERNELS=0 uses candle's ops instead of taper's fused ones.
+    if std::env::var("TAPER_FUSED_KERNELS").as_deref() == Ok("0") {
+        taper::kernels::set_fused(false);
+    }
     // TAPER_MALLOC_TUNING=0 keeps glibc's defaults (to measure the difference).
     if std::env::var("TAPER_MALLOC_TUNING").as_deref() != Ok("0") {
         taper::memory::tune_malloc();

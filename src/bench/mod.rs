@@ -3,6 +3,7 @@
 //! same process, alternating, and reports medians and ratios.
 
 mod data;
+mod kernels;
 mod oom;
 mod plugin;
 mod reload;
@@ -76,6 +77,15 @@ pub enum Which {
         #[arg(long, default_value_t = 7)]
         rounds: usize,
     },
+    /// taper's fused kernels vs candle's ops: GELU alone and whole GPT
+    /// training steps, alternating in one process.
+    Kernels {
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Training steps per round
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+    },
     /// Milliseconds per training step (forward, backward, AdamW) on random
     /// data, for comparison with benches/torch_step.py.
     Step {
@@ -97,6 +107,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             context,
         } => lua_overhead(*steps, *rounds, *width, *layers, *context),
         Which::Step { model, steps } => step_time(model, *steps),
+        Which::Kernels { rounds, steps } => kernels::run(*rounds, *steps),
         Which::Data { steps } => data::run(*steps),
         Which::Oom { rounds } => oom::run(*rounds),
         Which::Reload { edits, interval_ms } => reload::run(*edits, *interval_ms),

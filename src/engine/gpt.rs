@@ -117,7 +117,7 @@ impl Block {
 
     fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let x = (x + self.attention(&self.ln1.forward(x)?, mask)?)?;
-        let h = self.fc.forward(&self.ln2.forward(&x)?)?.gelu()?;
+        let h = crate::kernels::gelu(&self.fc.forward(&self.ln2.forward(&x)?)?)?;
         x + self.fc_proj.forward(&h)?
     }
 }

@@ -34,7 +34,7 @@ impl Activation {
     pub fn apply(self, x: &Tensor) -> Result<Tensor> {
         match self {
             Activation::Relu => x.relu(),
-            Activation::Gelu => x.gelu(),
+            Activation::Gelu => crate::kernels::gelu(x),
             Activation::Tanh => x.tanh(),
             Activation::Silu => x.silu(),
         }

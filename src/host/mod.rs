@@ -13,6 +13,7 @@ mod plan;
 mod plugin;
 mod policies;
 mod reload;
+mod render;
 mod run;
 mod run_options;
 mod run_state;
@@ -34,6 +35,7 @@ pub use crate::memory::inject::parse_size;
 use crate::{Error, Result};
 use output::Output;
 pub use plan::RunPlan;
+pub use render::render_error;
 use run_state::RunState;
 pub use run_state::RunSummary;
 
@@ -369,37 +371,6 @@ fn install_print(lua: &Lua) -> mlua::Result<()> {
         Ok(())
     })?;
     lua.globals().set("print", print)
-}
-
-/// A readable, multi-line message for an error from a recipe: the cause
-/// first, then the Lua traceback when there is one.
-pub fn render_error(e: &Error) -> String {
-    match e {
-        Error::Lua(l) => render_lua(l),
-        other => other.to_string(),
-    }
-}
-
-fn render_lua(e: &mlua::Error) -> String {
-    match e {
-        mlua::Error::CallbackError { traceback, cause } => {
-            let head = render_lua(cause);
-            // A config error is one line that names its place: no traceback.
-            if Error::Lua((**cause).clone()).find(|e| matches!(e, Error::Config(_))) {
-                head
-            } else {
-                format!("{head}\n{traceback}")
-            }
-        }
-        mlua::Error::WithContext { context, cause } => format!("{context}: {}", render_lua(cause)),
-        mlua::Error::ExternalError(inner) => match inner.downcast_ref::<Error>() {
-            Some(t) => render_error(t),
-            None => inner.to_string(),
-        },
-        mlua::Error::SyntaxError { message, .. } => message.clone(),
-        mlua::Error::RuntimeError(msg) => msg.clone(),
-        other => other.to_string(),
-    }
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC, for default output folder names.
