@@ -1,5 +1,6 @@
 //! `taper bench kernels`: taper's fused kernels against candle's ops in the
-//! same process, alternating: GELU forward + backward alone, and whole
+//! same process, alternating: GELU, softmax and layer norm (forward +
+//! backward) alone, and whole
 //! training steps of the two GPTs (the step benchmark's, which
 //! benches/torch_step.py mirrors, and the Shakespeare one).
 
@@ -10,12 +11,12 @@ use candle_core::{Device, Tensor, Var};
 use super::{median, random_batch};
 use crate::engine::rng::Rng;
 use crate::engine::{Trainer, TrainerOptions};
-use crate::kernels::{gelu, set_fused};
+use crate::kernels::{gelu, layer_norm, set_fused, softmax_last_dim};
 use crate::Result;
 
-fn gelu_pass(x: &Var) -> Result<f64> {
+fn pass(x: &Var, op: &dyn Fn(&Tensor) -> candle_core::Result<Tensor>) -> Result<f64> {
     let t = Instant::now();
-    let y = gelu(x.as_tensor())?;
+    let y = op(x.as_tensor())?;
     let g = y.sum_all()?.backward()?;
     std::hint::black_box(g.get(x.as_tensor()).map(|g| g.dims().len()));
     Ok(t.elapsed().as_secs_f64())
@@ -51,11 +52,21 @@ pub fn run(rounds: usize, steps: usize) -> Result<()> {
     );
     // The GPT's MLP activations: batch 32 x context 128 x 512.
     let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (32 * 128, 512), &Device::Cpu)?)?;
-    gelu_pass(&x)?;
-    report(
-        "GELU forward + backward, 4096 x 512",
-        compare(rounds, || gelu_pass(&x))?,
-    );
+    let gelu_op = |t: &Tensor| gelu(t);
+    pass(&x, &gelu_op)?;
+    let r = compare(rounds, || pass(&x, &gelu_op))?;
+    report("GELU forward + backward, 4096 x 512", r);
+    // Attention scores: batch 32 x 4 heads x 128 x 128 is 128 x 128 x 128.
+    let att = Var::from_tensor(&Tensor::randn(0f32, 1.0, (128, 128, 128), &Device::Cpu)?)?;
+    let softmax_op = |t: &Tensor| softmax_last_dim(t);
+    let r = compare(rounds, || pass(&att, &softmax_op))?;
+    report("softmax forward + backward, 128 x 128 x 128", r);
+    let h = Var::from_tensor(&Tensor::randn(0f32, 1.0, (32 * 128, 128), &Device::Cpu)?)?;
+    let w = Tensor::ones(128, candle_core::DType::F32, &Device::Cpu)?;
+    let b = Tensor::zeros(128, candle_core::DType::F32, &Device::Cpu)?;
+    let ln_op = |t: &Tensor| layer_norm(t, &w, &b, 1e-5);
+    let r = compare(rounds, || pass(&h, &ln_op))?;
+    report("layer norm forward + backward, 4096 x 128", r);
 
     let (spec, batch) = random_batch("gpt", &mut Rng::new(0))?;
     let gpt = Trainer::new(spec, &super::adamw(), TrainerOptions::default())?;

@@ -2,7 +2,7 @@
 //! positions, tied embeddings), built from differentiable ops only: candle's
 //! fused softmax/layer-norm record no backward op (candle #2168).
 
-use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};
 use serde::Deserialize;
 
@@ -110,7 +110,7 @@ impl Block {
         let (q, k, v) = (part(0)?, part(1)?, part(2)?);
         let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
         let att = att.broadcast_add(mask)?;
-        let att = candle_nn::ops::softmax(&att, D::Minus1)?;
+        let att = crate::kernels::softmax_last_dim(&att)?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))?;
         self.proj.forward(&y)
     }

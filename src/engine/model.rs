@@ -2,7 +2,7 @@
 //! function over parameters drawn from a `VarBuilder`. Built-in specs are
 //! `Mlp`, `Cnn` and `Gpt`; embedders implement [`ModelSpec`] for their own.
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 use serde::Deserialize;
 
@@ -224,12 +224,9 @@ pub fn max_pool_2x2(x: &Tensor) -> Result<Tensor> {
         .max(3)
 }
 
-/// Layer norm over the last dimension, from differentiable ops. candle's fused
-/// `layer_norm` records no backward op (candle #2168), so gradients would stop.
+/// Layer norm over the last dimension, differentiable (candle's fused
+/// `layer_norm` records no backward op, candle #2168): taper's fused kernel
+/// on the CPU, composed ops elsewhere.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
-    let mean = x.mean_keepdim(D::Minus1)?;
-    let xc = x.broadcast_sub(&mean)?;
-    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
-    let xn = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
-    xn.broadcast_mul(w)?.broadcast_add(b)
+    crate::kernels::layer_norm(x, w, b, eps)
 }

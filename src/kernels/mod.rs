@@ -3,8 +3,10 @@
 //! reference for the CUDA kernels in `kernels/*.cu` (still to come).
 
 mod gelu;
+mod rows;
 
 pub use gelu::gelu;
+pub use rows::{layer_norm, softmax_last_dim};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
