@@ -58,16 +58,6 @@ fn derivative(x: f32) -> f32 {
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * K0 * (1.0 + 3.0 * K1 * x2)
 }
 
-fn contiguous<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        bail!("{what}: expected an f32 tensor")
-    };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
-        None => bail!("{what}: expected a contiguous tensor"),
-    }
-}
-
 struct Gelu;
 
 impl CustomOp1 for Gelu {
@@ -76,7 +66,7 @@ impl CustomOp1 for Gelu {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = contiguous(s, l, "gelu")?;
+        let x = super::f32_slice(s, l, "gelu")?;
         let mut out = vec![0f32; x.len()];
         out.par_chunks_mut(CHUNK)
             .zip(x.par_chunks(CHUNK))
@@ -111,8 +101,8 @@ impl CustomOp2 for GeluGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = contiguous(s1, l1, "gelu backward")?;
-        let g = contiguous(s2, l2, "gelu backward")?;
+        let x = super::f32_slice(s1, l1, "gelu backward")?;
+        let g = super::f32_slice(s2, l2, "gelu backward")?;
         if x.len() != g.len() {
             bail!(
                 "gelu backward: {} inputs but {} gradients",

@@ -8,6 +8,22 @@ mod rows;
 pub use gelu::gelu;
 pub use rows::{layer_norm, softmax_last_dim};
 
+/// The f32 values a CPU kernel reads: contiguous storage only (callers
+/// make their inputs contiguous first).
+fn f32_slice<'a>(
+    s: &'a candle_core::CpuStorage,
+    l: &candle_core::Layout,
+    what: &str,
+) -> candle_core::Result<&'a [f32]> {
+    let candle_core::CpuStorage::F32(v) = s else {
+        candle_core::bail!("{what}: expected an f32 tensor")
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => candle_core::bail!("{what}: expected a contiguous tensor"),
+    }
+}
+
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static FUSED: AtomicBool = AtomicBool::new(true);

@@ -19,16 +19,6 @@ fn fused_ok(x: &Tensor) -> bool {
     super::fused() && x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() >= 1
 }
 
-fn slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        bail!("{what}: expected an f32 tensor")
-    };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
-        None => bail!("{what}: expected a contiguous tensor"),
-    }
-}
-
 fn last_dim(l: &Layout) -> usize {
     l.shape().dims().last().copied().unwrap_or(1).max(1)
 }
@@ -50,7 +40,7 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = slice(s, l, "softmax")?;
+        let x = super::f32_slice(s, l, "softmax")?;
         let n = last_dim(l);
         let mut out = vec![0f32; x.len()];
         out.par_chunks_mut(n * ROWS)
@@ -93,8 +83,8 @@ impl CustomOp2 for SoftmaxGrad {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (y, g) = (
-            slice(s1, l1, "softmax backward")?,
-            slice(s2, l2, "softmax backward")?,
+            super::f32_slice(s1, l1, "softmax backward")?,
+            super::f32_slice(s2, l2, "softmax backward")?,
         );
         let n = last_dim(l1);
         let mut out = vec![0f32; y.len()];
@@ -152,10 +142,10 @@ impl CustomOp3 for LayerNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = slice(s1, l1, "layer_norm")?;
+        let x = super::f32_slice(s1, l1, "layer_norm")?;
         let (w, b) = (
-            slice(s2, l2, "layer_norm weight")?,
-            slice(s3, l3, "layer_norm bias")?,
+            super::f32_slice(s2, l2, "layer_norm weight")?,
+            super::f32_slice(s3, l3, "layer_norm bias")?,
         );
         let n = last_dim(l1);
         if w.len() != n || b.len() != n {
@@ -211,9 +201,9 @@ impl CustomOp3 for LayerNormGradX {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = slice(s1, l1, "layer_norm backward")?;
-        let w = slice(s2, l2, "layer_norm backward")?;
-        let g = slice(s3, l3, "layer_norm backward")?;
+        let x = super::f32_slice(s1, l1, "layer_norm backward")?;
+        let w = super::f32_slice(s2, l2, "layer_norm backward")?;
+        let g = super::f32_slice(s3, l3, "layer_norm backward")?;
         let n = last_dim(l1);
         let mut out = vec![0f32; x.len()];
         out.par_chunks_mut(n * ROWS)
@@ -253,8 +243,8 @@ impl CustomOp2 for LayerNormGradWB {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = slice(s1, l1, "layer_norm backward")?;
-        let g = slice(s2, l2, "layer_norm backward")?;
+        let x = super::f32_slice(s1, l1, "layer_norm backward")?;
+        let g = super::f32_slice(s2, l2, "layer_norm backward")?;
         let n = last_dim(l1);
         let sums = x
             .par_chunks(n * ROWS)
