@@ -33,6 +33,7 @@ local policies = {
   default = nil,
   grow = taper.policy.grow_back{ after = 5 },
   floor = taper.policy.split_then_stop{ min_micro = 16 },
+  skip = function(ev) return "skip" end,
 }
 local run = taper.run{
   model = taper.model.mlp{ inputs = 64, hidden = { cfg.hidden, cfg.hidden }, outputs = 10 },
@@ -249,6 +250,28 @@ fn grow_back_recovers_upward_without_oscillating() -> Result<()> {
     let ooms = records(dir.path(), "oom")?;
     assert_eq!(ooms.len(), 1, "grew back into the ceiling: {ooms:?}");
     assert_eq!(ooms[0]["new_micro_batch"], 32);
+    Ok(())
+}
+
+/// An injected fault fires `times` times in all: the batch after a skipped
+/// one has the same step number, and trains.
+#[test]
+fn a_skipped_batch_does_not_meet_the_same_injected_fault_again() -> Result<()> {
+    let _serial = serial();
+    let dir = tempfile::tempdir()?;
+    let r = train(
+        dir.path(),
+        &[("policy", "skip")],
+        &["step=5,phase=forward"],
+        None,
+    )?;
+    let ooms = records(dir.path(), "oom")?;
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    assert_eq!(ooms[0]["action"], "skip");
+    // 23 batches per epoch, one skipped.
+    assert_eq!(r.runs[0].step, 45);
+    let (_, meta) = checkpoint::load(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
+    assert_eq!(meta.skipped, [(1, 4)]);
     Ok(())
 }
 

@@ -98,7 +98,7 @@ function Run:log(fields) end
 ---@return string|integer[]
 function Run:generate(opts) end
 
----Injects an OOM into the first `times` attempts of step `step` (numbered from 1).
+---Injects an OOM at step `step` (numbered from 1), `times` times in all.
 ---@param opts {step: integer, phase?: "forward"|"backward"|"optimizer", times?: integer}
 function Run:inject_oom(opts) end
 

@@ -39,12 +39,15 @@ pub struct OomState {
     pub events: u64,
 }
 
-fn check(oom: &OomState, step: u64, attempt: u32, phase: Phase) -> Result<()> {
-    if oom
+fn check(oom: &mut OomState, step: u64, attempt: u32, phase: Phase) -> Result<()> {
+    // An injection fires `times` times in all: a batch the policy skips does
+    // not advance the step, and must not meet the same fault again.
+    if let Some(i) = oom
         .injections
-        .iter()
-        .any(|i| i.step == step && i.phase == phase && attempt <= i.times)
+        .iter_mut()
+        .find(|i| i.step == step && i.phase == phase && i.times > 0)
     {
+        i.times -= 1;
         return Err(Error::Oom(OomError {
             phase,
             cause: OomCause::Injected,
@@ -217,7 +220,7 @@ pub fn step(
     loop {
         attempt += 1;
         HostMemory::reset_peak();
-        let oom = &r.oom;
+        let oom = &mut r.oom;
         let result = r.trainer.train_step_guarded(batch, micro, &mut |phase| {
             check(oom, step_no, attempt, phase)
         });

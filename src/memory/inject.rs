@@ -3,8 +3,9 @@
 
 use super::Phase;
 
-/// An injected fault: the first `times` attempts at step `step` (1-based)
-/// fail in `phase`.
+/// An injected fault: step `step` (1-based) fails in `phase`, `times` times
+/// in all (attempts at the step's batch, or at the next batch when the
+/// policy skipped one).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Injection {
     pub step: u64,
