@@ -121,6 +121,14 @@ fn records(out: &Path, event: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The `action` of each `oom` record.
+fn actions(out: &Path) -> Vec<Value> {
+    records(out, "oom")
+        .iter()
+        .map(|r| r["action"].clone())
+        .collect()
+}
+
 /// The digits MLP with `{data}`, `{run}` (extra taper.run options) and a
 /// closing evaluation.
 fn digits(prelude: &str, map: &str, run_opts: &str, epochs: u32) -> String {
@@ -229,11 +237,7 @@ fn c_policy_built_from_the_header_alone_splits_then_stops() {
     );
     // 32 -> 16 -> 8, then 4 would be under the floor: stop (exit 3).
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    let actions: Vec<_> = records(&out, "oom")
-        .iter()
-        .map(|r| r["action"].clone())
-        .collect();
-    assert_eq!(actions, ["split", "split", "stop"]);
+    assert_eq!(actions(&out), ["split", "split", "stop"]);
     assert!(stderr(&o).contains("c-policy"), "{}", stderr(&o));
     assert!(out.join("checkpoint.safetensors").exists());
 }
@@ -476,11 +480,7 @@ fn plugin_new_scaffolds_a_crate_that_builds_and_loads() {
         &["--inject-oom", "step=2,phase=forward,times=3"],
     );
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    let actions: Vec<_> = records(&out, "oom")
-        .iter()
-        .map(|r| r["action"].clone())
-        .collect();
-    assert_eq!(actions, ["split", "split", "stop"]);
+    assert_eq!(actions(&out), ["split", "split", "stop"]);
 }
 
 /// Under `--watch`, a rebuilt plugin is loaded as a copy under a new file

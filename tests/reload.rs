@@ -26,6 +26,19 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// Trains `DIR/recipe.lua` without watching, to the end; returns `DIR/out`.
+fn train_unwatched(dir: &Path) -> std::path::PathBuf {
+    let out = dir.join("out");
+    finish(taper(&[
+        "train",
+        s(&dir.join("recipe.lua")),
+        "--quiet",
+        "--out",
+        s(&out),
+    ]));
+    out
+}
+
 /// Starts `taper train RECIPE --watch` writing into `DIR/out`.
 fn watched(dir: &Path, recipe: &str) -> Child {
     let out = dir.join("out");
@@ -189,14 +202,7 @@ fn an_edited_schedule_module_applies_from_the_next_epoch() {
     // The same run with the switch written into its schedule.
     let switched = "function(step, epoch) if epoch <= 2 then return { lr = 0.003 } else return { lr = 0.0005 * epoch } end end";
     let reference = dir_with(&[("recipe.lua", &recipe(switched, 32, "", ""))]);
-    let out = reference.path().join("out");
-    finish(taper(&[
-        "train",
-        s(&reference.path().join("recipe.lua")),
-        "--quiet",
-        "--out",
-        s(&out),
-    ]));
+    let out = train_unwatched(reference.path());
     assert_same_weights(&dir.path().join("out"), &out);
 }
 
@@ -332,14 +338,7 @@ run:log{{ steps = run.state.steps, migrated = run.state.migrated or false }}
     assert_eq!(epoch_record(dir.path(), 2)["samples"], 1437);
 
     let reference = dir_with(&[("recipe.lua", &v2)]);
-    let out = reference.path().join("out");
-    finish(taper(&[
-        "train",
-        s(&reference.path().join("recipe.lua")),
-        "--quiet",
-        "--out",
-        s(&out),
-    ]));
+    let out = train_unwatched(reference.path());
     assert_same_weights(&dir.path().join("out"), &out);
 }
 
@@ -348,14 +347,7 @@ fn without_watch_reload_points_return_at_once() {
     let hold = "if epoch == 2 then assert(run:reload_point{ wait = 30 } == false) end";
     let dir = dir_with(&[("recipe.lua", &recipe("nil", 16, "", hold))]);
     let start = Instant::now();
-    let out = dir.path().join("out");
-    finish(taper(&[
-        "train",
-        s(&dir.path().join("recipe.lua")),
-        "--quiet",
-        "--out",
-        s(&out),
-    ]));
+    train_unwatched(dir.path());
     assert!(start.elapsed() < Duration::from_secs(25));
 }
 
