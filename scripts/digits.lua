@@ -2,16 +2,22 @@
 -- into taper). About a second on a 2-core CPU; about 98% held-out accuracy.
 --   taper train scripts/digits.lua
 --   taper train scripts/digits.lua --set epochs=5 --set lr=1e-3
-local cfg = taper.config{ epochs = 30, batch = 32, lr = 3e-3, weight_decay = 1e-4, seed = 1 }
+--   taper train scripts/digits.lua --set optim_state=8bit   (8-bit AdamW moments)
+--   taper train scripts/digits.lua --set precision=bf16     (or f16: loss scaling)
+local cfg = taper.config{
+  epochs = 30, batch = 32, lr = 3e-3, weight_decay = 1e-4, seed = 1,
+  optim_state = "f32", precision = "f32",
+}
 
 local train = taper.data.digits{ split = "train" }:shuffle{ seed = cfg.seed }:batch(cfg.batch)
 local test = taper.data.digits{ split = "test" }:batch(256)
 
 local run = taper.run{
   model = taper.model.mlp{ inputs = 64, hidden = { 128, 64 }, outputs = 10 },
-  optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = cfg.weight_decay },
+  optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = cfg.weight_decay, state = cfg.optim_state },
   data = train,
   seed = cfg.seed,
+  precision = cfg.precision,
 }
 print(("digits: %d train / %d test samples, %d parameters"):format(#train, #test, run.parameters))
 

@@ -60,6 +60,24 @@ fn wrong_type_names_the_nested_key() {
 }
 
 #[test]
+fn precision_and_optimizer_state_are_checked() {
+    let msg = recipe_error(run(
+        "local m = taper.model.mlp{ inputs = 2, outputs = 2 }\ntaper.run{ model = m, precision = 'fp8' }",
+    ));
+    assert!(
+        msg.starts_with(
+            "recipe.lua:2: taper.run: option `precision`: unknown precision `fp8` (f32, bf16, f16)"
+        ),
+        "{msg}"
+    );
+    let msg = recipe_error(run("taper.optim.adamw{ state = '4bit' }"));
+    assert!(
+        msg.contains("option `state`") && msg.contains("4bit"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn missing_required_option_is_named() {
     let msg = recipe_error(run("taper.model.mlp{ inputs = 64 }"));
     assert!(msg.contains("missing field `outputs`"), "{msg}");

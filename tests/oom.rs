@@ -34,6 +34,10 @@ local policies = {
   grow = taper.policy.grow_back{ after = 5 },
   floor = taper.policy.split_then_stop{ min_micro = 16 },
   skip = function(ev) return "skip" end,
+  bf16 = function(ev)
+    if ev.precision == "f32" then return { action = "precision", precision = "bf16" } end
+    return "split"
+  end,
 }
 local run = taper.run{
   model = taper.model.mlp{ inputs = 64, hidden = { cfg.hidden, cfg.hidden }, outputs = 10 },
@@ -272,6 +276,39 @@ fn a_skipped_batch_does_not_meet_the_same_injected_fault_again() -> Result<()> {
     assert_eq!(r.runs[0].step, 45);
     let (_, meta) = checkpoint::load(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
     assert_eq!(meta.skipped, [(1, 4)]);
+    Ok(())
+}
+
+/// A policy that answers an OOM with `precision = "bf16"`: the run retries
+/// the batch in bf16 and keeps training to the same accuracy bar.
+#[test]
+fn a_policy_can_switch_the_run_to_bf16() -> Result<()> {
+    let _serial = serial();
+    let dir = tempfile::tempdir()?;
+    let r = train(
+        dir.path(),
+        &[("policy", "bf16"), ("epochs", "4")],
+        &["step=5,phase=backward"],
+        None,
+    )?;
+    let ooms = records(dir.path(), "oom")?;
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    assert_eq!(ooms[0]["action"], "precision");
+    assert_eq!(ooms[0]["precision"], "f32");
+    assert_eq!(ooms[0]["new_precision"], "bf16");
+    // No batch lost: 23 batches in each of 4 epochs.
+    assert_eq!(r.runs[0].step, 92);
+    let acc = r.runs[0].last_eval.expect("evaluated").accuracy;
+    assert!(
+        acc >= 0.9,
+        "held-out accuracy {acc} after switching to bf16"
+    );
+    // The checkpoint keeps the f32 master weights.
+    for (k, t) in weights(dir.path())? {
+        if k.starts_with("model.") {
+            assert_eq!(t.dtype(), candle_core::DType::F32, "{k}");
+        }
+    }
     Ok(())
 }
 

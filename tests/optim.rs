@@ -4,7 +4,9 @@
 
 use anyhow::Result;
 use candle_core::{Device, Tensor, Var};
-use taper::engine::optim::{clip_grad_norm, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use taper::engine::optim::{
+    clip_grad_norm, AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig, StateFormat, MIN_8BIT,
+};
 
 const XS: [[f32; 2]; 4] = [[2., 1.], [7., 4.], [-4., 12.], [5., 8.]];
 
@@ -96,13 +98,17 @@ fn close(a: &[f32], b: &[f64], rel: f64) {
 */
 #[test]
 fn adamw_matches_pytorch() -> Result<()> {
-    let mut opt = AdamW::new(AdamWConfig {
-        lr: 0.1,
-        ..Default::default()
-    });
-    let (w, b) = regress(&mut opt, 100, None)?;
-    close(&w, &[2.7257, 0.7097], 1e-4);
-    close(&[b], &[0.7873], 1e-4);
+    // Both the fused kernel and the composed tensor ops.
+    for fused in [true, false] {
+        let mut opt = AdamW::new(AdamWConfig {
+            lr: 0.1,
+            ..Default::default()
+        })
+        .with_fused(fused);
+        let (w, b) = regress(&mut opt, 100, None)?;
+        close(&w, &[2.7257, 0.7097], 1e-4);
+        close(&[b], &[0.7873], 1e-4);
+    }
     Ok(())
 }
 
@@ -210,9 +216,15 @@ fn adamw_options_and_clipping_match_float64() -> Result<()> {
         eps: 1e-6,
         weight_decay: 0.3,
         clip_grad_norm: None,
+        state: StateFormat::F32,
     };
-    for clip in [None, Some(5.0)] {
-        let (w, b) = regress(&mut AdamW::new(c.clone()), 50, clip)?;
+    for (clip, fused) in [
+        (None, true),
+        (Some(5.0), true),
+        (None, false),
+        (Some(5.0), false),
+    ] {
+        let (w, b) = regress(&mut AdamW::new(c.clone()).with_fused(fused), 50, clip)?;
         let (p, _) = adamw64(&c, 50, clip);
         close(&w, &p[..2], 2e-4);
         close(&[b], &p[2..], 2e-4);
@@ -239,5 +251,81 @@ fn optimizer_state_round_trips() -> Result<()> {
         p.step(&mut opt, None)?;
     }
     assert_eq!(p.weights()?, straight);
+    Ok(())
+}
+
+/// A separable least-squares problem over `MIN_8BIT` weights (so that
+/// `state = "8bit"` applies): minimise mean_i (a_i w_i - y_i)^2 with a_i in
+/// [0.5, 1.5] and y_i in [-1, 1].
+fn wide_problem(opt: &mut AdamW, steps: usize, restore_at: Option<usize>) -> Result<Vec<f32>> {
+    let dev = Device::Cpu;
+    let n = MIN_8BIT;
+    let a: Vec<f32> = (0..n)
+        .map(|i| 1.0 + 0.5 * ((i as f32) * 0.618).sin())
+        .collect();
+    let y: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.131).cos()).collect();
+    let (a, y) = (Tensor::new(a, &dev)?, Tensor::new(y, &dev)?);
+    let w = Var::from_tensor(&Tensor::zeros(n, candle_core::DType::F32, &dev)?)?;
+    let vars = vec![("w".to_string(), w.clone())];
+    for i in 0..steps {
+        if Some(i) == restore_at {
+            // Through a checkpoint's tensors and back into a new optimizer.
+            let state: std::collections::HashMap<_, _> = opt.state().into_iter().collect();
+            let cfg = AdamWConfig {
+                lr: 1e-2,
+                state: StateFormat::Q8,
+                ..Default::default()
+            };
+            *opt = AdamW::new(cfg);
+            opt.load_state(&state)?;
+        }
+        let loss = ((&a * w.as_tensor())? - &y)?.sqr()?.mean_all()?;
+        opt.step(&vars, &loss.backward()?)?;
+    }
+    Ok(w.as_tensor().to_vec1()?)
+}
+
+#[test]
+fn eight_bit_state_tracks_f32_state_and_round_trips() -> Result<()> {
+    let cfg = |state| AdamWConfig {
+        lr: 1e-2,
+        state,
+        ..Default::default()
+    };
+    let full = wide_problem(&mut AdamW::new(cfg(StateFormat::F32)), 40, None)?;
+    let mut q8 = AdamW::new(cfg(StateFormat::Q8));
+    let eight = wide_problem(&mut q8, 40, None)?;
+    // 2 bytes per parameter plus two f32 maxima per block of 256.
+    let vars = vec![(
+        "w".to_string(),
+        Var::from_tensor(&Tensor::zeros(
+            MIN_8BIT,
+            candle_core::DType::F32,
+            &Device::Cpu,
+        )?)?,
+    )];
+    assert_eq!(
+        q8.state_bytes(&vars),
+        2 * MIN_8BIT + 2 * 4 * (MIN_8BIT / 256)
+    );
+    assert!(q8
+        .state()
+        .iter()
+        .any(|(k, t)| k == "m8.w" && t.dtype() == candle_core::DType::U8));
+    // The 8-bit run follows the f32 one closely (relative distance of the
+    // weight vectors), and saving and loading its state changes nothing.
+    let d: f64 = full
+        .iter()
+        .zip(&eight)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let r: f64 = full.iter().map(|a| (*a as f64).powi(2)).sum();
+    assert!(
+        d.sqrt() / r.sqrt() < 0.05,
+        "8-bit vs f32: relative distance {}",
+        d.sqrt() / r.sqrt()
+    );
+    let resumed = wide_problem(&mut AdamW::new(cfg(StateFormat::Q8)), 40, Some(15))?;
+    assert_eq!(resumed, eight);
     Ok(())
 }

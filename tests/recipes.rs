@@ -58,6 +58,51 @@ fn digits_reaches_95_percent_held_out() -> Result<()> {
 }
 
 #[test]
+fn digits_in_bf16_and_f16_reach_the_f32_bar() -> Result<()> {
+    for p in ["bf16", "f16"] {
+        let dir = tempfile::tempdir()?;
+        let report = train(
+            "scripts/digits.lua",
+            dir.path(),
+            &[("epochs", "10"), ("precision", p)],
+        )?;
+        let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+        assert!(
+            ev.accuracy >= 0.95,
+            "{p}: held-out accuracy {}",
+            ev.accuracy
+        );
+        let run = records(dir.path())?
+            .into_iter()
+            .find(|r| r["event"] == "run")
+            .expect("a run record");
+        assert_eq!(run["precision"], p);
+    }
+    Ok(())
+}
+
+#[test]
+fn digits_with_8bit_adamw_state_reaches_95_percent() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let set = [("epochs", "10"), ("optim_state", "8bit")];
+    let report = train("scripts/digits.lua", dir.path(), &set)?;
+    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    assert!(ev.accuracy >= 0.95, "held-out accuracy {}", ev.accuracy);
+    // The 8192-weight first layer keeps 8-bit moments in the checkpoint.
+    let ck = dir.path().join("checkpoint.safetensors");
+    let (tensors, _) = taper::engine::checkpoint::load(&ck, &candle_core::Device::Cpu)?;
+    let codes: Vec<_> = tensors
+        .iter()
+        .filter(|(k, _)| k.starts_with("optim.m8."))
+        .collect();
+    assert!(!codes.is_empty(), "no 8-bit moments in the checkpoint");
+    assert!(codes
+        .iter()
+        .all(|(_, t)| t.dtype() == candle_core::DType::U8));
+    Ok(())
+}
+
+#[test]
 fn digits_cnn_reaches_95_percent_held_out() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let report = train("scripts/digits_cnn.lua", dir.path(), &[("epochs", "10")])?;

@@ -35,6 +35,7 @@ function taper.config(defaults) end
 ---@field state? table the initial `run.state` (kept across reloads)
 ---@field on_reload? fun(old_state: table): table? migrates `run.state` when this version takes over
 ---@field watch? boolean watch the recipe and its modules, as `--watch` does
+---@field precision? "f32"|"bf16"|"f16" forward and backward type (f32 master weights; f16 adds loss scaling)
 
 ---Creates a run: a model's parameters, its optimizer and its place in training.
 ---@param opts taper.RunOptions
@@ -278,7 +279,9 @@ function taper.model.gpt(opts) end
 taper.optim = {}
 
 ---AdamW with PyTorch's semantics and defaults.
----@param opts? {lr?: number, betas?: number[], eps?: number, weight_decay?: number, clip_grad_norm?: number}
+---`state = "8bit"` keeps the moments of parameters with at least 4096 elements
+---in blockwise 8-bit form (bitsandbytes' AdamW8bit): 2 bytes per parameter instead of 8.
+---@param opts? {lr?: number, betas?: number[], eps?: number, weight_decay?: number, clip_grad_norm?: number, state?: "f32"|"8bit"}
 ---@return taper.Optim
 function taper.optim.adamw(opts) end
 
@@ -331,10 +334,11 @@ function taper.schedule.step(opts) end
 ---@field batch_size integer
 ---@field micro_batch integer
 ---@field attempt integer
+---@field precision "f32"|"bf16"|"f16" the run's precision when it ran out of memory
 ---@field error string
 ---@field memory {used: integer, peak: integer, limit: integer?}
 
----@alias taper.OomAction "split"|"retry"|"skip"|"stop"|{action: "split"|"retry"|"skip"|"stop", micro_batch?: integer, reason?: string}
+---@alias taper.OomAction "split"|"retry"|"skip"|"stop"|{action: "split"|"retry"|"skip"|"stop"|"precision", micro_batch?: integer, precision?: "f32"|"bf16"|"f16", reason?: string}
 
 ---@class taper.Policy
 ---@field on_oom fun(self: taper.Policy, event: taper.OomEvent): taper.OomAction?

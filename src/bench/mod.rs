@@ -6,6 +6,7 @@ mod data;
 mod kernels;
 mod oom;
 mod plugin;
+mod precision;
 mod reload;
 
 use std::sync::Arc;
@@ -86,6 +87,17 @@ pub enum Which {
         #[arg(long, default_value_t = 5)]
         steps: usize,
     },
+    /// Step time, peak memory and bytes per parameter for each precision
+    /// (f32, bf16, f16) and AdamW state format (f32, 8bit).
+    Precision {
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        /// Width of the second, wider GPT
+        #[arg(long, default_value_t = 256)]
+        width: usize,
+        #[arg(long, default_value_t = 4)]
+        layers: usize,
+    },
     /// Milliseconds per training step (forward, backward, AdamW) on random
     /// data, for comparison with benches/torch_step.py.
     Step {
@@ -109,6 +121,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Which::Step { model, steps } => step_time(model, *steps),
         Which::Kernels { rounds, steps } => kernels::run(*rounds, *steps),
         Which::Data { steps } => data::run(*steps),
+        Which::Precision {
+            steps,
+            width,
+            layers,
+        } => precision::run(*steps, *width, *layers),
         Which::Oom { rounds } => oom::run(*rounds),
         Which::Reload { edits, interval_ms } => reload::run(*edits, *interval_ms),
         Which::Plugin {

@@ -8,6 +8,7 @@ pub mod loss;
 pub mod model;
 pub mod optim;
 mod params;
+pub mod precision;
 pub mod rng;
 pub mod schedule;
 mod trainer;

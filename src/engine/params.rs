@@ -55,6 +55,25 @@ impl ParamStore {
             .collect()
     }
 
+    /// A new store holding copies of these variables in `dtype` (the
+    /// working copy of mixed precision).
+    pub fn cast(&self, dtype: DType) -> candle_core::Result<ParamStore> {
+        let vars = self
+            .lock()
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    k.clone(),
+                    Var::from_tensor(&v.as_tensor().to_dtype(dtype)?)?,
+                ))
+            })
+            .collect::<candle_core::Result<BTreeMap<_, _>>>()?;
+        Ok(ParamStore {
+            vars: Arc::new(Mutex::new(vars)),
+            seed: self.seed,
+        })
+    }
+
     pub fn num_params(&self) -> usize {
         self.lock().values().map(|v| v.elem_count()).sum()
     }

@@ -4,7 +4,8 @@
 //! reload may change:
 //!
 //! - may change: `data` (the cursor carries over), `schedule`, `on_oom`,
-//!   `mem_limit`, `micro_batch`, `loss` options, the optimizer's `lr`, and
+//!   `mem_limit`, `micro_batch`, `loss` options, `precision`, the
+//!   optimizer's `lr`, and
 //!   everything the recipe's loop does from the next epoch (or safe point);
 //! - may not change: the model's architecture, the optimizer's kind and its
 //!   settings other than `lr`, and the run's `seed`.
@@ -25,6 +26,7 @@ use super::run_state::RunState;
 use super::HostState;
 use crate::engine::loss::CrossEntropy;
 use crate::engine::optim::OptimSpec;
+use crate::engine::precision::Precision;
 use crate::engine::schedule::{Schedule, StepPlan};
 
 /// What a new version gives a run, applied at commit.
@@ -38,6 +40,7 @@ pub(crate) struct Staged {
     policy: Option<Value>,
     budget: Option<usize>,
     on_reload: Option<Function>,
+    precision: Precision,
 }
 
 /// In a reloaded version, the existing run for this `taper.run{}` call,
@@ -71,6 +74,7 @@ pub(crate) fn adopt(
         policy: o.oom.policy,
         budget: o.oom.budget,
         on_reload: o.on_reload,
+        precision: o.precision,
     };
     if committed {
         // A run the new version reaches after its first safe point.
@@ -149,13 +153,20 @@ pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<(), String> {
         ready.push((s, plan, new_state));
     }
     for (s, plan, new_state) in ready {
-        apply(s, plan, new_state);
+        apply(s, plan, new_state)?;
     }
     Ok(())
 }
 
-fn apply(s: Staged, plan: Option<(u64, u64, StepPlan)>, state: Table) {
+fn apply(
+    s: Staged,
+    plan: Option<(u64, u64, StepPlan)>,
+    state: Table,
+) -> std::result::Result<(), String> {
     let mut r = s.run.borrow_mut();
+    r.trainer
+        .set_precision(s.precision)
+        .map_err(|e| e.to_string())?;
     if s.optim.lr() != r.trainer.optim_spec().lr() {
         r.trainer.set_learning_rate(s.optim.lr());
     }
@@ -169,4 +180,5 @@ fn apply(s: Staged, plan: Option<(u64, u64, StepPlan)>, state: Table) {
     r.state = state;
     r.pending = plan;
     r.reenter = r.in_epoch;
+    Ok(())
 }

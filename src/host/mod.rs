@@ -7,6 +7,7 @@ mod data_files;
 mod generator;
 mod models;
 mod oom;
+mod oom_policy;
 mod options;
 mod output;
 mod plan;
@@ -42,7 +43,7 @@ pub use run_state::RunSummary;
 /// Decodes what a Lua OOM policy returned, as the host does (for
 /// benchmarks): whether it decided something.
 pub fn oom_action_of_lua(v: Value) -> Result<bool> {
-    Ok(oom::parse_action(v, "bench")?.is_some())
+    Ok(oom_policy::parse_action(v, "bench")?.is_some())
 }
 
 /// How a host runs recipes. `Default` suits embedding: CPU, seed 0, no output

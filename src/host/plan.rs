@@ -58,7 +58,7 @@ impl Host {
                 resident: crate::memory::HostMemory::current(),
                 parameters: params,
                 gradients: params,
-                optimizer: params * t.optimizer_state_factor(),
+                optimizer: t.optimizer_state_bytes(),
                 per_sample,
                 per_step,
             };

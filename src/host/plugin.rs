@@ -9,7 +9,7 @@ use std::sync::Arc;
 use mlua::{Lua, LuaSerdeExt, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 use taper_plugin::{OomAction, OomEvent, StepInfo};
 
-use super::oom::Action;
+use super::oom_policy::Action;
 use super::options::config_error;
 use crate::error::lua_err;
 use crate::memory::{OomCause, Phase};
@@ -128,6 +128,10 @@ fn action_value(lua: &Lua, p: &Instance, a: OomAction) -> mlua::Result<Value> {
             t.set("micro_batch", m)?;
         }
         Some(Action::Retry) => t.set("action", "retry")?,
+        Some(Action::Precision(p)) => {
+            t.set("action", "precision")?;
+            t.set("precision", p.name())?;
+        }
         Some(Action::Skip) => t.set("action", "skip")?,
         Some(Action::Stop(_)) => {
             t.set("action", "stop")?;

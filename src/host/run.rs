@@ -131,6 +131,15 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     }
     let micro = plan.micro_batch.or(r.micro_batch).unwrap_or(batch.len());
     let loss = super::oom::step(lua, &host, &mut r, &batch, micro).map_err(lua_err)?;
+    if let Some(scale) = r.trainer.take_overflow() {
+        // f16 loss scaling skipped this update (non-finite gradients).
+        let mut f = Map::new();
+        f.insert("run".into(), r.id.into());
+        f.insert("loss_scale".into(), json!(scale));
+        host.out
+            .record("overflow", r.trainer.step, r.epoch, f)
+            .map_err(lua_err)?;
+    }
     r.epoch_steps += 1;
     r.epoch_pos += batch.len() as u64;
     let Some(loss) = loss else {

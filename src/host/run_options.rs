@@ -21,6 +21,7 @@ use super::schedule::{LuaSchedule, ScheduleHandle};
 use super::state;
 use crate::engine::loss::CrossEntropy;
 use crate::engine::optim::{AdamWConfig, OptimSpec};
+use crate::engine::precision::Precision;
 use crate::engine::schedule::Schedule;
 use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
@@ -39,6 +40,7 @@ const RUN_KEYS: &[&str] = &[
     "state",
     "on_reload",
     "watch",
+    "precision",
 ];
 
 /// The decoded options of `taper.run{...}`.
@@ -54,6 +56,7 @@ pub(crate) struct RunOptions {
     pub oom: OomState,
     pub state: Option<Table>,
     pub on_reload: Option<Function>,
+    pub precision: Precision,
 }
 
 pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
@@ -132,9 +135,11 @@ fn decode_run(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<
             ))
         }
     };
+    let precision = run_precision(lua, opts)?;
     Ok(RunOptions {
         model,
         optim,
+        precision,
         data,
         loss,
         seed: seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
@@ -154,7 +159,8 @@ fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<Run
         seed: o.seed,
         loss: o.loss,
     };
-    let trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
+    let mut trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
+    trainer.set_precision(o.precision).map_err(lua_err)?;
     let id = host.runs.borrow().len() + 1;
     let mut run = RunState {
         id,
@@ -211,12 +217,40 @@ fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<Run
         "device".into(),
         crate::engine::describe_device(&host.device).into(),
     );
+    f.insert("precision".into(), o.precision.name().into());
     host.out
         .record("run", run.trainer.step, run.epoch, f)
         .map_err(lua_err)?;
     let rc = Rc::new(RefCell::new(run));
     host.runs.borrow_mut().push(rc.clone());
     Ok(RunHandle(rc))
+}
+
+/// `precision = "f32" | "bf16" | "f16"`.
+fn run_precision(lua: &Lua, opts: &Table) -> mlua::Result<Precision> {
+    match opts.get::<Value>("precision")? {
+        Value::Nil => Ok(Precision::F32),
+        Value::String(s) => {
+            let s = s.to_str()?.to_string();
+            Precision::parse(&s).ok_or_else(|| {
+                config_error(
+                    lua,
+                    format!(
+                        "taper.run: option `precision`: unknown precision `{s}` ({})",
+                        Precision::NAMES
+                    ),
+                )
+            })
+        }
+        other => Err(config_error(
+            lua,
+            format!(
+                "taper.run: option `precision` must be a string ({}), got a {}",
+                Precision::NAMES,
+                other.type_name()
+            ),
+        )),
+    }
 }
 
 /// `on_oom = function(event) ... end | { on_oom = ..., on_step = ... }`,

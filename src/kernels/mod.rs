@@ -1,8 +1,11 @@
-//! taper's own kernels: fused operations as candle custom ops. Each has a
-//! CPU implementation, which is both what CPU training runs and the
-//! reference for the CUDA kernels in `kernels/*.cu` (still to come).
+//! taper's own kernels: fused operations as candle custom ops, the fused
+//! AdamW update and blockwise 8-bit quantization. Each has a CPU
+//! implementation, which is both what CPU training runs and the reference
+//! for the CUDA kernels in `kernels/*.cu` (still to come).
 
+pub mod adamw;
 mod gelu;
+pub mod quant8;
 mod rows;
 
 pub use gelu::gelu;

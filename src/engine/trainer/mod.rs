@@ -1,6 +1,8 @@
 //! The trainer: a model's parameters, its optimizer and the training step.
 //! It knows nothing about Lua; the host drives it.
 
+mod inference;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -9,10 +11,10 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Module, Tensor, Var};
 
 use super::checkpoint::{self, CheckpointMeta};
-use super::loss::{self, CrossEntropy};
+use super::loss::CrossEntropy;
 use super::optim::{self, OptimSpec, Optimizer};
 use super::params::ParamStore;
-use super::rng::Rng;
+use super::precision::{Mixed, Precision};
 use super::ModelSpec;
 use crate::data::Batch;
 use crate::memory::oom::{classify, Phase};
@@ -53,6 +55,12 @@ pub struct Trainer {
     optim_spec: OptimSpec,
     optim_desc: String,
     opts: TrainerOptions,
+    /// The low-precision working copy, when forward and backward run in
+    /// bf16 or f16 (`store` then holds the f32 masters).
+    mixed: Option<Mixed>,
+    /// Set when the last step's update was skipped for non-finite
+    /// gradients (f16 loss scaling): the new loss scale.
+    overflow: Option<f64>,
     /// Optimizer steps taken.
     pub step: u64,
 }
@@ -69,8 +77,64 @@ impl Trainer {
             optim_spec: optim.clone(),
             optim_desc: optim.describe(),
             opts,
+            mixed: None,
+            overflow: None,
             step: 0,
         })
+    }
+
+    /// The type forward and backward run in.
+    pub fn precision(&self) -> Precision {
+        self.mixed.as_ref().map_or(Precision::F32, |m| m.precision)
+    }
+
+    /// Switches forward and backward to `p` (from the next step on; an OOM
+    /// policy may do it between attempts at a batch). The master weights and
+    /// the optimizer state stay as they are.
+    pub fn set_precision(&mut self, p: Precision) -> Result<()> {
+        if p == self.precision() {
+            return Ok(());
+        }
+        let dev = self.opts.device.clone();
+        if p != Precision::F32 && self.opts.dtype != DType::F32 {
+            return Err(Error::Config(format!(
+                "precision {}: the model's weights are {:?}, mixed precision needs f32 masters",
+                p.name(),
+                self.opts.dtype
+            )));
+        }
+        let mixed = match p.low() {
+            None => None,
+            Some(_) => Some(Mixed::new(&self.store, p)?),
+        };
+        self.model = match &mixed {
+            Some(m) => self.spec.build(m.work.var_builder(m.work_dtype(), &dev))?,
+            None => self
+                .spec
+                .build(self.store.var_builder(self.opts.dtype, &dev))?,
+        };
+        self.mixed = mixed;
+        Ok(())
+    }
+
+    /// The new loss scale if the last step skipped its update (f16 with
+    /// non-finite gradients); cleared by reading.
+    pub fn take_overflow(&mut self) -> Option<f64> {
+        self.overflow.take()
+    }
+
+    /// The current f16 loss scale, if any.
+    pub fn loss_scale(&self) -> Option<f64> {
+        self.mixed.as_ref()?.scaler.as_ref().map(|s| s.scale)
+    }
+
+    /// The variables forward and backward differentiate: the working copy
+    /// under mixed precision, else the parameters themselves.
+    fn work_vars(&self) -> Vec<(String, Var)> {
+        match &self.mixed {
+            Some(m) => m.work.vars(),
+            None => self.store.vars(),
+        }
     }
 
     pub fn spec(&self) -> &Arc<dyn ModelSpec> {
@@ -109,13 +173,32 @@ impl Trainer {
         self.optim.set_learning_rate(lr)
     }
 
+    /// A batch on the device, float inputs in the training model's dtype.
     fn inputs(&self, batch: &Batch) -> Result<(Tensor, Tensor)> {
+        let dtype = self
+            .mixed
+            .as_ref()
+            .map_or(self.opts.dtype, |m| m.work_dtype());
+        self.inputs_as(batch, dtype)
+    }
+
+    fn inputs_as(&self, batch: &Batch, dtype: DType) -> Result<(Tensor, Tensor)> {
         let dev = &self.opts.device;
         let mut x = batch.x.to_device(dev)?;
-        if x.dtype().is_float() && x.dtype() != self.opts.dtype {
-            x = x.to_dtype(self.opts.dtype)?;
+        if x.dtype().is_float() && x.dtype() != dtype {
+            x = x.to_dtype(dtype)?;
         }
         Ok((x, batch.y.to_device(dev)?))
+    }
+
+    /// The loss of the training model on `x`; in f32 under mixed precision.
+    fn train_loss(&self, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+        let logits = self.model.forward(x)?;
+        let logits = match &self.mixed {
+            Some(_) => logits.to_dtype(DType::F32)?,
+            None => logits,
+        };
+        self.opts.loss.loss(&logits, y)
     }
 
     /// Forward, loss, backward and one optimizer update. Returns the loss.
@@ -149,7 +232,8 @@ impl Trainer {
             return Err(Error::Data("train step: the batch is empty".into()));
         }
         let micro = micro.clamp(1, n);
-        let vars = self.store.vars();
+        let vars = self.work_vars();
+        let scale = self.mixed.as_ref().map_or(1.0, |m| m.loss_scale());
         let mut acc = GradStore::default();
         let mut loss_sum = 0f64;
         let (bx, by) = self.inputs(batch)?;
@@ -161,12 +245,11 @@ impl Trainer {
                 (bx.narrow(0, start, len)?, by.narrow(0, start, len)?)
             };
             let weight = len as f64 / n as f64;
-            let fwd = |this: &Self| -> Result<Tensor> {
-                Ok(this.opts.loss.loss(&this.model.forward(&x)?, &y)?)
-            };
-            let loss = fwd(self).map_err(|e| classify(e, Phase::Forward))?;
+            let loss = self
+                .train_loss(&x, &y)
+                .map_err(|e| classify(e.into(), Phase::Forward))?;
             guard(Phase::Forward)?;
-            let grads = (&loss * weight)
+            let grads = (&loss * (weight * scale))
                 .and_then(|l| l.backward())
                 .map_err(|e| classify(e.into(), Phase::Backward))?;
             accumulate(&mut acc, &vars, grads)?;
@@ -175,6 +258,25 @@ impl Trainer {
             loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * weight;
         }
         guard(Phase::Optimizer)?;
+        let masters = self.store.vars();
+        let mut acc = match &mut self.mixed {
+            None => acc,
+            Some(m) => {
+                let (acc, finite) = m
+                    .master_grads(&masters, acc)
+                    .map_err(|e| classify(e.into(), Phase::Optimizer))?;
+                if let Some(s) = m.scaler.as_mut() {
+                    if !s.update(finite) {
+                        // GradScaler: no update this step; the scale halved.
+                        self.overflow = Some(s.scale);
+                        self.step += 1;
+                        return Ok(loss_sum);
+                    }
+                }
+                acc
+            }
+        };
+        let vars = masters;
         if let Some(max) = self.optim.clip_grad_norm() {
             optim::clip_grad_norm(&vars, &mut acc, max)
                 .map_err(|e| classify(e.into(), Phase::Optimizer))?;
@@ -182,6 +284,9 @@ impl Trainer {
         // From here parameters change one by one: a failure inside the update
         // is not retryable (the run stops with what it has checkpointed).
         self.optim.step(&vars, &acc)?;
+        if let Some(m) = &self.mixed {
+            m.sync(&vars)?;
+        }
         self.step += 1;
         Ok(loss_sum)
     }
@@ -196,78 +301,15 @@ impl Trainer {
         let base = crate::memory::HostMemory::current();
         crate::memory::HostMemory::reset_peak();
         {
-            let loss = self.opts.loss.loss(&self.model.forward(&x)?, &y)?;
+            let loss = self.train_loss(&x, &y)?;
             let _grads = loss.backward()?;
         }
         Ok(crate::memory::HostMemory::peak().saturating_sub(base))
     }
 
-    /// Bytes of optimizer state per parameter byte (AdamW 2, SGD with momentum 1).
-    pub fn optimizer_state_factor(&self) -> usize {
-        self.optim.state_factor()
-    }
-
-    /// A model over detached parameters: no gradient graph is recorded, so
-    /// memory does not grow with the amount evaluated.
-    fn frozen(&self) -> Result<Box<dyn Module>> {
-        Ok(self.spec.build(
-            self.store
-                .frozen_builder(self.opts.dtype, &self.opts.device),
-        )?)
-    }
-
-    pub fn evaluate(&self, batches: impl Iterator<Item = Result<Batch>>) -> Result<Eval> {
-        let model = self.frozen()?;
-        let (mut loss_sum, mut correct, mut count) = (0f64, 0f64, 0usize);
-        for batch in batches {
-            let batch = batch?;
-            let (x, y) = self.inputs(&batch)?;
-            let logits = model.forward(&x)?;
-            let n = y.elem_count();
-            let l = self.opts.loss.loss(&logits, &y)?;
-            loss_sum += l.to_dtype(DType::F64)?.to_scalar::<f64>()? * n as f64;
-            correct += loss::correct(&logits, &y)?;
-            count += n;
-        }
-        if count == 0 {
-            return Err(Error::Data("evaluate: the data set is empty".into()));
-        }
-        Ok(Eval {
-            loss: loss_sum / count as f64,
-            accuracy: correct / count as f64,
-            samples: count,
-        })
-    }
-
-    /// Samples `n` tokens after `prompt` from a sequence model.
-    pub fn generate(
-        &self,
-        prompt: &[u32],
-        n: usize,
-        temperature: f64,
-        seed: u64,
-    ) -> Result<Vec<u32>> {
-        let context = self.spec.context().ok_or_else(|| {
-            Error::Config(format!(
-                "generate: {} is not a sequence model",
-                self.spec.describe()
-            ))
-        })?;
-        if prompt.is_empty() {
-            return Err(Error::Config("generate: the prompt is empty".into()));
-        }
-        let model = self.frozen()?;
-        let mut rng = Rng::new(seed);
-        let mut ids = prompt.to_vec();
-        for _ in 0..n {
-            let window = &ids[ids.len().saturating_sub(context)..];
-            let x = Tensor::new(window, &self.opts.device)?.unsqueeze(0)?;
-            let logits = model.forward(&x)?;
-            let last = logits.squeeze(0)?.get(window.len() - 1)?;
-            let last: Vec<f64> = last.to_dtype(DType::F64)?.to_vec1()?;
-            ids.push(sample(&last, temperature, &mut rng));
-        }
-        Ok(ids[prompt.len()..].to_vec())
+    /// Bytes of optimizer state for the model's parameters.
+    pub fn optimizer_state_bytes(&self) -> usize {
+        self.optim.state_bytes(&self.store.vars())
     }
 
     /// Model and optimizer state, named `model.*` and `optim.*`.
@@ -284,6 +326,11 @@ impl Trainer {
                 .into_iter()
                 .map(|(k, t)| (format!("optim.{k}"), t)),
         );
+        if let Some(scale) = self.loss_scale() {
+            if let Ok(t) = Tensor::new(scale, &Device::Cpu) {
+                out.push(("amp.loss_scale".to_string(), t));
+            }
+        }
         out
     }
 
@@ -307,7 +354,11 @@ impl Trainer {
         let mut model = HashMap::new();
         let mut state = HashMap::new();
         for (k, t) in tensors {
-            if let Some(name) = k.strip_prefix("model.") {
+            if k == "amp.loss_scale" {
+                if let Some(s) = self.mixed.as_mut().and_then(|m| m.scaler.as_mut()) {
+                    s.scale = t.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                }
+            } else if let Some(name) = k.strip_prefix("model.") {
                 model.insert(name.to_string(), t);
             } else if let Some(name) = k.strip_prefix("optim.") {
                 state.insert(name.to_string(), t);
@@ -318,6 +369,9 @@ impl Trainer {
             msg,
         };
         self.store.load(&model).map_err(cerr)?;
+        if let Some(m) = &self.mixed {
+            m.sync(&self.store.vars())?;
+        }
         let state = optim::place_state(state, &self.store.vars())?;
         self.optim.load_state(&state)?;
         self.optim.set_learning_rate(meta.lr);
@@ -340,33 +394,4 @@ fn accumulate(acc: &mut GradStore, vars: &[(String, Var)], mut grads: GradStore)
         }
     }
     Ok(())
-}
-
-fn sample(logits: &[f64], temperature: f64, rng: &mut Rng) -> u32 {
-    if temperature <= 0.0 {
-        return argmax(logits);
-    }
-    let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let w: Vec<f64> = logits
-        .iter()
-        .map(|l| ((l - max) / temperature).exp())
-        .collect();
-    let mut r = rng.uniform() * w.iter().sum::<f64>();
-    for (i, wi) in w.iter().enumerate() {
-        r -= wi;
-        if r <= 0.0 {
-            return i as u32;
-        }
-    }
-    (w.len() - 1) as u32
-}
-
-fn argmax(v: &[f64]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

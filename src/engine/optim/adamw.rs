@@ -1,0 +1,310 @@
+//! AdamW, as `torch.optim.AdamW`, with its moments kept one of three ways
+//! per parameter:
+//! - **fused** (f32 CPU parameters, the default there): host buffers that
+//!   `kernels::adamw` updates in one pass with the weights, in place;
+//! - **composed**: candle tensor ops, on any device and dtype (and the
+//!   reference the fused kernel was checked against);
+//! - **8-bit** (`state = "8bit"`, parameters of at least [`MIN_8BIT`]
+//!   elements, as bitsandbytes): blockwise dynamic 8-bit moments,
+//!   2 bytes per parameter instead of 8.
+
+use std::collections::HashMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Result, Shape, Tensor, Var};
+
+use super::{AdamWConfig, Optimizer, StateFormat};
+use crate::kernels::adamw::{adamw_inplace, update_inplace, AdamWStep};
+use crate::kernels::quant8::{self, adamw8_slices, Blockwise};
+
+/// Parameters smaller than this keep f32 moments under `state = "8bit"`
+/// (bitsandbytes' `min_8bit_size`): biases and norms cost little, and
+/// quantizing them costs accuracy.
+pub const MIN_8BIT: usize = 4096;
+
+enum Moments {
+    Tensors(Tensor, Tensor),
+    Host(Shape, Vec<f32>, Vec<f32>),
+    Q8(Shape, Blockwise, Blockwise),
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Path {
+    Composed,
+    Fused,
+    Q8,
+}
+
+impl Moments {
+    /// Both moments as f32 host values.
+    fn dense(self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let host = |t: Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        Ok(match self {
+            Moments::Tensors(m, v) => (host(m)?, host(v)?),
+            Moments::Host(_, m, v) => (m, v),
+            Moments::Q8(_, m, v) => (
+                quant8::dequantize(&m, quant8::BLOCK),
+                quant8::dequantize(&v, quant8::BLOCK),
+            ),
+        })
+    }
+
+    /// The same moments in the form `path` updates (zeros if `None`).
+    fn into_path(this: Option<Moments>, path: Path, var: &Var) -> Result<Moments> {
+        let shape = var.shape().clone();
+        let n = var.elem_count();
+        let same = matches!(
+            (&this, path),
+            (Some(Moments::Tensors(..)), Path::Composed)
+                | (Some(Moments::Host(..)), Path::Fused)
+                | (Some(Moments::Q8(..)), Path::Q8)
+        );
+        if same {
+            return Ok(this.expect("matched"));
+        }
+        let (m, v) = match this {
+            Some(st) => st.dense()?,
+            None if path == Path::Q8 => {
+                return Ok(Moments::Q8(
+                    shape,
+                    Blockwise::zeros(n, true),
+                    Blockwise::zeros(n, false),
+                ))
+            }
+            None => (vec![0f32; n], vec![0f32; n]),
+        };
+        if m.len() != n || v.len() != n {
+            candle_core::bail!("adamw state: {} moments for {n} parameters", m.len());
+        }
+        Ok(match path {
+            Path::Fused => Moments::Host(shape, m, v),
+            Path::Q8 => Moments::Q8(
+                shape,
+                quant8::quantize(&m, quant8::BLOCK, true),
+                quant8::quantize(&v, quant8::BLOCK, false),
+            ),
+            Path::Composed => {
+                let t = |x: Vec<f32>| {
+                    Tensor::from_vec(x, shape.clone(), var.device())?.to_dtype(var.dtype())
+                };
+                Moments::Tensors(t(m)?, t(v)?)
+            }
+        })
+    }
+}
+
+pub struct AdamW {
+    cfg: AdamWConfig,
+    fused: bool,
+    t: u64,
+    moments: HashMap<String, Moments>,
+}
+
+impl AdamW {
+    /// Fused where it applies if `kernels::fused()` (the default).
+    pub fn new(cfg: AdamWConfig) -> Self {
+        AdamW {
+            cfg,
+            fused: crate::kernels::fused(),
+            t: 0,
+            moments: HashMap::new(),
+        }
+    }
+
+    /// Chooses between the fused and the composed update (tests compare them).
+    pub fn with_fused(mut self, on: bool) -> Self {
+        self.fused = on;
+        self
+    }
+
+    fn path(&self, var: &Var) -> Path {
+        let host_f32 = var.device().is_cpu() && var.dtype() == DType::F32;
+        if self.cfg.state == StateFormat::Q8 && var.elem_count() >= MIN_8BIT {
+            Path::Q8
+        } else if self.fused && host_f32 {
+            Path::Fused
+        } else {
+            Path::Composed
+        }
+    }
+
+    fn composed(&self, var: &Var, g: &Tensor, m: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        let (b1, b2) = self.cfg.betas;
+        let lr = self.cfg.lr;
+        let bc1 = 1.0 - b1.powi(self.t as i32);
+        let bc2 = 1.0 - b2.powi(self.t as i32);
+        let m = ((m * b1)? + (g * (1.0 - b1))?)?;
+        let v = ((v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+        let theta = (var.as_tensor() * (1.0 - lr * self.cfg.weight_decay))?;
+        let denom = ((&v * (1.0 / bc2))?.sqrt()? + self.cfg.eps)?;
+        let update = ((&m * (lr / bc1))? / denom)?;
+        var.set(&(theta - update)?)?;
+        Ok((m, v))
+    }
+}
+
+/// The 8-bit update. On an f32 CPU parameter it runs in place; elsewhere
+/// (until the CUDA kernel exists) it goes through host copies.
+fn q8_step(
+    var: &Var,
+    g: &Tensor,
+    m: &mut Blockwise,
+    v: &mut Blockwise,
+    h: &AdamWStep,
+) -> Result<()> {
+    if var.device().is_cpu() && var.dtype() == DType::F32 {
+        return update_inplace(var.as_tensor(), &g.to_dtype(DType::F32)?, |theta, g| {
+            adamw8_slices(theta, g, m, v, h);
+            Ok(())
+        });
+    }
+    let host = |t: &Tensor| {
+        t.to_device(&Device::Cpu)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()
+    };
+    let (mut theta, g) = (host(var.as_tensor())?, host(g)?);
+    adamw8_slices(&mut theta, &g, m, v, h);
+    let t = Tensor::from_vec(theta, var.shape(), &Device::Cpu)?
+        .to_dtype(var.dtype())?
+        .to_device(var.device())?;
+    var.set(&t)
+}
+
+impl Optimizer for AdamW {
+    fn kind(&self) -> &'static str {
+        "adamw"
+    }
+
+    fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()> {
+        self.t += 1;
+        let c = &self.cfg;
+        let h = AdamWStep::new(c.lr, c.betas, c.eps, c.weight_decay, self.t);
+        for (name, var) in vars {
+            let Some(g) = grads.get(var) else { continue };
+            let path = self.path(var);
+            let st = Moments::into_path(self.moments.remove(name), path, var)?;
+            let st = match st {
+                Moments::Tensors(m, v) => {
+                    let (m, v) = self.composed(var, g, m, v)?;
+                    Moments::Tensors(m, v)
+                }
+                Moments::Host(s, mut m, mut v) => {
+                    adamw_inplace(var.as_tensor(), g, &mut m, &mut v, &h)?;
+                    Moments::Host(s, m, v)
+                }
+                Moments::Q8(s, mut m, mut v) => {
+                    q8_step(var, g, &mut m, &mut v, &h)?;
+                    Moments::Q8(s, m, v)
+                }
+            };
+            self.moments.insert(name.clone(), st);
+        }
+        Ok(())
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.cfg.lr
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+    fn clip_grad_norm(&self) -> Option<f64> {
+        self.cfg.clip_grad_norm
+    }
+
+    fn state_bytes(&self, vars: &[(String, Var)]) -> usize {
+        vars.iter()
+            .map(|(_, v)| {
+                let n = v.elem_count();
+                match self.path(v) {
+                    Path::Q8 => 2 * (n + 4 * n.div_ceil(quant8::BLOCK)),
+                    Path::Fused => 8 * n,
+                    Path::Composed => 2 * n * v.dtype().size_in_bytes(),
+                }
+            })
+            .sum()
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        let cpu = Device::Cpu;
+        if let Ok(t) = Tensor::new(self.t as f64, &cpu) {
+            out.push(("t".to_string(), t));
+        }
+        let host = |x: &[f32], s: &Shape| Tensor::from_slice(x, s, &cpu);
+        for (name, st) in &self.moments {
+            let mut push = |k: &str, t: Result<Tensor>| {
+                if let Ok(t) = t {
+                    out.push((format!("{k}.{name}"), t))
+                }
+            };
+            match st {
+                Moments::Tensors(m, v) => {
+                    push("m", Ok(m.clone()));
+                    push("v", Ok(v.clone()));
+                }
+                Moments::Host(s, m, v) => {
+                    push("m", host(m, s));
+                    push("v", host(v, s));
+                }
+                Moments::Q8(s, m, v) => {
+                    push("m8", Tensor::from_slice(&m.codes, s, &cpu));
+                    push("m8max", Tensor::new(m.absmax.as_slice(), &cpu));
+                    push("v8", Tensor::from_slice(&v.codes, s, &cpu));
+                    push("v8max", Tensor::new(v.absmax.as_slice(), &cpu));
+                }
+            }
+        }
+        out
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        self.t = match state.get("t") {
+            Some(t) => t.to_dtype(DType::F64)?.to_scalar::<f64>()? as u64,
+            None => 0,
+        };
+        self.moments.clear();
+        let get = |k: &str, name: &str| -> Result<&Tensor> {
+            match state.get(&format!("{k}.{name}")) {
+                Some(t) => Ok(t),
+                None => candle_core::bail!("adamw state: {k}.{name} is missing"),
+            }
+        };
+        for key in state.keys() {
+            if let Some(name) = key.strip_prefix("m.") {
+                let st = Moments::Tensors(get("m", name)?.clone(), get("v", name)?.clone());
+                self.moments.insert(name.to_string(), st);
+            } else if let Some(name) = key.strip_prefix("m8.") {
+                let codes = |k: &str| -> Result<Vec<u8>> { get(k, name)?.flatten_all()?.to_vec1() };
+                let absmax =
+                    |k: &str| -> Result<Vec<f32>> { get(k, name)?.to_dtype(DType::F32)?.to_vec1() };
+                let shape = get("m8", name)?.shape().clone();
+                let (m, v) = (
+                    Blockwise {
+                        signed: true,
+                        codes: codes("m8")?,
+                        absmax: absmax("m8max")?,
+                    },
+                    Blockwise {
+                        signed: false,
+                        codes: codes("v8")?,
+                        absmax: absmax("v8max")?,
+                    },
+                );
+                let n = shape.elem_count();
+                for b in [&m, &v] {
+                    if b.codes.len() != n || b.absmax.len() != n.div_ceil(quant8::BLOCK) {
+                        candle_core::bail!(
+                            "adamw state: 8-bit moments of {name} do not fit {shape:?}"
+                        );
+                    }
+                }
+                self.moments
+                    .insert(name.to_string(), Moments::Q8(shape, m, v));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,204 @@
+//! Optimizers with PyTorch semantics. taper owns their state (candle's AdamW
+//! keeps its moments private) so that checkpoints can save and restore it.
+
+mod adamw;
+mod sgd;
+
+pub use adamw::{AdamW, MIN_8BIT};
+pub use sgd::Sgd;
+
+use std::collections::HashMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Result, Tensor, Var};
+use serde::Deserialize;
+
+/// What a recipe asked for; the run turns it into an [`Optimizer`].
+#[derive(Debug, Clone)]
+pub enum OptimSpec {
+    AdamW(AdamWConfig),
+    Sgd(SgdConfig),
+}
+
+impl OptimSpec {
+    pub fn build(&self) -> Box<dyn Optimizer> {
+        match self {
+            OptimSpec::AdamW(c) => Box::new(AdamW::new(c.clone())),
+            OptimSpec::Sgd(c) => Box::new(Sgd::new(c.clone())),
+        }
+    }
+    /// The configured learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            OptimSpec::AdamW(c) => c.lr,
+            OptimSpec::Sgd(c) => c.lr,
+        }
+    }
+
+    /// Same optimizer and hyperparameters, except perhaps the learning rate:
+    /// its state carries over (what a reload may change).
+    pub fn same_but_lr(&self, other: &OptimSpec) -> bool {
+        let with = |s: &OptimSpec| match s.clone() {
+            OptimSpec::AdamW(c) => format!("{:?}", AdamWConfig { lr: 0.0, ..c }),
+            OptimSpec::Sgd(c) => format!("{:?}", SgdConfig { lr: 0.0, ..c }),
+        };
+        with(self) == with(other)
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            OptimSpec::AdamW(c) => format!(
+                "adamw lr {} betas {:?} eps {} weight_decay {}{}",
+                c.lr,
+                c.betas,
+                c.eps,
+                c.weight_decay,
+                match c.state {
+                    StateFormat::F32 => "",
+                    StateFormat::Q8 => " state 8bit",
+                }
+            ),
+            OptimSpec::Sgd(c) => format!(
+                "sgd lr {} momentum {} weight_decay {}",
+                c.lr, c.momentum, c.weight_decay
+            ),
+        }
+    }
+}
+
+/// `torch.optim.AdamW` defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdamWConfig {
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this value before the update.
+    pub clip_grad_norm: Option<f64>,
+    /// How the moments are stored: `"f32"` or `"8bit"` (blockwise 8-bit,
+    /// for parameters of at least [`MIN_8BIT`] elements).
+    pub state: StateFormat,
+}
+
+/// The storage of AdamW's moments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum StateFormat {
+    #[default]
+    #[serde(rename = "f32")]
+    F32,
+    #[serde(rename = "8bit")]
+    Q8,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.01,
+            clip_grad_norm: None,
+            state: StateFormat::F32,
+        }
+    }
+}
+
+/// `torch.optim.SGD` defaults (lr 1e-3).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SgdConfig {
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub nesterov: bool,
+    pub weight_decay: f64,
+    pub clip_grad_norm: Option<f64>,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig {
+            lr: 1e-3,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            clip_grad_norm: None,
+        }
+    }
+}
+
+pub trait Optimizer {
+    fn kind(&self) -> &'static str;
+    /// One update of `vars` from `grads`. Variables without a gradient are
+    /// left alone, as PyTorch does for parameters whose `.grad` is None.
+    fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()>;
+    fn learning_rate(&self) -> f64;
+    fn set_learning_rate(&mut self, lr: f64);
+    fn clip_grad_norm(&self) -> Option<f64>;
+    /// Bytes of state this optimizer keeps for `vars` (for the memory
+    /// planner and `taper bench precision`).
+    fn state_bytes(&self, vars: &[(String, Var)]) -> usize;
+    /// State tensors by name, for checkpoints.
+    fn state(&self) -> Vec<(String, Tensor)>;
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
+}
+
+/// The global L2 norm of all gradients. The squares are summed on the
+/// device and read back once: one CPU-GPU sync point per step, not one per
+/// parameter.
+pub fn grad_norm(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
+    let mut total: Option<Tensor> = None;
+    for (_, v) in vars {
+        if let Some(g) = grads.get(v) {
+            let s = g.to_dtype(DType::F64)?.sqr()?.sum_all()?;
+            total = Some(match total {
+                Some(t) => (t + s)?,
+                None => s,
+            });
+        }
+    }
+    Ok(match total {
+        Some(t) => t.to_scalar::<f64>()?.sqrt(),
+        None => 0.0,
+    })
+}
+
+/// Scales gradients so that their global norm is at most `max_norm`, as
+/// `torch.nn.utils.clip_grad_norm_` does. Returns the norm before clipping.
+pub fn clip_grad_norm(vars: &[(String, Var)], grads: &mut GradStore, max_norm: f64) -> Result<f64> {
+    let norm = grad_norm(vars, grads)?;
+    let scale = max_norm / (norm + 1e-6);
+    if scale < 1.0 {
+        for (_, v) in vars {
+            if let Some(g) = grads.remove(v) {
+                grads.insert(v, (g * scale)?);
+            }
+        }
+    }
+    Ok(norm)
+}
+
+/// Moves loaded optimizer state (`m.<param>`, `momentum.<param>`) to the
+/// dtype and device of the variable it belongs to. 8-bit state (`m8.*`,
+/// `m8max.*`, ...) keeps its dtypes.
+pub(crate) fn place_state(
+    state: HashMap<String, Tensor>,
+    vars: &[(String, Var)],
+) -> Result<HashMap<String, Tensor>> {
+    let by_name: HashMap<&str, &Var> = vars.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    state
+        .into_iter()
+        .map(|(k, t)| {
+            let (kind, param) = k.split_once('.').unwrap_or(("", ""));
+            let t = match by_name.get(param) {
+                Some(v) if ["m", "v", "momentum"].contains(&kind) => {
+                    t.to_dtype(v.dtype())?.to_device(v.device())?
+                }
+                _ => t,
+            };
+            Ok((k, t))
+        })
+        .collect()
+}

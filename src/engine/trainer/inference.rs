@@ -1,0 +1,104 @@
+//! Evaluation and sampling over a trainer's (master) parameters.
+
+use candle_core::{DType, Module, Tensor};
+
+use super::super::loss;
+use super::super::rng::Rng;
+use super::Eval;
+use super::Trainer;
+use crate::data::Batch;
+use crate::{Error, Result};
+
+impl Trainer {
+    /// A model over detached parameters: no gradient graph is recorded, so
+    /// memory does not grow with the amount evaluated.
+    fn frozen(&self) -> Result<Box<dyn Module>> {
+        Ok(self.spec.build(
+            self.store
+                .frozen_builder(self.opts.dtype, &self.opts.device),
+        )?)
+    }
+
+    pub fn evaluate(&self, batches: impl Iterator<Item = Result<Batch>>) -> Result<Eval> {
+        let model = self.frozen()?;
+        let (mut loss_sum, mut correct, mut count) = (0f64, 0f64, 0usize);
+        for batch in batches {
+            let batch = batch?;
+            let (x, y) = self.inputs_as(&batch, self.opts.dtype)?;
+            let logits = model.forward(&x)?;
+            let n = y.elem_count();
+            let l = self.opts.loss.loss(&logits, &y)?;
+            loss_sum += l.to_dtype(DType::F64)?.to_scalar::<f64>()? * n as f64;
+            correct += loss::correct(&logits, &y)?;
+            count += n;
+        }
+        if count == 0 {
+            return Err(Error::Data("evaluate: the data set is empty".into()));
+        }
+        Ok(Eval {
+            loss: loss_sum / count as f64,
+            accuracy: correct / count as f64,
+            samples: count,
+        })
+    }
+
+    /// Samples `n` tokens after `prompt` from a sequence model.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        n: usize,
+        temperature: f64,
+        seed: u64,
+    ) -> Result<Vec<u32>> {
+        let context = self.spec.context().ok_or_else(|| {
+            Error::Config(format!(
+                "generate: {} is not a sequence model",
+                self.spec.describe()
+            ))
+        })?;
+        if prompt.is_empty() {
+            return Err(Error::Config("generate: the prompt is empty".into()));
+        }
+        let model = self.frozen()?;
+        let mut rng = Rng::new(seed);
+        let mut ids = prompt.to_vec();
+        for _ in 0..n {
+            let window = &ids[ids.len().saturating_sub(context)..];
+            let x = Tensor::new(window, &self.opts.device)?.unsqueeze(0)?;
+            let logits = model.forward(&x)?;
+            let last = logits.squeeze(0)?.get(window.len() - 1)?;
+            let last: Vec<f64> = last.to_dtype(DType::F64)?.to_vec1()?;
+            ids.push(sample(&last, temperature, &mut rng));
+        }
+        Ok(ids[prompt.len()..].to_vec())
+    }
+}
+
+fn sample(logits: &[f64], temperature: f64, rng: &mut Rng) -> u32 {
+    if temperature <= 0.0 {
+        return argmax(logits);
+    }
+    let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = logits
+        .iter()
+        .map(|l| ((l - max) / temperature).exp())
+        .collect();
+    let mut r = rng.uniform() * w.iter().sum::<f64>();
+    for (i, wi) in w.iter().enumerate() {
+        r -= wi;
+        if r <= 0.0 {
+            return i as u32;
+        }
+    }
+    (w.len() - 1) as u32
+}
+
+fn argmax(v: &[f64]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,146 @@
+//! Mixed precision: the loss scaler skips exactly the updates whose
+//! gradients are not finite, the masters stay f32, and a low-precision step
+//! follows the f32 step within the low type's rounding.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+use taper::data::{digits, Batch, Pipeline};
+use taper::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
+use taper::engine::precision::Precision;
+use taper::engine::{Activation, Mlp, ModelSpec, Trainer, TrainerOptions};
+
+fn mlp() -> Arc<dyn ModelSpec> {
+    Arc::new(Mlp {
+        inputs: 64,
+        hidden: vec![64],
+        outputs: 10,
+        activation: Activation::Relu,
+    })
+}
+
+fn trainer(p: Precision) -> Result<Trainer> {
+    let optim = OptimSpec::AdamW(AdamWConfig {
+        lr: 3e-3,
+        ..Default::default()
+    });
+    trainer_with(p, &optim)
+}
+
+fn trainer_with(p: Precision, optim: &OptimSpec) -> Result<Trainer> {
+    let mut t = Trainer::new(
+        mlp(),
+        optim,
+        TrainerOptions {
+            seed: 3,
+            ..Default::default()
+        },
+    )?;
+    t.set_precision(p)?;
+    Ok(t)
+}
+
+fn weights(t: &Trainer) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for (_, v) in t.params().vars() {
+        assert_eq!(v.dtype(), DType::F32, "masters are f32");
+        out.extend(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
+
+/// The batch with one input set to 1e6, which is inf in f16: every gradient
+/// downstream of it is inf or NaN.
+fn poisoned(b: &Batch) -> Result<Batch> {
+    let mut x: Vec<f32> = b.x.flatten_all()?.to_vec1()?;
+    x[3] = 1e6;
+    Ok(Batch {
+        x: Tensor::from_vec(x, b.x.shape(), b.x.device())?,
+        y: b.y.clone(),
+        indices: b.indices.clone(),
+    })
+}
+
+#[test]
+fn f16_loss_scaling_skips_exactly_the_poisoned_step() -> Result<()> {
+    let data = Pipeline::new(Arc::new(digits("train")?))
+        .shuffle(1)
+        .batch(32, false);
+    let mut t = trainer(Precision::F16)?;
+    assert_eq!(t.loss_scale(), Some(65536.0));
+    let mut skipped = Vec::new();
+    for (i, batch) in data.epoch(1, 32, 0).take(30).enumerate() {
+        let batch = if i == 12 { poisoned(&batch?)? } else { batch? };
+        let (before, scale) = (weights(&t)?, t.loss_scale().unwrap());
+        t.train_step(&batch)?;
+        let after = weights(&t)?;
+        match t.take_overflow() {
+            Some(new_scale) => {
+                skipped.push(i);
+                assert_eq!(new_scale, scale / 2.0);
+                assert_eq!(before, after, "a skipped step changed the weights");
+            }
+            None => assert_ne!(before, after, "step {i} did not update"),
+        }
+    }
+    assert_eq!(skipped, [12]);
+    assert_eq!(t.loss_scale(), Some(32768.0));
+    assert_eq!(t.step, 30);
+    Ok(())
+}
+
+#[test]
+fn a_low_precision_step_follows_the_f32_step() -> Result<()> {
+    // One identical SGD step from identical weights (SGD: the update is the
+    // gradient, so this compares gradients): it differs only by the low
+    // type's rounding of weights, activations and gradients (bf16 keeps 8
+    // bits of mantissa, f16 11).
+    let data = Pipeline::new(Arc::new(digits("train")?)).batch(64, false);
+    let batch = data.epoch(1, 64, 0).next().unwrap()?;
+    let sgd = OptimSpec::Sgd(SgdConfig {
+        lr: 0.1,
+        ..Default::default()
+    });
+    let mut reference = trainer_with(Precision::F32, &sgd)?;
+    let w0 = weights(&reference)?;
+    reference.train_step(&batch)?;
+    let d32: Vec<f32> = weights(&reference)?
+        .iter()
+        .zip(&w0)
+        .map(|(a, b)| a - b)
+        .collect();
+    for (p, tol) in [(Precision::Bf16, 0.05), (Precision::F16, 0.005)] {
+        let mut t = trainer_with(p, &sgd)?;
+        t.train_step(&batch)?;
+        let d: Vec<f32> = weights(&t)?.iter().zip(&w0).map(|(a, b)| a - b).collect();
+        let diff: f64 = d
+            .iter()
+            .zip(&d32)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let norm: f64 = d32.iter().map(|a| (*a as f64).powi(2)).sum();
+        let rel = (diff / norm).sqrt();
+        eprintln!("{}: the update differs from f32 by {rel:.2e}", p.name());
+        assert!(rel < tol, "{}: update differs from f32 by {rel}", p.name());
+        assert!(rel > 0.0, "{}: no rounding at all?", p.name());
+    }
+    Ok(())
+}
+
+#[test]
+fn switching_precision_keeps_weights_and_optimizer_state() -> Result<()> {
+    let data = Pipeline::new(Arc::new(digits("train")?)).batch(32, false);
+    let mut t = trainer(Precision::F32)?;
+    let mut batches = data.epoch(1, 32, 0);
+    t.train_step(&batches.next().unwrap()?)?;
+    let w = weights(&t)?;
+    t.set_precision(Precision::Bf16)?;
+    assert_eq!(weights(&t)?, w);
+    t.train_step(&batches.next().unwrap()?)?;
+    t.set_precision(Precision::F32)?;
+    t.train_step(&batches.next().unwrap()?)?;
+    assert_eq!(t.step, 3);
+    assert_eq!(t.precision(), Precision::F32);
+    Ok(())
+}
