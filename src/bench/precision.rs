@@ -46,8 +46,15 @@ pub fn run(steps: usize, width: usize, layers: usize) -> Result<()> {
         };
         println!("\nGPT width {w}, {l} layers:");
         println!(
-            "{:>9} {:>6} {:>9} {:>10} {:>11} {:>11} {:>11}",
-            "precision", "state", "ms/step", "params", "state B/p", "model B/p", "step peak"
+            "{:>9} {:>6} {:>9} {:>10} {:>11} {:>11} {:>11} {:>13}",
+            "precision",
+            "state",
+            "ms/step",
+            "params",
+            "state B/p",
+            "model B/p",
+            "resident B/p",
+            "step peak"
         );
         for (p, state) in CONFIGS {
             measure(&spec, &data, p, state, steps)?;
@@ -56,6 +63,7 @@ pub fn run(steps: usize, width: usize, layers: usize) -> Result<()> {
     println!(
         "\nmodel B/p: bytes per parameter of master weights + low-precision copy + gradients (at the optimizer: \
          low-precision and f32) + optimizer state; ZeRO's mixed-precision Adam: 16.\n\
+         resident B/p: measured, the heap held between steps (weights, working copy, optimizer state) per parameter.\n\
          step peak: the heap's peak during a step above its level before it (activations, gradients, temporaries)."
     );
     Ok(())
@@ -73,9 +81,10 @@ fn measure(
         state,
         ..Default::default()
     });
+    let mut batches = data.epoch(1, 32, 0);
+    let start = HostMemory::current();
     let mut t = Trainer::new(Arc::new(spec.clone()), &optim, TrainerOptions::default())?;
     t.set_precision(p)?;
-    let mut batches = data.epoch(1, 32, 0);
     let mut next = || {
         batches
             .next()
@@ -84,6 +93,9 @@ fn measure(
     for _ in 0..2 {
         t.train_step(&next()?)?;
     }
+    // Measured: what stays allocated between steps (masters, working copy,
+    // optimizer state, model structures).
+    let resident = HostMemory::current().saturating_sub(start);
     let (mut peak, mut times) = (0usize, Vec::with_capacity(steps));
     for _ in 0..steps {
         let batch = next()?;
@@ -102,7 +114,7 @@ fn measure(
     let grads = if low > 0 { low + 4 } else { 4 };
     let model_bytes = n * (4 + low + grads) + state_bytes;
     println!(
-        "{:>9} {:>6} {:>9.2} {:>10} {:>11.2} {:>11.2} {:>9.1} MiB",
+        "{:>9} {:>6} {:>9.2} {:>10} {:>11.2} {:>11.2} {:>11.2} {:>9.1} MiB",
         p.name(),
         match state {
             StateFormat::F32 => "f32",
@@ -112,6 +124,7 @@ fn measure(
         n,
         state_bytes as f64 / n as f64,
         model_bytes as f64 / n as f64,
+        resident as f64 / n as f64,
         peak as f64 / (1 << 20) as f64
     );
     Ok(())
