@@ -103,6 +103,50 @@ fn digits_with_8bit_adamw_state_reaches_95_percent() -> Result<()> {
 }
 
 #[test]
+fn pruned_digits_keep_95_percent_at_50_and_80_percent_sparsity() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut host = Host::new(HostOptions {
+        out_dir: Some(dir.path().to_path_buf()),
+        ..HostOptions::default()
+    })?;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/digits_prune.lua");
+    host.run_file(&path)?;
+    let results: Vec<mlua::Table> = host.globals()?.get("results")?;
+    let got: Vec<(f64, f64)> = results
+        .iter()
+        .map(|t| Ok((t.get("sparsity")?, t.get("accuracy")?)))
+        .collect::<mlua::Result<_>>()?;
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(
+        (got[1].0 - 0.5).abs() < 1e-3 && (got[2].0 - 0.8).abs() < 1e-3,
+        "{got:?}"
+    );
+    for (s, acc) in &got {
+        assert!(*acc >= 0.95, "accuracy {acc} at sparsity {s}");
+    }
+    // The checkpoint's weights are 80% zeros, and its masks say which.
+    let ck = dir.path().join("checkpoint.safetensors");
+    let (tensors, _) = taper::engine::checkpoint::load(&ck, &candle_core::Device::Cpu)?;
+    let mut masked = 0;
+    for (k, t) in &tensors {
+        let Some(name) = k.strip_prefix("mask.") else {
+            continue;
+        };
+        masked += 1;
+        let w: Vec<f32> = tensors[&format!("model.{name}")].flatten_all()?.to_vec1()?;
+        let m: Vec<u8> = t.flatten_all()?.to_vec1()?;
+        let zeros = w.iter().filter(|x| **x == 0.0).count() as f64 / w.len() as f64;
+        assert!((zeros - 0.8).abs() < 0.01, "{name}: {zeros} zeros");
+        assert!(
+            w.iter().zip(&m).all(|(x, m)| *m == 1 || *x == 0.0),
+            "{name}"
+        );
+    }
+    assert_eq!(masked, 3, "one mask per weight matrix");
+    Ok(())
+}
+
+#[test]
 fn digits_cnn_reaches_95_percent_held_out() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let report = train("scripts/digits_cnn.lua", dir.path(), &[("epochs", "10")])?;

@@ -103,6 +103,14 @@ function Run:generate(opts) end
 ---@param opts {step: integer, phase?: "forward"|"backward"|"optimizer", times?: integer}
 function Run:inject_oom(opts) end
 
+---Magnitude pruning (as torch.nn.utils.prune.l1_unstructured, or global_unstructured
+---with `scope = "global"`): zeroes the `round(sparsity * n)` smallest weights of the
+---selected tensors (a Lua pattern over parameter names; default: every tensor of rank
+---2 or more). The masks stay through training and in checkpoints.
+---@param opts {sparsity: number, params?: string, scope?: "layer"|"global"}
+---@return {pruned: integer, total: integer, sparsity: number}
+function Run:prune(opts) end
+
 ---The optimizer's learning rate.
 ---@return number
 function Run:lr() end

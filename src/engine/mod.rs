@@ -9,6 +9,7 @@ pub mod model;
 pub mod optim;
 mod params;
 pub mod precision;
+pub mod prune;
 pub mod rng;
 pub mod schedule;
 mod trainer;

@@ -10,6 +10,7 @@ mod oom;
 mod oom_policy;
 mod options;
 mod output;
+mod passes;
 mod plan;
 mod plugin;
 mod policies;

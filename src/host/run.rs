@@ -320,6 +320,9 @@ impl UserData for RunHandle {
             });
             Ok(())
         });
+        m.add_method("prune", |lua, this, o: Value| {
+            super::passes::prune(lua, this, o)
+        });
         m.add_method("lr", |_, this, ()| Ok(this.get()?.trainer.learning_rate()));
         m.add_method("set_lr", |lua, this, lr: f64| {
             if !(lr.is_finite() && lr >= 0.0) {

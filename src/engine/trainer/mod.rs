@@ -2,19 +2,18 @@
 //! It knows nothing about Lua; the host drives it.
 
 mod inference;
+mod state;
 
-use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Module, Tensor, Var};
 
-use super::checkpoint::{self, CheckpointMeta};
 use super::loss::CrossEntropy;
 use super::optim::{self, OptimSpec, Optimizer};
 use super::params::ParamStore;
 use super::precision::{Mixed, Precision};
+use super::prune::Masks;
 use super::ModelSpec;
 use crate::data::Batch;
 use crate::memory::oom::{classify, Phase};
@@ -61,6 +60,8 @@ pub struct Trainer {
     /// Set when the last step's update was skipped for non-finite
     /// gradients (f16 loss scaling): the new loss scale.
     overflow: Option<f64>,
+    /// Pruning masks, applied after every update.
+    masks: Masks,
     /// Optimizer steps taken.
     pub step: u64,
 }
@@ -79,6 +80,7 @@ impl Trainer {
             opts,
             mixed: None,
             overflow: None,
+            masks: Masks::default(),
             step: 0,
         })
     }
@@ -115,6 +117,28 @@ impl Trainer {
         };
         self.mixed = mixed;
         Ok(())
+    }
+
+    /// Magnitude-prunes the named parameters to `sparsity` (per tensor, or
+    /// over all of them at once if `global`); the masks stay through
+    /// training and in checkpoints. Returns (pruned, total) weights.
+    pub fn prune(
+        &mut self,
+        names: &[String],
+        sparsity: f64,
+        global: bool,
+    ) -> Result<(usize, usize)> {
+        let vars: Vec<_> = self
+            .store
+            .vars()
+            .into_iter()
+            .filter(|(k, _)| names.contains(k))
+            .collect();
+        let counts = self.masks.prune(&vars, sparsity, global)?;
+        if let Some(m) = &self.mixed {
+            m.sync(&self.store.vars())?;
+        }
+        Ok(counts)
     }
 
     /// The new loss scale if the last step skipped its update (f16 with
@@ -284,6 +308,9 @@ impl Trainer {
         // From here parameters change one by one: a failure inside the update
         // is not retryable (the run stops with what it has checkpointed).
         self.optim.step(&vars, &acc)?;
+        if !self.masks.is_empty() {
+            self.masks.apply(&vars)?;
+        }
         if let Some(m) = &self.mixed {
             m.sync(&vars)?;
         }
@@ -310,73 +337,6 @@ impl Trainer {
     /// Bytes of optimizer state for the model's parameters.
     pub fn optimizer_state_bytes(&self) -> usize {
         self.optim.state_bytes(&self.store.vars())
-    }
-
-    /// Model and optimizer state, named `model.*` and `optim.*`.
-    pub fn state(&self) -> Vec<(String, Tensor)> {
-        let mut out: Vec<(String, Tensor)> = self
-            .store
-            .vars()
-            .into_iter()
-            .map(|(k, v)| (format!("model.{k}"), v.as_tensor().clone()))
-            .collect();
-        out.extend(
-            self.optim
-                .state()
-                .into_iter()
-                .map(|(k, t)| (format!("optim.{k}"), t)),
-        );
-        if let Some(scale) = self.loss_scale() {
-            if let Ok(t) = Tensor::new(scale, &Device::Cpu) {
-                out.push(("amp.loss_scale".to_string(), t));
-            }
-        }
-        out
-    }
-
-    pub fn save(&self, path: &Path, meta: &CheckpointMeta) -> Result<()> {
-        checkpoint::save(path, self.state(), meta)
-    }
-
-    /// Restores weights and optimizer state from a checkpoint.
-    pub fn load(&mut self, path: &Path) -> Result<CheckpointMeta> {
-        let (tensors, meta) = checkpoint::load(path, &self.opts.device)?;
-        if meta.model != self.spec.describe() {
-            return Err(Error::Checkpoint {
-                path: path.to_path_buf(),
-                msg: format!(
-                    "it holds `{}`, the recipe builds `{}`",
-                    meta.model,
-                    self.spec.describe()
-                ),
-            });
-        }
-        let mut model = HashMap::new();
-        let mut state = HashMap::new();
-        for (k, t) in tensors {
-            if k == "amp.loss_scale" {
-                if let Some(s) = self.mixed.as_mut().and_then(|m| m.scaler.as_mut()) {
-                    s.scale = t.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                }
-            } else if let Some(name) = k.strip_prefix("model.") {
-                model.insert(name.to_string(), t);
-            } else if let Some(name) = k.strip_prefix("optim.") {
-                state.insert(name.to_string(), t);
-            }
-        }
-        let cerr = |msg: String| Error::Checkpoint {
-            path: path.to_path_buf(),
-            msg,
-        };
-        self.store.load(&model).map_err(cerr)?;
-        if let Some(m) = &self.mixed {
-            m.sync(&self.store.vars())?;
-        }
-        let state = optim::place_state(state, &self.store.vars())?;
-        self.optim.load_state(&state)?;
-        self.optim.set_learning_rate(meta.lr);
-        self.step = meta.step;
-        Ok(meta)
     }
 }
 
