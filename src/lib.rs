@@ -19,6 +19,7 @@ pub mod host;
 pub mod kernels;
 pub mod memory;
 pub mod plugins;
+pub mod quant;
 pub mod reload;
 
 pub use error::{Error, Result};

@@ -111,6 +111,13 @@ function Run:inject_oom(opts) end
 ---@return {pruned: integer, total: integer, sparsity: number}
 function Run:prune(opts) end
 
+---Writes the model's weights to a GGUF file (llama.cpp's format), atomically.
+---Weight matrices are stored in `format` (post-training quantization); biases and
+---other vectors stay f32.
+---@param opts {path: string, format?: "f32"|"f16"|"q8_0"|"q4_0"}
+---@return {bytes: integer, f32_bytes: integer, quantized: integer, kept_f32: integer}
+function Run:export(opts) end
+
 ---The optimizer's learning rate.
 ---@return number
 function Run:lr() end

@@ -323,6 +323,9 @@ impl UserData for RunHandle {
         m.add_method("prune", |lua, this, o: Value| {
             super::passes::prune(lua, this, o)
         });
+        m.add_method("export", |lua, this, o: Value| {
+            super::passes::export(lua, this, o)
+        });
         m.add_method("lr", |_, this, ()| Ok(this.get()?.trainer.learning_rate()));
         m.add_method("set_lr", |lua, this, lr: f64| {
             if !(lr.is_finite() && lr >= 0.0) {
