@@ -78,6 +78,27 @@ fn precision_and_optimizer_state_are_checked() {
 }
 
 #[test]
+fn distill_options_are_checked() {
+    let msg = recipe_error(run("taper.loss.distill{ alpha = 0.5 }"));
+    assert!(
+        msg.contains("option `teacher` (a run) is required"),
+        "{msg}"
+    );
+    let msg = recipe_error(run(
+        "local r = taper.run{ model = taper.model.mlp{ inputs = 2, outputs = 2 } }\ntaper.loss.distill{ teacher = r, alpha = 2 }",
+    ));
+    assert!(
+        msg.starts_with("recipe.lua:2: taper.loss.distill: alpha 2 must be in [0, 1]"),
+        "{msg}"
+    );
+    let msg = recipe_error(run("taper.loss.distill{ teacher = 3 }"));
+    assert!(
+        msg.contains("option `teacher` must be a taper.run"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn missing_required_option_is_named() {
     let msg = recipe_error(run("taper.model.mlp{ inputs = 64 }"));
     assert!(msg.contains("missing field `outputs`"), "{msg}");

@@ -76,11 +76,13 @@ function Run:batches(data) end
 ---@return integer step the step count after this update
 function Run:step(batch) end
 
----Mean loss and accuracy over `data`, with no gradient graph. Writes an
----`eval` record.
+---Mean cross-entropy and accuracy over `data`, with no gradient graph. Writes an
+---`eval` record. `objective` is the mean of `opts.loss` when given, or of the
+---run's own loss when it is not plain cross-entropy (distillation).
 ---@param data taper.Data
----@return {loss: number, accuracy: number, samples: integer, split: string}
-function Run:evaluate(data) end
+---@param opts? {loss?: taper.Loss}
+---@return {loss: number, accuracy: number, samples: integer, split: string, objective?: number}
+function Run:evaluate(data, opts) end
 
 ---Writes a `log` record to metrics.jsonl (with `step` and `epoch` added) and
 ---prints it.
@@ -389,6 +391,12 @@ taper.loss = {}
 ---@param opts? {label_smoothing?: number}
 ---@return taper.Loss
 function taper.loss.cross_entropy(opts) end
+
+---Knowledge distillation from a teacher run (frozen as it is now):
+---`alpha * T^2 * KL(softmax(teacher/T) || softmax(student/T)) + (1 - alpha) * cross_entropy`.
+---@param opts {teacher: taper.Run, temperature?: number, alpha?: number, label_smoothing?: number}
+---@return taper.Loss
+function taper.loss.distill(opts) end
 
 ---A native strategy plugin (a shared library; see plugins/README.md).
 ---@class taper.Plugin

@@ -1,7 +1,104 @@
 //! Losses over the last dimension of the logits, any leading shape.
 
-use candle_core::{DType, Result, Tensor, D};
+use std::rc::Rc;
+
+use candle_core::{DType, Module, Result, Tensor, D};
 use serde::Deserialize;
+
+/// What a run trains against.
+#[derive(Clone)]
+pub enum Loss {
+    CrossEntropy(CrossEntropy),
+    Distill(Distill),
+}
+
+impl Default for Loss {
+    fn default() -> Self {
+        Loss::CrossEntropy(CrossEntropy::default())
+    }
+}
+
+impl Loss {
+    /// The mean loss of `logits` (the student's, from inputs `x`) against
+    /// `targets`.
+    pub fn loss(&self, x: &Tensor, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        match self {
+            Loss::CrossEntropy(c) => c.loss(logits, targets),
+            Loss::Distill(d) => d.loss(x, logits, targets),
+        }
+    }
+
+    /// The cross-entropy against the labels (what evaluation reports).
+    pub fn base(&self) -> CrossEntropy {
+        match self {
+            Loss::CrossEntropy(c) => *c,
+            Loss::Distill(d) => d.base,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Loss::CrossEntropy(c) => format!("cross_entropy label_smoothing {}", c.label_smoothing),
+            Loss::Distill(d) => format!(
+                "distill from {} temperature {} alpha {}",
+                d.teacher_name, d.temperature, d.alpha
+            ),
+        }
+    }
+}
+
+/// Knowledge distillation (Hinton et al. 2015): the loss is
+/// `alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) +
+/// (1 - alpha) * cross_entropy(student, labels)`, the KL term averaged
+/// over positions (PyTorch's `kl_div(..., reduction="batchmean")`). The
+/// teacher is a frozen model: its logits carry no gradient.
+#[derive(Clone)]
+pub struct Distill {
+    pub teacher: Rc<dyn Module>,
+    pub teacher_name: String,
+    pub temperature: f64,
+    pub alpha: f64,
+    pub base: CrossEntropy,
+}
+
+impl Distill {
+    pub fn loss(&self, x: &Tensor, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let hard = self.base.loss(logits, targets)?;
+        if self.alpha == 0.0 {
+            return Ok(hard);
+        }
+        // The teacher runs in f32 whatever the student's precision.
+        let tx = if x.dtype().is_float() {
+            x.to_dtype(DType::F32)?
+        } else {
+            x.clone()
+        };
+        let teacher = self.teacher.forward(&tx)?.detach();
+        if teacher.dims() != logits.dims() {
+            candle_core::bail!(
+                "distill: the teacher ({}) gives logits of shape {:?}, the student {:?}",
+                self.teacher_name,
+                teacher.dims(),
+                logits.dims()
+            );
+        }
+        let soft = kl_soft(&teacher, &logits.to_dtype(DType::F32)?, self.temperature)?;
+        let soft = soft.to_dtype(hard.dtype())?;
+        (soft * self.alpha)? + (hard * (1.0 - self.alpha))?
+    }
+}
+
+/// `T^2 * KL(softmax(t / T) || softmax(s / T))`, mean over positions.
+fn kl_soft(teacher: &Tensor, student: &Tensor, t: f64) -> Result<Tensor> {
+    let classes = student.dim(D::Minus1)?;
+    let s = (student.reshape(((), classes))? / t)?;
+    let tt = (teacher.reshape(((), classes))? / t)?;
+    let log_q = candle_nn::ops::log_softmax(&s, D::Minus1)?;
+    let log_p = candle_nn::ops::log_softmax(&tt, D::Minus1)?;
+    let p = log_p.exp()?;
+    let kl = (p * (log_p - log_q)?)?.sum(D::Minus1)?.mean_all()?;
+    kl * (t * t)
+}
 
 /// Cross-entropy with optional label smoothing (as `torch.nn.CrossEntropyLoss`).
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -44,6 +141,46 @@ pub fn correct(logits: &Tensor, targets: &Tensor) -> Result<f64> {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// A "teacher" that returns fixed logits whatever its input.
+    struct Fixed(Tensor);
+    impl Module for Fixed {
+        fn forward(&self, _: &Tensor) -> Result<Tensor> {
+            Ok(self.0.clone())
+        }
+    }
+
+    // Reference, torch 2.15 in float64:
+    //   s = [[1.0, 2.0, 0.5], [0.1, -1.0, 3.0]]; t = [[0.3, 2.5, -1.0], [1.0, 0.0, 2.0]]
+    //   y = [1, 0]; T = 2.0; alpha = 0.7
+    //   soft = F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1),
+    //                   reduction="batchmean") * T * T
+    //   loss = alpha * soft + (1 - alpha) * F.cross_entropy(s, y)
+    const SOFT: f64 = 0.373_369_299_938_113_46;
+    const LOSS: f64 = 0.776_629_960_416_944_9;
+
+    #[test]
+    fn distillation_matches_pytorch() -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let s = Tensor::new(&[[1.0f64, 2.0, 0.5], [0.1, -1.0, 3.0]], &dev)?;
+        let t = Tensor::new(&[[0.3f64, 2.5, -1.0], [1.0, 0.0, 2.0]], &dev)?;
+        let y = Tensor::new(&[1u32, 0], &dev)?;
+        let soft = kl_soft(&t, &s, 2.0)?.to_scalar::<f64>()?;
+        assert!((soft - SOFT).abs() < 1e-12, "{soft}");
+        let d = Distill {
+            teacher: Rc::new(Fixed(t.to_dtype(DType::F32)?)),
+            teacher_name: "fixed".into(),
+            temperature: 2.0,
+            alpha: 0.7,
+            base: CrossEntropy::default(),
+        };
+        let x = Tensor::zeros((2, 1), DType::F32, &dev)?;
+        let l = d
+            .loss(&x, &s.to_dtype(DType::F32)?, &y)?
+            .to_scalar::<f32>()?;
+        assert!((l as f64 - LOSS).abs() < 1e-6, "{l}");
+        Ok(())
+    }
 
     // Reference: float64 from the definitions used by torch.nn.CrossEntropyLoss,
     // loss = (1 - eps) * nll + eps * mean_c(-log p_c).

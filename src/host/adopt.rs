@@ -24,7 +24,7 @@ use super::run::RunHandle;
 use super::run_options::RunOptions;
 use super::run_state::RunState;
 use super::HostState;
-use crate::engine::loss::CrossEntropy;
+use crate::engine::loss::Loss;
 use crate::engine::optim::OptimSpec;
 use crate::engine::precision::Precision;
 use crate::engine::schedule::{Schedule, StepPlan};
@@ -33,7 +33,7 @@ use crate::engine::schedule::{Schedule, StepPlan};
 pub(crate) struct Staged {
     run: Rc<RefCell<RunState>>,
     data: Option<Feed>,
-    loss: CrossEntropy,
+    loss: Loss,
     optim: OptimSpec,
     schedule: Option<Rc<RefCell<dyn Schedule>>>,
     micro_batch: Option<usize>,

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use candle_core::{DType, Device};
 use mlua::{Lua, MetaMethod, Table, UserData, UserDataMethods, Value};
 
-use super::options::decode;
-use crate::engine::loss::CrossEntropy;
+use super::options::{config_error, decode};
+use crate::engine::loss::{CrossEntropy, Distill, Loss};
 use crate::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
 use crate::engine::{Cnn, Gpt, Mlp, ModelSpec, ParamStore};
 
@@ -43,17 +43,76 @@ impl UserData for OptimHandle {
 }
 
 #[derive(Clone)]
-pub struct LossHandle(pub CrossEntropy);
+pub struct LossHandle(pub Loss);
 
 impl UserData for LossHandle {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
-            Ok(format!(
-                "taper.loss(cross_entropy label_smoothing {})",
-                this.0.label_smoothing
-            ))
+            Ok(format!("taper.loss({})", this.0.describe()))
         });
     }
+}
+
+/// `taper.loss.distill{ teacher = run, temperature = 2, alpha = 0.5,
+/// label_smoothing = 0 }`: the teacher is frozen as it is now.
+fn distill(lua: &Lua, opts: Table) -> mlua::Result<LossHandle> {
+    let what = "taper.loss.distill";
+    super::options::check_keys(
+        lua,
+        what,
+        &opts,
+        &["teacher", "temperature", "alpha", "label_smoothing"],
+    )?;
+    let teacher: super::run::RunHandle =
+        super::options::handle(lua, what, &opts, "teacher", "a taper.run")?.ok_or_else(|| {
+            config_error(
+                lua,
+                "taper.loss.distill: option `teacher` (a run) is required",
+            )
+        })?;
+    let num = |key: &str, default: f64| -> mlua::Result<f64> {
+        match opts.get::<Value>(key)? {
+            Value::Nil => Ok(default),
+            Value::Integer(i) => Ok(i as f64),
+            Value::Number(n) => Ok(n),
+            other => Err(config_error(
+                lua,
+                format!(
+                    "{what}: option `{key}` must be a number, got a {}",
+                    other.type_name()
+                ),
+            )),
+        }
+    };
+    let (temperature, alpha) = (num("temperature", 2.0)?, num("alpha", 0.5)?);
+    let label_smoothing = num("label_smoothing", 0.0)?;
+    if !(temperature > 0.0 && temperature.is_finite()) {
+        return Err(config_error(
+            lua,
+            format!("{what}: temperature {temperature} must be positive"),
+        ));
+    }
+    if !(0.0..=1.0).contains(&alpha) {
+        return Err(config_error(
+            lua,
+            format!("{what}: alpha {alpha} must be in [0, 1]"),
+        ));
+    }
+    if !(0.0..1.0).contains(&label_smoothing) {
+        return Err(config_error(
+            lua,
+            format!("{what}: label_smoothing must be in [0, 1)"),
+        ));
+    }
+    let r = teacher.get()?;
+    let model = r.trainer.frozen().map_err(crate::error::lua_err)?;
+    Ok(LossHandle(Loss::Distill(Distill {
+        teacher: std::rc::Rc::from(model),
+        teacher_name: r.trainer.spec().describe(),
+        temperature,
+        alpha,
+        base: CrossEntropy { label_smoothing },
+    })))
 }
 
 fn model<T: ModelSpec + serde::de::DeserializeOwned + 'static>(
@@ -101,8 +160,12 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
                     "taper.loss.cross_entropy: label_smoothing must be in [0, 1)",
                 ));
             }
-            Ok(LossHandle(c))
+            Ok(LossHandle(Loss::CrossEntropy(c)))
         })?,
+    )?;
+    loss.set(
+        "distill",
+        lua.create_function(|lua, opts: Table| distill(lua, opts))?,
     )?;
     taper.set("loss", loss)
 }

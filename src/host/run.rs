@@ -152,14 +152,32 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     Ok((Some(loss), r.trainer.step))
 }
 
-fn evaluate(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Table> {
+fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlua::Result<Table> {
     let host = state(lua);
     let Some(feed) = Feed::from_value(lua, "run:evaluate", &data)? else {
         return Err(config_error(lua, "run:evaluate(data): data is required"));
     };
+    let objective = match &opts {
+        None => None,
+        Some(t) => {
+            super::options::check_keys(lua, "run:evaluate", t, &["loss"])?;
+            super::options::handle::<super::models::LossHandle>(
+                lua,
+                "run:evaluate",
+                t,
+                "loss",
+                "a taper.loss",
+            )?
+            .map(|h| h.0)
+        }
+    };
     let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
     let mut r = run.get_mut()?;
-    let ev = r.trainer.evaluate(batches).map_err(lua_err)?;
+    let ev = match &objective {
+        Some(o) => r.trainer.evaluate_with(batches, Some(o)),
+        None => r.trainer.evaluate(batches),
+    }
+    .map_err(lua_err)?;
     r.last_eval = Some(ev);
     let split = feed.split_name();
     let mut f = Map::new();
@@ -168,19 +186,26 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Table> {
     f.insert("loss".into(), json!(ev.loss));
     f.insert("accuracy".into(), json!(ev.accuracy));
     f.insert("samples".into(), ev.samples.into());
+    if let Some(o) = ev.objective {
+        f.insert("objective".into(), json!(o));
+    }
     host.out
         .record("eval", r.trainer.step, r.epoch, f)
         .map_err(lua_err)?;
     host.out.line(&format!(
-        "  {split}: loss {:.4}  accuracy {:.2}%",
+        "  {split}: loss {:.4}  accuracy {:.2}%{}",
         ev.loss,
-        ev.accuracy * 100.0
+        ev.accuracy * 100.0,
+        ev.objective
+            .map(|o| format!("  objective {o:.4}"))
+            .unwrap_or_default()
     ));
     let t = lua.create_table()?;
     t.set("loss", ev.loss)?;
     t.set("accuracy", ev.accuracy)?;
     t.set("samples", ev.samples)?;
     t.set("split", split)?;
+    t.set("objective", ev.objective)?;
     Ok(t)
 }
 
@@ -302,7 +327,9 @@ impl UserData for RunHandle {
         m.add_method("step", |lua, this, b: mlua::UserDataRef<BatchHandle>| {
             step(lua, this, &b)
         });
-        m.add_method("evaluate", |lua, this, d: Value| evaluate(lua, this, d));
+        m.add_method("evaluate", |lua, this, (d, o): (Value, Option<Table>)| {
+            evaluate(lua, this, d, o)
+        });
         m.add_method("log", |lua, this, t: Table| log(lua, this, t));
         m.add_method("generate", |lua, this, o: Value| generate(lua, this, o));
         m.add_method("inject_oom", |lua, this, o: Value| {

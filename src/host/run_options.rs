@@ -19,7 +19,7 @@ use super::run::RunHandle;
 use super::run_state::RunState;
 use super::schedule::{LuaSchedule, ScheduleHandle};
 use super::state;
-use crate::engine::loss::CrossEntropy;
+use crate::engine::loss::Loss;
 use crate::engine::optim::{AdamWConfig, OptimSpec};
 use crate::engine::precision::Precision;
 use crate::engine::schedule::Schedule;
@@ -48,7 +48,7 @@ pub(crate) struct RunOptions {
     pub model: ModelHandle,
     pub optim: OptimSpec,
     pub data: Option<Feed>,
-    pub loss: CrossEntropy,
+    pub loss: Loss,
     /// Mixed with the host's `--seed`.
     pub seed: u64,
     pub schedule: Option<Rc<RefCell<dyn Schedule>>>,

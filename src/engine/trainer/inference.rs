@@ -2,7 +2,7 @@
 
 use candle_core::{DType, Module, Tensor};
 
-use super::super::loss;
+use super::super::loss::{self, Loss};
 use super::super::rng::Rng;
 use super::Eval;
 use super::Trainer;
@@ -12,23 +12,44 @@ use crate::{Error, Result};
 impl Trainer {
     /// A model over detached parameters: no gradient graph is recorded, so
     /// memory does not grow with the amount evaluated.
-    fn frozen(&self) -> Result<Box<dyn Module>> {
+    pub(crate) fn frozen(&self) -> Result<Box<dyn Module>> {
         Ok(self.spec.build(
             self.store
                 .frozen_builder(self.opts.dtype, &self.opts.device),
         )?)
     }
 
+    /// Cross-entropy and accuracy over `batches`, and the run's own
+    /// objective when it is another loss (distillation).
     pub fn evaluate(&self, batches: impl Iterator<Item = Result<Batch>>) -> Result<Eval> {
+        let objective = match &self.opts.loss {
+            Loss::CrossEntropy(_) => None,
+            other => Some(other.clone()),
+        };
+        self.evaluate_with(batches, objective.as_ref())
+    }
+
+    /// [`Trainer::evaluate`], also averaging `objective` (for example a
+    /// distillation loss against a teacher, for a run that trains without one).
+    pub fn evaluate_with(
+        &self,
+        batches: impl Iterator<Item = Result<Batch>>,
+        objective: Option<&Loss>,
+    ) -> Result<Eval> {
         let model = self.frozen()?;
         let (mut loss_sum, mut correct, mut count) = (0f64, 0f64, 0usize);
+        let mut obj_sum = 0f64;
         for batch in batches {
             let batch = batch?;
             let (x, y) = self.inputs_as(&batch, self.opts.dtype)?;
             let logits = model.forward(&x)?;
             let n = y.elem_count();
-            let l = self.opts.loss.loss(&logits, &y)?;
+            let l = self.opts.loss.base().loss(&logits, &y)?;
             loss_sum += l.to_dtype(DType::F64)?.to_scalar::<f64>()? * n as f64;
+            if let Some(o) = objective {
+                let v = o.loss(&x, &logits, &y)?;
+                obj_sum += v.to_dtype(DType::F64)?.to_scalar::<f64>()? * n as f64;
+            }
             correct += loss::correct(&logits, &y)?;
             count += n;
         }
@@ -39,6 +60,7 @@ impl Trainer {
             loss: loss_sum / count as f64,
             accuracy: correct / count as f64,
             samples: count,
+            objective: objective.map(|_| obj_sum / count as f64),
         })
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Module, Tensor, Var};
 
-use super::loss::CrossEntropy;
+use super::loss::Loss;
 use super::optim::{self, OptimSpec, Optimizer};
 use super::params::ParamStore;
 use super::precision::{Mixed, Precision};
@@ -23,7 +23,7 @@ pub struct TrainerOptions {
     pub device: Device,
     pub dtype: DType,
     pub seed: u64,
-    pub loss: CrossEntropy,
+    pub loss: Loss,
 }
 
 impl Default for TrainerOptions {
@@ -32,7 +32,7 @@ impl Default for TrainerOptions {
             device: Device::Cpu,
             dtype: DType::F32,
             seed: 0,
-            loss: CrossEntropy::default(),
+            loss: Loss::default(),
         }
     }
 }
@@ -44,6 +44,9 @@ pub struct Eval {
     pub accuracy: f64,
     /// Samples evaluated (sequence models: positions).
     pub samples: usize,
+    /// The mean of another objective when one was asked for, or the run's
+    /// training loss when it is not plain cross-entropy (distillation).
+    pub objective: Option<f64>,
 }
 
 pub struct Trainer {
@@ -181,11 +184,11 @@ impl Trainer {
         self.optim_spec = spec;
     }
     /// Replaces the loss (a reload may change its options).
-    pub fn set_loss(&mut self, loss: CrossEntropy) {
+    pub fn set_loss(&mut self, loss: Loss) {
         self.opts.loss = loss;
     }
-    pub fn loss(&self) -> CrossEntropy {
-        self.opts.loss
+    pub fn loss(&self) -> &Loss {
+        &self.opts.loss
     }
     pub fn optimizer_description(&self) -> &str {
         &self.optim_desc
@@ -222,7 +225,7 @@ impl Trainer {
             Some(_) => logits.to_dtype(DType::F32)?,
             None => logits,
         };
-        self.opts.loss.loss(&logits, y)
+        self.opts.loss.loss(x, &logits, y)
     }
 
     /// Forward, loss, backward and one optimizer update. Returns the loss.
