@@ -1,6 +1,7 @@
 //! `taper bench kernels`: taper's fused kernels against candle's ops in the
 //! same process, alternating: GELU, softmax and layer norm (forward +
-//! backward) alone, and whole
+//! backward) alone, the AdamW update, the chunked cross-entropy (time and
+//! peak memory), and whole
 //! training steps of the two GPTs (the step benchmark's, which
 //! benches/torch_step.py mirrors, and the Shakespeare one).
 
@@ -38,7 +39,7 @@ fn compare(rounds: usize, mut f: impl FnMut() -> Result<f64>) -> Result<(f64, f6
 
 fn report(what: &str, (on, off): (f64, f64)) {
     println!(
-        "  {what:<44} fused {:>8.2} ms   candle {:>8.2} ms   candle/fused {:.2}x",
+        "  {what:<50} fused {:>8.2} ms   candle {:>8.2} ms   candle/fused {:.2}x",
         on * 1e3,
         off * 1e3,
         off / on
@@ -68,6 +69,9 @@ pub fn run(rounds: usize, steps: usize) -> Result<()> {
     let r = compare(rounds, || pass(&h, &ln_op))?;
     report("layer norm forward + backward, 4096 x 128", r);
 
+    adamw_step(rounds)?;
+    lm_head(rounds)?;
+
     let (spec, batch) = random_batch("gpt", &mut Rng::new(0))?;
     let gpt = Trainer::new(spec, &super::adamw(), TrainerOptions::default())?;
     let src = crate::data::shakespeare("train", 64, None)?;
@@ -91,6 +95,109 @@ pub fn run(rounds: usize, steps: usize) -> Result<()> {
             Ok(s.elapsed().as_secs_f64() / steps as f64)
         })?;
         report(&format!("train step, {}", t.spec().describe()), r);
+    }
+    Ok(())
+}
+
+/// One AdamW update of 4M parameters (8 tensors of 512 x 1024): the fused
+/// in-place kernel vs the composed tensor ops.
+fn adamw_step(rounds: usize) -> Result<()> {
+    use crate::engine::optim::{AdamW, AdamWConfig, Optimizer};
+    let dev = Device::Cpu;
+    let vars: Vec<(String, Var)> = (0..8)
+        .map(|i| {
+            Ok((
+                format!("w{i}"),
+                Var::from_tensor(&Tensor::randn(0f32, 1.0, (512, 1024), &dev)?)?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let loss = vars
+        .iter()
+        .map(|(_, v)| v.as_tensor().sqr()?.sum_all())
+        .try_fold(Tensor::new(0f32, &dev)?, |a, b| a + b?)?;
+    let grads = loss.backward()?;
+    let mut fused = AdamW::new(AdamWConfig::default()).with_fused(true);
+    let mut composed = AdamW::new(AdamWConfig::default()).with_fused(false);
+    let time = |opt: &mut AdamW| -> Result<f64> {
+        let t = Instant::now();
+        opt.step(&vars, &grads)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    time(&mut fused)?;
+    time(&mut composed)?;
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        on.push(time(&mut fused)?);
+        off.push(time(&mut composed)?);
+    }
+    report(
+        "AdamW update, 4.2M parameters",
+        (median(&mut on), median(&mut off)),
+    );
+    Ok(())
+}
+
+/// Language-model head and cross-entropy, forward + backward, for 4096
+/// positions (batch 32 x context 128), width 128: the full logits vs the
+/// chunked kernel (512 positions per block). Time and the heap's peak.
+fn lm_head(rounds: usize) -> Result<()> {
+    use crate::kernels::chunked_cross_entropy;
+    use crate::memory::HostMemory;
+    let dev = Device::Cpu;
+    let n = 32 * 128;
+    for vocab in [8192, 32768] {
+        let h = Var::from_tensor(&Tensor::randn(0f32, 1.0, (n, 128), &dev)?)?;
+        let w = Var::from_tensor(&(Tensor::randn(0f32, 1.0, (vocab, 128), &dev)? * 0.05)?)?;
+        let y = Tensor::from_vec(
+            (0..n as u32)
+                .map(|i| (i * 7919) % vocab as u32)
+                .collect::<Vec<_>>(),
+            n,
+            &dev,
+        )?;
+        let run = |chunk: usize| -> Result<(f64, usize)> {
+            let base = HostMemory::current();
+            HostMemory::reset_peak();
+            let t = Instant::now();
+            let loss = if chunk == 0 {
+                let logits = h.as_tensor().matmul(&w.as_tensor().t()?)?;
+                crate::engine::loss::CrossEntropy::default().loss(&logits, &y)?
+            } else {
+                chunked_cross_entropy(h.as_tensor(), w.as_tensor(), &y, chunk, 0.0)?
+            };
+            let g = loss.backward()?;
+            std::hint::black_box(g.get(w.as_tensor()).map(|g| g.dims().len()));
+            drop(g);
+            Ok((
+                t.elapsed().as_secs_f64(),
+                HostMemory::peak().saturating_sub(base),
+            ))
+        };
+        run(512)?;
+        run(0)?;
+        let (mut on, mut off, mut peak_on, mut peak_off) = (Vec::new(), Vec::new(), 0, 0);
+        for _ in 0..rounds {
+            let (t, p) = run(512)?;
+            on.push(t);
+            peak_on = peak_on.max(p);
+            let (t, p) = run(0)?;
+            off.push(t);
+            peak_off = peak_off.max(p);
+        }
+        report(
+            &format!("LM head + cross-entropy, 4096 x 128, vocab {vocab}"),
+            (median(&mut on), median(&mut off)),
+        );
+        if HostMemory::is_counting() {
+            println!(
+                "  {:<50} chunked peak {:>6.1} MiB   full logits {:>6.1} MiB   full/chunked {:.1}x",
+                "",
+                peak_on as f64 / (1 << 20) as f64,
+                peak_off as f64 / (1 << 20) as f64,
+                peak_off as f64 / peak_on.max(1) as f64
+            );
+        }
     }
     Ok(())
 }

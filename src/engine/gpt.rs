@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};
 use serde::Deserialize;
 
-use super::model::{layer_norm, ModelSpec};
+use super::model::{layer_norm, ModelSpec, TrainModule};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -145,9 +145,10 @@ fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
         .to_device(device)
 }
 
-impl Module for GptNet {
-    /// `[batch, time]` token ids (u32) to `[batch, time, vocab]` logits.
-    fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+impl GptNet {
+    /// `[batch, time]` token ids (u32) to the final hidden states
+    /// `[batch, time, width]` (after the last layer norm).
+    fn hidden(&self, idx: &Tensor) -> Result<Tensor> {
         let (b, t) = idx.dims2()?;
         if t > self.context {
             candle_core::bail!(
@@ -165,9 +166,21 @@ impl Module for GptNet {
         for block in &self.blocks {
             x = block.forward(&x, &mask)?;
         }
-        let x = self.ln_f.forward(&x)?;
+        self.ln_f.forward(&x)
+    }
+}
+
+impl Module for GptNet {
+    /// `[batch, time]` token ids (u32) to `[batch, time, vocab]` logits.
+    fn forward(&self, idx: &Tensor) -> Result<Tensor> {
         // Tied embeddings: the head is the token embedding transposed.
-        x.broadcast_matmul(&self.wte.t()?)
+        self.hidden(idx)?.broadcast_matmul(&self.wte.t()?)
+    }
+}
+
+impl TrainModule for GptNet {
+    fn hidden_and_head(&self, idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(Some((self.hidden(idx)?, self.wte.clone())))
     }
 }
 
@@ -180,6 +193,20 @@ impl ModelSpec for Gpt {
     }
 
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
+        Ok(Box::new(self.net(vb)?))
+    }
+
+    fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {
+        Ok(Box::new(self.net(vb)?))
+    }
+
+    fn context(&self) -> Option<usize> {
+        Some(self.context)
+    }
+}
+
+impl Gpt {
+    fn net(&self, vb: VarBuilder) -> Result<GptNet> {
         if self.heads == 0 || !self.width.is_multiple_of(self.heads) {
             candle_core::bail!(
                 "gpt: width {} is not divisible by heads {}",
@@ -194,16 +221,12 @@ impl ModelSpec for Gpt {
         let blocks = (0..self.layers)
             .map(|i| Block::new(vb.pp(format!("h{i}")), self))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(GptNet {
+        Ok(GptNet {
             wte: vb.get_with_hints((self.vocab, self.width), "wte", emb)?,
             wpe: vb.get_with_hints((self.context, self.width), "wpe", emb)?,
             blocks,
             ln_f: Norm::new(vb.pp("ln_f"), self.width)?,
             context: self.context,
-        }))
-    }
-
-    fn context(&self) -> Option<usize> {
-        Some(self.context)
+        })
     }
 }

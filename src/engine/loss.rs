@@ -105,6 +105,10 @@ fn kl_soft(teacher: &Tensor, student: &Tensor, t: f64) -> Result<Tensor> {
 #[serde(deny_unknown_fields, default)]
 pub struct CrossEntropy {
     pub label_smoothing: f64,
+    /// Rows per block for the chunked cross-entropy of models with a
+    /// language-model head (GPT): the `positions x vocab` logits are never
+    /// all in memory. 0 (the default) computes the full logits.
+    pub chunk: usize,
 }
 
 fn flatten(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -191,6 +195,7 @@ mod tests {
         let plain = CrossEntropy::default().loss(&x, &y)?.to_scalar::<f64>()?;
         let smooth = CrossEntropy {
             label_smoothing: 0.1,
+            chunk: 0,
         }
         .loss(&x, &y)?
         .to_scalar::<f64>()?;

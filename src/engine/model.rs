@@ -14,11 +14,38 @@ pub trait ModelSpec: Send + Sync {
     /// same spec builds a trainable model (over a `ParamStore`) or a frozen
     /// one (over detached tensors, for evaluation).
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>>;
+    /// Builds the model the trainer trains: the forward function, and for
+    /// models with a language-model head, access to its last hidden states
+    /// and head weight (for the chunked cross-entropy).
+    fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {
+        Ok(Box::new(Plain(self.build(vb)?)))
+    }
     /// For sequence models: the longest input they accept (generation crops to it).
     fn context(&self) -> Option<usize> {
         None
     }
 }
+
+/// A model as the trainer sees it.
+pub trait TrainModule: Module {
+    /// The last hidden states `[.., hidden]` and the head's weight
+    /// `[classes, hidden]` whose product is `forward(x)`'s logits, for losses
+    /// that fuse the head; `None` when the model has no such head.
+    fn hidden_and_head(&self, _x: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
+}
+
+/// A model without a separable head.
+struct Plain(Box<dyn Module>);
+
+impl Module for Plain {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.0.forward(x)
+    }
+}
+
+impl TrainModule for Plain {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

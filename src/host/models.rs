@@ -111,7 +111,10 @@ fn distill(lua: &Lua, opts: Table) -> mlua::Result<LossHandle> {
         teacher_name: r.trainer.spec().describe(),
         temperature,
         alpha,
-        base: CrossEntropy { label_smoothing },
+        base: CrossEntropy {
+            label_smoothing,
+            chunk: 0,
+        },
     })))
 }
 

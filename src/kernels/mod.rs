@@ -1,13 +1,16 @@
-//! taper's own kernels: fused operations as candle custom ops, the fused
-//! AdamW update and blockwise 8-bit quantization. Each has a CPU
+//! taper's own kernels: fused operations as candle custom ops (GELU,
+//! softmax, layer norm, chunked cross-entropy), the fused AdamW update and
+//! blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
 //! for the CUDA kernels in `kernels/*.cu` (still to come).
 
 pub mod adamw;
+mod chunked_ce;
 mod gelu;
 pub mod quant8;
 mod rows;
 
+pub use chunked_ce::chunked_cross_entropy;
 pub use gelu::gelu;
 pub use rows::{layer_norm, softmax_last_dim};
 

@@ -7,9 +7,10 @@ mod state;
 use std::sync::Arc;
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Module, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 
 use super::loss::Loss;
+use super::model::TrainModule;
 use super::optim::{self, OptimSpec, Optimizer};
 use super::params::ParamStore;
 use super::precision::{Mixed, Precision};
@@ -52,7 +53,7 @@ pub struct Eval {
 pub struct Trainer {
     spec: Arc<dyn ModelSpec>,
     store: ParamStore,
-    model: Box<dyn Module>,
+    model: Box<dyn TrainModule>,
     optim: Box<dyn Optimizer>,
     optim_spec: OptimSpec,
     optim_desc: String,
@@ -72,7 +73,7 @@ pub struct Trainer {
 impl Trainer {
     pub fn new(spec: Arc<dyn ModelSpec>, optim: &OptimSpec, opts: TrainerOptions) -> Result<Self> {
         let store = ParamStore::new(opts.seed);
-        let model = spec.build(store.var_builder(opts.dtype, &opts.device))?;
+        let model = spec.build_train(store.var_builder(opts.dtype, &opts.device))?;
         Ok(Trainer {
             spec,
             store,
@@ -113,10 +114,12 @@ impl Trainer {
             Some(_) => Some(Mixed::new(&self.store, p)?),
         };
         self.model = match &mixed {
-            Some(m) => self.spec.build(m.work.var_builder(m.work_dtype(), &dev))?,
+            Some(m) => self
+                .spec
+                .build_train(m.work.var_builder(m.work_dtype(), &dev))?,
             None => self
                 .spec
-                .build(self.store.var_builder(self.opts.dtype, &dev))?,
+                .build_train(self.store.var_builder(self.opts.dtype, &dev))?,
         };
         self.mixed = mixed;
         Ok(())
@@ -220,6 +223,23 @@ impl Trainer {
 
     /// The loss of the training model on `x`; in f32 under mixed precision.
     fn train_loss(&self, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+        if let Loss::CrossEntropy(c) = &self.opts.loss {
+            if c.chunk > 0 {
+                if let Some((h, head)) = self.model.hidden_and_head(x)? {
+                    if h.device().is_cpu() && h.dtype() == DType::F32 {
+                        let d = h.dim(candle_core::D::Minus1)?;
+                        let h = h.reshape(((), d))?;
+                        return crate::kernels::chunked_cross_entropy(
+                            &h,
+                            &head,
+                            y,
+                            c.chunk,
+                            c.label_smoothing,
+                        );
+                    }
+                }
+            }
+        }
         let logits = self.model.forward(x)?;
         let logits = match &self.mixed {
             Some(_) => logits.to_dtype(DType::F32)?,
