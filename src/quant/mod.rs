@@ -1,7 +1,8 @@
-//! Quantization passes over a trained model. Today: post-training
-//! quantization and export to GGUF (`run:export{}`), the format llama.cpp
-//! and its tools read.
+//! Quantization passes: post-training quantization and export to GGUF
+//! (`run:export{}`), the format llama.cpp and its tools read, and frozen
+//! quantized layers with low-rank adapters (QLoRA).
 
 mod gguf;
+pub mod lora;
 
 pub use gguf::{export_gguf, ExportFormat, ExportSummary};
