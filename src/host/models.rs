@@ -133,6 +133,10 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     models.set("mlp", model::<Mlp>(lua, "taper.model.mlp")?)?;
     models.set("cnn", model::<Cnn>(lua, "taper.model.cnn")?)?;
     models.set("gpt", model::<Gpt>(lua, "taper.model.gpt")?)?;
+    models.set(
+        "llama_gguf",
+        model::<crate::quant::LlamaGguf>(lua, "taper.model.llama_gguf")?,
+    )?;
     taper.set("model", models)?;
 
     let optim = lua.create_table()?;

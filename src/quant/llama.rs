@@ -1,0 +1,388 @@
+//! A Llama-architecture language model read from a GGUF file (SmolLM2 and
+//! other llama.cpp exports), its weights frozen in their quantized types,
+//! with low-rank adapters on chosen projections: QLoRA fine-tuning.
+//!
+//! Only the adapters are parameters of the run, so the optimizer, the
+//! gradients and checkpoints hold nothing else. Every op on the way down
+//! is differentiable (the frozen matmuls through [`QLinear`]), so each
+//! adapter gets its true gradient.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use candle_core::quantized::{gguf_file, QTensor};
+use candle_core::{Device, Module, Result, Tensor, D};
+use candle_nn::{Init, VarBuilder};
+use serde::Deserialize;
+
+use super::lora::{LoraLinear, QLinear};
+use crate::engine::model::{ModelSpec, TrainModule};
+
+/// `taper.model.llama_gguf{ path, lora_rank = 8, lora_alpha = 16,
+/// lora_targets = { "attn_q", "attn_v" }, layers = all, context = 512 }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlamaGguf {
+    pub path: PathBuf,
+    #[serde(default = "LlamaGguf::default_rank")]
+    pub lora_rank: usize,
+    #[serde(default = "LlamaGguf::default_alpha")]
+    pub lora_alpha: f64,
+    /// Projections that get adapters: attn_q, attn_k, attn_v, attn_output,
+    /// ffn_gate, ffn_up, ffn_down.
+    #[serde(default = "LlamaGguf::default_targets")]
+    pub lora_targets: Vec<String>,
+    /// Use only the first `layers` blocks (quick experiments and tests).
+    pub layers: Option<usize>,
+    /// The longest sequence trained on or generated from.
+    #[serde(default = "LlamaGguf::default_context")]
+    pub context: usize,
+}
+
+const PROJECTIONS: [&str; 7] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
+
+impl LlamaGguf {
+    fn default_rank() -> usize {
+        8
+    }
+    fn default_alpha() -> f64 {
+        16.0
+    }
+    fn default_targets() -> Vec<String> {
+        vec!["attn_q".into(), "attn_v".into()]
+    }
+    fn default_context() -> usize {
+        512
+    }
+
+    /// The file's hyperparameters and frozen weights (read once per path).
+    pub fn weights(&self) -> Result<Arc<Weights>> {
+        static CACHE: Mutex<Vec<(PathBuf, Arc<Weights>)>> = Mutex::new(Vec::new());
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, w)) = cache.iter().find(|(p, _)| p == &self.path) {
+            return Ok(w.clone());
+        }
+        let w = Arc::new(Weights::read(&self.path)?);
+        cache.push((self.path.clone(), w.clone()));
+        Ok(w)
+    }
+}
+
+/// A GGUF llama file, read.
+pub struct Weights {
+    pub vocab: usize,
+    pub dim: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub rope_base: f32,
+    pub eps: f64,
+    pub tensors: HashMap<String, Arc<QTensor>>,
+    /// The token embedding, dequantized once for lookups.
+    pub embed: Tensor,
+}
+
+impl Weights {
+    fn read(path: &Path) -> Result<Weights> {
+        let mut f = std::fs::File::open(path)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
+        let c = gguf_file::Content::read(&mut f).map_err(|e| {
+            candle_core::Error::Msg(format!("{}: not a GGUF file ({e})", path.display()))
+        })?;
+        let arch = c
+            .metadata
+            .get("general.architecture")
+            .map(|v| v.to_string())
+            .transpose()?;
+        if arch.map(String::as_str) != Some("llama") {
+            candle_core::bail!("{}: architecture {arch:?}, expected llama", path.display());
+        }
+        let u = |k: &str| -> Result<usize> {
+            match c.metadata.get(&format!("llama.{k}")) {
+                Some(v) => Ok(v.to_u32()? as usize),
+                None => candle_core::bail!("{}: no llama.{k}", path.display()),
+            }
+        };
+        let f32v = |k: &str, d: f32| -> Result<f32> {
+            c.metadata
+                .get(&format!("llama.{k}"))
+                .map_or(Ok(d), |v| v.to_f32())
+        };
+        let mut tensors = HashMap::new();
+        for name in c.tensor_infos.keys() {
+            tensors.insert(
+                name.clone(),
+                Arc::new(c.tensor(&mut f, name, &Device::Cpu)?),
+            );
+        }
+        let embed = match tensors.get("token_embd.weight") {
+            Some(t) => t.dequantize(&Device::Cpu)?,
+            None => candle_core::bail!("{}: no token_embd.weight", path.display()),
+        };
+        Ok(Weights {
+            vocab: embed.dim(0)?,
+            dim: u("embedding_length")?,
+            layers: u("block_count")?,
+            heads: u("attention.head_count")?,
+            kv_heads: u("attention.head_count_kv")?,
+            rope_base: f32v("rope.freq_base", 10000.0)?,
+            eps: f32v("attention.layer_norm_rms_epsilon", 1e-5)? as f64,
+            tensors,
+            embed,
+        })
+    }
+
+    fn get(&self, name: &str) -> Result<Arc<QTensor>> {
+        match self.tensors.get(name) {
+            Some(t) => Ok(t.clone()),
+            None => candle_core::bail!("gguf: no tensor {name}"),
+        }
+    }
+
+    /// Bytes of the frozen weights as stored.
+    pub fn frozen_bytes(&self) -> usize {
+        self.tensors
+            .values()
+            .map(|t| t.storage_size_in_bytes())
+            .sum()
+    }
+}
+
+enum Proj {
+    Frozen(QLinear),
+    Lora(LoraLinear),
+}
+
+impl Module for Proj {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Proj::Frozen(p) => p.forward(x),
+            Proj::Lora(p) => p.forward(x),
+        }
+    }
+}
+
+struct Block {
+    attn_norm: Tensor,
+    ffn_norm: Tensor,
+    p: HashMap<&'static str, Proj>,
+}
+
+pub struct LlamaNet {
+    w: Arc<Weights>,
+    head: QLinear,
+    norm: Tensor,
+    blocks: Vec<Block>,
+    context: usize,
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
+}
+
+/// Rotary embedding on `[b, heads, t, d]`, pairs interleaved (llama.cpp's
+/// layout for llama GGUF files), composed of differentiable ops.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (b, h, t, d) = x.dims4()?;
+    let x = x.reshape((b, h, t, d / 2, 2))?;
+    let (x0, x1) = (
+        x.narrow(4, 0, 1)?.squeeze(4)?,
+        x.narrow(4, 1, 1)?.squeeze(4)?,
+    );
+    let r0 = (x0.broadcast_mul(cos)? - x1.broadcast_mul(sin)?)?;
+    let r1 = (x0.broadcast_mul(sin)? + x1.broadcast_mul(cos)?)?;
+    Tensor::stack(&[r0, r1], 4)?.reshape((b, h, t, d))
+}
+
+impl LlamaNet {
+    fn attention(
+        &self,
+        blk: &Block,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (b, t, c) = x.dims3()?;
+        let (nh, nkv) = (self.w.heads, self.w.kv_heads);
+        let hd = c / nh;
+        let heads = |p: &str, n: usize| -> Result<Tensor> {
+            blk.p[p]
+                .forward(x)?
+                .reshape((b, t, n, hd))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = rope(&heads("attn_q", nh)?, cos, sin)?;
+        let k = rope(&heads("attn_k", nkv)?, cos, sin)?;
+        let v = heads("attn_v", nkv)?;
+        // Grouped-query attention: each key/value head serves nh / nkv
+        // consecutive query heads.
+        let rep = |z: Tensor| -> Result<Tensor> {
+            z.unsqueeze(2)?
+                .expand((b, nkv, nh / nkv, t, hd))?
+                .reshape((b, nh, t, hd))
+        };
+        let (k, v) = (rep(k)?, rep(v)?);
+        let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?.broadcast_add(mask)?;
+        let att = crate::kernels::softmax_last_dim(&att)?;
+        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))?;
+        blk.p["attn_output"].forward(&y)
+    }
+
+    fn hidden(&self, idx: &Tensor) -> Result<Tensor> {
+        let (b, t) = idx.dims2()?;
+        if t > self.context {
+            candle_core::bail!("llama: {t} tokens exceed the context of {}", self.context);
+        }
+        let mut x = self
+            .w
+            .embed
+            .embedding(&idx.flatten_all()?)?
+            .reshape((b, t, ()))?;
+        let hd = self.w.dim / self.w.heads;
+        let inv: Vec<f32> = (0..hd / 2)
+            .map(|i| 1.0 / self.w.rope_base.powf(2.0 * i as f32 / hd as f32))
+            .collect();
+        let pos: Vec<f32> = (0..t)
+            .flat_map(|p| inv.iter().map(move |f| p as f32 * f))
+            .collect();
+        let ang = Tensor::from_vec(pos, (t, hd / 2), x.device())?;
+        let (cos, sin) = (ang.cos()?, ang.sin()?);
+        let mask: Vec<f32> = (0..t * t)
+            .map(|i| {
+                if i % t > i / t {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (t, t), x.device())?;
+        for blk in &self.blocks {
+            let h = rms_norm(&x, &blk.attn_norm, self.w.eps)?;
+            x = (&x + self.attention(blk, &h, &cos, &sin, &mask)?)?;
+            let h = rms_norm(&x, &blk.ffn_norm, self.w.eps)?;
+            let gate = candle_nn::ops::silu(&blk.p["ffn_gate"].forward(&h)?)?;
+            let up = blk.p["ffn_up"].forward(&h)?;
+            x = (&x + blk.p["ffn_down"].forward(&(gate * up)?)?)?;
+        }
+        rms_norm(&x, &self.norm, self.w.eps)
+    }
+}
+
+impl Module for LlamaNet {
+    fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+        self.head.forward(&self.hidden(idx)?)
+    }
+}
+
+impl TrainModule for LlamaNet {
+    fn hidden_and_head(&self, _idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        // The head is frozen and quantized: the chunked loss does not apply.
+        Ok(None)
+    }
+}
+
+impl LlamaGguf {
+    fn net(&self, vb: VarBuilder) -> Result<LlamaNet> {
+        for t in &self.lora_targets {
+            if !PROJECTIONS.contains(&t.as_str()) {
+                candle_core::bail!(
+                    "llama_gguf: unknown lora target `{t}` ({})",
+                    PROJECTIONS.join(", ")
+                );
+            }
+        }
+        let w = self.weights()?;
+        let layers = self.layers.unwrap_or(w.layers).min(w.layers);
+        let f32t = |name: &str| -> Result<Tensor> { w.get(name)?.dequantize(&Device::Cpu) };
+        let mut blocks = Vec::with_capacity(layers);
+        for i in 0..layers {
+            let mut p = HashMap::new();
+            for name in PROJECTIONS {
+                let q = w.get(&format!("blk.{i}.{name}.weight"))?;
+                let base = QLinear { weight: q.clone() };
+                let proj = if self.lora_targets.iter().any(|t| t == name) {
+                    let (o, inp) = q.shape().dims2()?;
+                    let r = self.lora_rank;
+                    let bound = 1.0 / (inp as f64).sqrt();
+                    let vb = vb.pp(format!("blk.{i}.{name}"));
+                    Proj::Lora(LoraLinear {
+                        base,
+                        a: vb.get_with_hints(
+                            (r, inp),
+                            "lora_a",
+                            Init::Uniform {
+                                lo: -bound,
+                                up: bound,
+                            },
+                        )?,
+                        b: vb.get_with_hints((o, r), "lora_b", Init::Const(0.0))?,
+                        scale: self.lora_alpha / r as f64,
+                    })
+                } else {
+                    Proj::Frozen(base)
+                };
+                p.insert(name, proj);
+            }
+            blocks.push(Block {
+                attn_norm: f32t(&format!("blk.{i}.attn_norm.weight"))?,
+                ffn_norm: f32t(&format!("blk.{i}.ffn_norm.weight"))?,
+                p,
+            });
+        }
+        let head = match w.tensors.get("output.weight") {
+            Some(q) => q.clone(),
+            None => w.get("token_embd.weight")?,
+        };
+        Ok(LlamaNet {
+            head: QLinear { weight: head },
+            norm: f32t("output_norm.weight")?,
+            blocks,
+            context: self.context,
+            w,
+        })
+    }
+}
+
+impl ModelSpec for LlamaGguf {
+    fn describe(&self) -> String {
+        let name = self
+            .path
+            .file_name()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        format!(
+            "llama_gguf {name}{} lora rank {} alpha {} on {}",
+            self.layers
+                .map(|l| format!(" (first {l} layers)"))
+                .unwrap_or_default(),
+            self.lora_rank,
+            self.lora_alpha,
+            self.lora_targets.join(",")
+        )
+    }
+
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
+        Ok(Box::new(self.net(vb)?))
+    }
+
+    fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {
+        Ok(Box::new(self.net(vb)?))
+    }
+
+    fn context(&self) -> Option<usize> {
+        Some(self.context)
+    }
+}
