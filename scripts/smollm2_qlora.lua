@@ -5,10 +5,12 @@
 -- tokenizer.json made from its vocabulary). Slow on a CPU; see README.
 --   taper train scripts/smollm2_qlora.lua
 --   taper train scripts/smollm2_qlora.lua --set layers=2 --set steps=8   (a quick check)
+--   taper train scripts/smollm2_qlora.lua --set train=full   (full fine-tuning of the
+--     dequantized model, for comparison: every weight in f32 with AdamW state)
 local cfg = taper.config{
   steps = 40, batch = 4, context = 64, lr = 1e-3, rank = 8, alpha = 16,
   layers = 0, -- > 0: only the first n blocks (a smaller, quicker model)
-  val_windows = 16, seed = 1,
+  val_windows = 16, seed = 1, train = "lora",
 }
 
 local dir = "data/smollm2/"
@@ -25,12 +27,13 @@ local run = taper.run{
   model = taper.model.llama_gguf{
     path = dir .. "SmolLM2-135M-Instruct.Q4_1.gguf", context = cfg.context,
     lora_rank = cfg.rank, lora_alpha = cfg.alpha, layers = cfg.layers > 0 and cfg.layers or nil,
+    train = cfg.train,
   },
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0 },
   data = train,
   seed = cfg.seed,
 }
-print(("%s: %d adapter parameters"):format(tostring(run), run.parameters))
+print(("%s: %d trained parameters"):format(tostring(run), run.parameters))
 
 local before = run:evaluate(val)
 for _ in run:epochs(1) do

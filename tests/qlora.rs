@@ -80,3 +80,69 @@ fn adapters_train_and_the_quantized_base_stays_as_stored() -> Result<()> {
     }
     Ok(())
 }
+
+/// `train = "full"`: the comparison QLoRA is measured against. Every weight
+/// of the used blocks (and the embedding, norms) is an f32 parameter that
+/// starts at the file's dequantized values and trains.
+#[test]
+fn full_fine_tuning_starts_from_the_dequantized_weights() -> Result<()> {
+    use std::sync::Arc;
+    use taper::data::Batch;
+    use taper::engine::optim::OptimSpec;
+    use taper::engine::{ModelSpec, Trainer, TrainerOptions};
+    fetched()?;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
+    let spec: LlamaGguf = serde_json::from_value(serde_json::json!({
+        "path": path, "layers": 1, "train": "full", "context": 16
+    }))?;
+    assert!(spec
+        .describe()
+        .ends_with("(first 1 layers) full fine-tuning"));
+    let w = spec.weights()?;
+    let mut t = Trainer::new(
+        Arc::new(spec.clone()),
+        &OptimSpec::Sgd(Default::default()),
+        TrainerOptions::default(),
+    )?;
+    // Embedding, final norm, 2 block norms and 7 projections.
+    let vars = t.params().vars();
+    assert_eq!(vars.len(), 11);
+    for (name, v) in &vars {
+        let stored = w.tensors[name].dequantize(&Device::Cpu)?;
+        let diff = (v.as_tensor() - &stored)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0, "{name} does not start at the file's values");
+    }
+    let ids: Vec<u32> = (0..32).map(|i| (i * 97 % 5000) as u32).collect();
+    let x = candle_core::Tensor::from_vec(ids[..30].to_vec(), (2, 15), &Device::Cpu)?;
+    let y = candle_core::Tensor::from_vec(ids[2..].to_vec(), (2, 15), &Device::Cpu)?;
+    let before = vars[0].1.as_tensor().copy()?;
+    t.train_step(&Batch {
+        x,
+        y,
+        indices: vec![0, 1],
+    })?;
+    let moved = (vars[0].1.as_tensor() - &before)?
+        .abs()?
+        .max_all()?
+        .to_scalar::<f32>()?;
+    assert!(moved > 0.0, "{} did not train", vars[0].0);
+    // An unknown mode is an error that names the choices.
+    let bad: LlamaGguf =
+        serde_json::from_value(serde_json::json!({ "path": path, "train": "half" }))?;
+    let err = Trainer::new(
+        Arc::new(bad),
+        &OptimSpec::Sgd(Default::default()),
+        TrainerOptions::default(),
+    )
+    .err()
+    .expect("unknown train mode");
+    assert!(
+        err.to_string()
+            .contains("unknown train `half` (lora, full)"),
+        "{err}"
+    );
+    Ok(())
+}

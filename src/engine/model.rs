@@ -20,6 +20,12 @@ pub trait ModelSpec: Send + Sync {
     fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {
         Ok(Box::new(Plain(self.build(vb)?)))
     }
+    /// Initial values for parameters that do not start from an `Init`
+    /// (pretrained weights), by name; the trainer puts them in its store
+    /// before building.
+    fn initial_params(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(Vec::new())
+    }
     /// For sequence models: the longest input they accept (generation crops to it).
     fn context(&self) -> Option<usize> {
         None

@@ -55,6 +55,21 @@ impl ParamStore {
             .collect()
     }
 
+    /// Creates variables with these initial values (in `dtype`, on `device`).
+    pub fn insert_initial(
+        &self,
+        values: Vec<(String, Tensor)>,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<()> {
+        let mut vars = self.lock();
+        for (name, t) in values {
+            let var = Var::from_tensor(&t.to_dtype(dtype)?.to_device(device)?)?;
+            vars.insert(name, var);
+        }
+        Ok(())
+    }
+
     /// A new store holding copies of these variables in `dtype` (the
     /// working copy of mixed precision).
     pub fn cast(&self, dtype: DType) -> candle_core::Result<ParamStore> {

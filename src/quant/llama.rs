@@ -38,6 +38,11 @@ pub struct LlamaGguf {
     /// The longest sequence trained on or generated from.
     #[serde(default = "LlamaGguf::default_context")]
     pub context: usize,
+    /// "lora" (adapters on the frozen quantized base) or "full" (every
+    /// weight dequantized to f32 and trained: the comparison QLoRA saves
+    /// memory against).
+    #[serde(default = "LlamaGguf::default_train")]
+    pub train: String,
 }
 
 const PROJECTIONS: [&str; 7] = [
@@ -62,6 +67,38 @@ impl LlamaGguf {
     }
     fn default_context() -> usize {
         512
+    }
+    fn default_train() -> String {
+        "lora".into()
+    }
+
+    fn full(&self) -> Result<bool> {
+        match self.train.as_str() {
+            "lora" => Ok(false),
+            "full" => Ok(true),
+            other => candle_core::bail!("llama_gguf: unknown train `{other}` (lora, full)"),
+        }
+    }
+
+    fn used_layers(&self, w: &Weights) -> usize {
+        self.layers.unwrap_or(w.layers).min(w.layers)
+    }
+
+    /// Every tensor the model uses, by GGUF name.
+    fn tensor_names(&self, w: &Weights) -> Vec<String> {
+        let mut names = vec![
+            "token_embd.weight".to_string(),
+            "output_norm.weight".to_string(),
+        ];
+        if w.tensors.contains_key("output.weight") {
+            names.push("output.weight".into());
+        }
+        for i in 0..self.used_layers(w) {
+            names.push(format!("blk.{i}.attn_norm.weight"));
+            names.push(format!("blk.{i}.ffn_norm.weight"));
+            names.extend(PROJECTIONS.iter().map(|p| format!("blk.{i}.{p}.weight")));
+        }
+        names
     }
 
     /// The file's hyperparameters and frozen weights (read once per path).
@@ -160,6 +197,8 @@ impl Weights {
 enum Proj {
     Frozen(QLinear),
     Lora(LoraLinear),
+    /// A trained f32 weight `[out, in]` (`train = "full"`).
+    Full(Tensor),
 }
 
 impl Module for Proj {
@@ -167,6 +206,7 @@ impl Module for Proj {
         match self {
             Proj::Frozen(p) => p.forward(x),
             Proj::Lora(p) => p.forward(x),
+            Proj::Full(w) => x.broadcast_matmul(&w.t()?),
         }
     }
 }
@@ -179,7 +219,8 @@ struct Block {
 
 pub struct LlamaNet {
     w: Arc<Weights>,
-    head: QLinear,
+    embed: Tensor,
+    head: Proj,
     norm: Tensor,
     blocks: Vec<Block>,
     context: usize,
@@ -246,7 +287,6 @@ impl LlamaNet {
             candle_core::bail!("llama: {t} tokens exceed the context of {}", self.context);
         }
         let mut x = self
-            .w
             .embed
             .embedding(&idx.flatten_all()?)?
             .reshape((b, t, ()))?;
@@ -305,15 +345,26 @@ impl LlamaGguf {
             }
         }
         let w = self.weights()?;
-        let layers = self.layers.unwrap_or(w.layers).min(w.layers);
-        let f32t = |name: &str| -> Result<Tensor> { w.get(name)?.dequantize(&Device::Cpu) };
+        let full = self.full()?;
+        let layers = self.used_layers(&w);
+        // Frozen f32 tensors (norms) come from the file, trained ones from vb.
+        let f32t = |name: &str| -> Result<Tensor> {
+            if full {
+                let shape = w.get(name)?.shape().clone();
+                vb.get_with_hints(shape, name, Init::Const(0.0))
+            } else {
+                w.get(name)?.dequantize(&Device::Cpu)
+            }
+        };
         let mut blocks = Vec::with_capacity(layers);
         for i in 0..layers {
             let mut p = HashMap::new();
             for name in PROJECTIONS {
                 let q = w.get(&format!("blk.{i}.{name}.weight"))?;
                 let base = QLinear { weight: q.clone() };
-                let proj = if self.lora_targets.iter().any(|t| t == name) {
+                let proj = if full {
+                    Proj::Full(f32t(&format!("blk.{i}.{name}.weight"))?)
+                } else if self.lora_targets.iter().any(|t| t == name) {
                     let (o, inp) = q.shape().dims2()?;
                     let r = self.lora_rank;
                     let bound = 1.0 / (inp as f64).sqrt();
@@ -342,12 +393,23 @@ impl LlamaGguf {
                 p,
             });
         }
-        let head = match w.tensors.get("output.weight") {
-            Some(q) => q.clone(),
-            None => w.get("token_embd.weight")?,
+        let (embed, head) = if full {
+            let embed = f32t("token_embd.weight")?;
+            let head = match w.tensors.contains_key("output.weight") {
+                true => f32t("output.weight")?,
+                false => embed.clone(),
+            };
+            (embed, Proj::Full(head))
+        } else {
+            let head = match w.tensors.get("output.weight") {
+                Some(q) => q.clone(),
+                None => w.get("token_embd.weight")?,
+            };
+            (w.embed.clone(), Proj::Frozen(QLinear { weight: head }))
         };
         Ok(LlamaNet {
-            head: QLinear { weight: head },
+            embed,
+            head,
             norm: f32t("output_norm.weight")?,
             blocks,
             context: self.context,
@@ -363,11 +425,15 @@ impl ModelSpec for LlamaGguf {
             .file_name()
             .map(|s| s.to_string_lossy().to_string())
             .unwrap_or_default();
+        let layers = self
+            .layers
+            .map(|l| format!(" (first {l} layers)"))
+            .unwrap_or_default();
+        if self.train == "full" {
+            return format!("llama_gguf {name}{layers} full fine-tuning");
+        }
         format!(
-            "llama_gguf {name}{} lora rank {} alpha {} on {}",
-            self.layers
-                .map(|l| format!(" (first {l} layers)"))
-                .unwrap_or_default(),
+            "llama_gguf {name}{layers} lora rank {} alpha {} on {}",
             self.lora_rank,
             self.lora_alpha,
             self.lora_targets.join(",")
@@ -376,6 +442,17 @@ impl ModelSpec for LlamaGguf {
 
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
         Ok(Box::new(self.net(vb)?))
+    }
+
+    fn initial_params(&self) -> Result<Vec<(String, Tensor)>> {
+        if !self.full()? {
+            return Ok(Vec::new());
+        }
+        let w = self.weights()?;
+        self.tensor_names(&w)
+            .into_iter()
+            .map(|n| Ok((n.clone(), w.get(&n)?.dequantize(&Device::Cpu)?)))
+            .collect()
     }
 
     fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {

@@ -73,6 +73,7 @@ pub struct Trainer {
 impl Trainer {
     pub fn new(spec: Arc<dyn ModelSpec>, optim: &OptimSpec, opts: TrainerOptions) -> Result<Self> {
         let store = ParamStore::new(opts.seed);
+        store.insert_initial(spec.initial_params()?, opts.dtype, &opts.device)?;
         let model = spec.build_train(store.var_builder(opts.dtype, &opts.device))?;
         Ok(Trainer {
             spec,
