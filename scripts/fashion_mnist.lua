@@ -5,6 +5,7 @@ local cfg = taper.config{
   epochs = 2, batch = 64, lr = 2e-3, seed = 1,
   train_samples = 0, -- when > 0: train on the first n images only (a shortened run)
   data = "data/fashion-mnist",
+  precision = "f32", -- or bf16, f16 (see docs/lua-api.md, Mixed precision)
 }
 
 local function split(name)
@@ -28,6 +29,7 @@ local run = taper.run{
     lr = cfg.lr, warmup = 100, total = cfg.epochs * train:num_batches(), min_lr = cfg.lr / 20,
   },
   seed = cfg.seed,
+  precision = cfg.precision,
 }
 print(("fashion-mnist: %d train / %d test images, %d parameters"):format(#train, #test, run.parameters))
 

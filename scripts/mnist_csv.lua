@@ -2,7 +2,7 @@
 -- label), split 80/20 into train and test. scripts/fetch-data.sh puts the
 -- file in data/mnist/. A few seconds on a 2-core CPU.
 --   bash scripts/fetch-data.sh && taper train scripts/mnist_csv.lua
-local cfg = taper.config{ epochs = 10, batch = 64, lr = 2e-3, seed = 1, path = "data/mnist/mnist_5k.csv.gz" }
+local cfg = taper.config{ epochs = 10, batch = 64, lr = 2e-3, seed = 1, path = "data/mnist/mnist_5k.csv.gz", precision = "f32" }
 
 local all = taper.data.csv{ path = cfg.path, label = -1, scale = 255 }
 -- The file is sorted by class: split through a seeded permutation.
@@ -15,6 +15,7 @@ local run = taper.run{
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 1e-4 },
   data = train,
   seed = cfg.seed,
+  precision = cfg.precision,
 }
 print(("mnist 5k: %d train / %d test rows"):format(#train, #test))
 

@@ -8,6 +8,7 @@ local cfg = taper.config{
   steps = 0, -- when > 0: the number of batches per epoch (a shortened run)
   width = 64, layers = 2, heads = 4, seed = 1,
   sample = 300, temperature = 0.8,
+  precision = "f32", -- or bf16, f16 (see docs/lua-api.md, Mixed precision)
 }
 
 local train = taper.data.shakespeare{ split = "train", context = cfg.context }
@@ -35,6 +36,7 @@ local run = taper.run{
   data = train,
   schedule = function(step) return { lr = lr_at(step) } end,
   seed = cfg.seed,
+  precision = cfg.precision,
 }
 print(("shakespeare: %d windows of %d characters, vocabulary %d, %d parameters")
   :format(#train, cfg.context, train:vocab_size(), run.parameters))

@@ -11,6 +11,7 @@ local cfg = taper.config{
   steps = 40, batch = 4, context = 64, lr = 1e-3, rank = 8, alpha = 16,
   layers = 0, -- > 0: only the first n blocks (a smaller, quicker model)
   val_windows = 16, seed = 1, train = "lora",
+  base = "file", -- or q8_0, q4_0, q4_1, f16: requantize the frozen projections
 }
 
 local dir = "data/smollm2/"
@@ -27,7 +28,7 @@ local run = taper.run{
   model = taper.model.llama_gguf{
     path = dir .. "SmolLM2-135M-Instruct.Q4_1.gguf", context = cfg.context,
     lora_rank = cfg.rank, lora_alpha = cfg.alpha, layers = cfg.layers > 0 and cfg.layers or nil,
-    train = cfg.train,
+    train = cfg.train, base = cfg.base ~= "file" and cfg.base or nil,
   },
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0 },
   data = train,

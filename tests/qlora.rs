@@ -10,6 +10,7 @@ use anyhow::{ensure, Result};
 use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use taper::engine::checkpoint;
+use taper::engine::ModelSpec;
 use taper::quant::LlamaGguf;
 use taper::{Host, HostOptions};
 
@@ -89,7 +90,7 @@ fn full_fine_tuning_starts_from_the_dequantized_weights() -> Result<()> {
     use std::sync::Arc;
     use taper::data::Batch;
     use taper::engine::optim::OptimSpec;
-    use taper::engine::{ModelSpec, Trainer, TrainerOptions};
+    use taper::engine::{Trainer, TrainerOptions};
     fetched()?;
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
     let spec: LlamaGguf = serde_json::from_value(serde_json::json!({
@@ -144,5 +145,45 @@ fn full_fine_tuning_starts_from_the_dequantized_weights() -> Result<()> {
             .contains("unknown train `half` (lora, full)"),
         "{err}"
     );
+    Ok(())
+}
+
+/// `base = "q8_0"` / `"q4_0"`: the frozen projections are requantized (8-bit
+/// or 4-bit) and stay close to the file's weights; the rest is untouched.
+#[test]
+fn the_base_can_be_requantized_to_8_or_4_bits() -> Result<()> {
+    use candle_core::quantized::GgmlDType;
+    fetched()?;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
+    let file: LlamaGguf = serde_json::from_value(serde_json::json!({ "path": path }))?;
+    let file = file.weights()?;
+    for (base, dtype) in [("q8_0", GgmlDType::Q8_0), ("q4_0", GgmlDType::Q4_0)] {
+        let spec: LlamaGguf =
+            serde_json::from_value(serde_json::json!({ "path": path, "base": base }))?;
+        assert!(spec.describe().contains(&format!("base {base}")));
+        let w = spec.weights()?;
+        let q = &w.tensors["blk.0.attn_q.weight"];
+        assert_eq!(q.dtype(), dtype);
+        let (a, b) = (
+            q.dequantize(&Device::Cpu)?,
+            file.tensors["blk.0.attn_q.weight"].dequantize(&Device::Cpu)?,
+        );
+        let err = (&a - &b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?;
+        // Half a step of the type at the largest weight, at most.
+        let bound = if dtype == GgmlDType::Q8_0 {
+            scale / 127.0
+        } else {
+            scale / 8.0
+        };
+        assert!(err <= bound, "{base}: max error {err} (bound {bound})");
+        assert_eq!(
+            w.tensors["token_embd.weight"].dtype(),
+            file.tensors["token_embd.weight"].dtype()
+        );
+    }
+    let bad: LlamaGguf = serde_json::from_value(serde_json::json!({ "path": path, "base": "q2" }))?;
+    let err = bad.weights().err().expect("unknown base");
+    assert!(err.to_string().contains("unknown base `q2`"), "{err}");
     Ok(())
 }

@@ -293,7 +293,7 @@ function taper.model.gpt(opts) end
 
 ---A llama-architecture GGUF model (e.g. SmolLM2) with frozen quantized weights and
 ---trainable low-rank adapters (QLoRA).
----@param opts {path: string, lora_rank?: integer, lora_alpha?: number, lora_targets?: string[], layers?: integer, context?: integer}
+---@param opts {path: string, lora_rank?: integer, lora_alpha?: number, lora_targets?: string[], layers?: integer, context?: integer, base?: "q8_0"|"q4_0"|"q4_1"|"f16", train?: "lora"|"full"}
 ---@return taper.Model
 function taper.model.llama_gguf(opts) end
 

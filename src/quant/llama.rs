@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use candle_core::quantized::{gguf_file, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Module, Result, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 use serde::Deserialize;
@@ -38,6 +38,9 @@ pub struct LlamaGguf {
     /// The longest sequence trained on or generated from.
     #[serde(default = "LlamaGguf::default_context")]
     pub context: usize,
+    /// Requantize the blocks' projection weights to this type ("q8_0",
+    /// "q4_0", "q4_1", "f16"); default: keep the file's types.
+    pub base: Option<String>,
     /// "lora" (adapters on the frozen quantized base) or "full" (every
     /// weight dequantized to f32 and trained: the comparison QLoRA saves
     /// memory against).
@@ -101,15 +104,38 @@ impl LlamaGguf {
         names
     }
 
-    /// The file's hyperparameters and frozen weights (read once per path).
+    /// The file's hyperparameters and frozen weights, requantized as `base`
+    /// asks (read once per path and base).
     pub fn weights(&self) -> Result<Arc<Weights>> {
-        static CACHE: Mutex<Vec<(PathBuf, Arc<Weights>)>> = Mutex::new(Vec::new());
+        type Key = (PathBuf, Option<String>);
+        static CACHE: Mutex<Vec<(Key, Arc<Weights>)>> = Mutex::new(Vec::new());
+        let key = (self.path.clone(), self.base.clone());
         let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, w)) = cache.iter().find(|(p, _)| p == &self.path) {
+        if let Some((_, w)) = cache.iter().find(|(k, _)| k == &key) {
             return Ok(w.clone());
         }
-        let w = Arc::new(Weights::read(&self.path)?);
-        cache.push((self.path.clone(), w.clone()));
+        let mut w = Weights::read(&self.path)?;
+        if let Some(b) = &self.base {
+            let dtype = match b.as_str() {
+                "q8_0" => GgmlDType::Q8_0,
+                "q4_0" => GgmlDType::Q4_0,
+                "q4_1" => GgmlDType::Q4_1,
+                "f16" => GgmlDType::F16,
+                other => {
+                    candle_core::bail!("llama_gguf: unknown base `{other}` (q8_0, q4_0, q4_1, f16)")
+                }
+            };
+            for (name, t) in w.tensors.iter_mut() {
+                let proj = PROJECTIONS
+                    .iter()
+                    .any(|p| name.ends_with(&format!(".{p}.weight")));
+                if proj && t.dtype() != dtype {
+                    *t = Arc::new(QTensor::quantize(&t.dequantize(&Device::Cpu)?, dtype)?);
+                }
+            }
+        }
+        let w = Arc::new(w);
+        cache.push((key, w.clone()));
         Ok(w)
     }
 }
@@ -432,8 +458,13 @@ impl ModelSpec for LlamaGguf {
         if self.train == "full" {
             return format!("llama_gguf {name}{layers} full fine-tuning");
         }
+        let base = self
+            .base
+            .as_ref()
+            .map(|b| format!(" base {b}"))
+            .unwrap_or_default();
         format!(
-            "llama_gguf {name}{layers} lora rank {} alpha {} on {}",
+            "llama_gguf {name}{layers}{base} lora rank {} alpha {} on {}",
             self.lora_rank,
             self.lora_alpha,
             self.lora_targets.join(",")
