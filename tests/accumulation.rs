@@ -107,8 +107,8 @@ fn mlp_accumulation_equals_full_batch() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn gpt_accumulation_equals_full_batch() -> Result<()> {
+/// A one-layer GPT on Shakespeare with context 16, and its batches of 64.
+fn tiny_gpt() -> Result<(Arc<dyn ModelSpec>, Pipeline)> {
     let src = shakespeare("train", 16, None)?;
     let vocab = taper::data::Source::vocab(&src)
         .map(|v| v.len())
@@ -121,7 +121,12 @@ fn gpt_accumulation_equals_full_batch() -> Result<()> {
         heads: 2,
         mlp: 2,
     });
-    let data = Pipeline::new(Arc::new(src)).batch(64, false);
+    Ok((spec, Pipeline::new(Arc::new(src)).batch(64, false)))
+}
+
+#[test]
+fn gpt_accumulation_equals_full_batch() -> Result<()> {
+    let (spec, data) = tiny_gpt()?;
     let optim = OptimSpec::Sgd(SgdConfig {
         lr: 0.5,
         ..Default::default()
@@ -139,19 +144,7 @@ fn gpt_accumulation_equals_full_batch() -> Result<()> {
 /// with micro-batches too.
 #[test]
 fn chunked_cross_entropy_trains_like_the_full_logits() -> Result<()> {
-    let src = shakespeare("train", 16, None)?;
-    let vocab = taper::data::Source::vocab(&src)
-        .map(|v| v.len())
-        .unwrap_or(0);
-    let spec: Arc<dyn ModelSpec> = Arc::new(Gpt {
-        vocab,
-        context: 16,
-        width: 16,
-        layers: 1,
-        heads: 2,
-        mlp: 2,
-    });
-    let data = Pipeline::new(Arc::new(src)).batch(64, false);
+    let (spec, data) = tiny_gpt()?;
     // SGD: the update is the gradient, so this compares gradients (AdamW
     // would magnify rounding in tiny ones).
     let optim = OptimSpec::Sgd(SgdConfig {

@@ -130,7 +130,8 @@ struct GptNet {
     context: usize,
 }
 
-fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+/// `[t, t]` additive mask: -inf above the diagonal.
+pub(crate) fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
     let m: Vec<f32> = (0..t * t)
         .map(|i| {
             if i % t > i / t {

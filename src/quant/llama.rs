@@ -325,16 +325,7 @@ impl LlamaNet {
             .collect();
         let ang = Tensor::from_vec(pos, (t, hd / 2), x.device())?;
         let (cos, sin) = (ang.cos()?, ang.sin()?);
-        let mask: Vec<f32> = (0..t * t)
-            .map(|i| {
-                if i % t > i / t {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        let mask = Tensor::from_vec(mask, (t, t), x.device())?;
+        let mask = crate::engine::causal_mask(t, x.dtype(), x.device())?;
         for blk in &self.blocks {
             let h = rms_norm(&x, &blk.attn_norm, self.w.eps)?;
             x = (&x + self.attention(blk, &h, &cos, &sin, &mask)?)?;
