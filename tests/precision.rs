@@ -144,3 +144,21 @@ fn switching_precision_keeps_weights_and_optimizer_state() -> Result<()> {
     assert_eq!(t.precision(), Precision::F32);
     Ok(())
 }
+
+/// A snapshot (a distillation teacher) keeps the weights it was taken with
+/// while the trainer goes on updating its own in place.
+#[test]
+fn a_snapshot_does_not_follow_later_updates() -> Result<()> {
+    let data = Pipeline::new(Arc::new(digits("train")?)).batch(32, false);
+    let mut t = trainer(Precision::F32)?;
+    let mut batches = data.epoch(1, 32, 0);
+    let batch = batches.next().unwrap()?;
+    let snap = t.snapshot()?;
+    let before: Vec<f32> = snap.forward(&batch.x)?.flatten_all()?.to_vec1()?;
+    t.train_step(&batch)?;
+    let after: Vec<f32> = snap.forward(&batch.x)?.flatten_all()?.to_vec1()?;
+    assert_eq!(before, after);
+    let fresh: Vec<f32> = t.snapshot()?.forward(&batch.x)?.flatten_all()?.to_vec1()?;
+    assert_ne!(before, fresh);
+    Ok(())
+}

@@ -47,6 +47,22 @@ impl ParamStore {
         VarBuilder::from_tensors(ts, dtype, device)
     }
 
+    /// A builder over copies of the variables as they are now: a model
+    /// built from it stays as it is while training goes on (a
+    /// distillation teacher).
+    pub fn snapshot_builder(
+        &self,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<VarBuilder<'static>> {
+        let ts = self
+            .lock()
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.as_tensor().detach().copy()?)))
+            .collect::<candle_core::Result<HashMap<String, Tensor>>>()?;
+        Ok(VarBuilder::from_tensors(ts, dtype, device))
+    }
+
     /// All variables, sorted by name.
     pub fn vars(&self) -> Vec<(String, Var)> {
         self.lock()

@@ -21,6 +21,16 @@ impl Trainer {
 
     /// Cross-entropy and accuracy over `batches`, and the run's own
     /// objective when it is another loss (distillation).
+    /// A frozen copy of the model as it is now: later updates do not reach
+    /// it (the frozen model of [`Trainer::evaluate`] shares the weights'
+    /// storage, which the optimizer updates in place).
+    pub fn snapshot(&self) -> Result<Box<dyn Module>> {
+        let vb = self
+            .store
+            .snapshot_builder(self.opts.dtype, &self.opts.device)?;
+        Ok(self.spec.build(vb)?)
+    }
+
     pub fn evaluate(&self, batches: impl Iterator<Item = Result<Batch>>) -> Result<Eval> {
         let objective = match &self.opts.loss {
             Loss::CrossEntropy(_) => None,
