@@ -1,5 +1,5 @@
 //! taper's own kernels: fused operations as candle custom ops (GELU,
-//! softmax, layer norm, chunked cross-entropy), the fused AdamW update and
+//! softmax, layer norm, rotary embedding, chunked cross-entropy), the fused AdamW update and
 //! blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
 //! for the CUDA kernels in `kernels/*.cu` (still to come).
@@ -8,10 +8,12 @@ pub mod adamw;
 mod chunked_ce;
 mod gelu;
 pub mod quant8;
+mod rope;
 mod rows;
 
 pub use chunked_ce::chunked_cross_entropy;
 pub use gelu::gelu;
+pub use rope::rope_interleaved;
 pub use rows::{layer_norm, softmax_last_dim};
 
 /// The f32 values a CPU kernel reads: contiguous storage only (callers

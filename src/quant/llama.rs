@@ -257,20 +257,6 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
 }
 
-/// Rotary embedding on `[b, heads, t, d]`, pairs interleaved (llama.cpp's
-/// layout for llama GGUF files), composed of differentiable ops.
-fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let (b, h, t, d) = x.dims4()?;
-    let x = x.reshape((b, h, t, d / 2, 2))?;
-    let (x0, x1) = (
-        x.narrow(4, 0, 1)?.squeeze(4)?,
-        x.narrow(4, 1, 1)?.squeeze(4)?,
-    );
-    let r0 = (x0.broadcast_mul(cos)? - x1.broadcast_mul(sin)?)?;
-    let r1 = (x0.broadcast_mul(sin)? + x1.broadcast_mul(cos)?)?;
-    Tensor::stack(&[r0, r1], 4)?.reshape((b, h, t, d))
-}
-
 impl LlamaNet {
     fn attention(
         &self,
@@ -290,8 +276,8 @@ impl LlamaNet {
                 .transpose(1, 2)?
                 .contiguous()
         };
-        let q = rope(&heads("attn_q", nh)?, cos, sin)?;
-        let k = rope(&heads("attn_k", nkv)?, cos, sin)?;
+        let q = crate::kernels::rope_interleaved(&heads("attn_q", nh)?, cos, sin)?;
+        let k = crate::kernels::rope_interleaved(&heads("attn_k", nkv)?, cos, sin)?;
         let v = heads("attn_v", nkv)?;
         // Grouped-query attention: each key/value head serves nh / nkv
         // consecutive query heads.
