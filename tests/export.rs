@@ -3,6 +3,8 @@
 //! scripts/fetch-data.sh makes) within each type's quantization error, and
 //! the dequantized model keeps its accuracy.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
@@ -31,27 +33,10 @@ for _, f in ipairs{ "f32", "q8_0", "q4_0" } do
 end
 "#;
 
-fn python() -> Result<std::path::PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let py = root.join(".venv-test/bin/python");
-    if !py.exists() {
-        let ok = Command::new("bash")
-            .arg("scripts/fetch-data.sh")
-            .current_dir(root)
-            .status()?
-            .success();
-        ensure!(
-            ok && py.exists(),
-            ".venv-test is missing: run `bash scripts/fetch-data.sh`"
-        );
-    }
-    Ok(py)
-}
-
 /// The file as llama.cpp's reader sees it.
 fn read_independently(file: &Path) -> Result<Value> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python()?)
+    let out = Command::new(common::fetched(".venv-test/bin/python")?)
         .arg(root.join("scripts/tools/read_gguf.py"))
         .arg(file)
         .output()?;

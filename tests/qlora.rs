@@ -3,10 +3,11 @@
 //! is byte for byte what the file holds. Two blocks of the model keep the
 //! test short.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
-use anyhow::{ensure, Result};
+use std::path::Path;
+
+use anyhow::Result;
 use candle_core::quantized::gguf_file;
 use candle_core::Device;
 use taper::engine::checkpoint;
@@ -16,25 +17,9 @@ use taper::{Host, HostOptions};
 
 const MODEL: &str = "data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-fn fetched() -> Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    if !root.join("data/smollm2/tokenizer.json").exists() {
-        let ok = Command::new("bash")
-            .arg("scripts/fetch-data.sh")
-            .current_dir(root)
-            .status()?
-            .success();
-        ensure!(
-            ok && root.join("data/smollm2/tokenizer.json").exists(),
-            "SmolLM2 is missing: run `bash scripts/fetch-data.sh`"
-        );
-    }
-    Ok(())
-}
-
 #[test]
 fn adapters_train_and_the_quantized_base_stays_as_stored() -> Result<()> {
-    fetched()?;
+    common::fetched("data/smollm2/tokenizer.json")?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::env::set_current_dir(root)?;
     let dir = tempfile::tempdir()?;
@@ -91,7 +76,7 @@ fn full_fine_tuning_starts_from_the_dequantized_weights() -> Result<()> {
     use taper::data::Batch;
     use taper::engine::optim::OptimSpec;
     use taper::engine::{Trainer, TrainerOptions};
-    fetched()?;
+    common::fetched("data/smollm2/tokenizer.json")?;
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
     let spec: LlamaGguf = serde_json::from_value(serde_json::json!({
         "path": path, "layers": 1, "train": "full", "context": 16
@@ -153,7 +138,7 @@ fn full_fine_tuning_starts_from_the_dequantized_weights() -> Result<()> {
 #[test]
 fn the_base_can_be_requantized_to_8_or_4_bits() -> Result<()> {
     use candle_core::quantized::GgmlDType;
-    fetched()?;
+    common::fetched("data/smollm2/tokenizer.json")?;
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
     let file: LlamaGguf = serde_json::from_value(serde_json::json!({ "path": path }))?;
     let file = file.weights()?;

@@ -1,7 +1,8 @@
 //! The shipped recipes train real models on real data to a measured bar.
 
 use std::path::Path;
-use std::process::Command;
+
+mod common;
 
 use anyhow::Result;
 use serde_json::Value;
@@ -230,25 +231,10 @@ fn shakespeare_gpt_beats_unigram_baseline() -> Result<()> {
 
 /// The real data sets of scripts/fetch-data.sh (CI runs it first; a fresh
 /// checkout fetches here).
-fn fetched(file: &str) -> Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    if !root.join(file).exists() {
-        let ok = Command::new("bash")
-            .arg("scripts/fetch-data.sh")
-            .current_dir(root)
-            .status()?
-            .success();
-        anyhow::ensure!(
-            ok && root.join(file).exists(),
-            "{file} is missing: run `bash scripts/fetch-data.sh`"
-        );
-    }
-    Ok(())
-}
 
 #[test]
 fn fashion_mnist_cnn_learns() -> Result<()> {
-    fetched("data/fashion-mnist/t10k-labels-idx1-ubyte.gz")?;
+    common::fetched("data/fashion-mnist/t10k-labels-idx1-ubyte.gz")?;
     let dir = tempfile::tempdir()?;
     // Shortened: 12,000 training images, one epoch; measured 83.59% on the
     // 10,000 test images in 22 s. The full recipe (2 epochs of 60,000)
@@ -277,7 +263,7 @@ fn fashion_mnist_cnn_learns() -> Result<()> {
 
 #[test]
 fn mnist_csv_mlp_learns() -> Result<()> {
-    fetched("data/mnist/mnist_5k.csv.gz")?;
+    common::fetched("data/mnist/mnist_5k.csv.gz")?;
     let dir = tempfile::tempdir()?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let path = root

@@ -330,12 +330,9 @@ impl Module for LlamaNet {
     }
 }
 
-impl TrainModule for LlamaNet {
-    fn hidden_and_head(&self, _idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-        // The head is frozen and quantized: the chunked loss does not apply.
-        Ok(None)
-    }
-}
+/// The head is frozen and quantized: the chunked loss does not apply, so
+/// the default (no separable head) stands.
+impl TrainModule for LlamaNet {}
 
 impl LlamaGguf {
     fn net(&self, vb: VarBuilder) -> Result<LlamaNet> {

@@ -1,0 +1,26 @@
+//! Helpers shared by integration tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{ensure, Result};
+
+/// `file` (relative to the repository) as an absolute path, running
+/// scripts/fetch-data.sh first if it is missing (fetched data and the test
+/// virtualenv are never committed).
+pub fn fetched(file: &str) -> Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join(file);
+    if !path.exists() {
+        let ok = Command::new("bash")
+            .arg("scripts/fetch-data.sh")
+            .current_dir(root)
+            .status()?
+            .success();
+        ensure!(
+            ok && path.exists(),
+            "{file} is missing: run `bash scripts/fetch-data.sh`"
+        );
+    }
+    Ok(path)
+}
