@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""PyTorch reference for `taper bench step`: the same models, batch shapes and
-optimizer, median milliseconds per training step on the CPU.
+"""PyTorch reference for `taper bench step`: the same models, batch shapes,
+optimizer and flags, printing the same figures: median milliseconds per
+training step, tokens (or samples) per second, peak memory
+(torch.cuda.max_memory_allocated on a GPU) and MFU against a matmul measured
+in the same process.
 
-Bench-only: needs torch (see benches/compare.sh, which makes a virtualenv).
-Never run in CI.
+Bench-only: needs torch (benches/compare.sh makes a virtualenv on the CPU
+machine; the GPU machine has torch). Never run in CI.
 
     python3 benches/torch_step.py --model mlp --threads 2
+    python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16
 """
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -27,12 +32,11 @@ class Block(nn.Module):
         self.fc = nn.Linear(width, 4 * width)
         self.fc_proj = nn.Linear(4 * width, width)
 
-    def forward(self, x):
+    def forward(self, x, mask):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / (c // self.heads) ** 0.5
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
         att = att.masked_fill(mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, c)
         x = x + self.proj(y)
@@ -45,6 +49,7 @@ class Gpt(nn.Module):
 
     def __init__(self, vocab, context, width, layers, heads):
         super().__init__()
+        self.context, self.width, self.layers = context, width, layers
         self.wte = nn.Embedding(vocab, width)
         self.wpe = nn.Embedding(context, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
@@ -52,48 +57,110 @@ class Gpt(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(t))
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=idx.device), 1)
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for b in self.blocks:
-            x = b(x)
+            x = b(x, mask)
         return self.ln_f(x) @ self.wte.weight.t()
+
+
+# name: (vocab, context, width, layers, heads, batch), as `taper bench step`.
+GPTS = {
+    "gpt": (65, 128, 128, 4, 4, 32),
+    "shakespeare": (65, 64, 64, 2, 4, 32),
+    "gpt2": (50257, 1024, 768, 12, 12, 8),
+}
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_ceiling(dev, dtype):
+    """FLOP/s of an n x n x n matmul (the same n as taper's)."""
+    n = 1024 if dev.type == "cpu" else 8192
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    times = []
+    for i in range(8):
+        sync(dev)
+        t0 = time.perf_counter()
+        a @ b
+        sync(dev)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+def rate(flops):
+    return f"{flops / 1e12:.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.1f} GFLOP/s"
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    ap.add_argument("--model", choices=["mlp", *GPTS], default="mlp")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32")
+    ap.add_argument("--batch", type=int)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    dev = torch.device(a.device)
+    low = {"bf16": torch.bfloat16, "f16": torch.float16}.get(a.precision)
     if a.model == "mlp":
-        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
-        x, y = torch.randn(128, 784), torch.randint(0, 10, (128,))
-        loss_fn = lambda: F.cross_entropy(model(x), y)
+        b = a.batch or 128
+        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10)).to(dev)
+        x, y = torch.randn(b, 784, device=dev), torch.randint(0, 10, (b,), device=dev)
+        loss_fn = lambda: F.cross_entropy(model(x).float(), y)
+        items, unit = b, "samples"
+        flops = 6 * sum(p.numel() for p in model.parameters()) * b
     else:
-        b, t, v = 32, 128, 65
-        model = Gpt(v, t, 128, 4, 4)
-        data = torch.randint(0, v, (b, t + 1))
+        v, t, w, layers, heads, b = GPTS[a.model]
+        b = a.batch or b
+        model = Gpt(v, t, w, layers, heads).to(dev)
+        data = torch.randint(0, v, (b, t + 1), device=dev)
         x, y = data[:, :t], data[:, 1:]
-        loss_fn = lambda: F.cross_entropy(model(x).reshape(-1, v), y.reshape(-1))
+        loss_fn = lambda: F.cross_entropy(model(x).float().reshape(-1, v), y.reshape(-1))
+        items, unit = b * t, "tokens"
+        n = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+        flops = (6 * n + 12 * layers * t * w) * b * t
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    # Mixed precision as taper's: f32 master weights, low-precision compute,
+    # a loss scale for f16.
+    autocast = (torch.autocast(device_type=dev.type, dtype=low) if low
+                else contextlib.nullcontext())
+    scaler = torch.amp.GradScaler(dev.type, enabled=low == torch.float16)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
+        with autocast:
+            loss = loss_fn()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss.item()
 
+    ceiling = matmul_ceiling(dev, low or torch.float32)
     for _ in range(3):
         step()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(a.steps):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    print(f"torch step {a.model}: median {statistics.median(times) * 1e3:.2f} ms/step "
-          f"over {a.steps} steps (threads: {a.threads}, torch {torch.__version__})")
+    secs = statistics.median(times)
+    peak = (f"{torch.cuda.max_memory_allocated() / 2**20:.1f} MiB" if dev.type == "cuda"
+            else "n/a")
+    params = sum(p.numel() for p in model.parameters())
+    print(f"torch step {a.model} on {a.device} {a.precision}: {secs * 1e3:.2f} ms/step, "
+          f"{items / secs:.0f} {unit}/s, peak {peak}, {rate(flops / secs)} = MFU "
+          f"{100 * flops / secs / ceiling:.1f}% of a measured {rate(ceiling)} matmul "
+          f"({params} parameters, {a.steps} steps, threads {a.threads}, torch {torch.__version__})")
 
 
 if __name__ == "__main__":

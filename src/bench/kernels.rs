@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
 
-use super::{median, random_batch};
+use super::median;
+use super::step::random_batch;
 use crate::engine::rng::Rng;
 use crate::engine::{Trainer, TrainerOptions};
 use crate::kernels::{gelu, layer_norm, set_fused, softmax_last_dim};

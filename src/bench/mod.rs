@@ -8,16 +8,14 @@ mod oom;
 mod plugin;
 mod precision;
 mod reload;
+mod step;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
-
-use crate::data::{shakespeare, Batch, Pipeline};
+use crate::data::{shakespeare, Pipeline};
 use crate::engine::optim::{AdamWConfig, OptimSpec};
-use crate::engine::rng::Rng;
-use crate::engine::{Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
+use crate::engine::{Gpt, ModelSpec, Trainer, TrainerOptions};
 use crate::{Error, Host, HostOptions, Result};
 
 #[derive(clap::Args, Debug)]
@@ -98,15 +96,11 @@ pub enum Which {
         #[arg(long, default_value_t = 4)]
         layers: usize,
     },
-    /// Milliseconds per training step (forward, backward, AdamW) on random
-    /// data, for comparison with benches/torch_step.py.
-    Step {
-        /// mlp (784-256-10, batch 128) or gpt (4 layers, 4 heads, width 128, context 128, batch 32)
-        #[arg(long, default_value = "mlp")]
-        model: String,
-        #[arg(long, default_value_t = 30)]
-        steps: usize,
-    },
+    /// Training-step time (forward, backward, AdamW) on random data, with
+    /// tokens/s, peak memory and MFU against a matmul measured in the same
+    /// process, for comparison with benches/torch_step.py (same models and
+    /// flags).
+    Step(step::StepArgs),
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -118,7 +112,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             layers,
             context,
         } => lua_overhead(*steps, *rounds, *width, *layers, *context),
-        Which::Step { model, steps } => step_time(model, *steps),
+        Which::Step(a) => step::run(a),
         Which::Kernels { rounds, steps } => kernels::run(*rounds, *steps),
         Which::Data { steps } => data::run(*steps),
         Which::Precision {
@@ -287,70 +281,4 @@ fn lua_call_cost() -> Result<f64> {
         "#,
     )?;
     Ok(host.globals()?.get("per_call")?)
-}
-
-fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelSpec>, Batch)> {
-    let dev = Device::Cpu;
-    match model {
-        "mlp" => {
-            let (b, n) = (128, 784);
-            let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
-            let y: Vec<u32> = (0..b).map(|_| rng.below(10) as u32).collect();
-            let spec = Mlp {
-                inputs: n,
-                hidden: vec![256],
-                outputs: 10,
-                activation: Default::default(),
-            };
-            let batch = Batch {
-                x: Tensor::from_vec(x, (b, n), &dev)?,
-                y: Tensor::from_vec(y, b, &dev)?,
-                indices: (0..b).collect(),
-            };
-            Ok((Arc::new(spec), batch))
-        }
-        "gpt" => {
-            let (b, t, v) = (32, 128, 65);
-            let ids: Vec<u32> = (0..b * (t + 1)).map(|_| rng.below(v) as u32).collect();
-            let all = Tensor::from_vec(ids, (b, t + 1), &dev)?;
-            let spec = Gpt {
-                vocab: v,
-                context: t,
-                width: 128,
-                layers: 4,
-                heads: 4,
-                mlp: 4,
-            };
-            let batch = Batch {
-                x: all.narrow(1, 0, t)?,
-                y: all.narrow(1, 1, t)?.contiguous()?,
-                indices: (0..b).collect(),
-            };
-            Ok((Arc::new(spec), batch))
-        }
-        other => Err(Error::Config(format!(
-            "bench step: unknown model `{other}`: use mlp or gpt"
-        ))),
-    }
-}
-
-fn step_time(model: &str, steps: usize) -> Result<()> {
-    let (spec, batch) = random_batch(model, &mut Rng::new(0))?;
-    let mut trainer = Trainer::new(spec.clone(), &adamw(), TrainerOptions::default())?;
-    for _ in 0..3 {
-        trainer.train_step(&batch)?;
-    }
-    let mut times = Vec::new();
-    for _ in 0..steps {
-        let t = Instant::now();
-        trainer.train_step(&batch)?;
-        times.push(t.elapsed().as_secs_f64());
-    }
-    println!(
-        "step {model}: {} median {:.2} ms/step over {steps} steps (threads: {})",
-        spec.describe(),
-        median(&mut times) * 1e3,
-        candle_core::utils::get_num_threads()
-    );
-    Ok(())
 }

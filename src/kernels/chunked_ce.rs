@@ -10,10 +10,15 @@
 //! is `lse - (1 - eps) z_y - eps mean(z)` and its logit gradient
 //! `softmax(z) - (1 - eps) onehot(y) - eps / V`.
 //!
-//! f32 on the CPU; other devices and dtypes take the composed head and loss.
+//! f32 on the CPU in one custom op (below); on CUDA, tensor ops around the
+//! fused row kernels of `ce_rows` (the matmuls stay on cuBLAS). Callers
+//! check [`super::covers`] first; other devices and dtypes take the
+//! composed head and loss.
 
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+
+use super::ce_rows::lse_mean;
 
 struct ChunkedCe {
     targets: Vec<u32>,
@@ -35,6 +40,22 @@ pub fn chunked_cross_entropy(
     let (v, d2) = head.dims2()?;
     if d != d2 {
         bail!("chunked cross-entropy: hidden size {d}, head {v}x{d2}")
+    }
+    if !(hidden.device().is_cpu() && hidden.dtype() == DType::F32) {
+        if !super::covers(hidden) {
+            bail!(
+                "chunked cross-entropy: no fused path for {:?} on {:?}",
+                hidden.dtype(),
+                hidden.device()
+            )
+        }
+        return super::ce_rows::by_chunks(
+            hidden,
+            head,
+            targets,
+            chunk.max(1),
+            label_smoothing as f32,
+        );
     }
     let targets: Vec<u32> = targets.flatten_all()?.to_vec1()?;
     if targets.len() != n {
@@ -69,13 +90,6 @@ impl ChunkedCe {
             })
             .collect()
     }
-}
-
-/// log-sum-exp and mean of a row.
-fn lse_mean(z: &[f32]) -> (f32, f32) {
-    let max = z.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let sum: f32 = z.iter().map(|&x| (x - max).exp()).sum();
-    (max + sum.ln(), z.iter().sum::<f32>() / z.len() as f32)
 }
 
 impl CustomOp2 for ChunkedCe {
@@ -185,6 +199,45 @@ mod tests {
             / scale)
     }
 
+    /// The CUDA path's structure (`ce_rows::by_chunks`: tensor ops around
+    /// the row kernels), run with the row kernels' CPU references.
+    #[test]
+    fn the_row_kernel_path_matches_float64_too() -> Result<()> {
+        let dev = Device::Cpu;
+        let (n, d, v) = (29, 12, 41);
+        let h = Tensor::randn(0f32, 1.0, (n, d), &dev)?;
+        let w = Tensor::randn(0f32, 0.5, (v, d), &dev)?;
+        let y = Tensor::new(
+            (0..n).map(|i| ((i * 5) % v) as u32).collect::<Vec<_>>(),
+            &dev,
+        )?;
+        for (chunk, eps) in [(7, 0.0), (29, 0.1), (64, 0.0)] {
+            let (hv, wv) = (
+                candle_core::Var::from_tensor(&h)?,
+                candle_core::Var::from_tensor(&w)?,
+            );
+            let loss = super::super::ce_rows::by_chunks(
+                hv.as_tensor(),
+                wv.as_tensor(),
+                &y,
+                chunk,
+                eps as f32,
+            )?;
+            let g = (&loss * 2.0)?.backward()?;
+            let (l64, dh64, dw64) = reference(&h, &w, &y, eps)?;
+            let l = loss.to_scalar::<f32>()? as f64;
+            assert!(
+                (l - l64).abs() < 1e-5 * l64.abs(),
+                "chunk {chunk}: {l} vs {l64}"
+            );
+            let dh = (g.get(hv.as_tensor()).unwrap() / 2.0)?;
+            let dw = (g.get(wv.as_tensor()).unwrap() / 2.0)?;
+            assert!(max_rel(&dh, &dh64)? < 1e-5, "chunk {chunk} eps {eps}: dh");
+            assert!(max_rel(&dw, &dw64)? < 1e-5, "chunk {chunk} eps {eps}: dw");
+        }
+        Ok(())
+    }
+
     #[test]
     fn matches_the_composed_loss_and_gradients_in_float64() -> Result<()> {
         let dev = Device::Cpu;
@@ -218,6 +271,11 @@ mod tests {
             assert!(max_rel(&dw, &dw64)? < 1e-5, "chunk {chunk} eps {eps}: dw");
         }
         let bad = Tensor::new(&[60u32; 37], &dev)?;
+        let nan = super::super::ce_rows::by_chunks(&h, &w, &bad, 8, 0.0)?;
+        assert!(
+            nan.to_scalar::<f32>()?.is_nan(),
+            "an unknown target gives NaN"
+        );
         let err = chunked_cross_entropy(&h, &w, &bad, 8, 0.0).unwrap_err();
         assert!(err.to_string().contains("target 60"), "{err}");
         Ok(())

@@ -5,11 +5,11 @@
 //! ops backward; in a profile of the Shakespeare GPT step it was the largest
 //! item after the matmuls.
 //!
-//! The CPU implementation is the reference the CUDA kernel will be tested
-//! against. Until that kernel exists, other devices and dtypes use candle's
-//! `gelu`, which has a backward too.
+//! The CPU implementation is the reference for the CUDA kernel in
+//! `kernels/gelu.cu` (f32, f16 and bf16). Other devices and dtypes use
+//! candle's `gelu`, which has a backward too.
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 const K0: f32 = 0.797_884_6; // sqrt(2 / pi)
@@ -17,9 +17,10 @@ const K1: f32 = 0.044_715;
 /// Elements per task: below this, threads cost more than they save.
 const CHUNK: usize = 1 << 14;
 
-/// `gelu(x)` with a fused backward on f32 CPU tensors; candle's elsewhere.
+/// `gelu(x)` with a fused backward where [`super::covers`] says; candle's
+/// elsewhere.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    if super::fused() && x.device().is_cpu() && x.dtype() == DType::F32 {
+    if super::covers(x) {
         x.contiguous()?.apply_op1(Gelu)
     } else {
         x.gelu()
@@ -78,6 +79,16 @@ impl CustomOp1 for Gelu {
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::map1(&super::cuda::GELU, "gelu_fwd", s, l)?;
+        Ok((out, l.shape().clone()))
+    }
+
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(
             arg.contiguous()?
@@ -119,6 +130,18 @@ impl CustomOp2 for GeluGrad {
                 }
             });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::map2(&super::cuda::GELU, "gelu_bwd", (s1, l1), (s2, l2))?;
+        Ok((out, l1.shape().clone()))
     }
 }
 

@@ -1,11 +1,16 @@
 //! taper's own kernels: fused operations as candle custom ops (GELU,
-//! softmax, layer norm, rotary embedding, chunked cross-entropy), the fused AdamW update and
-//! blockwise 8-bit quantization. Each has a CPU
+//! softmax, layer norm, rotary embedding, chunked cross-entropy), the fused
+//! AdamW update and blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
-//! for the CUDA kernels in `kernels/*.cu` (still to come).
+//! for its CUDA kernel in `kernels/*.cu` (built with the `cuda` feature;
+//! `tests/cuda_kernels.rs` compares the two on a GPU).
 
 pub mod adamw;
+mod ce_rows;
 mod chunked_ce;
+#[cfg(feature = "cuda")]
+mod cuda;
+pub mod device_state;
 mod gelu;
 pub mod quant8;
 mod rope;
@@ -45,4 +50,19 @@ pub fn set_fused(on: bool) {
 
 pub fn fused() -> bool {
     FUSED.load(Ordering::Relaxed)
+}
+
+/// Whether a fused op takes `x`: f32 on the CPU; f32, f16 or bf16 on CUDA
+/// (in a build with the `cuda` feature). Elsewhere the ops fall back to
+/// candle's composed, differentiable versions.
+pub fn covers(x: &candle_core::Tensor) -> bool {
+    use candle_core::{DType, Device};
+    fused()
+        && match x.device() {
+            Device::Cpu => x.dtype() == DType::F32,
+            Device::Cuda(_) => {
+                cfg!(feature = "cuda") && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+            }
+            Device::Metal(_) => false,
+        }
 }

@@ -87,6 +87,17 @@ fn bounds(signed: bool) -> &'static [f32; 255] {
     })
 }
 
+/// The tables the CUDA 8-bit AdamW kernel reads (`kernels/adamw.cu`): the
+/// signed code, the unsigned code, then the midpoints of each (1020 values).
+pub fn device_tables() -> Vec<f32> {
+    let mut t = Vec::with_capacity(1020);
+    t.extend_from_slice(dynamic_code(true));
+    t.extend_from_slice(dynamic_code(false));
+    t.extend_from_slice(bounds(true));
+    t.extend_from_slice(bounds(false));
+    t
+}
+
 #[inline]
 fn encode(scaled: f32, bounds: &[f32; 255]) -> u8 {
     bounds.partition_point(|&b| b < scaled) as u8

@@ -3,31 +3,28 @@
 //! with a backward. candle's `rope_i` records no backward (candle #2168).
 //! The backward of a rotation is the opposite rotation.
 //!
-//! f32 on the CPU; elsewhere the composed differentiable version.
+//! f32 on the CPU, f32/f16/bf16 on CUDA (`kernels/rope.cu`); elsewhere the
+//! composed differentiable version. The angles (`cos`, `sin`) are f32
+//! inputs of the op, so they stay on the device.
 
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 /// `x [b, heads, t, d]` rotated with `cos`, `sin` of shape `[t, d / 2]`.
 pub fn rope_interleaved(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    if super::fused() && x.device().is_cpu() && x.dtype() == DType::F32 {
+    if super::covers(x) {
         let (_, _, t, d) = x.dims4()?;
-        if cos.dims() != [t, d / 2] || sin.dims() != [t, d / 2] {
+        if d % 2 != 0 || cos.dims() != [t, d / 2] || sin.dims() != [t, d / 2] {
             bail!(
-                "rope: cos/sin of shape {:?}, expected [{t}, {}]",
+                "rope: head size {d} with cos/sin of shape {:?}, expected an even size and [{t}, {}]",
                 cos.dims(),
                 d / 2
             )
         }
-        let flat =
-            |z: &Tensor| -> Result<Vec<f32>> { z.to_dtype(DType::F32)?.flatten_all()?.to_vec1() };
-        return x.contiguous()?.apply_op1(Rope {
-            cos: flat(cos)?,
-            sin: flat(sin)?,
-            t,
-            d,
-            sign: 1.0,
-        });
+        let f32c = |z: &Tensor| z.to_dtype(DType::F32)?.contiguous();
+        return x
+            .contiguous()?
+            .apply_op3(&f32c(cos)?, &f32c(sin)?, Rope { t, d, sign: 1.0 });
     }
     composed(x, cos, sin)
 }
@@ -45,9 +42,8 @@ pub fn composed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Tensor::stack(&[r0, r1], 4)?.reshape((b, h, t, d))
 }
 
+#[derive(Clone, Copy)]
 struct Rope {
-    cos: Vec<f32>,
-    sin: Vec<f32>,
     t: usize,
     d: usize,
     /// 1 forward, -1 for the backward's opposite rotation.
@@ -55,14 +51,14 @@ struct Rope {
 }
 
 impl Rope {
-    fn apply(&self, x: &[f32]) -> Vec<f32> {
+    fn apply(&self, x: &[f32], cos: &[f32], sin: &[f32]) -> Vec<f32> {
         let (t, d, half) = (self.t, self.d, self.d / 2);
         let mut out = vec![0f32; x.len()];
         out.par_chunks_mut(t * d)
             .zip(x.par_chunks(t * d))
             .for_each(|(o, x)| {
                 for p in 0..t {
-                    let (c, s) = (&self.cos[p * half..][..half], &self.sin[p * half..][..half]);
+                    let (c, s) = (&cos[p * half..][..half], &sin[p * half..][..half]);
                     let (o, x) = (&mut o[p * d..][..d], &x[p * d..][..d]);
                     for i in 0..half {
                         let (a, b) = (x[2 * i], x[2 * i + 1]);
@@ -76,26 +72,99 @@ impl Rope {
     }
 }
 
-impl CustomOp1 for Rope {
+impl CustomOp3 for Rope {
     fn name(&self) -> &'static str {
         "taper-rope-interleaved"
     }
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = super::f32_slice(s, l, "rope")?;
-        Ok((CpuStorage::F32(self.apply(x)), l.shape().clone()))
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = super::f32_slice(s1, l1, "rope")?;
+        let cos = super::f32_slice(s2, l2, "rope cos")?;
+        let sin = super::f32_slice(s3, l3, "rope sin")?;
+        Ok((CpuStorage::F32(self.apply(x, cos, sin)), l1.shape().clone()))
     }
 
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let back = Rope {
-            cos: self.cos.clone(),
-            sin: self.sin.clone(),
-            t: self.t,
-            d: self.d,
-            sign: -self.sign,
-        };
-        Ok(Some(grad.contiguous()?.apply_op1(back)?))
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::by_float;
+        let out = by_float!(s1, rope_cuda(self, (s1, l1), (s2, l2), (s3, l3)))?;
+        Ok((out, l1.shape().clone()))
     }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let back = Rope {
+            sign: -self.sign,
+            ..*self
+        };
+        let dx = grad.contiguous()?.apply_op3(cos, sin, back)?;
+        Ok((Some(dx), None, None))
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn rope_cuda<T>(
+    op: &Rope,
+    (s1, l1): (&candle_core::CudaStorage, &Layout),
+    (s2, l2): (&candle_core::CudaStorage, &Layout),
+    (s3, l3): (&candle_core::CudaStorage, &Layout),
+) -> Result<candle_core::CudaStorage>
+where
+    T: candle_core::cuda_backend::CudaDType
+        + candle_core::cuda_backend::cudarc::driver::DeviceRepr
+        + candle_core::WithDType,
+{
+    use super::cuda::{alloc, elementwise, kernel, run, suffix, view, ROPE};
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    let x = view::<T>(s1, l1, "rope")?;
+    let (cos, sin) = (
+        view::<f32>(s2, l2, "rope cos")?,
+        view::<f32>(s3, l3, "rope sin")?,
+    );
+    let half = op.d / 2;
+    if cos.len() != op.t * half || sin.len() != op.t * half || x.len() % (op.t * op.d) != 0 {
+        bail!(
+            "rope: {} values, {} angles for t {} and d {}",
+            x.len(),
+            cos.len(),
+            op.t,
+            op.d
+        )
+    }
+    let dev = &s1.device;
+    let out = alloc::<T>(dev, x.len())?;
+    let pairs = x.len() / 2;
+    if pairs > 0 {
+        let f = kernel!(ROPE, dev, format!("rope_i_{}", suffix(T::DTYPE)?));
+        let (t, half) = (op.t as i32, half as i32);
+        let mut b = f.builder();
+        b.arg(&x).arg(&cos).arg(&sin).arg(&out);
+        b.arg(&pairs).arg(&t).arg(&half).arg(&op.sign);
+        run(&mut b, elementwise(pairs))?;
+    }
+    Ok(candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
 #[cfg(test)]

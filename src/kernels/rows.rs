@@ -4,11 +4,12 @@
 //! a broadcast and a temporary per step, forward and backward; in a profile
 //! of the GPT step, candle's strided reductions in backward alone took 16%.
 //!
-//! f32 CPU tensors take the fused path (rows split across threads); other
-//! devices and dtypes take the composed, differentiable versions.
+//! f32 CPU tensors take the fused path (rows split across threads), as do
+//! CUDA tensors (`kernels/rows.cu`, a block per row); other devices and
+//! dtypes take the composed, differentiable versions.
 
 use candle_core::{
-    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
+    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D,
 };
 use rayon::prelude::*;
 
@@ -16,10 +17,10 @@ use rayon::prelude::*;
 const ROWS: usize = 64;
 
 fn fused_ok(x: &Tensor) -> bool {
-    super::fused() && x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() >= 1
+    super::covers(x) && x.rank() >= 1
 }
 
-fn last_dim(l: &Layout) -> usize {
+pub(super) fn last_dim(l: &Layout) -> usize {
     l.shape().dims().last().copied().unwrap_or(1).max(1)
 }
 
@@ -58,6 +59,17 @@ impl CustomOp1 for Softmax {
                 }
             });
         Ok((CpuStorage::F32(out), l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::{by_float, rows, ROWS as M};
+        let out = by_float!(s, rows(&M, "softmax_fwd", &[(s, l)], &[]))?;
+        Ok((out, l.shape().clone()))
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -100,11 +112,24 @@ impl CustomOp2 for SoftmaxGrad {
             });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::{by_float, rows, ROWS as M};
+        let out = by_float!(s1, rows(&M, "softmax_bwd", &[(s1, l1), (s2, l2)], &[]))?;
+        Ok((out, l1.shape().clone()))
+    }
 }
 
 /// Layer norm over the last dimension with weight `w` and bias `b`.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
-    if fused_ok(x) && w.dtype() == DType::F32 && b.dtype() == DType::F32 {
+    if fused_ok(x) && w.dtype() == x.dtype() && b.dtype() == x.dtype() {
         x.contiguous()?
             .apply_op3(&w.contiguous()?, &b.contiguous()?, LayerNorm(eps as f32))
     } else {
@@ -169,6 +194,30 @@ impl CustomOp3 for LayerNorm {
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::{by_float, rows, ROWS as M};
+        let n = last_dim(l1);
+        if l2.shape().elem_count() != n || l3.shape().elem_count() != n {
+            bail!(
+                "layer_norm: rows of {n} but weight {:?} and bias {:?}",
+                l2.shape(),
+                l3.shape()
+            )
+        }
+        let io = [(s1, l1), (s2, l2), (s3, l3)];
+        let out = by_float!(s1, rows(&M, "layer_norm_fwd", &io, &[self.0]))?;
+        Ok((out, l1.shape().clone()))
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -226,6 +275,22 @@ impl CustomOp3 for LayerNormGradX {
             });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::{by_float, rows, ROWS as M};
+        let io = [(s1, l1), (s2, l2), (s3, l3)];
+        let out = by_float!(s1, rows(&M, "layer_norm_bwd_x", &io, &[self.0]))?;
+        Ok((out, l1.shape().clone()))
+    }
 }
 
 /// [dw; db] = [sum over rows of g*x̂; sum over rows of g], as a (2, n) tensor.
@@ -269,12 +334,100 @@ impl CustomOp2 for LayerNormGradWB {
             );
         Ok((CpuStorage::F32(sums), Shape::from((2, n))))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda::by_float;
+        let n = last_dim(l1);
+        let out = by_float!(s1, layer_norm_wb_cuda((s1, l1), (s2, l2), self.0))?;
+        Ok((out, Shape::from((2, n))))
+    }
+}
+
+/// The weight and bias gradients on CUDA, in three launches: each row's
+/// mean and 1/std; partial sums over chunks of rows (a thread per column,
+/// so reads are coalesced); the chunks added up. No atomics, so the result
+/// does not depend on scheduling.
+#[cfg(feature = "cuda")]
+fn layer_norm_wb_cuda<T>(
+    (s1, l1): (&candle_core::CudaStorage, &Layout),
+    (s2, l2): (&candle_core::CudaStorage, &Layout),
+    eps: f32,
+) -> Result<candle_core::CudaStorage>
+where
+    T: candle_core::cuda_backend::CudaDType
+        + candle_core::cuda_backend::cudarc::driver::DeviceRepr
+        + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits
+        + candle_core::WithDType,
+{
+    use super::cuda::{
+        alloc, elementwise, kernel, per_row, rows_cols, run, suffix, view, ROWS as M,
+    };
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    let (rows, cols) = rows_cols(l1);
+    let (x, g) = (
+        view::<T>(s1, l1, "layer_norm backward")?,
+        view::<T>(s2, l2, "layer_norm backward")?,
+    );
+    if g.len() != x.len() {
+        bail!(
+            "layer_norm backward: {} inputs but {} gradients",
+            x.len(),
+            g.len()
+        )
+    }
+    let dev = &s1.device;
+    let sfx = suffix(T::DTYPE)?;
+    if rows == 0 {
+        let zeros = dev.alloc_zeros::<T>(2 * cols)?;
+        return Ok(candle_core::CudaStorage::wrap_cuda_slice(
+            zeros,
+            dev.clone(),
+        ));
+    }
+    let cols_i = cols as i32;
+    let rows_i = rows as i32;
+    // float2 (mean, rstd) per row.
+    let stats = alloc::<f32>(dev, 2 * rows)?;
+    let f = kernel!(M, dev, format!("layer_norm_stats_{sfx}"));
+    let mut b = f.builder();
+    b.arg(&x).arg(&stats).arg(&cols_i).arg(&eps);
+    run(&mut b, per_row(rows, cols))?;
+
+    // At most 1024 chunks of at least 32 rows.
+    let per = rows.div_ceil(1024).max(32);
+    let chunks = rows.div_ceil(per);
+    let (per_i, chunks_i) = (per as i32, chunks as i32);
+    let partial = alloc::<f32>(dev, chunks * 2 * cols)?;
+    let f = kernel!(M, dev, format!("layer_norm_bwd_wb_partial_{sfx}"));
+    let mut b = f.builder();
+    b.arg(&x).arg(&g).arg(&stats).arg(&partial);
+    b.arg(&rows_i).arg(&cols_i).arg(&per_i);
+    let cfg = LaunchConfig {
+        grid_dim: (chunks as u32, cols.div_ceil(256) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    run(&mut b, cfg)?;
+
+    let out = alloc::<T>(dev, 2 * cols)?;
+    let f = kernel!(M, dev, format!("layer_norm_bwd_wb_final_{sfx}"));
+    let mut b = f.builder();
+    b.arg(&partial).arg(&out).arg(&chunks_i).arg(&cols_i);
+    run(&mut b, elementwise(2 * cols))?;
+    Ok(candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Var};
+    use candle_core::{DType, Device, Var};
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b)

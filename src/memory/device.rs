@@ -61,6 +61,61 @@ pub fn trim(device: &Device) -> Result<()> {
     Ok(())
 }
 
+/// The most bytes the device's memory pool has handed out (candle
+/// allocates every tensor from it) since the last [`reset_pool_peak`]: the
+/// counterpart of `torch.cuda.max_memory_allocated`. None on the CPU.
+pub fn pool_peak(device: &Device) -> Option<usize> {
+    #[cfg(feature = "cuda")]
+    if let Ok(cuda) = device.as_cuda_device() {
+        use candle_core::cuda_backend::cudarc::driver::{result, sys};
+        let ctx = cuda.cuda_stream().context().clone();
+        ctx.bind_to_thread().ok()?;
+        let mut high: u64 = 0;
+        // SAFETY: a live context's default pool; USED_MEM_HIGH is a u64.
+        unsafe {
+            let pool = result::device::get_default_mem_pool(ctx.cu_device()).ok()?;
+            result::mem_pool::get_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                &mut high as *mut u64 as *mut std::ffi::c_void,
+            )
+            .ok()?;
+        }
+        return Some(high as usize);
+    }
+    let _ = device;
+    None
+}
+
+/// Starts a new peak window for [`pool_peak`] (after a sync, so that the
+/// work in flight is counted in the old one).
+pub fn reset_pool_peak(device: &Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Ok(cuda) = device.as_cuda_device() {
+        use candle_core::cuda_backend::cudarc::driver::{result, sys};
+        device.synchronize()?;
+        let ctx = cuda.cuda_stream().context().clone();
+        let err = |e: candle_core::cuda_backend::cudarc::driver::DriverError| {
+            crate::Error::Device(format!("resetting the CUDA pool's peak: {e:?}"))
+        };
+        ctx.bind_to_thread().map_err(err)?;
+        let mut zero: u64 = 0;
+        // SAFETY: as in pool_peak; the driver accepts only 0 for this attribute.
+        unsafe {
+            let pool = result::device::get_default_mem_pool(ctx.cu_device()).map_err(err)?;
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                &mut zero as *mut u64 as *mut std::ffi::c_void,
+            )
+            .map_err(err)?;
+        }
+        return Ok(());
+    }
+    let _ = device;
+    Ok(())
+}
+
 /// Memory reserved so that at most `limit` bytes stay usable; dropped with
 /// the host.
 pub struct Ballast {

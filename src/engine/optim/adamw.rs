@@ -1,12 +1,14 @@
-//! AdamW, as `torch.optim.AdamW`, with its moments kept one of three ways
+//! AdamW, as `torch.optim.AdamW`, with its moments kept one of these ways
 //! per parameter:
-//! - **fused** (f32 CPU parameters, the default there): host buffers that
-//!   `kernels::adamw` updates in one pass with the weights, in place;
+//! - **fused** (f32 parameters, the default): host buffers that
+//!   `kernels::adamw` updates in one pass with the weights, in place; on
+//!   CUDA, device buffers that `kernels/adamw.cu` updates the same way;
 //! - **composed**: candle tensor ops, on any device and dtype (and the
 //!   reference the fused kernel was checked against);
 //! - **8-bit** (`state = "8bit"`, parameters of at least [`MIN_8BIT`]
 //!   elements, as bitsandbytes): blockwise dynamic 8-bit moments,
-//!   2 bytes per parameter instead of 8.
+//!   2 bytes per parameter instead of 8, on the host or (f32 CUDA
+//!   parameters) on the device.
 
 use std::collections::HashMap;
 
@@ -15,6 +17,7 @@ use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 
 use super::{AdamWConfig, Optimizer, StateFormat};
 use crate::kernels::adamw::{adamw_inplace, update_inplace, AdamWStep};
+use crate::kernels::device_state::{DeviceMoments, DeviceMoments8};
 use crate::kernels::quant8::{self, adamw8_slices, Blockwise};
 
 /// Parameters smaller than this keep f32 moments under `state = "8bit"`
@@ -26,6 +29,8 @@ enum Moments {
     Tensors(Tensor, Tensor),
     Host(Shape, Vec<f32>, Vec<f32>),
     Q8(Shape, Blockwise, Blockwise),
+    Device(Shape, DeviceMoments),
+    Q8Device(Shape, DeviceMoments8),
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -33,6 +38,8 @@ enum Path {
     Composed,
     Fused,
     Q8,
+    FusedDevice,
+    Q8Device,
 }
 
 impl Moments {
@@ -46,6 +53,14 @@ impl Moments {
                 quant8::dequantize(&m, quant8::BLOCK),
                 quant8::dequantize(&v, quant8::BLOCK),
             ),
+            Moments::Device(_, d) => d.to_host()?,
+            Moments::Q8Device(_, d) => {
+                let (m, v) = d.to_host()?;
+                (
+                    quant8::dequantize(&m, quant8::BLOCK),
+                    quant8::dequantize(&v, quant8::BLOCK),
+                )
+            }
         })
     }
 
@@ -58,10 +73,27 @@ impl Moments {
             (Some(Moments::Tensors(..)), Path::Composed)
                 | (Some(Moments::Host(..)), Path::Fused)
                 | (Some(Moments::Q8(..)), Path::Q8)
+                | (Some(Moments::Device(..)), Path::FusedDevice)
+                | (Some(Moments::Q8Device(..)), Path::Q8Device)
         );
         if same {
             return Ok(this.expect("matched"));
         }
+        // 8-bit moments move between host and device as they are, codes
+        // and maxima, without a round trip through f32.
+        let this = match (this, path) {
+            (Some(Moments::Q8(s, m, v)), Path::Q8Device) => {
+                return Ok(Moments::Q8Device(
+                    s,
+                    DeviceMoments8::from_host(var.device(), &m, &v)?,
+                ))
+            }
+            (Some(Moments::Q8Device(s, d)), Path::Q8) => {
+                let (m, v) = d.to_host()?;
+                return Ok(Moments::Q8(s, m, v));
+            }
+            (this, _) => this,
+        };
         let (m, v) = match this {
             Some(st) => st.dense()?,
             None if path == Path::Q8 => {
@@ -70,6 +102,13 @@ impl Moments {
                     Blockwise::zeros(n, true),
                     Blockwise::zeros(n, false),
                 ))
+            }
+            None if path == Path::Q8Device => {
+                let (m, v) = (Blockwise::zeros(n, true), Blockwise::zeros(n, false));
+                return Ok(Moments::Q8Device(
+                    shape,
+                    DeviceMoments8::from_host(var.device(), &m, &v)?,
+                ));
             }
             None => (vec![0f32; n], vec![0f32; n]),
         };
@@ -82,6 +121,17 @@ impl Moments {
                 shape,
                 quant8::quantize(&m, quant8::BLOCK, true),
                 quant8::quantize(&v, quant8::BLOCK, false),
+            ),
+            Path::FusedDevice => {
+                Moments::Device(shape, DeviceMoments::from_host(var.device(), &m, &v)?)
+            }
+            Path::Q8Device => Moments::Q8Device(
+                shape,
+                DeviceMoments8::from_host(
+                    var.device(),
+                    &quant8::quantize(&m, quant8::BLOCK, true),
+                    &quant8::quantize(&v, quant8::BLOCK, false),
+                )?,
             ),
             Path::Composed => {
                 let t = |x: Vec<f32>| {
@@ -118,11 +168,19 @@ impl AdamW {
     }
 
     fn path(&self, var: &Var) -> Path {
-        let host_f32 = var.device().is_cpu() && var.dtype() == DType::F32;
+        let f32 = var.dtype() == DType::F32;
+        let (host_f32, cuda_f32) = (f32 && var.device().is_cpu(), f32 && var.device().is_cuda());
         if self.cfg.state == StateFormat::Q8 && var.elem_count() >= MIN_8BIT {
-            Path::Q8
+            // The 8-bit kernel is fused by nature: it is used whatever `fused` says.
+            if cuda_f32 {
+                Path::Q8Device
+            } else {
+                Path::Q8
+            }
         } else if self.fused && host_f32 {
             Path::Fused
+        } else if self.fused && cuda_f32 {
+            Path::FusedDevice
         } else {
             Path::Composed
         }
@@ -143,8 +201,9 @@ impl AdamW {
     }
 }
 
-/// The 8-bit update. On an f32 CPU parameter it runs in place; elsewhere
-/// (until the CUDA kernel exists) it goes through host copies.
+/// The 8-bit update with host moments. On an f32 CPU parameter it runs in
+/// place; elsewhere (other dtypes, other devices) it goes through host
+/// copies. f32 CUDA parameters keep their 8-bit moments on the device.
 fn q8_step(
     var: &Var,
     g: &Tensor,
@@ -170,6 +229,15 @@ fn q8_step(
         .to_dtype(var.dtype())?
         .to_device(var.device())?;
     var.set(&t)
+}
+
+/// The checkpoint entries of 8-bit moments: codes and block maxima.
+fn push_q8(push: &mut impl FnMut(&str, Result<Tensor>), s: &Shape, m: &Blockwise, v: &Blockwise) {
+    let cpu = Device::Cpu;
+    push("m8", Tensor::from_slice(&m.codes, s, &cpu));
+    push("m8max", Tensor::new(m.absmax.as_slice(), &cpu));
+    push("v8", Tensor::from_slice(&v.codes, s, &cpu));
+    push("v8max", Tensor::new(v.absmax.as_slice(), &cpu));
 }
 
 impl Optimizer for AdamW {
@@ -198,6 +266,14 @@ impl Optimizer for AdamW {
                     q8_step(var, g, &mut m, &mut v, &h)?;
                     Moments::Q8(s, m, v)
                 }
+                Moments::Device(s, mut d) => {
+                    d.step(var.as_tensor(), g, &h)?;
+                    Moments::Device(s, d)
+                }
+                Moments::Q8Device(s, mut d) => {
+                    d.step(var.as_tensor(), g, &h)?;
+                    Moments::Q8Device(s, d)
+                }
             };
             self.moments.insert(name.clone(), st);
         }
@@ -219,8 +295,8 @@ impl Optimizer for AdamW {
             .map(|(_, v)| {
                 let n = v.elem_count();
                 match self.path(v) {
-                    Path::Q8 => 2 * (n + 4 * n.div_ceil(quant8::BLOCK)),
-                    Path::Fused => 8 * n,
+                    Path::Q8 | Path::Q8Device => 2 * (n + 4 * n.div_ceil(quant8::BLOCK)),
+                    Path::Fused | Path::FusedDevice => 8 * n,
                     Path::Composed => 2 * n * v.dtype().size_in_bytes(),
                 }
             })
@@ -249,12 +325,18 @@ impl Optimizer for AdamW {
                     push("m", host(m, s));
                     push("v", host(v, s));
                 }
-                Moments::Q8(s, m, v) => {
-                    push("m8", Tensor::from_slice(&m.codes, s, &cpu));
-                    push("m8max", Tensor::new(m.absmax.as_slice(), &cpu));
-                    push("v8", Tensor::from_slice(&v.codes, s, &cpu));
-                    push("v8max", Tensor::new(v.absmax.as_slice(), &cpu));
-                }
+                Moments::Q8(s, m, v) => push_q8(&mut push, s, m, v),
+                Moments::Device(s, d) => match d.to_host() {
+                    Ok((m, v)) => {
+                        push("m", host(&m, s));
+                        push("v", host(&v, s));
+                    }
+                    Err(e) => push("m", Err(e)),
+                },
+                Moments::Q8Device(s, d) => match d.to_host() {
+                    Ok((m, v)) => push_q8(&mut push, s, &m, &v),
+                    Err(e) => push("m8", Err(e)),
+                },
             }
         }
         out

@@ -227,7 +227,7 @@ impl Trainer {
         if let Loss::CrossEntropy(c) = &self.opts.loss {
             if c.chunk > 0 {
                 if let Some((h, head)) = self.model.hidden_and_head(x)? {
-                    if h.device().is_cpu() && h.dtype() == DType::F32 {
+                    if crate::kernels::covers(&h) {
                         let d = h.dim(candle_core::D::Minus1)?;
                         let h = h.reshape(((), d))?;
                         return crate::kernels::chunked_cross_entropy(

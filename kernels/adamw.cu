@@ -1,0 +1,76 @@
+// Fused AdamW over f32 weights, in one pass per parameter tensor, with the
+// moments in f32 or in bitsandbytes' blockwise dynamic 8-bit format. The
+// arithmetic is written in the same order as src/kernels/adamw.rs and
+// quant8.rs, and the build compiles with --fmad=false, so the results are
+// those of the CPU reference bit for bit (sqrtf and division are IEEE).
+#include "common.cuh"
+
+struct Hyper {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay, step_size, sqrt_bc2;
+};
+
+__device__ __forceinline__ float apply(const Hyper& h, float theta, float m, float v) {
+  return theta * h.decay - h.step_size * m / (sqrtf(v) / h.sqrt_bc2 + h.eps);
+}
+
+extern "C" __global__ void adamw_f32(float* theta, const float* g, float* m, float* v, size_t n,
+                                     Hyper h) {
+  FOR_EACH(i, n) {
+    const float gi = g[i];
+    const float mi = h.beta1 * m[i] + h.one_minus_beta1 * gi;
+    const float vi = h.beta2 * v[i] + h.one_minus_beta2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    theta[i] = apply(h, theta[i], mi, vi);
+  }
+}
+
+#define BLOCK 256
+
+// The number of the 255 midpoints below s: the index of the nearest code
+// entry, ties to the lower one (Rust's partition_point(|b| b < s)).
+__device__ __forceinline__ uint8_t encode(float s, const float* bounds) {
+  int lo = 0, hi = 255;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (bounds[mid] < s) lo = mid + 1;
+    else hi = mid;
+  }
+  return (uint8_t)lo;
+}
+
+__device__ __forceinline__ float clamp1(float x) { return x < -1.f ? -1.f : (x > 1.f ? 1.f : x); }
+
+// One block of BLOCK threads per block of BLOCK values. tables holds the
+// signed code, the unsigned code, then their 255 midpoints each (1020
+// floats). absmax has one entry per block.
+extern "C" __global__ void adamw8_f32(float* theta, const float* g, uint8_t* qm, float* am,
+                                      uint8_t* qv, float* av, const float* tables, size_t n,
+                                      Hyper h) {
+  __shared__ float t[4 * 256];
+  for (int k = threadIdx.x; k < 1020; k += blockDim.x) t[k] = tables[k];
+  __syncthreads();
+  const float *code_m = t, *code_v = t + 256, *bounds_m = t + 512, *bounds_v = t + 767;
+  const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;
+  const bool live = i < n;
+  const float old_am = am[blockIdx.x], old_av = av[blockIdx.x];
+  float mi = 0.f, vi = 0.f;
+  if (live) {
+    const float gi = g[i];
+    const float m0 = code_m[qm[i]] * old_am, v0 = code_v[qv[i]] * old_av;
+    mi = h.beta1 * m0 + h.one_minus_beta1 * gi;
+    vi = h.beta2 * v0 + h.one_minus_beta2 * gi * gi;
+    theta[i] = apply(h, theta[i], mi, vi);
+  }
+  // The barriers in block_max also order every read of am/av above before
+  // thread 0's writes below.
+  const float new_am = block_max(fabsf(mi)), new_av = block_max(fabsf(vi));
+  if (live) {
+    qm[i] = encode(clamp1(mi * (1.f / fmaxf(new_am, 1e-38f))), bounds_m);
+    qv[i] = encode(clamp1(vi * (1.f / fmaxf(new_av, 1e-38f))), bounds_v);
+  }
+  if (threadIdx.x == 0) {
+    am[blockIdx.x] = new_am;
+    av[blockIdx.x] = new_av;
+  }
+}

@@ -1,0 +1,60 @@
+// Cross-entropy over rows of logits, one block per row (the pieces of the
+// chunked cross-entropy; src/kernels/chunked_ce.rs is the reference). With
+// label smoothing eps, a row's loss is lse - (1 - eps) z_y - eps mean(z).
+#include "common.cuh"
+
+// lse and the row's sum; every thread gets both.
+template <typename T> __device__ float2 lse_sum(const T* z, int cols) {
+  float m = -INFINITY, t = 0.f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = to_f(z[i]);
+    m = fmaxf(m, v);
+    t += v;
+  }
+  m = block_max(m);
+  t = block_sum(t);
+  float s = 0.f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) s += expf(to_f(z[i]) - m);
+  return make_float2(m + logf(block_sum(s)), t);
+}
+
+template <typename T>
+__device__ void ce_loss(const T* z, const uint32_t* y, float* loss, int cols, float eps) {
+  const T* zr = z + (size_t)blockIdx.x * cols;
+  const float2 ls = lse_sum(zr, cols);
+  const uint32_t target = y[blockIdx.x];
+  // A target outside the vocabulary gives NaN (checking on the host would
+  // cost a device sync per step).
+  if (threadIdx.x == 0)
+    loss[blockIdx.x] = target < (uint32_t)cols
+                           ? ls.x - (1.f - eps) * to_f(zr[target]) - eps * (ls.y / cols)
+                           : NAN;
+}
+
+// dz = (softmax(z) - eps / V - (1 - eps) onehot(y)) * g[0] * scale, where
+// g is the loss's incoming gradient (on the device: no host sync).
+template <typename T>
+__device__ void ce_grad(const T* z, const uint32_t* y, const float* g, T* dz, int cols,
+                        float scale, float eps) {
+  const size_t off = (size_t)blockIdx.x * cols;
+  const float lse = lse_sum(z + off, cols).x;
+  const float k = g[0] * scale, spread = eps / cols;
+  const uint32_t target = y[blockIdx.x];
+  const float bad = target < (uint32_t)cols ? 0.f : NAN;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    float d = (expf(to_f(z[off + i]) - lse) - spread) * k + bad;
+    if ((uint32_t)i == target) d -= (1.f - eps) * k;
+    dz[off + i] = from_f<T>(d);
+  }
+}
+
+#define CE(T, S)                                                                             \
+  extern "C" __global__ void ce_loss_##S(const T* z, const uint32_t* y, float* loss, int cols, \
+                                         float eps) {                                        \
+    ce_loss(z, y, loss, cols, eps);                                                          \
+  }                                                                                          \
+  extern "C" __global__ void ce_grad_##S(const T* z, const uint32_t* y, const float* g, T* dz, \
+                                         int cols, float scale, float eps) {                 \
+    ce_grad(z, y, g, dz, cols, scale, eps);                                                  \
+  }
+FOR_FLOAT_TYPES(CE)

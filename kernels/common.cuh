@@ -1,0 +1,61 @@
+// Shared by taper's kernels: dtype conversions and block reductions.
+// Every kernel computes in f32 whatever the storage dtype, as the CPU
+// references in src/kernels/ do.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The sum over the block, returned to every thread. blockDim.x must be a
+// multiple of 32 (launchers round it up). The leading barrier lets a kernel
+// call this several times: the previous call's readers are done with `s`.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float s[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < warps ? s[lane] : 0.f);
+}
+
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float s[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  return warp_max(lane < warps ? s[lane] : -INFINITY);
+}
+
+// Grid-stride loop over n elements.
+#define FOR_EACH(i, n)                                                          \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);       \
+       i += (size_t)blockDim.x * gridDim.x)
+
+// extern "C" entry points for f32, f16 and bf16 (suffixes f32, f16, bf16).
+#define FOR_FLOAT_TYPES(M) M(float, f32) M(__half, f16) M(__nv_bfloat16, bf16)

@@ -1,0 +1,236 @@
+//! `taper bench step`: one model's training step on random data, the
+//! figures `benches/torch_step.py` prints for the same model in PyTorch:
+//! milliseconds per step (median), tokens (or samples) per second, peak
+//! memory (the CUDA pool's high-water mark, as `max_memory_allocated`; the
+//! heap on the CPU), and MFU: model FLOPs per second over the FLOP rate of
+//! a large matmul in the same dtype, measured in the same process.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{adamw, median};
+use crate::data::Batch;
+use crate::engine::precision::Precision;
+use crate::engine::rng::Rng;
+use crate::engine::{parse_device, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
+use crate::memory::{device as devmem, HostMemory};
+use crate::{Error, Result};
+
+#[derive(clap::Args, Debug)]
+pub struct StepArgs {
+    /// mlp (784-256-10, batch 128), gpt (4 layers, 4 heads, width 128,
+    /// context 128, batch 32), shakespeare (scripts/shakespeare.lua's GPT:
+    /// width 64, 2 layers, context 64, batch 32) or gpt2 (GPT-2 small: 124M
+    /// parameters, context 1024, batch 8)
+    #[arg(long, default_value = "mlp")]
+    pub model: String,
+    #[arg(long, default_value_t = 30)]
+    pub steps: usize,
+    /// cpu, cuda, cuda:N or auto
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// f32, bf16 or f16 (mixed precision, f32 master weights)
+    #[arg(long, default_value = "f32")]
+    pub precision: String,
+    /// Override the model's batch size
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Language models: the LM head's cross-entropy in chunks of this many
+    /// rows (0: full logits)
+    #[arg(long, default_value_t = 0)]
+    pub chunk: usize,
+    /// Also time the same steps with taper's fused kernels off
+    #[arg(long)]
+    pub compare_unfused: bool,
+}
+
+/// A model, a batch of random data, and its FLOPs per training step.
+struct Workload {
+    spec: Arc<dyn ModelSpec>,
+    batch: Batch,
+    /// Tokens (language models) or samples per step.
+    items: usize,
+    /// GPTs: (layers, context, width), for attention's FLOPs and the
+    /// position table, which does no multiply-adds.
+    gpt: Option<(usize, usize, usize)>,
+}
+
+impl Workload {
+    /// Training FLOPs per step for `params` parameters: nanoGPT's
+    /// estimate_mfu (PaLM, appendix B): 6 N per token for the weights (N
+    /// without the position table) plus 12 L T d for attention.
+    fn flops(&self, params: usize) -> f64 {
+        let per_item = match self.gpt {
+            Some((l, t, d)) => 6.0 * (params - t * d) as f64 + 12.0 * (l * t * d) as f64,
+            None => 6.0 * params as f64,
+        };
+        per_item * self.items as f64
+    }
+}
+
+fn gpt_workload(spec: Gpt, b: usize, rng: &mut Rng) -> Result<Workload> {
+    let (t, v) = (spec.context, spec.vocab);
+    let ids: Vec<u32> = (0..b * (t + 1)).map(|_| rng.below(v) as u32).collect();
+    let all = Tensor::from_vec(ids, (b, t + 1), &Device::Cpu)?;
+    Ok(Workload {
+        batch: Batch {
+            x: all.narrow(1, 0, t)?,
+            y: all.narrow(1, 1, t)?.contiguous()?,
+            indices: (0..b).collect(),
+        },
+        items: b * t,
+        gpt: Some((spec.layers, t, spec.width)),
+        spec: Arc::new(spec),
+    })
+}
+
+/// The `gpt` workload's model and batch (shared with `bench kernels`).
+pub(super) fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelSpec>, Batch)> {
+    let w = workload(model, None, rng)?;
+    Ok((w.spec, w.batch))
+}
+
+fn workload(model: &str, batch: Option<usize>, rng: &mut Rng) -> Result<Workload> {
+    let gpt = |vocab, context, width, layers, heads| Gpt {
+        vocab,
+        context,
+        width,
+        layers,
+        heads,
+        mlp: 4,
+    };
+    match model {
+        "mlp" => {
+            let (b, n) = (batch.unwrap_or(128), 784);
+            let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
+            let y: Vec<u32> = (0..b).map(|_| rng.below(10) as u32).collect();
+            let spec = Mlp {
+                inputs: n,
+                hidden: vec![256],
+                outputs: 10,
+                activation: Default::default(),
+            };
+            Ok(Workload {
+                batch: Batch {
+                    x: Tensor::from_vec(x, (b, n), &Device::Cpu)?,
+                    y: Tensor::from_vec(y, b, &Device::Cpu)?,
+                    indices: (0..b).collect(),
+                },
+                items: b,
+                gpt: None,
+                spec: Arc::new(spec),
+            })
+        }
+        "gpt" => gpt_workload(gpt(65, 128, 128, 4, 4), batch.unwrap_or(32), rng),
+        "shakespeare" => gpt_workload(gpt(65, 64, 64, 2, 4), batch.unwrap_or(32), rng),
+        "gpt2" => gpt_workload(gpt(50257, 1024, 768, 12, 12), batch.unwrap_or(8), rng),
+        other => Err(Error::Config(format!(
+            "bench step: unknown model `{other}`: use mlp, gpt, shakespeare or gpt2"
+        ))),
+    }
+}
+
+/// FLOP/s of an n x n x n matmul in `dtype` on `dev`: the ceiling MFU is
+/// measured against (median of several).
+fn matmul_ceiling(dev: &Device, dtype: DType) -> Result<f64> {
+    let n = if dev.is_cpu() { 1024 } else { 8192 };
+    let a = Tensor::randn(0f32, 1.0, (n, n), dev)?.to_dtype(dtype)?;
+    let b = Tensor::randn(0f32, 1.0, (n, n), dev)?.to_dtype(dtype)?;
+    let mut times = Vec::new();
+    for i in 0..8 {
+        dev.synchronize()?;
+        let t = Instant::now();
+        let c = a.matmul(&b)?;
+        dev.synchronize()?;
+        drop(c);
+        if i >= 2 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(2.0 * (n as f64).powi(3) / median(&mut times))
+}
+
+/// Median seconds per step and peak bytes over `steps` steps.
+fn time_steps(trainer: &mut Trainer, batch: &Batch, steps: usize) -> Result<(f64, Option<usize>)> {
+    let dev = trainer.device().clone();
+    for _ in 0..3 {
+        trainer.train_step(batch)?;
+    }
+    devmem::reset_pool_peak(&dev)?;
+    HostMemory::reset_peak();
+    let mut times = Vec::new();
+    for _ in 0..steps {
+        let t = Instant::now();
+        // Returns the loss as a number: a device sync per step, as the
+        // PyTorch reference's loss.item().
+        trainer.train_step(batch)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let peak = match devmem::pool_peak(&dev) {
+        Some(p) => Some(p),
+        None if HostMemory::is_counting() => Some(HostMemory::peak()),
+        None => None,
+    };
+    Ok((median(&mut times), peak))
+}
+
+fn rate(flops: f64) -> String {
+    if flops >= 1e12 {
+        format!("{:.1} TFLOP/s", flops / 1e12)
+    } else {
+        format!("{:.1} GFLOP/s", flops / 1e9)
+    }
+}
+
+pub fn run(a: &StepArgs) -> Result<()> {
+    let dev = parse_device(&a.device)?;
+    let precision = Precision::parse(&a.precision).ok_or_else(|| {
+        Error::Config(format!(
+            "bench step: unknown precision `{}`: use f32, bf16 or f16",
+            a.precision
+        ))
+    })?;
+    let w = workload(&a.model, a.batch, &mut Rng::new(0))?;
+    let opts = || TrainerOptions {
+        device: dev.clone(),
+        loss: crate::engine::loss::Loss::CrossEntropy(crate::engine::loss::CrossEntropy {
+            label_smoothing: 0.0,
+            chunk: a.chunk,
+        }),
+        ..TrainerOptions::default()
+    };
+    let ceiling = matmul_ceiling(&dev, precision.low().unwrap_or(DType::F32))?;
+    let fused_modes: &[bool] = if a.compare_unfused {
+        &[true, false]
+    } else {
+        &[true]
+    };
+    for &fused in fused_modes {
+        crate::kernels::set_fused(fused);
+        let mut trainer = Trainer::new(w.spec.clone(), &adamw(), opts())?;
+        trainer.set_precision(precision)?;
+        let (secs, peak) = time_steps(&mut trainer, &w.batch, a.steps)?;
+        let params = trainer.params().num_params();
+        let achieved = w.flops(params) / secs;
+        println!(
+            "step {} on {} {} {}: {:.2} ms/step, {:.0} {}/s, peak {}, {} = MFU {:.1}% of a measured {} matmul ({} parameters, {} steps)",
+            a.model,
+            crate::engine::describe_device(&dev),
+            precision.name(),
+            if fused { "fused" } else { "unfused" },
+            secs * 1e3,
+            w.items as f64 / secs,
+            if matches!(a.model.as_str(), "mlp") { "samples" } else { "tokens" },
+            peak.map_or("n/a".into(), |p| format!("{:.1} MiB", p as f64 / (1 << 20) as f64)),
+            rate(achieved),
+            100.0 * achieved / ceiling,
+            rate(ceiling),
+            params,
+            a.steps,
+        );
+    }
+    crate::kernels::set_fused(true);
+    Ok(())
+}

@@ -1,0 +1,283 @@
+//! AdamW state that lives on a CUDA device and is updated there by the
+//! fused kernels in `kernels/adamw.cu`: f32 moments ([`DeviceMoments`]) or
+//! blockwise 8-bit ones ([`DeviceMoments8`]). The optimizer owns these
+//! buffers, as it owns the host moments of the CPU path, and passes the
+//! weights in place through candle's in-place op; a step allocates nothing.
+//!
+//! Without the `cuda` feature both types are uninhabited: the optimizer only
+//! asks for them for CUDA parameters, which such a build cannot have.
+
+pub use imp::{DeviceMoments, DeviceMoments8};
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use std::cell::RefCell;
+
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::{bail, CudaDevice, CudaStorage, Device, InplaceOp2, Layout, Result, Tensor};
+
+    use super::super::adamw::AdamWStep;
+    use super::super::cuda::{elementwise, kernel, run, view, ADAMW};
+    use super::super::quant8::{self, Blockwise, BLOCK};
+
+    /// The kernels' `Hyper` struct.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Hyper {
+        beta1: f32,
+        beta2: f32,
+        one_minus_beta1: f32,
+        one_minus_beta2: f32,
+        eps: f32,
+        decay: f32,
+        step_size: f32,
+        sqrt_bc2: f32,
+    }
+
+    // SAFETY: plain old data, laid out as the C struct.
+    unsafe impl DeviceRepr for Hyper {}
+
+    impl From<&AdamWStep> for Hyper {
+        fn from(h: &AdamWStep) -> Self {
+            Hyper {
+                beta1: h.beta1,
+                beta2: h.beta2,
+                one_minus_beta1: h.one_minus_beta1,
+                one_minus_beta2: h.one_minus_beta2,
+                eps: h.eps,
+                decay: h.decay,
+                step_size: h.step_size,
+                sqrt_bc2: h.sqrt_bc2,
+            }
+        }
+    }
+
+    type Update<'a> =
+        dyn FnMut(&mut CudaViewMut<'_, f32>, &CudaView<'_, f32>, &CudaDevice) -> Result<()> + 'a;
+
+    /// Calls `f(weights, gradient, device)` on the storage of an f32 CUDA
+    /// tensor, which it updates in place.
+    struct Op<'a> {
+        f: RefCell<Box<Update<'a>>>,
+    }
+
+    impl InplaceOp2 for Op<'_> {
+        fn name(&self) -> &'static str {
+            "taper-adamw-cuda"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &mut candle_core::CpuStorage,
+            _: &Layout,
+            _: &candle_core::CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            bail!("adamw: device moments for a CPU parameter")
+        }
+
+        fn cuda_fwd(
+            &self,
+            dst: &mut CudaStorage,
+            dst_l: &Layout,
+            gs: &CudaStorage,
+            gl: &Layout,
+        ) -> Result<()> {
+            let Some((a, b)) = dst_l.contiguous_offsets() else {
+                bail!("adamw: expected contiguous weights")
+            };
+            let g = view::<f32>(gs, gl, "adamw gradient")?;
+            if g.len() != b - a {
+                bail!("adamw: {} weights but {} gradients", b - a, g.len())
+            }
+            let dev = dst.device.clone();
+            let theta = dst.as_cuda_slice_mut::<f32>()?;
+            let mut theta = theta.slice_mut(a..b);
+            (self.f.borrow_mut())(&mut theta, &g, &dev)
+        }
+    }
+
+    fn update<'a>(
+        theta: &Tensor,
+        g: &Tensor,
+        f: impl FnMut(&mut CudaViewMut<'_, f32>, &CudaView<'_, f32>, &CudaDevice) -> Result<()> + 'a,
+    ) -> Result<()> {
+        let g = g.to_dtype(candle_core::DType::F32)?.contiguous()?;
+        let op = Op {
+            f: RefCell::new(Box::new(f)),
+        };
+        theta.inplace_op2(&g, &op)
+    }
+
+    fn cuda(device: &Device) -> Result<CudaDevice> {
+        Ok(device.as_cuda_device()?.clone())
+    }
+
+    /// f32 moments on the device.
+    pub struct DeviceMoments {
+        dev: CudaDevice,
+        m: CudaSlice<f32>,
+        v: CudaSlice<f32>,
+    }
+
+    impl DeviceMoments {
+        pub fn from_host(device: &Device, m: &[f32], v: &[f32]) -> Result<Self> {
+            let dev = cuda(device)?;
+            Ok(DeviceMoments {
+                m: dev.clone_htod(m)?,
+                v: dev.clone_htod(v)?,
+                dev,
+            })
+        }
+
+        /// Both moments, copied to the host (a device sync).
+        pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+            Ok((self.dev.clone_dtoh(&self.m)?, self.dev.clone_dtoh(&self.v)?))
+        }
+
+        /// One AdamW update of the f32 CUDA tensor `theta`, in place.
+        pub fn step(&mut self, theta: &Tensor, g: &Tensor, h: &AdamWStep) -> Result<()> {
+            let hyper = Hyper::from(h);
+            let (m, v) = (&mut self.m, &mut self.v);
+            update(theta, g, |theta, g, dev| {
+                let n = g.len();
+                if m.len() != n || v.len() != n {
+                    bail!(
+                        "adamw: {n} gradients but {} and {} moments",
+                        m.len(),
+                        v.len()
+                    )
+                }
+                if n == 0 {
+                    return Ok(());
+                }
+                let f = kernel!(ADAMW, dev, "adamw_f32");
+                let mut b = f.builder();
+                b.arg(theta)
+                    .arg(g)
+                    .arg(&mut *m)
+                    .arg(&mut *v)
+                    .arg(&n)
+                    .arg(&hyper);
+                run(&mut b, elementwise(n))
+            })
+        }
+    }
+
+    /// Blockwise 8-bit moments on the device: codes and per-block maxima,
+    /// as [`Blockwise`] holds them on the host.
+    pub struct DeviceMoments8 {
+        dev: CudaDevice,
+        qm: CudaSlice<u8>,
+        am: CudaSlice<f32>,
+        qv: CudaSlice<u8>,
+        av: CudaSlice<f32>,
+        tables: CudaSlice<f32>,
+    }
+
+    impl DeviceMoments8 {
+        pub fn from_host(device: &Device, m: &Blockwise, v: &Blockwise) -> Result<Self> {
+            let dev = cuda(device)?;
+            if !m.signed || v.signed || m.len() != v.len() {
+                bail!("adamw8: expected a signed first and an unsigned second moment of one size")
+            }
+            Ok(DeviceMoments8 {
+                qm: dev.clone_htod(&m.codes)?,
+                am: dev.clone_htod(&m.absmax)?,
+                qv: dev.clone_htod(&v.codes)?,
+                av: dev.clone_htod(&v.absmax)?,
+                tables: dev.clone_htod(&quant8::device_tables())?,
+                dev,
+            })
+        }
+
+        /// Both moments, copied to the host (a device sync).
+        pub fn to_host(&self) -> Result<(Blockwise, Blockwise)> {
+            let d = &self.dev;
+            Ok((
+                Blockwise {
+                    signed: true,
+                    codes: d.clone_dtoh(&self.qm)?,
+                    absmax: d.clone_dtoh(&self.am)?,
+                },
+                Blockwise {
+                    signed: false,
+                    codes: d.clone_dtoh(&self.qv)?,
+                    absmax: d.clone_dtoh(&self.av)?,
+                },
+            ))
+        }
+
+        /// One 8-bit AdamW update of the f32 CUDA tensor `theta`, in place:
+        /// a block of threads per block of [`BLOCK`] values.
+        pub fn step(&mut self, theta: &Tensor, g: &Tensor, h: &AdamWStep) -> Result<()> {
+            let hyper = Hyper::from(h);
+            let s = self;
+            let (qm, am, qv, av, tables) = (&mut s.qm, &mut s.am, &mut s.qv, &mut s.av, &s.tables);
+            update(theta, g, |theta, g, dev| {
+                let n = g.len();
+                if qm.len() != n || am.len() != n.div_ceil(BLOCK) {
+                    bail!(
+                        "adamw8: {n} gradients but {} codes and {} blocks",
+                        qm.len(),
+                        am.len()
+                    )
+                }
+                if n == 0 {
+                    return Ok(());
+                }
+                let f = kernel!(ADAMW, dev, "adamw8_f32");
+                let mut b = f.builder();
+                b.arg(theta).arg(g);
+                b.arg(&mut *qm).arg(&mut *am).arg(&mut *qv).arg(&mut *av);
+                b.arg(tables).arg(&n).arg(&hyper);
+                let cfg = LaunchConfig {
+                    grid_dim: (n.div_ceil(BLOCK) as u32, 1, 1),
+                    block_dim: (BLOCK as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                run(&mut b, cfg)
+            })
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use candle_core::{bail, Device, Result, Tensor};
+
+    use super::super::adamw::AdamWStep;
+    use super::super::quant8::Blockwise;
+
+    /// f32 moments on a CUDA device (none in this build).
+    pub enum DeviceMoments {}
+
+    impl DeviceMoments {
+        pub fn from_host(_: &Device, _: &[f32], _: &[f32]) -> Result<Self> {
+            bail!("this taper was built without CUDA")
+        }
+        pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+            match *self {}
+        }
+        pub fn step(&mut self, _: &Tensor, _: &Tensor, _: &AdamWStep) -> Result<()> {
+            match *self {}
+        }
+    }
+
+    /// Blockwise 8-bit moments on a CUDA device (none in this build).
+    pub enum DeviceMoments8 {}
+
+    impl DeviceMoments8 {
+        pub fn from_host(_: &Device, _: &Blockwise, _: &Blockwise) -> Result<Self> {
+            bail!("this taper was built without CUDA")
+        }
+        pub fn to_host(&self) -> Result<(Blockwise, Blockwise)> {
+            match *self {}
+        }
+        pub fn step(&mut self, _: &Tensor, _: &Tensor, _: &AdamWStep) -> Result<()> {
+            match *self {}
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! taper's CUDA kernels against their CPU references (`cpu_fwd`), on random
+//! inputs, in f32, f16 and bf16; the fused AdamW (f32 and 8-bit moments)
+//! against the CPU optimizer; and digits trained on the GPU in f32 and bf16.
+//!
+//! Needs the `cuda` feature and a GPU (`scripts/gpu-check.sh` runs it on
+//! the device machine):
+//!
+//!     cargo test --release --features cuda --test cuda_kernels
+//!
+//! The inputs of the low-precision runs are rounded to that precision first
+//! and the CPU reference computes on the rounded values, so the bounds
+//! measure what the kernel adds: f32 accumulation in a different order, and
+//! the rounding of the output.
+#![cfg(feature = "cuda")]
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use taper::engine::optim::{AdamW, AdamWConfig, Optimizer, StateFormat};
+use taper::kernels;
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("these tests need a CUDA GPU (see scripts/gpu-check.sh)")
+}
+
+/// Relative bound on |gpu - cpu| / max|cpu| per dtype.
+fn bound(dt: DType) -> f64 {
+    match dt {
+        DType::F32 => 2e-5,
+        DType::F16 => 2e-3,
+        _ => 1.6e-2, // bf16: 8 bits of mantissa
+    }
+}
+
+fn max_rel(gpu: &Tensor, cpu: &Tensor) -> Result<f64> {
+    let a: Vec<f32> = gpu
+        .to_device(&Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1()?;
+    let b: Vec<f32> = cpu.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1e-30f32, |m, x| m.max(x.abs())) as f64;
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+    Ok(diff / scale)
+}
+
+/// `x` rounded to `dt` and back: the values both sides compute on.
+fn rounded(x: &Tensor, dt: DType) -> Result<Tensor> {
+    x.to_dtype(dt)?.to_dtype(DType::F32)
+}
+
+/// Runs `f` on CPU f32 (the reference) and on the GPU in `dt`, with the
+/// gradient of `sum(f(x) * probe)` for each input; compares the outputs and
+/// every gradient.
+fn check(
+    what: &str,
+    dt: DType,
+    inputs: &[Tensor],
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> Result<()> {
+    let gpu = gpu();
+    let inputs: Vec<Tensor> = inputs
+        .iter()
+        .map(|x| rounded(x, dt))
+        .collect::<Result<_>>()?;
+    let cpu_vars: Vec<Var> = inputs.iter().map(Var::from_tensor).collect::<Result<_>>()?;
+    let gpu_vars: Vec<Var> = inputs
+        .iter()
+        .map(|x| Var::from_tensor(&x.to_dtype(dt)?.to_device(&gpu)?))
+        .collect::<Result<_>>()?;
+    let ts = |v: &[Var]| v.iter().map(|v| v.as_tensor().clone()).collect::<Vec<_>>();
+    let y_cpu = f(&ts(&cpu_vars))?;
+    let y_gpu = f(&ts(&gpu_vars))?;
+    let e = max_rel(&y_gpu, &y_cpu)?;
+    assert!(e <= bound(dt), "{what} {dt:?} forward: {e:.2e}");
+    let probe = rounded(&Tensor::randn(0f32, 1.0, y_cpu.shape(), &Device::Cpu)?, dt)?;
+    let g_cpu = (y_cpu * &probe)?.sum_all()?.backward()?;
+    let g_gpu = (y_gpu * probe.to_dtype(dt)?.to_device(&gpu)?)?
+        .sum_all()?
+        .backward()?;
+    for (i, (c, g)) in cpu_vars.iter().zip(&gpu_vars).enumerate() {
+        let (Some(gc), Some(gg)) = (g_cpu.get(c), g_gpu.get(g)) else {
+            continue;
+        };
+        let e = max_rel(gg, gc)?;
+        // Backward kernels round twice (the incoming gradient, then theirs).
+        assert!(e <= 2.0 * bound(dt), "{what} {dt:?} gradient {i}: {e:.2e}");
+    }
+    println!("{what} {dt:?}: ok");
+    Ok(())
+}
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+fn randn(shape: &[usize], std: f32) -> Result<Tensor> {
+    Tensor::randn(0f32, std, shape, &Device::Cpu)
+}
+
+#[test]
+fn gelu_matches_the_cpu() -> Result<()> {
+    for dt in DTYPES {
+        check("gelu", dt, &[randn(&[37, 301], 2.0)?], |x| {
+            kernels::gelu(&x[0])
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn softmax_matches_the_cpu() -> Result<()> {
+    for dt in DTYPES {
+        // Row lengths below, at and above one block of threads.
+        for cols in [7, 64, 1000, 3000] {
+            check("softmax", dt, &[randn(&[19, cols], 3.0)?], |x| {
+                kernels::softmax_last_dim(&x[0])
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn layer_norm_matches_the_cpu() -> Result<()> {
+    for dt in DTYPES {
+        for (rows, cols) in [(5, 48), (300, 256), (2100, 1030)] {
+            let x = (randn(&[rows, cols], 2.0)? + 0.5)?;
+            let w = (randn(&[cols], 0.3)? + 1.0)?;
+            let b = randn(&[cols], 0.3)?;
+            check("layer_norm", dt, &[x, w, b], |t| {
+                kernels::layer_norm(&t[0], &t[1], &t[2], 1e-5)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn rope_matches_the_cpu() -> Result<()> {
+    let (t, d) = (13, 64);
+    let ang: Vec<f32> = (0..t * d / 2).map(|k| k as f32 * 0.173).collect();
+    let ang = Tensor::from_vec(ang, (t, d / 2), &Device::Cpu)?;
+    for dt in DTYPES {
+        let x = randn(&[2, 3, t, d], 1.0)?;
+        let (cos, sin) = (ang.cos()?, ang.sin()?);
+        check("rope", dt, &[x], |x| {
+            let dev = x[0].device();
+            kernels::rope_interleaved(&x[0], &cos.to_device(dev)?, &sin.to_device(dev)?)
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
+fn chunked_cross_entropy_matches_the_cpu() -> Result<()> {
+    let (n, d, v) = (150, 32, 5000);
+    let y: Vec<u32> = (0..n).map(|i| ((i * 7919) % v) as u32).collect();
+    let y = Tensor::new(y, &Device::Cpu)?;
+    for dt in DTYPES {
+        for (chunk, eps) in [(64, 0.0), (150, 0.1)] {
+            let (h, w) = (randn(&[n, d], 1.0)?, randn(&[v, d], 0.2)?);
+            check("chunked cross-entropy", dt, &[h, w], |t| {
+                let y = y.to_device(t[0].device())?;
+                kernels::chunked_cross_entropy(&t[0], &t[1], &y, chunk, eps)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// `steps` AdamW updates of one parameter on `dev` with the gradients
+/// `grads`; returns the optimizer and the final weights.
+fn adamw_run(
+    dev: &Device,
+    state: StateFormat,
+    init: &Tensor,
+    grads: &[Tensor],
+) -> Result<(AdamW, Vec<f32>, Var)> {
+    let cfg = AdamWConfig {
+        lr: 1e-2,
+        betas: (0.9, 0.95),
+        weight_decay: 0.1,
+        state,
+        ..AdamWConfig::default()
+    };
+    let mut opt = AdamW::new(cfg);
+    let var = Var::from_tensor(&init.to_device(dev)?)?;
+    let vars = vec![("w".to_string(), var.clone())];
+    for g in grads {
+        // d/dw sum(w * g) = g
+        let loss = (var.as_tensor() * g.to_device(dev)?)?.sum_all()?;
+        opt.step(&vars, &loss.backward()?)?;
+    }
+    let w = var.as_tensor().to_device(&Device::Cpu)?.to_vec1()?;
+    Ok((opt, w, var))
+}
+
+#[test]
+fn fused_adamw_matches_the_cpu_bit_for_bit() -> Result<()> {
+    // More than one 256-value block, and a partial last block.
+    let n = 3 * 4096 + 77;
+    let init = randn(&[n], 1.0)?;
+    let grads: Vec<Tensor> = (0..8).map(|_| randn(&[n], 1.0)).collect::<Result<_>>()?;
+    for state in [StateFormat::F32, StateFormat::Q8] {
+        let (cpu_opt, w_cpu, _) = adamw_run(&Device::Cpu, state, &init, &grads)?;
+        let (gpu_opt, w_gpu, _) = adamw_run(&gpu(), state, &init, &grads)?;
+        // Compiled with --fmad=false, the kernels round as the CPU does.
+        let worst = w_cpu
+            .iter()
+            .zip(&w_gpu)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst == 0.0, "{state:?}: weights differ by up to {worst:e}");
+        // The state, as checkpoints hold it, is the same too.
+        let (sc, sg): (HashMap<_, _>, HashMap<_, _>) = (
+            cpu_opt.state().into_iter().collect(),
+            gpu_opt.state().into_iter().collect(),
+        );
+        assert_eq!(sc.len(), sg.len());
+        for (k, c) in &sc {
+            let g = &sg[k];
+            let d = (c.to_dtype(DType::F64)? - g.to_dtype(DType::F64)?)?
+                .abs()?
+                .max_all()?;
+            assert_eq!(d.to_scalar::<f64>()?, 0.0, "{state:?}: state {k}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn device_8bit_state_survives_a_checkpoint_round_trip() -> Result<()> {
+    let n = 2 * 4096;
+    let init = randn(&[n], 1.0)?;
+    let grads: Vec<Tensor> = (0..6).map(|_| randn(&[n], 1.0)).collect::<Result<_>>()?;
+    let (_, straight, _) = adamw_run(&gpu(), StateFormat::Q8, &init, &grads)?;
+    let (opt, _, var) = adamw_run(&gpu(), StateFormat::Q8, &init, &grads[..3])?;
+    let saved: HashMap<String, Tensor> = opt.state().into_iter().collect();
+    assert!(saved.contains_key("m8.w") && saved.contains_key("v8max.w"));
+    let cfg = AdamWConfig {
+        lr: 1e-2,
+        betas: (0.9, 0.95),
+        weight_decay: 0.1,
+        state: StateFormat::Q8,
+        ..AdamWConfig::default()
+    };
+    let mut resumed = AdamW::new(cfg);
+    resumed.load_state(&saved)?;
+    let vars = vec![("w".to_string(), var.clone())];
+    for g in &grads[3..] {
+        let loss = (var.as_tensor() * g.to_device(&gpu())?)?.sum_all()?;
+        resumed.step(&vars, &loss.backward()?)?;
+    }
+    let w: Vec<f32> = var.as_tensor().to_device(&Device::Cpu)?.to_vec1()?;
+    assert_eq!(w, straight, "a resumed run continues exactly");
+    Ok(())
+}
+
+/// The main job on the GPU: digits to the same bar as on the CPU.
+#[test]
+fn digits_trains_on_the_gpu_in_f32_and_bf16() -> anyhow::Result<()> {
+    for precision in ["f32", "bf16"] {
+        let dir = tempfile::tempdir()?;
+        let opts = taper::HostOptions {
+            device: "cuda".into(),
+            out_dir: Some(dir.path().to_path_buf()),
+            overrides: vec![
+                ("epochs".into(), "10".into()),
+                ("precision".into(), precision.into()),
+            ],
+            ..taper::HostOptions::default()
+        };
+        let mut host = taper::Host::new(opts)?;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/digits.lua");
+        let report = host.run_file(&path)?;
+        let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+        println!("digits on cuda, {precision}: {:.2}%", 100.0 * ev.accuracy);
+        assert!(
+            ev.accuracy >= 0.95,
+            "{precision}: held-out accuracy {}",
+            ev.accuracy
+        );
+    }
+    Ok(())
+}
