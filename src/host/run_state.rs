@@ -151,6 +151,9 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
         f.insert("device_memory_used".into(), json!(d.used()));
         f.insert("device_memory_total".into(), json!(d.total));
     }
+    if let Some(peak) = crate::memory::device::pool_peak(r.trainer.device()) {
+        f.insert("device_memory_peak".into(), json!(peak));
+    }
     f.insert("lr".into(), json!(r.trainer.learning_rate()));
     host.out.record("epoch", r.trainer.step, r.epoch, f)?;
     host.out.line(&format!(

@@ -105,6 +105,9 @@ fn epoch_begin(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Option<u64>> 
     r.epoch_start = Instant::now();
     r.epoch_data_wait = 0.0;
     r.epoch_mem_peak = 0;
+    // On CUDA, the pool's high-water mark restarts with the epoch (a device
+    // sync, once per epoch); the epoch record reports it.
+    crate::memory::device::reset_pool_peak(r.trainer.device()).map_err(mlua::Error::external)?;
     Ok(Some(next))
 }
 
