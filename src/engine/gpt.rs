@@ -3,9 +3,10 @@
 //! fused softmax/layer-norm record no backward op (candle #2168).
 
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::{Init, Linear, VarBuilder};
+use candle_nn::{Init, VarBuilder};
 use serde::Deserialize;
 
+use super::linear::Linear;
 use super::model::{layer_norm, ModelSpec, TrainModule};
 
 #[derive(Debug, Clone, Deserialize)]

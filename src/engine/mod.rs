@@ -4,6 +4,7 @@
 pub mod checkpoint;
 mod device;
 mod gpt;
+pub mod linear;
 pub mod loss;
 pub mod model;
 pub mod optim;

@@ -3,8 +3,10 @@
 //! `Mlp`, `Cnn` and `Gpt`; embedders implement [`ModelSpec`] for their own.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
 use serde::Deserialize;
+
+use super::linear::Linear;
 
 /// What a model is: describes itself and builds its forward function.
 pub trait ModelSpec: Send + Sync {
@@ -104,7 +106,9 @@ impl Dense {
         let layers = sizes
             .windows(2)
             .enumerate()
-            .map(|(i, w)| candle_nn::linear(w[0], w[1], vb.pp(format!("{prefix}{i}"))))
+            .map(|(i, w)| {
+                candle_nn::linear(w[0], w[1], vb.pp(format!("{prefix}{i}"))).map(Linear::from)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Dense { layers, act })
     }

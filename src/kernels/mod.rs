@@ -1,25 +1,29 @@
 //! taper's own kernels: fused operations as candle custom ops (GELU,
-//! softmax, layer norm, rotary embedding, chunked cross-entropy), the fused
+//! softmax, layer norm, bias add, rotary embedding, chunked cross-entropy), the fused
 //! AdamW update and blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
 //! for its CUDA kernel in `kernels/*.cu` (built with the `cuda` feature;
 //! `tests/cuda_kernels.rs` compares the two on a GPU).
 
 pub mod adamw;
+mod bias;
 mod ce_rows;
 mod chunked_ce;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod device_state;
 mod gelu;
+mod layer_norm;
 pub mod quant8;
 mod rope;
 mod rows;
 
+pub use bias::bias_add;
 pub use chunked_ce::chunked_cross_entropy;
 pub use gelu::gelu;
+pub use layer_norm::layer_norm;
 pub use rope::rope_interleaved;
-pub use rows::{layer_norm, softmax_last_dim};
+pub use rows::softmax_last_dim;
 
 /// The f32 values a CPU kernel reads: contiguous storage only (callers
 /// make their inputs contiguous first).
