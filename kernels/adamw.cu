@@ -42,13 +42,13 @@ __device__ __forceinline__ uint8_t encode(float s, const float* bounds) {
 __device__ __forceinline__ float clamp1(float x) { return x < -1.f ? -1.f : (x > 1.f ? 1.f : x); }
 
 // One block of BLOCK threads per block of BLOCK values. tables holds the
-// signed code, the unsigned code, then their 255 midpoints each (1020
-// floats). absmax has one entry per block.
+// signed code, the unsigned code, then their 255 midpoints each: 1022
+// floats (quant8::DEVICE_TABLES). absmax has one entry per block.
 extern "C" __global__ void adamw8_f32(float* theta, const float* g, uint8_t* qm, float* am,
                                       uint8_t* qv, float* av, const float* tables, size_t n,
                                       Hyper h) {
   __shared__ float t[4 * 256];
-  for (int k = threadIdx.x; k < 1020; k += blockDim.x) t[k] = tables[k];
+  for (int k = threadIdx.x; k < 1022; k += blockDim.x) t[k] = tables[k];
   __syncthreads();
   const float *code_m = t, *code_v = t + 256, *bounds_m = t + 512, *bounds_v = t + 767;
   const size_t i = (size_t)blockIdx.x * BLOCK + threadIdx.x;

@@ -87,10 +87,13 @@ fn bounds(signed: bool) -> &'static [f32; 255] {
     })
 }
 
+/// The length of [`device_tables`]: `kernels/adamw.cu` loads this many.
+pub const DEVICE_TABLES: usize = 2 * 256 + 2 * 255;
+
 /// The tables the CUDA 8-bit AdamW kernel reads (`kernels/adamw.cu`): the
-/// signed code, the unsigned code, then the midpoints of each (1020 values).
+/// signed code, the unsigned code, then the midpoints of each.
 pub fn device_tables() -> Vec<f32> {
-    let mut t = Vec::with_capacity(1020);
+    let mut t = Vec::with_capacity(DEVICE_TABLES);
     t.extend_from_slice(dynamic_code(true));
     t.extend_from_slice(dynamic_code(false));
     t.extend_from_slice(bounds(true));
@@ -212,6 +215,19 @@ pub fn adamw8_slices(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout `kernels/adamw.cu` reads: codes at 0 and 256, midpoints
+    /// at 512 and 767, 1022 values in all.
+    #[test]
+    fn device_tables_have_the_kernels_layout() {
+        let t = device_tables();
+        assert_eq!(t.len(), DEVICE_TABLES);
+        assert_eq!(DEVICE_TABLES, 1022);
+        assert_eq!(t[..256], dynamic_code(true)[..]);
+        assert_eq!(t[256..512], dynamic_code(false)[..]);
+        assert_eq!(t[512..767], bounds(true)[..]);
+        assert_eq!(t[767..], bounds(false)[..]);
+    }
 
     /// The test vector: sin(0.37 i) * exp(2 cos(0.11 i)), i < 160.
     fn xs() -> Vec<f32> {
