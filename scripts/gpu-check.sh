@@ -63,32 +63,42 @@ tests() {
   done
 }
 
-# A real CUDA OOM, recovered: the same short Shakespeare run without a limit
-# and under --mem-limit (the rest of the card is taken as ballast). The final
-# losses should agree (the split batches give the same gradient).
+# A real CUDA OOM, recovered: the same short Shakespeare run without a limit,
+# then under --mem-limit at 60% and 35% of the unconstrained run's pool peak
+# (the rest of the card is taken as ballast). The final losses should agree:
+# the split batches give the same gradient.
 drill() {
   local set=(--set steps=30 --set sample=0 --set epochs=1 --set width=512 --set layers=6
              --set heads=8 --set context=256 --set batch=64)
-  for limit in none 1GiB 512MiB; do
-    echo "== shakespeare drill, mem-limit $limit"
-    local args=()
-    [ "$limit" = none ] || args=(--mem-limit "$limit")
-    rm -rf "/tmp/drill-$limit"
+  local peak=""
+  for frac in none 0.60 0.35; do
+    local args=() out="/tmp/drill-$frac"
+    if [ "$frac" != none ]; then
+      [ -n "$peak" ] || { echo "gpu-check: no device_memory_peak from the unconstrained run" >&2; return 1; }
+      args=(--mem-limit "$(python3 -c "print(int($peak * $frac))")")
+    fi
+    echo "== shakespeare drill, limit ${args[*]:-none}"
+    rm -rf "$out"
     set +e
-    "$bin/taper" train scripts/shakespeare.lua --device cuda --quiet --out "/tmp/drill-$limit" \
+    "$bin/taper" train scripts/shakespeare.lua --device cuda --quiet --out "$out" \
       "${set[@]}" "${args[@]}"
     echo "exit $?"
     set -e
-    python3 - "/tmp/drill-$limit/metrics.jsonl" <<'PY' || true
+    python3 - "$out/metrics.jsonl" <<'PY' || true
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 pick = lambda e: [r for r in recs if r["event"] == e]
 ooms, epochs, evals = pick("oom"), pick("epoch"), pick("eval")
-print(f"  {len(ooms)} OOMs; epoch loss {epochs[-1]['loss'] if epochs else None}; "
-      f"eval loss {evals[-1]['loss'] if evals else None}")
+last = epochs[-1] if epochs else {}
+print(f"  {len(ooms)} OOMs; epoch loss {last.get('loss')}; pool peak "
+      f"{last.get('device_memory_peak')}; eval loss {evals[-1]['loss'] if evals else None}")
 for r in ooms[:3]:
     print("  oom:", json.dumps(r))
 PY
+    if [ "$frac" = none ]; then
+      peak="$(python3 -c "import json,sys
+print(max((json.loads(l).get('device_memory_peak') or 0) for l in open(sys.argv[1])))" "$out/metrics.jsonl" 2>/dev/null || true)"
+    fi
   done
 }
 
