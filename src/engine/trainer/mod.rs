@@ -224,6 +224,7 @@ impl Trainer {
 
     /// The loss of the training model on `x`; in f32 under mixed precision.
     fn train_loss(&self, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+        let mut logits = None;
         if let Loss::CrossEntropy(c) = &self.opts.loss {
             if c.chunk > 0 {
                 if let Some((h, head)) = self.model.hidden_and_head(x)? {
@@ -238,10 +239,16 @@ impl Trainer {
                             c.label_smoothing,
                         );
                     }
+                    // No fused path: the full logits from the same hidden
+                    // states, rather than a second forward pass.
+                    logits = Some(h.broadcast_matmul(&head.t()?)?);
                 }
             }
         }
-        let logits = self.model.forward(x)?;
+        let logits = match logits {
+            Some(l) => l,
+            None => self.model.forward(x)?,
+        };
         let logits = match &self.mixed {
             Some(_) => logits.to_dtype(DType::F32)?,
             None => logits,
