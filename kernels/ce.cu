@@ -31,11 +31,14 @@ __device__ void ce_loss(const T* z, const uint32_t* y, float* loss, int cols, fl
                            : NAN;
 }
 
-// dz = (softmax(z) - eps / V - (1 - eps) onehot(y)) * g[0] * scale, where
-// g is the loss's incoming gradient (on the device: no host sync).
+// z becomes dz = (softmax(z) - eps / V - (1 - eps) onehot(y)) * g[0] * scale,
+// in place, where g is the loss's incoming gradient (on the device: no host
+// sync). In place is safe: every read for the lse is behind the barriers of
+// its reductions, and the last loop reads and writes each value in one
+// thread.
 template <typename T>
-__device__ void ce_grad(const T* z, const uint32_t* y, const float* g, T* dz, int cols,
-                        float scale, float eps) {
+__device__ void ce_grad(T* z, const uint32_t* y, const float* g, int cols, float scale,
+                        float eps) {
   const size_t off = (size_t)blockIdx.x * cols;
   const float lse = lse_sum(z + off, cols).x;
   const float k = g[0] * scale, spread = eps / cols;
@@ -44,7 +47,7 @@ __device__ void ce_grad(const T* z, const uint32_t* y, const float* g, T* dz, in
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
     float d = (expf(to_f(z[off + i]) - lse) - spread) * k + bad;
     if ((uint32_t)i == target) d -= (1.f - eps) * k;
-    dz[off + i] = from_f<T>(d);
+    z[off + i] = from_f<T>(d);
   }
 }
 
@@ -53,8 +56,8 @@ __device__ void ce_grad(const T* z, const uint32_t* y, const float* g, T* dz, in
                                          float eps) {                                        \
     ce_loss(z, y, loss, cols, eps);                                                          \
   }                                                                                          \
-  extern "C" __global__ void ce_grad_##S(const T* z, const uint32_t* y, const float* g, T* dz, \
-                                         int cols, float scale, float eps) {                 \
-    ce_grad(z, y, g, dz, cols, scale, eps);                                                  \
+  extern "C" __global__ void ce_grad_##S(T* z, const uint32_t* y, const float* g, int cols,    \
+                                         float scale, float eps) {                           \
+    ce_grad(z, y, g, cols, scale, eps);                                                      \
   }
 FOR_FLOAT_TYPES(CE)

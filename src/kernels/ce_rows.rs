@@ -1,15 +1,14 @@
 //! Cross-entropy over rows of logits, fused: each row's loss in one pass,
 //! and the logits' gradient in another (`kernels/ce.cu` on CUDA; the CPU
-//! versions here are their references). The chunked cross-entropy runs
-//! them on one block of logits at a time on CUDA, where the head's matmuls
-//! stay on cuBLAS (see `by_chunks`).
+//! versions here run on the CPU and are the kernels' references). The
+//! chunked cross-entropy (`chunked_ce.rs`) runs them on one block of logits
+//! at a time.
 //!
 //! With label smoothing `eps` (as `torch.nn.CrossEntropyLoss`), a row's loss
 //! is `lse - (1 - eps) z_y - eps mean(z)` and its logit gradient
 //! `softmax(z) - (1 - eps) onehot(y) - eps / V`.
 
-use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp2, InplaceOp3, Layout, Result, Shape};
 use rayon::prelude::*;
 
 /// log-sum-exp and mean of a row.
@@ -81,36 +80,50 @@ impl CustomOp2 for RowLoss {
     }
 }
 
-/// The logits' gradient: `(z, targets, g [1] f32) -> dz` like `z`, where
-/// `g` is the loss's incoming gradient (a tensor, so that on CUDA nothing
-/// waits for it on the host) and `scale` is 1 / rows of the whole batch.
+/// The logits turned into their gradient, in place: `z [rows, V]` with
+/// `(targets, g [1] f32)`, where `g` is the loss's incoming gradient (a
+/// tensor, so that on CUDA nothing waits for it on the host) and `scale` is
+/// 1 / rows of the whole batch. In place, so a chunk's logits and its
+/// gradient never take two buffers.
 pub(super) struct RowGrad {
     pub scale: f32,
     pub smoothing: f32,
 }
 
-impl CustomOp3 for RowGrad {
+impl InplaceOp3 for RowGrad {
     fn name(&self) -> &'static str {
         "taper-ce-row-grad"
     }
 
     fn cpu_fwd(
         &self,
-        s1: &CpuStorage,
+        s1: &mut CpuStorage,
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
         s3: &CpuStorage,
         l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let z = super::f32_slice(s1, l1, "cross-entropy logits")?;
+    ) -> Result<()> {
+        let CpuStorage::F32(z) = s1 else {
+            bail!("cross-entropy logits: expected an f32 tensor")
+        };
+        let Some((a, b)) = l1.contiguous_offsets() else {
+            bail!("cross-entropy logits: expected a contiguous tensor")
+        };
         let y = u32_slice(s2, l2)?;
         let g = super::f32_slice(s3, l3, "cross-entropy gradient")?;
         let v = super::rows::last_dim(l1);
+        if (b - a) / v != y.len() || g.len() != 1 {
+            bail!(
+                "cross-entropy: {} rows, {} targets, {} gradients",
+                (b - a) / v,
+                y.len(),
+                g.len()
+            )
+        }
         let k = g[0] * self.scale;
         let (keep, spread) = (1.0 - self.smoothing, self.smoothing / v as f32);
-        let mut out = z.to_vec();
-        out.par_chunks_mut(v).zip(y).for_each(|(row, &y)| {
+        z[a..b].par_chunks_mut(v).zip(y).for_each(|(row, &y)| {
             let (lse, _) = lse_mean(row);
             let bad = if (y as usize) < v { 0.0 } else { f32::NAN };
             for (i, x) in row.iter_mut().enumerate() {
@@ -121,139 +134,28 @@ impl CustomOp3 for RowGrad {
                 *x = d;
             }
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        Ok(())
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
-        s1: &candle_core::CudaStorage,
+        s1: &mut candle_core::CudaStorage,
         l1: &Layout,
         s2: &candle_core::CudaStorage,
         l2: &Layout,
         s3: &candle_core::CudaStorage,
         l3: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
+    ) -> Result<()> {
         use self::cuda::grad;
-        use super::cuda::by_float;
-        let out = by_float!(s1, grad(self, (s1, l1), (s2, l2), (s3, l3)))?;
-        Ok((out, l1.shape().clone()))
-    }
-}
-
-/// The chunked cross-entropy as tensor ops around [`RowLoss`] and
-/// [`RowGrad`]: the mean loss of `hidden [N, d] @ head [V, d]^T` against
-/// `targets`, `chunk` rows at a time, forward and backward. What CUDA runs;
-/// on the CPU, `chunked_ce::ChunkedCe` does the same in one op.
-pub(super) fn by_chunks(
-    hidden: &Tensor,
-    head: &Tensor,
-    targets: &Tensor,
-    chunk: usize,
-    smoothing: f32,
-) -> Result<Tensor> {
-    let n = hidden.dim(0)?;
-    if n == 0 {
-        bail!("chunked cross-entropy: no rows")
-    }
-    let targets = targets
-        .flatten_all()?
-        .to_dtype(DType::U32)?
-        .to_device(hidden.device())?;
-    let (h, w) = (hidden.detach(), head.detach());
-    let wt = w.t()?;
-    let mut total: Option<Tensor> = None;
-    for start in (0..n).step_by(chunk) {
-        let len = chunk.min(n - start);
-        let z = h.narrow(0, start, len)?.matmul(&wt)?;
-        let op = RowLoss { smoothing };
-        let l = z
-            .apply_op2_no_bwd(&targets.narrow(0, start, len)?, &op)?
-            .sum_all()?;
-        total = Some(match total {
-            Some(t) => (t + l)?,
-            None => l,
-        });
-    }
-    let loss = (total.expect("n > 0") / n as f64)?;
-    let op = Attached {
-        targets,
-        chunk,
-        smoothing,
-    };
-    hidden.apply_op3(head, &loss, op)
-}
-
-/// Gives the loss computed by [`by_chunks`] its place in the graph: the
-/// forward passes the loss through; the backward recomputes each chunk's
-/// logits and turns them into that chunk's gradients.
-struct Attached {
-    targets: Tensor,
-    chunk: usize,
-    smoothing: f32,
-}
-
-impl CustomOp3 for Attached {
-    fn name(&self) -> &'static str {
-        "taper-chunked-cross-entropy"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        Ok((s3.try_clone(l3)?, l3.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        Ok((s3.try_clone(l3)?, l3.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        hidden: &Tensor,
-        head: &Tensor,
-        _loss: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (h, w) = (hidden.detach(), head.detach());
-        let n = h.dim(0)?;
-        let g = grad.to_dtype(DType::F32)?.reshape(1)?;
-        let op = RowGrad {
-            scale: 1.0 / n as f32,
-            smoothing: self.smoothing,
-        };
-        let wt = w.t()?;
-        let mut dh = Vec::with_capacity(n.div_ceil(self.chunk));
-        let mut dw: Option<Tensor> = None;
-        for start in (0..n).step_by(self.chunk) {
-            let len = self.chunk.min(n - start);
-            let hc = h.narrow(0, start, len)?;
-            let z = hc.matmul(&wt)?;
-            let dz = z.apply_op3_no_bwd(&self.targets.narrow(0, start, len)?, &g, &op)?;
-            dh.push(dz.matmul(&w)?);
-            let part = dz.t()?.matmul(&hc)?;
-            dw = Some(match dw {
-                Some(acc) => (acc + part)?,
-                None => part,
-            });
+        use candle_core::DType;
+        // by_float! cannot pass the storage on mutably.
+        match candle_core::backend::BackendStorage::dtype(&*s1) {
+            DType::F32 => grad::<f32>(self, (s1, l1), (s2, l2), (s3, l3)),
+            DType::F16 => grad::<half::f16>(self, (s1, l1), (s2, l2), (s3, l3)),
+            DType::BF16 => grad::<half::bf16>(self, (s1, l1), (s2, l2), (s3, l3)),
+            other => bail!("taper's CUDA kernels take f32, f16 or bf16, not {other:?}"),
         }
-        Ok((Some(Tensor::cat(&dh, 0)?), dw, None))
     }
 }
 
@@ -288,14 +190,17 @@ mod cuda {
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 
+    /// The logits in `s1` become their gradient, in place.
     pub(super) fn grad<T: CudaDType + DeviceRepr + WithDType>(
         op: &super::RowGrad,
-        (s1, l1): (&CudaStorage, &Layout),
+        (s1, l1): (&mut CudaStorage, &Layout),
         (s2, l2): (&CudaStorage, &Layout),
         (s3, l3): (&CudaStorage, &Layout),
-    ) -> Result<CudaStorage> {
+    ) -> Result<()> {
         let (rows, cols) = rows_cols(l1);
-        let z = view::<T>(s1, l1, "cross-entropy logits")?;
+        let Some((a, b)) = l1.contiguous_offsets() else {
+            bail!("cross-entropy logits: expected a contiguous tensor")
+        };
         let y = view::<u32>(s2, l2, "cross-entropy targets")?;
         let g = view::<f32>(s3, l3, "cross-entropy gradient")?;
         if y.len() != rows || g.len() != 1 {
@@ -305,16 +210,17 @@ mod cuda {
                 g.len()
             )
         }
-        let dev = &s1.device;
-        let out = alloc::<T>(dev, rows * cols)?;
+        let dev = s1.device.clone();
+        let mut z = s1.as_cuda_slice_mut::<T>()?.slice_mut(a..b);
         if rows > 0 {
             let f = kernel!(CE, dev, format!("ce_grad_{}", suffix(T::DTYPE)?));
             let cols_i = cols as i32;
             let mut b = f.builder();
-            b.arg(&z).arg(&y).arg(&g).arg(&out);
+            b.arg(&mut z).arg(&y).arg(&g);
             b.arg(&cols_i).arg(&op.scale).arg(&op.smoothing);
-            run(&mut b, per_row(rows, cols))?;
+            run(&mut b, per_row(rows, cols))
+        } else {
+            Ok(())
         }
-        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 }

@@ -6,29 +6,20 @@
 //! turns them straight into that block's gradients for the hidden states
 //! and the head.
 //!
-//! With label smoothing `eps` (as `torch.nn.CrossEntropyLoss`), a row's loss
-//! is `lse - (1 - eps) z_y - eps mean(z)` and its logit gradient
-//! `softmax(z) - (1 - eps) onehot(y) - eps / V`.
-//!
-//! f32 on the CPU in one custom op (below); on CUDA, tensor ops around the
-//! fused row kernels of `ce_rows` (the matmuls stay on cuBLAS). Callers
-//! check [`super::covers`] first; other devices and dtypes take the
-//! composed head and loss.
+//! Tensor ops around the fused row ops of `ce_rows` (their CPU code, or
+//! their CUDA kernels; the matmuls stay candle's, cuBLAS on a GPU). Callers
+//! check [`super::covers`] first; other devices and dtypes take the composed
+//! head and loss.
 
-use candle_core::{bail, CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-use super::ce_rows::lse_mean;
-
-struct ChunkedCe {
-    targets: Vec<u32>,
-    chunk: usize,
-    smoothing: f32,
-}
+use super::ce_rows::{RowGrad, RowLoss};
 
 /// The mean cross-entropy of `hidden [N, d] @ head [V, d]^T` against
 /// `targets [N]`, `chunk` rows at a time. Differentiable in `hidden` and
-/// `head`.
+/// `head`. On the CPU an out-of-range target is an error; on CUDA (where
+/// checking would cost a sync per step) it makes the loss NaN.
 pub fn chunked_cross_entropy(
     hidden: &Tensor,
     head: &Tensor,
@@ -41,121 +32,133 @@ pub fn chunked_cross_entropy(
     if d != d2 {
         bail!("chunked cross-entropy: hidden size {d}, head {v}x{d2}")
     }
-    if !(hidden.device().is_cpu() && hidden.dtype() == DType::F32) {
-        if !super::covers(hidden) {
-            bail!(
-                "chunked cross-entropy: no fused path for {:?} on {:?}",
-                hidden.dtype(),
-                hidden.device()
-            )
+    if !super::covers(hidden) {
+        bail!(
+            "chunked cross-entropy: no fused path for {:?} on {:?}",
+            hidden.dtype(),
+            hidden.device()
+        )
+    }
+    if targets.elem_count() != n {
+        bail!(
+            "chunked cross-entropy: {n} rows, {} targets",
+            targets.elem_count()
+        )
+    }
+    if targets.device().is_cpu() {
+        let ids: Vec<u32> = targets.flatten_all()?.to_dtype(DType::U32)?.to_vec1()?;
+        if let Some(t) = ids.iter().find(|&&t| t as usize >= v) {
+            bail!("chunked cross-entropy: target {t} is not below the vocabulary size {v}")
         }
-        return super::ce_rows::by_chunks(
-            hidden,
-            head,
-            targets,
-            chunk.max(1),
-            label_smoothing as f32,
-        );
     }
-    let targets: Vec<u32> = targets.flatten_all()?.to_vec1()?;
-    if targets.len() != n {
-        bail!("chunked cross-entropy: {n} rows, {} targets", targets.len())
+    by_chunks(hidden, head, targets, chunk.max(1), label_smoothing as f32)
+}
+
+/// The chunked cross-entropy as tensor ops around [`RowLoss`] and
+/// [`RowGrad`]: the mean loss of `hidden [N, d] @ head [V, d]^T` against
+/// `targets`, `chunk` rows at a time, forward and backward.
+fn by_chunks(
+    hidden: &Tensor,
+    head: &Tensor,
+    targets: &Tensor,
+    chunk: usize,
+    smoothing: f32,
+) -> Result<Tensor> {
+    let n = hidden.dim(0)?;
+    if n == 0 {
+        bail!("chunked cross-entropy: no rows")
     }
-    if let Some(t) = targets.iter().find(|&&t| t as usize >= v) {
-        bail!("chunked cross-entropy: target {t} is not below the vocabulary size {v}")
+    let targets = targets
+        .flatten_all()?
+        .to_dtype(DType::U32)?
+        .to_device(hidden.device())?;
+    let (h, w) = (hidden.detach(), head.detach());
+    let wt = w.t()?;
+    let mut total: Option<Tensor> = None;
+    for start in (0..n).step_by(chunk) {
+        let len = chunk.min(n - start);
+        let z = h.narrow(0, start, len)?.matmul(&wt)?;
+        let op = RowLoss { smoothing };
+        let l = z
+            .apply_op2_no_bwd(&targets.narrow(0, start, len)?, &op)?
+            .sum_all()?;
+        total = Some(match total {
+            Some(t) => (t + l)?,
+            None => l,
+        });
     }
-    let op = ChunkedCe {
+    let loss = (total.expect("n > 0") / n as f64)?;
+    let op = Attached {
         targets,
-        chunk: chunk.max(1),
-        smoothing: label_smoothing as f32,
+        chunk,
+        smoothing,
     };
-    hidden.contiguous()?.apply_op2(&head.contiguous()?, op)
+    hidden.apply_op3(head, &loss, op)
 }
 
-/// A CPU storage as a tensor (a copy).
-fn tensor(s: &CpuStorage, l: &Layout, what: &str) -> Result<Tensor> {
-    let v = super::f32_slice(s, l, what)?;
-    Tensor::from_slice(v, l.shape(), &Device::Cpu)
+/// Gives the loss computed by [`by_chunks`] its place in the graph: the
+/// forward passes the loss through; the backward recomputes each chunk's
+/// logits and turns them into that chunk's gradients.
+struct Attached {
+    targets: Tensor,
+    chunk: usize,
+    smoothing: f32,
 }
 
-impl ChunkedCe {
-    /// Each row's loss, from its logits.
-    fn row_losses(&self, logits: &[f32], v: usize, rows: std::ops::Range<usize>) -> Vec<f32> {
-        logits
-            .par_chunks(v)
-            .zip(&self.targets[rows])
-            .map(|(z, &y)| {
-                let (lse, mean) = lse_mean(z);
-                lse - (1.0 - self.smoothing) * z[y as usize] - self.smoothing * mean
-            })
-            .collect()
-    }
-}
-
-impl CustomOp2 for ChunkedCe {
+impl CustomOp3 for Attached {
     fn name(&self) -> &'static str {
         "taper-chunked-cross-entropy"
     }
 
     fn cpu_fwd(
         &self,
-        hs: &CpuStorage,
-        hl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let h = tensor(hs, hl, "chunked cross-entropy hidden")?;
-        let w = tensor(ws, wl, "chunked cross-entropy head")?;
-        let (n, _) = h.dims2()?;
-        let v = w.dim(0)?;
-        let wt = w.t()?;
-        let mut total = 0f64;
-        for start in (0..n).step_by(self.chunk) {
-            let len = self.chunk.min(n - start);
-            let z = h.narrow(0, start, len)?.matmul(&wt)?;
-            let z: Vec<f32> = z.flatten_all()?.to_vec1()?;
-            total += self
-                .row_losses(&z, v, start..start + len)
-                .iter()
-                .map(|&l| l as f64)
-                .sum::<f64>();
-        }
-        Ok((
-            CpuStorage::F32(vec![(total / n as f64) as f32]),
-            Shape::from(()),
-        ))
+        Ok((s3.try_clone(l3)?, l3.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((s3.try_clone(l3)?, l3.shape().clone()))
     }
 
     fn bwd(
         &self,
         hidden: &Tensor,
         head: &Tensor,
+        _loss: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (h, w) = (hidden.detach(), head.detach());
-        let (n, _) = h.dims2()?;
-        let v = w.dim(0)?;
-        let scale = grad.to_dtype(DType::F32)?.to_scalar::<f32>()? / n as f32;
-        let (keep, spread) = (1.0 - self.smoothing, self.smoothing / v as f32);
+        let n = h.dim(0)?;
+        let g = grad.to_dtype(DType::F32)?.reshape(1)?;
+        let op = RowGrad {
+            scale: 1.0 / n as f32,
+            smoothing: self.smoothing,
+        };
         let wt = w.t()?;
         let mut dh = Vec::with_capacity(n.div_ceil(self.chunk));
         let mut dw: Option<Tensor> = None;
         for start in (0..n).step_by(self.chunk) {
             let len = self.chunk.min(n - start);
             let hc = h.narrow(0, start, len)?;
-            let mut z: Vec<f32> = hc.matmul(&wt)?.flatten_all()?.to_vec1()?;
-            // Logits to their gradient, in place.
-            z.par_chunks_mut(v)
-                .zip(&self.targets[start..start + len])
-                .for_each(|(row, &y)| {
-                    let (lse, _) = lse_mean(row);
-                    for x in row.iter_mut() {
-                        *x = ((*x - lse).exp() - spread) * scale;
-                    }
-                    row[y as usize] -= keep * scale;
-                });
-            let dz = Tensor::from_vec(z, (len, v), h.device())?;
+            // The chunk's logits, turned into their gradient in place.
+            let dz = hc.matmul(&wt)?;
+            dz.inplace_op3(&self.targets.narrow(0, start, len)?.contiguous()?, &g, &op)?;
             dh.push(dz.matmul(&w)?);
             let part = dz.t()?.matmul(&hc)?;
             dw = Some(match dw {
@@ -163,13 +166,14 @@ impl CustomOp2 for ChunkedCe {
                 None => part,
             });
         }
-        Ok((Some(Tensor::cat(&dh, 0)?), dw))
+        Ok((Some(Tensor::cat(&dh, 0)?), dw, None))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     /// The composed reference: full logits, then cross-entropy, in float64.
     fn reference(h: &Tensor, w: &Tensor, y: &Tensor, eps: f64) -> Result<(f64, Tensor, Tensor)> {
@@ -199,8 +203,8 @@ mod tests {
             / scale)
     }
 
-    /// The CUDA path's structure (`ce_rows::by_chunks`: tensor ops around
-    /// the row kernels), run with the row kernels' CPU references.
+    /// `by_chunks` directly (no host check of the targets, as on CUDA), on
+    /// other shapes and random values.
     #[test]
     fn the_row_kernel_path_matches_float64_too() -> Result<()> {
         let dev = Device::Cpu;
@@ -216,13 +220,7 @@ mod tests {
                 candle_core::Var::from_tensor(&h)?,
                 candle_core::Var::from_tensor(&w)?,
             );
-            let loss = super::super::ce_rows::by_chunks(
-                hv.as_tensor(),
-                wv.as_tensor(),
-                &y,
-                chunk,
-                eps as f32,
-            )?;
+            let loss = by_chunks(hv.as_tensor(), wv.as_tensor(), &y, chunk, eps as f32)?;
             let g = (&loss * 2.0)?.backward()?;
             let (l64, dh64, dw64) = reference(&h, &w, &y, eps)?;
             let l = loss.to_scalar::<f32>()? as f64;
@@ -271,7 +269,7 @@ mod tests {
             assert!(max_rel(&dw, &dw64)? < 1e-5, "chunk {chunk} eps {eps}: dw");
         }
         let bad = Tensor::new(&[60u32; 37], &dev)?;
-        let nan = super::super::ce_rows::by_chunks(&h, &w, &bad, 8, 0.0)?;
+        let nan = by_chunks(&h, &w, &bad, 8, 0.0)?;
         assert!(
             nan.to_scalar::<f32>()?.is_nan(),
             "an unknown target gives NaN"
