@@ -151,11 +151,13 @@ fn pruned_digits_keep_95_percent_at_50_and_80_percent_sparsity() -> Result<()> {
 fn distillation_brings_the_student_closer_to_the_teacher() -> Result<()> {
     // A short run with alpha = 1 (pure distillation): the distilled student
     // ends closer to the teacher (lower T^2 KL on held-out text) than a
-    // student with the same seed and data trained on the labels.
+    // student with the same seed and data trained on the labels. At 40
+    // steps the ratio depended on the seed (0.31 to 0.91 over seeds 0-4);
+    // at 100 it was 0.10 to 0.44.
     let dir = tempfile::tempdir()?;
     let mut host = Host::new(HostOptions {
         out_dir: Some(dir.path().to_path_buf()),
-        overrides: [("steps", "40"), ("teacher_epochs", "1"), ("alpha", "1")]
+        overrides: [("steps", "100"), ("teacher_epochs", "1"), ("alpha", "1")]
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),

@@ -99,20 +99,8 @@ impl Block {
     }
 
     fn attention(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        let (b, t, c) = x.dims3()?;
-        let hd = c / self.heads;
-        let qkv = self.qkv.forward(x)?.reshape((b, t, 3, self.heads, hd))?;
-        let part = |i: usize| {
-            qkv.narrow(2, i, 1)?
-                .squeeze(2)?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-        let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-        let att = att.broadcast_add(mask)?;
-        let att = crate::kernels::softmax_last_dim(&att)?;
-        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))?;
+        let qkv = self.qkv.forward(x)?;
+        let y = crate::kernels::causal_attention(&qkv, self.heads, mask)?;
         self.proj.forward(&y)
     }
 

@@ -1,11 +1,12 @@
 //! taper's own kernels: fused operations as candle custom ops (GELU,
-//! softmax, layer norm, bias add, rotary embedding, chunked cross-entropy), the fused
+//! softmax, layer norm, bias add, causal attention, rotary embedding, chunked cross-entropy), the fused
 //! AdamW update and blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
 //! for its CUDA kernel in `kernels/*.cu` (built with the `cuda` feature;
 //! `tests/cuda_kernels.rs` compares the two on a GPU).
 
 pub mod adamw;
+mod attention;
 mod bias;
 mod ce_rows;
 mod chunked_ce;
@@ -18,6 +19,7 @@ pub mod quant8;
 mod rope;
 mod rows;
 
+pub use attention::causal_attention;
 pub use bias::bias_add;
 pub use chunked_ce::chunked_cross_entropy;
 pub use gelu::gelu;

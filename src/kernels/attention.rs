@@ -1,0 +1,413 @@
+//! Causal self-attention as one op, straight from the fused `qkv`
+//! projection, with a backward that recomputes the attention weights
+//! (flash-attention style) instead of keeping them.
+//!
+//! The composed version (`composed` below, which the GPT used before) is
+//! about a dozen candle ops over `[batch, heads, t, t]` tensors: three
+//! `contiguous` copies of q, k and v, the scale, the mask, the softmax and
+//! the transposes back; in backward candle zero-fills and then adds a
+//! gradient for each of them. Here each (batch, head) pair is a task that
+//! reads q, k and v in place (strided `gemm` calls: no copies), works on one
+//! block of query rows at a time, and writes its slice of `[b, t, c]`. Query
+//! block `r` only needs keys up to its last row, so the masked upper
+//! triangle is never multiplied. Nothing of size `t x t` outlives the op.
+//!
+//! f32 on the CPU; elsewhere (CUDA included, until a flash-attention kernel
+//! is written and tested on hardware) the composed ops, whose softmax is
+//! taper's fused one.
+
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use gemm::{gemm, Parallelism};
+use rayon::prelude::*;
+
+/// Query rows per block.
+const BLOCK: usize = 64;
+
+/// `qkv [b, t, 3c]` (q, k and v side by side, each `[b, t, heads, c / heads]`,
+/// as `Linear(c, 3c)` writes them) to `[b, t, c]`: causal softmax attention
+/// with scale `1 / sqrt(c / heads)`. `mask` (`[t, t]`, `-inf` above the
+/// diagonal) is used only by the composed fallback.
+pub fn causal_attention(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Tensor> {
+    let (_, _, c3) = qkv.dims3()?;
+    if heads == 0 || c3 % (3 * heads) != 0 {
+        bail!("attention: qkv width {c3} is not 3 x a multiple of {heads} heads")
+    }
+    if super::fused() && qkv.device().is_cpu() && qkv.dtype() == DType::F32 {
+        qkv.contiguous()?.apply_op1(Attention { heads })
+    } else {
+        composed(qkv, heads, mask)
+    }
+}
+
+/// The same attention from candle's differentiable ops.
+fn composed(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Tensor> {
+    let (b, t, c3) = qkv.dims3()?;
+    let (c, hd) = (c3 / 3, c3 / 3 / heads);
+    let qkv = qkv.reshape((b, t, 3, heads, hd))?;
+    let part = |i: usize| {
+        qkv.narrow(2, i, 1)?
+            .squeeze(2)?
+            .transpose(1, 2)?
+            .contiguous()
+    };
+    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+    let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
+    let att = super::softmax_last_dim(&att.broadcast_add(mask)?)?;
+    att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))
+}
+
+/// The shape of one call: `t` positions, `heads` heads of width `hd`.
+#[derive(Clone, Copy)]
+struct Dims {
+    t: usize,
+    heads: usize,
+    hd: usize,
+}
+
+impl Dims {
+    fn of(l: &Layout, heads: usize) -> Result<(usize, Dims)> {
+        let (b, t, c3) = l.shape().dims3()?;
+        Ok((
+            b,
+            Dims {
+                t,
+                heads,
+                hd: c3 / 3 / heads,
+            },
+        ))
+    }
+    fn c(&self) -> usize {
+        self.heads * self.hd
+    }
+    fn scale(&self) -> f32 {
+        1.0 / (self.hd as f32).sqrt()
+    }
+    /// Offsets of q, k and v of (batch `b`, head `h`) in `qkv`, and of
+    /// that head's columns in a `[b, t, c]` tensor.
+    fn offsets(&self, b: usize, h: usize) -> (usize, usize) {
+        let c = self.c();
+        (
+            b * self.t * 3 * c + h * self.hd,
+            b * self.t * c + h * self.hd,
+        )
+    }
+}
+
+/// A pointer that tasks share to write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each task writes only the columns of its own (batch, head).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The pointer `i` values in (a method, so that closures capture the
+    /// whole `Out` rather than its raw pointer).
+    ///
+    /// SAFETY: `i` lies inside the buffer.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        self.0.add(i)
+    }
+}
+
+/// `dst[m x n] (row stride dst_rs) = alpha * dst + beta * lhs * rhs`, with
+/// `lhs` (m x k) and `rhs` (k x n) given by (row stride, column stride).
+///
+/// SAFETY: the caller guarantees every pointer covers its strided matrix.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mm(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: (*const f32, usize, usize),
+    rhs: (*const f32, usize, usize),
+    beta: f32,
+) {
+    gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_rs as isize,
+        accumulate,
+        lhs.0,
+        lhs.2 as isize,
+        lhs.1 as isize,
+        rhs.0,
+        rhs.2 as isize,
+        rhs.1 as isize,
+        1.0,
+        beta,
+        false,
+        false,
+        false,
+        Parallelism::None,
+    )
+}
+
+/// The attention weights of query rows `r0..r0 + m` over keys `0..n`
+/// (`n = r0 + m`) into `p` (`m x n`): scaled scores, causal mask, softmax.
+///
+/// SAFETY: `q` and `k` point at this head's q and k in a `qkv` of `d`.
+unsafe fn weights(d: Dims, q: *const f32, k: *const f32, r0: usize, m: usize, p: &mut [f32]) {
+    let (n, rs) = (r0 + m, 3 * d.c());
+    mm(
+        (m, n, d.hd),
+        p.as_mut_ptr(),
+        n,
+        false,
+        (q.add(r0 * rs), rs, 1),
+        (k, 1, rs),
+        d.scale(),
+    );
+    for (i, row) in p.chunks_mut(n).enumerate() {
+        let (live, masked) = row.split_at_mut(r0 + i + 1);
+        let top = live.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mut sum = 0f32;
+        for v in live.iter_mut() {
+            *v = (*v - top).exp();
+            sum += *v;
+        }
+        let r = 1.0 / sum;
+        live.iter_mut().for_each(|v| *v *= r);
+        masked.fill(0.0);
+    }
+}
+
+struct Attention {
+    heads: usize,
+}
+
+impl CustomOp1 for Attention {
+    fn name(&self) -> &'static str {
+        "taper-causal-attention"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let qkv = super::f32_slice(s, l, "attention")?;
+        let (b, d) = Dims::of(l, self.heads)?;
+        let (t, c) = (d.t, d.c());
+        let mut y = vec![0f32; b * t * c];
+        let out = Out(y.as_mut_ptr());
+        (0..b * d.heads).into_par_iter().for_each(|task| {
+            let (src, dst) = d.offsets(task / d.heads, task % d.heads);
+            let mut p = vec![0f32; BLOCK.min(t) * t];
+            for r0 in (0..t).step_by(BLOCK) {
+                let m = BLOCK.min(t - r0);
+                let p = &mut p[..m * (r0 + m)];
+                // SAFETY: src and dst address this task's head inside
+                // buffers of the layout's size; rows stay below t.
+                unsafe {
+                    let q = qkv.as_ptr().add(src);
+                    weights(d, q, q.add(c), r0, m, p);
+                    mm(
+                        (m, d.hd, r0 + m),
+                        out.at(dst + r0 * c),
+                        c,
+                        false,
+                        (p.as_ptr(), r0 + m, 1),
+                        (q.add(2 * c), 3 * c, 1),
+                        1.0,
+                    );
+                }
+            }
+        });
+        Ok((CpuStorage::F32(y), Shape::from((b, t, c))))
+    }
+
+    fn bwd(&self, qkv: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        let grad = AttentionGrad { heads: self.heads };
+        Ok(Some(qkv.apply_op3_no_bwd(y, &dy.contiguous()?, &grad)?))
+    }
+}
+
+/// `(qkv, y, dy)` to `dqkv`, recomputing each block's weights `P`:
+/// `dV += P^T dY`, `dP = dY V^T`, `dS = P (dP - rowsum(dY y))`,
+/// `dQ = scale dS K`, `dK += scale dS^T Q`.
+struct AttentionGrad {
+    heads: usize,
+}
+
+impl CustomOp3 for AttentionGrad {
+    fn name(&self) -> &'static str {
+        "taper-causal-attention-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let qkv = super::f32_slice(s1, l1, "attention backward")?;
+        let y = super::f32_slice(s2, l2, "attention backward output")?;
+        let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
+        let (b, d) = Dims::of(l1, self.heads)?;
+        let (t, c) = (d.t, d.c());
+        if y.len() != b * t * c || dy.len() != y.len() {
+            bail!("attention backward: output or gradient is not [{b}, {t}, {c}]")
+        }
+        let mut dqkv = vec![0f32; qkv.len()];
+        let out = Out(dqkv.as_mut_ptr());
+        (0..b * d.heads).into_par_iter().for_each(|task| {
+            let (src, col) = d.offsets(task / d.heads, task % d.heads);
+            let rows = BLOCK.min(t);
+            let (mut p, mut dp) = (vec![0f32; rows * t], vec![0f32; rows * t]);
+            for r0 in (0..t).step_by(BLOCK) {
+                let m = BLOCK.min(t - r0);
+                let n = r0 + m;
+                let (p, dp) = (&mut p[..m * n], &mut dp[..m * n]);
+                // SAFETY: as in the forward; dq, dk and dv of this head are
+                // written by this task only.
+                unsafe {
+                    let q = qkv.as_ptr().add(src);
+                    let (k, v) = (q.add(c), q.add(2 * c));
+                    let g = dy.as_ptr().add(col + r0 * c);
+                    let dq = out.at(src);
+                    let (dk, dv) = (dq.add(c), dq.add(2 * c));
+                    weights(d, q, k, r0, m, p);
+                    mm(
+                        (n, d.hd, m),
+                        dv,
+                        3 * c,
+                        true,
+                        (p.as_ptr(), 1, n),
+                        (g, c, 1),
+                        1.0,
+                    );
+                    mm(
+                        (m, n, d.hd),
+                        dp.as_mut_ptr(),
+                        n,
+                        false,
+                        (g, c, 1),
+                        (v, 1, 3 * c),
+                        1.0,
+                    );
+                    for i in 0..m {
+                        let at = col + (r0 + i) * c;
+                        let yi = &y[at..at + d.hd];
+                        let gi = &dy[at..at + d.hd];
+                        let dot: f32 = yi.iter().zip(gi).map(|(a, b)| a * b).sum();
+                        let row = i * n..(i + 1) * n;
+                        for (g, &w) in dp[row.clone()].iter_mut().zip(&p[row]) {
+                            *g = w * (*g - dot);
+                        }
+                    }
+                    let ds = (dp.as_ptr(), n, 1);
+                    mm(
+                        (m, d.hd, n),
+                        dq.add(r0 * 3 * c),
+                        3 * c,
+                        false,
+                        ds,
+                        (k, 3 * c, 1),
+                        d.scale(),
+                    );
+                    let dst = (dp.as_ptr(), 1, n);
+                    mm(
+                        (n, d.hd, m),
+                        dk,
+                        3 * c,
+                        true,
+                        dst,
+                        (q.add(r0 * 3 * c), 3 * c, 1),
+                        d.scale(),
+                    );
+                }
+            }
+        });
+        Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn mask(t: usize, dtype: DType) -> Result<Tensor> {
+        let m: Vec<f32> = (0..t * t)
+            .map(|i| {
+                if i % t > i / t {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Tensor::from_vec(m, (t, t), &Device::Cpu)?.to_dtype(dtype)
+    }
+
+    /// Forward and gradient against the composed ops in f64, at a length
+    /// that leaves a partial last block (150 = 64 + 64 + 22).
+    #[test]
+    fn matches_composed_attention_in_float64() -> Result<()> {
+        check(2, 150, 3, 16)?;
+        check(32, 64, 4, 8)?;
+        check(3, 64, 4, 16)?;
+        check(3, 63, 4, 16)?;
+        check(3, 65, 1, 8)
+    }
+    fn check(b: usize, t: usize, heads: usize, hd: usize) -> Result<()> {
+        let c = heads * hd;
+        let n = b * t * 3 * c;
+        let vals: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+            .collect();
+        let probe: Vec<f32> = (0..b * t * c)
+            .map(|i| ((i * 104729) % 997) as f32 / 500.0 - 1.0)
+            .collect();
+        let x = Var::from_tensor(&Tensor::from_vec(vals, (b, t, 3 * c), &Device::Cpu)?)?;
+        let probe = Tensor::from_vec(probe, (b, t, c), &Device::Cpu)?;
+        let y = causal_attention(x.as_tensor(), heads, &mask(t, DType::F32)?)?;
+        let g = (&y * &probe)?.sum_all()?.backward()?;
+        let dx = g.get(x.as_tensor()).expect("gradient");
+
+        let x64 = Var::from_tensor(&x.as_tensor().to_dtype(DType::F64)?)?;
+        let y64 = composed(x64.as_tensor(), heads, &mask(t, DType::F64)?)?;
+        let g64 = (&y64 * probe.to_dtype(DType::F64)?)?
+            .sum_all()?
+            .backward()?;
+        let dx64 = g64.get(x64.as_tensor()).expect("gradient");
+
+        let err = |a: &Tensor, r: &Tensor| -> Result<f64> {
+            let diff = (a.to_dtype(DType::F64)? - r)?
+                .abs()?
+                .max_all()?
+                .to_scalar::<f64>()?;
+            Ok(diff / r.abs()?.max_all()?.to_scalar::<f64>()?)
+        };
+        let (ey, ed) = (err(&y, &y64)?, err(dx, dx64)?);
+        assert!(ey < 1e-5, "forward relative error {ey}");
+        assert!(ed < 1e-5, "gradient relative error {ed}");
+        Ok(())
+    }
+
+    /// A row attends to nothing after itself: changing the last position's
+    /// q, k and v leaves every earlier output as it was.
+    #[test]
+    fn later_positions_do_not_leak_into_earlier_ones() -> Result<()> {
+        let (t, heads, c) = (70, 2, 8);
+        let m = mask(t, DType::F32)?;
+        let a: Vec<f32> = (0..t * 3 * c)
+            .map(|i| (i % 13) as f32 / 6.0 - 1.0)
+            .collect();
+        let mut b = a.clone();
+        b[(t - 1) * 3 * c..].iter_mut().for_each(|v| *v += 3.0);
+        let run = |v: Vec<f32>| -> Result<Vec<f32>> {
+            let x = Tensor::from_vec(v, (1, t, 3 * c), &Device::Cpu)?;
+            causal_attention(&x, heads, &m)?
+                .narrow(1, 0, t - 1)?
+                .flatten_all()?
+                .to_vec1()
+        };
+        assert_eq!(run(a)?, run(b)?);
+        Ok(())
+    }
+}
