@@ -344,8 +344,9 @@ mod tests {
         Tensor::from_vec(m, (t, t), &Device::Cpu)?.to_dtype(dtype)
     }
 
-    /// Forward and gradient against the composed ops in f64, at a length
-    /// that leaves a partial last block (150 = 64 + 64 + 22).
+    /// Forward and gradient against the composed ops in f64: a partial
+    /// last block (150 = 64 + 64 + 22), exactly one block, one row short of
+    /// and one past it, the distillation student's heads of 8, one head.
     #[test]
     fn matches_composed_attention_in_float64() -> Result<()> {
         check(2, 150, 3, 16)?;
@@ -354,6 +355,7 @@ mod tests {
         check(3, 63, 4, 16)?;
         check(3, 65, 1, 8)
     }
+
     fn check(b: usize, t: usize, heads: usize, hd: usize) -> Result<()> {
         let c = heads * hd;
         let n = b * t * 3 * c;
