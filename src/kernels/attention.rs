@@ -12,11 +12,10 @@
 //! block `r` only needs keys up to its last row, so the masked upper
 //! triangle is never multiplied. Nothing of size `t x t` outlives the op.
 //!
-//! f32 on the CPU; elsewhere (CUDA included, until a flash-attention kernel
-//! is written and tested on hardware) the composed ops, whose softmax is
-//! taper's fused one.
+//! f32 on the CPU; f32, f16 and bf16 on CUDA (`attention_cuda.rs`: the same
+//! algorithm with cuBLAS products); elsewhere the composed ops.
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
@@ -32,7 +31,7 @@ pub fn causal_attention(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Ten
     if heads == 0 || c3 % (3 * heads) != 0 {
         bail!("attention: qkv width {c3} is not 3 x a multiple of {heads} heads")
     }
-    if super::fused() && qkv.device().is_cpu() && qkv.dtype() == DType::F32 {
+    if super::covers(qkv) {
         qkv.contiguous()?.apply_op1(Attention { heads })
     } else {
         composed(qkv, heads, mask)
@@ -58,14 +57,14 @@ fn composed(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Tensor> {
 
 /// The shape of one call: `t` positions, `heads` heads of width `hd`.
 #[derive(Clone, Copy)]
-struct Dims {
-    t: usize,
-    heads: usize,
-    hd: usize,
+pub(super) struct Dims {
+    pub(super) t: usize,
+    pub(super) heads: usize,
+    pub(super) hd: usize,
 }
 
 impl Dims {
-    fn of(l: &Layout, heads: usize) -> Result<(usize, Dims)> {
+    pub(super) fn of(l: &Layout, heads: usize) -> Result<(usize, Dims)> {
         let (b, t, c3) = l.shape().dims3()?;
         Ok((
             b,
@@ -76,10 +75,10 @@ impl Dims {
             },
         ))
     }
-    fn c(&self) -> usize {
+    pub(super) fn c(&self) -> usize {
         self.heads * self.hd
     }
-    fn scale(&self) -> f32 {
+    pub(super) fn scale(&self) -> f32 {
         1.0 / (self.hd as f32).sqrt()
     }
     /// Offsets of q, k and v of (batch `b`, head `h`) in `qkv`, and of
@@ -217,6 +216,18 @@ impl CustomOp1 for Attention {
         Ok((CpuStorage::F32(y), Shape::from((b, t, c))))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::attention_cuda::forward;
+        let (b, d) = Dims::of(l, self.heads)?;
+        let y = super::cuda::by_float!(s, forward(s, l, self.heads))?;
+        Ok((y, Shape::from((b, d.t, d.c()))))
+    }
+
     fn bwd(&self, qkv: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         let grad = AttentionGrad { heads: self.heads };
         Ok(Some(qkv.apply_op3_no_bwd(y, &dy.contiguous()?, &grad)?))
@@ -324,12 +335,29 @@ impl CustomOp3 for AttentionGrad {
         });
         Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
     }
+
+    /// The CUDA backward needs no `y`: its softmax-gradient kernel sums
+    /// `dP * P` directly.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        _s2: &candle_core::CudaStorage,
+        _l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::attention_cuda::backward;
+        let dqkv = super::cuda::by_float!(s1, backward((s1, l1), (s3, l3), self.heads))?;
+        Ok((dqkv, l1.shape().clone()))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Var};
+    use candle_core::{DType, Device, Var};
 
     fn mask(t: usize, dtype: DType) -> Result<Tensor> {
         let m: Vec<f32> = (0..t * t)

@@ -29,6 +29,7 @@ module!(ROWS, "rows");
 module!(ROPE, "rope");
 module!(ADAMW, "adamw");
 module!(CE, "ce");
+module!(ATTENTION, "attention");
 
 /// Threads per block for element-wise kernels, and the most blocks a
 /// grid-stride launch uses.

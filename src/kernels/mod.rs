@@ -7,6 +7,8 @@
 
 pub mod adamw;
 mod attention;
+#[cfg(feature = "cuda")]
+mod attention_cuda;
 mod bias;
 mod ce_rows;
 mod chunked_ce;
