@@ -1,7 +1,7 @@
 //! `taper bench kernels`: taper's fused kernels against candle's ops in the
 //! same process, alternating: GELU, softmax and layer norm (forward +
-//! backward) alone, the AdamW update, the chunked cross-entropy (time and
-//! peak memory), and whole
+//! backward) alone, the AdamW update, the chunked cross-entropy and the
+//! causal attention (time and peak memory), and whole
 //! training steps of the two GPTs (the step benchmark's, which
 //! benches/torch_step.py mirrors, and the Shakespeare one).
 
@@ -72,6 +72,7 @@ pub fn run(rounds: usize, steps: usize) -> Result<()> {
 
     adamw_step(rounds)?;
     lm_head(rounds)?;
+    attention(rounds)?;
 
     let (spec, batch) = random_batch("gpt", &mut Rng::new(0))?;
     let gpt = Trainer::new(spec, &super::adamw(), TrainerOptions::default())?;
@@ -193,6 +194,76 @@ fn lm_head(rounds: usize) -> Result<()> {
         if HostMemory::is_counting() {
             println!(
                 "  {:<50} chunked peak {:>6.1} MiB   full logits {:>6.1} MiB   full/chunked {:.1}x",
+                "",
+                peak_on as f64 / (1 << 20) as f64,
+                peak_off as f64 / (1 << 20) as f64,
+                peak_off as f64 / peak_on.max(1) as f64
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Seconds and peak heap growth of `f`, forward and backward.
+fn timed_peak(f: impl Fn() -> Result<()>) -> Result<(f64, usize)> {
+    use crate::memory::HostMemory;
+    let base = HostMemory::current();
+    HostMemory::reset_peak();
+    let t = Instant::now();
+    f()?;
+    Ok((
+        t.elapsed().as_secs_f64(),
+        HostMemory::peak().saturating_sub(base),
+    ))
+}
+
+/// The fused causal attention against the composed ops, forward and
+/// backward from the `qkv` projection: the step benchmark's GPT (batch 32,
+/// context 128, 4 heads of 32) and one GPT-2 sample (context 1024, 12 heads
+/// of 64).
+fn attention(rounds: usize) -> Result<()> {
+    use crate::kernels::causal_attention;
+    let dev = Device::Cpu;
+    for (b, t, heads, hd) in [(32, 128, 4, 32), (1, 1024, 12, 64)] {
+        let c = heads * hd;
+        let qkv = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, t, 3 * c), &dev)?)?;
+        let m: Vec<f32> = (0..t * t)
+            .map(|i| {
+                if i % t > i / t {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mask = Tensor::from_vec(m, (t, t), &dev)?;
+        let run = || {
+            timed_peak(|| {
+                let y = causal_attention(qkv.as_tensor(), heads, &mask)?;
+                let g = y.sum_all()?.backward()?;
+                std::hint::black_box(g.get(qkv.as_tensor()).map(|g| g.dims().len()));
+                Ok(())
+            })
+        };
+        let (mut on, mut off, mut peak_on, mut peak_off) = (Vec::new(), Vec::new(), 0, 0);
+        for _ in 0..rounds {
+            set_fused(true);
+            let (s, p) = run()?;
+            on.push(s);
+            peak_on = peak_on.max(p);
+            set_fused(false);
+            let (s, p) = run()?;
+            off.push(s);
+            peak_off = peak_off.max(p);
+        }
+        set_fused(true);
+        report(
+            &format!("causal attention + backward, {b} x {t}, {heads} x {hd}"),
+            (median(&mut on), median(&mut off)),
+        );
+        if crate::memory::HostMemory::is_counting() {
+            println!(
+                "  {:<50} fused peak {:>6.1} MiB   candle {:>6.1} MiB   candle/fused {:.1}x",
                 "",
                 peak_on as f64 / (1 << 20) as f64,
                 peak_off as f64 / (1 << 20) as f64,
