@@ -1,9 +1,9 @@
-//! A dense layer `y = x W^T + b`, as candle_nn's `Linear` but with the bias
-//! added by `kernels::bias_add`, whose backward sums the bias gradient in
-//! one parallel pass (candle's `broadcast_add` backward used its generic
-//! strided reduction: 15% of the GPT step on the CPU). Inputs of any rank
-//! are flattened to rows for one 2-D matmul, so the weight's gradient is
-//! one matmul too.
+//! A dense layer `y = x W^T + b`, as candle_nn's `Linear` but computed by
+//! `kernels::linear`: one fused op on the CPU (f32), and elsewhere a 2-D
+//! matmul over the input's rows plus `kernels::bias_add`, whose backward
+//! sums the bias gradient in one parallel pass (candle's `broadcast_add`
+//! backward used its generic strided reduction: 15% of the GPT step on the
+//! CPU).
 
 use candle_core::{Module, Result, Tensor};
 
@@ -29,18 +29,7 @@ impl From<candle_nn::Linear> for Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims();
-        let Some((&k, lead)) = dims.split_last() else {
-            candle_core::bail!("linear: a scalar input")
-        };
-        let rows = x.reshape(((), k))?.matmul(&self.weight.t()?)?;
-        let rows = match &self.bias {
-            Some(b) => crate::kernels::bias_add(&rows, b)?,
-            None => rows,
-        };
-        let mut out = lead.to_vec();
-        out.push(self.weight.dim(0)?);
-        rows.reshape(out)
+        crate::kernels::linear(x, &self.weight, self.bias.as_ref())
     }
 }
 

@@ -73,7 +73,7 @@ impl CustomOp2 for BiasAdd {
 }
 
 /// The sum over all rows, `[.., n] -> [n]`.
-struct ColumnSum;
+pub(super) struct ColumnSum;
 
 impl CustomOp1 for ColumnSum {
     fn name(&self) -> &'static str {

@@ -1,5 +1,5 @@
 //! taper's own kernels: fused operations as candle custom ops (GELU,
-//! softmax, layer norm, bias add, causal attention, rotary embedding, chunked cross-entropy), the fused
+//! softmax, layer norm, bias add, dense layer, causal attention, rotary embedding, chunked cross-entropy), the fused
 //! AdamW update and blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
 //! for its CUDA kernel in `kernels/*.cu` (built with the `cuda` feature;
@@ -14,6 +14,7 @@ mod ce_rows;
 mod chunked_ce;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod dense;
 pub mod device_state;
 mod gelu;
 mod layer_norm;
@@ -24,6 +25,7 @@ mod rows;
 pub use attention::causal_attention;
 pub use bias::bias_add;
 pub use chunked_ce::chunked_cross_entropy;
+pub use dense::linear;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
 pub use rope::rope_interleaved;
