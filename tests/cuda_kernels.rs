@@ -182,16 +182,7 @@ fn causal_attention_matches_the_cpu() -> Result<()> {
         for (b, t, heads, hd) in [(2, 7, 1, 8), (3, 150, 4, 16), (2, 256, 12, 64)] {
             let qkv = randn(&[b, t, 3 * heads * hd], 1.0)?;
             // Used only by the composed fallback, which neither side takes.
-            let m: Vec<f32> = (0..t * t)
-                .map(|i| {
-                    if i % t > i / t {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            let mask = Tensor::from_vec(m, (t, t), &Device::Cpu)?;
+            let mask = kernels::causal_mask(t, DType::F32, &Device::Cpu)?;
             check("causal attention", dt, &[qkv], |x| {
                 kernels::causal_attention(&x[0], heads, &mask)
             })?;

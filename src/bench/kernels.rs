@@ -227,16 +227,7 @@ fn attention(rounds: usize) -> Result<()> {
     for (b, t, heads, hd) in [(32, 128, 4, 32), (1, 1024, 12, 64)] {
         let c = heads * hd;
         let qkv = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, t, 3 * c), &dev)?)?;
-        let m: Vec<f32> = (0..t * t)
-            .map(|i| {
-                if i % t > i / t {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        let mask = Tensor::from_vec(m, (t, t), &dev)?;
+        let mask = crate::kernels::causal_mask(t, candle_core::DType::F32, &dev)?;
         let run = || {
             timed_peak(|| {
                 let y = causal_attention(qkv.as_tensor(), heads, &mask)?;

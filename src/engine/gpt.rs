@@ -2,7 +2,7 @@
 //! positions, tied embeddings), built from differentiable ops only: candle's
 //! fused softmax/layer-norm record no backward op (candle #2168).
 
-use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use serde::Deserialize;
 
@@ -119,22 +119,6 @@ struct GptNet {
     context: usize,
 }
 
-/// `[t, t]` additive mask: -inf above the diagonal.
-pub(crate) fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    let m: Vec<f32> = (0..t * t)
-        .map(|i| {
-            if i % t > i / t {
-                f32::NEG_INFINITY
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    Tensor::from_vec(m, (t, t), &Device::Cpu)?
-        .to_dtype(dtype)?
-        .to_device(device)
-}
-
 impl GptNet {
     /// `[batch, time]` token ids (u32) to the final hidden states
     /// `[batch, time, width]` (after the last layer norm).
@@ -152,7 +136,7 @@ impl GptNet {
             .reshape((b, t, ()))?;
         let pos = self.wpe.narrow(0, 0, t)?;
         let mut x = tok.broadcast_add(&pos)?;
-        let mask = causal_mask(t, x.dtype(), x.device())?;
+        let mask = crate::kernels::causal_mask(t, x.dtype(), x.device())?;
         for block in &self.blocks {
             x = block.forward(&x, &mask)?;
         }

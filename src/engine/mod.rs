@@ -16,7 +16,6 @@ pub mod schedule;
 mod trainer;
 
 pub use device::{describe as describe_device, parse_device};
-pub(crate) use gpt::causal_mask;
 pub use gpt::Gpt;
 pub use model::{Activation, Cnn, Mlp, ModelSpec};
 pub use params::ParamStore;

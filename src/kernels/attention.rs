@@ -15,7 +15,9 @@
 //! f32 on the CPU; f32, f16 and bf16 on CUDA (`attention_cuda.rs`: the same
 //! algorithm with cuBLAS products); elsewhere the composed ops.
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape, Tensor,
+};
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
@@ -36,6 +38,23 @@ pub fn causal_attention(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Ten
     } else {
         composed(qkv, heads, mask)
     }
+}
+
+/// The `[t, t]` additive mask of the composed attention: -inf above the
+/// diagonal.
+pub fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let m: Vec<f32> = (0..t * t)
+        .map(|i| {
+            if i % t > i / t {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Tensor::from_vec(m, (t, t), &Device::Cpu)?
+        .to_dtype(dtype)?
+        .to_device(device)
 }
 
 /// The same attention from candle's differentiable ops.
@@ -357,19 +376,10 @@ impl CustomOp3 for AttentionGrad {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device, Var};
+    use candle_core::Var;
 
     fn mask(t: usize, dtype: DType) -> Result<Tensor> {
-        let m: Vec<f32> = (0..t * t)
-            .map(|i| {
-                if i % t > i / t {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        Tensor::from_vec(m, (t, t), &Device::Cpu)?.to_dtype(dtype)
+        causal_mask(t, dtype, &Device::Cpu)
     }
 
     /// Forward and gradient against the composed ops in f64: a partial

@@ -22,7 +22,7 @@ pub mod quant8;
 mod rope;
 mod rows;
 
-pub use attention::causal_attention;
+pub use attention::{causal_attention, causal_mask};
 pub use bias::bias_add;
 pub use chunked_ce::chunked_cross_entropy;
 pub use dense::linear;

@@ -311,7 +311,7 @@ impl LlamaNet {
             .collect();
         let ang = Tensor::from_vec(pos, (t, hd / 2), x.device())?;
         let (cos, sin) = (ang.cos()?, ang.sin()?);
-        let mask = crate::engine::causal_mask(t, x.dtype(), x.device())?;
+        let mask = crate::kernels::causal_mask(t, x.dtype(), x.device())?;
         for blk in &self.blocks {
             let h = rms_norm(&x, &blk.attn_norm, self.w.eps)?;
             x = (&x + self.attention(blk, &h, &cos, &sin, &mask)?)?;
