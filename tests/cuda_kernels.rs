@@ -181,10 +181,8 @@ fn causal_attention_matches_the_cpu() -> Result<()> {
         // CPU's 64-row blocks; GPT-2's heads (12 of width 64).
         for (b, t, heads, hd) in [(2, 7, 1, 8), (3, 150, 4, 16), (2, 256, 12, 64)] {
             let qkv = randn(&[b, t, 3 * heads * hd], 1.0)?;
-            // Used only by the composed fallback, which neither side takes.
-            let mask = kernels::causal_mask(t, DType::F32, &Device::Cpu)?;
             check("causal attention", dt, &[qkv], |x| {
-                kernels::causal_attention(&x[0], heads, &mask)
+                kernels::causal_attention(&x[0], heads)
             })?;
         }
     }

@@ -145,7 +145,6 @@ fn adamw_step(rounds: usize) -> Result<()> {
 /// chunked kernel (512 positions per block). Time and the heap's peak.
 fn lm_head(rounds: usize) -> Result<()> {
     use crate::kernels::chunked_cross_entropy;
-    use crate::memory::HostMemory;
     let dev = Device::Cpu;
     let n = 32 * 128;
     for vocab in [8192, 32768] {
@@ -158,54 +157,33 @@ fn lm_head(rounds: usize) -> Result<()> {
             n,
             &dev,
         )?;
-        let run = |chunk: usize| -> Result<(f64, usize)> {
-            let base = HostMemory::current();
-            HostMemory::reset_peak();
-            let t = Instant::now();
-            let loss = if chunk == 0 {
-                let logits = h.as_tensor().matmul(&w.as_tensor().t()?)?;
-                crate::engine::loss::CrossEntropy::default().loss(&logits, &y)?
-            } else {
-                chunked_cross_entropy(h.as_tensor(), w.as_tensor(), &y, chunk, 0.0)?
-            };
-            let g = loss.backward()?;
-            std::hint::black_box(g.get(w.as_tensor()).map(|g| g.dims().len()));
-            drop(g);
-            Ok((
-                t.elapsed().as_secs_f64(),
-                HostMemory::peak().saturating_sub(base),
-            ))
+        let run = |fused: bool| {
+            timed_peak(|| {
+                let loss = if fused {
+                    chunked_cross_entropy(h.as_tensor(), w.as_tensor(), &y, 512, 0.0)?
+                } else {
+                    let logits = h.as_tensor().matmul(&w.as_tensor().t()?)?;
+                    crate::engine::loss::CrossEntropy::default().loss(&logits, &y)?
+                };
+                let g = loss.backward()?;
+                std::hint::black_box(g.get(w.as_tensor()).map(|g| g.dims().len()));
+                Ok(())
+            })
         };
-        run(512)?;
-        run(0)?;
-        let (mut on, mut off, mut peak_on, mut peak_off) = (Vec::new(), Vec::new(), 0, 0);
-        for _ in 0..rounds {
-            let (t, p) = run(512)?;
-            on.push(t);
-            peak_on = peak_on.max(p);
-            let (t, p) = run(0)?;
-            off.push(t);
-            peak_off = peak_off.max(p);
-        }
+        run(true)?;
+        run(false)?;
+        let (times, peaks) = compare_with_peak(rounds, run)?;
         report(
             &format!("LM head + cross-entropy, 4096 x 128, vocab {vocab}"),
-            (median(&mut on), median(&mut off)),
+            times,
         );
-        if HostMemory::is_counting() {
-            println!(
-                "  {:<50} chunked peak {:>6.1} MiB   full logits {:>6.1} MiB   full/chunked {:.1}x",
-                "",
-                peak_on as f64 / (1 << 20) as f64,
-                peak_off as f64 / (1 << 20) as f64,
-                peak_off as f64 / peak_on.max(1) as f64
-            );
-        }
+        report_peak(("chunked", "full logits"), peaks);
     }
     Ok(())
 }
 
-/// Seconds and peak heap growth of `f`, forward and backward.
-fn timed_peak(f: impl Fn() -> Result<()>) -> Result<(f64, usize)> {
+/// Seconds and peak heap growth of `f`.
+fn timed_peak(f: impl FnOnce() -> Result<()>) -> Result<(f64, usize)> {
     use crate::memory::HostMemory;
     let base = HostMemory::current();
     HostMemory::reset_peak();
@@ -215,6 +193,38 @@ fn timed_peak(f: impl Fn() -> Result<()>) -> Result<(f64, usize)> {
         t.elapsed().as_secs_f64(),
         HostMemory::peak().saturating_sub(base),
     ))
+}
+
+/// `run(true)` against `run(false)`, alternating: the medians of their
+/// times and the largest of their peaks.
+fn compare_with_peak(
+    rounds: usize,
+    mut run: impl FnMut(bool) -> Result<(f64, usize)>,
+) -> Result<((f64, f64), (usize, usize))> {
+    let (mut on, mut off, mut peak_on, mut peak_off) = (Vec::new(), Vec::new(), 0, 0);
+    for _ in 0..rounds {
+        let (t, p) = run(true)?;
+        on.push(t);
+        peak_on = peak_on.max(p);
+        let (t, p) = run(false)?;
+        off.push(t);
+        peak_off = peak_off.max(p);
+    }
+    Ok(((median(&mut on), median(&mut off)), (peak_on, peak_off)))
+}
+
+/// The peaks under `report`'s line, when the heap is counted.
+fn report_peak((on, off): (&str, &str), (peak_on, peak_off): (usize, usize)) {
+    if crate::memory::HostMemory::is_counting() {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        println!(
+            "  {:<50} {on} peak {:>6.1} MiB   {off} {:>6.1} MiB   {off}/{on} {:.1}x",
+            "",
+            mib(peak_on),
+            mib(peak_off),
+            peak_off as f64 / peak_on.max(1) as f64
+        );
+    }
 }
 
 /// The fused causal attention against the composed ops, forward and
@@ -227,40 +237,23 @@ fn attention(rounds: usize) -> Result<()> {
     for (b, t, heads, hd) in [(32, 128, 4, 32), (1, 1024, 12, 64)] {
         let c = heads * hd;
         let qkv = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, t, 3 * c), &dev)?)?;
-        let mask = crate::kernels::causal_mask(t, candle_core::DType::F32, &dev)?;
-        let run = || {
+        let run = |fused: bool| {
+            set_fused(fused);
             timed_peak(|| {
-                let y = causal_attention(qkv.as_tensor(), heads, &mask)?;
+                let y = causal_attention(qkv.as_tensor(), heads)?;
                 let g = y.sum_all()?.backward()?;
                 std::hint::black_box(g.get(qkv.as_tensor()).map(|g| g.dims().len()));
                 Ok(())
             })
         };
-        let (mut on, mut off, mut peak_on, mut peak_off) = (Vec::new(), Vec::new(), 0, 0);
-        for _ in 0..rounds {
-            set_fused(true);
-            let (s, p) = run()?;
-            on.push(s);
-            peak_on = peak_on.max(p);
-            set_fused(false);
-            let (s, p) = run()?;
-            off.push(s);
-            peak_off = peak_off.max(p);
-        }
+        let compared = compare_with_peak(rounds, run);
         set_fused(true);
+        let (times, peaks) = compared?;
         report(
             &format!("causal attention + backward, {b} x {t}, {heads} x {hd}"),
-            (median(&mut on), median(&mut off)),
+            times,
         );
-        if crate::memory::HostMemory::is_counting() {
-            println!(
-                "  {:<50} fused peak {:>6.1} MiB   candle {:>6.1} MiB   candle/fused {:.1}x",
-                "",
-                peak_on as f64 / (1 << 20) as f64,
-                peak_off as f64 / (1 << 20) as f64,
-                peak_off as f64 / peak_on.max(1) as f64
-            );
-        }
+        report_peak(("fused", "candle"), peaks);
     }
     Ok(())
 }

@@ -98,14 +98,14 @@ impl Block {
         })
     }
 
-    fn attention(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    fn attention(&self, x: &Tensor) -> Result<Tensor> {
         let qkv = self.qkv.forward(x)?;
-        let y = crate::kernels::causal_attention(&qkv, self.heads, mask)?;
+        let y = crate::kernels::causal_attention(&qkv, self.heads)?;
         self.proj.forward(&y)
     }
 
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        let x = (x + self.attention(&self.ln1.forward(x)?, mask)?)?;
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attention(&self.ln1.forward(x)?)?)?;
         let h = crate::kernels::gelu(&self.fc.forward(&self.ln2.forward(&x)?)?)?;
         x + self.fc_proj.forward(&h)?
     }
@@ -136,9 +136,8 @@ impl GptNet {
             .reshape((b, t, ()))?;
         let pos = self.wpe.narrow(0, 0, t)?;
         let mut x = tok.broadcast_add(&pos)?;
-        let mask = crate::kernels::causal_mask(t, x.dtype(), x.device())?;
         for block in &self.blocks {
-            x = block.forward(&x, &mask)?;
+            x = block.forward(&x)?;
         }
         self.ln_f.forward(&x)
     }

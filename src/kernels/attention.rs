@@ -26,9 +26,8 @@ const BLOCK: usize = 64;
 
 /// `qkv [b, t, 3c]` (q, k and v side by side, each `[b, t, heads, c / heads]`,
 /// as `Linear(c, 3c)` writes them) to `[b, t, c]`: causal softmax attention
-/// with scale `1 / sqrt(c / heads)`. `mask` (`[t, t]`, `-inf` above the
-/// diagonal) is used only by the composed fallback.
-pub fn causal_attention(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Tensor> {
+/// with scale `1 / sqrt(c / heads)`.
+pub fn causal_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
     let (_, _, c3) = qkv.dims3()?;
     if heads == 0 || c3 % (3 * heads) != 0 {
         bail!("attention: qkv width {c3} is not 3 x a multiple of {heads} heads")
@@ -36,7 +35,7 @@ pub fn causal_attention(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Ten
     if super::covers(qkv) {
         qkv.contiguous()?.apply_op1(Attention { heads })
     } else {
-        composed(qkv, heads, mask)
+        composed(qkv, heads)
     }
 }
 
@@ -57,9 +56,12 @@ pub fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
         .to_device(device)
 }
 
-/// The same attention from candle's differentiable ops.
-fn composed(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Tensor> {
+/// The same attention from candle's differentiable ops, with the mask
+/// built here: only the fallback needs it, so the fused path's step builds
+/// (and on a GPU uploads) no `t x t` mask.
+fn composed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
     let (b, t, c3) = qkv.dims3()?;
+    let mask = causal_mask(t, qkv.dtype(), qkv.device())?;
     let (c, hd) = (c3 / 3, c3 / 3 / heads);
     let qkv = qkv.reshape((b, t, 3, heads, hd))?;
     let part = |i: usize| {
@@ -70,7 +72,7 @@ fn composed(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Tensor> {
     };
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-    let att = super::softmax_last_dim(&att.broadcast_add(mask)?)?;
+    let att = super::softmax_last_dim(&att.broadcast_add(&mask)?)?;
     att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))
 }
 
@@ -378,10 +380,6 @@ mod tests {
     use super::*;
     use candle_core::Var;
 
-    fn mask(t: usize, dtype: DType) -> Result<Tensor> {
-        causal_mask(t, dtype, &Device::Cpu)
-    }
-
     /// Forward and gradient against the composed ops in f64: a partial
     /// last block (150 = 64 + 64 + 22), exactly one block, one row short of
     /// and one past it, the distillation student's heads of 8, one head.
@@ -405,12 +403,12 @@ mod tests {
             .collect();
         let x = Var::from_tensor(&Tensor::from_vec(vals, (b, t, 3 * c), &Device::Cpu)?)?;
         let probe = Tensor::from_vec(probe, (b, t, c), &Device::Cpu)?;
-        let y = causal_attention(x.as_tensor(), heads, &mask(t, DType::F32)?)?;
+        let y = causal_attention(x.as_tensor(), heads)?;
         let g = (&y * &probe)?.sum_all()?.backward()?;
         let dx = g.get(x.as_tensor()).expect("gradient");
 
         let x64 = Var::from_tensor(&x.as_tensor().to_dtype(DType::F64)?)?;
-        let y64 = composed(x64.as_tensor(), heads, &mask(t, DType::F64)?)?;
+        let y64 = composed(x64.as_tensor(), heads)?;
         let g64 = (&y64 * probe.to_dtype(DType::F64)?)?
             .sum_all()?
             .backward()?;
@@ -434,7 +432,6 @@ mod tests {
     #[test]
     fn later_positions_do_not_leak_into_earlier_ones() -> Result<()> {
         let (t, heads, c) = (70, 2, 8);
-        let m = mask(t, DType::F32)?;
         let a: Vec<f32> = (0..t * 3 * c)
             .map(|i| (i % 13) as f32 / 6.0 - 1.0)
             .collect();
@@ -442,7 +439,7 @@ mod tests {
         b[(t - 1) * 3 * c..].iter_mut().for_each(|v| *v += 3.0);
         let run = |v: Vec<f32>| -> Result<Vec<f32>> {
             let x = Tensor::from_vec(v, (1, t, 3 * c), &Device::Cpu)?;
-            causal_attention(&x, heads, &m)?
+            causal_attention(&x, heads)?
                 .narrow(1, 0, t - 1)?
                 .flatten_all()?
                 .to_vec1()
