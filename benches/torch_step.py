@@ -105,6 +105,8 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32")
     ap.add_argument("--batch", type=int)
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, print one step's kernels by device time")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -161,6 +163,13 @@ def main():
           f"{items / secs:.0f} {unit}/s, peak {peak}, {rate(flops / secs)} = MFU "
           f"{100 * flops / secs / ceiling:.1f}% of a measured {rate(ceiling)} matmul "
           f"({params} parameters, {a.steps} steps, threads {a.threads}, torch {torch.__version__})")
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            step()
+        key = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70))
 
 
 if __name__ == "__main__":

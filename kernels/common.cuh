@@ -52,6 +52,24 @@ __device__ __forceinline__ float block_max(float v) {
   return warp_max(lane < warps ? s[lane] : -INFINITY);
 }
 
+// Row kernels: a row per warp (block (32, 8), eight rows a block) when rows
+// are short, a row per block (block (n, 1)) when they are long; the
+// launcher (`row_groups` in src/kernels/cuda.rs) picks. threadIdx.x and
+// blockDim.x index within the row either way; ROW declares the row and
+// returns past the last one (a whole warp or block at once, so the
+// reductions below stay collective).
+#define ROW(row, rows)                                                          \
+  const size_t row = (size_t)blockIdx.x * blockDim.y + threadIdx.y;             \
+  if (row >= (size_t)(rows)) return;
+
+// The sum and max over the row's threads, returned to each of them.
+__device__ __forceinline__ float row_sum(float v) {
+  return blockDim.x == 32 ? warp_sum(v) : block_sum(v);
+}
+__device__ __forceinline__ float row_max(float v) {
+  return blockDim.x == 32 ? warp_max(v) : block_max(v);
+}
+
 // Grid-stride loop over n elements.
 #define FOR_EACH(i, n)                                                          \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);       \

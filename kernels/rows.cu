@@ -1,26 +1,29 @@
-// Row-wise ops over the last dimension, one block per row: softmax and
-// layer norm, forward and backward (src/kernels/rows.rs is the reference).
+// Row-wise ops over the last dimension, a warp or a block per row (ROW in
+// common.cuh): softmax and layer norm, forward and backward
+// (src/kernels/rows.rs is the reference).
 #include "common.cuh"
 
-template <typename T> __device__ void softmax_fwd(const T* x, T* y, int cols) {
-  const size_t row = blockIdx.x;
+template <typename T> __device__ void softmax_fwd(const T* x, T* y, int cols, int rows) {
+  ROW(row, rows)
   const T* xr = x + row * cols;
   T* yr = y + row * cols;
   float m = -INFINITY;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, to_f(xr[i]));
-  m = block_max(m);
+  m = row_max(m);
   float s = 0.f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) s += expf(to_f(xr[i]) - m);
-  const float r = 1.f / block_sum(s);
+  const float r = 1.f / row_sum(s);
   for (int i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = from_f<T>(expf(to_f(xr[i]) - m) * r);
 }
 
 // out = y * (g - sum(g * y)), from the softmax output y.
-template <typename T> __device__ void softmax_bwd(const T* y, const T* g, T* out, int cols) {
-  const size_t off = (size_t)blockIdx.x * cols;
+template <typename T>
+__device__ void softmax_bwd(const T* y, const T* g, T* out, int cols, int rows) {
+  ROW(row, rows)
+  const size_t off = row * cols;
   float dot = 0.f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) dot += to_f(y[off + i]) * to_f(g[off + i]);
-  dot = block_sum(dot);
+  dot = row_sum(dot);
   for (int i = threadIdx.x; i < cols; i += blockDim.x)
     out[off + i] = from_f<T>(to_f(y[off + i]) * (to_f(g[off + i]) - dot));
 }
@@ -29,19 +32,21 @@ template <typename T> __device__ void softmax_bwd(const T* y, const T* g, T* out
 template <typename T> __device__ float2 row_moments(const T* xr, int cols, float eps) {
   float s = 0.f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) s += to_f(xr[i]);
-  const float mean = block_sum(s) / cols;
+  const float mean = row_sum(s) / cols;
   float q = 0.f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
     const float d = to_f(xr[i]) - mean;
     q += d * d;
   }
-  const float var = block_sum(q) / cols;
+  const float var = row_sum(q) / cols;
   return make_float2(mean, 1.f / sqrtf(var + eps));
 }
 
 template <typename T>
-__device__ void layer_norm_fwd(const T* x, const T* w, const T* b, T* y, int cols, float eps) {
-  const size_t off = (size_t)blockIdx.x * cols;
+__device__ void layer_norm_fwd(const T* x, const T* w, const T* b, T* y, int cols, int rows,
+                               float eps) {
+  ROW(row, rows)
+  const size_t off = row * cols;
   const float2 mr = row_moments(x + off, cols, eps);
   for (int i = threadIdx.x; i < cols; i += blockDim.x)
     y[off + i] = from_f<T>((to_f(x[off + i]) - mr.x) * mr.y * to_f(w[i]) + to_f(b[i]));
@@ -49,8 +54,10 @@ __device__ void layer_norm_fwd(const T* x, const T* w, const T* b, T* y, int col
 
 // dx = rstd * (g*w - mean(g*w) - x̂ * mean(g*w*x̂))
 template <typename T>
-__device__ void layer_norm_bwd_x(const T* x, const T* w, const T* g, T* dx, int cols, float eps) {
-  const size_t off = (size_t)blockIdx.x * cols;
+__device__ void layer_norm_bwd_x(const T* x, const T* w, const T* g, T* dx, int cols, int rows,
+                                 float eps) {
+  ROW(row, rows)
+  const size_t off = row * cols;
   const float2 mr = row_moments(x + off, cols, eps);
   float a = 0.f, c = 0.f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
@@ -58,8 +65,8 @@ __device__ void layer_norm_bwd_x(const T* x, const T* w, const T* g, T* dx, int 
     a += gw;
     c += gw * (to_f(x[off + i]) - mr.x) * mr.y;
   }
-  a = block_sum(a) / cols;
-  c = block_sum(c) / cols;
+  a = row_sum(a) / cols;
+  c = row_sum(c) / cols;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
     const float xh = (to_f(x[off + i]) - mr.x) * mr.y;
     dx[off + i] = from_f<T>(mr.y * (to_f(g[off + i]) * to_f(w[i]) - a - xh * c));
@@ -67,9 +74,11 @@ __device__ void layer_norm_bwd_x(const T* x, const T* w, const T* g, T* dx, int 
 }
 
 // Each row's (mean, rstd), for the weight and bias gradients.
-template <typename T> __device__ void layer_norm_stats(const T* x, float2* stats, int cols, float eps) {
-  const float2 mr = row_moments(x + (size_t)blockIdx.x * cols, cols, eps);
-  if (threadIdx.x == 0) stats[blockIdx.x] = mr;
+template <typename T>
+__device__ void layer_norm_stats(const T* x, float2* stats, int cols, int rows, float eps) {
+  ROW(row, rows)
+  const float2 mr = row_moments(x + row * cols, cols, eps);
+  if (threadIdx.x == 0) stats[row] = mr;
 }
 
 // Partial sums of dw = sum g*x̂ and db = sum g over `per` rows: block
@@ -104,23 +113,24 @@ __device__ void layer_norm_bwd_wb_final(const float* partial, T* out, int chunks
 }
 
 #define ROWS(T, S)                                                                          \
-  extern "C" __global__ void softmax_fwd_##S(const T* x, T* y, int cols) {                  \
-    softmax_fwd(x, y, cols);                                                                \
+  extern "C" __global__ void softmax_fwd_##S(const T* x, T* y, int cols, int rows) {        \
+    softmax_fwd(x, y, cols, rows);                                                          \
   }                                                                                         \
-  extern "C" __global__ void softmax_bwd_##S(const T* y, const T* g, T* out, int cols) {    \
-    softmax_bwd(y, g, out, cols);                                                           \
+  extern "C" __global__ void softmax_bwd_##S(const T* y, const T* g, T* out, int cols,     \
+                                             int rows) {                                    \
+    softmax_bwd(y, g, out, cols, rows);                                                     \
   }                                                                                         \
   extern "C" __global__ void layer_norm_fwd_##S(const T* x, const T* w, const T* b, T* y,   \
-                                                int cols, float eps) {                      \
-    layer_norm_fwd(x, w, b, y, cols, eps);                                                  \
+                                                int cols, int rows, float eps) {            \
+    layer_norm_fwd(x, w, b, y, cols, rows, eps);                                            \
   }                                                                                         \
   extern "C" __global__ void layer_norm_bwd_x_##S(const T* x, const T* w, const T* g, T* dx, \
-                                                  int cols, float eps) {                    \
-    layer_norm_bwd_x(x, w, g, dx, cols, eps);                                               \
+                                                  int cols, int rows, float eps) {          \
+    layer_norm_bwd_x(x, w, g, dx, cols, rows, eps);                                         \
   }                                                                                         \
   extern "C" __global__ void layer_norm_stats_##S(const T* x, float2* stats, int cols,      \
-                                                  float eps) {                              \
-    layer_norm_stats(x, stats, cols, eps);                                                  \
+                                                  int rows, float eps) {                    \
+    layer_norm_stats(x, stats, cols, rows, eps);                                            \
   }                                                                                         \
   extern "C" __global__ void layer_norm_bwd_wb_partial_##S(                                 \
       const T* x, const T* g, const float2* stats, float* partial, int rows, int cols,      \

@@ -7,7 +7,7 @@
 #                                           # the GPU tests, xz them into .gpu/
 #   bash scripts/gpu-check.sh run [PARTS]   # on the GPU machine, with .gpu
 #                                           # carried; PARTS of: tests drill bench
-#                                           # (default: all three)
+#                                           # profile (default: the first three)
 #
 # `run` writes everything to $OUT/gpu-check.log when OUT is set (the device
 # tool's output folder), else to stdout. The binaries are about 70 MB each,
@@ -56,10 +56,13 @@ tests() {
   echo "exit $?"
   set -e
   echo "== kernels against their CPU references, AdamW, digits on the GPU"
-  "$bin/cuda_kernels" --test-threads=1 --nocapture
+  # Each step is bounded and a failure does not stop the next: a device
+  # call is short and every answer counts.
+  timeout 300 "$bin/cuda_kernels" --test-threads=1 --nocapture || echo "cuda_kernels exit $?"
   echo "== the main job on the GPU"
   for p in f32 bf16; do
-    "$bin/taper" train scripts/digits.lua --device cuda --set precision=$p --out /tmp/digits-$p
+    (time timeout 120 "$bin/taper" train scripts/digits.lua --device cuda --set precision=$p \
+      --out /tmp/digits-$p) 2>&1 | tail -8 || echo "digits $p failed"
   done
 }
 
@@ -80,7 +83,7 @@ drill() {
     echo "== shakespeare drill, limit ${args[*]:-none}"
     rm -rf "$out"
     set +e
-    "$bin/taper" train scripts/shakespeare.lua --device cuda --quiet --out "$out" \
+    timeout 150 "$bin/taper" train scripts/shakespeare.lua --device cuda --quiet --out "$out" \
       "${set[@]}" "${args[@]}"
     echo "exit $?"
     set -e
@@ -105,13 +108,46 @@ print(max((json.loads(l).get('device_memory_peak') or 0) for l in open(sys.argv[
 bench() {
   for model in shakespeare gpt2; do
     for p in f32 bf16; do
-      for round in 1 2; do
-        "$bin/taper" bench step --model $model --device cuda --precision $p --steps 20 --compare-unfused
-        python3 benches/torch_step.py --model $model --device cuda --precision $p --steps 20
+      for round in $(seq "${BENCH_ROUNDS:-2}"); do
+        timeout 150 "$bin/taper" bench step --model $model --device cuda --precision $p --steps 20 \
+          --compare-unfused || echo "taper bench exit $?"
+        timeout 100 python3 benches/torch_step.py --model $model --device cuda --precision $p \
+          --steps 20 || echo "torch bench exit $?"
       done
     done
   done
-  "$bin/taper" bench step --model gpt2 --device cuda --precision bf16 --steps 20 --chunk 1024
+  timeout 150 "$bin/taper" bench step --model gpt2 --device cuda --precision bf16 --steps 20 \
+    --chunk 1024 || echo "taper bench exit $?"
+}
+
+# Where a GPT-2 step's device time goes: every kernel of `taper bench step`
+# (3 warm-up steps, 1 timed, and the 8 matmuls of the ceiling) under Nsight
+# Compute, summed by name; then the same step in PyTorch's profiler.
+profile() {
+  local args=(bench step --model gpt2 --device cuda --precision "${PROFILE_PRECISION:-bf16}"
+              --steps 1 --chunk "${PROFILE_CHUNK:-1024}")
+  echo "== kernels of taper ${args[*]} (ncu; 4 steps)"
+  timeout 420 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --csv --page raw "$bin/taper" "${args[@]}" > /tmp/ncu.csv 2> /tmp/ncu.err \
+    || { echo "ncu exit $?"; tail -5 /tmp/ncu.err; }
+  [ -n "${OUT:-}" ] && xz -T0 -c /tmp/ncu.csv > "$OUT/ncu.csv.xz"
+  python3 - /tmp/ncu.csv <<'PY' || true
+import csv, sys, collections
+rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
+recs = list(csv.DictReader(rows))[1:]  # the second row holds the units
+tot, cnt = collections.Counter(), collections.Counter()
+for r in recs:
+    name = r["Kernel Name"][:90]
+    tot[name] += float(r["gpu__time_duration.sum"])
+    cnt[name] += 1
+all_ns = sum(tot.values())
+print(f"{len(recs)} kernels, {all_ns / 1e6:.1f} ms of device time in all")
+for name, ns in tot.most_common(30):
+    print(f"{ns / 1e6:9.2f} ms {100 * ns / all_ns:5.1f}% {cnt[name]:6d}x  {name}")
+PY
+  echo "== the same step in PyTorch"
+  timeout 120 python3 benches/torch_step.py --model gpt2 --device cuda \
+    --precision "${PROFILE_PRECISION:-bf16}" --steps 3 --profile || echo "torch profile exit $?"
 }
 
 run() {
@@ -130,8 +166,8 @@ run() {
   [ ${#parts[@]} -gt 0 ] || parts=(tests drill bench)
   for part in "${parts[@]}"; do
     case "$part" in
-      tests|drill|bench) "$part" ;;
-      *) echo "gpu-check: unknown part $part (tests, drill, bench)" >&2; exit 2 ;;
+      tests|drill|bench|profile) "$part" ;;
+      *) echo "gpu-check: unknown part $part (tests, drill, bench, profile)" >&2; exit 2 ;;
     esac
   done
 }

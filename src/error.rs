@@ -36,7 +36,7 @@ pub enum Error {
     /// An OOM policy stopped the run (after writing a checkpoint).
     #[error("{0}")]
     Stopped(String),
-    #[error(transparent)]
+    #[error("{}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
     Lua(#[from] mlua::Error),
@@ -101,4 +101,16 @@ impl Error {
 /// downcastable, so the type survives `pcall` and comes back out intact.
 pub(crate) fn lua_err(e: impl Into<Error>) -> mlua::Error {
     mlua::Error::external(e.into())
+}
+
+/// A candle error as one message, without the backtrace candle attaches
+/// when `RUST_BACKTRACE` is set (the CLI's errors stay readable).
+pub fn candle_message(e: &candle_core::Error) -> String {
+    use candle_core::Error as E;
+    match e {
+        E::WithBacktrace { inner, .. } => candle_message(inner),
+        E::Context { inner, context } => format!("{context}\n{}", candle_message(inner)),
+        E::WithPath { inner, path } => format!("path: {path:?} {}", candle_message(inner)),
+        other => other.to_string(),
+    }
 }

@@ -29,7 +29,8 @@ pub fn parse_device(spec: &str) -> Result<Device> {
 fn cuda(ordinal: usize) -> Result<Device> {
     Device::new_cuda(ordinal).map_err(|e| {
         Error::Device(format!(
-            "cannot open CUDA device {ordinal}: {e}; is the NVIDIA driver installed and a GPU visible? Use --device cpu to train on the CPU"
+            "cannot open CUDA device {ordinal}: {}; is the NVIDIA driver installed and a GPU visible? Use --device cpu to train on the CPU",
+            crate::error::candle_message(&e)
         ))
     })
 }

@@ -103,7 +103,7 @@ pub(crate) struct HostState {
     /// Watching and reloading the recipe's scripts.
     pub reload: RefCell<reload::ReloadState>,
     /// On a GPU with `--mem-limit`: the rest of the card, reserved.
-    pub _ballast: Option<crate::memory::device::Ballast>,
+    pub ballast: Option<crate::memory::device::Ballast>,
 }
 
 pub(crate) fn state(lua: &Lua) -> Rc<HostState> {
@@ -163,7 +163,7 @@ impl Host {
             runs: RefCell::new(Vec::new()),
             recipe_hash: RefCell::new(String::new()),
             reload: RefCell::new(reload::ReloadState::default()),
-            _ballast: ballast,
+            ballast,
         });
         lua.set_app_data(state.clone());
         let taper = lua.create_table()?;

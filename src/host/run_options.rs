@@ -278,7 +278,7 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Oom
     };
     let budget = match opts.get::<Value>("mem_limit")? {
         // On a GPU, --mem-limit is the ballast's job (real device OOMs).
-        Value::Nil if host._ballast.is_some() => None,
+        Value::Nil if host.ballast.is_some() => None,
         Value::Nil => host.opts.mem_limit,
         Value::Integer(n) if n > 0 => Some(n as usize),
         Value::String(s) => Some(

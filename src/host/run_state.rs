@@ -152,7 +152,12 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
         f.insert("device_memory_total".into(), json!(d.total));
     }
     if let Some(peak) = crate::memory::device::pool_peak(r.trainer.device()) {
-        f.insert("device_memory_peak".into(), json!(peak));
+        // The --mem-limit ballast lives in the pool too; the peak is the run's.
+        let ballast = host.ballast.as_ref().map_or(0, |b| b.bytes);
+        f.insert(
+            "device_memory_peak".into(),
+            json!(peak.saturating_sub(ballast)),
+        );
     }
     f.insert("lr".into(), json!(r.trainer.learning_rate()));
     host.out.record("epoch", r.trainer.step, r.epoch, f)?;

@@ -8,94 +8,16 @@
 //! Unlike the CPU path the full square is multiplied, masked triangle
 //! included; the row kernels (`kernels/attention.cu`) zero it.
 
-use candle_core::cuda_backend::cudarc::cublas::sys::cublasOperation_t as Op;
-use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
+use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, Gemm};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, PushKernelArg};
-use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, WithDType};
 
 use super::attention::Dims;
-use super::cuda::{alloc, kernel, per_row, run, suffix, view, ATTENTION};
+use super::blas::{int, product, Mat};
+use super::cuda::{alloc, kernel, row_groups, run, suffix, view, ATTENTION};
 
-/// A matrix operand: row-major at `off` with row stride `ld` or, with `t`,
-/// the transpose of such a matrix; the next head's is `stride` further on.
-#[derive(Clone, Copy)]
-struct Mat {
-    off: usize,
-    ld: usize,
-    t: bool,
-    stride: usize,
-}
-
-impl Mat {
-    fn new(off: usize, ld: usize, stride: usize) -> Self {
-        Mat {
-            off,
-            ld,
-            t: false,
-            stride,
-        }
-    }
-    fn t(self) -> Self {
-        Mat { t: true, ..self }
-    }
-}
-
-fn int(x: usize) -> Result<i32> {
-    i32::try_from(x)
-        .map_err(|_| candle_core::Error::Msg(format!("attention: {x} is too large for cuBLAS")))
-}
-
-/// Row-major `c = alpha a b` (`a` is m x k, `b` k x n) for every head.
-/// cuBLAS is column-major, where a row-major matrix reads as its transpose,
-/// so it is asked for `c^T = b^T a^T`.
-#[allow(clippy::too_many_arguments)]
-fn product<T: WithDType>(
-    blas: &CudaBlas,
-    heads: usize,
-    (m, n, k): (usize, usize, usize),
-    alpha: f64,
-    (a, am): (&CudaView<'_, T>, Mat),
-    (b, bm): (&CudaView<'_, T>, Mat),
-    (c, cm): (&mut CudaSlice<T>, Mat),
-) -> Result<()>
-where
-    CudaBlas: Gemm<T>,
-{
-    let op = |m: Mat| {
-        if m.t {
-            Op::CUBLAS_OP_T
-        } else {
-            Op::CUBLAS_OP_N
-        }
-    };
-    let cfg = StridedBatchedConfig {
-        gemm: GemmConfig {
-            transa: op(bm),
-            transb: op(am),
-            m: int(n)?,
-            n: int(m)?,
-            k: int(k)?,
-            alpha: T::from_f64(alpha),
-            lda: int(bm.ld)?,
-            ldb: int(am.ld)?,
-            beta: T::from_f64(0.0),
-            ldc: int(cm.ld)?,
-        },
-        batch_size: int(heads)?,
-        stride_a: bm.stride as i64,
-        stride_b: am.stride as i64,
-        stride_c: cm.stride as i64,
-    };
-    let (a, b) = (a.slice(am.off..), b.slice(bm.off..));
-    let mut c = c.slice_mut(cm.off..);
-    // SAFETY: `forward` and `backward` check the buffers' lengths against
-    // the layout, and every head's matrix at these offsets and strides lies
-    // inside its (b, t, 3c), (b, t, c) or (heads, t, t) buffer.
-    unsafe { blas.gemm_strided_batched(cfg, &b, &a, &mut c) }.w()
-}
-
-/// `kernel(buffer, [other,] cols)` with one block per row of `cols`.
+/// `kernel([weights,] buffer, cols, rows)` over rows of `cols`.
 fn row_kernel<T: CudaDType + DeviceRepr + WithDType>(
     dev: &CudaDevice,
     name: &str,
@@ -105,13 +27,13 @@ fn row_kernel<T: CudaDType + DeviceRepr + WithDType>(
     cols: usize,
 ) -> Result<()> {
     let f = kernel!(ATTENTION, dev, format!("{name}_{}", suffix(T::DTYPE)?));
-    let cols_i = int(cols)?;
+    let (cols_i, rows_i) = (int(cols)?, int(rows)?);
     let mut b = f.builder();
     if let Some(p) = weights {
         b.arg(p);
     }
-    b.arg(&mut *s).arg(&cols_i);
-    run(&mut b, per_row(rows, cols))
+    b.arg(&mut *s).arg(&cols_i).arg(&rows_i);
+    run(&mut b, row_groups(rows, cols))
 }
 
 /// The attention weights of every head of the batch element whose q
@@ -134,7 +56,7 @@ where
         blas,
         d.heads,
         (t, t, d.hd),
-        d.scale() as f64,
+        (d.scale() as f64, 0.0),
         (qkv, head(q)),
         (qkv, head(q + c).t()),
         (p, square),
@@ -166,7 +88,7 @@ where
                 &blas,
                 d.heads,
                 (t, d.hd, t),
-                1.0,
+                (1.0, 0.0),
                 (&p.slice(..), Mat::new(0, t, t * t)),
                 (&qkv, Mat::new(q + 2 * c, 3 * c, d.hd)),
                 (&mut y, Mat::new(i * t * c, c, d.hd)),
@@ -214,7 +136,7 @@ where
                 &blas,
                 heads,
                 (t, hd, t),
-                1.0,
+                (1.0, 0.0),
                 (&pv, square.t()),
                 (&dy, g),
                 (&mut dqkv, head(q + 2 * c)),
@@ -223,14 +145,14 @@ where
                 &blas,
                 heads,
                 (t, t, hd),
-                1.0,
+                (1.0, 0.0),
                 (&dy, g),
                 (&qkv, head(q + 2 * c).t()),
                 (&mut dp, square),
             )?;
             row_kernel(
                 dev,
-                "softmax_grad_inplace",
+                "causal_softmax_grad",
                 Some(&p),
                 &mut dp,
                 d.heads * t,
@@ -242,7 +164,7 @@ where
                 &blas,
                 heads,
                 (t, hd, t),
-                scale,
+                (scale, 0.0),
                 (&ds, square),
                 (&qkv, head(q + c)),
                 (&mut dqkv, head(q)),
@@ -251,7 +173,7 @@ where
                 &blas,
                 heads,
                 (t, hd, t),
-                scale,
+                (scale, 0.0),
                 (&ds, square.t()),
                 (&qkv, head(q)),
                 (&mut dqkv, head(q + c)),

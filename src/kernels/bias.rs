@@ -101,6 +101,17 @@ impl CustomOp1 for ColumnSum {
             );
         Ok((CpuStorage::F32(sums), Shape::from(n)))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::dense_cuda::column_sum;
+        let sums = super::cuda::by_float!(s, column_sum(s, l))?;
+        Ok((sums, Shape::from(last_dim(l))))
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ module!(ROPE, "rope");
 module!(ADAMW, "adamw");
 module!(CE, "ce");
 module!(ATTENTION, "attention");
+module!(DENSE, "dense");
 
 /// Threads per block for element-wise kernels, and the most blocks a
 /// grid-stride launch uses.
@@ -85,6 +86,21 @@ pub(crate) fn per_row(rows: usize, cols: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
         block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Rows of `cols` values for the row kernels (ROW in kernels/common.cuh):
+/// eight rows a block, a warp each, when rows are short (a block's
+/// barriers and its 1024 threads cost more than such a row's work); a
+/// block per row otherwise.
+pub(crate) fn row_groups(rows: usize, cols: usize) -> LaunchConfig {
+    if cols > 2048 {
+        return per_row(rows, cols);
+    }
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+        block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -177,8 +193,8 @@ pub(crate) fn rows_cols(l: &Layout) -> (usize, usize) {
     (l.shape().elem_count() / cols, cols)
 }
 
-/// A row kernel `kernel(inputs.., out, cols, extra..)` with one block per
-/// row; `extra` are trailing f32 arguments.
+/// A row kernel `kernel(inputs.., out, cols, rows, extra..)` launched by
+/// [`row_groups`]; `extra` are trailing f32 arguments.
 pub(crate) fn rows<T: CudaDType + DeviceRepr + WithDType>(
     m: &Module,
     base: &str,
@@ -199,12 +215,12 @@ pub(crate) fn rows<T: CudaDType + DeviceRepr + WithDType>(
         for v in &views {
             b.arg(v);
         }
-        let cols_i = cols as i32;
-        b.arg(&out).arg(&cols_i);
+        let (cols_i, rows_i) = (cols as i32, nrows as i32);
+        b.arg(&out).arg(&cols_i).arg(&rows_i);
         for x in extra {
             b.arg(x);
         }
-        run(&mut b, per_row(nrows, cols))?;
+        run(&mut b, row_groups(nrows, cols))?;
     }
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }

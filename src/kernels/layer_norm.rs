@@ -249,7 +249,7 @@ where
         + candle_core::WithDType,
 {
     use super::cuda::{
-        alloc, elementwise, kernel, per_row, rows_cols, run, suffix, view, ROWS as M,
+        alloc, elementwise, kernel, row_groups, rows_cols, run, suffix, view, ROWS as M,
     };
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     let (rows, cols) = rows_cols(l1);
@@ -279,8 +279,8 @@ where
     let stats = alloc::<f32>(dev, 2 * rows)?;
     let f = kernel!(M, dev, format!("layer_norm_stats_{sfx}"));
     let mut b = f.builder();
-    b.arg(&x).arg(&stats).arg(&cols_i).arg(&eps);
-    run(&mut b, per_row(rows, cols))?;
+    b.arg(&x).arg(&stats).arg(&cols_i).arg(&rows_i).arg(&eps);
+    run(&mut b, row_groups(rows, cols))?;
 
     // At most 1024 chunks of at least 32 rows.
     let per = rows.div_ceil(1024).max(32);

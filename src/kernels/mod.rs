@@ -10,11 +10,15 @@ mod attention;
 #[cfg(feature = "cuda")]
 mod attention_cuda;
 mod bias;
+#[cfg(feature = "cuda")]
+mod blas;
 mod ce_rows;
 mod chunked_ce;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod dense;
+#[cfg(feature = "cuda")]
+mod dense_cuda;
 pub mod device_state;
 mod gelu;
 mod layer_norm;

@@ -1,0 +1,100 @@
+//! The CUDA path of the dense layer (`dense.rs` has the CPU reference):
+//! the output starts as the bias rows and one cuBLAS product adds `x W^T`
+//! onto it; the bias gradient is a two-stage column sum
+//! (`kernels/dense.cu`).
+
+use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, Gemm};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{bail, CudaStorage, Layout, Result, WithDType};
+
+use super::blas::{int, product, Mat};
+use super::cuda::{alloc, elementwise, kernel, rows_cols, run, suffix, view, DENSE};
+
+/// `x [rows, k] W^T + b` for `w [n, k]`, `b [n]`: `[rows, n]`.
+pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
+    (s1, l1): (&CudaStorage, &Layout),
+    (s2, l2): (&CudaStorage, &Layout),
+    (s3, l3): (&CudaStorage, &Layout),
+) -> Result<CudaStorage>
+where
+    CudaBlas: Gemm<T>,
+{
+    let (n, k) = l2.shape().dims2()?;
+    let (x, w, b) = (
+        view::<T>(s1, l1, "linear input")?,
+        view::<T>(s2, l2, "linear weight")?,
+        view::<T>(s3, l3, "linear bias")?,
+    );
+    let rows = x.len() / k.max(1);
+    if b.len() != n || rows * k != x.len() {
+        bail!(
+            "linear: input {:?}, weight [{n}, {k}], bias [{}]",
+            l1.dims(),
+            b.len()
+        )
+    }
+    let dev = &s1.device;
+    let mut y = alloc::<T>(dev, rows * n)?;
+    if rows * n > 0 {
+        let f = kernel!(DENSE, dev, format!("bias_rows_{}", suffix(T::DTYPE)?));
+        let (rows_u, n_i) = (rows as u64, int(n)?);
+        let mut args = f.builder();
+        args.arg(&b).arg(&mut y).arg(&rows_u).arg(&n_i);
+        run(&mut args, elementwise(rows * n))?;
+        if k > 0 {
+            let blas = dev.cublas_handle();
+            product(
+                &blas,
+                1,
+                (rows, n, k),
+                (1.0, 1.0),
+                (&x, Mat::new(0, k, rows * k)),
+                (&w, Mat::new(0, k, n * k).t()),
+                (&mut y, Mat::new(0, n, rows * n)),
+            )?;
+        }
+    }
+    Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+}
+
+/// The sum over all rows of `g [.., cols]`: `[cols]`.
+pub(super) fn column_sum<T: CudaDType + DeviceRepr + WithDType>(
+    s: &CudaStorage,
+    l: &Layout,
+) -> Result<CudaStorage> {
+    let (rows, cols) = rows_cols(l);
+    let g = view::<T>(s, l, "bias gradient")?;
+    let dev = &s.device;
+    if cols == 0 {
+        return Ok(CudaStorage::wrap_cuda_slice(
+            alloc::<T>(dev, 0)?,
+            dev.clone(),
+        ));
+    }
+    let sfx = suffix(T::DTYPE)?;
+    // At most 1024 chunks of at least 32 rows, as the layer norm's sums.
+    let per = rows.div_ceil(1024).max(32);
+    let chunks = rows.div_ceil(per).max(1);
+    let partial = alloc::<f32>(dev, chunks * cols)?;
+    let (rows_i, cols_i, per_i, chunks_i) = (int(rows)?, int(cols)?, int(per)?, int(chunks)?);
+    let f = kernel!(DENSE, dev, format!("column_sum_partial_{sfx}"));
+    let mut args = f.builder();
+    args.arg(&g)
+        .arg(&partial)
+        .arg(&rows_i)
+        .arg(&cols_i)
+        .arg(&per_i);
+    let cfg = LaunchConfig {
+        grid_dim: (chunks as u32, cols.div_ceil(256) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    run(&mut args, cfg)?;
+    let out = alloc::<T>(dev, cols)?;
+    let f = kernel!(DENSE, dev, format!("column_sum_final_{sfx}"));
+    let mut args = f.builder();
+    args.arg(&partial).arg(&out).arg(&chunks_i).arg(&cols_i);
+    run(&mut args, elementwise(cols))?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
