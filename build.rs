@@ -24,7 +24,16 @@ fn main() {
     // the GPU it finds. compute_90 is the H100/H200 (see ../shared/CUDA.md).
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let cap = cap.replace('.', "");
-    for name in ["gelu", "rows", "rope", "adamw", "ce", "attention", "dense"] {
+    for name in [
+        "gelu",
+        "rows",
+        "rope",
+        "adamw",
+        "ce",
+        "attention",
+        "dense",
+        "embedding",
+    ] {
         let src = format!("kernels/{name}.cu");
         let ptx = out.join(format!("{name}.ptx"));
         let status = Command::new(&nvcc)

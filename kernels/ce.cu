@@ -1,6 +1,8 @@
 // Cross-entropy over rows of logits, one block per row (the pieces of the
 // chunked cross-entropy; src/kernels/chunked_ce.rs is the reference). With
 // label smoothing eps, a row's loss is lse - (1 - eps) z_y - eps mean(z).
+// Rows are `cols` apart and their first `live` values are the vocabulary;
+// the rest are padding (ignored by the loss, given a zero gradient).
 #include "common.cuh"
 
 // lse and the row's sum; every thread gets both.
@@ -19,15 +21,16 @@ template <typename T> __device__ float2 lse_sum(const T* z, int cols) {
 }
 
 template <typename T>
-__device__ void ce_loss(const T* z, const uint32_t* y, float* loss, int cols, float eps) {
+__device__ void ce_loss(const T* z, const uint32_t* y, float* loss, int cols, int live,
+                        float eps) {
   const T* zr = z + (size_t)blockIdx.x * cols;
-  const float2 ls = lse_sum(zr, cols);
+  const float2 ls = lse_sum(zr, live);
   const uint32_t target = y[blockIdx.x];
   // A target outside the vocabulary gives NaN (checking on the host would
   // cost a device sync per step).
   if (threadIdx.x == 0)
-    loss[blockIdx.x] = target < (uint32_t)cols
-                           ? ls.x - (1.f - eps) * to_f(zr[target]) - eps * (ls.y / cols)
+    loss[blockIdx.x] = target < (uint32_t)live
+                           ? ls.x - (1.f - eps) * to_f(zr[target]) - eps * (ls.y / live)
                            : NAN;
 }
 
@@ -37,27 +40,30 @@ __device__ void ce_loss(const T* z, const uint32_t* y, float* loss, int cols, fl
 // its reductions, and the last loop reads and writes each value in one
 // thread.
 template <typename T>
-__device__ void ce_grad(T* z, const uint32_t* y, const float* g, int cols, float scale,
-                        float eps) {
+__device__ void ce_grad(T* z, const uint32_t* y, const float* g, int cols, int live,
+                        float scale, float eps) {
   const size_t off = (size_t)blockIdx.x * cols;
-  const float lse = lse_sum(z + off, cols).x;
-  const float k = g[0] * scale, spread = eps / cols;
+  const float lse = lse_sum(z + off, live).x;
+  const float k = g[0] * scale, spread = eps / live;
   const uint32_t target = y[blockIdx.x];
-  const float bad = target < (uint32_t)cols ? 0.f : NAN;
+  const float bad = target < (uint32_t)live ? 0.f : NAN;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-    float d = (expf(to_f(z[off + i]) - lse) - spread) * k + bad;
-    if ((uint32_t)i == target) d -= (1.f - eps) * k;
+    float d = 0.f;
+    if (i < live) {
+      d = (expf(to_f(z[off + i]) - lse) - spread) * k + bad;
+      if ((uint32_t)i == target) d -= (1.f - eps) * k;
+    }
     z[off + i] = from_f<T>(d);
   }
 }
 
 #define CE(T, S)                                                                             \
   extern "C" __global__ void ce_loss_##S(const T* z, const uint32_t* y, float* loss, int cols, \
-                                         float eps) {                                        \
-    ce_loss(z, y, loss, cols, eps);                                                          \
+                                         int live, float eps) {                              \
+    ce_loss(z, y, loss, cols, live, eps);                                                    \
   }                                                                                          \
   extern "C" __global__ void ce_grad_##S(T* z, const uint32_t* y, const float* g, int cols,    \
-                                         float scale, float eps) {                           \
-    ce_grad(z, y, g, cols, scale, eps);                                                      \
+                                         int live, float scale, float eps) {                 \
+    ce_grad(z, y, g, cols, live, scale, eps);                                                \
   }
 FOR_FLOAT_TYPES(CE)

@@ -4,9 +4,13 @@
 // over rows in two coalesced stages.
 #include "common.cuh"
 
-// y [rows, n] = b in every row.
+// y [rows, n] = b in every row: a thread per column (blockIdx.x, threadIdx.x)
+// and a row stride (blockIdx.y, gridDim.y), so no index division.
 template <typename T> __device__ void bias_rows(const T* b, T* y, size_t rows, int n) {
-  FOR_EACH(i, rows * (size_t)n) y[i] = b[i % (size_t)n];
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  const T v = b[c];
+  for (size_t r = blockIdx.y; r < rows; r += gridDim.y) y[r * n + c] = v;
 }
 
 // partial [chunks, cols]: column sums of g over `per` rows each; a block is

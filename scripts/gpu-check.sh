@@ -106,7 +106,7 @@ print(max((json.loads(l).get('device_memory_peak') or 0) for l in open(sys.argv[
 }
 
 bench() {
-  for model in shakespeare gpt2; do
+  for model in ${BENCH_MODELS:-shakespeare gpt2}; do
     for p in f32 bf16; do
       for round in $(seq "${BENCH_ROUNDS:-2}"); do
         timeout 150 "$bin/taper" bench step --model $model --device cuda --precision $p --steps 20 \
@@ -138,13 +138,14 @@ recs = list(csv.DictReader(rows))[1:]  # the second row holds the units
 tot, cnt = collections.Counter(), collections.Counter()
 for r in recs:
     name = r["Kernel Name"][:90]
-    tot[name] += float(r["gpu__time_duration.sum"])
+    tot[name] += float(r["gpu__time_duration.sum"].replace(",", ""))
     cnt[name] += 1
 all_ns = sum(tot.values())
-print(f"{len(recs)} kernels, {all_ns / 1e6:.1f} ms of device time in all")
+print(f"{len(recs)} kernels, {all_ns / 4e6:.1f} ms of device time per step")
 for name, ns in tot.most_common(30):
-    print(f"{ns / 1e6:9.2f} ms {100 * ns / all_ns:5.1f}% {cnt[name]:6d}x  {name}")
+    print(f"{ns / 4e6:8.2f} ms/step {100 * ns / all_ns:5.1f}% {cnt[name] / 4:7.1f}x/step  {name}")
 PY
+  [ "${PROFILE_TORCH:-1}" = 1 ] || return 0
   echo "== the same step in PyTorch"
   timeout 120 python3 benches/torch_step.py --model gpt2 --device cuda \
     --precision "${PROFILE_PRECISION:-bf16}" --steps 3 --profile || echo "torch profile exit $?"

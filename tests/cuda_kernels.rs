@@ -178,6 +178,19 @@ fn chunked_cross_entropy_matches_the_cpu() -> Result<()> {
 }
 
 #[test]
+fn embedding_matches_the_cpu() -> Result<()> {
+    // Repeated ids, so that the backward's atomic adds meet.
+    let ids: Vec<u32> = (0..3 * 50).map(|i| ((i * 7) % 97) as u32).collect();
+    let ids = Tensor::from_vec(ids, (3, 50), &Device::Cpu)?;
+    for dt in DTYPES {
+        check("embedding", dt, &[randn(&[97, 40], 1.0)?], |t| {
+            kernels::embedding(&t[0], &ids.to_device(t[0].device())?)
+        })?;
+    }
+    Ok(())
+}
+
+#[test]
 fn linear_matches_the_cpu() -> Result<()> {
     for dt in DTYPES {
         // Rows that are not a multiple of anything; GPT-2's MLP widths.

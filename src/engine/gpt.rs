@@ -123,17 +123,14 @@ impl GptNet {
     /// `[batch, time]` token ids (u32) to the final hidden states
     /// `[batch, time, width]` (after the last layer norm).
     fn hidden(&self, idx: &Tensor) -> Result<Tensor> {
-        let (b, t) = idx.dims2()?;
+        let (_, t) = idx.dims2()?;
         if t > self.context {
             candle_core::bail!(
                 "gpt: sequence of {t} tokens exceeds the context of {}",
                 self.context
             );
         }
-        let tok = self
-            .wte
-            .embedding(&idx.flatten_all()?)?
-            .reshape((b, t, ()))?;
+        let tok = crate::kernels::embedding(&self.wte, idx)?;
         let pos = self.wpe.narrow(0, 0, t)?;
         let mut x = tok.broadcast_add(&pos)?;
         for block in &self.blocks {

@@ -7,6 +7,11 @@
 //! With label smoothing `eps` (as `torch.nn.CrossEntropyLoss`), a row's loss
 //! is `lse - (1 - eps) z_y - eps mean(z)` and its logit gradient
 //! `softmax(z) - (1 - eps) onehot(y) - eps / V`.
+//!
+//! Rows may be padded: only their first `live` values are the vocabulary
+//! (the loss ignores the rest and their gradient is 0). The chunked
+//! cross-entropy pads on CUDA, where cuBLAS runs an odd row length (GPT-2's
+//! 50257) on slow unaligned kernels.
 
 use candle_core::{bail, CpuStorage, CustomOp2, InplaceOp3, Layout, Result, Shape};
 use rayon::prelude::*;
@@ -18,7 +23,7 @@ pub(super) fn lse_mean(z: &[f32]) -> (f32, f32) {
     (max + sum.ln(), z.iter().sum::<f32>() / z.len() as f32)
 }
 
-fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
+pub(super) fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
     let CpuStorage::U32(v) = s else {
         bail!("cross-entropy: expected u32 targets")
     };
@@ -32,6 +37,16 @@ fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
 /// A target outside the vocabulary gives NaN, as on CUDA.
 pub(super) struct RowLoss {
     pub smoothing: f32,
+    /// The vocabulary: the first `live` values of each row.
+    pub live: usize,
+}
+
+/// The vocabulary size of rows of `cols` (`live`, checked).
+fn live_of(live: usize, cols: usize) -> Result<usize> {
+    if live == 0 || live > cols {
+        bail!("cross-entropy: a vocabulary of {live} in rows of {cols}")
+    }
+    Ok(live)
 }
 
 impl CustomOp2 for RowLoss {
@@ -48,10 +63,12 @@ impl CustomOp2 for RowLoss {
     ) -> Result<(CpuStorage, Shape)> {
         let z = super::f32_slice(s1, l1, "cross-entropy logits")?;
         let y = u32_slice(s2, l2)?;
-        let v = super::rows::last_dim(l1);
+        let cols = super::rows::last_dim(l1);
+        let v = live_of(self.live, cols)?;
         let eps = self.smoothing;
         let out = z
-            .par_chunks(v)
+            .par_chunks(cols)
+            .map(|z| &z[..v])
             .zip(y)
             .map(|(z, &y)| match z.get(y as usize) {
                 Some(&zy) => {
@@ -75,7 +92,7 @@ impl CustomOp2 for RowLoss {
         use self::cuda::loss;
         use super::cuda::by_float;
         let rows = l1.shape().elem_count() / super::rows::last_dim(l1);
-        let out = by_float!(s1, loss(self.smoothing, (s1, l1), (s2, l2)))?;
+        let out = by_float!(s1, loss(self, (s1, l1), (s2, l2)))?;
         Ok((out, Shape::from(rows)))
     }
 }
@@ -88,6 +105,8 @@ impl CustomOp2 for RowLoss {
 pub(super) struct RowGrad {
     pub scale: f32,
     pub smoothing: f32,
+    /// As [`RowLoss::live`].
+    pub live: usize,
 }
 
 impl InplaceOp3 for RowGrad {
@@ -112,18 +131,21 @@ impl InplaceOp3 for RowGrad {
         };
         let y = u32_slice(s2, l2)?;
         let g = super::f32_slice(s3, l3, "cross-entropy gradient")?;
-        let v = super::rows::last_dim(l1);
-        if (b - a) / v != y.len() || g.len() != 1 {
+        let cols = super::rows::last_dim(l1);
+        let v = live_of(self.live, cols)?;
+        if (b - a) / cols != y.len() || g.len() != 1 {
             bail!(
                 "cross-entropy: {} rows, {} targets, {} gradients",
-                (b - a) / v,
+                (b - a) / cols,
                 y.len(),
                 g.len()
             )
         }
         let k = g[0] * self.scale;
         let (keep, spread) = (1.0 - self.smoothing, self.smoothing / v as f32);
-        z[a..b].par_chunks_mut(v).zip(y).for_each(|(row, &y)| {
+        z[a..b].par_chunks_mut(cols).zip(y).for_each(|(row, &y)| {
+            let (row, pad) = row.split_at_mut(v);
+            pad.fill(0.0);
             let (lse, _) = lse_mean(row);
             let bad = if (y as usize) < v { 0.0 } else { f32::NAN };
             for (i, x) in row.iter_mut().enumerate() {
@@ -168,11 +190,12 @@ mod cuda {
     use super::super::cuda::{alloc, kernel, per_row, rows_cols, run, suffix, view, CE};
 
     pub(super) fn loss<T: CudaDType + DeviceRepr + WithDType>(
-        eps: f32,
+        op: &super::RowLoss,
         (s1, l1): (&CudaStorage, &Layout),
         (s2, l2): (&CudaStorage, &Layout),
     ) -> Result<CudaStorage> {
         let (rows, cols) = rows_cols(l1);
+        let live = super::live_of(op.live, cols)? as i32;
         let z = view::<T>(s1, l1, "cross-entropy logits")?;
         let y = view::<u32>(s2, l2, "cross-entropy targets")?;
         if y.len() != rows {
@@ -184,7 +207,8 @@ mod cuda {
             let f = kernel!(CE, dev, format!("ce_loss_{}", suffix(T::DTYPE)?));
             let cols_i = cols as i32;
             let mut b = f.builder();
-            b.arg(&z).arg(&y).arg(&out).arg(&cols_i).arg(&eps);
+            b.arg(&z).arg(&y).arg(&out).arg(&cols_i).arg(&live);
+            b.arg(&op.smoothing);
             run(&mut b, per_row(rows, cols))?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
@@ -198,6 +222,7 @@ mod cuda {
         (s3, l3): (&CudaStorage, &Layout),
     ) -> Result<()> {
         let (rows, cols) = rows_cols(l1);
+        let live = super::live_of(op.live, cols)? as i32;
         let Some((a, b)) = l1.contiguous_offsets() else {
             bail!("cross-entropy logits: expected a contiguous tensor")
         };
@@ -217,7 +242,7 @@ mod cuda {
             let cols_i = cols as i32;
             let mut b = f.builder();
             b.arg(&mut z).arg(&y).arg(&g);
-            b.arg(&cols_i).arg(&op.scale).arg(&op.smoothing);
+            b.arg(&cols_i).arg(&live).arg(&op.scale).arg(&op.smoothing);
             run(&mut b, per_row(rows, cols))
         } else {
             Ok(())

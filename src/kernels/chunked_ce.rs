@@ -72,13 +72,13 @@ fn by_chunks(
         .flatten_all()?
         .to_dtype(DType::U32)?
         .to_device(hidden.device())?;
-    let (h, w) = (hidden.detach(), head.detach());
-    let wt = w.t()?;
+    let (h, live) = (hidden.detach(), head.dim(0)?);
+    let wt = padded(&head.detach())?.t()?;
     let mut total: Option<Tensor> = None;
     for start in (0..n).step_by(chunk) {
         let len = chunk.min(n - start);
         let z = h.narrow(0, start, len)?.matmul(&wt)?;
-        let op = RowLoss { smoothing };
+        let op = RowLoss { smoothing, live };
         let l = z
             .apply_op2_no_bwd(&targets.narrow(0, start, len)?, &op)?
             .sum_all()?;
@@ -94,6 +94,20 @@ fn by_chunks(
         smoothing,
     };
     hidden.apply_op3(head, &loss, op)
+}
+
+/// The head as the logits' products take it: on CUDA, rows of zeros up to a
+/// multiple of 64, so that the logits' rows are aligned. cuBLAS runs GPT-2's
+/// 50257 columns on unaligned fallback kernels: in the GPT-2 step's kernel
+/// profile (`scripts/gpu-check.sh profile`) the head's products took 23 ms
+/// of 77. The padded logits are ignored by the row kernels ([`RowLoss`]'s
+/// `live`).
+fn padded(head: &Tensor) -> Result<Tensor> {
+    let v = head.dim(0)?;
+    if head.device().is_cpu() || v % 64 == 0 {
+        return Ok(head.clone());
+    }
+    head.pad_with_zeros(0, 0, v.next_multiple_of(64) - v)
 }
 
 /// Gives the loss computed by [`by_chunks`] its place in the graph: the
@@ -143,12 +157,13 @@ impl CustomOp3 for Attached {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (h, w) = (hidden.detach(), head.detach());
+        let (h, w, live) = (hidden.detach(), padded(&head.detach())?, head.dim(0)?);
         let n = h.dim(0)?;
         let g = grad.to_dtype(DType::F32)?.reshape(1)?;
         let op = RowGrad {
             scale: 1.0 / n as f32,
             smoothing: self.smoothing,
+            live,
         };
         let wt = w.t()?;
         let mut dh = Vec::with_capacity(n.div_ceil(self.chunk));
@@ -166,6 +181,8 @@ impl CustomOp3 for Attached {
                 None => part,
             });
         }
+        // The padding's rows of the head gradient are dropped.
+        let dw = dw.map(|dw| dw.narrow(0, 0, live)).transpose()?;
         Ok((Some(Tensor::cat(&dh, 0)?), dw, None))
     }
 }
@@ -205,6 +222,48 @@ mod tests {
 
     /// `by_chunks` directly (no host check of the targets, as on CUDA), on
     /// other shapes and random values.
+    /// Padded rows (as on CUDA): the row kernels read only the first `live`
+    /// values, whatever the padding holds, and zero its gradient.
+    #[test]
+    fn padded_rows_give_the_unpadded_loss_and_gradient() -> Result<()> {
+        let dev = Device::Cpu;
+        let (rows, v, pad) = (5, 9, 7);
+        let z = Tensor::randn(0f32, 2.0, (rows, v), &dev)?;
+        let junk = (Tensor::randn(0f32, 1.0, (rows, pad), &dev)? * 50.0)?;
+        let zp = Tensor::cat(&[&z, &junk], 1)?;
+        let y = Tensor::new(&[0u32, 8, 3, 3, 5], &dev)?;
+        let g = Tensor::new(&[0.5f32], &dev)?;
+        for eps in [0.0, 0.1] {
+            let loss = |z: &Tensor, live| {
+                let op = RowLoss {
+                    smoothing: eps,
+                    live,
+                };
+                z.apply_op2_no_bwd(&y, &op)?.to_vec1::<f32>()
+            };
+            assert_eq!(loss(&z, v)?, loss(&zp, v)?);
+            let grad = |z: &Tensor, live| -> Result<Tensor> {
+                let z = z.copy()?;
+                let op = RowGrad {
+                    scale: 0.2,
+                    smoothing: eps,
+                    live,
+                };
+                z.inplace_op3(&y, &g, &op)?;
+                Ok(z)
+            };
+            let (d, dp) = (grad(&z, v)?, grad(&zp, v)?);
+            assert_eq!(d.to_vec2::<f32>()?, dp.narrow(1, 0, v)?.to_vec2::<f32>()?);
+            assert!(dp
+                .narrow(1, v, pad)?
+                .flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .all(|&x| x == 0.0));
+        }
+        Ok(())
+    }
+
     #[test]
     fn the_row_kernel_path_matches_float64_too() -> Result<()> {
         let dev = Device::Cpu;

@@ -31,6 +31,7 @@ module!(ADAMW, "adamw");
 module!(CE, "ce");
 module!(ATTENTION, "attention");
 module!(DENSE, "dense");
+module!(EMBEDDING, "embedding");
 
 /// Threads per block for element-wise kernels, and the most blocks a
 /// grid-stride launch uses.

@@ -41,7 +41,12 @@ where
         let (rows_u, n_i) = (rows as u64, int(n)?);
         let mut args = f.builder();
         args.arg(&b).arg(&mut y).arg(&rows_u).arg(&n_i);
-        run(&mut args, elementwise(rows * n))?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, rows.min(1024) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        run(&mut args, cfg)?;
         if k > 0 {
             let blas = dev.cublas_handle();
             product(

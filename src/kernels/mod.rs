@@ -20,6 +20,7 @@ mod dense;
 #[cfg(feature = "cuda")]
 mod dense_cuda;
 pub mod device_state;
+mod embedding;
 mod gelu;
 mod layer_norm;
 pub mod quant8;
@@ -30,6 +31,7 @@ pub use attention::{causal_attention, causal_mask};
 pub use bias::bias_add;
 pub use chunked_ce::chunked_cross_entropy;
 pub use dense::linear;
+pub use embedding::embedding;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
 pub use rope::rope_interleaved;

@@ -226,7 +226,12 @@ impl Trainer {
     fn train_loss(&self, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
         let mut logits = None;
         if let Loss::CrossEntropy(c) = &self.opts.loss {
-            if c.chunk > 0 {
+            // On CUDA the fused kernels also take the unchunked loss, as one
+            // chunk: candle's composed cross-entropy over GPT-2's full
+            // logits cost 79 ms of a 134 ms step (`scripts/gpu-check.sh
+            // bench`, H100).
+            let cuda = self.opts.device.is_cuda();
+            if c.chunk > 0 || cuda {
                 if let Some((h, head)) = self.model.hidden_and_head(x)? {
                     if crate::kernels::covers(&h) {
                         let d = h.dim(candle_core::D::Minus1)?;
@@ -235,7 +240,7 @@ impl Trainer {
                             &h,
                             &head,
                             y,
-                            c.chunk,
+                            if c.chunk > 0 { c.chunk } else { usize::MAX },
                             c.label_smoothing,
                         );
                     }
