@@ -220,8 +220,6 @@ mod tests {
             / scale)
     }
 
-    /// `by_chunks` directly (no host check of the targets, as on CUDA), on
-    /// other shapes and random values.
     /// Padded rows (as on CUDA): the row kernels read only the first `live`
     /// values, whatever the padding holds, and zero its gradient.
     #[test]
@@ -264,6 +262,8 @@ mod tests {
         Ok(())
     }
 
+    /// `by_chunks` directly (no host check of the targets, as on CUDA), on
+    /// other shapes and random values.
     #[test]
     fn the_row_kernel_path_matches_float64_too() -> Result<()> {
         let dev = Device::Cpu;

@@ -106,6 +106,21 @@ pub(crate) fn row_groups(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
+/// Two-stage column sums over `rows` rows of `cols` (the dense layer's bias
+/// gradient, the layer norm's weight and bias gradients): rows per chunk,
+/// chunks (at most 1024, of at least 32 rows), and the first stage's launch,
+/// a block per (chunk, tile of 256 columns) and a thread per column.
+pub(crate) fn column_chunks(rows: usize, cols: usize) -> (usize, usize, LaunchConfig) {
+    let per = rows.div_ceil(1024).max(32);
+    let chunks = rows.div_ceil(per).max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (chunks as u32, cols.div_ceil(256) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    (per, chunks, cfg)
+}
+
 /// Runs a launch whose arguments `args` pushed.
 pub(crate) fn run(b: &mut LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
     // SAFETY: every launcher passes the argument list its kernel declares,

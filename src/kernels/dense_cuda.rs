@@ -9,7 +9,7 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaStorage, Layout, Result, WithDType};
 
 use super::blas::{int, product, Mat};
-use super::cuda::{alloc, elementwise, kernel, rows_cols, run, suffix, view, DENSE};
+use super::cuda::{alloc, column_chunks, elementwise, kernel, rows_cols, run, suffix, view, DENSE};
 
 /// `x [rows, k] W^T + b` for `w [n, k]`, `b [n]`: `[rows, n]`.
 pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
@@ -78,9 +78,7 @@ pub(super) fn column_sum<T: CudaDType + DeviceRepr + WithDType>(
         ));
     }
     let sfx = suffix(T::DTYPE)?;
-    // At most 1024 chunks of at least 32 rows, as the layer norm's sums.
-    let per = rows.div_ceil(1024).max(32);
-    let chunks = rows.div_ceil(per).max(1);
+    let (per, chunks, cfg) = column_chunks(rows, cols);
     let partial = alloc::<f32>(dev, chunks * cols)?;
     let (rows_i, cols_i, per_i, chunks_i) = (int(rows)?, int(cols)?, int(per)?, int(chunks)?);
     let f = kernel!(DENSE, dev, format!("column_sum_partial_{sfx}"));
@@ -90,11 +88,6 @@ pub(super) fn column_sum<T: CudaDType + DeviceRepr + WithDType>(
         .arg(&rows_i)
         .arg(&cols_i)
         .arg(&per_i);
-    let cfg = LaunchConfig {
-        grid_dim: (chunks as u32, cols.div_ceil(256) as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
     run(&mut args, cfg)?;
     let out = alloc::<T>(dev, cols)?;
     let f = kernel!(DENSE, dev, format!("column_sum_final_{sfx}"));

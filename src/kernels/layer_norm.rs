@@ -249,9 +249,10 @@ where
         + candle_core::WithDType,
 {
     use super::cuda::{
-        alloc, elementwise, kernel, row_groups, rows_cols, run, suffix, view, ROWS as M,
+        alloc, column_chunks, elementwise, kernel, row_groups, rows_cols, run, suffix, view,
+        ROWS as M,
     };
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     let (rows, cols) = rows_cols(l1);
     let (x, g) = (
         view::<T>(s1, l1, "layer_norm backward")?,
@@ -282,20 +283,13 @@ where
     b.arg(&x).arg(&stats).arg(&cols_i).arg(&rows_i).arg(&eps);
     run(&mut b, row_groups(rows, cols))?;
 
-    // At most 1024 chunks of at least 32 rows.
-    let per = rows.div_ceil(1024).max(32);
-    let chunks = rows.div_ceil(per);
+    let (per, chunks, cfg) = column_chunks(rows, cols);
     let (per_i, chunks_i) = (per as i32, chunks as i32);
     let partial = alloc::<f32>(dev, chunks * 2 * cols)?;
     let f = kernel!(M, dev, format!("layer_norm_bwd_wb_partial_{sfx}"));
     let mut b = f.builder();
     b.arg(&x).arg(&g).arg(&stats).arg(&partial);
     b.arg(&rows_i).arg(&cols_i).arg(&per_i);
-    let cfg = LaunchConfig {
-        grid_dim: (chunks as u32, cols.div_ceil(256) as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
     run(&mut b, cfg)?;
 
     let out = alloc::<T>(dev, 2 * cols)?;
