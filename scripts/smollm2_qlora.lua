@@ -36,10 +36,16 @@ local run = taper.run{
 }
 print(("%s: %d trained parameters"):format(tostring(run), run.parameters))
 
-local before = run:evaluate(val)
+-- run.state survives reloads and resumes: a reloaded version (which runs
+-- this top level again) keeps the loss measured before any training.
+run.state.before = run.state.before or run:evaluate(val).loss
 for _ in run:epochs(1) do
-  for batch in run:batches() do run:step(batch) end
+  for batch in run:batches() do
+    run:step(batch)
+    -- One long epoch: an edit saved during it applies within 10 steps.
+    if run.steps % 10 == 0 then run:reload_point() end
+  end
 end
 local after = run:evaluate(val)
-results = { before = before.loss, after = after.loss }
-print(("held-out cross-entropy: %.4f before, %.4f after %d steps"):format(before.loss, after.loss, run.steps))
+results = { before = run.state.before, after = after.loss }
+print(("held-out cross-entropy: %.4f before, %.4f after %d steps"):format(run.state.before, after.loss, run.steps))

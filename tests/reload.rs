@@ -11,6 +11,8 @@ use candle_core::Device;
 use serde_json::Value;
 use taper::engine::checkpoint;
 
+mod common;
+
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn taper(args: &[&str]) -> Child {
@@ -396,4 +398,188 @@ run:log{ steps = run.state.steps, epochs_seen = #run.state.seen }
         (69.into(), 3.into()),
         "{log}"
     );
+}
+
+/// Starts a shipped recipe, copied into DIR (so that the test can edit its
+/// copy), watched, from the repository root (its data paths are relative to
+/// it), with `--set` options that make it run until killed.
+fn watched_shipped(dir: &Path, recipe: &str, set: &[&str]) -> Child {
+    let text = std::fs::read_to_string(Path::new("scripts").join(recipe)).unwrap();
+    std::fs::write(dir.join(recipe), text).unwrap();
+    let path = dir.join(recipe);
+    let out = dir.join("out");
+    let mut args = vec!["train", s(&path), "--watch", "--quiet", "--out", s(&out)];
+    for kv in set {
+        args.extend(["--set", kv]);
+    }
+    taper(&args)
+}
+
+/// The edit a user makes most: a config default (here `lr`) changed in the
+/// recipe while it runs. Returns the edited text and the new value.
+fn with_new_lr(text: &str) -> (String, f64) {
+    let at = text
+        .find(" lr = ")
+        .expect("every shipped recipe declares lr")
+        + " lr = ".len();
+    let end = at + text[at..].find([',', ' ', '\n']).unwrap();
+    let old: f64 = text[at..end].parse().unwrap();
+    let new = old / 2.0;
+    (format!("{}{new:e}{}", &text[..at], &text[end..]), new)
+}
+
+/// Every recipe in scripts/, as shipped (each calls taper.config{}): an
+/// edit saved during a watched run is applied at its next safe point, and
+/// a broken save after it is survived.
+fn shipped_recipe_reloads(recipe: &str, set: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(recipe);
+    let mut child = watched_shipped(dir.path(), recipe, set);
+    wait_for(&mut child, dir.path(), "the config record", |r| {
+        r["event"] == "config"
+    });
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (edited, lr) = with_new_lr(&text);
+    save(&path, &edited);
+    let applied = wait_for(&mut child, dir.path(), "the reload", |r| {
+        r["event"] == "reload"
+    });
+    assert_eq!(applied["ok"], true, "{recipe}: {applied}");
+    assert_eq!(applied["generation"], 1, "{recipe}: {applied}");
+    let config = events(dir.path(), "config");
+    let new = config
+        .iter()
+        .find(|r| r["generation"] == 1)
+        .unwrap_or_else(|| panic!("{recipe}: no config record of generation 1: {config:?}"));
+    assert_eq!(new["lr"].as_f64(), Some(lr), "{recipe}: {new}");
+
+    // A save with a syntax error on its last line: the edited version goes on.
+    let lines = edited.lines().count() + 2;
+    save(&path, &format!("{edited}\nlocal = 1\n"));
+    let failed = wait_for(&mut child, dir.path(), "the failed reload", |r| {
+        r["event"] == "reload" && r["ok"] == false
+    });
+    assert_eq!(failed["generation"], 1, "{recipe}: {failed}");
+    let why = failed["error"].as_str().unwrap();
+    assert!(
+        why.contains(&format!("{recipe}:{lines}:")),
+        "{recipe}: {why}"
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "{recipe}: exited after a broken save: {}",
+        stderr(&mut child)
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn shipped_digits_reloads() {
+    shipped_recipe_reloads("digits.lua", &["epochs=100000"]);
+}
+
+#[test]
+fn shipped_digits_cnn_reloads() {
+    shipped_recipe_reloads("digits_cnn.lua", &["epochs=100000"]);
+}
+
+#[test]
+fn shipped_digits_prune_reloads() {
+    shipped_recipe_reloads("digits_prune.lua", &["epochs=100000"]);
+}
+
+#[test]
+fn shipped_fashion_mnist_reloads() {
+    common::fetched("data/fashion-mnist/t10k-labels-idx1-ubyte.gz").unwrap();
+    shipped_recipe_reloads("fashion_mnist.lua", &["epochs=100000", "train_samples=256"]);
+}
+
+#[test]
+fn shipped_mnist_csv_reloads() {
+    common::fetched("data/mnist/mnist_5k.csv.gz").unwrap();
+    shipped_recipe_reloads("mnist_csv.lua", &["epochs=100000"]);
+}
+
+#[test]
+fn shipped_shakespeare_reloads() {
+    shipped_recipe_reloads("shakespeare.lua", &["epochs=100000", "steps=4", "sample=0"]);
+}
+
+#[test]
+fn shipped_shakespeare_distill_reloads() {
+    shipped_recipe_reloads(
+        "shakespeare_distill.lua",
+        &["teacher_epochs=100000", "steps=4"],
+    );
+}
+
+#[test]
+fn shipped_smollm2_qlora_reloads() {
+    common::fetched("data/smollm2/tokenizer.json").unwrap();
+    // One long epoch: the recipe's reload points every 10 steps apply the edits.
+    shipped_recipe_reloads(
+        "smollm2_qlora.lua",
+        &["layers=1", "steps=100000", "context=16", "val_windows=2"],
+    );
+}
+
+/// Every recipe in scripts/ has a reload test above.
+#[test]
+fn every_shipped_recipe_has_a_reload_test() {
+    let me = std::fs::read_to_string(file!()).unwrap();
+    for e in std::fs::read_dir("scripts").unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if let Some(stem) = name.strip_suffix(".lua") {
+            assert!(
+                me.contains(&format!("fn shipped_{stem}_reloads()")),
+                "scripts/{name} has no reload test in tests/reload.rs"
+            );
+        }
+    }
+}
+
+/// A recipe replaced by a FIFO, or by a symlink to /dev/zero, during a
+/// watched run: the reload fails with a clear error and the run goes on.
+#[test]
+fn a_recipe_replaced_by_a_fifo_or_dev_zero_is_refused() {
+    let good = recipe("nil", 32, "", HOLD_AT_2);
+    let dir = dir_with(&[("recipe.lua", &good)]);
+    let path = dir.path().join("recipe.lua");
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+
+    let fifo = dir.path().join("fifo.tmp");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::rename(&fifo, &path).unwrap();
+    let failed = wait_for(&mut child, dir.path(), "the FIFO's reload", |r| {
+        r["event"] == "reload"
+    });
+    assert_eq!(failed["ok"], false, "{failed}");
+    let why = failed["error"].as_str().unwrap();
+    assert!(why.contains("not a regular file (a FIFO)"), "{why}");
+
+    let link = dir.path().join("zero.tmp");
+    std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+    std::fs::rename(&link, &path).unwrap();
+    let failed = wait_for(&mut child, dir.path(), "the /dev/zero reload", |r| {
+        r["event"] == "reload"
+            && r["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("character device"))
+    });
+    assert_eq!(failed["ok"], false, "{failed}");
+
+    save(&path, &good);
+    finish(child);
+    let oks: Vec<_> = events(dir.path(), "reload")
+        .iter()
+        .map(|r| r["ok"].clone())
+        .collect();
+    assert_eq!(oks.last(), Some(&Value::Bool(true)), "{oks:?}");
+    assert_eq!(epoch_record(dir.path(), 4)["step"], 92);
 }

@@ -12,7 +12,13 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
 
 fn config(lua: &Lua, defaults: Table) -> mlua::Result<Table> {
     let host = state(lua);
-    if host.config_called.replace(true) {
+    // A reloaded version runs its top level again, taper.config{} included:
+    // once per version, and the version being tried is the next generation.
+    let version = {
+        let rl = host.reload.borrow();
+        rl.generation + u64::from(rl.trial.is_some())
+    };
+    if host.config_called.replace(Some(version)) == Some(version) {
         return Err(config_error(lua, "taper.config: call it once per recipe"));
     }
     let out = lua.create_table()?;
@@ -65,13 +71,14 @@ fn config(lua: &Lua, defaults: Table) -> mlua::Result<Table> {
         out.set(key.as_str(), value)?;
     }
     let record: serde_json::Value = mlua::LuaSerdeExt::from_value(lua, Value::Table(out.clone()))?;
+    let mut fields = record.as_object().cloned().unwrap_or_default();
+    if version > 0 {
+        // A reloaded version's values (its `reload` record says whether it
+        // was applied).
+        fields.insert("generation".into(), version.into());
+    }
     host.out
-        .record(
-            "config",
-            0,
-            0,
-            record.as_object().cloned().unwrap_or_default(),
-        )
+        .record("config", 0, 0, fields)
         .map_err(crate::error::lua_err)?;
     Ok(out)
 }

@@ -95,7 +95,9 @@ pub(crate) struct HostState {
     pub opts: HostOptions,
     pub device: Device,
     pub out: Output,
-    pub config_called: Cell<bool>,
+    /// The recipe version (generation) that last called `taper.config{}`:
+    /// each version, the first and every reloaded one, calls it once.
+    pub config_called: Cell<Option<u64>>,
     pub runs: RefCell<Vec<Rc<RefCell<RunState>>>>,
     pub resume: RefCell<Option<PathBuf>>,
     /// Hash of the recipe being run (see `CheckpointMeta::recipe_hash`).
@@ -159,7 +161,7 @@ impl Host {
             opts,
             device,
             out,
-            config_called: Cell::new(false),
+            config_called: Cell::new(None),
             runs: RefCell::new(Vec::new()),
             recipe_hash: RefCell::new(String::new()),
             reload: RefCell::new(reload::ReloadState::default()),
@@ -241,10 +243,10 @@ impl Host {
 
     /// Runs a recipe file. Its directory is on the `require` path.
     pub fn run_file(&mut self, path: &Path) -> Result<Report> {
-        let src = std::fs::read_to_string(path).map_err(|e| {
+        let src = crate::reload::read_script(path).map_err(|e| {
             Error::Config(format!(
-                "cannot read recipe {}: {e} (try `taper train scripts/digits.lua`)",
-                path.display()
+                "{} (try `taper train scripts/digits.lua`)",
+                e.replacen("cannot read ", "cannot read recipe ", 1)
             ))
         })?;
         if let Some(dir) = path.parent() {
@@ -287,7 +289,7 @@ impl Host {
     }
 
     fn check_overrides_used(&self) -> Result<()> {
-        if !self.state.opts.overrides.is_empty() && !self.state.config_called.get() {
+        if !self.state.opts.overrides.is_empty() && self.state.config_called.get().is_none() {
             return Err(Error::Config(
                 "--set was given but the recipe declares no taper.config{...}".into(),
             ));

@@ -196,7 +196,9 @@ fn try_version(
         .iter()
         .map(|(n, _)| (n.clone(), loaded.get(n.as_str()).unwrap_or(Value::Nil)))
         .collect();
+    let config_called = host.config_called.get();
     let restore = |host: &HostState| {
+        host.config_called.set(config_called);
         for (n, v) in &saved {
             let _ = loaded.set(n.as_str(), v.clone());
         }
@@ -239,7 +241,7 @@ fn try_version(
 }
 
 fn read(path: &Path) -> std::result::Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    crate::reload::read_script(path)
 }
 
 /// Runs the new version until it asks to commit at its first safe point.

@@ -46,6 +46,9 @@ pub(crate) fn register(lua: &Lua) -> mlua::Result<()> {
     host.set(
         "watch_module",
         lua.create_function(|lua, (name, path): (String, String)| {
+            // Lua's loader would read a FIFO or /dev/zero forever.
+            crate::reload::read_script(path.as_ref())
+                .map_err(|e| lua_err(crate::Error::Script(format!("require '{name}': {e}"))))?;
             super::reload::watch_module(lua, &name, path.as_ref());
             Ok(())
         })?,

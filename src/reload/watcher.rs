@@ -157,7 +157,14 @@ pub fn key(path: &Path) -> Option<PathBuf> {
     Some(parent.canonicalize().ok()?.join(name))
 }
 
+/// The hash of a watched file's text. A file that became something other
+/// than a regular file hashes to its error, so that the reload is tried and
+/// fails with that error instead of reading it.
 fn content_hash(path: &Path) -> Option<String> {
-    let bytes = std::fs::read(path).ok()?;
-    Some(text_hash(&String::from_utf8_lossy(&bytes)))
+    // Plugins are watched too: bytes, and a cap that fits a shared library.
+    match super::read_regular(path, 1 << 30) {
+        Ok(bytes) => Some(text_hash(&String::from_utf8_lossy(&bytes))),
+        Err(e) if path.exists() => Some(text_hash(&e)),
+        Err(_) => None,
+    }
 }
