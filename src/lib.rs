@@ -21,6 +21,7 @@ pub mod memory;
 pub mod plugins;
 pub mod quant;
 pub mod reload;
+pub mod run;
 
 pub use error::{Error, Result};
 pub use host::{Host, HostOptions};

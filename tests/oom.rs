@@ -217,6 +217,7 @@ fn cleanup_returns_memory_to_the_pre_step_level() -> Result<()> {
                 phase: p,
                 cause: OomCause::Injected,
                 detail: "test".into(),
+                requested: None,
             }
             .into())
         } else {

@@ -70,10 +70,15 @@ fn built() -> &'static PathBuf {
 }
 
 fn cc(src: &Path, out: &Path) {
+    cc_with(src, out, &root().join("plugins/include"));
+}
+
+/// Compiles a C plugin against the header in `include`.
+fn cc_with(src: &Path, out: &Path, include: &Path) {
     let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     run(Command::new(compiler)
         .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-I"])
-        .arg(root().join("plugins/include"))
+        .arg(include)
         .arg(src)
         .arg("-o")
         .arg(out));
@@ -242,6 +247,132 @@ fn c_policy_built_from_the_header_alone_splits_then_stops() {
     assert!(out.join("checkpoint.safetensors").exists());
 }
 
+/// The ABI is append-only: a plugin compiled against the header as it was
+/// before the 1.1 fields (plugins/testing/abi-1.0) loads and decides.
+#[test]
+fn a_plugin_built_against_the_1_0_header_still_loads_and_decides() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("libold_policy.so");
+    cc_with(
+        &root().join("plugins/c-policy/policy.c"),
+        &so,
+        &root().join("plugins/testing/abi-1.0"),
+    );
+    let prelude = format!(
+        "local p = taper.plugin.load('{}', {{ floor = 8 }})",
+        so.display()
+    );
+    let (o, out) = taper(
+        dir.path(),
+        &digits(&prelude, "", "on_oom = p,", 1),
+        &["--inject-oom", "step=4,phase=backward,times=3"],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert_eq!(actions(&out), ["split", "split", "stop"]);
+    let micro: Vec<_> = records(&out, "oom")
+        .iter()
+        .map(|r| r["new_micro_batch"].clone())
+        .collect();
+    assert_eq!(micro, [16, 8, 8]);
+}
+
+/// The same policy as a Lua function and as a C plugin (plugins/testing/
+/// mirror/policy.c), over the same injected faults in every phase: the
+/// same actions, in the same order, and the same final weights.
+#[test]
+fn a_lua_policy_and_its_c_mirror_decide_the_same() {
+    const LUA: &str = r#"local function policy(ev)
+  if ev.phase == "eval" then
+    return { action = "split", micro_batch = math.max(ev.micro_batch // 4, 1) }
+  elseif ev.phase == "upload" then
+    return "retry"
+  elseif ev.phase == "optimizer" and ev.precision == "f32" then
+    return { action = "precision", precision = "bf16" }
+  elseif ev.phase == "accumulate" then
+    return "skip"
+  elseif ev.micro_batch > 16 then
+    return { action = "split", micro_batch = ev.micro_batch - 8 }
+  elseif ev.attempt > 3 then
+    return "stop"
+  end
+end"#;
+    let dir = tempfile::tempdir().unwrap();
+    let so = dir.path().join("libmirror.so");
+    cc(&root().join("plugins/testing/mirror/policy.c"), &so);
+    let faults = [
+        "step=3,phase=forward,times=2",
+        "step=5,phase=upload",
+        "step=7,phase=backward,times=2",
+        "step=9,phase=accumulate",
+        "step=11,phase=optimizer",
+    ];
+    let mut args = Vec::new();
+    for f in &faults {
+        args.extend(["--inject-oom", f]);
+    }
+    let both = [
+        (LUA.to_string(), "on_oom = policy,"),
+        (
+            format!("local p = taper.plugin.load('{}')", so.display()),
+            "on_oom = p,",
+        ),
+    ];
+    let mut seen = Vec::new();
+    for (i, (prelude, opt)) in both.iter().enumerate() {
+        // An evaluation that meets an OOM too.
+        let recipe = digits(prelude, "", opt, 1).replace(
+            "run:evaluate(test)",
+            "run:inject_oom{ step = run.steps + 1, phase = \"eval\", times = 2 }\nrun:evaluate(test)",
+        );
+        let sub = dir.path().join(format!("run{i}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        let (o, out) = taper(&sub, &recipe, &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let decided: Vec<_> = records(&out, "oom")
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {} {} {}",
+                    r["step"], r["phase"], r["action"], r["new_micro_batch"], r["new_precision"]
+                )
+            })
+            .collect();
+        seen.push((decided, out));
+    }
+    assert_eq!(seen[0].0, seen[1].0);
+    let expected = [
+        "3 \"forward\" \"split\" 24 null",
+        "3 \"forward\" \"split\" 16 null",
+        "5 \"upload\" \"retry\" 16 null",
+        "7 \"backward\" \"split\" 8 null",
+        "7 \"backward\" \"split\" 4 null",
+        "9 \"accumulate\" \"skip\" 4 null",
+        "11 \"optimizer\" \"precision\" 4 \"bf16\"",
+    ];
+    assert_eq!(seen[0].0[..expected.len()], expected, "{:?}", seen[0].0);
+    let evals: Vec<_> = seen[0].0[expected.len()..].to_vec();
+    assert_eq!(evals.len(), 2, "{evals:?}");
+    assert!(
+        evals.iter().all(|e| e.contains("\"eval\" \"split\"")),
+        "{evals:?}"
+    );
+    let (a, _) = checkpoint::load(&seen[0].1.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    let (b, _) = checkpoint::load(&seen[1].1.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    for (k, t) in &a {
+        let f64 = |t: &candle_core::Tensor| {
+            t.flatten_all()
+                .and_then(|t| t.to_dtype(candle_core::DType::F64))
+                .unwrap()
+        };
+        let (x, y) = (f64(t), f64(&b[k]));
+        assert_eq!(
+            x.to_vec1::<f64>().unwrap(),
+            y.to_vec1::<f64>().unwrap(),
+            "{k}"
+        );
+    }
+}
+
 #[test]
 fn a_plugin_and_a_lua_policy_share_a_chain() {
     let prelude = format!("local p = taper.plugin.load('{}')", lib("taper_c_policy"));
@@ -401,8 +532,8 @@ fn the_c_header_matches_the_rust_abi() {
     let (c, rust) = layout! {
         "TaperStr" Str { ptr, len }
         "TaperErrorBuf" ErrorBuf { ptr, cap, len }
-        "TaperOomEvent" OomEvent { phase, cause, step, epoch, batch_size, micro_batch, attempt, memory_used, memory_peak, memory_limit }
-        "TaperOomAction" OomAction { action, micro_batch }
+        "TaperOomEvent" OomEvent { phase, cause, step, epoch, batch_size, micro_batch, attempt, memory_used, memory_peak, memory_limit, requested, device_used, device_free, device_total, precision }
+        "TaperOomAction" OomAction { action, micro_batch, precision }
         "TaperStepInfo" StepInfo { step, micro_batch, batch_size, clean_steps }
         "TaperPlan" Plan { lr, micro_batch, batch_size }
         "TaperTensorView" TensorView { data, dtype, ndim, shape }
@@ -431,6 +562,9 @@ fn the_c_header_matches_the_rust_abi() {
         ("TAPER_ABI_VERSION", format!("{ABI_VERSION}u")),
         ("TAPER_KIND_TRANSFORM", format!("{KIND_TRANSFORM}u")),
         ("TAPER_ACTION_STOP", format!("{ACTION_STOP}u")),
+        ("TAPER_ACTION_PRECISION", format!("{ACTION_PRECISION}u")),
+        ("TAPER_PRECISION_BF16", format!("{PRECISION_BF16}u")),
+        ("TAPER_PHASE_EVAL", format!("{PHASE_EVAL}u")),
         ("TAPER_STATUS_PANIC", format!("{STATUS_PANIC}")),
         ("TAPER_MAX_DIMS", format!("{MAX_DIMS}")),
     ] {

@@ -102,7 +102,7 @@ function Run:log(fields) end
 function Run:generate(opts) end
 
 ---Injects an OOM at step `step` (numbered from 1), `times` times in all.
----@param opts {step: integer, phase?: "forward"|"backward"|"optimizer", times?: integer}
+---@param opts {step: integer, phase?: "upload"|"forward"|"backward"|"accumulate"|"optimizer"|"eval", times?: integer}
 function Run:inject_oom(opts) end
 
 ---Magnitude pruning (as torch.nn.utils.prune.l1_unstructured, or global_unstructured
@@ -350,7 +350,7 @@ function taper.schedule.batch_ramp(opts) end
 function taper.schedule.step(opts) end
 
 ---@class taper.OomEvent
----@field phase "forward"|"backward"|"optimizer"
+---@field phase "upload"|"forward"|"backward"|"accumulate"|"optimizer"|"eval"
 ---@field cause "device"|"budget"|"injected"
 ---@field step integer
 ---@field epoch integer
@@ -359,7 +359,8 @@ function taper.schedule.step(opts) end
 ---@field attempt integer
 ---@field precision "f32"|"bf16"|"f16" the run's precision when it ran out of memory
 ---@field error string
----@field memory {used: integer, peak: integer, limit: integer?}
+---@field requested integer? bytes the failed allocation asked for, when known
+---@field memory {used: integer, peak: integer?, limit: integer?, free: integer?, total: integer?} heap {used, peak, limit} on the CPU; device {used, free, total} on a GPU
 
 ---@alias taper.OomAction "split"|"retry"|"skip"|"stop"|{action: "split"|"retry"|"skip"|"stop"|"precision", micro_batch?: integer, precision?: "f32"|"bf16"|"f16", reason?: string}
 

@@ -55,6 +55,11 @@ typedef struct TaperErrorBuf {
 #define TAPER_PHASE_FORWARD 0u
 #define TAPER_PHASE_BACKWARD 1u
 #define TAPER_PHASE_OPTIMIZER 2u
+/* Since ABI 1.1 (a plugin built earlier sees these values too: treat an
+ * unknown phase like any other). */
+#define TAPER_PHASE_UPLOAD 3u     /* the batch copied to the device */
+#define TAPER_PHASE_ACCUMULATE 4u /* gradients added up, loss read back */
+#define TAPER_PHASE_EVAL 5u       /* evaluation: no training state involved */
 #define TAPER_CAUSE_DEVICE 0u
 #define TAPER_CAUSE_BUDGET 1u
 #define TAPER_CAUSE_INJECTED 2u
@@ -68,21 +73,40 @@ typedef struct TaperOomEvent {
     uint64_t micro_batch;   /* the micro-batch that ran out of memory */
     uint32_t attempt;       /* 1 for the first attempt at this step */
     uint32_t _pad;
-    uint64_t memory_used;
+    uint64_t memory_used;   /* host heap bytes (counting allocator) */
     uint64_t memory_peak;
     uint64_t memory_limit;  /* 0 when there is no budget */
+    /* Appended in ABI 1.1. The host always passes the whole event; a plugin
+     * built against ABI 1.0 reads the fields above only. */
+    uint64_t requested;     /* bytes the failed allocation asked for, 0 unknown */
+    uint64_t device_used;   /* on a GPU: the driver's figures; 0 on the CPU */
+    uint64_t device_free;
+    uint64_t device_total;
+    uint32_t precision;     /* TAPER_PRECISION_*: what forward/backward ran in */
+    uint32_t _pad2;
 } TaperOomEvent;
+
+#define TAPER_PRECISION_UNSET 0u
+#define TAPER_PRECISION_F32 1u
+#define TAPER_PRECISION_BF16 2u
+#define TAPER_PRECISION_F16 3u
 
 #define TAPER_ACTION_DEFAULT 0u /* let the host decide: halve the micro-batch */
 #define TAPER_ACTION_SPLIT 1u   /* micro_batch = new size, 0 for half */
 #define TAPER_ACTION_RETRY 2u
 #define TAPER_ACTION_SKIP 3u
 #define TAPER_ACTION_STOP 4u
+#define TAPER_ACTION_PRECISION 5u /* ABI 1.1: precision = TAPER_PRECISION_*, then retry */
 
+/* The host zeroes the whole action before the call; a plugin built against
+ * ABI 1.0 writes the first two fields only. */
 typedef struct TaperOomAction {
     uint32_t action;
     uint32_t _pad;
     uint64_t micro_batch;
+    /* Appended in ABI 1.1. */
+    uint32_t precision;     /* with TAPER_ACTION_PRECISION */
+    uint32_t _pad2;
 } TaperOomAction;
 
 /* After each successful step. */

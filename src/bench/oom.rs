@@ -24,6 +24,7 @@ fn recovery(rounds: usize) -> Result<()> {
                 phase: p,
                 cause: OomCause::Injected,
                 detail: "bench".into(),
+                requested: None,
             }
             .into()),
             _ => Ok(()),

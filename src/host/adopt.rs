@@ -37,7 +37,7 @@ pub(crate) struct Staged {
     optim: OptimSpec,
     schedule: Option<Rc<RefCell<dyn Schedule>>>,
     micro_batch: Option<usize>,
-    policy: Option<Value>,
+    policy: Option<Box<dyn crate::run::OomPolicy>>,
     budget: Option<usize>,
     on_reload: Option<Function>,
     precision: Precision,

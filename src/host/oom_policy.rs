@@ -1,25 +1,15 @@
-//! Asking a run's OOM policy: the event it sees, the action it answers
-//! (Lua function, policy table or native plugin), and its `on_step` hook
-//! after clean steps.
+//! The Lua-backed OOM policy: a function(event) or a table with
+//! `on_oom`/`on_step` methods in the `on_oom` slot, the event table it
+//! receives, and the actions it may answer.
 
-use mlua::{Lua, Table, Value};
+use mlua::{Lua, Table, Value, WeakLua};
 
 use super::options::defined_at;
-use super::run_state::RunState;
 use crate::engine::precision::Precision;
-use crate::memory::{HostMemory, OomError};
+use crate::memory::{OomCause, Phase};
+use crate::plugins::PluginPolicy;
+use crate::run::{Action, MemoryFigures, OomEvent, OomPolicy, StepInfo};
 use crate::{Error, Result};
-
-/// What a policy decided.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    Split(Option<usize>),
-    Retry,
-    /// Switch forward and backward to this precision, then retry.
-    Precision(Precision),
-    Skip,
-    Stop(String),
-}
 
 /// Calls `policy.name(policy, arg)` (a table with methods) or `policy(arg)`
 /// (a function, for `on_oom` only). Returns nil when there is no such hook.
@@ -101,126 +91,172 @@ pub(crate) fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
     }
 }
 
-fn event_table(
-    lua: &Lua,
-    r: &RunState,
-    e: &OomError,
-    batch: usize,
-    micro: usize,
-    attempt: u32,
-) -> mlua::Result<Table> {
+/// The event as a Lua table: the same fields as the C struct, named as in
+/// `docs/lua-api.md`.
+pub(crate) fn event_table(lua: &Lua, e: &OomEvent) -> mlua::Result<Table> {
     let t = lua.create_table()?;
     t.set("phase", e.phase.name())?;
     t.set("cause", e.cause.name())?;
-    t.set("step", r.trainer.step + 1)?;
-    t.set("epoch", r.epoch)?;
-    t.set("batch_size", batch)?;
-    t.set("micro_batch", micro)?;
-    t.set("attempt", attempt)?;
-    t.set("precision", r.trainer.precision().name())?;
-    t.set("error", e.to_string())?;
+    t.set("step", e.step)?;
+    t.set("epoch", e.epoch)?;
+    t.set("batch_size", e.batch_size)?;
+    t.set("micro_batch", e.micro_batch)?;
+    t.set("attempt", e.attempt)?;
+    t.set("precision", e.precision.name())?;
+    t.set("requested", e.requested)?;
+    t.set("error", e.error.as_str())?;
     let mem = lua.create_table()?;
-    match crate::memory::device::info(r.trainer.device()) {
-        // On a GPU: the driver's figures (the limit is the ballast's doing).
-        Some(d) => {
-            mem.set("used", d.used())?;
-            mem.set("free", d.free)?;
-            mem.set("total", d.total)?;
+    match e.memory {
+        MemoryFigures::Host { used, peak, limit } => {
+            mem.set("used", used)?;
+            mem.set("peak", peak)?;
+            mem.set("limit", limit)?;
         }
-        None => {
-            mem.set("used", HostMemory::current())?;
-            mem.set("peak", HostMemory::peak())?;
-            mem.set("limit", r.oom.budget)?;
+        MemoryFigures::Device { used, free, total } => {
+            mem.set("used", used)?;
+            mem.set("free", free)?;
+            mem.set("total", total)?;
         }
     }
     t.set("memory", mem)?;
     Ok(t)
 }
 
-/// Asks the policy (or the default: halve the micro-batch) what to do.
-pub(super) fn decide(
-    lua: &Lua,
-    r: &RunState,
-    e: &OomError,
-    batch: usize,
-    micro: usize,
-    attempt: u32,
-) -> Result<Action> {
-    let action = match &r.oom.policy {
-        None => None,
-        Some(v) if super::plugin::of(v).is_some() => {
-            // A plugin in the slot: called natively, no Lua table.
-            let p = super::plugin::of(v).expect("checked");
-            let ev = taper_plugin::OomEvent {
-                phase: super::plugin::phase_code(e.phase),
-                cause: super::plugin::cause_code(e.cause),
-                step: r.trainer.step + 1,
-                epoch: r.epoch,
-                batch_size: batch as u64,
-                micro_batch: micro as u64,
-                attempt,
-                _pad: 0,
-                memory_used: HostMemory::current() as u64,
-                memory_peak: HostMemory::peak() as u64,
-                memory_limit: r.oom.budget.unwrap_or(0) as u64,
-            };
-            super::plugin::action(&p, p.on_oom(&ev)?)?
+/// The inverse of [`event_table`], for a plugin called from Lua (inside
+/// `taper.policy.chain{}`, for example).
+pub(crate) fn event_of_table(t: &Table) -> std::result::Result<OomEvent, String> {
+    let s = |k: &str| {
+        t.get::<String>(k)
+            .map_err(|_| format!("event field `{k}` must be a string"))
+    };
+    let n = |k: &str| {
+        t.get::<u64>(k)
+            .map_err(|_| format!("event field `{k}` must be a count"))
+    };
+    let phase = s("phase")?;
+    let cause = s("cause")?;
+    let precision = t
+        .get::<Option<String>>("precision")
+        .map_err(|e| e.to_string())?;
+    let mem: Option<Table> = t.get("memory").map_err(|e| e.to_string())?;
+    let m = |k: &str| -> u64 {
+        mem.as_ref()
+            .and_then(|m| m.get::<Option<u64>>(k).ok().flatten())
+            .unwrap_or(0)
+    };
+    let memory = if mem
+        .as_ref()
+        .is_some_and(|m| m.contains_key("total").unwrap_or(false))
+    {
+        MemoryFigures::Device {
+            used: m("used"),
+            free: m("free"),
+            total: m("total"),
         }
-        Some(p) => {
-            let (v, at) = call_hook(p, "on_oom", event_table(lua, r, e, batch, micro, attempt)?)?;
-            parse_action(v, &at)?
+    } else {
+        let limit = m("limit");
+        MemoryFigures::Host {
+            used: m("used"),
+            peak: m("peak"),
+            limit: (limit > 0).then_some(limit),
         }
     };
-    Ok(action.unwrap_or(Action::Split(None)))
+    Ok(OomEvent {
+        phase: Phase::parse(&phase)
+            .ok_or_else(|| format!("unknown phase `{phase}` ({})", Phase::NAMES))?,
+        cause: OomCause::parse(&cause).ok_or_else(|| format!("unknown cause `{cause}`"))?,
+        step: n("step")?,
+        epoch: n("epoch")?,
+        attempt: n("attempt")? as u32,
+        batch_size: n("batch_size")? as usize,
+        micro_batch: n("micro_batch")? as usize,
+        requested: t.get::<Option<u64>>("requested").ok().flatten(),
+        memory,
+        precision: match precision {
+            None => Precision::F32,
+            Some(p) => Precision::parse(&p).ok_or_else(|| format!("unknown precision `{p}`"))?,
+        },
+        error: t
+            .get::<Option<String>>("error")
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+    })
 }
 
-/// After a clean step: count it, and let the policy's `on_step` grow the
-/// micro-batch back.
-pub(super) fn after_success(lua: &Lua, r: &mut RunState, micro: usize, batch: usize) -> Result<()> {
-    r.oom.clean_steps += 1;
-    let Some(p) = r.oom.policy.clone() else {
-        return Ok(());
-    };
-    if let Some(plugin) = super::plugin::of(&p) {
-        let info = taper_plugin::StepInfo {
-            step: r.trainer.step,
-            micro_batch: micro as u64,
-            batch_size: batch as u64,
-            clean_steps: r.oom.clean_steps,
-        };
-        if let Some(plan) = plugin.on_step(&info)? {
-            if plan.micro_batch > 0 {
-                r.oom.cap = Some(plan.micro_batch as usize);
-            }
-        }
-        return Ok(());
-    }
-    let info = lua.create_table()?;
-    info.set("step", r.trainer.step)?;
-    info.set("micro_batch", micro)?;
-    info.set("batch_size", batch)?;
-    info.set("clean_steps", r.oom.clean_steps)?;
-    let (v, at) = call_hook(&p, "on_step", info)?;
+/// A Lua function or policy table in the `on_oom` slot.
+pub(crate) struct LuaPolicy {
+    value: Value,
+    lua: WeakLua,
+}
+
+/// The policy in an `on_oom` option: nil, a Lua function or policy table,
+/// or a plugin.
+pub(crate) fn from_value(
+    lua: &Lua,
+    v: Value,
+) -> std::result::Result<Option<Box<dyn OomPolicy>>, String> {
     match v {
-        Value::Nil => Ok(()),
-        Value::Table(t) => {
-            let m: Option<i64> = t
-                .get("micro_batch")
-                .map_err(|e| Error::Script(format!("on_step at {at}: {e}")))?;
-            if let Some(m) = m {
-                if m < 1 {
-                    return Err(Error::Script(format!(
-                        "on_step at {at}: micro_batch {m} must be at least 1"
-                    )));
-                }
-                r.oom.cap = Some(m as usize);
+        Value::Nil => Ok(None),
+        v @ (Value::Function(_) | Value::Table(_)) => Ok(Some(Box::new(LuaPolicy {
+            value: v,
+            lua: lua.weak(),
+        }))),
+        v => match super::plugin::of(&v) {
+            Some(p) => {
+                p.lib
+                    .require(taper_plugin::KIND_OOM_POLICY)
+                    .map_err(|e| format!(": {e}"))?;
+                Ok(Some(Box::new(PluginPolicy(p))))
             }
-            Ok(())
+            None => Err(format!(
+                "must be a function(event), a policy table or a plugin, got a {}",
+                v.type_name()
+            )),
+        },
+    }
+}
+
+impl OomPolicy for LuaPolicy {
+    fn on_oom(&mut self, e: &OomEvent) -> Result<Option<Action>> {
+        let lua = self.lua.upgrade();
+        let (v, at) = call_hook(&self.value, "on_oom", event_table(&lua, e)?)?;
+        parse_action(v, &at)
+    }
+
+    fn on_step(&mut self, s: &StepInfo) -> Result<Option<usize>> {
+        let lua = self.lua.upgrade();
+        let info = lua.create_table()?;
+        info.set("step", s.step)?;
+        info.set("micro_batch", s.micro_batch)?;
+        info.set("batch_size", s.batch_size)?;
+        info.set("clean_steps", s.clean_steps)?;
+        let (v, at) = call_hook(&self.value, "on_step", info)?;
+        match v {
+            Value::Nil => Ok(None),
+            Value::Table(t) => {
+                let m: Option<i64> = t
+                    .get("micro_batch")
+                    .map_err(|e| Error::Script(format!("on_step at {at}: {e}")))?;
+                match m {
+                    Some(m) if m < 1 => Err(Error::Script(format!(
+                        "on_step at {at}: micro_batch {m} must be at least 1"
+                    ))),
+                    m => Ok(m.map(|m| m as usize)),
+                }
+            }
+            other => Err(Error::Script(format!(
+                "on_step at {at}: returned a {}, expected nil or {{ micro_batch = n }}",
+                other.type_name()
+            ))),
         }
-        other => Err(Error::Script(format!(
-            "on_step at {at}: returned a {}, expected nil or {{ micro_batch = n }}",
-            other.type_name()
-        ))),
+    }
+
+    fn describe(&self) -> String {
+        match &self.value {
+            Value::Function(f) => format!("function at {}", defined_at(f)),
+            _ => "policy table".into(),
+        }
     }
 }
 

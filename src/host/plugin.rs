@@ -7,14 +7,12 @@
 use std::sync::Arc;
 
 use mlua::{Lua, LuaSerdeExt, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
-use taper_plugin::{OomAction, OomEvent, StepInfo};
+use taper_plugin::StepInfo;
 
-use super::oom_policy::Action;
 use super::options::config_error;
 use crate::error::lua_err;
-use crate::memory::{OomCause, Phase};
-use crate::plugins::{self, Instance};
-use crate::{Error, Result};
+use crate::plugins::{self, Instance, PluginPolicy};
+use crate::run::{Action, OomPolicy};
 
 #[derive(Clone)]
 pub struct PluginHandle(pub Arc<Instance>);
@@ -55,73 +53,10 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     taper.set("plugin", t)
 }
 
-pub(crate) fn phase_code(p: Phase) -> u32 {
-    match p {
-        Phase::Forward => taper_plugin::PHASE_FORWARD,
-        Phase::Backward => taper_plugin::PHASE_BACKWARD,
-        Phase::Optimizer => taper_plugin::PHASE_OPTIMIZER,
-    }
-}
-
-pub(crate) fn cause_code(c: OomCause) -> u32 {
-    match c {
-        OomCause::Device => taper_plugin::CAUSE_DEVICE,
-        OomCause::Budget => taper_plugin::CAUSE_BUDGET,
-        OomCause::Injected => taper_plugin::CAUSE_INJECTED,
-    }
-}
-
-/// The event of `oom::event_table`, as the C struct.
-pub(crate) fn event(phase: Phase, cause: OomCause, fields: &Table) -> mlua::Result<OomEvent> {
-    let mem: Option<Table> = fields.get("memory")?;
-    let m = |k: &str| -> mlua::Result<u64> {
-        Ok(match &mem {
-            Some(t) => t.get::<Option<u64>>(k)?.unwrap_or(0),
-            None => 0,
-        })
-    };
-    Ok(OomEvent {
-        phase: phase_code(phase),
-        cause: cause_code(cause),
-        step: fields.get("step")?,
-        epoch: fields.get("epoch")?,
-        batch_size: fields.get("batch_size")?,
-        micro_batch: fields.get("micro_batch")?,
-        attempt: fields.get("attempt")?,
-        _pad: 0,
-        memory_used: m("used")?,
-        memory_peak: m("peak")?,
-        memory_limit: m("limit")?,
-    })
-}
-
-/// A plugin's answer as the host's action (None: the default).
-pub(crate) fn action(p: &Instance, a: OomAction) -> Result<Option<Action>> {
-    Ok(match a.action {
-        taper_plugin::ACTION_DEFAULT => None,
-        taper_plugin::ACTION_SPLIT => Some(Action::Split(
-            (a.micro_batch > 0).then_some(a.micro_batch as usize),
-        )),
-        taper_plugin::ACTION_RETRY => Some(Action::Retry),
-        taper_plugin::ACTION_SKIP => Some(Action::Skip),
-        taper_plugin::ACTION_STOP => Some(Action::Stop(format!(
-            "the OOM policy plugin {} stopped the run",
-            p.lib.name
-        ))),
-        other => {
-            return Err(Error::Script(format!(
-                "plugin {} ({}): on_oom returned unknown action {other}",
-                p.lib.name,
-                p.lib.path.display()
-            )))
-        }
-    })
-}
-
 /// From Lua: the action as a Lua policy returns it.
-fn action_value(lua: &Lua, p: &Instance, a: OomAction) -> mlua::Result<Value> {
+fn action_value(lua: &Lua, p: &Instance, action: Option<Action>) -> mlua::Result<Value> {
     let t = lua.create_table()?;
-    match action(p, a).map_err(lua_err)? {
+    match action {
         None => return Ok(Value::Nil),
         Some(Action::Split(m)) => {
             t.set("action", "split")?;
@@ -139,20 +74,6 @@ fn action_value(lua: &Lua, p: &Instance, a: OomAction) -> mlua::Result<Value> {
         }
     }
     Ok(Value::Table(t))
-}
-
-fn parse_phase(lua: &Lua, s: &str) -> mlua::Result<Phase> {
-    [Phase::Forward, Phase::Backward, Phase::Optimizer]
-        .into_iter()
-        .find(|p| p.name() == s)
-        .ok_or_else(|| config_error(lua, format!("plugin on_oom: unknown phase `{s}`")))
-}
-
-fn parse_cause(lua: &Lua, s: &str) -> mlua::Result<OomCause> {
-    [OomCause::Device, OomCause::Budget, OomCause::Injected]
-        .into_iter()
-        .find(|c| c.name() == s)
-        .ok_or_else(|| config_error(lua, format!("plugin on_oom: unknown cause `{s}`")))
 }
 
 impl UserData for PluginHandle {
@@ -173,9 +94,9 @@ impl UserData for PluginHandle {
             ))
         });
         m.add_method("on_oom", |lua, this, ev: Table| {
-            let phase = parse_phase(lua, &ev.get::<String>("phase")?)?;
-            let cause = parse_cause(lua, &ev.get::<String>("cause")?)?;
-            let a = this.0.on_oom(&event(phase, cause, &ev)?).map_err(lua_err)?;
+            let ev = super::oom_policy::event_of_table(&ev)
+                .map_err(|e| config_error(lua, format!("plugin on_oom: {e}")))?;
+            let a = PluginPolicy(this.0.clone()).on_oom(&ev).map_err(lua_err)?;
             action_value(lua, &this.0, a)
         });
         m.add_method("on_step", |lua, this, info: Table| {

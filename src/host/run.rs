@@ -130,7 +130,7 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
         r.trainer.set_learning_rate(lr);
     }
     let micro = plan.micro_batch.or(r.micro_batch).unwrap_or(batch.len());
-    let loss = super::oom::step(lua, &host, &mut r, &batch, micro).map_err(lua_err)?;
+    let loss = super::oom::step(&host.out, &mut r, &batch, micro).map_err(lua_err)?;
     if let Some(scale) = r.trainer.take_overflow() {
         // f16 loss scaling skipped this update (non-finite gradients).
         let mut f = Map::new();
@@ -173,10 +173,18 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     };
     let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
     let mut r = run.get_mut()?;
-    let ev = match &objective {
-        Some(o) => r.trainer.evaluate_with(batches, Some(o)),
-        None => r.trainer.evaluate(batches),
-    }
+    // Without one asked for, the run's own loss when it is not plain
+    // cross-entropy (distillation).
+    let own = match r.trainer.loss() {
+        crate::engine::loss::Loss::CrossEntropy(_) => None,
+        other => Some(other.clone()),
+    };
+    let ev = super::oom::evaluate(
+        &host.out,
+        &mut r,
+        batches,
+        objective.as_ref().or(own.as_ref()),
+    )
     .map_err(lua_err)?;
     r.last_eval = Some(ev);
     let split = feed.split_name();

@@ -13,7 +13,6 @@ use serde_json::Map;
 
 use super::generator::Feed;
 use super::models::{LossHandle, ModelHandle, OptimHandle};
-use super::oom::OomState;
 use super::options::{check_keys, config_error, decode, handle};
 use super::run::RunHandle;
 use super::run_state::RunState;
@@ -26,6 +25,7 @@ use crate::engine::schedule::Schedule;
 use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
 use crate::memory::inject::Injection;
+use crate::run::Recovery;
 
 const RUN_KEYS: &[&str] = &[
     "model",
@@ -53,7 +53,7 @@ pub(crate) struct RunOptions {
     pub seed: u64,
     pub schedule: Option<Rc<RefCell<dyn Schedule>>>,
     pub micro_batch: Option<usize>,
-    pub oom: OomState,
+    pub oom: Recovery,
     pub state: Option<Table>,
     pub on_reload: Option<Function>,
     pub precision: Precision,
@@ -255,27 +255,9 @@ fn run_precision(lua: &Lua, opts: &Table) -> mlua::Result<Precision> {
 
 /// `on_oom = function(event) ... end | { on_oom = ..., on_step = ... }`,
 /// `mem_limit = "512MiB" | bytes`, and the host's `--mem-limit`/`--inject-oom`.
-fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<OomState> {
-    let policy = match opts.get::<Value>("on_oom")? {
-        Value::Nil => None,
-        v @ (Value::Function(_) | Value::Table(_)) => Some(v),
-        v if super::plugin::of(&v).is_some() => {
-            let p = super::plugin::of(&v).expect("checked");
-            p.lib
-                .require(taper_plugin::KIND_OOM_POLICY)
-                .map_err(|e| config_error(lua, format!("taper.run: option `on_oom`: {e}")))?;
-            Some(v)
-        }
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                "taper.run: option `on_oom` must be a function(event), a policy table or a plugin, got a {}",
-                other.type_name()
-            ),
-            ))
-        }
-    };
+fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Recovery> {
+    let policy = super::oom_policy::from_value(lua, opts.get::<Value>("on_oom")?)
+        .map_err(|e| config_error(lua, format!("taper.run: option `on_oom` {e}")))?;
     let budget = match opts.get::<Value>("mem_limit")? {
         // On a GPU, --mem-limit is the ballast's job (real device OOMs).
         Value::Nil if host.ballast.is_some() => None,
@@ -308,7 +290,7 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Oom
             Injection::parse(s).map_err(|e| config_error(lua, format!("--inject-oom {s}: {e}")))
         })
         .collect::<mlua::Result<Vec<_>>>()?;
-    Ok(OomState {
+    Ok(Recovery {
         injections,
         budget,
         policy,

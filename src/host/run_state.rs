@@ -46,8 +46,9 @@ pub(crate) struct RunState {
     /// Micro-batch size when the schedule does not say (None: whole batch).
     pub micro_batch: Option<usize>,
     pub recipe_hash: String,
-    /// OOM handling: injected faults, budget, policy, learned cap.
-    pub oom: super::oom::OomState,
+    /// OOM handling (the run core's recovery site): policy, injected
+    /// faults, budget, learned caps.
+    pub oom: crate::run::Recovery,
     /// Batches an OOM policy skipped: (epoch, batch position in the epoch).
     pub skipped: Vec<(u64, u64)>,
     /// `run.state`: the recipe's own table, which survives reloads.

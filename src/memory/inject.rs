@@ -30,7 +30,7 @@ impl Injection {
                 }
                 "phase" => {
                     phase = Phase::parse(v)
-                        .ok_or_else(|| format!("phase `{v}`: use forward, backward or optimizer"))?
+                        .ok_or_else(|| format!("phase `{v}`: use {}", Phase::NAMES))?
                 }
                 "times" => {
                     times = v

@@ -10,30 +10,49 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Where in a training step the memory ran out.
+/// Where the memory ran out: every phase of a step that allocates, and
+/// evaluation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
+    /// The batch copied to the device (and cast to the working precision).
+    Upload,
     Forward,
     Backward,
+    /// Adding a micro-batch's gradients into the step's, and reading its
+    /// loss back.
+    Accumulate,
+    /// Master gradients, clipping and the update (before any parameter
+    /// changes).
     Optimizer,
+    /// Evaluation (`run:evaluate`): no training state is involved.
+    Eval,
 }
 
 impl Phase {
+    pub const ALL: [Phase; 6] = [
+        Phase::Upload,
+        Phase::Forward,
+        Phase::Backward,
+        Phase::Accumulate,
+        Phase::Optimizer,
+        Phase::Eval,
+    ];
+    /// The names, for messages: `upload, forward, ...`.
+    pub const NAMES: &'static str = "upload, forward, backward, accumulate, optimizer or eval";
+
     pub fn name(self) -> &'static str {
         match self {
+            Phase::Upload => "upload",
             Phase::Forward => "forward",
             Phase::Backward => "backward",
+            Phase::Accumulate => "accumulate",
             Phase::Optimizer => "optimizer",
+            Phase::Eval => "eval",
         }
     }
     pub fn parse(s: &str) -> Option<Phase> {
-        match s {
-            "forward" => Some(Phase::Forward),
-            "backward" => Some(Phase::Backward),
-            "optimizer" => Some(Phase::Optimizer),
-            _ => None,
-        }
+        Phase::ALL.into_iter().find(|p| p.name() == s)
     }
 }
 
@@ -45,6 +64,10 @@ pub enum OomCause {
 }
 
 impl OomCause {
+    pub const ALL: [OomCause; 3] = [OomCause::Device, OomCause::Budget, OomCause::Injected];
+    pub fn parse(s: &str) -> Option<OomCause> {
+        OomCause::ALL.into_iter().find(|c| c.name() == s)
+    }
     pub fn name(self) -> &'static str {
         match self {
             OomCause::Device => "device",
@@ -60,6 +83,8 @@ pub struct OomError {
     pub phase: Phase,
     pub cause: OomCause,
     pub detail: String,
+    /// Bytes the failed allocation asked for, when known.
+    pub requested: Option<u64>,
 }
 
 /// Whether a candle error is a device out-of-memory, looking through the
@@ -88,6 +113,7 @@ pub fn classify(e: crate::Error, phase: Phase) -> crate::Error {
             phase,
             cause: OomCause::Device,
             detail: c.to_string().lines().next().unwrap_or_default().to_string(),
+            requested: None,
         }),
         other => other,
     }

@@ -9,6 +9,7 @@
 //! Each way loading can fail has its own message.
 
 mod instance;
+pub mod policy;
 pub mod scaffold;
 
 use std::collections::HashMap;
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use instance::{Instance, PluginSchedule};
+pub use policy::PluginPolicy;
 use taper_plugin::{Descriptor, EntryFn, ABI_VERSION};
 
 use crate::{Error, Result};

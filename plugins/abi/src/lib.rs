@@ -90,6 +90,10 @@ impl ErrorBuf {
 pub const PHASE_FORWARD: u32 = 0;
 pub const PHASE_BACKWARD: u32 = 1;
 pub const PHASE_OPTIMIZER: u32 = 2;
+/// Since ABI 1.1.
+pub const PHASE_UPLOAD: u32 = 3;
+pub const PHASE_ACCUMULATE: u32 = 4;
+pub const PHASE_EVAL: u32 = 5;
 /// What raised it.
 pub const CAUSE_DEVICE: u32 = 0;
 pub const CAUSE_BUDGET: u32 = 1;
@@ -110,41 +114,72 @@ pub struct OomEvent {
     /// 1 for the first attempt at this step.
     pub attempt: u32,
     pub _pad: u32,
+    /// Host heap bytes (counting allocator).
     pub memory_used: u64,
     pub memory_peak: u64,
     /// The memory budget, 0 when none.
     pub memory_limit: u64,
+    // Appended in ABI 1.1: a plugin built against 1.0 reads the fields above.
+    /// Bytes the failed allocation asked for; 0 when unknown.
+    pub requested: u64,
+    /// On a GPU, the driver's figures; 0 on the CPU.
+    pub device_used: u64,
+    pub device_free: u64,
+    pub device_total: u64,
+    /// `PRECISION_*`: what forward and backward ran in.
+    pub precision: u32,
+    pub _pad2: u32,
 }
+
+pub const PRECISION_UNSET: u32 = 0;
+pub const PRECISION_F32: u32 = 1;
+pub const PRECISION_BF16: u32 = 2;
+pub const PRECISION_F16: u32 = 3;
 
 pub const ACTION_DEFAULT: u32 = 0;
 pub const ACTION_SPLIT: u32 = 1;
 pub const ACTION_RETRY: u32 = 2;
 pub const ACTION_SKIP: u32 = 3;
 pub const ACTION_STOP: u32 = 4;
+/// Since ABI 1.1: switch to `precision` (`PRECISION_*`), then retry.
+pub const ACTION_PRECISION: u32 = 5;
 
 /// A policy's answer. `ACTION_DEFAULT` lets the host decide (halve the
-/// micro-batch). `micro_batch` 0 with `ACTION_SPLIT` means half.
+/// micro-batch). `micro_batch` 0 with `ACTION_SPLIT` means half. The host
+/// zeroes the whole struct before the call: a plugin built against ABI 1.0
+/// writes only the first fields.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct OomAction {
     pub action: u32,
     pub _pad: u32,
     pub micro_batch: u64,
+    // Appended in ABI 1.1.
+    /// With `ACTION_PRECISION`: `PRECISION_*`.
+    pub precision: u32,
+    pub _pad2: u32,
 }
 
 impl OomAction {
     pub fn split(micro_batch: u64) -> OomAction {
         OomAction {
             action: ACTION_SPLIT,
-            _pad: 0,
             micro_batch,
+            ..OomAction::default()
         }
     }
     pub fn of(action: u32) -> OomAction {
         OomAction {
             action,
-            _pad: 0,
-            micro_batch: 0,
+            ..OomAction::default()
+        }
+    }
+    /// Since ABI 1.1.
+    pub fn precision(precision: u32) -> OomAction {
+        OomAction {
+            action: ACTION_PRECISION,
+            precision,
+            ..OomAction::default()
         }
     }
 }

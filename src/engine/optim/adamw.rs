@@ -280,6 +280,17 @@ impl Optimizer for AdamW {
         Ok(())
     }
 
+    fn prepare(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()> {
+        for (name, var) in vars {
+            if grads.get(var).is_none() || self.moments.contains_key(name) {
+                continue;
+            }
+            let st = Moments::into_path(None, self.path(var), var)?;
+            self.moments.insert(name.clone(), st);
+        }
+        Ok(())
+    }
+
     fn learning_rate(&self) -> f64 {
         self.cfg.lr
     }

@@ -134,6 +134,12 @@ pub trait Optimizer {
     /// One update of `vars` from `grads`. Variables without a gradient are
     /// left alone, as PyTorch does for parameters whose `.grad` is None.
     fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()>;
+    /// Allocates the state the next [`Optimizer::step`] needs (the first
+    /// step's moments) without changing any parameter, so that an OOM
+    /// there leaves the step retryable.
+    fn prepare(&mut self, _vars: &[(String, Var)], _grads: &GradStore) -> Result<()> {
+        Ok(())
+    }
     fn learning_rate(&self) -> f64;
     fn set_learning_rate(&mut self, lr: f64);
     fn clip_grad_norm(&self) -> Option<f64>;

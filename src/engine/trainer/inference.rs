@@ -7,12 +7,13 @@ use super::super::rng::Rng;
 use super::Eval;
 use super::Trainer;
 use crate::data::Batch;
+use crate::memory::oom::{classify, Phase};
 use crate::{Error, Result};
 
 impl Trainer {
     /// A model over detached parameters: no gradient graph is recorded, so
     /// memory does not grow with the amount evaluated.
-    pub(crate) fn frozen(&self) -> Result<Box<dyn Module>> {
+    pub fn frozen(&self) -> Result<Box<dyn Module>> {
         Ok(self.spec.build(
             self.store
                 .frozen_builder(self.opts.dtype, &self.opts.device),
@@ -41,37 +42,69 @@ impl Trainer {
 
     /// [`Trainer::evaluate`], also averaging `objective` (for example a
     /// distillation loss against a teacher, for a run that trains without one).
+    /// With no OOM recovery: `run::Recovery::evaluate` is the same
+    /// evaluation with it.
     pub fn evaluate_with(
         &self,
         batches: impl Iterator<Item = Result<Batch>>,
         objective: Option<&Loss>,
     ) -> Result<Eval> {
         let model = self.frozen()?;
-        let (mut loss_sum, mut correct, mut count) = (0f64, 0f64, 0usize);
-        let mut obj_sum = 0f64;
+        let mut total = EvalSums::default();
         for batch in batches {
             let batch = batch?;
-            let (x, y) = self.inputs_as(&batch, self.opts.dtype)?;
-            let logits = model.forward(&x)?;
-            let n = y.elem_count();
-            let l = self.opts.loss.base().loss(&logits, &y)?;
-            loss_sum += l.to_dtype(DType::F64)?.to_scalar::<f64>()? * n as f64;
+            total.add(&self.eval_batch(
+                &*model,
+                &batch,
+                batch.len(),
+                objective,
+                &mut |_| Ok(()),
+            )?);
+        }
+        total.eval(objective.is_some())
+    }
+
+    /// Sums over one evaluation batch, taken `piece` samples at a time.
+    /// Device OOMs are classified as [`Phase::Eval`], and `guard` is called
+    /// after each piece; any error abandons the batch with nothing kept.
+    pub fn eval_batch(
+        &self,
+        model: &dyn Module,
+        batch: &Batch,
+        piece: usize,
+        objective: Option<&Loss>,
+        guard: &mut dyn FnMut(Phase) -> Result<()>,
+    ) -> Result<EvalSums> {
+        let eval = |e: candle_core::Error| classify(e.into(), Phase::Eval);
+        let (bx, by) = self
+            .inputs_as(batch, self.opts.dtype)
+            .map_err(|e| classify(e, Phase::Eval))?;
+        let n = batch.len();
+        let piece = piece.clamp(1, n.max(1));
+        let mut sums = EvalSums::default();
+        for start in (0..n).step_by(piece) {
+            let len = piece.min(n - start);
+            let (x, y) = if len == n {
+                (bx.clone(), by.clone())
+            } else {
+                (
+                    bx.narrow(0, start, len).map_err(eval)?,
+                    by.narrow(0, start, len).map_err(eval)?,
+                )
+            };
+            let logits = model.forward(&x).map_err(eval)?;
+            let count = y.elem_count();
+            let l = self.opts.loss.base().loss(&logits, &y).map_err(eval)?;
+            sums.loss += scalar(&l).map_err(eval)? * count as f64;
             if let Some(o) = objective {
-                let v = o.loss(&x, &logits, &y)?;
-                obj_sum += v.to_dtype(DType::F64)?.to_scalar::<f64>()? * n as f64;
+                let v = o.loss(&x, &logits, &y).map_err(eval)?;
+                sums.objective += scalar(&v).map_err(eval)? * count as f64;
             }
-            correct += loss::correct(&logits, &y)?;
-            count += n;
+            sums.correct += loss::correct(&logits, &y).map_err(eval)?;
+            sums.count += count;
+            guard(Phase::Eval)?;
         }
-        if count == 0 {
-            return Err(Error::Data("evaluate: the data set is empty".into()));
-        }
-        Ok(Eval {
-            loss: loss_sum / count as f64,
-            accuracy: correct / count as f64,
-            samples: count,
-            objective: objective.map(|_| obj_sum / count as f64),
-        })
+        Ok(sums)
     }
 
     /// Samples `n` tokens after `prompt` from a sequence model.
@@ -104,6 +137,43 @@ impl Trainer {
         }
         Ok(ids[prompt.len()..].to_vec())
     }
+}
+
+/// Running sums of an evaluation, batch by batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EvalSums {
+    pub loss: f64,
+    pub objective: f64,
+    pub correct: f64,
+    /// Samples (sequence models: positions).
+    pub count: usize,
+}
+
+impl EvalSums {
+    pub fn add(&mut self, o: &EvalSums) {
+        self.loss += o.loss;
+        self.objective += o.objective;
+        self.correct += o.correct;
+        self.count += o.count;
+    }
+
+    /// The means; an error for an empty data set.
+    pub fn eval(&self, with_objective: bool) -> Result<Eval> {
+        if self.count == 0 {
+            return Err(Error::Data("evaluate: the data set is empty".into()));
+        }
+        let n = self.count as f64;
+        Ok(Eval {
+            loss: self.loss / n,
+            accuracy: self.correct / n,
+            samples: self.count,
+            objective: with_objective.then(|| self.objective / n),
+        })
+    }
+}
+
+fn scalar(t: &Tensor) -> candle_core::Result<f64> {
+    t.to_dtype(DType::F64)?.to_scalar::<f64>()
 }
 
 fn sample(logits: &[f64], temperature: f64, rng: &mut Rng) -> u32 {

@@ -4,6 +4,8 @@
 mod inference;
 mod state;
 
+pub use inference::EvalSums;
+
 use std::sync::Arc;
 
 use candle_core::backprop::GradStore;
@@ -276,11 +278,12 @@ impl Trainer {
     }
 
     /// [`Trainer::train_step_micro`] with `guard` called at each phase
-    /// boundary: after each micro-batch's forward and backward, and before
-    /// the optimizer changes any parameter. An error from `guard` (or a
-    /// device OOM, classified here) abandons the step: every tensor of the
-    /// attempt is dropped on the way out, and parameters and optimizer state
-    /// are as they were, so the same batch can be retried.
+    /// boundary: after the upload, after each micro-batch's forward,
+    /// backward and accumulation, and before the optimizer changes any
+    /// parameter. An error from `guard` (or a device OOM, classified here
+    /// by phase) abandons the step: every tensor of the attempt is dropped
+    /// on the way out, and parameters and optimizer state are as they were,
+    /// so the same batch can be retried.
     pub fn train_step_guarded(
         &mut self,
         batch: &Batch,
@@ -296,7 +299,8 @@ impl Trainer {
         let scale = self.mixed.as_ref().map_or(1.0, |m| m.loss_scale());
         let mut acc = GradStore::default();
         let mut loss_sum = 0f64;
-        let (bx, by) = self.inputs(batch)?;
+        let (bx, by) = self.inputs(batch).map_err(|e| classify(e, Phase::Upload))?;
+        guard(Phase::Upload)?;
         for start in (0..n).step_by(micro) {
             let len = micro.min(n - start);
             let (x, y) = if len == n {
@@ -312,12 +316,16 @@ impl Trainer {
             let grads = (&loss * (weight * scale))
                 .and_then(|l| l.backward())
                 .map_err(|e| classify(e.into(), Phase::Backward))?;
-            accumulate(&mut acc, &vars, grads)?;
             guard(Phase::Backward)?;
+            accumulate(&mut acc, &vars, grads).map_err(|e| classify(e, Phase::Accumulate))?;
             // A CPU-GPU sync point: the progress bar wants the number.
-            loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * weight;
+            loss_sum += loss
+                .to_dtype(DType::F64)
+                .and_then(|l| l.to_scalar::<f64>())
+                .map_err(|e| classify(e.into(), Phase::Accumulate))?
+                * weight;
+            guard(Phase::Accumulate)?;
         }
-        guard(Phase::Optimizer)?;
         let masters = self.store.vars();
         let mut acc = match &mut self.mixed {
             None => acc,
@@ -341,6 +349,13 @@ impl Trainer {
             optim::clip_grad_norm(&vars, &mut acc, max)
                 .map_err(|e| classify(e.into(), Phase::Optimizer))?;
         }
+        // The optimizer's state for this step (the first step's moments) is
+        // allocated before any parameter changes, so an OOM here leaves
+        // the step retryable.
+        self.optim
+            .prepare(&vars, &acc)
+            .map_err(|e| classify(e.into(), Phase::Optimizer))?;
+        guard(Phase::Optimizer)?;
         // From here parameters change one by one: a failure inside the update
         // is not retryable (the run stops with what it has checkpointed).
         self.optim.step(&vars, &acc)?;

@@ -1,0 +1,155 @@
+/* taper strategy plugins: the C ABI, version 1.
+ *
+ * The same ABI as the Rust crate in plugins/abi (crate `taper-plugin`);
+ * tests/plugins.rs compiles a C program against this header and checks that
+ * every size and field offset matches the Rust definitions.
+ *
+ * A plugin is a shared library that exports
+ *
+ *     const TaperDescriptor *taper_plugin_v1(void);
+ *
+ * returning a pointer to static data. The descriptor starts with the ABI
+ * version and its own size; later versions only append fields. Every call
+ * returns a TaperStatus; on failure it writes a UTF-8 message (at most
+ * err->cap bytes, not NUL-terminated) into err and sets err->len.
+ *
+ * The host serializes calls into one plugin instance (the state `create`
+ * returned) but may make them from different threads. Libraries are never
+ * unloaded.
+ */
+#ifndef TAPER_PLUGIN_H
+#define TAPER_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TAPER_ABI_VERSION 1u
+
+typedef int32_t TaperStatus;
+#define TAPER_STATUS_OK 0
+#define TAPER_STATUS_ERROR 1
+#define TAPER_STATUS_PANIC 2
+
+/* Strategy kinds: bits of TaperDescriptor.kinds. */
+#define TAPER_KIND_OOM_POLICY 1u
+#define TAPER_KIND_SCHEDULE 2u
+#define TAPER_KIND_TRANSFORM 4u
+
+/* A borrowed UTF-8 string, not NUL-terminated. */
+typedef struct TaperStr {
+    const uint8_t *ptr;
+    size_t len;
+} TaperStr;
+
+/* A host-owned buffer for an error message. */
+typedef struct TaperErrorBuf {
+    uint8_t *ptr;
+    size_t cap;
+    size_t len;
+} TaperErrorBuf;
+
+#define TAPER_PHASE_FORWARD 0u
+#define TAPER_PHASE_BACKWARD 1u
+#define TAPER_PHASE_OPTIMIZER 2u
+#define TAPER_CAUSE_DEVICE 0u
+#define TAPER_CAUSE_BUDGET 1u
+#define TAPER_CAUSE_INJECTED 2u
+
+typedef struct TaperOomEvent {
+    uint32_t phase;
+    uint32_t cause;
+    uint64_t step;          /* the step that failed, 1-based */
+    uint64_t epoch;
+    uint64_t batch_size;
+    uint64_t micro_batch;   /* the micro-batch that ran out of memory */
+    uint32_t attempt;       /* 1 for the first attempt at this step */
+    uint32_t _pad;
+    uint64_t memory_used;
+    uint64_t memory_peak;
+    uint64_t memory_limit;  /* 0 when there is no budget */
+} TaperOomEvent;
+
+#define TAPER_ACTION_DEFAULT 0u /* let the host decide: halve the micro-batch */
+#define TAPER_ACTION_SPLIT 1u   /* micro_batch = new size, 0 for half */
+#define TAPER_ACTION_RETRY 2u
+#define TAPER_ACTION_SKIP 3u
+#define TAPER_ACTION_STOP 4u
+
+typedef struct TaperOomAction {
+    uint32_t action;
+    uint32_t _pad;
+    uint64_t micro_batch;
+} TaperOomAction;
+
+/* After each successful step. */
+typedef struct TaperStepInfo {
+    uint64_t step;
+    uint64_t micro_batch;
+    uint64_t batch_size;
+    uint64_t clean_steps;   /* successful steps since the last OOM */
+} TaperStepInfo;
+
+/* A step's plan. Unset: lr NaN, sizes 0. */
+typedef struct TaperPlan {
+    double lr;
+    uint64_t micro_batch;
+    uint64_t batch_size;
+} TaperPlan;
+
+#define TAPER_DTYPE_F32 0u
+#define TAPER_DTYPE_U32 1u
+#define TAPER_MAX_DIMS 6
+
+/* A host-owned CPU tensor, row-major and contiguous. Transforms may change
+ * values in place, not shapes. */
+typedef struct TaperTensorView {
+    void *data;
+    uint32_t dtype;
+    uint32_t ndim;
+    uint64_t shape[TAPER_MAX_DIMS];
+} TaperTensorView;
+
+typedef struct TaperBatchView {
+    TaperTensorView x;
+    TaperTensorView y;
+    const uint64_t *indices; /* the samples, `size` of them */
+    uint64_t size;
+    uint64_t epoch;
+} TaperBatchView;
+
+typedef TaperStatus (*TaperCreateFn)(TaperStr config_json, void **state, TaperErrorBuf *err);
+typedef void (*TaperDestroyFn)(void *state);
+typedef TaperStatus (*TaperOnOomFn)(void *state, const TaperOomEvent *event,
+                                    TaperOomAction *action, TaperErrorBuf *err);
+typedef TaperStatus (*TaperOnStepFn)(void *state, const TaperStepInfo *info, TaperPlan *plan,
+                                     TaperErrorBuf *err);
+typedef TaperStatus (*TaperScheduleFn)(void *state, uint64_t step, uint64_t epoch,
+                                       TaperPlan *plan, TaperErrorBuf *err);
+typedef TaperStatus (*TaperTransformFn)(void *state, TaperBatchView *batch, TaperErrorBuf *err);
+
+typedef struct TaperDescriptor {
+    uint32_t abi_version;   /* TAPER_ABI_VERSION */
+    uint32_t size;          /* sizeof(TaperDescriptor) */
+    const char *name;       /* NUL-terminated */
+    const char *version;
+    uint32_t kinds;         /* TAPER_KIND_* bits */
+    uint32_t _pad;
+    TaperCreateFn create;
+    TaperDestroyFn destroy;
+    TaperOnOomFn on_oom;         /* TAPER_KIND_OOM_POLICY */
+    TaperOnStepFn on_step;       /* TAPER_KIND_OOM_POLICY, optional */
+    TaperScheduleFn schedule;    /* TAPER_KIND_SCHEDULE */
+    TaperTransformFn transform;  /* TAPER_KIND_TRANSFORM */
+} TaperDescriptor;
+
+typedef const TaperDescriptor *(*TaperEntryFn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TAPER_PLUGIN_H */
