@@ -583,3 +583,35 @@ fn a_recipe_replaced_by_a_fifo_or_dev_zero_is_refused() {
     assert_eq!(oks.last(), Some(&Value::Bool(true)), "{oks:?}");
     assert_eq!(epoch_record(dir.path(), 4)["step"], 92);
 }
+
+/// A reloaded version may change its config defaults, but a `--set` value
+/// still wins over the new default.
+#[test]
+fn set_values_win_over_a_reloaded_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("digits.lua");
+    let mut child = watched_shipped(dir.path(), "digits.lua", &["epochs=100000", "lr=0.002"]);
+    wait_for(&mut child, dir.path(), "the config record", |r| {
+        r["event"] == "config"
+    });
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (edited, _) = with_new_lr(&text);
+    save(&path, &edited.replace("batch = 32", "batch = 16"));
+    let applied = wait_for(&mut child, dir.path(), "the reload", |r| {
+        r["event"] == "reload"
+    });
+    assert_eq!(applied["ok"], true, "{applied}");
+    let new = events(dir.path(), "config")
+        .into_iter()
+        .find(|r| r["generation"] == 1)
+        .expect("a config record of generation 1");
+    assert_eq!(new["lr"], 0.002, "--set wins: {new}");
+    assert_eq!(new["batch"], 16, "the new default applies: {new}");
+    // The run trains on at the --set rate.
+    let later = wait_for(&mut child, dir.path(), "an epoch after the reload", |r| {
+        r["event"] == "epoch" && r["step"].as_u64() > applied["step"].as_u64()
+    });
+    assert_eq!(later["lr"], 0.002, "{later}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
