@@ -88,14 +88,14 @@ pub(crate) fn adopt(
 fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
     let restart =
         "stop the run and start it again (taper train ... --resume <checkpoint>) to change it";
-    let (was, now) = (r.trainer.spec().describe(), o.model.0.describe());
+    let (was, now) = (r.core.trainer.spec().describe(), o.model.0.describe());
     if was != now {
         return Err(config_error(
             lua,
             format!("taper.run: a reload cannot change the model's architecture (running: {was}; new: {now}); {restart}"),
         ));
     }
-    let old = r.trainer.optim_spec();
+    let old = r.core.trainer.optim_spec();
     if !old.same_but_lr(&o.optim) {
         return Err(config_error(
             lua,
@@ -106,7 +106,7 @@ fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
             ),
         ));
     }
-    if o.seed != r.seed {
+    if o.seed != r.core.seed {
         return Err(config_error(
             lua,
             format!("taper.run: a reload cannot change the run's seed; {restart}"),
@@ -123,8 +123,12 @@ pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<(), String> {
     for s in staged {
         let (step, epoch, old_state) = {
             let r = s.run.borrow();
-            let next_epoch = if r.in_epoch { r.epoch } else { r.epoch + 1 };
-            (r.trainer.step, next_epoch.max(1), r.state.clone())
+            let next_epoch = if r.core.cursor.in_epoch {
+                r.core.cursor.epoch
+            } else {
+                r.core.cursor.epoch + 1
+            };
+            (r.core.trainer.step, next_epoch.max(1), r.state.clone())
         };
         let plan = match &s.schedule {
             Some(sch) => Some((
@@ -164,21 +168,22 @@ fn apply(
     state: Table,
 ) -> std::result::Result<(), String> {
     let mut r = s.run.borrow_mut();
-    r.trainer
+    r.core
+        .trainer
         .set_precision(s.precision)
         .map_err(|e| e.to_string())?;
-    if s.optim.lr() != r.trainer.optim_spec().lr() {
-        r.trainer.set_learning_rate(s.optim.lr());
+    if s.optim.lr() != r.core.trainer.optim_spec().lr() {
+        r.core.trainer.set_learning_rate(s.optim.lr());
     }
-    r.trainer.set_optim_spec(s.optim);
-    r.trainer.set_loss(s.loss);
+    r.core.trainer.set_optim_spec(s.optim);
+    r.core.trainer.set_loss(s.loss);
     r.data = s.data;
-    r.schedule = s.schedule;
-    r.micro_batch = s.micro_batch;
-    r.oom.policy = s.policy;
-    r.oom.budget = s.budget;
+    r.core.schedule = s.schedule;
+    r.core.micro_batch = s.micro_batch;
+    r.core.oom.policy = s.policy;
+    r.core.oom.budget = s.budget;
     r.state = state;
-    r.pending = plan;
-    r.reenter = r.in_epoch;
+    r.core.pending = plan;
+    r.reenter = r.core.cursor.in_epoch;
     Ok(())
 }

@@ -323,7 +323,7 @@ impl Host {
         };
         for r in self.state.runs.borrow().iter() {
             let r = r.borrow();
-            if r.trainer.step == 0 {
+            if r.core.trainer.step == 0 {
                 continue;
             }
             let name = match r.id {
@@ -334,8 +334,8 @@ impl Host {
             r.save(&path)?;
             let _ = self.state.out.record(
                 "checkpoint",
-                r.trainer.step,
-                r.epoch,
+                r.core.trainer.step,
+                r.core.cursor.epoch,
                 serde_json::Map::from_iter([
                     ("path".into(), path.display().to_string().into()),
                     ("reason".into(), why.into()),
@@ -357,7 +357,7 @@ impl Host {
             .runs
             .borrow()
             .iter()
-            .map(|r| r.borrow().last_eval)
+            .map(|r| r.borrow().core.last_eval)
             .collect()
     }
 }

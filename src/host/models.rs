@@ -105,10 +105,10 @@ fn distill(lua: &Lua, opts: Table) -> mlua::Result<LossHandle> {
         ));
     }
     let r = teacher.get()?;
-    let model = r.trainer.snapshot().map_err(crate::error::lua_err)?;
+    let model = r.core.trainer.snapshot().map_err(crate::error::lua_err)?;
     Ok(LossHandle(Loss::Distill(Distill {
         teacher: std::rc::Rc::from(model),
-        teacher_name: r.trainer.spec().describe(),
+        teacher_name: r.core.trainer.spec().describe(),
         temperature,
         alpha,
         base: CrossEntropy {

@@ -1,54 +1,13 @@
-//! Training steps and evaluations through the run core's recovery site
-//! (`run::Recovery`), with each OOM written to the run's records.
+//! Each OOM the run core recovers from, written to the run's records.
 
 use serde_json::{json, Map};
 
 use super::output::Output;
-use super::run_state::RunState;
-use crate::data::Batch;
-use crate::engine::loss::Loss;
-use crate::engine::Eval;
-use crate::run::{Action, MemoryFigures, Recovered, StepOutcome};
+use crate::run::{Action, MemoryFigures, Recovered};
 use crate::Result;
 
-/// One training step on `batch` with OOM recovery. Returns the loss, or
-/// `None` when the policy skipped the batch (recorded in `r.skipped`).
-pub fn step(out: &Output, r: &mut RunState, batch: &Batch, planned: usize) -> Result<Option<f64>> {
-    let (id, epoch) = (r.id, r.epoch);
-    let outcome = r
-        .oom
-        .train_step(&mut r.trainer, batch, planned, epoch, &mut |rec| {
-            record(out, id, rec)
-        })?;
-    match outcome {
-        StepOutcome::Trained { loss, .. } => {
-            r.epoch_mem_peak = r.epoch_mem_peak.max(crate::memory::HostMemory::peak());
-            Ok(Some(loss))
-        }
-        StepOutcome::Skipped => {
-            r.skipped.push((r.epoch, r.epoch_steps));
-            Ok(None)
-        }
-    }
-}
-
-/// An evaluation with OOM recovery (an evaluation batch that does not fit
-/// is evaluated in pieces).
-pub fn evaluate(
-    out: &Output,
-    r: &mut RunState,
-    batches: impl Iterator<Item = Result<Batch>>,
-    objective: Option<&Loss>,
-) -> Result<Eval> {
-    let (id, epoch) = (r.id, r.epoch);
-    r.oom
-        .evaluate(&r.trainer, batches, objective, epoch, &mut |rec| {
-            record(out, id, rec)
-        })
-}
-
 /// One `oom` record and a printed line.
-fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
+pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
     let (e, action) = (rec.event, rec.action);
     let name = action.name();
     let mut f = Map::new();

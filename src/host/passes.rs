@@ -47,7 +47,7 @@ pub(super) fn prune(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Tab
         }
     };
     let mut r = run.get_mut()?;
-    let vars = r.trainer.params().vars();
+    let vars = r.core.trainer.params().vars();
     let find: Function = lua.globals().get::<Table>("string")?.get("find")?;
     let mut names = Vec::new();
     for (name, var) in &vars {
@@ -71,6 +71,7 @@ pub(super) fn prune(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Tab
         ));
     }
     let (pruned, total) = r
+        .core
         .trainer
         .prune(&names, o.sparsity, global)
         .map_err(lua_err)?;
@@ -84,7 +85,7 @@ pub(super) fn prune(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Tab
     f.insert("pruned".into(), pruned.into());
     f.insert("total".into(), total.into());
     host.out
-        .record("prune", r.trainer.step, r.epoch, f)
+        .record("prune", r.core.trainer.step, r.core.cursor.epoch, f)
         .map_err(lua_err)?;
     host.out.line(&format!(
         "pruned {pruned} of {total} weights ({:.1}%) in {} tensors",
@@ -127,6 +128,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
     };
     let r = run.get()?;
     let tensors: Vec<(String, candle_core::Tensor)> = r
+        .core
         .trainer
         .params()
         .vars()
@@ -135,9 +137,9 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
         .collect();
     let meta = vec![
         ("general.architecture".to_string(), "taper".to_string()),
-        ("general.name".to_string(), r.trainer.spec().describe()),
-        ("taper.model".to_string(), r.trainer.spec().describe()),
-        ("taper.step".to_string(), r.trainer.step.to_string()),
+        ("general.name".to_string(), r.core.trainer.spec().describe()),
+        ("taper.model".to_string(), r.core.trainer.spec().describe()),
+        ("taper.step".to_string(), r.core.trainer.step.to_string()),
         ("taper.format".to_string(), o.format.clone()),
     ];
     let path = std::path::PathBuf::from(&o.path);
@@ -150,7 +152,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
     f.insert("bytes".into(), s.bytes.into());
     f.insert("f32_bytes".into(), s.f32_bytes.into());
     host.out
-        .record("export", r.trainer.step, r.epoch, f)
+        .record("export", r.core.trainer.step, r.core.cursor.epoch, f)
         .map_err(lua_err)?;
     host.out.line(&format!(
         "exported {} ({}, {} tensors quantized, {} kept f32): {} bytes, {:.2}x smaller than f32",

@@ -29,7 +29,7 @@ impl Host {
         let mut out = Vec::new();
         for r in self.state.runs.borrow().iter() {
             let r = r.borrow();
-            let t = &r.trainer;
+            let t = &r.core.trainer;
             let params = t
                 .params()
                 .vars()
@@ -66,7 +66,7 @@ impl Host {
                 model: t.spec().describe(),
                 batch_size,
                 plan,
-                limit: r.oom.budget,
+                limit: r.core.oom.budget,
             });
         }
         Ok(out)

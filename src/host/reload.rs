@@ -229,7 +229,7 @@ fn try_version(
             let hash = crate::engine::checkpoint::text_hash(&read(&recipe.0).unwrap_or_default());
             *host.recipe_hash.borrow_mut() = hash.clone();
             for r in host.runs.borrow().iter() {
-                r.borrow_mut().recipe_hash = hash.clone();
+                r.borrow_mut().core.recipe_hash = hash.clone();
             }
             Ok(thread)
         }
@@ -285,7 +285,7 @@ fn record(host: &HostState, asked: Instant, failure: Option<String>) -> Result<(
     let (step, epoch) = run
         .map(|r| {
             let r = r.borrow();
-            (r.trainer.step, r.epoch)
+            (r.core.trainer.step, r.core.cursor.epoch)
         })
         .unwrap_or((0, 0));
     let files = shown(&changes.changed);

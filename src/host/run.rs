@@ -57,9 +57,9 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
             "run:batches(): this run has no data; pass taper.run{ data = ... } or run:batches(data)",
         ));
     };
-    let epoch = r.epoch.max(1);
-    let skip = std::mem::take(&mut r.skip_next);
-    let skip_samples = std::mem::take(&mut r.skip_next_samples);
+    let epoch = r.core.cursor.epoch.max(1);
+    let skip = std::mem::take(&mut r.core.cursor.skip_batches);
+    let skip_samples = std::mem::take(&mut r.core.cursor.skip_samples);
     drop(r);
     let it = RefCell::new(
         feed.epoch(lua, epoch, TRAIN_BATCH, skip, skip_samples)
@@ -80,13 +80,13 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
         // Releases the previous batch's tensors, whatever Lua still holds.
         issuer.issue(None);
         let total = it.borrow().wait();
-        write(&run)?.epoch_data_wait += (total - waited.replace(total)).as_secs_f64();
+        write(&run)?.core.stats.data_wait += (total - waited.replace(total)).as_secs_f64();
         match item {
             // The epoch's data is used up: close it now, so that its summary
             // comes before any evaluation the loop body does next.
             None => {
                 let mut r = write(&run)?;
-                if r.total_epochs > 0 {
+                if r.core.total_epochs > 0 {
                     finish_epoch(&state(lua), &mut r).map_err(lua_err)?;
                 }
                 Ok(None)
@@ -103,53 +103,47 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
 /// schedule may be Lua code that reads the run: no borrow is held while it
 /// runs.
 fn plan_next(run: &Rc<RefCell<RunState>>) -> mlua::Result<StepPlan> {
-    let (schedule, at_step, at_epoch) = {
+    let (schedule, (at_step, at_epoch)) = {
         let r = read(run)?;
-        let at = (r.trainer.step, r.epoch.max(1));
-        if let Some((step, epoch, plan)) = r.pending {
-            if (step, epoch) == at {
-                return Ok(plan);
-            }
+        if let Some(plan) = r.core.pending_plan() {
+            return Ok(plan);
         }
-        (r.schedule.clone(), at.0, at.1)
+        (r.core.schedule.clone(), r.core.plan_key())
     };
     let plan = match schedule {
         Some(s) => s.borrow_mut().plan(at_step, at_epoch).map_err(lua_err)?,
         None => StepPlan::default(),
     };
-    write(run)?.pending = Some((at_step, at_epoch, plan));
+    write(run)?.core.pending = Some((at_step, at_epoch, plan));
     Ok(plan)
 }
 
 fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option<f64>, u64)> {
     let host = state(lua);
     let batch = batch.get()?;
-    let plan = plan_next(&run.0)?;
+    // The plan first, with the run free: a Lua schedule may read it.
+    plan_next(&run.0)?;
     let mut r = run.get_mut()?;
-    if let Some(lr) = plan.lr {
-        r.trainer.set_learning_rate(lr);
-    }
-    let micro = plan.micro_batch.or(r.micro_batch).unwrap_or(batch.len());
-    let loss = super::oom::step(&host.out, &mut r, &batch, micro).map_err(lua_err)?;
-    if let Some(scale) = r.trainer.take_overflow() {
+    let id = r.id;
+    let loss = r
+        .core
+        .step(&batch, &mut |rec| super::oom::record(&host.out, id, rec))
+        .map_err(lua_err)?;
+    let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
+    if let Some(scale) = r.core.trainer.take_overflow() {
         // f16 loss scaling skipped this update (non-finite gradients).
         let mut f = Map::new();
-        f.insert("run".into(), r.id.into());
+        f.insert("run".into(), id.into());
         f.insert("loss_scale".into(), json!(scale));
         host.out
-            .record("overflow", r.trainer.step, r.epoch, f)
+            .record("overflow", step, epoch, f)
             .map_err(lua_err)?;
     }
-    r.epoch_steps += 1;
-    r.epoch_pos += batch.len() as u64;
-    let Some(loss) = loss else {
-        // Skipped by the OOM policy: recorded there, and in checkpoints.
-        return Ok((None, r.trainer.step));
-    };
-    r.epoch_loss += loss * batch.len() as f64;
-    r.epoch_samples += batch.len();
-    host.out.tick(r.trainer.step, loss);
-    Ok((Some(loss), r.trainer.step))
+    // A skipped batch is recorded by the core (and in checkpoints).
+    if let Some(loss) = loss {
+        host.out.tick(step, loss);
+    }
+    Ok((loss, step))
 }
 
 fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlua::Result<Table> {
@@ -173,20 +167,14 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     };
     let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
     let mut r = run.get_mut()?;
-    // Without one asked for, the run's own loss when it is not plain
-    // cross-entropy (distillation).
-    let own = match r.trainer.loss() {
-        crate::engine::loss::Loss::CrossEntropy(_) => None,
-        other => Some(other.clone()),
-    };
-    let ev = super::oom::evaluate(
-        &host.out,
-        &mut r,
-        batches,
-        objective.as_ref().or(own.as_ref()),
-    )
-    .map_err(lua_err)?;
-    r.last_eval = Some(ev);
+    let id = r.id;
+    let ev = r
+        .core
+        .evaluate(batches, objective.as_ref(), &mut |rec| {
+            super::oom::record(&host.out, id, rec)
+        })
+        .map_err(lua_err)?;
+    let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
     let split = feed.split_name();
     let mut f = Map::new();
     f.insert("run".into(), r.id.into());
@@ -197,9 +185,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     if let Some(o) = ev.objective {
         f.insert("objective".into(), json!(o));
     }
-    host.out
-        .record("eval", r.trainer.step, r.epoch, f)
-        .map_err(lua_err)?;
+    host.out.record("eval", step, epoch, f).map_err(lua_err)?;
     host.out.line(&format!(
         "  {split}: loss {:.4}  accuracy {:.2}%{}",
         ev.loss,
@@ -236,7 +222,7 @@ fn log(lua: &Lua, run: &RunHandle, fields: Table) -> mlua::Result<()> {
         .collect();
     host.out.line(&line.join("  "));
     host.out
-        .record("log", r.trainer.step, r.epoch, map)
+        .record("log", r.core.trainer.step, r.core.cursor.epoch, map)
         .map_err(lua_err)
 }
 
@@ -287,6 +273,7 @@ fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
     // `taper check` validates the call without sampling from an untrained model.
     let tokens = if check_only { 0 } else { o.tokens };
     let out = r
+        .core
         .trainer
         .generate(&ids, tokens, o.temperature, o.seed)
         .map_err(lua_err)?;
@@ -298,10 +285,10 @@ fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
 
 impl UserData for RunHandle {
     fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
-        f.add_field_method_get("steps", |_, this| Ok(this.get()?.trainer.step));
-        f.add_field_method_get("epoch", |_, this| Ok(this.get()?.epoch));
+        f.add_field_method_get("steps", |_, this| Ok(this.get()?.core.trainer.step));
+        f.add_field_method_get("epoch", |_, this| Ok(this.get()?.core.cursor.epoch));
         f.add_field_method_get("parameters", |_, this| {
-            Ok(this.get()?.trainer.params().num_params())
+            Ok(this.get()?.core.trainer.params().num_params())
         });
         // Lua functions, so that a reload can yield from them.
         f.add_field_function_get("epochs", |lua, _| super::safe_point::epochs_fn(lua));
@@ -326,9 +313,9 @@ impl UserData for RunHandle {
             let r = this.get()?;
             Ok(format!(
                 "taper.run({}, step {}, epoch {})",
-                r.trainer.spec().describe(),
-                r.trainer.step,
-                r.epoch
+                r.core.trainer.spec().describe(),
+                r.core.trainer.step,
+                r.core.cursor.epoch
             ))
         });
         m.add_method("batches", |lua, this, d: Value| batches(lua, this, d));
@@ -348,7 +335,7 @@ impl UserData for RunHandle {
                     "run:inject_oom: steps are numbered from 1",
                 ));
             }
-            this.get_mut()?.oom.injections.push(Injection {
+            this.get_mut()?.core.oom.injections.push(Injection {
                 step: o.step,
                 phase: o.phase,
                 times: o.times,
@@ -361,7 +348,9 @@ impl UserData for RunHandle {
         m.add_method("export", |lua, this, o: Value| {
             super::passes::export(lua, this, o)
         });
-        m.add_method("lr", |_, this, ()| Ok(this.get()?.trainer.learning_rate()));
+        m.add_method("lr", |_, this, ()| {
+            Ok(this.get()?.core.trainer.learning_rate())
+        });
         m.add_method("set_lr", |lua, this, lr: f64| {
             if !(lr.is_finite() && lr >= 0.0) {
                 return Err(config_error(
@@ -369,7 +358,7 @@ impl UserData for RunHandle {
                     format!("run:set_lr: bad learning rate {lr}"),
                 ));
             }
-            this.get_mut()?.trainer.set_learning_rate(lr);
+            this.get_mut()?.core.trainer.set_learning_rate(lr);
             Ok(())
         });
         m.add_method("save", |lua, this, path: String| {

@@ -4,7 +4,6 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
 
 use candle_core::DType;
 use mlua::{Function, Lua, Table, Value};
@@ -162,30 +161,15 @@ fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<Run
     let mut trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
     trainer.set_precision(o.precision).map_err(lua_err)?;
     let id = host.runs.borrow().len() + 1;
+    let mut core = crate::run::Run::new(trainer, o.seed);
+    core.schedule = o.schedule;
+    core.micro_batch = o.micro_batch;
+    core.recipe_hash = host.recipe_hash.borrow().clone();
+    core.oom = o.oom;
     let mut run = RunState {
         id,
-        trainer,
+        core,
         data: o.data,
-        seed: o.seed,
-        epoch: 0,
-        in_epoch: false,
-        epoch_steps: 0,
-        skip_next: 0,
-        skip_next_samples: 0,
-        epoch_pos: 0,
-        pending: None,
-        epoch_loss: 0.0,
-        epoch_samples: 0,
-        epoch_start: Instant::now(),
-        epoch_data_wait: 0.0,
-        epoch_mem_peak: 0,
-        total_epochs: 0,
-        last_eval: None,
-        schedule: o.schedule,
-        micro_batch: o.micro_batch,
-        recipe_hash: host.recipe_hash.borrow().clone(),
-        oom: o.oom,
-        skipped: Vec::new(),
         state: match o.state {
             Some(t) => t,
             None => lua.create_table()?,
@@ -199,7 +183,7 @@ fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<Run
         host.out.line(&format!(
             "resumed from {} at step {}",
             path.display(),
-            run.trainer.step
+            run.core.trainer.step
         ));
     }
     let mut f = Map::new();
@@ -207,11 +191,11 @@ fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<Run
     f.insert("model".into(), model.0.describe().into());
     f.insert(
         "parameters".into(),
-        run.trainer.params().num_params().into(),
+        run.core.trainer.params().num_params().into(),
     );
     f.insert(
         "optimizer".into(),
-        run.trainer.optimizer_description().into(),
+        run.core.trainer.optimizer_description().into(),
     );
     f.insert(
         "device".into(),
@@ -219,7 +203,7 @@ fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<Run
     );
     f.insert("precision".into(), o.precision.name().into());
     host.out
-        .record("run", run.trainer.step, run.epoch, f)
+        .record("run", run.core.trainer.step, run.core.cursor.epoch, f)
         .map_err(lua_err)?;
     let rc = Rc::new(RefCell::new(run));
     host.runs.borrow_mut().push(rc.clone());

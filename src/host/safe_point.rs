@@ -23,7 +23,7 @@ pub(crate) fn register(lua: &Lua) -> mlua::Result<()> {
     host.set(
         "set_epochs",
         lua.create_function(|_, (run, n): (UserDataRef<RunHandle>, u64)| {
-            run.get_mut()?.total_epochs = n;
+            run.get_mut()?.core.total_epochs = n;
             Ok(())
         })?,
     )?;
@@ -89,28 +89,21 @@ fn epoch_end(lua: &Lua, run: &RunHandle) -> mlua::Result<()> {
 fn epoch_begin(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Option<u64>> {
     let host = state(lua);
     let mut r = run.get_mut()?;
-    if std::mem::take(&mut r.reenter) && r.in_epoch {
+    if std::mem::take(&mut r.reenter) && r.core.cursor.in_epoch {
         // A reload in the middle of an epoch: go on from the data cursor.
-        r.skip_next = r.epoch_steps as usize;
-        r.skip_next_samples = r.epoch_pos as usize;
-        return Ok(Some(r.epoch));
+        r.core.cursor.skip_batches = r.core.cursor.steps as usize;
+        r.core.cursor.skip_samples = r.core.cursor.samples as usize;
+        return Ok(Some(r.core.cursor.epoch));
     }
-    let next = r.epoch + 1;
+    let next = r.core.cursor.epoch + 1;
     if host.opts.check_only || next > n {
         return Ok(None);
     }
-    r.epoch = next;
-    r.in_epoch = true;
-    r.epoch_steps = r.skip_next as u64;
-    r.epoch_pos = r.skip_next_samples as u64;
-    r.epoch_loss = 0.0;
-    r.epoch_samples = 0;
-    r.epoch_start = Instant::now();
-    r.epoch_data_wait = 0.0;
-    r.epoch_mem_peak = 0;
+    r.core.begin_epoch();
     // On CUDA, the pool's high-water mark restarts with the epoch (a device
     // sync, once per epoch); the epoch record reports it.
-    crate::memory::device::reset_pool_peak(r.trainer.device()).map_err(mlua::Error::external)?;
+    crate::memory::device::reset_pool_peak(r.core.trainer.device())
+        .map_err(mlua::Error::external)?;
     Ok(Some(next))
 }
 
@@ -145,7 +138,7 @@ fn poll(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Option<&'static
     let deadline = Instant::now() + Duration::from_secs_f64(o.wait);
     let (step, epoch, id) = {
         let r = run.get()?;
-        (r.trainer.step, r.epoch, r.id)
+        (r.core.trainer.step, r.core.cursor.epoch, r.id)
     };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

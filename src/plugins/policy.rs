@@ -126,10 +126,12 @@ pub fn action(p: &Instance, a: abi::OomAction) -> Result<Option<Action>> {
         ))),
         abi::ACTION_PRECISION => match precision_of(a.precision) {
             Some(prec) => Some(Action::Precision(prec)),
-            None => return Err(bad(format!(
+            None => {
+                return Err(bad(format!(
                 "the precision action with unknown precision {} (TAPER_PRECISION_F32, _BF16, _F16)",
                 a.precision
-            ))),
+            )))
+            }
         },
         other => return Err(bad(format!("unknown action {other}"))),
     })

@@ -1,10 +1,13 @@
-//! The run core, with no Lua in it: the strategy slots as traits, and the
-//! one site where OOMs are recovered ([`Recovery`]). The Lua bindings
+//! The run core, with no Lua in it: a [`Run`] (trainer, slots, cursor,
+//! counters, step), the OOM slot as a trait, and the one site where OOMs
+//! are recovered ([`Recovery`]). The Lua bindings
 //! (`host`) and the plugins (`plugins`) implement the slots; an embedder
 //! without Lua can drive [`Recovery`] with the built-in policy.
 
 mod policy;
 mod recovery;
+mod state;
 
 pub use policy::{Action, Halve, MemoryFigures, OomEvent, OomPolicy, StepInfo};
 pub use recovery::{memory_figures, Observer, Recovered, Recovery, StepOutcome, MAX_ATTEMPTS};
+pub use state::{Cursor, EpochStats, EpochSummary, Run};

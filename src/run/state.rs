@@ -1,0 +1,276 @@
+//! A run with no Lua in it: the trainer and its slots (schedule, OOM
+//! policy), its place in the data (the cursor), its counters, and the step.
+//! The Lua bindings hold one per `taper.run{}`; an embedder can drive one
+//! directly (`examples/run_core.rs`).
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Instant;
+
+use super::recovery::{Observer, Recovery, StepOutcome};
+use crate::data::Batch;
+use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
+use crate::engine::loss::Loss;
+use crate::engine::schedule::{Schedule, StepPlan};
+use crate::engine::{Eval, Trainer};
+use crate::memory::HostMemory;
+use crate::Result;
+
+/// A run's place in its data: which epoch, and how far into it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Cursor {
+    /// The epoch in progress, or the last one started (1-based; 0 before any).
+    pub epoch: u64,
+    pub in_epoch: bool,
+    /// Batches of this epoch taken (stepped or skipped).
+    pub steps: u64,
+    /// Samples of this epoch consumed (stepped or skipped).
+    pub samples: u64,
+    /// Resuming mid-epoch: batches (generators) and samples (native data)
+    /// of the next epoch to skip.
+    pub skip_batches: usize,
+    pub skip_samples: usize,
+}
+
+/// What the epoch in progress has measured so far.
+#[derive(Debug, Clone)]
+pub struct EpochStats {
+    /// Sum of batch-mean losses times batch sizes, over trained batches.
+    pub loss_sum: f64,
+    /// Samples trained on (skipped batches not included).
+    pub samples: usize,
+    pub start: Instant,
+    /// Seconds spent waiting for batches.
+    pub data_wait: f64,
+    /// Highest heap peak of a successful step (counting allocator).
+    pub mem_peak: usize,
+}
+
+impl Default for EpochStats {
+    fn default() -> Self {
+        EpochStats {
+            loss_sum: 0.0,
+            samples: 0,
+            start: Instant::now(),
+            data_wait: 0.0,
+            mem_peak: 0,
+        }
+    }
+}
+
+/// A closed epoch, for its record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochSummary {
+    pub epoch: u64,
+    pub step: u64,
+    /// Mean training loss; None when no batch trained.
+    pub loss: Option<f64>,
+    pub samples: usize,
+    pub seconds: f64,
+    pub data_wait: f64,
+    pub mem_peak: usize,
+    pub lr: f64,
+}
+
+pub struct Run {
+    pub trainer: Trainer,
+    /// The OOM slot and the recovery site.
+    pub oom: Recovery,
+    /// Decides each step's learning rate and micro-batch, when given.
+    pub schedule: Option<Rc<RefCell<dyn Schedule>>>,
+    /// Micro-batch size when the schedule does not say (None: whole batch).
+    pub micro_batch: Option<usize>,
+    pub seed: u64,
+    /// Hash of the recipe version that runs (see `CheckpointMeta`).
+    pub recipe_hash: String,
+    pub cursor: Cursor,
+    pub stats: EpochStats,
+    /// Epochs the loop asked for (0: not in an epoch loop).
+    pub total_epochs: u64,
+    pub last_eval: Option<Eval>,
+    /// Batches an OOM policy skipped: (epoch, batch position in the epoch).
+    pub skipped: Vec<(u64, u64)>,
+    /// The schedule's plan for (step, epoch), computed before its batch was
+    /// drawn (a batch-size schedule decides the batch).
+    pub pending: Option<(u64, u64, StepPlan)>,
+}
+
+impl Run {
+    pub fn new(trainer: Trainer, seed: u64) -> Run {
+        Run {
+            trainer,
+            oom: Recovery::default(),
+            schedule: None,
+            micro_batch: None,
+            seed,
+            recipe_hash: String::new(),
+            cursor: Cursor::default(),
+            stats: EpochStats::default(),
+            total_epochs: 0,
+            last_eval: None,
+            skipped: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// Where the next step's plan is asked: (steps taken, epoch).
+    pub fn plan_key(&self) -> (u64, u64) {
+        (self.trainer.step, self.cursor.epoch.max(1))
+    }
+
+    /// The plan already computed for the next step, if any.
+    pub fn pending_plan(&self) -> Option<StepPlan> {
+        match self.pending {
+            Some((step, epoch, plan)) if (step, epoch) == self.plan_key() => Some(plan),
+            _ => None,
+        }
+    }
+
+    /// The schedule's plan for the next step, computed once per step (a
+    /// schedule may keep state). The Lua bindings compute it without
+    /// holding the run (a Lua schedule may read it) and store it in
+    /// `pending`.
+    pub fn plan(&mut self) -> Result<StepPlan> {
+        if let Some(plan) = self.pending_plan() {
+            return Ok(plan);
+        }
+        let (step, epoch) = self.plan_key();
+        let plan = match &self.schedule {
+            Some(s) => s.borrow_mut().plan(step, epoch)?,
+            None => StepPlan::default(),
+        };
+        self.pending = Some((step, epoch, plan));
+        Ok(plan)
+    }
+
+    /// One training step on `batch` with the next step's plan: learning
+    /// rate, micro-batch, OOM recovery, and the cursor and counters.
+    /// Returns the batch's mean loss, or `None` when the policy skipped it.
+    pub fn step(&mut self, batch: &Batch, observe: &mut Observer<'_>) -> Result<Option<f64>> {
+        let plan = self.plan()?;
+        if let Some(lr) = plan.lr {
+            self.trainer.set_learning_rate(lr);
+        }
+        let micro = plan.micro_batch.or(self.micro_batch).unwrap_or(batch.len());
+        let epoch = self.cursor.epoch;
+        let outcome = self
+            .oom
+            .train_step(&mut self.trainer, batch, micro, epoch, observe)?;
+        let n = batch.len();
+        self.cursor.steps += 1;
+        self.cursor.samples += n as u64;
+        match outcome {
+            StepOutcome::Trained { loss, .. } => {
+                self.stats.mem_peak = self.stats.mem_peak.max(HostMemory::peak());
+                self.stats.loss_sum += loss * n as f64;
+                self.stats.samples += n;
+                Ok(Some(loss))
+            }
+            StepOutcome::Skipped => {
+                // Recorded where the cursor was: in checkpoints too.
+                self.skipped.push((epoch, self.cursor.steps - 1));
+                Ok(None)
+            }
+        }
+    }
+
+    /// Mean loss and accuracy over `batches` with OOM recovery; `objective`
+    /// defaults to the run's own loss when that is not plain cross-entropy.
+    pub fn evaluate(
+        &mut self,
+        batches: impl Iterator<Item = Result<Batch>>,
+        objective: Option<&Loss>,
+        observe: &mut Observer<'_>,
+    ) -> Result<Eval> {
+        let own = match self.trainer.loss() {
+            Loss::CrossEntropy(_) => None,
+            other => Some(other.clone()),
+        };
+        let objective = objective.or(own.as_ref());
+        let epoch = self.cursor.epoch;
+        let ev = self
+            .oom
+            .evaluate(&self.trainer, batches, objective, epoch, observe)?;
+        self.last_eval = Some(ev);
+        Ok(ev)
+    }
+
+    /// Starts the next epoch, counting the batches a resume skips as taken
+    /// (the data feed consumes `skip_batches`/`skip_samples` when it starts).
+    pub fn begin_epoch(&mut self) -> u64 {
+        let c = &mut self.cursor;
+        c.epoch += 1;
+        c.in_epoch = true;
+        c.steps = c.skip_batches as u64;
+        c.samples = c.skip_samples as u64;
+        self.stats = EpochStats::default();
+        c.epoch
+    }
+
+    /// Closes the epoch in progress; None when none is.
+    pub fn end_epoch(&mut self) -> Option<EpochSummary> {
+        if !self.cursor.in_epoch {
+            return None;
+        }
+        self.cursor.in_epoch = false;
+        let s = &self.stats;
+        Some(EpochSummary {
+            epoch: self.cursor.epoch,
+            step: self.trainer.step,
+            loss: (s.samples > 0).then(|| s.loss_sum / s.samples as f64),
+            samples: s.samples,
+            seconds: s.start.elapsed().as_secs_f64(),
+            data_wait: s.data_wait,
+            mem_peak: s.mem_peak,
+            lr: self.trainer.learning_rate(),
+        })
+    }
+
+    /// The checkpoint's metadata; `state` is the recipe's own (plain) state.
+    pub fn meta(&self, state: Option<serde_json::Value>) -> CheckpointMeta {
+        CheckpointMeta {
+            format: FORMAT.into(),
+            step: self.trainer.step,
+            epoch: self.cursor.epoch,
+            epoch_steps: self.cursor.steps,
+            epoch_samples: self.cursor.samples,
+            epoch_complete: !self.cursor.in_epoch,
+            model: self.trainer.spec().describe(),
+            optimizer: self.trainer.optimizer_description().to_string(),
+            lr: self.trainer.learning_rate(),
+            seed: self.seed,
+            recipe_hash: self.recipe_hash.clone(),
+            skipped: self.skipped.clone(),
+            state,
+        }
+    }
+
+    pub fn save(&self, path: &Path, state: Option<serde_json::Value>) -> Result<()> {
+        self.trainer.save(path, &self.meta(state))
+    }
+
+    /// Restores from a checkpoint, placing the cursor after the batches the
+    /// interrupted epoch had taken. Returns the metadata and a notice when
+    /// the checkpoint was written by another version of the recipe.
+    pub fn resume(&mut self, path: &Path) -> Result<(CheckpointMeta, Option<String>)> {
+        let meta = self.trainer.load(path)?;
+        let notice =
+            (!meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash).then(|| {
+                format!(
+                    "note: {} was written by a different version of this recipe",
+                    path.display()
+                )
+            });
+        if meta.epoch_complete {
+            self.cursor.epoch = meta.epoch;
+        } else {
+            // Re-enter the interrupted epoch, after the batches already taken.
+            self.cursor.epoch = meta.epoch.saturating_sub(1);
+            self.cursor.skip_batches = meta.epoch_steps as usize;
+            self.cursor.skip_samples = meta.epoch_samples as usize;
+        }
+        self.skipped = meta.skipped.clone();
+        Ok((meta, notice))
+    }
+}
