@@ -20,7 +20,6 @@ pub mod kernels;
 pub mod memory;
 pub mod plugins;
 pub mod quant;
-pub mod reload;
 pub mod run;
 
 pub use error::{Error, Result};

@@ -107,7 +107,7 @@ pub fn run(edits: usize, interval_ms: u64) -> Result<()> {
     };
     println!(
         "reload (digits MLP 64-128-64-10, batch 32, a safe point after every step; {ok} of {edits} saves applied, debounce {} ms):",
-        crate::reload::DEBOUNCE.as_millis()
+        crate::host::reload::DEBOUNCE.as_millis()
     );
     let (lo, hi) = range(&latency);
     println!(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use mlua::{Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 use serde::Deserialize;
 
+use super::generator::{Feed, GeneratorHandle};
 use super::options::{config_error, decode};
 use super::state;
 use crate::data::{self, Batch, Pipeline, Source};
@@ -84,7 +85,7 @@ impl UserData for DataHandle {
         m.add_meta_method(MetaMethod::Len, |_, this, ()| Ok(this.0.len()));
         m.add_method("len", |_, this, ()| Ok(this.0.len()));
         m.add_method("num_batches", |_, this, ()| {
-            Ok(this.0.batches_per_epoch(super::run::TRAIN_BATCH))
+            Ok(this.0.batches_per_epoch(super::generator::TRAIN_BATCH))
         });
         m.add_method("shuffle", |lua, this, opts: Value| {
             let o: ShuffleOpts = decode(lua, "data:shuffle", opts)?;
@@ -248,6 +249,26 @@ struct TextOpts {
     stride: Option<usize>,
 }
 
+/// The data in a Lua value: a pipeline (`taper.data.*`) or a generator.
+pub(crate) fn feed_of(lua: &Lua, what: &str, v: &Value) -> mlua::Result<Option<Feed>> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::UserData(ud) if ud.is::<DataHandle>() => {
+            Ok(Some(Feed::Pipeline(ud.borrow::<DataHandle>()?.0.clone())))
+        }
+        Value::UserData(ud) if ud.is::<GeneratorHandle>() => {
+            Ok(Some(Feed::Lua(ud.borrow::<GeneratorHandle>()?.clone())))
+        }
+        other => Err(config_error(
+            lua,
+            format!(
+                "{what}: expected data (taper.data.*), got a {}",
+                other.type_name()
+            ),
+        )),
+    }
+}
+
 pub(super) fn train() -> String {
     "train".into()
 }
@@ -279,6 +300,5 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         "generator",
         lua.create_function(super::generator::new_generator)?,
     )?;
-    super::data_files::register(lua, &t)?;
     taper.set("data", t)
 }

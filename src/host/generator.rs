@@ -13,8 +13,7 @@
 use candle_core::{DType, Device, Tensor};
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 
-use super::data::DataHandle;
-use super::options::{config_error, defined_at};
+use super::options::defined_at;
 use crate::data::{Batch, Epoch, Pipeline};
 use crate::{Error, Result};
 
@@ -76,6 +75,9 @@ pub(crate) fn new_generator(
     })
 }
 
+/// Batch size for training data without `:batch(n)`.
+pub(crate) const TRAIN_BATCH: usize = 32;
+
 /// Training or evaluation data: a native pipeline or a Lua generator.
 #[derive(Clone)]
 pub(crate) enum Feed {
@@ -84,25 +86,6 @@ pub(crate) enum Feed {
 }
 
 impl Feed {
-    pub fn from_value(lua: &Lua, what: &str, v: &Value) -> mlua::Result<Option<Feed>> {
-        match v {
-            Value::Nil => Ok(None),
-            Value::UserData(ud) if ud.is::<DataHandle>() => {
-                Ok(Some(Feed::Pipeline(ud.borrow::<DataHandle>()?.0.clone())))
-            }
-            Value::UserData(ud) if ud.is::<GeneratorHandle>() => {
-                Ok(Some(Feed::Lua(ud.borrow::<GeneratorHandle>()?.clone())))
-            }
-            other => Err(config_error(
-                lua,
-                format!(
-                    "{what}: expected data (taper.data.*), got a {}",
-                    other.type_name()
-                ),
-            )),
-        }
-    }
-
     pub fn split_name(&self) -> String {
         match self {
             Feed::Pipeline(p) => p.split_name().to_string(),

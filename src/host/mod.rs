@@ -1,6 +1,5 @@
 //! The Lua host: the `taper` module a recipe sees, and running a recipe.
 
-mod adopt;
 mod config;
 mod data;
 mod data_files;
@@ -14,12 +13,11 @@ mod passes;
 mod plan;
 mod plugin;
 mod policies;
-mod reload;
+pub(crate) mod reload;
 mod render;
 mod run;
 mod run_options;
 mod run_state;
-mod safe_point;
 mod schedule;
 
 use std::cell::{Cell, RefCell};
@@ -102,8 +100,10 @@ pub(crate) struct HostState {
     pub resume: RefCell<Option<PathBuf>>,
     /// Hash of the recipe being run (see `CheckpointMeta::recipe_hash`).
     pub recipe_hash: RefCell<String>,
-    /// Watching and reloading the recipe's scripts.
+    /// Reloading the recipe's scripts: versions and the one being tried.
     pub reload: RefCell<reload::ReloadState>,
+    /// Watching them.
+    pub watch: RefCell<reload::watch::Watching>,
     /// On a GPU with `--mem-limit`: the rest of the card, reserved.
     pub ballast: Option<crate::memory::device::Ballast>,
 }
@@ -165,6 +165,7 @@ impl Host {
             runs: RefCell::new(Vec::new()),
             recipe_hash: RefCell::new(String::new()),
             reload: RefCell::new(reload::ReloadState::default()),
+            watch: RefCell::new(reload::watch::Watching::default()),
             ballast,
         });
         lua.set_app_data(state.clone());
@@ -179,6 +180,8 @@ impl Host {
         config::register(&lua, &taper)?;
         models::register(&lua, &taper)?;
         data::register(&lua, &taper)?;
+        // The file formats, into the same `taper.data` table.
+        data_files::register(&lua, &taper.get::<Table>("data")?)?;
         run::register(&lua, &taper)?;
         schedule::register(&lua, &taper)?;
         policies::register(&lua, &taper)?;
@@ -186,7 +189,7 @@ impl Host {
         lua.globals().set("taper", taper.clone())?;
         lua.register_module("taper", taper)?;
         install_print(&lua)?;
-        safe_point::register(&lua)?;
+        reload::register_safe_points(&lua)?;
         Ok(Host {
             lua,
             state,
@@ -243,7 +246,7 @@ impl Host {
 
     /// Runs a recipe file. Its directory is on the `require` path.
     pub fn run_file(&mut self, path: &Path) -> Result<Report> {
-        let src = crate::reload::read_script(path).map_err(|e| {
+        let src = reload::read_script(path).map_err(|e| {
             Error::Config(format!(
                 "{} (try `taper train scripts/digits.lua`)",
                 e.replacen("cannot read ", "cannot read recipe ", 1)
@@ -261,9 +264,9 @@ impl Host {
             package.set("path", format!("{d}/?.lua;{d}/?/init.lua;{old}"))?;
         }
         let name = path.display().to_string();
-        self.state.reload.borrow_mut().recipe = Some((path.to_path_buf(), name.clone()));
+        self.state.watch.borrow_mut().recipe = Some((path.to_path_buf(), name.clone()));
         if self.state.opts.watch {
-            reload::start_watching(&self.state);
+            reload::watch::start_watching(&self.state);
         }
         self.run_source(&name, &src)
     }

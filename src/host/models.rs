@@ -63,7 +63,7 @@ fn distill(lua: &Lua, opts: Table) -> mlua::Result<LossHandle> {
         &opts,
         &["teacher", "temperature", "alpha", "label_smoothing"],
     )?;
-    let teacher: super::run::RunHandle =
+    let teacher: super::run_state::RunHandle =
         super::options::handle(lua, what, &opts, "teacher", "a taper.run")?.ok_or_else(|| {
             config_error(
                 lua,

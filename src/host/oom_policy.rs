@@ -7,7 +7,6 @@ use mlua::{Lua, Table, Value, WeakLua};
 use super::options::defined_at;
 use crate::engine::precision::Precision;
 use crate::memory::{OomCause, Phase};
-use crate::plugins::PluginPolicy;
 use crate::run::{Action, MemoryFigures, OomEvent, OomPolicy, StepInfo};
 use crate::{Error, Result};
 
@@ -190,30 +189,12 @@ pub(crate) struct LuaPolicy {
     lua: WeakLua,
 }
 
-/// The policy in an `on_oom` option: nil, a Lua function or policy table,
-/// or a plugin.
-pub(crate) fn from_value(
-    lua: &Lua,
-    v: Value,
-) -> std::result::Result<Option<Box<dyn OomPolicy>>, String> {
-    match v {
-        Value::Nil => Ok(None),
-        v @ (Value::Function(_) | Value::Table(_)) => Ok(Some(Box::new(LuaPolicy {
-            value: v,
+impl LuaPolicy {
+    pub(crate) fn new(lua: &Lua, value: Value) -> LuaPolicy {
+        LuaPolicy {
+            value,
             lua: lua.weak(),
-        }))),
-        v => match super::plugin::of(&v) {
-            Some(p) => {
-                p.lib
-                    .require(taper_plugin::KIND_OOM_POLICY)
-                    .map_err(|e| format!(": {e}"))?;
-                Ok(Some(Box::new(PluginPolicy(p))))
-            }
-            None => Err(format!(
-                "must be a function(event), a policy table or a plugin, got a {}",
-                v.type_name()
-            )),
-        },
+        }
     }
 }
 

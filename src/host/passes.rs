@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::{json, Map};
 
 use super::options::{config_error, decode};
-use super::run::RunHandle;
+use super::run_state::RunHandle;
 use super::state;
 use crate::error::lua_err;
 use crate::quant::{export_gguf, ExportFormat};

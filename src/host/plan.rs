@@ -37,9 +37,10 @@ impl Host {
                 .map(|(_, v)| v.elem_count() * v.dtype().size_in_bytes())
                 .sum();
             let batch = match &r.data {
-                Some(super::generator::Feed::Pipeline(p)) => {
-                    p.epoch(1, super::run::TRAIN_BATCH, 0).next().transpose()?
-                }
+                Some(super::generator::Feed::Pipeline(p)) => p
+                    .epoch(1, super::generator::TRAIN_BATCH, 0)
+                    .next()
+                    .transpose()?,
                 _ => None,
             };
             let (per_sample, per_step, batch_size) = match &batch {

@@ -42,7 +42,7 @@ fn load(lua: &Lua, (path, opts): (String, Value)) -> mlua::Result<PluginHandle> 
         }
     };
     let lib = plugins::load(path.as_ref()).map_err(|e| config_error(lua, e))?;
-    super::reload::watch_module(lua, &format!("plugin:{path}"), path.as_ref());
+    super::reload::watch::watch_module(lua, &format!("plugin:{path}"), path.as_ref());
     let inst = Instance::create(lib, &json.to_string()).map_err(|e| config_error(lua, e))?;
     Ok(PluginHandle(Arc::new(inst)))
 }

@@ -32,3 +32,12 @@ fn render_lua(e: &mlua::Error) -> String {
         other => other.to_string(),
     }
 }
+
+/// An error as one message, without the Lua traceback (reload records).
+pub(crate) fn message(e: &Error) -> String {
+    let full = render_error(e);
+    match full.find("\nstack traceback:") {
+        Some(i) => full[..i].to_string(),
+        None => full,
+    }
+}

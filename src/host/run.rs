@@ -3,6 +3,9 @@
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::Arc;
+
+use candle_core::DType;
 
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 use serde::Deserialize;
@@ -11,45 +14,21 @@ use serde_json::{json, Map};
 use super::data::{BatchHandle, BatchIssuer};
 use super::generator::Feed;
 use super::options::{config_error, decode};
-use super::run_state::{finish_epoch, RunState};
+use super::run_state::{finish_epoch, read, write, RunHandle, RunState};
 use super::state;
 use crate::engine::schedule::StepPlan;
+use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
 use crate::memory::inject::Injection;
 
-/// Batch size for data without `:batch(n)`: training, evaluation.
-pub(crate) const TRAIN_BATCH: usize = 32;
+use super::generator::TRAIN_BATCH;
+
+/// Batch size for evaluation data without `:batch(n)`.
 const EVAL_BATCH: usize = 256;
-
-#[derive(Clone)]
-pub(crate) struct RunHandle(pub(crate) Rc<RefCell<RunState>>);
-
-fn busy() -> mlua::Error {
-    lua_err(crate::Error::Script(
-        "the run is busy: code called from inside its step (an OOM policy, schedule or generator) cannot use the run".into(),
-    ))
-}
-
-fn read(rc: &Rc<RefCell<RunState>>) -> mlua::Result<std::cell::Ref<'_, RunState>> {
-    rc.try_borrow().map_err(|_| busy())
-}
-
-fn write(rc: &Rc<RefCell<RunState>>) -> mlua::Result<std::cell::RefMut<'_, RunState>> {
-    rc.try_borrow_mut().map_err(|_| busy())
-}
-
-impl RunHandle {
-    pub(crate) fn get(&self) -> mlua::Result<std::cell::Ref<'_, RunState>> {
-        read(&self.0)
-    }
-    pub(crate) fn get_mut(&self) -> mlua::Result<std::cell::RefMut<'_, RunState>> {
-        write(&self.0)
-    }
-}
 
 fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     let host = state(lua);
-    let given = Feed::from_value(lua, "run:batches", &data)?;
+    let given = super::data::feed_of(lua, "run:batches", &data)?;
     let mut r = run.get_mut()?;
     let Some(feed) = given.or_else(|| r.data.clone()) else {
         return Err(config_error(
@@ -148,7 +127,7 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
 
 fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlua::Result<Table> {
     let host = state(lua);
-    let Some(feed) = Feed::from_value(lua, "run:evaluate", &data)? else {
+    let Some(feed) = super::data::feed_of(lua, "run:evaluate", &data)? else {
         return Err(config_error(lua, "run:evaluate(data): data is required"));
     };
     let objective = match &opts {
@@ -291,10 +270,8 @@ impl UserData for RunHandle {
             Ok(this.get()?.core.trainer.params().num_params())
         });
         // Lua functions, so that a reload can yield from them.
-        f.add_field_function_get("epochs", |lua, _| super::safe_point::epochs_fn(lua));
-        f.add_field_function_get("reload_point", |lua, _| {
-            super::safe_point::reload_point_fn(lua)
-        });
+        f.add_field_function_get("epochs", |lua, _| super::reload::epochs_fn(lua));
+        f.add_field_function_get("reload_point", |lua, _| super::reload::reload_point_fn(lua));
         f.add_field_method_get("state", |_, this| Ok(this.get()?.state.clone()));
         f.add_field_method_set("state", |lua, this, t: Value| match t {
             Value::Table(t) => {
@@ -370,6 +347,88 @@ impl UserData for RunHandle {
     }
 }
 
+/// `taper.run{...}`: in a reloaded version of the recipe, the run the
+/// previous version created in the same order; otherwise a new run.
+pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
+    let host = state(lua);
+    let o = super::run_options::decode_run(lua, &host, &opts)?;
+    if opts
+        .get::<Option<bool>>("watch")
+        .map_err(|_| config_error(lua, "taper.run: option `watch` must be true or false"))?
+        == Some(true)
+    {
+        super::reload::watch::start_watching(&host);
+    }
+    match super::reload::adopt(lua, &host, o)? {
+        Ok(existing) => Ok(existing),
+        Err(o) => create(lua, &host, o),
+    }
+}
+
+fn create(
+    lua: &Lua,
+    host: &super::HostState,
+    o: super::run_options::RunOptions,
+) -> mlua::Result<RunHandle> {
+    let model = o.model;
+    let topts = TrainerOptions {
+        device: host.device.clone(),
+        dtype: DType::F32,
+        seed: o.seed,
+        loss: o.loss,
+    };
+    let mut trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
+    trainer.set_precision(o.precision).map_err(lua_err)?;
+    let id = host.runs.borrow().len() + 1;
+    let mut core = crate::run::Run::new(trainer, o.seed);
+    core.schedule = o.schedule;
+    core.micro_batch = o.micro_batch;
+    core.recipe_hash = host.recipe_hash.borrow().clone();
+    core.oom = o.oom;
+    let mut run = RunState {
+        id,
+        core,
+        data: o.data,
+        state: match o.state {
+            Some(t) => t,
+            None => lua.create_table()?,
+        },
+        reenter: false,
+    };
+    if let Some(path) = host.resume.borrow_mut().take() {
+        if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {
+            host.out.line(&notice);
+        }
+        host.out.line(&format!(
+            "resumed from {} at step {}",
+            path.display(),
+            run.core.trainer.step
+        ));
+    }
+    let mut f = Map::new();
+    f.insert("run".into(), id.into());
+    f.insert("model".into(), model.0.describe().into());
+    f.insert(
+        "parameters".into(),
+        run.core.trainer.params().num_params().into(),
+    );
+    f.insert(
+        "optimizer".into(),
+        run.core.trainer.optimizer_description().into(),
+    );
+    f.insert(
+        "device".into(),
+        crate::engine::describe_device(&host.device).into(),
+    );
+    f.insert("precision".into(), o.precision.name().into());
+    host.out
+        .record("run", run.core.trainer.step, run.core.cursor.epoch, f)
+        .map_err(lua_err)?;
+    let rc = Rc::new(RefCell::new(run));
+    host.runs.borrow_mut().push(rc.clone());
+    Ok(RunHandle(rc))
+}
+
 pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
-    taper.set("run", lua.create_function(super::run_options::new_run)?)
+    taper.set("run", lua.create_function(new_run)?)
 }

@@ -3,28 +3,22 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::Arc;
 
-use candle_core::DType;
 use mlua::{Function, Lua, Table, Value};
 use serde::Deserialize;
-use serde_json::Map;
 
 use super::generator::Feed;
 use super::models::{LossHandle, ModelHandle, OptimHandle};
+use super::oom_policy::LuaPolicy;
 use super::options::{check_keys, config_error, decode, handle};
-use super::run::RunHandle;
-use super::run_state::RunState;
 use super::schedule::{LuaSchedule, ScheduleHandle};
-use super::state;
 use crate::engine::loss::Loss;
 use crate::engine::optim::{AdamWConfig, OptimSpec};
 use crate::engine::precision::Precision;
 use crate::engine::schedule::Schedule;
-use crate::engine::{Trainer, TrainerOptions};
-use crate::error::lua_err;
 use crate::memory::inject::Injection;
-use crate::run::Recovery;
+use crate::plugins::PluginPolicy;
+use crate::run::{OomPolicy, Recovery};
 
 const RUN_KEYS: &[&str] = &[
     "model",
@@ -58,23 +52,11 @@ pub(crate) struct RunOptions {
     pub precision: Precision,
 }
 
-pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
-    let host = state(lua);
-    let o = decode_run(lua, &host, &opts)?;
-    if opts
-        .get::<Option<bool>>("watch")
-        .map_err(|_| config_error(lua, "taper.run: option `watch` must be true or false"))?
-        == Some(true)
-    {
-        super::reload::start_watching(&host);
-    }
-    match super::adopt::adopt(lua, &host, o)? {
-        Ok(existing) => Ok(existing),
-        Err(o) => create(lua, &host, o),
-    }
-}
-
-fn decode_run(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<RunOptions> {
+pub(crate) fn decode_run(
+    lua: &Lua,
+    host: &super::HostState,
+    opts: &Table,
+) -> mlua::Result<RunOptions> {
     let what = "taper.run";
     check_keys(lua, what, opts, RUN_KEYS)?;
     let model: ModelHandle = handle(lua, what, opts, "model", "a taper.model")?
@@ -82,7 +64,7 @@ fn decode_run(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<
     let optim = handle::<OptimHandle>(lua, what, opts, "optim", "a taper.optim")?
         .map(|o| o.0)
         .unwrap_or(OptimSpec::AdamW(AdamWConfig::default()));
-    let data = Feed::from_value(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
+    let data = super::data::feed_of(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
     let loss = handle::<LossHandle>(lua, what, opts, "loss", "a taper.loss")?
         .map(|l| l.0)
         .unwrap_or_default();
@@ -150,66 +132,6 @@ fn decode_run(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<
     })
 }
 
-fn create(lua: &Lua, host: &super::HostState, o: RunOptions) -> mlua::Result<RunHandle> {
-    let model = o.model;
-    let topts = TrainerOptions {
-        device: host.device.clone(),
-        dtype: DType::F32,
-        seed: o.seed,
-        loss: o.loss,
-    };
-    let mut trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
-    trainer.set_precision(o.precision).map_err(lua_err)?;
-    let id = host.runs.borrow().len() + 1;
-    let mut core = crate::run::Run::new(trainer, o.seed);
-    core.schedule = o.schedule;
-    core.micro_batch = o.micro_batch;
-    core.recipe_hash = host.recipe_hash.borrow().clone();
-    core.oom = o.oom;
-    let mut run = RunState {
-        id,
-        core,
-        data: o.data,
-        state: match o.state {
-            Some(t) => t,
-            None => lua.create_table()?,
-        },
-        reenter: false,
-    };
-    if let Some(path) = host.resume.borrow_mut().take() {
-        if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {
-            host.out.line(&notice);
-        }
-        host.out.line(&format!(
-            "resumed from {} at step {}",
-            path.display(),
-            run.core.trainer.step
-        ));
-    }
-    let mut f = Map::new();
-    f.insert("run".into(), id.into());
-    f.insert("model".into(), model.0.describe().into());
-    f.insert(
-        "parameters".into(),
-        run.core.trainer.params().num_params().into(),
-    );
-    f.insert(
-        "optimizer".into(),
-        run.core.trainer.optimizer_description().into(),
-    );
-    f.insert(
-        "device".into(),
-        crate::engine::describe_device(&host.device).into(),
-    );
-    f.insert("precision".into(), o.precision.name().into());
-    host.out
-        .record("run", run.core.trainer.step, run.core.cursor.epoch, f)
-        .map_err(lua_err)?;
-    let rc = Rc::new(RefCell::new(run));
-    host.runs.borrow_mut().push(rc.clone());
-    Ok(RunHandle(rc))
-}
-
 /// `precision = "f32" | "bf16" | "f16"`.
 fn run_precision(lua: &Lua, opts: &Table) -> mlua::Result<Precision> {
     match opts.get::<Value>("precision")? {
@@ -240,7 +162,7 @@ fn run_precision(lua: &Lua, opts: &Table) -> mlua::Result<Precision> {
 /// `on_oom = function(event) ... end | { on_oom = ..., on_step = ... }`,
 /// `mem_limit = "512MiB" | bytes`, and the host's `--mem-limit`/`--inject-oom`.
 fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Recovery> {
-    let policy = super::oom_policy::from_value(lua, opts.get::<Value>("on_oom")?)
+    let policy = policy_of(lua, opts.get::<Value>("on_oom")?)
         .map_err(|e| config_error(lua, format!("taper.run: option `on_oom` {e}")))?;
     let budget = match opts.get::<Value>("mem_limit")? {
         // On a GPU, --mem-limit is the ballast's job (real device OOMs).
@@ -280,6 +202,27 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Rec
         policy,
         ..Default::default()
     })
+}
+
+/// The policy in an `on_oom` option: nil, a Lua function or policy table,
+/// or a plugin.
+fn policy_of(lua: &Lua, v: Value) -> std::result::Result<Option<Box<dyn OomPolicy>>, String> {
+    match v {
+        Value::Nil => Ok(None),
+        v @ (Value::Function(_) | Value::Table(_)) => Ok(Some(Box::new(LuaPolicy::new(lua, v)))),
+        v => match super::plugin::of(&v) {
+            Some(p) => {
+                p.lib
+                    .require(taper_plugin::KIND_OOM_POLICY)
+                    .map_err(|e| format!(": {e}"))?;
+                Ok(Some(Box::new(PluginPolicy(p))))
+            }
+            None => Err(format!(
+                "must be a function(event), a policy table or a plugin, got a {}",
+                v.type_name()
+            )),
+        },
+    }
 }
 
 #[derive(Deserialize)]

@@ -1,14 +1,17 @@
-//! A run as the Lua bindings hold it: the run core's [`Run`] plus what only
+//! A run as the Lua bindings hold it, and its handle: the run core's [`Run`] plus what only
 //! Lua has (its data feed, which may be a Lua generator, and `run.state`),
 //! and what ending an epoch or saving records.
 
+use std::cell::RefCell;
 use std::path::Path;
+use std::rc::Rc;
 
 use serde_json::{json, Map};
 
 use super::generator::Feed;
 use super::HostState;
 use crate::engine::Eval;
+use crate::error::lua_err;
 use crate::run::Run;
 use crate::Result;
 
@@ -21,6 +24,34 @@ pub(crate) struct RunState {
     pub state: mlua::Table,
     /// A reload happened mid-epoch: `run:epochs()` re-enters this epoch.
     pub reenter: bool,
+}
+
+/// A run as Lua holds it (`taper.run{}` returns one). Borrowed for each
+/// call; a call made while the run is in its step is an error.
+#[derive(Clone)]
+pub(crate) struct RunHandle(pub(crate) Rc<RefCell<RunState>>);
+
+fn busy() -> mlua::Error {
+    lua_err(crate::Error::Script(
+        "the run is busy: code called from inside its step (an OOM policy, schedule or generator) cannot use the run".into(),
+    ))
+}
+
+pub(crate) fn read(rc: &Rc<RefCell<RunState>>) -> mlua::Result<std::cell::Ref<'_, RunState>> {
+    rc.try_borrow().map_err(|_| busy())
+}
+
+pub(crate) fn write(rc: &Rc<RefCell<RunState>>) -> mlua::Result<std::cell::RefMut<'_, RunState>> {
+    rc.try_borrow_mut().map_err(|_| busy())
+}
+
+impl RunHandle {
+    pub(crate) fn get(&self) -> mlua::Result<std::cell::Ref<'_, RunState>> {
+        read(&self.0)
+    }
+    pub(crate) fn get_mut(&self) -> mlua::Result<std::cell::RefMut<'_, RunState>> {
+        write(&self.0)
+    }
 }
 
 /// What a run reached, for embedders and tests.

@@ -1,4 +1,6 @@
-//! Out-of-memory errors: one place classifies them, whatever their source.
+//! Out-of-memory errors: one place classifies them, whatever their source
+//! ([`classify`] for the device's, [`check`] for the budget and injected
+//! faults).
 //!
 //! - **device**: a real CUDA out-of-memory. candle returns it as
 //!   `Error::Cuda(..)` holding `CUDA_ERROR_OUT_OF_MEMORY` (or cuBLAS'
@@ -104,6 +106,56 @@ pub fn is_device_oom(e: &candle_core::Error) -> bool {
 
 fn oom_text(s: &str) -> bool {
     s.contains("CUDA_ERROR_OUT_OF_MEMORY") || s.contains("CUBLAS_STATUS_ALLOC_FAILED")
+}
+
+/// Where a phase-boundary check happens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct At {
+    /// The step (1-based; in evaluation, the next step).
+    pub step: u64,
+    pub attempt: u32,
+    pub phase: Phase,
+}
+
+/// The OOMs that are not the device's, checked at the end of each phase: an
+/// injected fault due here, or a heap peak (since the attempt began) over
+/// the budget.
+pub fn check(
+    injections: &mut [super::inject::Injection],
+    budget: Option<usize>,
+    at: At,
+) -> Result<(), OomError> {
+    let At {
+        step,
+        attempt,
+        phase,
+    } = at;
+    // An injection fires `times` times in all: a batch the policy skips
+    // does not advance the step, and must not meet the same fault again.
+    if let Some(i) = injections
+        .iter_mut()
+        .find(|i| i.step == step && i.phase == phase && i.times > 0)
+    {
+        i.times -= 1;
+        return Err(OomError {
+            phase,
+            cause: OomCause::Injected,
+            detail: format!("injected at step {step}, attempt {attempt}"),
+            requested: None,
+        });
+    }
+    if let Some(limit) = budget {
+        let peak = super::HostMemory::peak();
+        if peak > limit {
+            return Err(OomError {
+                phase,
+                cause: OomCause::Budget,
+                detail: format!("peak {peak} B exceeds the limit of {limit} B"),
+                requested: None,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Turns `e` into an [`OomError`] when it is one; otherwise gives it back.

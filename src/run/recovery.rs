@@ -9,7 +9,7 @@ use super::policy::{Action, MemoryFigures, OomEvent, OomPolicy, StepInfo};
 use crate::data::Batch;
 use crate::engine::{loss::Loss, Eval, EvalSums, Trainer};
 use crate::memory::inject::Injection;
-use crate::memory::{HostMemory, OomCause, OomError, Phase};
+use crate::memory::{HostMemory, OomError, Phase};
 use crate::{Error, Result};
 
 /// Attempts at one batch before the run stops.
@@ -57,33 +57,12 @@ pub struct Recovery {
 impl Recovery {
     /// Fails with an injected or budget OOM when one is due in `phase`.
     fn check(&mut self, step: u64, attempt: u32, phase: Phase) -> Result<()> {
-        // An injection fires `times` times in all: a batch the policy skips
-        // does not advance the step, and must not meet the same fault again.
-        if let Some(i) = self
-            .injections
-            .iter_mut()
-            .find(|i| i.step == step && i.phase == phase && i.times > 0)
-        {
-            i.times -= 1;
-            return Err(Error::Oom(OomError {
-                phase,
-                cause: OomCause::Injected,
-                detail: format!("injected at step {step}, attempt {attempt}"),
-                requested: None,
-            }));
-        }
-        if let Some(limit) = self.budget {
-            let peak = HostMemory::peak();
-            if peak > limit {
-                return Err(Error::Oom(OomError {
-                    phase,
-                    cause: OomCause::Budget,
-                    detail: format!("peak {peak} B exceeds the limit of {limit} B"),
-                    requested: None,
-                }));
-            }
-        }
-        Ok(())
+        let at = crate::memory::oom::At {
+            step,
+            attempt,
+            phase,
+        };
+        crate::memory::oom::check(&mut self.injections, self.budget, at).map_err(Error::Oom)
     }
 
     /// One optimizer step on `batch` in micro-batches of at most `planned`

@@ -18,16 +18,16 @@ use std::rc::Rc;
 
 use mlua::{Function, Lua, Table, Value};
 
-use super::generator::Feed;
-use super::options::config_error;
-use super::run::RunHandle;
-use super::run_options::RunOptions;
-use super::run_state::RunState;
-use super::HostState;
 use crate::engine::loss::Loss;
 use crate::engine::optim::OptimSpec;
 use crate::engine::precision::Precision;
 use crate::engine::schedule::{Schedule, StepPlan};
+use crate::host::generator::Feed;
+use crate::host::options::config_error;
+use crate::host::run_options::RunOptions;
+use crate::host::run_state::RunHandle;
+use crate::host::run_state::RunState;
+use crate::host::HostState;
 
 /// What a new version gives a run, applied at commit.
 pub(crate) struct Staged {
@@ -136,7 +136,7 @@ pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<(), String> {
                 epoch,
                 sch.borrow_mut()
                     .plan(step, epoch)
-                    .map_err(|e| super::reload::message(&e))?,
+                    .map_err(|e| crate::host::render::message(&e))?,
             )),
             None => None,
         };
@@ -151,7 +151,7 @@ pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<(), String> {
                         other.type_name()
                     ))
                 }
-                Err(e) => return Err(super::reload::message(&e.into())),
+                Err(e) => return Err(crate::host::render::message(&e.into())),
             },
         };
         ready.push((s, plan, new_state));

@@ -1,4 +1,8 @@
-//! Running a recipe as versions ("generations") of its scripts.
+//! Hot reload, as one module: running a recipe as versions ("generations")
+//! of its scripts. Watching the files is `watch` (and `watcher`, which has
+//! no Lua); the safe points are `safe_point`; what a reloaded `taper.run{}`
+//! keeps and swaps is `adopt`.
+//!
 //!
 //! The recipe's chunk runs as a Lua coroutine. At a safe point (the end of
 //! an epoch, or `run:reload_point()`), when watched files changed, it yields
@@ -20,89 +24,32 @@ use std::time::Instant;
 use mlua::{Function, Lua, Table, Value};
 use serde_json::{json, Map};
 
-use super::adopt::Staged;
-use super::run_state::RunState;
-use super::{safe_point, HostState};
-use crate::reload::{Changes, Watcher};
-use crate::{Error, Result};
+mod adopt;
+mod safe_point;
+mod script_file;
+pub(crate) mod watch;
+mod watcher;
 
-/// Reload bookkeeping, kept in [`HostState`].
+pub(crate) use adopt::adopt;
+pub(crate) use safe_point::{epochs_fn, register as register_safe_points, reload_point_fn};
+pub use script_file::{read_regular, read_script};
+pub(crate) use watcher::DEBOUNCE;
+
+use super::run_state::RunState;
+use super::HostState;
+use crate::{Error, Result};
+use adopt::Staged;
+
+/// Reload bookkeeping, kept in [`HostState`] (the watching is in
+/// [`watch::Watching`]).
 #[derive(Default)]
 pub(crate) struct ReloadState {
-    /// The recipe file and the name errors give it.
-    pub recipe: Option<(PathBuf, String)>,
-    /// Modules the recipe required, as (name, file).
-    pub modules: Vec<(String, PathBuf)>,
-    pub watcher: Option<Watcher>,
     /// 0 for the version the run started with, +1 per applied reload.
     pub generation: u64,
     /// A new version being tried, until its first safe point.
     pub trial: Option<Vec<Staged>>,
     /// `taper.run{}` calls made by the running version so far.
     pub next_run: usize,
-    /// The changes behind the current reload request, and the run that asked.
-    pub pending: Changes,
-    pub at_run: usize,
-}
-
-/// Remembers a module the recipe required and watches it when watching.
-pub(crate) fn watch_module(lua: &Lua, name: &str, path: &Path) {
-    let host = super::state(lua);
-    let mut rl = host.reload.borrow_mut();
-    let Some(key) = crate::reload::watcher::key(path) else {
-        return;
-    };
-    if !rl.modules.iter().any(|(n, _)| n == name) {
-        rl.modules.push((name.to_string(), key.clone()));
-    }
-    if let Some(w) = rl.watcher.as_mut() {
-        if let Err(e) = w.watch(&key) {
-            host.out.line(&format!("taper: {e}"));
-        }
-    }
-}
-
-/// Starts watching the recipe and its modules (once; a no-op without a
-/// recipe file). A watcher that cannot start is reported, not fatal.
-pub(crate) fn start_watching(host: &HostState) {
-    let mut rl = host.reload.borrow_mut();
-    if rl.watcher.is_some() || host.opts.check_only {
-        return;
-    }
-    let Some((recipe, _)) = rl.recipe.clone() else {
-        return;
-    };
-    let files = std::iter::once(recipe).chain(rl.modules.iter().map(|(_, p)| p.clone()));
-    let started = Watcher::new().and_then(|mut w| {
-        for f in files {
-            w.watch(&f)?;
-        }
-        Ok(w)
-    });
-    match started {
-        Ok(w) => {
-            host.out.line(&format!(
-                "watching {} for changes (applied at the next safe point)",
-                shown(&w.files()).join(", ")
-            ));
-            rl.watcher = Some(w);
-        }
-        Err(e) => host.out.line(&format!("taper: not watching: {e}")),
-    }
-}
-
-/// Paths as they are best shown: relative to the working folder when under it.
-pub(crate) fn shown(paths: &[PathBuf]) -> Vec<String> {
-    let cwd = std::env::current_dir().and_then(|d| d.canonicalize()).ok();
-    paths
-        .iter()
-        .map(
-            |p| match cwd.as_deref().and_then(|c| p.strip_prefix(c).ok()) {
-                Some(rel) => rel.display().to_string(),
-                None => p.display().to_string(),
-            },
-        )
-        .collect()
 }
 
 /// Loads one version of the recipe as a coroutine with its own globals
@@ -180,12 +127,16 @@ fn try_version(
     lua: &Lua,
     host: &Rc<HostState>,
 ) -> std::result::Result<(mlua::Thread, Table), String> {
-    let (recipe, modules, generation, next_run) = {
-        let rl = host.reload.borrow();
-        let Some(recipe) = rl.recipe.clone() else {
+    let (recipe, modules) = {
+        let w = host.watch.borrow();
+        let Some(recipe) = w.recipe.clone() else {
             return Err("no recipe file to reload".into());
         };
-        (recipe, rl.modules.clone(), rl.generation, rl.next_run)
+        (recipe, w.modules.clone())
+    };
+    let (generation, next_run) = {
+        let rl = host.reload.borrow();
+        (rl.generation, rl.next_run)
     };
     let loaded: Table = lua
         .globals()
@@ -220,7 +171,7 @@ fn try_version(
     let _ = set_generation(lua, generation + 1);
     let result = run_trial(lua, host, &recipe).and_then(|thread| {
         let staged = host.reload.borrow_mut().trial.take().unwrap_or_default();
-        super::adopt::commit(staged).map(|()| thread)
+        adopt::commit(staged).map(|()| thread)
     });
     match result {
         Ok(thread) => {
@@ -241,7 +192,7 @@ fn try_version(
 }
 
 fn read(path: &Path) -> std::result::Result<String, String> {
-    crate::reload::read_script(path)
+    read_script(path)
 }
 
 /// Runs the new version until it asks to commit at its first safe point.
@@ -251,8 +202,11 @@ fn run_trial(
     (path, name): &(PathBuf, String),
 ) -> std::result::Result<(mlua::Thread, Table), String> {
     let src = read(path)?;
-    let (thread, env) = load_generation(lua, name, &src).map_err(|e| message(&e.into()))?;
-    let action: Option<String> = thread.resume(()).map_err(|e| message(&e.into()))?;
+    let (thread, env) =
+        load_generation(lua, name, &src).map_err(|e| super::render::message(&e.into()))?;
+    let action: Option<String> = thread
+        .resume(())
+        .map_err(|e| super::render::message(&e.into()))?;
     if !thread.is_resumable() || action.as_deref() != Some("commit") {
         // It ran to its end without a safe point: whatever it did stands,
         // but there is no loop to hand the run to.
@@ -264,21 +218,13 @@ fn run_trial(
     Ok((thread, env))
 }
 
-/// An error as one message, without the Lua traceback.
-pub(crate) fn message(e: &Error) -> String {
-    let full = super::render_error(e);
-    match full.find("\nstack traceback:") {
-        Some(i) => full[..i].to_string(),
-        None => full,
-    }
-}
-
 /// One `reload` record and a printed line; a failure also shows on the
 /// progress line until the next successful reload.
 fn record(host: &HostState, asked: Instant, failure: Option<String>) -> Result<()> {
-    let (generation, changes, at_run) = {
-        let mut rl = host.reload.borrow_mut();
-        (rl.generation, std::mem::take(&mut rl.pending), rl.at_run)
+    let generation = host.reload.borrow().generation;
+    let (changes, at_run) = {
+        let mut w = host.watch.borrow_mut();
+        (std::mem::take(&mut w.pending), w.at_run)
     };
     let run: Option<Rc<RefCell<RunState>>> =
         host.runs.borrow().get(at_run.saturating_sub(1)).cloned();
@@ -288,7 +234,7 @@ fn record(host: &HostState, asked: Instant, failure: Option<String>) -> Result<(
             (r.core.trainer.step, r.core.cursor.epoch)
         })
         .unwrap_or((0, 0));
-    let files = shown(&changes.changed);
+    let files = watch::shown(&changes.changed);
     let mut f = Map::new();
     f.insert("generation".into(), generation.into());
     f.insert("files".into(), files.clone().into());

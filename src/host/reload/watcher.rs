@@ -30,12 +30,6 @@ pub struct Changes {
     pub since: Option<Instant>,
 }
 
-impl Changes {
-    pub fn is_empty(&self) -> bool {
-        self.changed.is_empty() && self.unchanged.is_empty()
-    }
-}
-
 pub struct Watcher {
     debouncer: Debouncer<RecommendedWatcher, RecommendedCache>,
     events: Receiver<DebounceEventResult>,

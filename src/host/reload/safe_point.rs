@@ -7,11 +7,11 @@ use mlua::{Function, Lua, Table, UserDataRef, Value};
 use serde::Deserialize;
 use serde_json::Map;
 
-use super::options::{config_error, decode};
-use super::run::RunHandle;
-use super::run_state::finish_epoch;
-use super::state;
 use crate::error::lua_err;
+use crate::host::options::{config_error, decode};
+use crate::host::run_state::finish_epoch;
+use crate::host::run_state::RunHandle;
+use crate::host::state;
 
 const EPOCHS: &str = "taper.safe_point.epochs";
 const RELOAD_POINT: &str = "taper.safe_point.reload_point";
@@ -47,9 +47,9 @@ pub(crate) fn register(lua: &Lua) -> mlua::Result<()> {
         "watch_module",
         lua.create_function(|lua, (name, path): (String, String)| {
             // Lua's loader would read a FIFO or /dev/zero forever.
-            crate::reload::read_script(path.as_ref())
+            super::script_file::read_script(path.as_ref())
                 .map_err(|e| lua_err(crate::Error::Script(format!("require '{name}': {e}"))))?;
-            super::reload::watch_module(lua, &name, path.as_ref());
+            super::watch::watch_module(lua, &name, path.as_ref());
             Ok(())
         })?,
     )?;
@@ -143,7 +143,7 @@ fn poll(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Option<&'static
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let changes = {
-            let mut rl = host.reload.borrow_mut();
+            let mut rl = host.watch.borrow_mut();
             let Some(w) = rl.watcher.as_mut() else {
                 return Ok(None);
             };
@@ -154,12 +154,12 @@ fn poll(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Option<&'static
             f.insert("run".into(), id.into());
             f.insert(
                 "unchanged".into(),
-                super::reload::shown(&changes.unchanged).into(),
+                super::watch::shown(&changes.unchanged).into(),
             );
             host.out.record("watch", step, epoch, f).map_err(lua_err)?;
         }
         if !changes.changed.is_empty() {
-            let mut rl = host.reload.borrow_mut();
+            let mut rl = host.watch.borrow_mut();
             rl.pending = changes;
             rl.at_run = id;
             return Ok(Some("reload"));

@@ -1,7 +1,7 @@
 -- Safe points: the places where a run may switch to a new version of its
 -- scripts. They are Lua functions so that they can yield the recipe's
 -- coroutine back to the host, which then tries the new version (see
--- src/host/reload.rs). `host` holds the Rust side; `host.thread` is the
+-- src/host/reload/mod.rs). `host` holds the Rust side; `host.thread` is the
 -- coroutine of the version that is running.
 local host = ...
 local running, isyieldable, yield = coroutine.running, coroutine.isyieldable, coroutine.yield
