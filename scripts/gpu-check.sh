@@ -103,6 +103,49 @@ PY
 print(max((json.loads(l).get('device_memory_peak') or 0) for l in open(sys.argv[1])))" "$out/metrics.jsonl" 2>/dev/null || true)"
     fi
   done
+  drill_eval
+}
+
+# A real CUDA OOM in evaluation: a small training batch and the whole held-out
+# split as one evaluation batch. Unconstrained first, for the training and the
+# evaluation peaks (epoch and eval records); then --mem-limit halfway between
+# them, so that training fits and evaluation does not: the evaluation batch is
+# split (oom records with phase eval, cause device) and scores the same.
+drill_eval() {
+  local set=(--set steps=20 --set sample=0 --set epochs=1 --set width=512 --set layers=6
+             --set heads=8 --set context=256 --set batch=8 --set val_windows=100000
+             --set val_batch=100000)
+  local free=/tmp/drill-eval-free tight=/tmp/drill-eval-tight
+  rm -rf "$free" "$tight"
+  echo "== evaluation drill, unconstrained"
+  timeout 150 "$bin/taper" train scripts/shakespeare.lua --device cuda --quiet --out "$free" "${set[@]}" \
+    || { echo "gpu-check: the unconstrained evaluation drill failed" >&2; return 1; }
+  local limit
+  limit="$(python3 - "$free/metrics.jsonl" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+train = max(r.get("device_memory_peak") or 0 for r in recs if r["event"] == "epoch")
+ev = max(r.get("device_memory_peak") or 0 for r in recs if r["event"] == "eval")
+print(f"training peak {train}, evaluation peak {ev}", file=sys.stderr)
+print(int((train + ev) / 2) if ev > 1.1 * train else "")
+PY
+)"
+  [ -n "$limit" ] || { echo "gpu-check: evaluation does not peak above training; raise val_batch" >&2; return 1; }
+  echo "== evaluation drill, --mem-limit $limit"
+  set +e
+  timeout 150 "$bin/taper" train scripts/shakespeare.lua --device cuda --quiet --out "$tight" \
+    "${set[@]}" --mem-limit "$limit"
+  echo "exit $?"
+  set -e
+  python3 - "$free/metrics.jsonl" "$tight/metrics.jsonl" <<'PY' || true
+import json, sys
+free, tight = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+pick = lambda recs, e: [r for r in recs if r["event"] == e]
+ooms = pick(tight, "oom")
+print(f"  {len(ooms)} OOMs: " + ", ".join(f"{r['phase']}/{r['cause']}/{r['action']}->{r['new_micro_batch']}" for r in ooms))
+a, b = pick(free, "eval")[-1], pick(tight, "eval")[-1]
+print(f"  eval loss {a['loss']} unconstrained, {b['loss']} under the limit; accuracy {a['accuracy']} / {b['accuracy']}")
+PY
 }
 
 bench() {

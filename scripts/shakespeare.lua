@@ -9,13 +9,16 @@ local cfg = taper.config{
   width = 64, layers = 2, heads = 4, seed = 1,
   sample = 300, temperature = 0.8,
   precision = "f32", -- or bf16, f16 (see docs/lua-api.md, Mixed precision)
+  val_windows = 512, val_batch = 64, -- held-out windows evaluated, and per batch
 }
 
 local train = taper.data.shakespeare{ split = "train", context = cfg.context }
 if cfg.steps > 0 then train = train:take(cfg.steps * cfg.batch) end
 train = train:shuffle{ seed = cfg.seed }:batch(cfg.batch)
--- A fixed slice of the held-out text keeps evaluation quick.
-local val = taper.data.shakespeare{ split = "val", context = cfg.context }:take(512):batch(64)
+-- A fixed slice of the held-out text keeps evaluation quick. An evaluation
+-- batch that does not fit is evaluated in smaller pieces (an OOM in `eval`).
+local val = taper.data.shakespeare{ split = "val", context = cfg.context }
+  :take(cfg.val_windows):batch(cfg.val_batch)
 
 -- Linear warmup, then cosine decay to a tenth of the peak: a schedule written
 -- in Lua (taper.schedule.warmup_cosine{} is the built-in equivalent).

@@ -147,6 +147,13 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
     let mut r = run.get_mut()?;
     let id = r.id;
+    // Outside an epoch, the pool's high-water mark restarts with the
+    // evaluation (a device sync), so that its record tells the evaluation's
+    // own peak; inside one, it belongs to the epoch's record.
+    let own_peak = !r.core.cursor.in_epoch;
+    if own_peak {
+        crate::memory::device::reset_pool_peak(r.core.trainer.device()).map_err(lua_err)?;
+    }
     let ev = r
         .core
         .evaluate(batches, objective.as_ref(), &mut |rec| {
@@ -163,6 +170,11 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     f.insert("samples".into(), ev.samples.into());
     if let Some(o) = ev.objective {
         f.insert("objective".into(), json!(o));
+    }
+    if let Some(peak) = super::run_state::pool_peak(&host, r.core.trainer.device()) {
+        if own_peak {
+            f.insert("device_memory_peak".into(), json!(peak));
+        }
     }
     host.out.record("eval", step, epoch, f).map_err(lua_err)?;
     host.out.line(&format!(

@@ -113,13 +113,8 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
         f.insert("device_memory_used".into(), json!(d.used()));
         f.insert("device_memory_total".into(), json!(d.total));
     }
-    if let Some(peak) = crate::memory::device::pool_peak(device) {
-        // The --mem-limit ballast lives in the pool too; the peak is the run's.
-        let ballast = host.ballast.as_ref().map_or(0, |b| b.bytes);
-        f.insert(
-            "device_memory_peak".into(),
-            json!(peak.saturating_sub(ballast)),
-        );
+    if let Some(peak) = pool_peak(host, device) {
+        f.insert("device_memory_peak".into(), json!(peak));
     }
     f.insert("lr".into(), json!(s.lr));
     host.out.record("epoch", s.step, s.epoch, f)?;
@@ -132,4 +127,11 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
         s.seconds
     ));
     Ok(())
+}
+
+/// The device pool's high-water mark since its last reset, net of the
+/// `--mem-limit` ballast (which lives in the pool too); None on the CPU.
+pub(crate) fn pool_peak(host: &HostState, device: &candle_core::Device) -> Option<usize> {
+    let ballast = host.ballast.as_ref().map_or(0, |b| b.bytes);
+    crate::memory::device::pool_peak(device).map(|p| p.saturating_sub(ballast))
 }
