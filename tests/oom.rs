@@ -53,13 +53,14 @@ for epoch in run:epochs(cfg.epochs) do
 end
 "#;
 
-fn train(
+/// A host writing into `dir`, with `--set`, `--inject-oom` and `--mem-limit`.
+fn host(
     dir: &Path,
     set: &[(&str, &str)],
     inject: &[&str],
     mem_limit: Option<usize>,
-) -> taper::Result<taper::host::Report> {
-    let opts = HostOptions {
+) -> taper::Result<Host> {
+    Host::new(HostOptions {
         out_dir: Some(dir.to_path_buf()),
         overrides: set
             .iter()
@@ -68,8 +69,16 @@ fn train(
         inject_oom: inject.iter().map(|s| s.to_string()).collect(),
         mem_limit,
         ..HostOptions::default()
-    };
-    Host::new(opts)?.run_source("oom.lua", RECIPE)
+    })
+}
+
+fn train(
+    dir: &Path,
+    set: &[(&str, &str)],
+    inject: &[&str],
+    mem_limit: Option<usize>,
+) -> taper::Result<taper::host::Report> {
+    host(dir, set, inject, mem_limit)?.run_source("oom.lua", RECIPE)
 }
 
 fn weights(dir: &Path) -> Result<HashMap<String, Tensor>> {
@@ -223,18 +232,7 @@ fn an_evaluation_batch_over_the_budget_is_split_and_scores_the_same() -> Result<
         ("val_windows", "2048"),
         ("val_batch", "2048"),
     ];
-    let run = |dir: &Path, mem_limit| -> taper::Result<taper::host::Report> {
-        let opts = HostOptions {
-            out_dir: Some(dir.to_path_buf()),
-            overrides: set
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            mem_limit,
-            ..HostOptions::default()
-        };
-        Host::new(opts)?.run_file(&recipe)
-    };
+    let run = |dir: &Path, mem_limit| host(dir, &set, &[], mem_limit)?.run_file(&recipe);
     let (free, tight) = (tempfile::tempdir()?, tempfile::tempdir()?);
     run(free.path(), None)?;
     // Training peaks near 45 MB; evaluating 1562 windows at once near 320 MB.

@@ -227,22 +227,30 @@ fn adaptive_batch_plugin_recovers_injected_ooms_with_the_same_weights() {
     }
 }
 
-#[test]
-fn c_policy_built_from_the_header_alone_splits_then_stops() {
+/// Runs the digits recipe with the policy plugin `so` (options `{ floor = 8 }`)
+/// and `inject` (three OOMs at one step): 32 -> 16 -> 8, then 4 would be
+/// under the floor, so the run stops (exit 3). Returns the output folder.
+fn floor_8_policy_splits_then_stops(dir: &Path, so: &Path, inject: &str) -> (Output, PathBuf) {
     let prelude = format!(
         "local p = taper.plugin.load('{}', {{ floor = 8 }})",
-        lib("taper_c_policy")
+        so.display()
     );
-    let recipe = digits(&prelude, "", "on_oom = p,", 1);
-    let dir = tempfile::tempdir().unwrap();
     let (o, out) = taper(
-        dir.path(),
-        &recipe,
-        &["--inject-oom", "step=4,phase=backward,times=3"],
+        dir,
+        &digits(&prelude, "", "on_oom = p,", 1),
+        &["--inject-oom", inject],
     );
-    // 32 -> 16 -> 8, then 4 would be under the floor: stop (exit 3).
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     assert_eq!(actions(&out), ["split", "split", "stop"]);
+    (o, out)
+}
+
+#[test]
+fn c_policy_built_from_the_header_alone_splits_then_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = PathBuf::from(lib("taper_c_policy"));
+    let (o, out) =
+        floor_8_policy_splits_then_stops(dir.path(), &so, "step=4,phase=backward,times=3");
     assert!(stderr(&o).contains("c-policy"), "{}", stderr(&o));
     assert!(out.join("checkpoint.safetensors").exists());
 }
@@ -258,17 +266,8 @@ fn a_plugin_built_against_the_1_0_header_still_loads_and_decides() {
         &so,
         &root().join("plugins/testing/abi-1.0"),
     );
-    let prelude = format!(
-        "local p = taper.plugin.load('{}', {{ floor = 8 }})",
-        so.display()
-    );
-    let (o, out) = taper(
-        dir.path(),
-        &digits(&prelude, "", "on_oom = p,", 1),
-        &["--inject-oom", "step=4,phase=backward,times=3"],
-    );
-    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    assert_eq!(actions(&out), ["split", "split", "stop"]);
+    let (_, out) =
+        floor_8_policy_splits_then_stops(dir.path(), &so, "step=4,phase=backward,times=3");
     let micro: Vec<_> = records(&out, "oom")
         .iter()
         .map(|r| r["new_micro_batch"].clone())
@@ -603,18 +602,8 @@ fn plugin_new_scaffolds_a_crate_that_builds_and_loads() {
         text.contains("name     my-policy") && text.contains("kinds    on_oom"),
         "{text}"
     );
-    // And it works as a policy: 32 -> 16 -> 8, then below its floor of 8: stop.
-    let prelude = format!(
-        "local p = taper.plugin.load('{}', {{ floor = 8 }})",
-        so.display()
-    );
-    let (o, out) = taper(
-        dir.path(),
-        &digits(&prelude, "", "on_oom = p,", 1),
-        &["--inject-oom", "step=2,phase=forward,times=3"],
-    );
-    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    assert_eq!(actions(&out), ["split", "split", "stop"]);
+    // And it works as a policy.
+    floor_8_policy_splits_then_stops(dir.path(), &so, "step=2,phase=forward,times=3");
 }
 
 /// Under `--watch`, a rebuilt plugin is loaded as a copy under a new file
