@@ -186,18 +186,26 @@ impl AdamW {
         }
     }
 
-    fn composed(&self, var: &Var, g: &Tensor, m: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+    /// The composed update at step `t`: new (parameter, m, v), computed
+    /// without changing anything.
+    fn composed(
+        &self,
+        t: u64,
+        var: &Var,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+    ) -> Result<[Tensor; 3]> {
         let (b1, b2) = self.cfg.betas;
         let lr = self.cfg.lr;
-        let bc1 = 1.0 - b1.powi(self.t as i32);
-        let bc2 = 1.0 - b2.powi(self.t as i32);
+        let bc1 = 1.0 - b1.powi(t as i32);
+        let bc2 = 1.0 - b2.powi(t as i32);
         let m = ((m * b1)? + (g * (1.0 - b1))?)?;
         let v = ((v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
         let theta = (var.as_tensor() * (1.0 - lr * self.cfg.weight_decay))?;
         let denom = ((&v * (1.0 / bc2))?.sqrt()? + self.cfg.eps)?;
         let update = ((&m * (lr / bc1))? / denom)?;
-        var.set(&(theta - update)?)?;
-        Ok((m, v))
+        Ok([(theta - update)?, m, v])
     }
 }
 
@@ -246,7 +254,21 @@ impl Optimizer for AdamW {
     }
 
     fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()> {
-        self.t += 1;
+        self.prepare(vars, grads)?;
+        let t = self.t + 1;
+        // The composed updates allocate: all of them are computed before any
+        // parameter or moment changes, so that an error (an OOM) leaves the
+        // step undone. The fused paths below work in place.
+        let mut composed = HashMap::new();
+        for (name, var) in vars {
+            let Some(g) = grads.get(var) else { continue };
+            if let (Path::Composed, Some(Moments::Tensors(m, v))) =
+                (self.path(var), self.moments.get(name))
+            {
+                composed.insert(name.clone(), self.composed(t, var, g, m, v)?);
+            }
+        }
+        self.t = t;
         let c = &self.cfg;
         let h = AdamWStep::new(c.lr, c.betas, c.eps, c.weight_decay, self.t);
         for (name, var) in vars {
@@ -255,7 +277,13 @@ impl Optimizer for AdamW {
             let st = Moments::into_path(self.moments.remove(name), path, var)?;
             let st = match st {
                 Moments::Tensors(m, v) => {
-                    let (m, v) = self.composed(var, g, m, v)?;
+                    let [theta, m, v] = match composed.remove(name) {
+                        Some(new) => new,
+                        // Moments that changed form this step (rare: the
+                        // parameter moved between paths).
+                        None => self.composed(t, var, g, &m, &v)?,
+                    };
+                    var.set(&theta)?;
                     Moments::Tensors(m, v)
                 }
                 Moments::Host(s, mut m, mut v) => {

@@ -208,3 +208,65 @@ pub(crate) fn place_state(
         })
         .collect()
 }
+
+/// An update that fails part-way leaves every parameter and every bit of
+/// optimizer state as it was (the step can be retried): the second
+/// parameter's gradient has the wrong shape, so its update fails after the
+/// first parameter's was computed.
+#[cfg(test)]
+mod atomic_tests {
+    use candle_core::{Device, Tensor, Var};
+
+    use super::*;
+
+    fn vars_and_bad_grads() -> (Vec<(String, Var)>, GradStore) {
+        let dev = Device::Cpu;
+        let a = Var::new(&[1f32, 2.0], &dev).unwrap();
+        let b = Var::new(&[3f32, 4.0, 5.0], &dev).unwrap();
+        let mut grads = GradStore::default();
+        grads.insert(a.as_tensor(), Tensor::new(&[0.5f32, -0.5], &dev).unwrap());
+        grads.insert(b.as_tensor(), Tensor::new(&[0.5f32, -0.5], &dev).unwrap());
+        (vec![("a".into(), a), ("b".into(), b)], grads)
+    }
+
+    fn values(vars: &[(String, Var)]) -> Vec<Vec<f32>> {
+        vars.iter()
+            .map(|(_, v)| v.as_tensor().to_vec1().unwrap())
+            .collect()
+    }
+
+    fn state(o: &dyn Optimizer) -> Vec<(String, Vec<f32>)> {
+        let mut s: Vec<_> = o
+            .state()
+            .into_iter()
+            .map(|(k, t)| {
+                let t = t
+                    .flatten_all()
+                    .unwrap()
+                    .to_dtype(candle_core::DType::F32)
+                    .unwrap();
+                (k, t.to_vec1().unwrap())
+            })
+            .collect();
+        s.sort_by(|a, b| a.0.cmp(&b.0));
+        s
+    }
+
+    #[test]
+    fn a_failed_update_changes_no_parameter_and_no_state() {
+        let composed_adamw = AdamW::new(AdamWConfig::default()).with_fused(false);
+        let sgd = Sgd::new(SgdConfig {
+            momentum: 0.9,
+            ..SgdConfig::default()
+        });
+        let optims: Vec<Box<dyn Optimizer>> = vec![Box::new(composed_adamw), Box::new(sgd)];
+        for mut o in optims {
+            let (vars, grads) = vars_and_bad_grads();
+            o.prepare(&vars, &grads).unwrap();
+            let (before, state_before) = (values(&vars), state(&*o));
+            assert!(o.step(&vars, &grads).is_err(), "{}", o.kind());
+            assert_eq!(values(&vars), before, "{}", o.kind());
+            assert_eq!(state(&*o), state_before, "{}", o.kind());
+        }
+    }
+}

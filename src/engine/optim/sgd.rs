@@ -28,6 +28,9 @@ impl Optimizer for Sgd {
 
     fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()> {
         let c = &self.cfg;
+        // Every new value first, then the assignments: an error on the way
+        // (an OOM) leaves the parameters and the momentum as they were.
+        let mut updates = Vec::new();
         for (name, var) in vars {
             let Some(g) = grads.get(var) else { continue };
             let mut d = if c.weight_decay != 0.0 {
@@ -35,19 +38,26 @@ impl Optimizer for Sgd {
             } else {
                 g.clone()
             };
+            let mut buf = None;
             if c.momentum != 0.0 {
-                let buf = match self.momentum.remove(name) {
+                let b = match self.momentum.get(name) {
                     Some(b) => ((b * c.momentum)? + (&d * (1.0 - c.dampening))?)?,
                     None => d.clone(),
                 };
                 d = if c.nesterov {
-                    (d + (&buf * c.momentum)?)?
+                    (d + (&b * c.momentum)?)?
                 } else {
-                    buf.clone()
+                    b.clone()
                 };
-                self.momentum.insert(name.clone(), buf);
+                buf = Some(b);
             }
-            var.set(&(var.as_tensor() - (d * c.lr)?)?)?;
+            updates.push((name, var, (var.as_tensor() - (d * c.lr)?)?, buf));
+        }
+        for (name, var, value, buf) in updates {
+            var.set(&value)?;
+            if let Some(b) = buf {
+                self.momentum.insert(name.clone(), b);
+            }
         }
         Ok(())
     }

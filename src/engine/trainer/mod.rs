@@ -19,7 +19,7 @@ use super::precision::{Mixed, Precision};
 use super::prune::Masks;
 use super::ModelSpec;
 use crate::data::Batch;
-use crate::memory::oom::{classify, Phase};
+use crate::memory::oom::{classify, is_device_oom, Phase};
 use crate::{Error, Result};
 
 pub struct TrainerOptions {
@@ -356,17 +356,39 @@ impl Trainer {
             .prepare(&vars, &acc)
             .map_err(|e| classify(e.into(), Phase::Optimizer))?;
         guard(Phase::Optimizer)?;
-        // From here parameters change one by one: a failure inside the update
-        // is not retryable (the run stops with what it has checkpointed).
+        // From here parameters change one by one. The update paths in use
+        // (fused AdamW on the CPU and on CUDA, 8-bit included) work in place
+        // on state allocated above, so nothing here waits on an allocation;
+        // a failure inside the update is not retryable (the run stops with
+        // what it has checkpointed).
         self.optim.step(&vars, &acc)?;
+        self.step += 1;
+        // The update is made. What follows re-derives tensors from the
+        // masters (masks, the low-precision working copy): it may allocate,
+        // so the step's gradients go first, and an OOM there is met by
+        // trimming the pool and deriving them again, not by a retry of the
+        // step, which would apply the update twice.
+        drop(acc);
+        if let Err(e) = self.derive_from_masters(&vars) {
+            if !is_oom(&e) {
+                return Err(e);
+            }
+            crate::memory::device::trim(&self.opts.device)?;
+            self.derive_from_masters(&vars)?;
+        }
+        Ok(loss_sum)
+    }
+
+    /// Applies the pruning masks and refreshes the working copy from the
+    /// master weights: idempotent, so it can be done again after a failure.
+    fn derive_from_masters(&self, vars: &[(String, Var)]) -> Result<()> {
         if !self.masks.is_empty() {
-            self.masks.apply(&vars)?;
+            self.masks.apply(vars)?;
         }
         if let Some(m) = &self.mixed {
-            m.sync(&vars)?;
+            m.sync(vars)?;
         }
-        self.step += 1;
-        Ok(loss_sum)
+        Ok(())
     }
 
     /// Heap bytes (above the level before it) of a forward and backward pass
@@ -389,6 +411,10 @@ impl Trainer {
     pub fn optimizer_state_bytes(&self) -> usize {
         self.optim.state_bytes(&self.store.vars())
     }
+}
+
+fn is_oom(e: &Error) -> bool {
+    matches!(e, Error::Candle(c) if is_device_oom(c))
 }
 
 /// Adds the variables' gradients from `grads` into `acc`. Gradients of
