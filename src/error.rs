@@ -36,6 +36,10 @@ pub enum Error {
     /// An OOM policy stopped the run (after writing a checkpoint).
     #[error("{0}")]
     Stopped(String),
+    /// A signal asked the run to stop (it stops at a step boundary, after
+    /// writing a checkpoint). The exit code is 128 + the signal's number.
+    #[error("interrupted by {}: stopped at a step boundary", crate::run::interrupt::signal_name(*.0))]
+    Interrupted(i32),
     #[error("{}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
@@ -51,16 +55,32 @@ impl Error {
     }
 
     /// The CLI's exit code: 2 for usage and recipe errors (syntax, options,
-    /// config, device), 3 when an OOM policy stopped the run, 1 for other
-    /// failures during training.
+    /// config, device), 3 when an OOM policy stopped the run, 128 + the
+    /// signal's number when a signal did (130 SIGINT, 143 SIGTERM, 129
+    /// SIGHUP), 1 for other failures during training.
     pub fn exit_code(&self) -> u8 {
-        if self.is_recipe_error() {
+        if let Some(sig) = self.interrupted() {
+            (128 + sig).clamp(0, 255) as u8
+        } else if self.is_recipe_error() {
             2
         } else if self.find(|e| matches!(e, Error::Stopped(_))) {
             3
         } else {
             1
         }
+    }
+
+    /// The signal, when a signal stopped the run (through Lua too).
+    pub fn interrupted(&self) -> Option<i32> {
+        let found = std::cell::Cell::new(None);
+        self.find(|e| match e {
+            Error::Interrupted(sig) => {
+                found.set(Some(*sig));
+                true
+            }
+            _ => false,
+        });
+        found.get()
     }
 
     /// Whether this error, or one it wraps (through Lua callbacks, context

@@ -44,8 +44,9 @@ enum Command {
         /// Output folder for metrics.jsonl and checkpoints [default: runs/<recipe>-<UTC time>]
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Continue from a checkpoint written by taper (weights, optimizer state, step, epoch)
-        #[arg(long, value_name = "PATH")]
+        /// Continue a run: a checkpoint file, a run folder (continued in place),
+        /// or `auto`: the run in --out if it has a checkpoint, else a fresh start
+        #[arg(long, value_name = "PATH|RUN_DIR|auto")]
         resume: Option<PathBuf>,
         /// No progress bar and no printed lines
         #[arg(long)]
@@ -61,6 +62,10 @@ enum Command {
         /// end of the epoch (or at run:reload_point()) without stopping the run
         #[arg(long)]
         watch: bool,
+        /// Save the checkpoint this often while training: steps (500) or time
+        /// (90s, 10m); `never` for only at the end, on failure or on a signal
+        #[arg(long, value_name = "STEPS|TIME", default_value = "5m", value_parser = parse_every)]
+        checkpoint_every: EveryArg,
     },
     /// Load and validate a recipe without training (its loop runs no epoch).
     Check {
@@ -193,6 +198,17 @@ fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitCode 
     ExitCode::SUCCESS
 }
 
+/// `--checkpoint-every`: a period, or `never`.
+#[derive(Clone)]
+struct EveryArg(Option<taper::run::periodic::Every>);
+
+fn parse_every(s: &str) -> Result<EveryArg, String> {
+    match s {
+        "never" => Ok(EveryArg(None)),
+        s => taper::run::periodic::Every::parse(s).map(|e| EveryArg(Some(e))),
+    }
+}
+
 fn parse_size(s: &str) -> Result<usize, String> {
     taper::host::parse_size(s)
 }
@@ -250,7 +266,21 @@ fn main() -> ExitCode {
             mem_limit,
             inject_oom,
             watch,
+            checkpoint_every,
         } => {
+            // `--resume RUN_DIR` continues in that folder unless --out says
+            // otherwise; `--resume auto` continues in --out if it holds a run.
+            let out = out.or_else(|| resume.clone().filter(|r| r.is_dir()));
+            let resume = match resume
+                .map(|arg| taper::engine::checkpoint::resolve_resume(&arg, out.as_deref()))
+                .transpose()
+            {
+                Ok(r) => r.flatten(),
+                Err(e) => {
+                    eprintln!("taper: {e}");
+                    return ExitCode::from(e.exit_code());
+                }
+            };
             let opts = HostOptions {
                 device,
                 seed,
@@ -262,12 +292,19 @@ fn main() -> ExitCode {
                 mem_limit,
                 inject_oom,
                 watch,
+                checkpoint_every: checkpoint_every.0,
             };
             (recipe.recipe, opts)
         }
     };
     let check = opts.check_only;
     let quiet = opts.quiet;
+    if !check {
+        // Ctrl-C, SIGTERM, SIGHUP: stop at the next step with a checkpoint.
+        if let Err(e) = taper::run::interrupt::install() {
+            eprintln!("taper: cannot handle signals ({e}): a signal will end the run without a checkpoint");
+        }
+    }
     let mut host = match Host::new(opts) {
         Ok(h) => h,
         Err(e) => {

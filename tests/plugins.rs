@@ -170,8 +170,10 @@ fn augment_plugin_shifts_images_and_digits_still_reach_the_bar() {
     let plain = tempfile::tempdir().unwrap();
     let (o, plain_out) = taper(plain.path(), &digits("", "", "", 1), &[]);
     assert!(o.status.success());
-    let (o, shifted_out) = taper(dir.path(), &digits(&prelude, ":map(shift)", "", 1), &[]);
-    assert!(o.status.success());
+    // A folder of its own: a fresh run does not write over another's.
+    let shifted = tempfile::tempdir().unwrap();
+    let (o, shifted_out) = taper(shifted.path(), &digits(&prelude, ":map(shift)", "", 1), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
     let w = |p: &Path| {
         let (t, _) = checkpoint::load(&p.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
         t["model.fc0.weight"]

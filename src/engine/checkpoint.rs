@@ -68,11 +68,98 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 
 fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let tmp = with_suffix(path, ".tmp");
-    write(&tmp)?;
+    if let Err(e) = write(&tmp) {
+        // A write that failed (a full disk) leaves no partial file behind.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
         .map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    // The rename is durable once the folder is synced too.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// The checkpoint a run folder holds (`checkpoint.safetensors`, the first
+/// run's), when it has one.
+pub fn in_folder(dir: &Path) -> Option<PathBuf> {
+    let p = dir.join("checkpoint.safetensors");
+    p.is_file().then_some(p)
+}
+
+/// Removes `*.tmp` files a killed save left in `dir` (they were never
+/// renamed into place, so nothing refers to them). Returns how many.
+pub fn remove_stale_temporaries(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("checkpoint") && name.ends_with(".tmp")
+        })
+        .filter(|p| std::fs::remove_file(p).is_ok())
+        .count()
+}
+
+/// What `--resume ARG` means: a checkpoint file, a run folder (its
+/// checkpoint), or `auto`: the checkpoint in `out` when there is a valid
+/// one, else none (a fresh start, for jobs that rerun the same command).
+pub fn resolve_resume(arg: &Path, out: Option<&Path>) -> Result<Option<PathBuf>> {
+    if arg.as_os_str() == "auto" {
+        let Some(out) = out else {
+            return Err(Error::Config(
+                "--resume auto needs --out: the run folder to continue".into(),
+            ));
+        };
+        return Ok(in_folder(out).filter(|p| read_meta(p).is_ok()));
+    }
+    if arg.is_dir() {
+        return in_folder(arg).map(Some).ok_or_else(|| {
+            Error::Config(format!(
+                "--resume {}: the folder holds no checkpoint.safetensors",
+                arg.display()
+            ))
+        });
+    }
+    if !arg.exists() {
+        return Err(Error::Config(format!(
+            "--resume {}: no such checkpoint file or run folder",
+            arg.display()
+        )));
+    }
+    Ok(Some(arg.to_path_buf()))
+}
+
+/// A checkpoint's metadata, from its header alone.
+pub fn read_meta(path: &Path) -> Result<CheckpointMeta> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    meta_of(path, &bytes)
+}
+
+fn meta_of(path: &Path, bytes: &[u8]) -> Result<CheckpointMeta> {
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| err(path, format!("not a safetensors file: {e}")))?;
+    let json = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("taper"))
+        .ok_or_else(|| err(path, "no taper metadata: not a taper checkpoint"))?;
+    let meta: CheckpointMeta =
+        serde_json::from_str(json).map_err(|e| err(path, format!("bad metadata: {e}")))?;
+    if meta.format != FORMAT {
+        return Err(err(path, format!("format {} is not {FORMAT}", meta.format)));
+    }
+    Ok(meta)
 }
 
 /// Writes `tensors` and `meta` to `path` (and `path` with `.json`) atomically.
@@ -99,18 +186,7 @@ pub fn save(path: &Path, tensors: Vec<(String, Tensor)>, meta: &CheckpointMeta) 
 /// Reads a checkpoint written by [`save`].
 pub fn load(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, CheckpointMeta)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
-        .map_err(|e| err(path, format!("not a safetensors file: {e}")))?;
-    let json = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get("taper"))
-        .ok_or_else(|| err(path, "no taper metadata: not a taper checkpoint"))?;
-    let meta: CheckpointMeta =
-        serde_json::from_str(json).map_err(|e| err(path, format!("bad metadata: {e}")))?;
-    if meta.format != FORMAT {
-        return Err(err(path, format!("format {} is not {FORMAT}", meta.format)));
-    }
+    let meta = meta_of(path, &bytes)?;
     let tensors =
         candle_core::safetensors::load_buffer(&bytes, device).map_err(|e| err(path, e))?;
     Ok((tensors, meta))

@@ -69,6 +69,9 @@ pub struct HostOptions {
     pub inject_oom: Vec<String>,
     /// Watch the recipe and its modules; apply edits at safe points.
     pub watch: bool,
+    /// Write each run's checkpoint this often while it trains (and at its
+    /// end, on a failure, a stop or a signal, always).
+    pub checkpoint_every: Option<crate::run::periodic::Every>,
 }
 
 impl Default for HostOptions {
@@ -84,6 +87,7 @@ impl Default for HostOptions {
             mem_limit: None,
             inject_oom: Vec::new(),
             watch: false,
+            checkpoint_every: None,
         }
     }
 }
@@ -140,7 +144,11 @@ impl Host {
                 "--mem-limit needs taper::memory::CountingAlloc as the global allocator".into(),
             ));
         }
-        let out = Output::new(opts.out_dir.as_deref(), opts.quiet)?;
+        let out = Output::new(opts.out_dir.as_deref(), opts.quiet, opts.resume.is_some())?;
+        if let Some(dir) = &opts.out_dir {
+            // A save killed half-way leaves a temporary file, never a checkpoint.
+            crate::engine::checkpoint::remove_stale_temporaries(dir);
+        }
         // On a GPU the limit is made real: everything above it is reserved.
         let ballast = match (opts.mem_limit, &device) {
             (Some(limit), Device::Cuda(_)) => {
@@ -189,6 +197,15 @@ impl Host {
         lua.globals().set("taper", taper.clone())?;
         lua.register_module("taper", taper)?;
         install_print(&lua)?;
+        // A stop asked for by a signal also ends Lua code that never steps
+        // (a loop in the recipe): checked every 16k Lua instructions.
+        lua.set_global_hook(
+            mlua::HookTriggers::new().every_nth_instruction(1 << 14),
+            |_, _| {
+                crate::run::interrupt::check().map_err(crate::error::lua_err)?;
+                Ok(mlua::VmState::Continue)
+            },
+        )?;
         reload::register_safe_points(&lua)?;
         Ok(Host {
             lua,
@@ -280,12 +297,19 @@ impl Host {
             Ok(()) => self.finish(),
             Err(e) => {
                 self.state.out.finish_bar();
-                let why = if e.find(|e| matches!(e, Error::Stopped(_))) {
+                let why = if e.interrupted().is_some() {
+                    "interrupted"
+                } else if e.find(|e| matches!(e, Error::Stopped(_))) {
                     "stopped"
                 } else {
                     "failed"
                 };
-                self.save_all(why)?;
+                // A checkpoint that cannot be written either (a full disk)
+                // must not hide why the run failed: both are told.
+                if let Err(save) = self.save_all(why) {
+                    self.state.out.finish_bar();
+                    eprintln!("taper: the {why} run's checkpoint could not be written: {save}");
+                }
                 Err(e)
             }
         }
@@ -321,30 +345,10 @@ impl Host {
     /// Writes a checkpoint of every run that has trained, into the output
     /// folder: `checkpoint.safetensors`, `checkpoint-2.safetensors`, ...
     fn save_all(&mut self, why: &str) -> Result<()> {
-        let Some(dir) = self.state.opts.out_dir.clone() else {
-            return Ok(());
-        };
         for r in self.state.runs.borrow().iter() {
-            let r = r.borrow();
-            if r.core.trainer.step == 0 {
-                continue;
+            if let Some(path) = run_state::checkpoint(&self.state, &r.borrow(), why)? {
+                self.checkpoints.push(path);
             }
-            let name = match r.id {
-                1 => "checkpoint.safetensors".to_string(),
-                n => format!("checkpoint-{n}.safetensors"),
-            };
-            let path = dir.join(name);
-            r.save(&path)?;
-            let _ = self.state.out.record(
-                "checkpoint",
-                r.core.trainer.step,
-                r.core.cursor.epoch,
-                serde_json::Map::from_iter([
-                    ("path".into(), path.display().to_string().into()),
-                    ("reason".into(), why.into()),
-                ]),
-            );
-            self.checkpoints.push(path);
         }
         Ok(())
     }

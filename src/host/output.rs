@@ -22,13 +22,28 @@ pub(crate) struct Output {
 }
 
 impl Output {
-    pub fn new(out_dir: Option<&Path>, quiet: bool) -> Result<Self> {
+    /// Writes into `out_dir`: a new run's folder, or, when `resuming`, a run
+    /// folder whose `metrics.jsonl` the records are appended to. A new run
+    /// never overwrites another's records.
+    pub fn new(out_dir: Option<&Path>, quiet: bool, resuming: bool) -> Result<Self> {
         let metrics = match out_dir {
             None => None,
             Some(dir) => {
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
                 let path = dir.join("metrics.jsonl");
-                let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
+                let held = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+                if held && !resuming {
+                    return Err(Error::Config(format!(
+                        "--out {}: the folder holds a run (metrics.jsonl); continue it with --resume {} (or --resume auto), or choose another folder",
+                        dir.display(),
+                        dir.display()
+                    )));
+                }
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(&path, e))?;
                 Some((path, BufWriter::new(f)))
             }
         };

@@ -122,6 +122,7 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     if let Some(loss) = loss {
         host.out.tick(step, loss);
     }
+    super::run_state::checkpoint_if_due(&host, &mut r).map_err(lua_err)?;
     Ok((loss, step))
 }
 
@@ -406,6 +407,7 @@ fn create(
             None => lua.create_table()?,
         },
         reenter: false,
+        periodic: None,
     };
     if let Some(path) = host.resume.borrow_mut().take() {
         if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {
@@ -417,6 +419,10 @@ fn create(
             run.core.trainer.step
         ));
     }
+    run.periodic = host
+        .opts
+        .checkpoint_every
+        .map(|every| crate::run::periodic::Periodic::new(every, run.core.trainer.step));
     let mut f = Map::new();
     f.insert("run".into(), id.into());
     f.insert("model".into(), model.0.describe().into());

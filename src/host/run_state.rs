@@ -3,7 +3,7 @@
 //! and what ending an epoch or saving records.
 
 use std::cell::RefCell;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use serde_json::{json, Map};
@@ -24,6 +24,8 @@ pub(crate) struct RunState {
     pub state: mlua::Table,
     /// A reload happened mid-epoch: `run:epochs()` re-enters this epoch.
     pub reenter: bool,
+    /// When the next periodic checkpoint is due (`--checkpoint-every`).
+    pub periodic: Option<crate::run::periodic::Periodic>,
 }
 
 /// A run as Lua holds it (`taper.run{}` returns one). Borrowed for each
@@ -134,4 +136,40 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
 pub(crate) fn pool_peak(host: &HostState, device: &candle_core::Device) -> Option<usize> {
     let ballast = host.ballast.as_ref().map_or(0, |b| b.bytes);
     crate::memory::device::pool_peak(device).map(|p| p.saturating_sub(ballast))
+}
+
+/// Writes the run's checkpoint into the output folder (`checkpoint.safetensors`
+/// for the first run, `checkpoint-2.safetensors`, ...) with a `checkpoint`
+/// record; nothing without a folder or before the first step.
+pub(crate) fn checkpoint(host: &HostState, r: &RunState, why: &str) -> Result<Option<PathBuf>> {
+    let Some(dir) = host.opts.out_dir.as_ref() else {
+        return Ok(None);
+    };
+    if r.core.trainer.step == 0 {
+        return Ok(None);
+    }
+    let path = dir.join(match r.id {
+        1 => "checkpoint.safetensors".to_string(),
+        n => format!("checkpoint-{n}.safetensors"),
+    });
+    r.save(&path)?;
+    let mut f = Map::new();
+    f.insert("path".into(), path.display().to_string().into());
+    f.insert("reason".into(), why.into());
+    host.out
+        .record("checkpoint", r.core.trainer.step, r.core.cursor.epoch, f)?;
+    Ok(Some(path))
+}
+
+/// After a step: the periodic checkpoint, when one is due.
+pub(crate) fn checkpoint_if_due(host: &HostState, r: &mut RunState) -> Result<()> {
+    let step = r.core.trainer.step;
+    if !r.periodic.is_some_and(|p| p.due(step)) {
+        return Ok(());
+    }
+    checkpoint(host, r, "periodic")?;
+    if let Some(p) = r.periodic.as_mut() {
+        p.done(step);
+    }
+    Ok(())
 }

@@ -4,6 +4,8 @@
 //! (`host`) and the plugins (`plugins`) implement the slots; an embedder
 //! without Lua can drive [`Recovery`] with the built-in policy.
 
+pub mod interrupt;
+pub mod periodic;
 mod policy;
 mod recovery;
 mod state;

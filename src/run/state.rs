@@ -145,9 +145,12 @@ impl Run {
     }
 
     /// One training step on `batch` with the next step's plan: learning
-    /// rate, micro-batch, OOM recovery, and the cursor and counters.
+    /// rate, micro-batch, OOM recovery, and the cursor and counters. After a
+    /// stop was asked for (a signal), an `Error::Interrupted` instead.
     /// Returns the batch's mean loss, or `None` when the policy skipped it.
     pub fn step(&mut self, batch: &Batch, observe: &mut Observer<'_>) -> Result<Option<f64>> {
+        // A signal asked for a stop: the last step is the run's last.
+        super::interrupt::check()?;
         let plan = self.plan()?;
         if let Some(lr) = plan.lr {
             self.trainer.set_learning_rate(lr);

@@ -1,0 +1,65 @@
+//! Stopping a run on a signal. SIGINT (Ctrl-C), SIGTERM and SIGHUP ask the
+//! run to stop at its next step boundary: the step in progress finishes,
+//! then the run writes its checkpoint and its final records and exits with
+//! 128 + the signal's number (130, 143, 129). A second signal exits at once.
+//!
+//! The request is a process-wide flag: [`Run::step`](super::Run::step)
+//! checks it before each step, and the Lua bindings check it from a hook
+//! every few thousand Lua instructions, so a recipe stuck in a loop that
+//! never steps is stopped too.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use crate::{Error, Result};
+
+/// The signal that asked for a stop; 0 for none.
+static REQUESTED: AtomicI32 = AtomicI32::new(0);
+
+const SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Installs the handlers (the CLI does; an embedder may).
+pub fn install() -> std::io::Result<()> {
+    for sig in SIGNALS {
+        // SAFETY: the handler does only async-signal-safe work: an atomic
+        // swap, and `_exit` on the second signal.
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                if REQUESTED.swap(sig, Ordering::SeqCst) != 0 {
+                    libc::_exit(128 + sig);
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Asks for a stop as the signal `sig` would (`os.exit` in a recipe, tests).
+pub fn request(sig: i32) {
+    REQUESTED.store(sig, Ordering::SeqCst);
+}
+
+/// The signal that asked for a stop, if one did.
+pub fn requested() -> Option<i32> {
+    match REQUESTED.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// An error when a stop was asked for: the run stops here.
+pub fn check() -> Result<()> {
+    match requested() {
+        Some(sig) => Err(Error::Interrupted(sig)),
+        None => Ok(()),
+    }
+}
+
+/// `SIGTERM`, for messages.
+pub fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        other => format!("signal {other}"),
+    }
+}

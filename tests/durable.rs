@@ -1,0 +1,263 @@
+//! Runs that are not lost: a real SIGTERM, SIGINT or SIGKILL at a moment of
+//! the run, then `--resume auto` with the same command, ends with the same
+//! weights as a run that was never stopped (bitwise, on the CPU).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device};
+use serde_json::Value;
+use taper::engine::checkpoint;
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_taper"));
+    c.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The digits recipe, long enough to be stopped in the middle.
+fn train_args<'a>(out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "train",
+        "scripts/digits.lua",
+        "--quiet",
+        "--set",
+        "epochs=120",
+        "--out",
+        s(out),
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+fn records(out: &Path, event: &str) -> Vec<Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["event"] == event)
+        .collect()
+}
+
+/// Waits until `out` holds `n` epoch records, failing if the run ends first.
+fn wait_for_epochs(child: &mut Child, out: &Path, n: usize) {
+    let start = Instant::now();
+    while records(out, "epoch").len() < n {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before epoch {n}"
+        );
+        assert!(start.elapsed() < DEADLINE, "no epoch {n}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn wait(mut child: Child) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < DEADLINE, "taper did not stop");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn weights(path: &Path) -> Vec<(String, Vec<f64>)> {
+    let (t, _) = checkpoint::load(path, &Device::Cpu).unwrap();
+    let mut v: Vec<_> = t
+        .into_iter()
+        .map(|(k, t)| {
+            let t = t.flatten_all().unwrap().to_dtype(DType::F64).unwrap();
+            (k, t.to_vec1::<f64>().unwrap())
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn straight(dir: &Path) -> PathBuf {
+    let out = dir.join("straight");
+    let o = cmd(&train_args(&out, &[])).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out.join("checkpoint.safetensors")
+}
+
+/// Starts the run, stops it with `signal` after `epochs` epochs, checks how
+/// it ended, resumes it with the same command plus `--resume auto`, and
+/// returns its final checkpoint.
+fn stopped_and_resumed(out: &Path, signal: i32, epochs: usize, extra: &[&str]) -> PathBuf {
+    let mut child = cmd(&train_args(out, extra))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_epochs(&mut child, out, epochs);
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let o = wait(child);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if signal == libc::SIGKILL {
+        assert_eq!(o.status.code(), None, "{err}");
+    } else {
+        assert_eq!(o.status.code(), Some(128 + signal), "{err}");
+        assert!(err.contains("stopped at a step boundary"), "{err}");
+        let last = records(out, "checkpoint")
+            .pop()
+            .expect("a checkpoint record");
+        assert_eq!(last["reason"], "interrupted", "{last}");
+    }
+    let mut again = train_args(out, extra);
+    again.extend(["--resume", "auto"]);
+    let o = cmd(&again).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out.join("checkpoint.safetensors")
+}
+
+#[test]
+fn sigterm_and_sigint_stop_with_a_checkpoint_and_resume_to_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight(dir.path()));
+    for (signal, epochs) in [(libc::SIGTERM, 2), (libc::SIGINT, 7), (libc::SIGHUP, 13)] {
+        let out = dir.path().join(format!("signal-{signal}"));
+        let end = stopped_and_resumed(&out, signal, epochs, &["--checkpoint-every", "never"]);
+        assert!(
+            weights(&end) == reference,
+            "signal {signal}: weights differ"
+        );
+        // One run's records, appended: every epoch once.
+        let epochs: Vec<u64> = records(&out, "epoch")
+            .iter()
+            .map(|r| r["epoch"].as_u64().unwrap())
+            .collect();
+        assert_eq!(epochs, (1..=120).collect::<Vec<_>>(), "signal {signal}");
+    }
+}
+
+#[test]
+fn sigkill_loses_at_most_the_checkpoint_period_and_resumes_to_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight(dir.path()));
+    let out = dir.path().join("killed");
+    let end = stopped_and_resumed(&out, libc::SIGKILL, 5, &["--checkpoint-every", "30"]);
+    assert!(weights(&end) == reference, "weights differ");
+    // The resumed run started from the last periodic checkpoint: at most 30
+    // steps before the kill.
+    let runs = records(&out, "run");
+    assert_eq!(runs.len(), 2);
+    let resumed_at = runs[1]["step"].as_u64().unwrap();
+    assert!(resumed_at >= 5 * 45 - 30, "resumed at step {resumed_at}");
+    assert_eq!(resumed_at % 30, 0);
+}
+
+#[test]
+fn a_recipe_stuck_in_a_loop_stops_on_sigint_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("loop.lua");
+    std::fs::write(
+        &recipe,
+        r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{ split = "train" }:batch(32),
+}
+local n = 0
+for batch in run:batches() do
+  run:step(batch)
+  n = n + 1
+  if n == 3 then break end
+end
+run:log{ looping = true }
+while true do end
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let mut child = cmd(&["train", s(&recipe), "--quiet", "--out", s(&out)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while records(&out, "log").is_empty() {
+        assert!(child.try_wait().unwrap().is_none(), "ended early");
+        assert!(start.elapsed() < DEADLINE, "no log record");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = wait(child);
+    assert_eq!(
+        o.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.step, 3);
+}
+
+#[test]
+fn resume_arguments_and_run_folders_get_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let missing = dir.path().join("nope.safetensors");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--resume", s(&missing)],
+            "no such checkpoint file or run folder",
+        ),
+        (
+            vec!["--resume", s(&empty)],
+            "the folder holds no checkpoint.safetensors",
+        ),
+    ];
+    for (extra, says) in cases {
+        let mut args = vec![
+            "train",
+            "scripts/digits.lua",
+            "--quiet",
+            "--set",
+            "epochs=1",
+        ];
+        args.extend(extra);
+        let o = cmd(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!err.contains("traceback"), "{err}");
+    }
+    // A fresh run into a folder that holds a run is refused, and the run's
+    // records are left as they were.
+    let first = cmd(&train_args(&out, &["--set", "epochs=1"]))
+        .output()
+        .unwrap();
+    assert!(first.status.success());
+    let before = std::fs::read(out.join("metrics.jsonl")).unwrap();
+    let o = cmd(&train_args(&out, &["--set", "epochs=1"]))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("the folder holds a run"), "{err}");
+    assert_eq!(std::fs::read(out.join("metrics.jsonl")).unwrap(), before);
+    // `--resume RUN_DIR` continues in that folder.
+    let o = cmd(&[
+        "train",
+        "scripts/digits.lua",
+        "--quiet",
+        "--set",
+        "epochs=2",
+        "--resume",
+        s(&out),
+    ])
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!((meta.epoch, meta.step), (2, 90));
+}
