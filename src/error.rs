@@ -40,6 +40,10 @@ pub enum Error {
     /// writing a checkpoint). The exit code is 128 + the signal's number.
     #[error("interrupted by {}: stopped at a step boundary", crate::run::interrupt::signal_name(*.0))]
     Interrupted(i32),
+    /// The recipe called `os.exit(code)`: the run ends there, with its
+    /// checkpoint and final records, and the CLI exits with `code`.
+    #[error("the recipe called os.exit({0})")]
+    Exited(i32),
     #[error("{}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
@@ -61,6 +65,8 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         if let Some(sig) = self.interrupted() {
             (128 + sig).clamp(0, 255) as u8
+        } else if let Some(code) = self.exited() {
+            code.clamp(0, 255) as u8
         } else if self.is_recipe_error() {
             2
         } else if self.find(|e| matches!(e, Error::Stopped(_))) {
@@ -76,6 +82,19 @@ impl Error {
         self.find(|e| match e {
             Error::Interrupted(sig) => {
                 found.set(Some(*sig));
+                true
+            }
+            _ => false,
+        });
+        found.get()
+    }
+
+    /// The code, when the recipe called `os.exit(code)`.
+    pub fn exited(&self) -> Option<i32> {
+        let found = std::cell::Cell::new(None);
+        self.find(|e| match e {
+            Error::Exited(code) => {
+                found.set(Some(*code));
                 true
             }
             _ => false,

@@ -261,3 +261,41 @@ fn resume_arguments_and_run_folders_get_clear_errors() {
     let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
     assert_eq!((meta.epoch, meta.step), (2, 90));
 }
+
+/// `os.exit` in a recipe ends the run through the same path as a signal:
+/// a checkpoint and the final records, then the exit code it was given.
+#[test]
+fn os_exit_in_a_recipe_writes_the_checkpoint_and_exits_with_its_code() {
+    for (code, expected, reason) in [("4", 4, "exited"), ("", 0, "final")] {
+        let dir = tempfile::tempdir().unwrap();
+        let recipe = dir.path().join("exit.lua");
+        std::fs::write(
+            &recipe,
+            format!(
+                r#"local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 64, hidden = {{ 16 }}, outputs = 10 }},
+  data = taper.data.digits{{ split = "train" }}:batch(32),
+}}
+for epoch in run:epochs(2) do
+  for batch in run:batches() do
+    run:step(batch)
+    if run.steps == 3 then os.exit({code}) end
+  end
+end
+"#
+            ),
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        let o = cmd(&["train", s(&recipe), "--quiet", "--out", s(&out)])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(expected), "{err}");
+        let (_, meta) =
+            checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+        assert_eq!(meta.step, 3);
+        let last = records(&out, "checkpoint").pop().unwrap();
+        assert_eq!(last["reason"], reason, "{last}");
+    }
+}

@@ -295,10 +295,14 @@ impl Host {
             .and_then(|_| self.check_overrides_used());
         match result {
             Ok(()) => self.finish(),
+            // `os.exit(0)`: the recipe is done, as if it had returned.
+            Err(e) if e.exited() == Some(0) => self.finish(),
             Err(e) => {
                 self.state.out.finish_bar();
                 let why = if e.interrupted().is_some() {
                     "interrupted"
+                } else if e.exited().is_some() {
+                    "exited"
                 } else if e.find(|e| matches!(e, Error::Stopped(_))) {
                     "stopped"
                 } else {
@@ -381,7 +385,27 @@ fn install_print(lua: &Lua) -> mlua::Result<()> {
         state(lua).out.line(&parts.join("\t"));
         Ok(())
     })?;
-    lua.globals().set("print", print)
+    lua.globals().set("print", print)?;
+    // `os.exit(code)` ends the run through the same path as a signal: the
+    // checkpoint and the final records are written, then the CLI exits
+    // with `code` (`true`/nil: 0, `false`: 1).
+    let exit = lua.create_function(|_, code: Value| -> mlua::Result<()> {
+        let code = match code {
+            Value::Nil | Value::Boolean(true) => 0,
+            Value::Boolean(false) => 1,
+            Value::Integer(n) => n as i32,
+            Value::Number(n) => n as i32,
+            other => {
+                return Err(crate::error::lua_err(Error::Script(format!(
+                    "os.exit: expected an exit code, got a {}",
+                    other.type_name()
+                ))))
+            }
+        };
+        Err(crate::error::lua_err(Error::Exited(code)))
+    })?;
+    let os: Table = lua.globals().get("os")?;
+    os.set("exit", exit)
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC, for default output folder names.
