@@ -2,6 +2,7 @@
 //! Machines are noisy, so each compares against a reference measured in the
 //! same process, alternating, and reports medians and ratios.
 
+mod checkpoint;
 mod data;
 mod kernels;
 mod oom;
@@ -53,6 +54,15 @@ pub enum Which {
     /// throughput under a memory limit that forces micro-batching.
     Oom {
         #[arg(long, default_value_t = 9)]
+        rounds: usize,
+    },
+    /// What periodic checkpoints cost on scripts/shakespeare.lua: a run with a
+    /// checkpoint after every step against one without, alternating.
+    Checkpoint {
+        /// Training steps per run
+        #[arg(long, default_value_t = 60)]
+        steps: usize,
+        #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
     /// Hot reload: milliseconds from saving a watched module to the run using
@@ -122,6 +132,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         } => precision::run(*steps, *width, *layers),
         Which::Oom { rounds } => oom::run(*rounds),
         Which::Reload { edits, interval_ms } => reload::run(*edits, *interval_ms),
+        Which::Checkpoint { steps, rounds } => checkpoint::run(*steps, *rounds),
         Which::Plugin {
             path,
             calls,

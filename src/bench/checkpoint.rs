@@ -1,0 +1,74 @@
+//! `taper bench checkpoint`: what periodic checkpoints cost. The shipped
+//! Shakespeare recipe trains `steps` steps without periodic checkpoints and
+//! with one after every step, alternating; the difference per step is the
+//! cost of one checkpoint, and from it the cost at a given period.
+
+use std::path::Path;
+use std::time::Instant;
+
+use super::median;
+use crate::run::periodic::Every;
+use crate::{Host, HostOptions, Result};
+
+/// Seconds of the whole run, and of its training epoch alone.
+fn train(dir: &Path, steps: usize, every: Option<Every>) -> Result<(f64, f64)> {
+    let opts = HostOptions {
+        out_dir: Some(dir.to_path_buf()),
+        overrides: [
+            ("steps", steps.to_string()),
+            ("epochs", "1".into()),
+            ("sample", "0".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        checkpoint_every: every,
+        ..HostOptions::default()
+    };
+    let start = Instant::now();
+    Host::new(opts)?.run_file(Path::new("scripts/shakespeare.lua"))?;
+    let total = start.elapsed().as_secs_f64();
+    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    let epoch = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["event"] == "epoch")
+        .and_then(|r| r["seconds"].as_f64())
+        .unwrap_or(total);
+    Ok((total, epoch))
+}
+
+pub fn run(steps: usize, rounds: usize) -> Result<()> {
+    let root = std::env::temp_dir().join(format!("taper-bench-ckpt-{}", std::process::id()));
+    let (mut without, mut with, mut epoch) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Each run in a folder of its own (a run folder is never reused).
+        let a = root.join(format!("never-{round}"));
+        let b = root.join(format!("every-{round}"));
+        let (total, training) = train(&a, steps, None)?;
+        without.push(total);
+        epoch.push(training);
+        with.push(train(&b, steps, Some(Every::Steps(1)))?.0);
+    }
+    let bytes = std::fs::metadata(root.join("never-0/checkpoint.safetensors"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let _ = std::fs::remove_dir_all(&root);
+    let (t0, t1) = (median(&mut without), median(&mut with));
+    let step_ms = median(&mut epoch) / steps as f64 * 1e3;
+    let save_ms = ((t1 - t0) / steps as f64 * 1e3).max(0.0);
+    println!(
+        "scripts/shakespeare.lua, {steps} steps, {rounds} rounds alternating (medians); checkpoint {:.2} MB",
+        bytes as f64 / 1e6
+    );
+    println!("  run without periodic checkpoints  {t0:.2} s  ({step_ms:.2} ms per training step)");
+    println!("  a checkpoint after every step     {t1:.2} s  (+{save_ms:.2} ms per checkpoint)");
+    for (label, every_steps) in [
+        ("every 100 steps", 100.0),
+        ("every 5 minutes (the default)", 300e3 / step_ms.max(1e-9)),
+    ] {
+        let share = save_ms / every_steps / step_ms.max(1e-9) * 100.0;
+        println!("  cost {label:<30} {share:.3}% of training time");
+    }
+    Ok(())
+}
