@@ -31,14 +31,22 @@ fit_to(cfg.epochs)
 local dense = run:evaluate(test)
 results = { { sparsity = 0, accuracy = dense.accuracy } }
 
-local last = cfg.epochs
+-- A reload or a resume runs this top level again, from the start: `run.state`
+-- (kept through both) records which phases have pruned, so each prunes once.
+run.state.pruned = run.state.pruned or 0
+local last, phase = cfg.epochs, 0
 for s in cfg.sparsities:gmatch("[^,]+") do
-  local p = run:prune{ sparsity = tonumber(s), scope = cfg.scope }
-  local before = run:evaluate(test).accuracy
+  phase = phase + 1
+  local sparsity = tonumber(s)
+  if run.state.pruned < phase then
+    sparsity = run:prune{ sparsity = sparsity, scope = cfg.scope }.sparsity
+    run.state.pruned = phase
+    run.state.before = run:evaluate(test).accuracy
+  end
   last = last + cfg.finetune
   fit_to(last)
   local after = run:evaluate(test).accuracy
-  results[#results + 1] = { sparsity = p.sparsity, accuracy = after }
+  results[#results + 1] = { sparsity = sparsity, accuracy = after }
   print(("sparsity %.0f%%: %.2f%% right after pruning, %.2f%% after %d fine-tuning epochs")
-    :format(p.sparsity * 100, before * 100, after * 100, cfg.finetune))
+    :format(sparsity * 100, run.state.before * 100, after * 100, cfg.finetune))
 end

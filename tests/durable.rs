@@ -23,18 +23,19 @@ fn s(p: &Path) -> &str {
 }
 
 /// The digits recipe, long enough to be stopped in the middle.
-fn train_args<'a>(out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut a = vec![
-        "train",
-        "scripts/digits.lua",
-        "--quiet",
-        "--set",
-        "epochs=120",
-        "--out",
-        s(out),
-    ];
+const DIGITS: &[&str] = &["scripts/digits.lua", "--set", "epochs=120"];
+
+/// `taper train RECIPE SETS... --quiet --out OUT EXTRA...`
+fn recipe_args<'a>(recipe: &[&'a str], out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["train"];
+    a.extend_from_slice(recipe);
+    a.extend(["--quiet", "--out", s(out)]);
     a.extend_from_slice(extra);
     a
+}
+
+fn train_args<'a>(out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    recipe_args(DIGITS, out, extra)
 }
 
 fn records(out: &Path, event: &str) -> Vec<Value> {
@@ -82,8 +83,12 @@ fn weights(path: &Path) -> Vec<(String, Vec<f64>)> {
 }
 
 fn straight(dir: &Path) -> PathBuf {
+    straight_run(DIGITS, dir)
+}
+
+fn straight_run(recipe: &[&str], dir: &Path) -> PathBuf {
     let out = dir.join("straight");
-    let o = cmd(&train_args(&out, &[])).output().unwrap();
+    let o = cmd(&recipe_args(recipe, &out, &[])).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     out.join("checkpoint.safetensors")
 }
@@ -92,7 +97,17 @@ fn straight(dir: &Path) -> PathBuf {
 /// it ended, resumes it with the same command plus `--resume auto`, and
 /// returns its final checkpoint.
 fn stopped_and_resumed(out: &Path, signal: i32, epochs: usize, extra: &[&str]) -> PathBuf {
-    let mut child = cmd(&train_args(out, extra))
+    stop_and_resume(DIGITS, out, signal, epochs, extra)
+}
+
+fn stop_and_resume(
+    recipe: &[&str],
+    out: &Path,
+    signal: i32,
+    epochs: usize,
+    extra: &[&str],
+) -> PathBuf {
+    let mut child = cmd(&recipe_args(recipe, out, extra))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -111,7 +126,7 @@ fn stopped_and_resumed(out: &Path, signal: i32, epochs: usize, extra: &[&str]) -
             .expect("a checkpoint record");
         assert_eq!(last["reason"], "interrupted", "{last}");
     }
-    let mut again = train_args(out, extra);
+    let mut again = recipe_args(recipe, out, extra);
     again.extend(["--resume", "auto"]);
     let o = cmd(&again).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -298,4 +313,32 @@ end
         let last = records(&out, "checkpoint").pop().unwrap();
         assert_eq!(last["reason"], reason, "{last}");
     }
+}
+
+/// The shipped pruning recipe, stopped in its second fine-tuning phase: the
+/// resumed run (which runs the recipe's top level again) prunes each phase
+/// once, and ends with the straight run's weights and masks.
+#[test]
+fn a_pruning_run_stopped_in_a_later_phase_resumes_to_the_same_weights() {
+    let recipe = &[
+        "scripts/digits_prune.lua",
+        "--set",
+        "epochs=2",
+        "--set",
+        "finetune=40",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight_run(recipe, dir.path()));
+    let out = dir.path().join("stopped");
+    // Epoch 50: in the second phase (epochs 43 to 82).
+    let end = stop_and_resume(
+        recipe,
+        &out,
+        libc::SIGTERM,
+        50,
+        &["--checkpoint-every", "never"],
+    );
+    assert!(weights(&end) == reference, "weights or masks differ");
+    let prunes = records(&out, "prune");
+    assert_eq!(prunes.len(), 2, "each phase prunes once: {prunes:?}");
 }
