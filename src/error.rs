@@ -78,26 +78,30 @@ impl Error {
 
     /// The signal, when a signal stopped the run (through Lua too).
     pub fn interrupted(&self) -> Option<i32> {
-        let found = std::cell::Cell::new(None);
-        self.find(|e| match e {
-            Error::Interrupted(sig) => {
-                found.set(Some(*sig));
-                true
-            }
-            _ => false,
-        });
-        found.get()
+        self.first(|e| match e {
+            Error::Interrupted(sig) => Some(*sig),
+            _ => None,
+        })
     }
 
     /// The code, when the recipe called `os.exit(code)`.
     pub fn exited(&self) -> Option<i32> {
+        self.first(|e| match e {
+            Error::Exited(code) => Some(*code),
+            _ => None,
+        })
+    }
+
+    /// The first value `f` gives for this error or one it wraps (the walk
+    /// of [`Error::find`]).
+    fn first<T: Copy>(&self, f: impl Fn(&Error) -> Option<T> + Copy) -> Option<T> {
         let found = std::cell::Cell::new(None);
-        self.find(|e| match e {
-            Error::Exited(code) => {
-                found.set(Some(*code));
+        self.find(|e| match f(e) {
+            Some(v) => {
+                found.set(Some(v));
                 true
             }
-            _ => false,
+            None => false,
         });
         found.get()
     }
