@@ -325,11 +325,19 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("taper: {}", taper::host::render_error(&e));
+            // A signal or os.exit is an ending, not a failure: no traceback.
+            let told = match (e.interrupted(), e.exited()) {
+                (Some(sig), _) => taper::Error::Interrupted(sig).to_string(),
+                (_, Some(code)) => taper::Error::Exited(code).to_string(),
+                _ => taper::host::render_error(&e),
+            };
+            eprintln!("taper: {told}");
             for c in host.checkpoints() {
+                let folder = c.parent().unwrap_or(Path::new("."));
                 eprintln!(
-                    "taper: checkpoint written to {} (continue with --resume)",
-                    c.display()
+                    "taper: checkpoint written to {} (continue with --resume {})",
+                    c.display(),
+                    folder.display()
                 );
             }
             ExitCode::from(e.exit_code())
