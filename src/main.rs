@@ -271,6 +271,7 @@ fn main() -> ExitCode {
             // `--resume RUN_DIR` continues in that folder unless --out says
             // otherwise; `--resume auto` continues in --out if it holds a run.
             let out = out.or_else(|| resume.clone().filter(|r| r.is_dir()));
+            let auto = resume.as_deref() == Some(Path::new("auto"));
             let resume = match resume
                 .map(|arg| taper::engine::checkpoint::resolve_resume(&arg, out.as_deref()))
                 .transpose()
@@ -293,6 +294,7 @@ fn main() -> ExitCode {
                 inject_oom,
                 watch,
                 checkpoint_every: checkpoint_every.0,
+                reuse_out: auto,
             };
             (recipe.recipe, opts)
         }

@@ -275,6 +275,20 @@ fn resume_arguments_and_run_folders_get_clear_errors() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
     assert_eq!((meta.epoch, meta.step), (2, 90));
+
+    // A job killed before its first checkpoint reruns the same command with
+    // `--resume auto`: it starts afresh in the folder, appending.
+    let job = dir.path().join("job");
+    std::fs::create_dir_all(&job).unwrap();
+    std::fs::write(job.join("metrics.jsonl"), "{\"event\":\"config\"}\n").unwrap();
+    let o = cmd(&train_args(
+        &job,
+        &["--set", "epochs=1", "--resume", "auto"],
+    ))
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(records(&job, "config").len(), 2, "appended");
 }
 
 /// `os.exit` in a recipe ends the run through the same path as a signal:

@@ -72,6 +72,10 @@ pub struct HostOptions {
     /// Write each run's checkpoint this often while it trains (and at its
     /// end, on a failure, a stop or a signal, always).
     pub checkpoint_every: Option<crate::run::periodic::Every>,
+    /// Append to `out_dir`'s records even when not resuming: `--resume auto`
+    /// found no checkpoint there (a job killed before its first one), so the
+    /// run starts afresh in the same folder.
+    pub reuse_out: bool,
 }
 
 impl Default for HostOptions {
@@ -88,6 +92,7 @@ impl Default for HostOptions {
             inject_oom: Vec::new(),
             watch: false,
             checkpoint_every: None,
+            reuse_out: false,
         }
     }
 }
@@ -144,7 +149,11 @@ impl Host {
                 "--mem-limit needs taper::memory::CountingAlloc as the global allocator".into(),
             ));
         }
-        let out = Output::new(opts.out_dir.as_deref(), opts.quiet, opts.resume.is_some())?;
+        let out = Output::new(
+            opts.out_dir.as_deref(),
+            opts.quiet,
+            opts.resume.is_some() || opts.reuse_out,
+        )?;
         if let Some(dir) = &opts.out_dir {
             // A save killed half-way leaves a temporary file, never a checkpoint.
             crate::engine::checkpoint::remove_stale_temporaries(dir);
