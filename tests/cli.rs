@@ -219,3 +219,68 @@ fn resume_continues_the_same_run() -> Result<()> {
     assert!(first_epoch.contains("\"epoch\":3"), "{first_epoch}");
     Ok(())
 }
+
+/// Learning rates that cannot be: refused before training, naming the
+/// recipe line or the schedule; a run that diverges is not saved as if it
+/// had trained.
+#[test]
+fn bad_learning_rates_and_diverged_weights_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "lr=NaN",
+            2,
+            "digits.lua:17: taper.optim.adamw: option `lr`: bad learning rate NaN",
+        ),
+        ("lr=-1", 2, "bad learning rate -1"),
+        ("lr=inf", 2, "bad learning rate inf"),
+        (
+            "lr=1e30",
+            1,
+            "holds NaN or infinite values (the training diverged",
+        ),
+    ];
+    for (i, (set, code, says)) in cases.iter().enumerate() {
+        let out = dir.path().join(format!("out{i}"));
+        let o = taper(&[
+            "train",
+            "scripts/digits.lua",
+            "--quiet",
+            "--set",
+            set,
+            "--set",
+            "epochs=2",
+            "--out",
+            s(&out),
+        ]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(*code), "{set}: {err}");
+        assert!(err.contains(says), "{set}: {err}");
+        assert!(!out.join("checkpoint.safetensors").exists(), "{set}");
+    }
+    // A schedule that plans a NaN rate.
+    let r = write(
+        dir.path(),
+        "nan_schedule.lua",
+        r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{ split = "train" }:batch(32),
+  schedule = function(step) return { lr = step < 3 and 1e-3 or 0/0 } end,
+}
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+"#,
+    );
+    let o = taper(&[
+        "train",
+        s(&r),
+        "--quiet",
+        "--out",
+        s(&dir.path().join("sched")),
+    ]);
+    let (_, err) = text(&o);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("planned step 4: bad learning rate NaN"),
+        "{err}"
+    );
+}

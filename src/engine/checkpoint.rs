@@ -167,6 +167,17 @@ pub fn save(path: &Path, tensors: Vec<(String, Tensor)>, meta: &CheckpointMeta) 
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
+    // A diverged model is not saved over the last good checkpoint.
+    for (k, t) in tensors.iter().filter(|(k, _)| k.starts_with("model.")) {
+        if t.dtype().is_float() && !all_finite(t)? {
+            return Err(err(
+                path,
+                format!(
+                    "`{k}` holds NaN or infinite values (the training diverged: lower the learning rate?); not saved, so the last good checkpoint is kept"
+                ),
+            ));
+        }
+    }
     let json = serde_json::to_string(meta).map_err(|e| err(path, e))?;
     let cpu = tensors
         .into_iter()
@@ -183,6 +194,15 @@ pub fn save(path: &Path, tensors: Vec<(String, Tensor)>, meta: &CheckpointMeta) 
     })
 }
 
+/// Whether every value of `t` is finite: 0 * x is NaN exactly for NaN and
+/// infinite x, so one product and one sum tell, on the tensor's device.
+fn all_finite(t: &Tensor) -> Result<bool> {
+    let probe = (t.to_dtype(candle_core::DType::F32)? * 0.0)?
+        .sum_all()?
+        .to_scalar::<f32>()?;
+    Ok(probe.is_finite())
+}
+
 /// Reads a checkpoint written by [`save`].
 pub fn load(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, CheckpointMeta)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
@@ -190,4 +210,54 @@ pub fn load(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, Ch
     let tensors =
         candle_core::safetensors::load_buffer(&bytes, device).map_err(|e| err(path, e))?;
     Ok((tensors, meta))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> CheckpointMeta {
+        CheckpointMeta {
+            format: FORMAT.into(),
+            step: 1,
+            epoch: 1,
+            epoch_steps: 1,
+            epoch_samples: 1,
+            epoch_complete: false,
+            model: "m".into(),
+            optimizer: "o".into(),
+            lr: 0.1,
+            seed: 0,
+            recipe_hash: String::new(),
+            skipped: Vec::new(),
+            state: None,
+        }
+    }
+
+    #[test]
+    fn non_finite_weights_are_not_saved_over_a_good_checkpoint() -> Result<()> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.safetensors");
+        let good = Tensor::new(&[1f32, 2.0], &Device::Cpu)?;
+        save(&path, vec![("model.w".into(), good)], &meta())?;
+        let before = std::fs::read(&path).unwrap();
+        for bad in [f32::NAN, f32::INFINITY] {
+            let t = Tensor::new(&[1f32, bad], &Device::Cpu)?;
+            let e = save(&path, vec![("model.w".into(), t)], &meta()).unwrap_err();
+            assert!(
+                e.to_string().contains("`model.w` holds NaN or infinite"),
+                "{e}"
+            );
+            assert_eq!(std::fs::read(&path).unwrap(), before);
+        }
+        // Optimizer state is not checked (only the model's weights are).
+        let t = Tensor::new(&[f32::INFINITY], &Device::Cpu)?;
+        let ok = Tensor::new(&[1f32], &Device::Cpu)?;
+        save(
+            &path,
+            vec![("model.w".into(), ok), ("optim.x".into(), t)],
+            &meta(),
+        )?;
+        Ok(())
+    }
 }

@@ -144,6 +144,7 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         "adamw",
         lua.create_function(|lua, opts: Value| {
             let c: AdamWConfig = decode(lua, "taper.optim.adamw", opts)?;
+            check_lr(lua, "taper.optim.adamw", c.lr)?;
             Ok(OptimHandle(OptimSpec::AdamW(c)))
         })?,
     )?;
@@ -151,6 +152,7 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         "sgd",
         lua.create_function(|lua, opts: Value| {
             let c: SgdConfig = decode(lua, "taper.optim.sgd", opts)?;
+            check_lr(lua, "taper.optim.sgd", c.lr)?;
             Ok(OptimHandle(OptimSpec::Sgd(c)))
         })?,
     )?;
@@ -175,4 +177,13 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         lua.create_function(|lua, opts: Table| distill(lua, opts))?,
     )?;
     taper.set("loss", loss)
+}
+
+/// A learning rate must be a finite number >= 0 (`--set lr=NaN` arrives here
+/// through `taper.config`).
+fn check_lr(lua: &Lua, what: &str, lr: f64) -> mlua::Result<()> {
+    match crate::run::check_lr(lr) {
+        Ok(()) => Ok(()),
+        Err(why) => Err(config_error(lua, format!("{what}: option `lr`: {why}"))),
+    }
 }

@@ -342,11 +342,8 @@ impl UserData for RunHandle {
             Ok(this.get()?.core.trainer.learning_rate())
         });
         m.add_method("set_lr", |lua, this, lr: f64| {
-            if !(lr.is_finite() && lr >= 0.0) {
-                return Err(config_error(
-                    lua,
-                    format!("run:set_lr: bad learning rate {lr}"),
-                ));
+            if let Err(why) = crate::run::check_lr(lr) {
+                return Err(config_error(lua, format!("run:set_lr: {why}")));
             }
             this.get_mut()?.core.trainer.set_learning_rate(lr);
             Ok(())

@@ -153,6 +153,14 @@ impl Run {
         super::interrupt::check()?;
         let plan = self.plan()?;
         if let Some(lr) = plan.lr {
+            super::check_lr(lr).map_err(|why| {
+                let schedule = self.schedule.as_ref().map(|s| s.borrow().describe());
+                crate::Error::Script(format!(
+                    "the schedule ({}) planned step {}: {why}",
+                    schedule.unwrap_or_default(),
+                    self.trainer.step + 1
+                ))
+            })?;
             self.trainer.set_learning_rate(lr);
         }
         let micro = plan.micro_batch.or(self.micro_batch).unwrap_or(batch.len());
