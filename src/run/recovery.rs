@@ -166,17 +166,20 @@ impl Recovery {
                 // Evaluation has nothing to skip or to lower: anything but
                 // retry and stop splits the evaluation batch.
                 let action = match self.decide(&ev, attempt)? {
-                    Action::Split(m) => split(m, piece, n),
-                    Action::Retry => Some(piece),
-                    Action::Stop(why) => {
-                        return Err(Error::Stopped(format!("{why} (in evaluation: {e})")))
+                    stop @ Action::Stop(_) => stop,
+                    Action::Retry => Action::Retry,
+                    asked => {
+                        let m = if let Action::Split(m) = asked {
+                            m
+                        } else {
+                            None
+                        };
+                        match split(m, piece, n) {
+                            Some(m) if m == piece => Action::Retry,
+                            Some(m) => Action::Split(Some(m)),
+                            None => nothing_to_split(step),
+                        }
                     }
-                    Action::Skip | Action::Precision(_) => split(None, piece, n),
-                };
-                let action = match action {
-                    Some(m) if m == piece => Action::Retry,
-                    Some(m) => Action::Split(Some(m)),
-                    None => nothing_to_split(step),
                 };
                 if let Action::Split(Some(m)) = action {
                     self.eval_cap = Some(m);
