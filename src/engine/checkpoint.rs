@@ -140,10 +140,28 @@ pub fn resolve_resume(arg: &Path, out: Option<&Path>) -> Result<Option<PathBuf>>
     Ok(Some(arg.to_path_buf()))
 }
 
-/// A checkpoint's metadata, from its header alone.
+/// A checkpoint's metadata, reading its header alone (a safetensors file
+/// starts with the header's length, then the header).
 pub fn read_meta(path: &Path) -> Result<CheckpointMeta> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    meta_of(path, &bytes)
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|e| Error::io(path, e))?;
+    let len = u64::from_le_bytes(len);
+    if len > 100 << 20 {
+        return Err(err(
+            path,
+            format!("not a safetensors file: a header of {len} bytes"),
+        ));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header).map_err(|e| Error::io(path, e))?;
+    let header: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| err(path, format!("not a safetensors file: {e}")))?;
+    let json = header["__metadata__"]["taper"]
+        .as_str()
+        .ok_or_else(|| err(path, "no taper metadata: not a taper checkpoint"))?;
+    parse_meta(path, json)
 }
 
 fn meta_of(path: &Path, bytes: &[u8]) -> Result<CheckpointMeta> {
@@ -154,6 +172,10 @@ fn meta_of(path: &Path, bytes: &[u8]) -> Result<CheckpointMeta> {
         .as_ref()
         .and_then(|m| m.get("taper"))
         .ok_or_else(|| err(path, "no taper metadata: not a taper checkpoint"))?;
+    parse_meta(path, json)
+}
+
+fn parse_meta(path: &Path, json: &str) -> Result<CheckpointMeta> {
     let meta: CheckpointMeta =
         serde_json::from_str(json).map_err(|e| err(path, format!("bad metadata: {e}")))?;
     if meta.format != FORMAT {
