@@ -64,8 +64,14 @@ enum Command {
         watch: bool,
         /// Save the checkpoint this often while training: steps (500) or time
         /// (90s, 10m); `never` for only at the end, on failure or on a signal
-        #[arg(long, value_name = "STEPS|TIME", default_value = "5m", value_parser = parse_every)]
-        checkpoint_every: EveryArg,
+        /// [default: the recipe's checkpoint_every, else 5m]
+        #[arg(long, value_name = "STEPS|TIME|never", value_parser = parse_every)]
+        checkpoint_every: Option<EveryArg>,
+        /// How many checkpoints of each run to keep: the newest, and older ones
+        /// that --resume falls back to when the newest is damaged
+        /// [default: the recipe's keep_checkpoints, else 2]
+        #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+        keep_checkpoints: Option<u32>,
     },
     /// Load and validate a recipe without training (its loop runs no epoch).
     Check {
@@ -203,10 +209,7 @@ fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitCode 
 struct EveryArg(Option<taper::run::periodic::Every>);
 
 fn parse_every(s: &str) -> Result<EveryArg, String> {
-    match s {
-        "never" => Ok(EveryArg(None)),
-        s => taper::run::periodic::Every::parse(s).map(|e| EveryArg(Some(e))),
-    }
+    taper::run::periodic::parse_period(s).map(EveryArg)
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -267,33 +270,50 @@ fn main() -> ExitCode {
             inject_oom,
             watch,
             checkpoint_every,
+            keep_checkpoints,
         } => {
             // `--resume RUN_DIR` continues in that folder unless --out says
             // otherwise; `--resume auto` continues in --out if it holds a run.
             let out = out.or_else(|| resume.clone().filter(|r| r.is_dir()));
             let auto = resume.as_deref() == Some(Path::new("auto"));
+            // The folder whose later runs (a distilled student) resume too.
+            let folder = match resume.as_deref() {
+                Some(_) if auto => out.clone(),
+                Some(r) if r.is_dir() => Some(r.to_path_buf()),
+                _ => None,
+            };
             let resume = match resume
                 .map(|arg| taper::engine::checkpoint::resolve_resume(&arg, out.as_deref()))
                 .transpose()
             {
                 Ok(r) => r.flatten(),
                 Err(e) => {
+                    // A checkpoint that cannot be resumed from is bad input:
+                    // said before anything runs.
                     eprintln!("taper: {e}");
-                    return ExitCode::from(e.exit_code());
+                    return ExitCode::from(2);
                 }
             };
+            let resume = resume.map(|(path, notes)| {
+                for n in notes {
+                    eprintln!("taper: warning: {n}");
+                }
+                path
+            });
             let opts = HostOptions {
                 device,
                 seed,
                 out_dir: Some(out.unwrap_or_else(|| default_out(&recipe.recipe))),
                 resume,
+                resume_folder: folder,
                 quiet,
                 check_only: false,
                 overrides: recipe.set.clone(),
                 mem_limit,
                 inject_oom,
                 watch,
-                checkpoint_every: checkpoint_every.0,
+                checkpoint_every: checkpoint_every.map(|e| e.0),
+                keep_checkpoints: keep_checkpoints.map(|k| k as usize),
                 reuse_out: auto,
             };
             (recipe.recipe, opts)

@@ -36,6 +36,8 @@ function taper.config(defaults) end
 ---@field on_reload? fun(old_state: table): table? migrates `run.state` when this version takes over
 ---@field watch? boolean watch the recipe and its modules, as `--watch` does
 ---@field precision? "f32"|"bf16"|"f16" forward and backward type (f32 master weights; f16 adds loss scaling)
+---@field checkpoint_every? integer|string save every n steps, every so long ("10m"), or "never" (default 5 minutes; --checkpoint-every overrides)
+---@field keep_checkpoints? integer how many of the run's checkpoints stay in the output folder (default 2; --keep-checkpoints overrides)
 
 ---Creates a run: a model's parameters, its optimizer and its place in training.
 ---@param opts taper.RunOptions

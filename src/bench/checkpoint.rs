@@ -22,7 +22,7 @@ fn train(dir: &Path, steps: usize, every: Option<Every>) -> Result<(f64, f64)> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect(),
-        checkpoint_every: every,
+        checkpoint_every: Some(every),
         ..HostOptions::default()
     };
     let start = Instant::now();

@@ -57,6 +57,9 @@ pub struct HostOptions {
     pub out_dir: Option<PathBuf>,
     /// Restore the first run the recipe creates from this checkpoint.
     pub resume: Option<PathBuf>,
+    /// The run folder being continued (`--resume RUN_DIR|auto`): the runs
+    /// after the first resume from their own newest checkpoint in it.
+    pub resume_folder: Option<PathBuf>,
     /// No progress bar and no printed lines.
     pub quiet: bool,
     /// Load and validate only: `run:epochs()` yields no epoch.
@@ -70,8 +73,12 @@ pub struct HostOptions {
     /// Watch the recipe and its modules; apply edits at safe points.
     pub watch: bool,
     /// Write each run's checkpoint this often while it trains (and at its
-    /// end, on a failure, a stop or a signal, always).
-    pub checkpoint_every: Option<crate::run::periodic::Every>,
+    /// end, on a failure, a stop or a signal, always): `Some(None)` for
+    /// never; None for the recipe's `checkpoint_every`, else every 5 minutes.
+    pub checkpoint_every: Option<Option<crate::run::periodic::Every>>,
+    /// How many checkpoints of each run to keep; None for the recipe's
+    /// `keep_checkpoints`, else 2.
+    pub keep_checkpoints: Option<usize>,
     /// Append to `out_dir`'s records even when not resuming: `--resume auto`
     /// found no checkpoint there (a job killed before its first one), so the
     /// run starts afresh in the same folder.
@@ -85,6 +92,7 @@ impl Default for HostOptions {
             seed: 0,
             out_dir: None,
             resume: None,
+            resume_folder: None,
             quiet: true,
             check_only: false,
             overrides: Vec::new(),
@@ -92,6 +100,7 @@ impl Default for HostOptions {
             inject_oom: Vec::new(),
             watch: false,
             checkpoint_every: None,
+            keep_checkpoints: None,
             reuse_out: false,
         }
     }
@@ -155,8 +164,9 @@ impl Host {
             opts.resume.is_some() || opts.reuse_out,
         )?;
         if let Some(dir) = &opts.out_dir {
-            // A save killed half-way leaves a temporary file, never a checkpoint.
-            crate::engine::checkpoint::remove_stale_temporaries(dir);
+            // A save killed half-way leaves a temporary file, never a
+            // checkpoint; one killed between its two renames, an old sidecar.
+            crate::engine::checkpoint::tidy(dir);
         }
         // On a GPU the limit is made real: everything above it is reserved.
         let ballast = match (opts.mem_limit, &device) {

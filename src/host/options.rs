@@ -43,6 +43,17 @@ pub(crate) fn defined_at(f: &mlua::Function) -> String {
     )
 }
 
+/// A value as an error message names it: `-1`, `"ten"`, `a table`.
+pub(crate) fn brief(v: &Value) -> String {
+    match v {
+        Value::Integer(n) => n.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::Boolean(b) => b.to_string(),
+        Value::String(s) => format!("{:?}", s.to_string_lossy()),
+        v => format!("a {}", v.type_name()),
+    }
+}
+
 /// A config error at the caller's location.
 pub(crate) fn config_error(lua: &Lua, msg: impl Display) -> mlua::Error {
     lua_err(Error::Config(format!("{}{msg}", location(lua))))

@@ -98,6 +98,15 @@ impl Output {
         }
     }
 
+    /// Prints a warning to stderr, above the progress bar, even when quiet:
+    /// something was passed over that the user should know of.
+    pub fn warn(&self, s: &str) {
+        match self.bar.borrow().as_ref() {
+            Some(bar) if !bar.is_hidden() => bar.suspend(|| eprintln!("taper: warning: {s}")),
+            _ => eprintln!("taper: warning: {s}"),
+        }
+    }
+
     /// A new bar for `len` steps, or a spinner when the length is unknown
     /// (hidden when quiet or stderr is no terminal).
     pub fn start_bar(&self, len: Option<usize>, prefix: String) {

@@ -16,6 +16,7 @@ use super::generator::Feed;
 use super::options::{config_error, decode};
 use super::run_state::{finish_epoch, read, write, RunHandle, RunState};
 use super::state;
+use crate::engine::checkpoint;
 use crate::engine::schedule::StepPlan;
 use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
@@ -405,8 +406,13 @@ fn create(
         },
         reenter: false,
         periodic: None,
+        keep: host
+            .opts
+            .keep_checkpoints
+            .or(o.keep_checkpoints)
+            .unwrap_or(crate::run::periodic::DEFAULT_KEEP),
     };
-    if let Some(path) = host.resume.borrow_mut().take() {
+    if let Some(path) = resume_path(host, id).map_err(lua_err)? {
         if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {
             host.out.line(&notice);
         }
@@ -419,6 +425,8 @@ fn create(
     run.periodic = host
         .opts
         .checkpoint_every
+        .or(o.checkpoint_every)
+        .unwrap_or(Some(crate::run::periodic::DEFAULT))
         .map(|every| crate::run::periodic::Periodic::new(every, run.core.trainer.step));
     let mut f = Map::new();
     f.insert("run".into(), id.into());
@@ -442,6 +450,34 @@ fn create(
     let rc = Rc::new(RefCell::new(run));
     host.runs.borrow_mut().push(rc.clone());
     Ok(RunHandle(rc))
+}
+
+/// The checkpoint run `id` resumes from: the first run, the one `--resume`
+/// named; a later run (a distilled student), its own newest checkpoint in the
+/// run folder being continued, if it got as far as one.
+fn resume_path(host: &super::HostState, id: usize) -> crate::Result<Option<std::path::PathBuf>> {
+    if let Some(path) = host.resume.borrow_mut().take() {
+        return Ok(Some(path));
+    }
+    let Some(dir) = host.opts.resume_folder.as_ref().filter(|_| id > 1) else {
+        return Ok(None);
+    };
+    let Some((path, notes)) =
+        checkpoint::latest_valid(&dir.join(checkpoint::file_name(id)), same_as_out(host, dir))?
+    else {
+        return Ok(None);
+    };
+    for n in notes {
+        host.out.warn(&n);
+    }
+    Ok(Some(path))
+}
+
+fn same_as_out(host: &super::HostState, dir: &std::path::Path) -> bool {
+    host.opts
+        .out_dir
+        .as_deref()
+        .is_some_and(|o| o == dir || o.canonicalize().ok() == dir.canonicalize().ok())
 }
 
 pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::generator::Feed;
 use super::models::{LossHandle, ModelHandle, OptimHandle};
 use super::oom_policy::LuaPolicy;
-use super::options::{check_keys, config_error, decode, handle};
+use super::options::{brief, check_keys, config_error, decode, handle};
 use super::schedule::{LuaSchedule, ScheduleHandle};
 use crate::engine::loss::Loss;
 use crate::engine::optim::{AdamWConfig, OptimSpec};
@@ -18,6 +18,7 @@ use crate::engine::precision::Precision;
 use crate::engine::schedule::Schedule;
 use crate::memory::inject::Injection;
 use crate::plugins::PluginPolicy;
+use crate::run::periodic::{parse_period, Every};
 use crate::run::{OomPolicy, Recovery};
 
 const RUN_KEYS: &[&str] = &[
@@ -34,6 +35,8 @@ const RUN_KEYS: &[&str] = &[
     "on_reload",
     "watch",
     "precision",
+    "checkpoint_every",
+    "keep_checkpoints",
 ];
 
 /// The decoded options of `taper.run{...}`.
@@ -50,6 +53,10 @@ pub(crate) struct RunOptions {
     pub state: Option<Table>,
     pub on_reload: Option<Function>,
     pub precision: Precision,
+    /// `checkpoint_every`: None when not given, Some(None) for `"never"`.
+    pub checkpoint_every: Option<Option<Every>>,
+    /// `keep_checkpoints`, when given.
+    pub keep_checkpoints: Option<usize>,
 }
 
 pub(crate) fn decode_run(
@@ -117,7 +124,38 @@ pub(crate) fn decode_run(
         }
     };
     let precision = run_precision(lua, opts)?;
+    let checkpoint_every = match opts.get::<Value>("checkpoint_every")? {
+        Value::Nil => None,
+        Value::Integer(n) if n > 0 => Some(Some(Every::Steps(n as u64))),
+        Value::String(s) => Some(parse_period(&s.to_str()?).map_err(|e| {
+            config_error(lua, format!("taper.run: option `checkpoint_every`: {e}"))
+        })?),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `checkpoint_every` must be a positive number of steps, a time (\"10m\") or \"never\", got {}",
+                    brief(&other)
+                ),
+            ))
+        }
+    };
+    let keep_checkpoints = match opts.get::<Value>("keep_checkpoints")? {
+        Value::Nil => None,
+        Value::Integer(n) if n > 0 => Some(n as usize),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `keep_checkpoints` must be a positive integer, got {}",
+                    brief(&other)
+                ),
+            ))
+        }
+    };
     Ok(RunOptions {
+        checkpoint_every,
+        keep_checkpoints,
         model,
         optim,
         precision,

@@ -10,7 +10,7 @@ use serde_json::{json, Map};
 
 use super::generator::Feed;
 use super::HostState;
-use crate::engine::Eval;
+use crate::engine::{checkpoint, Eval};
 use crate::error::lua_err;
 use crate::run::Run;
 use crate::Result;
@@ -26,6 +26,8 @@ pub(crate) struct RunState {
     pub reenter: bool,
     /// When the next periodic checkpoint is due (`--checkpoint-every`).
     pub periodic: Option<crate::run::periodic::Periodic>,
+    /// How many of its checkpoints to keep in the output folder.
+    pub keep: usize,
 }
 
 /// A run as Lua holds it (`taper.run{}` returns one). Borrowed for each
@@ -148,11 +150,12 @@ pub(crate) fn checkpoint(host: &HostState, r: &RunState, why: &str) -> Result<Op
     if r.core.trainer.step == 0 {
         return Ok(None);
     }
-    let path = dir.join(match r.id {
-        1 => "checkpoint.safetensors".to_string(),
-        n => format!("checkpoint-{n}.safetensors"),
-    });
+    let path = dir.join(checkpoint::file_name(r.id));
+    if r.keep > 1 {
+        checkpoint::archive_latest(&path)?;
+    }
     r.save(&path)?;
+    checkpoint::keep_newest(&path, r.keep)?;
     let mut f = Map::new();
     f.insert("path".into(), path.display().to_string().into());
     f.insert("reason".into(), why.into());

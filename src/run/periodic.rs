@@ -10,6 +10,23 @@ pub enum Every {
     Time(Duration),
 }
 
+/// How often a run saves when neither `--checkpoint-every` nor the
+/// recipe's `checkpoint_every` says: cheap (see `taper bench checkpoint`),
+/// and at most five minutes of work lost to a kill.
+pub const DEFAULT: Every = Every::Time(Duration::from_secs(300));
+
+/// How many checkpoints of a run are kept (the newest and the one before,
+/// which `--resume` falls back to when the newest is damaged).
+pub const DEFAULT_KEEP: usize = 2;
+
+/// `never`, or a period as [`Every::parse`] reads it.
+pub fn parse_period(s: &str) -> Result<Option<Every>, String> {
+    match s.trim() {
+        "never" => Ok(None),
+        s => Every::parse(s).map(Some),
+    }
+}
+
 impl Every {
     /// `500` (steps), `90s`, `10m`, `1h`.
     pub fn parse(s: &str) -> Result<Every, String> {

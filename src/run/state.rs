@@ -254,6 +254,7 @@ impl Run {
             recipe_hash: self.recipe_hash.clone(),
             skipped: self.skipped.clone(),
             state,
+            checksum: String::new(),
         }
     }
 

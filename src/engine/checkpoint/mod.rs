@@ -1,8 +1,10 @@
 //! Checkpoints: one safetensors file holding the model (`model.*`) and the
 //! optimizer state (`optim.*`), with run metadata in its header. Written to a
 //! temporary file, synced, then renamed into place, so a checkpoint on disk is
-//! never half-written. A JSON copy of the metadata is written beside it for
-//! people and tools; taper itself reads the header.
+//! never half-written; a CRC-32 of the tensors in the header is verified on
+//! load, so a damaged one is never trained from. A JSON copy of the metadata
+//! is written beside it for people and tools; taper itself reads the header.
+//! Run folders (names, older checkpoints kept, `--resume`) are in `folder`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,12 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
+
+mod folder;
+
+pub use folder::{
+    archive_latest, file_name, keep_newest, latest_valid, repair_sidecars, resolve_resume, tidy,
+};
 
 pub const FORMAT: &str = "taper-checkpoint/1";
 
@@ -42,6 +50,11 @@ pub struct CheckpointMeta {
     /// The recipe's `run.state` table, when it holds only plain values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<serde_json::Value>,
+    /// `crc32:` and 8 hex digits over the tensors (names, dtypes, shapes and
+    /// bytes, by name), filled in by [`save`]; empty in checkpoints written
+    /// before taper had it (those load unverified).
+    #[serde(default)]
+    pub checksum: String,
 }
 
 /// FNV-1a (64-bit) of `text`, as 16 hex digits.
@@ -66,18 +79,32 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+/// Writes `path`'s temporary file with `write` and syncs it; returns its
+/// path. A write that failed (a full disk) leaves no partial file behind.
+fn written(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
     let tmp = with_suffix(path, ".tmp");
-    if let Err(e) = write(&tmp) {
-        // A write that failed (a full disk) leaves no partial file behind.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+    let synced = write(&tmp).and_then(|()| {
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(&tmp, e))
+    });
+    match synced {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    // The rename is durable once the folder is synced too.
+}
+
+/// Renames a synced temporary file into place, then syncs the folder: the
+/// rename is durable once the folder is synced too.
+fn publish(tmp: &Path, path: &Path) -> Result<()> {
+    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
+    sync_folder(path)
+}
+
+fn sync_folder(path: &Path) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -87,57 +114,18 @@ fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<
         .map_err(|e| Error::io(dir, e))
 }
 
-/// The checkpoint a run folder holds (`checkpoint.safetensors`, the first
-/// run's), when it has one.
-pub fn in_folder(dir: &Path) -> Option<PathBuf> {
-    let p = dir.join("checkpoint.safetensors");
-    p.is_file().then_some(p)
-}
-
-/// Removes `*.tmp` files a killed save left in `dir` (they were never
-/// renamed into place, so nothing refers to them). Returns how many.
-pub fn remove_stale_temporaries(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("checkpoint") && name.ends_with(".tmp")
-        })
-        .filter(|p| std::fs::remove_file(p).is_ok())
-        .count()
-}
-
-/// What `--resume ARG` means: a checkpoint file, a run folder (its
-/// checkpoint), or `auto`: the checkpoint in `out` when there is a valid
-/// one, else none (a fresh start, for jobs that rerun the same command).
-pub fn resolve_resume(arg: &Path, out: Option<&Path>) -> Result<Option<PathBuf>> {
-    if arg.as_os_str() == "auto" {
-        let Some(out) = out else {
-            return Err(Error::Config(
-                "--resume auto needs --out: the run folder to continue".into(),
-            ));
-        };
-        return Ok(in_folder(out).filter(|p| read_meta(p).is_ok()));
+/// The CRC-32 of tensors, in name order, over each one's name, dtype, shape
+/// and bytes, as `crc32:` and 8 hex digits.
+fn checksum<'a, V: safetensors::View + 'a>(tensors: impl Iterator<Item = (&'a str, V)>) -> String {
+    let mut sorted: Vec<_> = tensors.collect();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    let mut h = crc32fast::Hasher::new();
+    for (name, v) in &sorted {
+        h.update(name.as_bytes());
+        h.update(format!("{:?}{:?}", v.dtype(), v.shape()).as_bytes());
+        h.update(&v.data());
     }
-    if arg.is_dir() {
-        return in_folder(arg).map(Some).ok_or_else(|| {
-            Error::Config(format!(
-                "--resume {}: the folder holds no checkpoint.safetensors",
-                arg.display()
-            ))
-        });
-    }
-    if !arg.exists() {
-        return Err(Error::Config(format!(
-            "--resume {}: no such checkpoint file or run folder",
-            arg.display()
-        )));
-    }
-    Ok(Some(arg.to_path_buf()))
+    format!("crc32:{:08x}", h.finalize())
 }
 
 /// A checkpoint's metadata, reading its header alone (a safetensors file
@@ -165,8 +153,12 @@ pub fn read_meta(path: &Path) -> Result<CheckpointMeta> {
 }
 
 fn meta_of(path: &Path, bytes: &[u8]) -> Result<CheckpointMeta> {
-    let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
-        .map_err(|e| err(path, format!("not a safetensors file: {e}")))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
+        err(
+            path,
+            format!("damaged or cut short: not a whole safetensors file ({e})"),
+        )
+    })?;
     let json = header
         .metadata()
         .as_ref()
@@ -185,6 +177,9 @@ fn parse_meta(path: &Path, json: &str) -> Result<CheckpointMeta> {
 }
 
 /// Writes `tensors` and `meta` to `path` (and `path` with `.json`) atomically.
+/// Both are written to temporary files first and published in one order
+/// (checkpoint, then sidecar); a kill between the two renames leaves an old
+/// sidecar, which [`repair_sidecars`] rewrites from the checkpoint's header.
 pub fn save(path: &Path, tensors: Vec<(String, Tensor)>, meta: &CheckpointMeta) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -200,20 +195,43 @@ pub fn save(path: &Path, tensors: Vec<(String, Tensor)>, meta: &CheckpointMeta) 
             ));
         }
     }
-    let json = serde_json::to_string(meta).map_err(|e| err(path, e))?;
-    let cpu = tensors
+    let raw = tensors
         .into_iter()
-        .map(|(k, t)| Ok((k, t.to_device(&Device::Cpu)?)))
+        .map(|(k, t)| {
+            use safetensors::View;
+            let t = t.to_device(&Device::Cpu)?;
+            Ok((k, View::dtype(&t), t.dims().to_vec(), t.data().into_owned()))
+        })
         .collect::<Result<Vec<_>>>()?;
+    let views = raw
+        .iter()
+        .map(|(k, dtype, shape, bytes)| {
+            let v = safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
+                .map_err(|e| err(path, e))?;
+            Ok((k.clone(), v))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut meta = meta.clone();
+    meta.checksum = checksum(views.iter().map(|(k, v)| (k.as_str(), v)));
+    let json = serde_json::to_string(&meta).map_err(|e| err(path, e))?;
     let header = HashMap::from([("taper".to_string(), json)]);
-    write_atomic(path, |tmp| {
-        safetensors::serialize_to_file(cpu, Some(header), tmp).map_err(|e| err(path, e))
-    })?;
-    let pretty = serde_json::to_string_pretty(meta).map_err(|e| err(path, e))?;
     let side = path.with_extension("json");
-    write_atomic(&side, |tmp| {
-        std::fs::write(tmp, pretty + "\n").map_err(|e| Error::io(tmp, e))
-    })
+    let pretty = serde_json::to_string_pretty(&meta).map_err(|e| err(path, e))? + "\n";
+    let ckpt = written(path, |tmp| {
+        safetensors::serialize_to_file(views, Some(header), tmp).map_err(|e| err(path, e))
+    })?;
+    let sidecar = written(&side, |tmp| {
+        std::fs::write(tmp, pretty).map_err(|e| Error::io(tmp, e))
+    });
+    let sidecar = match sidecar {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = std::fs::remove_file(&ckpt);
+            return Err(e);
+        }
+    };
+    publish(&ckpt, path)?;
+    publish(&sidecar, &side)
 }
 
 /// Whether every value of `t` is finite: 0 * x is NaN exactly for NaN and
@@ -225,13 +243,38 @@ fn all_finite(t: &Tensor) -> Result<bool> {
     Ok(probe.is_finite())
 }
 
-/// Reads a checkpoint written by [`save`].
+/// Reads a checkpoint written by [`save`], verifying its checksum.
 pub fn load(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, CheckpointMeta)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let meta = meta_of(path, &bytes)?;
+    let meta = verified(path, &bytes)?;
     let tensors =
         candle_core::safetensors::load_buffer(&bytes, device).map_err(|e| err(path, e))?;
     Ok((tensors, meta))
+}
+
+/// Reads a whole checkpoint and verifies it, without building tensors.
+pub fn verify(path: &Path) -> Result<CheckpointMeta> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    verified(path, &bytes)
+}
+
+fn verified(path: &Path, bytes: &[u8]) -> Result<CheckpointMeta> {
+    let meta = meta_of(path, bytes)?;
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| err(path, format!("damaged: {e}")))?;
+    if !meta.checksum.is_empty() {
+        let sum = checksum(st.iter());
+        if sum != meta.checksum {
+            return Err(err(
+                path,
+                format!(
+                    "damaged: its tensors' checksum is {sum}, the header says {} (the file changed after it was written)",
+                    meta.checksum
+                ),
+            ));
+        }
+    }
+    Ok(meta)
 }
 
 #[cfg(test)]
@@ -253,6 +296,7 @@ mod tests {
             recipe_hash: String::new(),
             skipped: Vec::new(),
             state: None,
+            checksum: String::new(),
         }
     }
 

@@ -1,6 +1,11 @@
 //! Runs that are not lost: a real SIGTERM, SIGINT or SIGKILL at a moment of
 //! the run, then `--resume auto` with the same command, ends with the same
-//! weights as a run that was never stopped (bitwise, on the CPU).
+//! weights as a run that was never stopped (bitwise, on the CPU). Drills
+//! (`drills.rs`) do it 20 times at random moments; `checkpoints.rs` checks
+//! what is on disk: checksums, older checkpoints kept, sidecars.
+
+mod checkpoints;
+mod drills;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,250 @@
+//! What a run leaves on disk: a checksum that catches a damaged checkpoint
+//! (and `--resume` falling back to the one before), older checkpoints kept
+//! as asked by the CLI or the recipe, sidecars that agree with their
+//! checkpoint, and every run of a multi-run recipe resumed.
+
+use super::*;
+
+/// Flips one byte `back` bytes before the end of `path` (in the tensors).
+fn flip(path: &Path, back: usize) {
+    let mut b = std::fs::read(path).unwrap();
+    let n = b.len();
+    b[n - back] ^= 0x5a;
+    std::fs::write(path, b).unwrap();
+}
+
+fn names(out: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".safetensors"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn run_ok(args: &[&str]) -> Output {
+    let o = cmd(args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+fn run_fails(args: &[&str], code: i32, says: &str) {
+    let o = cmd(args).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    assert!(err.contains(says), "expected `{says}` in: {err}");
+}
+
+#[test]
+fn a_damaged_checkpoint_is_refused_and_resume_falls_back_to_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let three = ["scripts/digits.lua", "--set", "epochs=3"];
+    run_ok(&recipe_args(&three, &out, &["--checkpoint-every", "20"]));
+    assert_eq!(
+        names(&out),
+        ["checkpoint.safetensors", "checkpoint.step120.safetensors"]
+    );
+    let newest = out.join("checkpoint.safetensors");
+    let good = std::fs::read(&newest).unwrap();
+    flip(&newest, 10);
+    // Named as a file, it is refused before anything runs.
+    let copy = dir.path().join("copy");
+    let mut args = recipe_args(&three, &copy, &["--resume"]);
+    args.push(s(&newest));
+    run_fails(&args, 2, "damaged: its tensors' checksum is crc32:");
+    // A run folder continues from the newest checkpoint that verifies, says
+    // so, and sets the damaged one aside.
+    let four = ["scripts/digits.lua", "--set", "epochs=4"];
+    let o = run_ok(&recipe_args(&four, &out, &["--resume", "auto"]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("checkpoint.safetensors: damaged"), "{err}");
+    assert!(err.contains("renamed to"), "{err}");
+    let runs = records(&out, "run");
+    assert_eq!(runs.last().unwrap()["step"], 120, "resumed at step 120");
+    let mut damaged = std::fs::read(out.join("checkpoint.safetensors.damaged")).unwrap();
+    let n = damaged.len();
+    damaged[n - 10] ^= 0x5a;
+    assert_eq!(damaged, good, "set aside as it was");
+    // When no checkpoint of the run verifies, nothing is trained over them.
+    for name in names(&out).iter().filter(|n| n.ends_with(".safetensors")) {
+        flip(&out.join(name), 4);
+    }
+    run_fails(
+        &recipe_args(&four, &out, &["--resume", "auto"]),
+        2,
+        "no checkpoint of this run verifies",
+    );
+    // A truncated file (a copy cut short) is named, with what is wrong.
+    let cut = dir.path().join("cut.safetensors");
+    std::fs::write(&cut, &good[..good.len() / 2]).unwrap();
+    let mut args = recipe_args(&three, &copy, &["--resume"]);
+    args.push(s(&cut));
+    run_fails(&args, 2, "cut.safetensors: damaged");
+}
+
+#[test]
+fn older_checkpoints_are_kept_as_the_cli_or_the_recipe_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let digits = ["scripts/digits.lua", "--set", "epochs=2"];
+    let three = dir.path().join("three");
+    run_ok(&recipe_args(
+        &digits,
+        &three,
+        &["--checkpoint-every", "10", "--keep-checkpoints", "3"],
+    ));
+    assert_eq!(
+        names(&three),
+        [
+            "checkpoint.safetensors",
+            "checkpoint.step70.safetensors",
+            "checkpoint.step80.safetensors"
+        ]
+    );
+    // The recipe's own options, and the command line over them.
+    let recipe = dir.path().join("every.lua");
+    std::fs::write(
+        &recipe,
+        r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{ split = "train" }:batch(32),
+  checkpoint_every = 15, keep_checkpoints = 4,
+}
+for _ in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+end
+"#,
+    )
+    .unwrap();
+    let own = dir.path().join("own");
+    run_ok(&["train", s(&recipe), "--quiet", "--out", s(&own)]);
+    let steps: Vec<u64> = records(&own, "checkpoint")
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [15, 30, 45, 45]);
+    assert_eq!(
+        names(&own),
+        [
+            "checkpoint.safetensors",
+            "checkpoint.step15.safetensors",
+            "checkpoint.step30.safetensors"
+        ]
+    );
+    let cli = dir.path().join("cli");
+    run_ok(&[
+        "train",
+        s(&recipe),
+        "--quiet",
+        "--out",
+        s(&cli),
+        "--checkpoint-every",
+        "never",
+        "--keep-checkpoints",
+        "1",
+    ]);
+    assert_eq!(records(&cli, "checkpoint").len(), 1);
+    assert_eq!(names(&cli), ["checkpoint.safetensors"]);
+    // Bad values get the recipe line.
+    for (opt, says) in [
+        ("checkpoint_every = -5", "option `checkpoint_every` must be a positive number of steps, a time (\"10m\") or \"never\", got -5"),
+        ("checkpoint_every = \"soon\"", "option `checkpoint_every`: `soon`: expected a number of steps"),
+        ("keep_checkpoints = 0", "option `keep_checkpoints` must be a positive integer, got 0"),
+    ] {
+        let bad = dir.path().join("bad.lua");
+        std::fs::write(
+            &bad,
+            format!("taper.run{{\n  model = taper.model.mlp{{ inputs = 2, outputs = 2 }},\n  {opt},\n}}\n"),
+        )
+        .unwrap();
+        run_fails(&["train", s(&bad), "--quiet"], 2, &format!("bad.lua:1: taper.run: {says}"));
+    }
+}
+
+#[test]
+fn a_sidecar_left_behind_by_a_kill_is_rewritten_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    run_ok(&train_args(&out, &["--set", "epochs=1"]));
+    let side = out.join("checkpoint.json");
+    let truth = std::fs::read_to_string(&side).unwrap();
+    // A kill between the checkpoint's rename and the sidecar's leaves the
+    // sidecar of the save before; a kill before both, temporary files.
+    let old = truth.replace("\"step\": 45", "\"step\": 40");
+    assert_ne!(old, truth);
+    std::fs::write(&side, old).unwrap();
+    std::fs::write(out.join("checkpoint.safetensors.tmp"), "half").unwrap();
+    assert_eq!(checkpoint::tidy(&out), 2);
+    assert_eq!(std::fs::read_to_string(&side).unwrap(), truth);
+    assert!(!out.join("checkpoint.safetensors.tmp").exists());
+    assert_eq!(checkpoint::tidy(&out), 0, "nothing left to do");
+}
+
+/// A recipe with three runs (teacher, distilled student, plain student),
+/// stopped in the student's epoch: the teacher resumes finished, the student
+/// from its own checkpoint, and every run ends as in a straight run.
+#[test]
+fn every_run_of_a_distillation_recipe_resumes() {
+    let recipe = &[
+        "scripts/shakespeare_distill.lua",
+        "--set",
+        "steps=60",
+        "--set",
+        "teacher_epochs=1",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let straight = straight_run(recipe, dir.path()).with_file_name("");
+    let out = dir.path().join("stopped");
+    let mut child = cmd(&recipe_args(recipe, &out, &["--checkpoint-every", "20"]))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let student = |r: &Value| {
+        r["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("checkpoint-2.safetensors")
+    };
+    while !records(&out, "checkpoint").iter().any(student) {
+        assert!(child.try_wait().unwrap().is_none(), "ended early");
+        assert!(start.elapsed() < DEADLINE, "no student checkpoint");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let o = wait(child);
+    assert_eq!(
+        o.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let resumed_at = checkpoint::read_meta(&out.join("checkpoint-2.safetensors"))
+        .unwrap()
+        .step;
+    assert!((20..60).contains(&resumed_at), "stopped at {resumed_at}");
+    run_ok(&recipe_args(
+        recipe,
+        &out,
+        &["--checkpoint-every", "20", "--resume", "auto"],
+    ));
+    let runs = records(&out, "run");
+    let second: Vec<u64> = runs
+        .iter()
+        .filter(|r| r["run"] == 2)
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(second, [0, resumed_at], "the student resumed");
+    for name in [
+        "checkpoint.safetensors",
+        "checkpoint-2.safetensors",
+        "checkpoint-3.safetensors",
+    ] {
+        assert!(
+            weights(&out.join(name)) == weights(&straight.join(name)),
+            "{name} differs from a straight run's"
+        );
+    }
+}
