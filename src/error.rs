@@ -132,6 +132,7 @@ impl Error {
             matches!(
                 e,
                 Error::Config(_)
+                    | Error::Data(_)
                     | Error::Device(_)
                     | Error::Plugin(_)
                     | Error::Lua(mlua::Error::SyntaxError { .. })

@@ -354,6 +354,11 @@ fn main() -> ExitCode {
                 _ => taper::host::render_error(&e),
             };
             eprintln!("taper: {told}");
+            let ending = e.exit_code() == 3 || e.interrupted().is_some();
+            if host.checkpoints().is_empty() && ending {
+                // Nothing to continue from, and nothing lost: no step was taken.
+                eprintln!("taper: no checkpoint: the run had taken no step");
+            }
             for c in host.checkpoints() {
                 let folder = c.parent().unwrap_or(Path::new("."));
                 eprintln!(

@@ -223,3 +223,61 @@ fn text_with_a_tokenizer_json() -> Result<()> {
         .contains("bad.json: not a readable tokenizer.json"));
     Ok(())
 }
+
+/// `cat a.gz b.gz` (and bgzip, which writes many members) is one stream:
+/// every member is read, not only the first.
+#[test]
+fn a_multi_member_gzip_is_read_whole() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (a, b) = (
+        "the cat sat on the mat\n".repeat(30),
+        "on the mat the cat\n".repeat(40),
+    );
+    let mut both = gz(a.as_bytes());
+    both.extend(gz(b.as_bytes()));
+    let path = write(dir.path(), "t.txt.gz", &both);
+    let whole = write(dir.path(), "t.txt", format!("{a}{b}").as_bytes());
+    let (from_gz, plain) = (
+        text(&path, None, "all", 8, None, 0.0)?,
+        text(&whole, None, "all", 8, None, 0.0)?,
+    );
+    assert_eq!(from_gz.len(), plain.len());
+    let last = plain.len() - 1;
+    assert_eq!(
+        from_gz.gather(&[last])?.0.to_vec2::<u32>()?,
+        plain.gather(&[last])?.0.to_vec2::<u32>()?
+    );
+    Ok(())
+}
+
+/// A tokenizer.json made for a model's inputs (truncation to 8 tokens,
+/// padding) does not cut the corpus: both are turned off, and said so.
+#[test]
+fn a_tokenizer_with_truncation_and_padding_tokenizes_the_whole_text() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let with = TOKENIZER
+        .replace(
+            "\"truncation\": null",
+            r#""truncation": { "direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0 }"#,
+        )
+        .replace(
+            "\"padding\": null",
+            r#""padding": { "strategy": { "Fixed": 16 }, "direction": "Right", "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "[UNK]" }"#,
+        );
+    assert_ne!(with, TOKENIZER);
+    let tok = write(dir.path(), "tokenizer.json", with.as_bytes());
+    let path = write(
+        dir.path(),
+        "t.txt",
+        "the cat sat on the mat\n".repeat(20).as_bytes(),
+    );
+    let src = text(&path, Some(&tok), "all", 6, None, 0.0)?;
+    assert_eq!(src.len(), (120 - 7) / 6 + 1, "all 120 tokens");
+    let notes = src.vocab().expect("a vocabulary").notes().join("\n");
+    assert!(
+        notes.contains("its truncation (to 8 tokens) is turned off"),
+        "{notes}"
+    );
+    assert!(notes.contains("its padding is turned off"), "{notes}");
+    Ok(())
+}

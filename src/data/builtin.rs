@@ -95,6 +95,8 @@ impl Source for Digits {
 #[derive(Clone)]
 pub struct Vocab {
     kind: VocabKind,
+    /// What taper changed in a tokenizer file's settings, to say so.
+    notes: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -127,6 +129,7 @@ impl Vocab {
             .collect();
         Vocab {
             kind: VocabKind::Chars { chars, index },
+            notes: Vec::new(),
         }
     }
     pub fn from_tokenizer_file(path: &Path) -> Result<Self> {
@@ -136,9 +139,35 @@ impl Vocab {
                 path.display()
             ))
         })?;
+        // A corpus is tokenized whole and cut into windows by taper: a
+        // tokenizer.json made for a model's inputs would cut it at its
+        // `max_length` (a 1 MB text to 128 ids) or pad it.
+        let mut t = t;
+        let mut notes = Vec::new();
+        if let Some(tr) = t.get_truncation() {
+            notes.push(format!(
+                "{}: its truncation (to {} tokens) is turned off: the whole text is tokenized, then cut into windows of `context` tokens",
+                path.display(),
+                tr.max_length
+            ));
+        }
+        if t.get_padding().is_some() {
+            notes.push(format!(
+                "{}: its padding is turned off: windows are cut from the text, never padded",
+                path.display()
+            ));
+        }
+        t.with_truncation(None)
+            .map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
+        t.with_padding(None);
         Ok(Vocab {
             kind: VocabKind::Tokenizer(Arc::new(t)),
+            notes,
         })
+    }
+    /// What taper changed in the tokenizer file's settings (said to the user).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
     pub fn len(&self) -> usize {
         match &self.kind {

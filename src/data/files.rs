@@ -14,12 +14,13 @@ fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Data(format!("{}: {msg}", path.display()))
 }
 
-/// The bytes of a file, gunzipped when it starts with the gzip magic.
+/// The bytes of a file, gunzipped when it starts with the gzip magic: every
+/// member of it (`cat a.gz b.gz`, bgzip), not only the first.
 pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
     let raw = std::fs::read(path).map_err(|e| data_err(path, e))?;
     if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
+        flate2::read::MultiGzDecoder::new(&raw[..])
             .read_to_end(&mut out)
             .map_err(|e| {
                 data_err(

@@ -107,6 +107,12 @@ pub fn samples(path: &Path, x: &str, y: &str, scale: f32, split: &str) -> Result
             ),
         ));
     }
+    // Targets (and integer inputs: token ids) become u32 class indices and
+    // ids: a negative, fractional or NaN one would be silently wrong.
+    whole_values(path, &map, &yc, y)?;
+    if !is_float(xc.dtype) && xc.dtype != Dtype::U8 {
+        whole_values(path, &map, &xc, x)?;
+    }
     Ok(Samples {
         path: path.to_path_buf(),
         split: split.into(),
@@ -115,6 +121,41 @@ pub fn samples(path: &Path, x: &str, y: &str, scale: f32, split: &str) -> Result
         y: yc,
         scale,
     })
+}
+
+/// Checks that every value of `c` is a whole number, 0 or more (a class
+/// index or a token id); the first one that is not is named by sample and
+/// byte offset.
+fn whole_values(path: &Path, map: &[u8], c: &Column, name: &str) -> Result<()> {
+    let per_row = c.shape[1..].iter().product::<usize>().max(1);
+    let size = c.row_bytes / per_row;
+    if c.row_bytes == 0 {
+        return Ok(());
+    }
+    let rows_per_chunk = (1 << 20) / c.row_bytes + 1;
+    let mut buf = Vec::new();
+    for first in (0..c.shape[0]).step_by(rows_per_chunk) {
+        let rows = rows_per_chunk.min(c.shape[0] - first);
+        let start = c.start + first * c.row_bytes;
+        buf.clear();
+        decode(c.dtype, &map[start..start + rows * c.row_bytes], &mut buf);
+        if let Some(k) = buf
+            .iter()
+            .position(|v| !(v.is_finite() && *v >= 0.0 && v.fract() == 0.0 && *v < 4294967296.0))
+        {
+            let element = first * per_row + k;
+            return Err(err(
+                path,
+                format!(
+                    "offset {}: tensor `{name}`, sample {}: {} is not a class index or token id (a whole number, 0 or more)",
+                    c.start + element * size,
+                    element / per_row,
+                    buf[k]
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Decodes little-endian elements to f64 (exact for every supported integer

@@ -173,6 +173,14 @@ impl ModelSpec for Gpt {
     fn context(&self) -> Option<usize> {
         Some(self.context)
     }
+
+    fn interface(&self) -> crate::engine::model::Interface {
+        crate::engine::model::Interface {
+            features: None,
+            vocab: Some(self.vocab),
+            classes: Some(self.vocab),
+        }
+    }
 }
 
 impl Gpt {

@@ -32,6 +32,97 @@ pub trait ModelSpec: Send + Sync {
     fn context(&self) -> Option<usize> {
         None
     }
+    /// What the model takes and gives, so that each batch is checked
+    /// against it (see [`check_batch`]); all unknown by default.
+    fn interface(&self) -> Interface {
+        Interface::default()
+    }
+}
+
+/// What a model takes and gives: a batch that does not fit gets an error
+/// naming the sample, instead of a failed gather or matmul deep in the step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Interface {
+    /// Float inputs: values per sample (an MLP's `inputs`, a CNN's C*H*W).
+    pub features: Option<usize>,
+    /// Token-id inputs: every id is below this (the vocabulary).
+    pub vocab: Option<usize>,
+    /// Integer targets: every one is below this (classes, or the vocabulary).
+    pub classes: Option<usize>,
+}
+
+/// Checks a batch (inputs `x`, targets `y`, batch first) against a model's
+/// interface. Returns the first row that does not fit (None: no row fits,
+/// a shape or type), and why.
+pub fn check_batch(
+    i: &Interface,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<std::result::Result<(), (Option<usize>, String)>> {
+    let rows = x.dim(0)?.max(1);
+    let per = x.elem_count() / rows;
+    let floats = x.dtype().is_float();
+    if let Some(f) = i.features {
+        if !floats {
+            return Ok(Err((
+                None,
+                format!(
+                    "the inputs are integers ({:?}), the model takes {f} float values per sample",
+                    x.dtype()
+                ),
+            )));
+        }
+        if per != f {
+            return Ok(Err((
+                None,
+                format!(
+                    "each sample has {per} input values (shape {:?}), the model takes {f}",
+                    &x.dims()[1..]
+                ),
+            )));
+        }
+    }
+    if let Some(v) = i.vocab {
+        if floats {
+            return Ok(Err((
+                None,
+                format!("the inputs are floats, the model takes token ids (below {v})"),
+            )));
+        }
+        if let Some((at, id)) = first_at_or_above(x, v)? {
+            return Ok(Err((
+                Some(at / per.max(1)),
+                format!(
+                    "token id {id} is out of range: the model's vocabulary has {v} ids (0 to {})",
+                    v - 1
+                ),
+            )));
+        }
+    }
+    if let (Some(c), false) = (i.classes, y.dtype().is_float()) {
+        let per_y = y.elem_count() / y.dim(0)?.max(1);
+        if let Some((at, t)) = first_at_or_above(y, c)? {
+            return Ok(Err((
+                Some(at / per_y.max(1)),
+                format!(
+                    "target {t} is out of range: the model has {c} outputs (0 to {})",
+                    c - 1
+                ),
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The first element of an integer tensor at or above `limit`: (flat index, value).
+fn first_at_or_above(t: &Tensor, limit: usize) -> Result<Option<(usize, i64)>> {
+    let v = t
+        .flatten_all()?
+        .to_dtype(candle_core::DType::I64)?
+        .to_vec1::<i64>()?;
+    Ok(v.iter()
+        .position(|&e| e < 0 || e as u64 >= limit as u64)
+        .map(|p| (p, v[p])))
 }
 
 /// A model as the trainer sees it.
@@ -128,6 +219,13 @@ impl Module for Dense {
 }
 
 impl ModelSpec for Mlp {
+    fn interface(&self) -> Interface {
+        Interface {
+            features: Some(self.inputs),
+            vocab: None,
+            classes: Some(self.outputs),
+        }
+    }
     fn describe(&self) -> String {
         let sizes: Vec<String> = self.sizes().iter().map(|s| s.to_string()).collect();
         format!("mlp {} {}", sizes.join("-"), self.activation.name())
@@ -199,6 +297,13 @@ impl Cnn {
 }
 
 impl ModelSpec for Cnn {
+    fn interface(&self) -> Interface {
+        Interface {
+            features: Some(self.input.iter().product()),
+            vocab: None,
+            classes: Some(self.outputs),
+        }
+    }
     fn describe(&self) -> String {
         let [c, h, w] = self.input;
         format!(

@@ -161,6 +161,11 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
                 o.val_fraction,
             )
             .map_err(lua_err)?;
+            if let Some(v) = crate::data::Source::vocab(&src) {
+                for n in v.notes() {
+                    super::state(lua).out.warn(n);
+                }
+            }
             Ok(source(src))
         })?,
     )?;

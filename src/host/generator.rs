@@ -86,6 +86,14 @@ pub(crate) enum Feed {
 }
 
 impl Feed {
+    /// The data, as an error names it: the source, or the generator's place.
+    pub fn describe(&self) -> String {
+        match self {
+            Feed::Pipeline(p) => p.source().describe(),
+            Feed::Lua(g) => format!("the generator at {}", g.place),
+        }
+    }
+
     pub fn split_name(&self) -> String {
         match self {
             Feed::Pipeline(p) => p.split_name().to_string(),

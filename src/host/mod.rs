@@ -353,6 +353,16 @@ impl Host {
         }
         self.state.out.finish_bar();
         self.save_all("final")?;
+        for r in self.state.runs.borrow().iter() {
+            let r = r.borrow();
+            if r.core.trainer.step == 0 && !r.core.skipped.is_empty() {
+                return Err(Error::Script(format!(
+                    "run {} took no step: its OOM policy skipped all {} batches it was given (see the `oom` records)",
+                    r.id,
+                    r.core.skipped.len()
+                )));
+            }
+        }
         Ok(Report {
             runs: self
                 .state

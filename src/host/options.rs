@@ -9,12 +9,18 @@ use serde::de::DeserializeOwned;
 use crate::error::lua_err;
 use crate::Error;
 
-/// `file:line: ` of the innermost Lua function on the stack, or "".
+/// `file:line: ` of the innermost Lua function on the stack, or "": the
+/// recipe's (or its module's), passing over taper's own Lua (`taper/...`).
 pub(crate) fn location(lua: &Lua) -> String {
     for level in 0..32 {
         let found = lua.inspect_stack(level, |d| {
             let src = d.source();
-            if src.what == "C" {
+            if src.what == "C"
+                || src
+                    .short_src
+                    .as_deref()
+                    .is_some_and(|s| s.starts_with("taper/"))
+            {
                 return None;
             }
             let line = d.current_line()?;

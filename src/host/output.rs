@@ -101,9 +101,15 @@ impl Output {
     /// Prints a warning to stderr, above the progress bar, even when quiet:
     /// something was passed over that the user should know of.
     pub fn warn(&self, s: &str) {
+        self.tell(&format!("taper: warning: {s}"));
+    }
+
+    /// Prints `s` to stderr, above the progress bar, even when quiet: a
+    /// note on how the run differs from what it continues.
+    pub fn tell(&self, s: &str) {
         match self.bar.borrow().as_ref() {
-            Some(bar) if !bar.is_hidden() => bar.suspend(|| eprintln!("taper: warning: {s}")),
-            _ => eprintln!("taper: warning: {s}"),
+            Some(bar) if !bar.is_hidden() => bar.suspend(|| eprintln!("{s}")),
+            _ => eprintln!("{s}"),
         }
     }
 

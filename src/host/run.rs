@@ -105,10 +105,11 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     plan_next(&run.0)?;
     let mut r = run.get_mut()?;
     let id = r.id;
+    let data = r.data.as_ref().map(Feed::describe);
     let loss = r
         .core
         .step(&batch, &mut |rec| super::oom::record(&host.out, id, rec))
-        .map_err(lua_err)?;
+        .map_err(|e| in_data(lua, "run:step", data, e))?;
     let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
     if let Some(scale) = r.core.trainer.take_overflow() {
         // f16 loss scaling skipped this update (non-finite gradients).
@@ -125,6 +126,19 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     }
     super::run_state::checkpoint_if_due(&host, &mut r).map_err(lua_err)?;
     Ok((loss, step))
+}
+
+/// A data error of a step or an evaluation (a sample that does not fit the
+/// model, a file that cannot be read), with the recipe line and the data.
+fn in_data(lua: &Lua, what: &str, data: Option<String>, e: crate::Error) -> mlua::Error {
+    match e {
+        crate::Error::Data(msg) => lua_err(crate::Error::Data(format!(
+            "{}{what}: {}{msg}",
+            super::options::location(lua),
+            data.map(|d| format!("{d}: ")).unwrap_or_default()
+        ))),
+        other => lua_err(other),
+    }
 }
 
 fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlua::Result<Table> {
@@ -161,7 +175,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         .evaluate(batches, objective.as_ref(), &mut |rec| {
             super::oom::record(&host.out, id, rec)
         })
-        .map_err(lua_err)?;
+        .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
     let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
     let split = feed.split_name();
     let mut f = Map::new();
@@ -414,7 +428,7 @@ fn create(
     };
     if let Some(path) = resume_path(host, id).map_err(lua_err)? {
         if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {
-            host.out.line(&notice);
+            host.out.tell(&notice);
         }
         host.out.line(&format!(
             "resumed from {} at step {}",

@@ -72,6 +72,23 @@ pub(crate) fn decode_run(
         .map(|o| o.0)
         .unwrap_or(OptimSpec::AdamW(AdamWConfig::default()));
     let data = super::data::feed_of(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
+    if let Some(Feed::Pipeline(p)) = &data {
+        if p.batches_per_epoch(super::generator::TRAIN_BATCH) == 0 {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `data` yields no batch: {} holds {} samples{}",
+                    p.source().describe(),
+                    p.len(),
+                    if p.is_empty() {
+                        ""
+                    } else {
+                        " (fewer than one batch, and the last partial batch is dropped)"
+                    }
+                ),
+            ));
+        }
+    }
     let loss = handle::<LossHandle>(lua, what, opts, "loss", "a taper.loss")?
         .map(|l| l.0)
         .unwrap_or_default();

@@ -12,6 +12,7 @@ use super::recovery::{Observer, Recovery, StepOutcome};
 use crate::data::Batch;
 use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
 use crate::engine::loss::Loss;
+use crate::engine::model::{check_batch, Interface};
 use crate::engine::schedule::{Schedule, StepPlan};
 use crate::engine::{Eval, Trainer};
 use crate::memory::HostMemory;
@@ -163,6 +164,7 @@ impl Run {
             })?;
             self.trainer.set_learning_rate(lr);
         }
+        self.check(batch)?;
         let micro = plan.micro_batch.or(self.micro_batch).unwrap_or(batch.len());
         let epoch = self.cursor.epoch;
         let outcome = self
@@ -186,6 +188,11 @@ impl Run {
         }
     }
 
+    /// Checks `batch` against the model (see [`check_batch`]).
+    fn check(&self, batch: &Batch) -> Result<()> {
+        check(&self.trainer.spec().interface(), batch)
+    }
+
     /// Mean loss and accuracy over `batches` with OOM recovery; `objective`
     /// defaults to the run's own loss when that is not plain cross-entropy.
     pub fn evaluate(
@@ -200,6 +207,12 @@ impl Run {
         };
         let objective = objective.or(own.as_ref());
         let epoch = self.cursor.epoch;
+        let interface = self.trainer.spec().interface();
+        let batches = batches.map(|b| {
+            let b = b?;
+            check(&interface, &b)?;
+            Ok(b)
+        });
         let ev = self
             .oom
             .evaluate(&self.trainer, batches, objective, epoch, observe)?;
@@ -250,6 +263,7 @@ impl Run {
             model: self.trainer.spec().describe(),
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
+            configured_lr: Some(self.trainer.optim_spec().lr()),
             seed: self.seed,
             recipe_hash: self.recipe_hash.clone(),
             skipped: self.skipped.clone(),
@@ -267,13 +281,24 @@ impl Run {
     /// the checkpoint was written by another version of the recipe.
     pub fn resume(&mut self, path: &Path) -> Result<(CheckpointMeta, Option<String>)> {
         let meta = self.trainer.load(path)?;
-        let notice =
-            (!meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash).then(|| {
-                format!(
-                    "note: {} was written by a different version of this recipe",
-                    path.display()
-                )
-            });
+        let mut notes = Vec::new();
+        if !meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash {
+            notes.push(format!(
+                "note: {} was written by a different version of this recipe",
+                path.display()
+            ));
+        }
+        // The checkpoint's lr is the one in use (a schedule may have set it);
+        // an lr configured differently since (`--set lr=`, an edit) wins.
+        let configured = self.trainer.optim_spec().lr();
+        if meta.configured_lr.is_some_and(|c| c != configured) {
+            self.trainer.set_learning_rate(configured);
+            notes.push(format!(
+                "note: learning rate {configured} (configured since the checkpoint) replaces its {}",
+                meta.lr
+            ));
+        }
+        let notice = (!notes.is_empty()).then(|| notes.join("\n"));
         if meta.epoch_complete {
             self.cursor.epoch = meta.epoch;
         } else {
@@ -284,5 +309,17 @@ impl Run {
         }
         self.skipped = meta.skipped.clone();
         Ok((meta, notice))
+    }
+}
+
+/// A batch that does not fit the model: a data error naming the sample.
+fn check(interface: &Interface, batch: &Batch) -> Result<()> {
+    match check_batch(interface, &batch.x, &batch.y)? {
+        Ok(()) => Ok(()),
+        Err((None, why)) => Err(crate::Error::Data(why)),
+        Err((Some(row), why)) => Err(crate::Error::Data(match batch.indices.get(row) {
+            Some(i) => format!("sample {i} (row {row} of the batch): {why}"),
+            None => format!("row {row} of the batch: {why}"),
+        })),
     }
 }

@@ -248,3 +248,34 @@ fn every_run_of_a_distillation_recipe_resumes() {
         );
     }
 }
+
+/// A learning rate configured differently since the checkpoint (`--set
+/// lr=`) is the one the resumed run uses, and it says so; an unchanged one
+/// keeps the checkpoint's (which a schedule or `run:set_lr` may have set).
+#[test]
+fn a_learning_rate_set_on_resume_is_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    run_ok(&train_args(&out, &["--set", "epochs=1"]));
+    let o = run_ok(&train_args(
+        &out,
+        &["--set", "epochs=2", "--set", "lr=1e-5", "--resume", "auto"],
+    ));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains(
+            "note: learning rate 0.00001 (configured since the checkpoint) replaces its 0.003"
+        ),
+        "{said}"
+    );
+    let meta = checkpoint::read_meta(&out.join("checkpoint.safetensors")).unwrap();
+    assert_eq!((meta.lr, meta.configured_lr), (1e-5, Some(1e-5)));
+    let epochs = records(&out, "epoch");
+    assert_eq!(epochs.last().unwrap()["lr"], 1e-5);
+    // Resumed again with the same configuration: the checkpoint's lr, no note.
+    let o = run_ok(&train_args(
+        &out,
+        &["--set", "epochs=3", "--set", "lr=1e-5", "--resume", "auto"],
+    ));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("note: learning rate"));
+}

@@ -38,7 +38,12 @@ pub struct CheckpointMeta {
     pub epoch_complete: bool,
     pub model: String,
     pub optimizer: String,
+    /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
+    /// The learning rate the recipe configured the optimizer with: when it
+    /// differs on resume (`--set lr=...`, an edit), the new one is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_lr: Option<f64>,
     pub seed: u64,
     /// FNV-1a hash of the recipe's source, to notice a resume under an
     /// edited recipe (allowed, but worth saying).
@@ -292,6 +297,7 @@ mod tests {
             model: "m".into(),
             optimizer: "o".into(),
             lr: 0.1,
+            configured_lr: None,
             seed: 0,
             recipe_hash: String::new(),
             skipped: Vec::new(),

@@ -22,7 +22,20 @@ pub(crate) fn register(lua: &Lua) -> mlua::Result<()> {
     let host = lua.create_table()?;
     host.set(
         "set_epochs",
-        lua.create_function(|_, (run, n): (UserDataRef<RunHandle>, u64)| {
+        lua.create_function(|lua, (run, n): (UserDataRef<RunHandle>, mlua::Value)| {
+            let n = match n {
+                mlua::Value::Integer(n) if n >= 0 => n as u64,
+                mlua::Value::Number(x) if x >= 0.0 && x.fract() == 0.0 && x < 1e15 => x as u64,
+                other => {
+                    return Err(crate::host::options::config_error(
+                        lua,
+                        format!(
+                            "run:epochs: the number of epochs must be a whole number, 0 or more, got {}",
+                            crate::host::options::brief(&other)
+                        ),
+                    ))
+                }
+            };
             run.get_mut()?.core.total_epochs = n;
             Ok(())
         })?,

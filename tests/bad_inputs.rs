@@ -1,0 +1,261 @@
+//! Bad inputs, as a user meets them: each one through the real CLI, with the
+//! message it must give (what was wrong, and where: the recipe's file:line,
+//! the data file, the sample, the byte offset) and the exit code. Nothing
+//! is trained on silently wrong data, and nothing exits 0 having done
+//! nothing. (Learning rates are in `tests/cli.rs`, checkpoints and `--resume`
+//! in `tests/durable/`.)
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+
+/// Writes a safetensors file of samples `x` (f32, `[n, features]`) and
+/// targets `y` (given as raw little-endian bytes of `y_dtype`, `[n]`).
+fn samples(path: &Path, x: &[f32], features: usize, y: &[u8], y_dtype: Dtype) {
+    let n = x.len() / features;
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let tensors = HashMap::from([
+        (
+            "x".to_string(),
+            TensorView::new(Dtype::F32, vec![n, features], &xb).unwrap(),
+        ),
+        (
+            "y".to_string(),
+            TensorView::new(y_dtype, vec![n], y).unwrap(),
+        ),
+    ]);
+    safetensors::serialize_to_file(tensors, None, path).unwrap();
+}
+
+/// Token windows: inputs `x` and targets `y`, both u32 `[n, context]`.
+fn tokens(path: &Path, x: &[u32], y: &[u32], context: usize) {
+    let n = x.len() / context;
+    let (xb, yb): (Vec<u8>, Vec<u8>) = (
+        x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        y.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    );
+    let tensors = HashMap::from([
+        (
+            "x".to_string(),
+            TensorView::new(Dtype::U32, vec![n, context], &xb).unwrap(),
+        ),
+        (
+            "y".to_string(),
+            TensorView::new(Dtype::U32, vec![n, context], &yb).unwrap(),
+        ),
+    ]);
+    safetensors::serialize_to_file(tensors, None, path).unwrap();
+}
+
+struct Case {
+    name: &'static str,
+    /// The recipe (`recipe.lua` in the case's folder, which is the working
+    /// directory: data files are named relative to it).
+    recipe: &'static str,
+    args: &'static [&'static str],
+    code: i32,
+    says: &'static [&'static str],
+}
+
+/// A recipe training an MLP of `inputs` → `outputs` on `data.safetensors`.
+const MLP_ON_FILE: &str = r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 2, hidden = { 4 }, outputs = 10 },
+  data = taper.data.safetensors{ path = "data.safetensors", scale = 1 }:batch(2),
+}
+for _ in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+end
+"#;
+
+const DIGITS_MLP: &str = r#"local cfg = taper.config{ epochs = 1 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 8 }, outputs = 10 },
+  data = taper.data.digits{ split = "train" }:batch(64),
+  on_oom = function(event) return POLICY end,
+}
+for _ in run:epochs(cfg.epochs) do
+  for batch in run:batches() do run:step(batch) end
+end
+"#;
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "a negative label in a safetensors file",
+            recipe: MLP_ON_FILE,
+            args: &[],
+            code: 2,
+            says: &[
+                "data.safetensors: offset ",
+                "tensor `y`, sample 1: -3 is not a class index or token id",
+                "recipe.lua:3:",
+            ],
+        },
+        Case {
+            name: "a NaN label in a safetensors file",
+            recipe: MLP_ON_FILE,
+            args: &[],
+            code: 2,
+            says: &["tensor `y`, sample 2: NaN is not a class index"],
+        },
+        Case {
+            name: "a label the model has no output for",
+            recipe: MLP_ON_FILE,
+            args: &[],
+            code: 2,
+            says: &[
+                "recipe.lua:6: run:step: safetensors ",
+                "data.safetensors",
+                "sample 3 (row 1 of the batch): target 200 is out of range: the model has 10 outputs (0 to 9)",
+            ],
+        },
+        Case {
+            name: "samples with fewer features than the model takes",
+            recipe: r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 5, hidden = { 4 }, outputs = 10 },
+  data = taper.data.safetensors{ path = "data.safetensors", scale = 1 }:batch(2),
+}
+for _ in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+end
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:6: run:step: ", "each sample has 2 input values (shape [2]), the model takes 5"],
+        },
+        Case {
+            name: "a token id beyond the model's vocabulary",
+            recipe: r#"local run = taper.run{
+  model = taper.model.gpt{ vocab = 16, context = 4, width = 8, layers = 1, heads = 2 },
+  data = taper.data.safetensors{ path = "tokens.safetensors" }:batch(2),
+}
+for _ in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+end
+"#,
+            args: &[],
+            code: 2,
+            says: &[
+                "recipe.lua:6: run:step: ",
+                "sample 2 (row 0 of the batch): token id 20 is out of range: the model's vocabulary has 16 ids (0 to 15)",
+            ],
+        },
+        Case {
+            name: "an evaluation on data the model does not fit",
+            recipe: r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 2, hidden = { 4 }, outputs = 10 },
+}
+run:evaluate(taper.data.safetensors{ path = "data.safetensors", scale = 1 }:batch(2))
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:4: run:evaluate: ", "target 200 is out of range"],
+        },
+        Case {
+            name: "data that yields no batch",
+            recipe: r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, outputs = 10 },
+  data = taper.data.digits{ split = "train" }:take(0):batch(8),
+}
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.run: option `data` yields no batch: ", "holds 0 samples"],
+        },
+        Case {
+            name: "error() given a table",
+            recipe: "local x = 1\nerror({ code = 1 })\n",
+            args: &[],
+            code: 1,
+            says: &["recipe.lua:2: error() was given a table, not a message"],
+        },
+        Case {
+            name: "error(nil) in an OOM policy",
+            recipe: DIGITS_MLP,
+            args: &["--inject-oom", "step=2,phase=forward"],
+            code: 1,
+            says: &["recipe.lua:5: error() was given nil, not a message"],
+        },
+        Case {
+            name: "a negative number of epochs",
+            recipe: DIGITS_MLP,
+            args: &["--set", "epochs=-1"],
+            code: 2,
+            says: &["recipe.lua:7: run:epochs: the number of epochs must be a whole number, 0 or more, got -1"],
+        },
+        Case {
+            name: "a policy that skips every batch",
+            recipe: DIGITS_MLP,
+            args: &["--inject-oom", "step=1,phase=forward,times=1000"],
+            code: 1,
+            says: &["run 1 took no step: its OOM policy skipped all 23 batches it was given"],
+        },
+        Case {
+            name: "an OOM policy stop before the first step",
+            recipe: DIGITS_MLP,
+            args: &["--inject-oom", "step=1,phase=forward"],
+            code: 3,
+            says: &["no checkpoint: the run had taken no step"],
+        },
+    ]
+}
+
+/// The data and the policy each case uses.
+fn prepare(dir: &Path, case: &Case) -> String {
+    let x: Vec<f32> = (0..8).map(|i| i as f32 / 8.0).collect();
+    let le = |v: &[i64]| -> Vec<u8> { v.iter().flat_map(|e| e.to_le_bytes()).collect() };
+    let file = dir.join("data.safetensors");
+    match case.name {
+        "a negative label in a safetensors file" => {
+            samples(&file, &x, 2, &le(&[1, -3, 2, 0]), Dtype::I64)
+        }
+        "a NaN label in a safetensors file" => {
+            let y: Vec<u8> = [1.0f32, 2.0, f32::NAN, 0.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            samples(&file, &x, 2, &y, Dtype::F32)
+        }
+        _ => samples(&file, &x, 2, &[1, 2, 3, 200], Dtype::U8),
+    }
+    let ids: Vec<u32> = (0..16).map(|i| if i == 9 { 20 } else { i % 16 }).collect();
+    let next: Vec<u32> = ids.iter().map(|i| (i + 1) % 16).collect();
+    tokens(&dir.join("tokens.safetensors"), &ids, &next, 4);
+    let policy = match case.name {
+        "error(nil) in an OOM policy" => "error(nil)",
+        "a policy that skips every batch" => "\"skip\"",
+        _ => "\"stop\"",
+    };
+    case.recipe
+        .replace("return POLICY", &format!("return {policy}"))
+}
+
+#[test]
+fn every_bad_input_gets_a_clear_error_and_exit_code() {
+    let mut failed = Vec::new();
+    for case in cases() {
+        let dir = tempfile::tempdir().unwrap();
+        let recipe = prepare(dir.path(), &case);
+        std::fs::write(dir.path().join("recipe.lua"), recipe).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+            .args(["train", "recipe.lua", "--quiet", "--out", "out"])
+            .args(case.args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        let missing: Vec<_> = case.says.iter().filter(|s| !err.contains(**s)).collect();
+        if o.status.code() != Some(case.code) || !missing.is_empty() {
+            failed.push(format!(
+                "{}: exit {:?} (expected {}), missing {missing:?} in:\n{err}",
+                case.name,
+                o.status.code(),
+                case.code
+            ));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
