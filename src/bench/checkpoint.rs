@@ -1,7 +1,8 @@
 //! `taper bench checkpoint`: what periodic checkpoints cost. The shipped
 //! Shakespeare recipe trains `steps` steps without periodic checkpoints and
 //! with one after every step, alternating; the difference per step is the
-//! cost of one checkpoint, and from it the cost at a given period.
+//! cost of one checkpoint (keeping the default 2, and only the newest), and
+//! from it the cost at a given period.
 
 use std::path::Path;
 use std::time::Instant;
@@ -11,7 +12,7 @@ use crate::run::periodic::Every;
 use crate::{Host, HostOptions, Result};
 
 /// Seconds of the whole run, and of its training epoch alone.
-fn train(dir: &Path, steps: usize, every: Option<Every>) -> Result<(f64, f64)> {
+fn train(dir: &Path, steps: usize, every: Option<Every>, keep: usize) -> Result<(f64, f64)> {
     let opts = HostOptions {
         out_dir: Some(dir.to_path_buf()),
         overrides: [
@@ -23,6 +24,7 @@ fn train(dir: &Path, steps: usize, every: Option<Every>) -> Result<(f64, f64)> {
         .map(|(k, v)| (k.to_string(), v))
         .collect(),
         checkpoint_every: Some(every),
+        keep_checkpoints: Some(keep),
         ..HostOptions::default()
     };
     let start = Instant::now();
@@ -40,29 +42,35 @@ fn train(dir: &Path, steps: usize, every: Option<Every>) -> Result<(f64, f64)> {
 
 pub fn run(steps: usize, rounds: usize) -> Result<()> {
     let root = std::env::temp_dir().join(format!("taper-bench-ckpt-{}", std::process::id()));
-    let (mut without, mut with, mut epoch) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut without, mut with, mut one, mut epoch) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let every = Some(Every::Steps(1));
     for round in 0..rounds {
         // Each run in a folder of its own (a run folder is never reused).
-        let a = root.join(format!("never-{round}"));
-        let b = root.join(format!("every-{round}"));
-        let (total, training) = train(&a, steps, None)?;
+        let (total, training) = train(&root.join(format!("never-{round}")), steps, None, 2)?;
         without.push(total);
         epoch.push(training);
-        with.push(train(&b, steps, Some(Every::Steps(1)))?.0);
+        with.push(train(&root.join(format!("every-{round}")), steps, every, 2)?.0);
+        one.push(train(&root.join(format!("one-{round}")), steps, every, 1)?.0);
     }
     let bytes = std::fs::metadata(root.join("never-0/checkpoint.safetensors"))
         .map(|m| m.len())
         .unwrap_or(0);
     let _ = std::fs::remove_dir_all(&root);
-    let (t0, t1) = (median(&mut without), median(&mut with));
+    let (t0, t1, t2) = (median(&mut without), median(&mut with), median(&mut one));
     let step_ms = median(&mut epoch) / steps as f64 * 1e3;
-    let save_ms = ((t1 - t0) / steps as f64 * 1e3).max(0.0);
+    let per = |t: f64| ((t - t0) / steps as f64 * 1e3).max(0.0);
+    let save_ms = per(t1);
     println!(
         "scripts/shakespeare.lua, {steps} steps, {rounds} rounds alternating (medians); checkpoint {:.2} MB",
         bytes as f64 / 1e6
     );
     println!("  run without periodic checkpoints  {t0:.2} s  ({step_ms:.2} ms per training step)");
-    println!("  a checkpoint after every step     {t1:.2} s  (+{save_ms:.2} ms per checkpoint)");
+    println!("  a checkpoint after every step     {t1:.2} s  (+{save_ms:.2} ms per checkpoint, keeping 2)");
+    println!(
+        "  the same, keeping only the newest {t2:.2} s  (+{:.2} ms per checkpoint)",
+        per(t2)
+    );
     for (label, every_steps) in [
         ("every 100 steps", 100.0),
         ("every 5 minutes (the default)", 300e3 / step_ms.max(1e-9)),
