@@ -72,6 +72,10 @@ enum Command {
         /// [default: the recipe's keep_checkpoints, else 2]
         #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
         keep_checkpoints: Option<u32>,
+        /// Write a `step` record (loss, lr, step time, throughput, memory)
+        /// every N steps; 0 for none
+        #[arg(long, value_name = "N", default_value_t = taper::host::DEFAULT_LOG_EVERY)]
+        log_every: u64,
     },
     /// Load and validate a recipe without training (its loop runs no epoch).
     Check {
@@ -271,6 +275,7 @@ fn main() -> ExitCode {
             watch,
             checkpoint_every,
             keep_checkpoints,
+            log_every,
         } => {
             // `--resume RUN_DIR` continues in that folder unless --out says
             // otherwise; `--resume auto` continues in --out if it holds a run.
@@ -314,6 +319,7 @@ fn main() -> ExitCode {
                 watch,
                 checkpoint_every: checkpoint_every.map(|e| e.0),
                 keep_checkpoints: keep_checkpoints.map(|k| k as usize),
+                log_every,
                 reuse_out: auto,
             };
             (recipe.recipe, opts)

@@ -8,6 +8,7 @@ mod kernels;
 mod oom;
 mod plugin;
 mod precision;
+mod records;
 mod reload;
 mod step;
 
@@ -59,6 +60,15 @@ pub enum Which {
     /// What periodic checkpoints cost on scripts/shakespeare.lua: a run with a
     /// checkpoint after every step against one without, alternating.
     Checkpoint {
+        /// Training steps per run
+        #[arg(long, default_value_t = 60)]
+        steps: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+    /// What the per-step `step` records cost: one record timed directly, and
+    /// scripts/shakespeare.lua with a record every step against none.
+    Records {
         /// Training steps per run
         #[arg(long, default_value_t = 60)]
         steps: usize,
@@ -133,6 +143,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Which::Oom { rounds } => oom::run(*rounds),
         Which::Reload { edits, interval_ms } => reload::run(*edits, *interval_ms),
         Which::Checkpoint { steps, rounds } => checkpoint::run(*steps, *rounds),
+        Which::Records { steps, rounds } => records::run(*steps, *rounds),
         Which::Plugin {
             path,
             calls,

@@ -13,6 +13,7 @@ mod passes;
 mod plan;
 mod plugin;
 mod policies;
+mod progress;
 pub(crate) mod reload;
 mod render;
 mod run;
@@ -39,11 +40,20 @@ pub use render::render_error;
 use run_state::RunState;
 pub use run_state::RunSummary;
 
+/// A quiet metrics writer into `dir`, for `taper bench records`.
+pub(crate) fn output_for_bench(dir: &std::path::Path) -> Result<output::Output> {
+    output::Output::new(Some(dir), true, false)
+}
+
 /// Decodes what a Lua OOM policy returned, as the host does (for
 /// benchmarks): whether it decided something.
 pub fn oom_action_of_lua(v: Value) -> Result<bool> {
     Ok(oom_policy::parse_action(v, "bench")?.is_some())
 }
+
+/// Steps per `step` record unless `--log-every` says: cheap (see `taper
+/// bench records`), and fine enough for a loss curve.
+pub const DEFAULT_LOG_EVERY: u64 = 10;
 
 /// How a host runs recipes. `Default` suits embedding: CPU, seed 0, no output
 /// folder, quiet.
@@ -79,6 +89,8 @@ pub struct HostOptions {
     /// How many checkpoints of each run to keep; None for the recipe's
     /// `keep_checkpoints`, else 2.
     pub keep_checkpoints: Option<usize>,
+    /// Write a `step` record every this many steps (0: none).
+    pub log_every: u64,
     /// Append to `out_dir`'s records even when not resuming: `--resume auto`
     /// found no checkpoint there (a job killed before its first one), so the
     /// run starts afresh in the same folder.
@@ -101,6 +113,7 @@ impl Default for HostOptions {
             watch: false,
             checkpoint_every: None,
             keep_checkpoints: None,
+            log_every: DEFAULT_LOG_EVERY,
             reuse_out: false,
         }
     }

@@ -47,6 +47,7 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
         Action::Precision(p) => format!(" {} -> {}", e.precision.name(), p.name()),
         _ => String::new(),
     };
+    out.oom(format!("{name}{detail}"));
     out.line(&format!(
         "OOM at step {} ({}, {}), attempt {}: {name}{detail}",
         e.step,

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value};
 
+use super::progress::{duration, Progress, PLAIN_EVERY};
+use crate::run::window::WindowSummary;
 use crate::{Error, Result};
 
 pub(crate) struct Output {
@@ -17,8 +19,8 @@ pub(crate) struct Output {
     bar: RefCell<Option<ProgressBar>>,
     quiet: bool,
     start: Instant,
-    /// Shown after the step and loss on the progress line (a failed reload).
-    note: RefCell<Option<String>>,
+    /// What the progress line says besides the bar.
+    progress: RefCell<Progress>,
 }
 
 impl Output {
@@ -52,7 +54,7 @@ impl Output {
             bar: RefCell::new(None),
             quiet,
             start: Instant::now(),
-            note: RefCell::new(None),
+            progress: RefCell::new(Progress::default()),
         })
     }
 
@@ -80,8 +82,8 @@ impl Output {
         }
         let line =
             serde_json::to_string(&Value::Object(rec)).map_err(|e| Error::Data(e.to_string()))?;
-        // Flushed per record: records are per epoch or per log call, and a
-        // crash must not lose them.
+        // Flushed per record (one write; `taper bench records` measures
+        // it): a crash must not lose them.
         writeln!(w, "{line}")
             .and_then(|_| w.flush())
             .map_err(|e| Error::io(path.clone(), e))
@@ -113,21 +115,23 @@ impl Output {
         }
     }
 
-    /// A new bar for `len` steps, or a spinner when the length is unknown
-    /// (hidden when quiet or stderr is no terminal).
-    pub fn start_bar(&self, len: Option<usize>, prefix: String) {
+    /// A new bar for `len` steps of an epoch with `later` epochs after it,
+    /// or a spinner when the length is unknown (hidden when quiet; when
+    /// stderr is no terminal, a plain line now and then instead).
+    pub fn start_bar(&self, len: Option<usize>, later: u64, prefix: String) {
         self.finish_bar();
         if self.quiet {
             return;
         }
+        self.progress.borrow_mut().epoch(len, later);
         let (bar, template) = match len {
             Some(n) => (
                 ProgressBar::new(n as u64),
-                "{prefix} [{bar:30.cyan/blue}] {pos}/{len} {msg} {per_sec} eta {eta}",
+                "{prefix} [{bar:30.cyan/blue}] {pos}/{len} eta {eta} | {msg}",
             ),
             None => (
                 ProgressBar::new_spinner(),
-                "{prefix} {spinner} {pos} {msg} {per_sec}",
+                "{prefix} {spinner} {pos} | {msg}",
             ),
         };
         let style = ProgressStyle::with_template(template)
@@ -140,18 +144,39 @@ impl Output {
     }
 
     pub fn tick(&self, step: u64, loss: f64) {
-        if let Some(bar) = self.bar.borrow().as_ref() {
-            match self.note.borrow().as_deref() {
-                Some(note) => bar.set_message(format!("step {step} loss {loss:.4} | {note}")),
-                None => bar.set_message(format!("step {step} loss {loss:.4}")),
-            }
-            bar.inc(1);
+        let Some(bar) = self.bar.borrow().clone() else {
+            return;
+        };
+        bar.inc(1);
+        let mut p = self.progress.borrow_mut();
+        p.tick();
+        let msg = p.message(step, loss, bar.position());
+        bar.set_message(msg.clone());
+        // No terminal to draw on: the same line, plainly, now and then.
+        if bar.is_hidden() && p.last_plain.elapsed() >= PLAIN_EVERY {
+            p.last_plain = Instant::now();
+            let of = bar.length().map(|n| format!("/{n}")).unwrap_or_default();
+            let eta = bar
+                .length()
+                .map(|_| format!(" eta {}", duration(bar.eta())))
+                .unwrap_or_default();
+            println!("{} {}{of}{eta} | {msg}", bar.prefix(), bar.position());
         }
+    }
+
+    /// A `step` record's throughput and memory, for the progress line.
+    pub fn window(&self, w: &WindowSummary, host: Option<usize>, device: Option<(usize, usize)>) {
+        self.progress.borrow_mut().window(w, host, device);
+    }
+
+    /// The last OOM action, for the progress line.
+    pub fn oom(&self, action: String) {
+        self.progress.borrow_mut().oom(action);
     }
 
     /// Sets or clears the note on the progress line.
     pub fn note(&self, note: Option<String>) {
-        *self.note.borrow_mut() = note;
+        self.progress.borrow_mut().note = note;
     }
 
     pub fn finish_bar(&self) {

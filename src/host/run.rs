@@ -38,6 +38,7 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
         ));
     };
     let epoch = r.core.cursor.epoch.max(1);
+    let r_total_epochs = r.core.total_epochs;
     let skip = std::mem::take(&mut r.core.cursor.skip_batches);
     let skip_samples = std::mem::take(&mut r.core.cursor.skip_samples);
     drop(r);
@@ -45,8 +46,9 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
         feed.epoch(lua, epoch, TRAIN_BATCH, skip, skip_samples)
             .map_err(lua_err)?,
     );
+    let later = r_total_epochs.saturating_sub(epoch);
     host.out
-        .start_bar(it.borrow().remaining(), format!("epoch {epoch}"));
+        .start_bar(it.borrow().remaining(), later, format!("epoch {epoch}"));
     let run = run.0.clone();
     let waited = std::cell::Cell::new(std::time::Duration::ZERO);
     let issuer = BatchIssuer::default();
@@ -60,7 +62,11 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
         // Releases the previous batch's tensors, whatever Lua still holds.
         issuer.issue(None);
         let total = it.borrow().wait();
-        write(&run)?.core.stats.data_wait += (total - waited.replace(total)).as_secs_f64();
+        let wait = (total - waited.replace(total)).as_secs_f64();
+        let mut r = write(&run)?;
+        r.core.stats.data_wait += wait;
+        r.core.window.data_wait += wait;
+        drop(r);
         match item {
             // The epoch's data is used up: close it now, so that its summary
             // comes before any evaluation the loop body does next.
@@ -123,6 +129,10 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     // A skipped batch is recorded by the core (and in checkpoints).
     if let Some(loss) = loss {
         host.out.tick(step, loss);
+    }
+    let every = host.opts.log_every;
+    if every > 0 && step % every == 0 {
+        super::run_state::step_record(&host, &mut r).map_err(lua_err)?;
     }
     super::run_state::checkpoint_if_due(&host, &mut r).map_err(lua_err)?;
     Ok((loss, step))

@@ -133,6 +133,48 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
     Ok(())
 }
 
+/// One `step` record: means over the steps since the last one (loss, step
+/// time, throughput), the learning rate and micro-batch in use, and memory.
+pub(crate) fn step_record(host: &HostState, r: &mut RunState) -> Result<()> {
+    let w = r.core.window.take();
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    if let Some(loss) = w.loss {
+        f.insert("loss".into(), json!(loss));
+    }
+    f.insert("lr".into(), json!(r.core.trainer.learning_rate()));
+    f.insert("steps".into(), w.steps.into());
+    f.insert("batch".into(), json!(w.batch));
+    f.insert("micro_batch".into(), w.micro_batch.into());
+    f.insert("step_s".into(), json!(w.step_seconds));
+    f.insert("data_wait_s".into(), json!(w.data_wait));
+    f.insert("samples_per_s".into(), json!(w.samples_per_s));
+    if let Some(t) = w.tokens_per_s {
+        f.insert("tokens_per_s".into(), json!(t));
+    }
+    if w.skipped > 0 {
+        f.insert("skipped".into(), w.skipped.into());
+    }
+    if crate::memory::HostMemory::is_counting() {
+        f.insert("memory".into(), json!(crate::memory::HostMemory::current()));
+        f.insert("memory_peak".into(), json!(w.mem_peak));
+    }
+    let device = r.core.trainer.device();
+    let used = crate::memory::device::info(device).map(|d| {
+        f.insert("device_memory_used".into(), json!(d.used()));
+        f.insert("device_memory_total".into(), json!(d.total));
+        d.used()
+    });
+    let peak = pool_peak(host, device);
+    if let Some(peak) = peak {
+        f.insert("device_memory_peak".into(), json!(peak));
+    }
+    let heap = crate::memory::HostMemory::is_counting().then(crate::memory::HostMemory::current);
+    host.out.window(&w, heap, used.zip(peak));
+    host.out
+        .record("step", r.core.trainer.step, r.core.cursor.epoch, f)
+}
+
 /// The device pool's high-water mark since its last reset, net of the
 /// `--mem-limit` ballast (which lives in the pool too); None on the CPU.
 pub(crate) fn pool_peak(host: &HostState, device: &candle_core::Device) -> Option<usize> {

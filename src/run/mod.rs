@@ -9,6 +9,7 @@ pub mod periodic;
 mod policy;
 mod recovery;
 mod state;
+pub mod window;
 
 pub use policy::{Action, Halve, MemoryFigures, OomEvent, OomPolicy, StepInfo};
 pub use recovery::{memory_figures, Observer, Recovered, Recovery, StepOutcome, MAX_ATTEMPTS};

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use super::recovery::{Observer, Recovery, StepOutcome};
+use super::window::Window;
 use crate::data::Batch;
 use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
 use crate::engine::loss::Loss;
@@ -87,6 +88,8 @@ pub struct Run {
     pub recipe_hash: String,
     pub cursor: Cursor,
     pub stats: EpochStats,
+    /// The steps since the last `step` record.
+    pub window: Window,
     /// Epochs the loop asked for (0: not in an epoch loop).
     pub total_epochs: u64,
     pub last_eval: Option<Eval>,
@@ -108,6 +111,7 @@ impl Run {
             recipe_hash: String::new(),
             cursor: Cursor::default(),
             stats: EpochStats::default(),
+            window: Window::default(),
             total_epochs: 0,
             last_eval: None,
             skipped: Vec::new(),
@@ -167,20 +171,31 @@ impl Run {
         self.check(batch)?;
         let micro = plan.micro_batch.or(self.micro_batch).unwrap_or(batch.len());
         let epoch = self.cursor.epoch;
+        let started = Instant::now();
         let outcome = self
             .oom
             .train_step(&mut self.trainer, batch, micro, epoch, observe)?;
+        self.window.step_seconds += started.elapsed().as_secs_f64();
         let n = batch.len();
         self.cursor.steps += 1;
         self.cursor.samples += n as u64;
         match outcome {
-            StepOutcome::Trained { loss, .. } => {
-                self.stats.mem_peak = self.stats.mem_peak.max(HostMemory::peak());
+            StepOutcome::Trained { loss, micro_batch } => {
+                let peak = HostMemory::peak();
+                self.stats.mem_peak = self.stats.mem_peak.max(peak);
                 self.stats.loss_sum += loss * n as f64;
                 self.stats.samples += n;
+                let w = &mut self.window;
+                w.steps += 1;
+                w.loss_sum += loss * n as f64;
+                w.samples += n as u64;
+                w.tokens += batch.y.elem_count() as u64;
+                w.mem_peak = w.mem_peak.max(peak);
+                w.micro_batch = micro_batch;
                 Ok(Some(loss))
             }
             StepOutcome::Skipped => {
+                self.window.skipped += 1;
                 // Recorded where the cursor was: in checkpoints too.
                 self.skipped.push((epoch, self.cursor.steps - 1));
                 Ok(None)
