@@ -20,6 +20,7 @@ pub mod kernels;
 pub mod memory;
 pub mod plugins;
 pub mod quant;
+pub mod report;
 pub mod run;
 
 pub use error::{Error, Result};

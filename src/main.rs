@@ -94,6 +94,18 @@ enum Command {
         #[arg(long, default_value_t = 0.1)]
         margin: f64,
     },
+    /// Write one self-contained HTML report of runs: loss, evaluation,
+    /// learning rate, throughput, and memory with OOMs, reloads and
+    /// checkpoints marked. Several runs are overlaid.
+    Report {
+        /// Run folders (each holding a metrics.jsonl)
+        #[arg(required = true, value_name = "RUN_DIR")]
+        runs: Vec<PathBuf>,
+        /// Where to write it [default: RUN_DIR/report.html for one run,
+        /// report.html here for several]
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Benchmarks that print figures; see `taper bench --help`.
     Bench(taper::bench::BenchArgs),
     /// Native strategy plugins: inspect one, or start a new one.
@@ -216,6 +228,26 @@ fn parse_every(s: &str) -> Result<EveryArg, String> {
     taper::run::periodic::parse_period(s).map(EveryArg)
 }
 
+fn report(runs: &[PathBuf], out: Option<PathBuf>) -> ExitCode {
+    let out = out.unwrap_or_else(|| match runs {
+        [one] => one.join("report.html"),
+        _ => PathBuf::from("report.html"),
+    });
+    match taper::report::write(runs, &out) {
+        Ok(notes) => {
+            for n in notes {
+                eprintln!("taper: warning: {n}");
+            }
+            println!("report: {}", out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("taper report: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn parse_size(s: &str) -> Result<usize, String> {
     taper::host::parse_size(s)
 }
@@ -237,6 +269,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let (recipe, opts) = match cli.command {
         Command::Plugin { cmd } => return plugin(cmd),
+        Command::Report { runs, out } => return report(&runs, out),
         Command::Bench(args) => {
             return match taper::bench::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -468,6 +468,9 @@ fn create(
         crate::engine::describe_device(&host.device).into(),
     );
     f.insert("precision".into(), o.precision.name().into());
+    if let Some(limit) = run.core.oom.budget {
+        f.insert("memory_limit".into(), limit.into());
+    }
     host.out
         .record("run", run.core.trainer.step, run.core.cursor.epoch, f)
         .map_err(lua_err)?;

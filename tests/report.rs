@@ -1,0 +1,205 @@
+//! `taper report` on a real run with OOMs, a hot reload and checkpoints,
+//! opened in headless Chromium (Debian's `chromium`, which `.ci/run`
+//! installs): the page runs with no script error, draws its five charts with
+//! data, lists the events, and a screenshot is taken
+//! (`target/report-test/report.png`, kept to look at).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Digits with the learning rate in its config: the test edits it while the
+/// run waits at a reload point after epoch 2.
+const RECIPE: &str = r#"local cfg = taper.config{ lr = 0.003 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 64 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = cfg.lr },
+  data = taper.data.digits{ split = "train" }:shuffle{ seed = 1 }:batch(32),
+  watch = true,
+}
+local test = taper.data.digits{ split = "test" }:batch(120)
+for epoch in run:epochs(6) do
+  for batch in run:batches() do run:step(batch) end
+  if epoch % 2 == 0 then run:evaluate(test) end
+  if epoch == 2 and not run.state.edited then
+    run.state.edited = true
+    run:log{ edit_now = true }
+    run:reload_point{ wait = 60 }
+  end
+end
+"#;
+
+fn chromium() -> PathBuf {
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        if let Ok(o) = Command::new("which").arg(name).output() {
+            if o.status.success() {
+                return PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+            }
+        }
+    }
+    panic!("no chromium: install Debian's (`apt-get install chromium`), as .ci/run does");
+}
+
+fn records(out: &Path) -> Vec<Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The run: two injected OOMs, a checkpoint every 50 steps, a memory limit,
+/// and the recipe's lr edited on disk while it waits at its reload point.
+fn run_with_events(dir: &Path) -> PathBuf {
+    let recipe = dir.join("recipe.lua");
+    std::fs::write(&recipe, RECIPE).unwrap();
+    let out = dir.join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(["train", "recipe.lua", "--quiet", "--out", "out", "--watch"])
+        .args(["--inject-oom", "step=30,phase=backward"])
+        .args(["--inject-oom", "step=150,phase=forward,times=2"])
+        .args(["--checkpoint-every", "50", "--mem-limit", "3MiB"])
+        .current_dir(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !records(&out).iter().any(|r| r["edit_now"] == true) {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(start.elapsed() < DEADLINE, "no edit_now record");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tmp = dir.join("recipe.lua.new");
+    std::fs::write(&tmp, RECIPE.replace("lr = 0.003", "lr = 0.001")).unwrap();
+    std::fs::rename(&tmp, &recipe).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let events = records(&out);
+    let count = |e: &str| events.iter().filter(|r| r["event"] == e).count();
+    assert_eq!(count("oom"), 3, "three OOMs recovered");
+    assert!(
+        events
+            .iter()
+            .any(|r| r["event"] == "reload" && r["ok"] == true),
+        "a reload applied"
+    );
+    assert!(count("checkpoint") >= 4);
+    out
+}
+
+#[test]
+fn a_report_of_a_run_with_ooms_and_a_reload_renders_in_chromium() {
+    let browser = chromium();
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_with_events(dir.path());
+    // A second run to overlay: the same recipe, no events.
+    let plain = dir.path().join("plain");
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args([
+            "train",
+            "scripts/digits.lua",
+            "--quiet",
+            "--set",
+            "epochs=6",
+            "--out",
+        ])
+        .arg(&plain)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let keep = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/report-test");
+    std::fs::create_dir_all(&keep).unwrap();
+    let page = keep.join("report.html");
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .arg("report")
+        .args([&out, &plain])
+        .arg("--out")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("src=\"http") && !html.contains("href=\"http"),
+        "self-contained"
+    );
+
+    // The page as the browser leaves it, after its scripts ran.
+    let url = format!("file://{}", page.display());
+    let headless = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+    ];
+    let dom = Command::new(&browser)
+        .args(headless)
+        .args([
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+        ])
+        .args(["--dump-dom", &url])
+        .output()
+        .unwrap();
+    assert!(dom.status.success());
+    let (dom, log) = (
+        String::from_utf8_lossy(&dom.stdout).into_owned(),
+        String::from_utf8_lossy(&dom.stderr).into_owned(),
+    );
+    assert!(!log.contains("Uncaught"), "script errors: {log}");
+    assert!(!dom.contains("data-errors"), "script errors in the page");
+    assert!(dom.contains("data-rendered=\"5\""), "five charts drawn");
+    assert_eq!(dom.matches("<canvas").count(), 5, "one canvas per chart");
+    // Step records every 10 steps of 270 (two runs); evaluations 3 + 2.
+    for (title, least) in [
+        ("Loss", 50),
+        ("Evaluation accuracy", 5),
+        ("Learning rate", 50),
+        ("Throughput", 50),
+        ("Memory", 50),
+    ] {
+        let at = dom
+            .find(&format!("data-title=\"{title}\""))
+            .unwrap_or_else(|| panic!("no `{title}` chart"));
+        let head = &dom[..at];
+        let points = head[head.rfind("data-points=\"").expect("points") + 13..]
+            .split('"')
+            .next()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap();
+        assert!(points >= least, "`{title}` has {points} points");
+    }
+    for kind in ["oom", "reload", "checkpoint"] {
+        assert!(
+            dom.contains(&format!("data-kind=\"{kind}\"")),
+            "no {kind} event listed"
+        );
+    }
+    assert!(
+        dom.contains("OOM (backward): split 32 -&gt; 16"),
+        "the OOM's action"
+    );
+    assert!(dom.contains("limit MiB"), "the memory limit drawn");
+
+    let shot = keep.join("report.png");
+    let _ = std::fs::remove_file(&shot);
+    let o = Command::new(&browser)
+        .args(headless)
+        .args(["--window-size=1200,2000", "--virtual-time-budget=5000"])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 50_000,
+        "a screenshot with charts"
+    );
+}
