@@ -5,7 +5,7 @@ local cfg = taper.config{
   epochs = 2, batch = 64, lr = 2e-3, seed = 1,
   train_samples = 0, -- when > 0: train on the first n images only (a shortened run)
   data = "data/fashion-mnist",
-  precision = "f32", -- or bf16, f16 (see docs/lua-api.md, Mixed precision)
+  precision = "f32", -- or bf16, f16 (see docs/reference/lua-api.md, Mixed precision)
 }
 
 local function split(name)

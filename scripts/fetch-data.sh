@@ -44,12 +44,14 @@ PY
 fi
 
 # A test-only virtualenv with llama.cpp's GGUF reader (PyPI gguf 0.19.0, MIT):
-# tests/export.rs reads taper's GGUF exports back with it.
+# tests/export.rs reads taper's GGUF exports back with it; and tbparse 0.0.9
+# (Apache-2.0, with TensorBoard's own event reader): tests/tensorboard.rs
+# reads --tensorboard's event files with it.
 venv=.venv-test
-if ! "$venv/bin/python" -c "import gguf" 2>/dev/null; then
-  echo "creating $venv with PyPI gguf 0.19.0 (for tests/export.rs)"
+if ! "$venv/bin/python" -c "import gguf, tbparse" 2>/dev/null; then
+  echo "creating $venv with PyPI gguf 0.19.0 and tbparse 0.0.9 (for tests/export.rs, tests/tensorboard.rs)"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q gguf==0.19.0
+  "$venv/bin/pip" install -q gguf==0.19.0 tbparse==0.0.9
 fi
 
 smol="$DATA/smollm2"

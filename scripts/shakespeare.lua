@@ -8,7 +8,7 @@ local cfg = taper.config{
   steps = 0, -- when > 0: the number of batches per epoch (a shortened run)
   width = 64, layers = 2, heads = 4, seed = 1,
   sample = 300, temperature = 0.8,
-  precision = "f32", -- or bf16, f16 (see docs/lua-api.md, Mixed precision)
+  precision = "f32", -- or bf16, f16 (see docs/reference/lua-api.md, Mixed precision)
   val_windows = 512, val_batch = 64, -- held-out windows evaluated, and per batch
 }
 

@@ -76,6 +76,9 @@ enum Command {
         /// every N steps; 0 for none
         #[arg(long, value_name = "N", default_value_t = taper::host::DEFAULT_LOG_EVERY)]
         log_every: u64,
+        /// Also write the records as TensorBoard event files (OUT/tensorboard/)
+        #[arg(long)]
+        tensorboard: bool,
     },
     /// Load and validate a recipe without training (its loop runs no epoch).
     Check {
@@ -309,6 +312,7 @@ fn main() -> ExitCode {
             checkpoint_every,
             keep_checkpoints,
             log_every,
+            tensorboard,
         } => {
             // `--resume RUN_DIR` continues in that folder unless --out says
             // otherwise; `--resume auto` continues in --out if it holds a run.
@@ -353,6 +357,7 @@ fn main() -> ExitCode {
                 checkpoint_every: checkpoint_every.map(|e| e.0),
                 keep_checkpoints: keep_checkpoints.map(|k| k as usize),
                 log_every,
+                tensorboard,
                 reuse_out: auto,
             };
             (recipe.recipe, opts)

@@ -2,7 +2,7 @@
 -- LuaLS annotations for the `taper` module that recipes see. Editors that use
 -- lua-language-server pick them up through the `.luarc.json` at the root of
 -- the repository (or add this folder to `workspace.library`).
--- Reference: docs/lua-api.md.
+-- Reference: docs/reference/lua-api.md.
 
 ---@class taper
 ---@field version string taper's version

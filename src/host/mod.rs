@@ -20,6 +20,7 @@ mod run;
 mod run_options;
 mod run_state;
 mod schedule;
+mod tensorboard;
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -42,7 +43,7 @@ pub use run_state::RunSummary;
 
 /// A quiet metrics writer into `dir`, for `taper bench records`.
 pub(crate) fn output_for_bench(dir: &std::path::Path) -> Result<output::Output> {
-    output::Output::new(Some(dir), true, false)
+    output::Output::new(Some(dir), true, false, false)
 }
 
 /// Decodes what a Lua OOM policy returned, as the host does (for
@@ -91,6 +92,9 @@ pub struct HostOptions {
     pub keep_checkpoints: Option<usize>,
     /// Write a `step` record every this many steps (0: none).
     pub log_every: u64,
+    /// Also write the records' scalars as TensorBoard event files
+    /// (`out_dir/tensorboard/`).
+    pub tensorboard: bool,
     /// Append to `out_dir`'s records even when not resuming: `--resume auto`
     /// found no checkpoint there (a job killed before its first one), so the
     /// run starts afresh in the same folder.
@@ -114,6 +118,7 @@ impl Default for HostOptions {
             checkpoint_every: None,
             keep_checkpoints: None,
             log_every: DEFAULT_LOG_EVERY,
+            tensorboard: false,
             reuse_out: false,
         }
     }
@@ -175,6 +180,7 @@ impl Host {
             opts.out_dir.as_deref(),
             opts.quiet,
             opts.resume.is_some() || opts.reuse_out,
+            opts.tensorboard,
         )?;
         if let Some(dir) = &opts.out_dir {
             // A save killed half-way leaves a temporary file, never a

@@ -91,7 +91,7 @@ pub(crate) fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
 }
 
 /// The event as a Lua table: the same fields as the C struct, named as in
-/// `docs/lua-api.md`.
+/// `docs/reference/lua-api.md`.
 pub(crate) fn event_table(lua: &Lua, e: &OomEvent) -> mlua::Result<Table> {
     let t = lua.create_table()?;
     t.set("phase", e.phase.name())?;

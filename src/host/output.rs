@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value};
 
 use super::progress::{duration, Progress, PLAIN_EVERY};
+use super::tensorboard::EventWriter;
 use crate::run::window::WindowSummary;
 use crate::{Error, Result};
 
@@ -21,13 +22,20 @@ pub(crate) struct Output {
     start: Instant,
     /// What the progress line says besides the bar.
     progress: RefCell<Progress>,
+    /// `--tensorboard`: the records' scalars as TensorBoard events too.
+    tensorboard: RefCell<Option<EventWriter>>,
 }
 
 impl Output {
     /// Writes into `out_dir`: a new run's folder, or, when `resuming`, a run
     /// folder whose `metrics.jsonl` the records are appended to. A new run
     /// never overwrites another's records.
-    pub fn new(out_dir: Option<&Path>, quiet: bool, resuming: bool) -> Result<Self> {
+    pub fn new(
+        out_dir: Option<&Path>,
+        quiet: bool,
+        resuming: bool,
+        tensorboard: bool,
+    ) -> Result<Self> {
         let metrics = match out_dir {
             None => None,
             Some(dir) => {
@@ -49,7 +57,12 @@ impl Output {
                 Some((path, BufWriter::new(f)))
             }
         };
+        let tensorboard = match out_dir.filter(|_| tensorboard) {
+            Some(dir) => Some(EventWriter::create(dir)?),
+            None => None,
+        };
         Ok(Output {
+            tensorboard: RefCell::new(tensorboard),
             metrics: RefCell::new(metrics),
             bar: RefCell::new(None),
             quiet,
@@ -79,6 +92,9 @@ impl Output {
         rec.insert("time".into(), t.into());
         for (k, v) in fields {
             rec.entry(k).or_insert(v);
+        }
+        if let Some(tb) = self.tensorboard.borrow_mut().as_mut() {
+            tb.record(event, step, &rec)?;
         }
         let line =
             serde_json::to_string(&Value::Object(rec)).map_err(|e| Error::Data(e.to_string()))?;

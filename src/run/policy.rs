@@ -21,7 +21,7 @@ pub enum MemoryFigures {
 }
 
 /// An out-of-memory event, as every policy receives it. Documented once, in
-/// `docs/lua-api.md` (the Lua table) and `plugins/include/taper_plugin.h`.
+/// `docs/reference/lua-api.md` (the Lua table) and `plugins/include/taper_plugin.h`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OomEvent {
     pub phase: Phase,

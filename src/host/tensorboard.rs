@@ -1,0 +1,186 @@
+//! `--tensorboard`: the run's records as TensorBoard scalars, in an event
+//! file under `OUT/tensorboard/` (TFRecord framing: length, masked CRC-32C
+//! of the length, an `Event` protobuf, its masked CRC-32C). Each process
+//! writes a file of its own, so a resumed run adds one and TensorBoard reads
+//! them together. Tags: `train/...` from `step` records, `epoch/...`,
+//! `eval/<split>/...`, `memory/...` (MiB), `oom/micro_batch`; runs after a
+//! recipe's first are prefixed `run2/`, ...
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use serde_json::{Map, Value};
+
+use crate::{Error, Result};
+
+#[derive(Clone, PartialEq, Message)]
+struct Event {
+    #[prost(double, tag = "1")]
+    wall_time: f64,
+    #[prost(int64, tag = "2")]
+    step: i64,
+    #[prost(oneof = "What", tags = "3, 5")]
+    what: Option<What>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum What {
+    #[prost(string, tag = "3")]
+    FileVersion(String),
+    #[prost(message, tag = "5")]
+    Summary(Summary),
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Summary {
+    #[prost(message, repeated, tag = "1")]
+    value: Vec<SummaryValue>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct SummaryValue {
+    #[prost(string, tag = "1")]
+    tag: String,
+    #[prost(float, tag = "2")]
+    simple_value: f32,
+}
+
+/// TFRecord's masked CRC-32C.
+fn masked_crc(bytes: &[u8]) -> u32 {
+    let c = crc32c::crc32c(bytes);
+    (c.rotate_right(15)).wrapping_add(0xa282_ead8)
+}
+
+pub(crate) struct EventWriter {
+    path: PathBuf,
+    file: BufWriter<File>,
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+const MIB: f64 = 1048576.0;
+
+/// The scalars of one record: (tag, value).
+fn scalars(event: &str, rec: &Map<String, Value>) -> Vec<(String, f64)> {
+    let get = |k: &str| rec.get(k).and_then(Value::as_f64);
+    let mut out = Vec::new();
+    let mut put = |tag: String, v: Option<f64>| {
+        if let Some(v) = v.filter(|v| v.is_finite()) {
+            out.push((tag, v));
+        }
+    };
+    match event {
+        "step" => {
+            for k in [
+                "loss",
+                "lr",
+                "samples_per_s",
+                "tokens_per_s",
+                "step_s",
+                "data_wait_s",
+                "micro_batch",
+            ] {
+                put(format!("train/{k}"), get(k));
+            }
+            put("memory/heap_mib".into(), get("memory").map(|b| b / MIB));
+            put(
+                "memory/heap_peak_mib".into(),
+                get("memory_peak").map(|b| b / MIB),
+            );
+            put(
+                "memory/device_used_mib".into(),
+                get("device_memory_used").map(|b| b / MIB),
+            );
+            put(
+                "memory/device_peak_mib".into(),
+                get("device_memory_peak").map(|b| b / MIB),
+            );
+        }
+        "epoch" => {
+            for k in ["loss", "lr", "samples_per_s", "seconds"] {
+                put(format!("epoch/{k}"), get(k));
+            }
+        }
+        "eval" => {
+            let split = rec.get("split").and_then(Value::as_str).unwrap_or("eval");
+            for k in ["loss", "accuracy", "objective"] {
+                put(format!("eval/{split}/{k}"), get(k));
+            }
+        }
+        "oom" => put("oom/micro_batch".into(), get("new_micro_batch")),
+        _ => {}
+    }
+    out
+}
+
+impl EventWriter {
+    /// A new event file in `dir/tensorboard/`.
+    pub fn create(dir: &Path) -> Result<EventWriter> {
+        let dir = dir.join("tensorboard");
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "host".into());
+        let path = dir.join(format!(
+            "events.out.tfevents.{}.{host}.{}.taper",
+            now() as u64,
+            std::process::id()
+        ));
+        let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        let mut w = EventWriter {
+            path,
+            file: BufWriter::new(f),
+        };
+        w.write(&Event {
+            wall_time: now(),
+            step: 0,
+            what: Some(What::FileVersion("brain.Event:2".into())),
+        })?;
+        Ok(w)
+    }
+
+    fn write(&mut self, e: &Event) -> Result<()> {
+        let data = e.encode_to_vec();
+        let len = (data.len() as u64).to_le_bytes();
+        let mut rec = Vec::with_capacity(data.len() + 16);
+        rec.extend_from_slice(&len);
+        rec.extend_from_slice(&masked_crc(&len).to_le_bytes());
+        rec.extend_from_slice(&data);
+        rec.extend_from_slice(&masked_crc(&data).to_le_bytes());
+        self.file
+            .write_all(&rec)
+            .and_then(|_| self.file.flush())
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Writes a record's scalars (none for events without any).
+    pub fn record(&mut self, event: &str, step: u64, rec: &Map<String, Value>) -> Result<()> {
+        let run = rec.get("run").and_then(Value::as_u64).unwrap_or(1);
+        let prefix = if run > 1 {
+            format!("run{run}/")
+        } else {
+            String::new()
+        };
+        let value: Vec<SummaryValue> = scalars(event, rec)
+            .into_iter()
+            .map(|(tag, v)| SummaryValue {
+                tag: format!("{prefix}{tag}"),
+                simple_value: v as f32,
+            })
+            .collect();
+        if value.is_empty() {
+            return Ok(());
+        }
+        self.write(&Event {
+            wall_time: now(),
+            step: step as i64,
+            what: Some(What::Summary(Summary { value })),
+        })
+    }
+}
