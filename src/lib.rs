@@ -1,6 +1,6 @@
 //! taper: a training host. Models train on candle; the training loop belongs to
 //! a Lua recipe. See `../shared/DESIGN.md` in the project's shared folder and
-//! the README for the shape of things.
+//! `docs/design.md` for the shape of things.
 //!
 //! Embedding: create a [`Host`], register your own model constructors or data
 //! sources under the `taper` Lua module, and run a recipe:
