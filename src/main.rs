@@ -9,6 +9,15 @@ use taper::{Host, HostOptions};
 #[global_allocator]
 static ALLOC: taper::memory::CountingAlloc = taper::memory::CountingAlloc;
 
+/// `println!` that drops the line when stdout is closed (`taper ... | head`)
+/// instead of panicking.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "taper",
@@ -141,8 +150,8 @@ fn plugin(cmd: PluginCmd) -> ExitCode {
             let abi =
                 abi.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/abi"));
             scaffold::new_plugin(&name, &dir, &abi).map(|root| {
-                println!("wrote {}", root.display());
-                println!("build it: cd {} && cargo build --release", root.display());
+                say!("wrote {}", root.display());
+                say!("build it: cd {} && cargo build --release", root.display());
             })
         }
     };
@@ -183,37 +192,37 @@ fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitCode 
     };
     for (i, p) in plans.iter().enumerate() {
         let q = &p.plan;
-        println!("run {}: {} (batch {})", i + 1, p.model, p.batch_size);
-        println!("  parameters        {:>12}", human(q.parameters));
-        println!("  gradients         {:>12}", human(q.gradients));
-        println!("  optimizer state   {:>12}", human(q.optimizer));
-        println!(
+        say!("run {}: {} (batch {})", i + 1, p.model, p.batch_size);
+        say!("  parameters        {:>12}", human(q.parameters));
+        say!("  gradients         {:>12}", human(q.gradients));
+        say!("  optimizer state   {:>12}", human(q.optimizer));
+        say!(
             "  activations       {:>12} per sample + {} per step (measured on 1-8 samples)",
             human(q.per_sample),
             human(q.per_step)
         );
-        println!(
+        say!(
             "  heap before training {:>9} (data, Lua, the model)",
             human(q.resident)
         );
-        println!(
+        say!(
             "  estimated peak at micro-batch {}: {}",
             p.batch_size,
             human(q.peak(p.batch_size, false))
         );
         if let Some(limit) = mem_limit.or(p.limit) {
             match q.max_micro(limit, margin, p.batch_size) {
-                Some(m) if m >= p.batch_size => println!(
+                Some(m) if m >= p.batch_size => say!(
                     "  under {} with a {:.0}% margin: the whole batch fits",
                     human(limit),
                     margin * 100.0
                 ),
-                Some(m) => println!(
+                Some(m) => say!(
                     "  under {} with a {:.0}% margin: micro-batches of at most {m}",
                     human(limit),
                     margin * 100.0
                 ),
-                None => println!(
+                None => say!(
                     "  under {}: does not fit even one sample at a time",
                     human(limit)
                 ),
@@ -241,7 +250,7 @@ fn report(runs: &[PathBuf], out: Option<PathBuf>) -> ExitCode {
             for n in notes {
                 eprintln!("taper: warning: {n}");
             }
-            println!("report: {}", out.display());
+            say!("report: {}", out.display());
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -381,11 +390,11 @@ fn main() -> ExitCode {
     match host.run_file(&recipe) {
         Ok(report) => {
             if check {
-                println!("{}: ok", recipe.display());
+                say!("{}: ok", recipe.display());
             } else if let (false, Some(m)) = (quiet, report.metrics) {
-                println!("metrics: {}", m.display());
+                say!("metrics: {}", m.display());
                 for c in host.checkpoints() {
-                    println!("checkpoint: {}", c.display());
+                    say!("checkpoint: {}", c.display());
                 }
             }
             ExitCode::SUCCESS

@@ -284,3 +284,23 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
         "{err}"
     );
 }
+
+/// `taper train ... | head`: a closed stdout drops the printed lines, and the
+/// run goes on to its end and its checkpoint (no panic on a broken pipe).
+#[test]
+fn a_closed_stdout_does_not_end_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(["train", "scripts/digits.lua", "--set", "epochs=3", "--out"])
+        .arg(&out)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.join("checkpoint.safetensors").exists());
+}

@@ -15,6 +15,13 @@ use super::tensorboard::EventWriter;
 use crate::run::window::WindowSummary;
 use crate::{Error, Result};
 
+/// A line to stdout. A closed stdout (`taper train ... | head`) is not a
+/// reason to stop training: the line is dropped (records still go to
+/// `metrics.jsonl`), where `println!` would panic.
+fn say(s: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{s}");
+}
+
 pub(crate) struct Output {
     metrics: RefCell<Option<(PathBuf, BufWriter<File>)>>,
     bar: RefCell<Option<ProgressBar>>,
@@ -111,8 +118,8 @@ impl Output {
             return;
         }
         match self.bar.borrow().as_ref() {
-            Some(bar) if !bar.is_hidden() => bar.suspend(|| println!("{s}")),
-            _ => println!("{s}"),
+            Some(bar) if !bar.is_hidden() => bar.suspend(|| say(s)),
+            _ => say(s),
         }
     }
 
@@ -176,7 +183,11 @@ impl Output {
                 .length()
                 .map(|_| format!(" eta {}", duration(bar.eta())))
                 .unwrap_or_default();
-            println!("{} {}{of}{eta} | {msg}", bar.prefix(), bar.position());
+            say(&format!(
+                "{} {}{of}{eta} | {msg}",
+                bar.prefix(),
+                bar.position()
+            ));
         }
     }
 

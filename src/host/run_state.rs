@@ -123,11 +123,12 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
     f.insert("lr".into(), json!(s.lr));
     host.out.record("epoch", s.step, s.epoch, f)?;
     host.out.line(&format!(
-        "epoch {}/{}  step {}  train loss {:.4}  {rate:.0} samples/s  {:.2}s",
+        "epoch {}/{}  step {}  train loss {:.4}  {} samples/s  {:.2}s",
         s.epoch,
         r.core.total_epochs,
         s.step,
         s.loss.unwrap_or(0.0),
+        super::progress::si(rate),
         s.seconds
     ));
     Ok(())
