@@ -193,6 +193,15 @@ fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()
     let b = train(tight.path(), &set, &[], Some(limit))?;
     let ooms = records(tight.path(), "oom")?;
     assert!(ooms.iter().all(|r| r["cause"] == "budget"));
+    // What each OOM "requested": the allocation that took the heap over the
+    // limit (f32 buffers, so whole floats).
+    for r in &ooms {
+        let asked = r["requested"].as_u64().expect("requested bytes");
+        assert!(
+            asked > 0 && (asked as usize) < limit && asked % 4 == 0,
+            "{r}"
+        );
+    }
     let micro: Vec<u64> = ooms
         .iter()
         .map(|r| r["new_micro_batch"].as_u64().unwrap())

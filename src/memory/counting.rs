@@ -8,6 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// A memory budget being watched (usize::MAX: none), and the size of the
+/// first allocation that took the heap over it since the peak was reset:
+/// what a budget OOM "requested".
+static LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+static CROSSING: AtomicUsize = AtomicUsize::new(0);
 
 /// `#[global_allocator] static A: taper::memory::CountingAlloc = taper::memory::CountingAlloc;`
 pub struct CountingAlloc;
@@ -17,6 +22,9 @@ impl CountingAlloc {
     fn add(n: usize) {
         let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
         PEAK.fetch_max(now, Ordering::Relaxed);
+        if now > LIMIT.load(Ordering::Relaxed) {
+            let _ = CROSSING.compare_exchange(0, n, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 }
 
@@ -73,8 +81,20 @@ impl HostMemory {
     pub fn peak() -> usize {
         PEAK.load(Ordering::Relaxed)
     }
-    /// Starts a new peak window at the current level.
+    /// Starts a new peak window at the current level (and forgets which
+    /// allocation crossed the limit).
     pub fn reset_peak() {
         PEAK.store(CURRENT.load(Ordering::Relaxed), Ordering::Relaxed);
+        CROSSING.store(0, Ordering::Relaxed);
+    }
+    /// Watches `limit`: the first allocation that takes the heap over it is
+    /// remembered (see [`HostMemory::take_crossing`]). None stops watching.
+    pub fn set_limit(limit: Option<usize>) {
+        LIMIT.store(limit.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+    /// The size of the first allocation that took the heap over the limit
+    /// since the peak was reset, if one did; forgets it.
+    pub fn take_crossing() -> Option<usize> {
+        Some(CROSSING.swap(0, Ordering::Relaxed)).filter(|&n| n > 0)
     }
 }

@@ -147,11 +147,16 @@ pub fn check(
     if let Some(limit) = budget {
         let peak = super::HostMemory::peak();
         if peak > limit {
+            // The allocation that crossed the limit.
+            let requested = super::HostMemory::take_crossing().map(|b| b as u64);
+            let asked = requested
+                .map(|b| format!(" (an allocation of {b} B crossed it)"))
+                .unwrap_or_default();
             return Err(OomError {
                 phase,
                 cause: OomCause::Budget,
-                detail: format!("peak {peak} B exceeds the limit of {limit} B"),
-                requested: None,
+                detail: format!("peak {peak} B exceeds the limit of {limit} B{asked}"),
+                requested,
             });
         }
     }

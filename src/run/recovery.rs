@@ -81,6 +81,7 @@ impl Recovery {
             .clamp(1, n.max(1));
         let step = trainer.step + 1;
         let mut attempt = 0;
+        HostMemory::set_limit(self.budget);
         loop {
             attempt += 1;
             HostMemory::reset_peak();
@@ -143,6 +144,7 @@ impl Recovery {
         let model = trainer.frozen()?;
         let mut total = EvalSums::default();
         let step = trainer.step + 1;
+        HostMemory::set_limit(self.budget);
         for batch in batches {
             let batch = batch?;
             let n = batch.len();
