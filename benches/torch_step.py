@@ -9,7 +9,13 @@ Bench-only: needs torch (benches/compare.sh makes a virtualenv on the CPU
 machine; the GPU machine has torch). Never run in CI.
 
     python3 benches/torch_step.py --model mlp --threads 2
+    python3 benches/torch_step.py --model cnn --threads 2
     python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16
+    python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16 --compile
+
+The reference is PyTorch as its users run it: SDPA attention and fused AdamW;
+`--attention manual` (the scores written out, as this script once did) and
+`--compile` are labelled variants, named in the printed line.
 """
 import argparse
 import contextlib
@@ -36,20 +42,29 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / (c // self.heads) ** 0.5
-        att = att.masked_fill(mask, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        if mask is None:
+            # PyTorch as its users run it: SDPA (flash or memory-efficient
+            # attention where the device has them).
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            # The labelled `--attention manual` variant: the scores written out.
+            att = (q @ k.transpose(-2, -1)) / (c // self.heads) ** 0.5
+            att = att.masked_fill(mask, float("-inf")).softmax(-1)
+            y = att @ v
+        y = y.transpose(1, 2).reshape(b, t, c)
         x = x + self.proj(y)
         return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
 class Gpt(nn.Module):
-    """taper's `gpt`: pre-norm blocks, learned positions, tied embeddings, the
-    attention written out (as taper's is), tanh GELU (as candle's `gelu`)."""
+    """taper's `gpt`: pre-norm blocks, learned positions, tied embeddings,
+    tanh GELU (as candle's `gelu`); causal attention by SDPA, or written out
+    with `manual`."""
 
-    def __init__(self, vocab, context, width, layers, heads):
+    def __init__(self, vocab, context, width, layers, heads, manual=False):
         super().__init__()
         self.context, self.width, self.layers = context, width, layers
+        self.manual = manual
         self.wte = nn.Embedding(vocab, width)
         self.wpe = nn.Embedding(context, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
@@ -57,7 +72,8 @@ class Gpt(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=idx.device), 1)
+        mask = (torch.triu(torch.ones(t, t, dtype=torch.bool, device=idx.device), 1)
+                if self.manual else None)
         x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for b in self.blocks:
             x = b(x, mask)
@@ -99,12 +115,16 @@ def rate(flops):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", *GPTS], default="mlp")
+    ap.add_argument("--model", choices=["mlp", "cnn", *GPTS], default="mlp")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32")
     ap.add_argument("--batch", type=int)
+    ap.add_argument("--attention", choices=["sdpa", "manual"], default="sdpa",
+                    help="sdpa (the reference) or the scores written out (a labelled variant)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (a labelled variant)")
     ap.add_argument("--profile", action="store_true",
                     help="after timing, print one step's kernels by device time")
     a = ap.parse_args()
@@ -119,17 +139,43 @@ def main():
         loss_fn = lambda: F.cross_entropy(model(x).float(), y)
         items, unit = b, "samples"
         flops = 6 * sum(p.numel() for p in model.parameters()) * b
+    elif a.model == "cnn":
+        # `taper bench step --model cnn`: 3x3 convolutions of 8 and 16
+        # channels (padding 1), each with ReLU and a 2x2 max-pool, dense 64.
+        b = a.batch or 64
+        model = nn.Sequential(
+            nn.Unflatten(1, (1, 28, 28)),
+            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.ReLU(), nn.Linear(16 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10),
+        ).to(dev)
+        x, y = torch.randn(b, 784, device=dev), torch.randint(0, 10, (b,), device=dev)
+        loss_fn = lambda: F.cross_entropy(model(x).float(), y)
+        items, unit = b, "samples"
+        macs = 9 * 8 * 28 * 28 + 9 * 8 * 16 * 14 * 14 + 16 * 7 * 7 * 64 + 64 * 10
+        flops = 6 * macs * b
     else:
         v, t, w, layers, heads, b = GPTS[a.model]
         b = a.batch or b
-        model = Gpt(v, t, w, layers, heads).to(dev)
+        model = Gpt(v, t, w, layers, heads, manual=a.attention == "manual").to(dev)
         data = torch.randint(0, v, (b, t + 1), device=dev)
         x, y = data[:, :t], data[:, 1:]
         loss_fn = lambda: F.cross_entropy(model(x).float().reshape(-1, v), y.reshape(-1))
         items, unit = b * t, "tokens"
         n = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
         flops = (6 * n + 12 * layers * t * w) * b * t
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    # Fused AdamW where PyTorch has it (CUDA; the CPU since 2.4).
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
+        fused = "fused AdamW"
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        fused = "AdamW"
+    if a.compile:
+        model = torch.compile(model)
+    variant = ", ".join(
+        ([] if a.model in ("mlp", "cnn") else [a.attention + " attention"])
+        + [fused] + (["torch.compile"] if a.compile else ["eager"]))
     # Mixed precision as taper's: f32 master weights, low-precision compute,
     # a loss scale for f16.
     autocast = (torch.autocast(device_type=dev.type, dtype=low) if low
@@ -159,7 +205,7 @@ def main():
     peak = (f"{torch.cuda.max_memory_allocated() / 2**20:.1f} MiB" if dev.type == "cuda"
             else "n/a")
     params = sum(p.numel() for p in model.parameters())
-    print(f"torch step {a.model} on {a.device} {a.precision}: {secs * 1e3:.2f} ms/step, "
+    print(f"torch step {a.model} on {a.device} {a.precision} [{variant}]: {secs * 1e3:.2f} ms/step, "
           f"{items / secs:.0f} {unit}/s, peak {peak}, {rate(flops / secs)} = MFU "
           f"{100 * flops / secs / ceiling:.1f}% of a measured {rate(ceiling)} matmul "
           f"({params} parameters, {a.steps} steps, threads {a.threads}, torch {torch.__version__})")

@@ -20,7 +20,8 @@ use crate::{Error, Result};
 
 #[derive(clap::Args, Debug)]
 pub struct StepArgs {
-    /// mlp (784-256-10, batch 128), gpt (4 layers, 4 heads, width 128,
+    /// mlp (784-256-10, batch 128), cnn (28x28, 3x3 conv 8 and 16 channels
+    /// with 2x2 max-pools, dense 64, batch 64), gpt (4 layers, 4 heads, width 128,
     /// context 128, batch 32), shakespeare (scripts/shakespeare.lua's GPT:
     /// width 64, 2 layers, context 64, batch 32) or gpt2 (GPT-2 small: 124M
     /// parameters, context 1024, batch 8)
@@ -55,6 +56,9 @@ struct Workload {
     /// GPTs: (layers, context, width), for attention's FLOPs and the
     /// position table, which does no multiply-adds.
     gpt: Option<(usize, usize, usize)>,
+    /// Training FLOPs per item when 6 N does not count them (convolutions
+    /// use each weight at every position).
+    per_item: Option<f64>,
 }
 
 impl Workload {
@@ -62,9 +66,10 @@ impl Workload {
     /// estimate_mfu (PaLM, appendix B): 6 N per token for the weights (N
     /// without the position table) plus 12 L T d for attention.
     fn flops(&self, params: usize) -> f64 {
-        let per_item = match self.gpt {
-            Some((l, t, d)) => 6.0 * (params - t * d) as f64 + 12.0 * (l * t * d) as f64,
-            None => 6.0 * params as f64,
+        let per_item = match (self.per_item, self.gpt) {
+            (Some(f), _) => f,
+            (None, Some((l, t, d))) => 6.0 * (params - t * d) as f64 + 12.0 * (l * t * d) as f64,
+            (None, None) => 6.0 * params as f64,
         };
         per_item * self.items as f64
     }
@@ -82,6 +87,7 @@ fn gpt_workload(spec: Gpt, b: usize, rng: &mut Rng) -> Result<Workload> {
         },
         items: b * t,
         gpt: Some((spec.layers, t, spec.width)),
+        per_item: None,
         spec: Arc::new(spec),
     })
 }
@@ -90,6 +96,38 @@ fn gpt_workload(spec: Gpt, b: usize, rng: &mut Rng) -> Result<Workload> {
 pub(super) fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelSpec>, Batch)> {
     let w = workload(model, None, rng)?;
     Ok((w.spec, w.batch))
+}
+
+/// The CNN of issue 18's comparison: 28x28 inputs, 3x3 convolutions of 8
+/// and 16 channels (each with a 2x2 max-pool), a dense layer of 64, 10
+/// classes; as `benches/torch_step.py --model cnn`.
+fn cnn_workload(b: usize, rng: &mut Rng) -> Result<Workload> {
+    let spec = crate::engine::Cnn {
+        input: [1, 28, 28],
+        channels: vec![8, 16],
+        hidden: vec![64],
+        outputs: 10,
+        activation: Default::default(),
+    };
+    let n = 28 * 28;
+    let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
+    let y: Vec<u32> = (0..b).map(|_| rng.below(10) as u32).collect();
+    // Multiply-adds per sample: each conv's 9 Cin Cout per output position,
+    // the dense layers' weights; training is 3x the forward's 2 per MAC.
+    let macs = 9.0 * 8.0 * (28 * 28) as f64
+        + 9.0 * 8.0 * 16.0 * (14 * 14) as f64
+        + (16 * 7 * 7 * 64 + 64 * 10) as f64;
+    Ok(Workload {
+        batch: Batch {
+            x: Tensor::from_vec(x, (b, n), &Device::Cpu)?,
+            y: Tensor::from_vec(y, b, &Device::Cpu)?,
+            indices: (0..b).collect(),
+        },
+        items: b,
+        gpt: None,
+        per_item: Some(6.0 * macs),
+        spec: Arc::new(spec),
+    })
 }
 
 fn workload(model: &str, batch: Option<usize>, rng: &mut Rng) -> Result<Workload> {
@@ -120,14 +158,16 @@ fn workload(model: &str, batch: Option<usize>, rng: &mut Rng) -> Result<Workload
                 },
                 items: b,
                 gpt: None,
+                per_item: None,
                 spec: Arc::new(spec),
             })
         }
+        "cnn" => cnn_workload(batch.unwrap_or(64), rng),
         "gpt" => gpt_workload(gpt(65, 128, 128, 4, 4), batch.unwrap_or(32), rng),
         "shakespeare" => gpt_workload(gpt(65, 64, 64, 2, 4), batch.unwrap_or(32), rng),
         "gpt2" => gpt_workload(gpt(50257, 1024, 768, 12, 12), batch.unwrap_or(8), rng),
         other => Err(Error::Config(format!(
-            "bench step: unknown model `{other}`: use mlp, gpt, shakespeare or gpt2"
+            "bench step: unknown model `{other}`: use mlp, cnn, gpt, shakespeare or gpt2"
         ))),
     }
 }
@@ -222,7 +262,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
             if fused { "fused" } else { "unfused" },
             secs * 1e3,
             w.items as f64 / secs,
-            if matches!(a.model.as_str(), "mlp") { "samples" } else { "tokens" },
+            if matches!(a.model.as_str(), "mlp" | "cnn") { "samples" } else { "tokens" },
             peak.map_or("n/a".into(), |p| format!("{:.1} MiB", p as f64 / (1 << 20) as f64)),
             rate(achieved),
             100.0 * achieved / ceiling,

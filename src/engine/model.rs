@@ -278,7 +278,12 @@ impl Module for CnnNet {
         let [c, h, w] = self.input;
         let mut x = x.reshape((b, c, h, w))?;
         for conv in &self.convs {
-            x = max_pool_2x2(&self.act.apply(&conv.forward(&x)?)?)?;
+            // taper's fused 3x3 convolution (candle's conv2d elsewhere).
+            let y = match conv.bias() {
+                Some(b) => crate::kernels::conv3x3(&x, conv.weight(), b)?,
+                None => conv.forward(&x)?,
+            };
+            x = max_pool_2x2(&self.act.apply(&y)?)?;
         }
         let x = self.act.apply(&x.flatten_from(1)?)?;
         self.head.forward(&x)
@@ -357,6 +362,9 @@ impl ModelSpec for Cnn {
 /// the number of maxima, so its gradients come out 4x too small; the gradient
 /// check in tests/gradients.rs caught it.
 pub fn max_pool_2x2(x: &Tensor) -> Result<Tensor> {
+    if let Some(y) = crate::kernels::max_pool2x2(x)? {
+        return Ok(y);
+    }
     let (b, c, h, w) = x.dims4()?;
     let (h2, w2) = (h / 2, w / 2);
     x.narrow(2, 0, 2 * h2)?

@@ -14,6 +14,7 @@ mod bias;
 mod blas;
 mod ce_rows;
 mod chunked_ce;
+mod conv;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod dense;
@@ -30,6 +31,7 @@ mod rows;
 pub use attention::{causal_attention, causal_mask};
 pub use bias::bias_add;
 pub use chunked_ce::chunked_cross_entropy;
+pub use conv::{conv3x3, max_pool2x2};
 pub use dense::linear;
 pub use embedding::embedding;
 pub use gelu::gelu;
