@@ -55,6 +55,23 @@ fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize, usize, usize)> {
     Ok((b, c, h, wd, o))
 }
 
+thread_local! {
+    /// Each thread's im2col buffer, kept between calls: every element is
+    /// written before it is read, so it is never zeroed again.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with this thread's scratch buffer of at least `n` floats.
+fn with_scratch<T>(n: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < n {
+            s.resize(n, 0.0);
+        }
+        f(&mut s[..n])
+    })
+}
+
 /// `x [C, H, W]` unfolded into `col [C*9, H*W]`, zeros outside the image.
 fn im2col(x: &[f32], c: usize, h: usize, w: usize, col: &mut [f32]) {
     let hw = h * w;
@@ -180,16 +197,15 @@ impl CustomOp3 for Conv3x3 {
         if hw > 0 && o > 0 {
             y.par_chunks_mut(o * hw)
                 .zip(x.par_chunks(c * hw))
-                .for_each_init(
-                    || vec![0f32; c9 * hw],
-                    |col, (ys, xs)| {
+                .for_each(|(ys, xs)| {
+                    with_scratch(c9 * hw, |col| {
                         im2col(xs, c, h, wd, col);
                         for (oi, plane) in ys.chunks_mut(hw).enumerate() {
                             plane.fill(bias[oi]);
                         }
                         mm((o, hw, c9), ys, true, w, (c9, 1), col, (hw, 1));
-                    },
-                );
+                    })
+                });
         }
         Ok((CpuStorage::F32(y), Shape::from((b, o, h, wd))))
     }
@@ -242,14 +258,13 @@ impl CustomOp2 for InputGrad {
         if hw > 0 && c > 0 {
             dx.par_chunks_mut(c * hw)
                 .zip(dy.par_chunks(o * hw))
-                .for_each_init(
-                    || vec![0f32; c9 * hw],
-                    |col, (dxs, dys)| {
+                .for_each(|(dxs, dys)| {
+                    with_scratch(c9 * hw, |col| {
                         // W^T [C*9, O] read from w [O, C*9].
                         mm((c9, hw, o), col, false, w, (1, c9), dys, (hw, 1));
                         col2im(col, c, h, wd, dxs);
-                    },
-                );
+                    })
+                });
         }
         Ok((CpuStorage::F32(dx), Shape::from((b, c, h, wd))))
     }
@@ -282,17 +297,20 @@ impl CustomOp2 for WeightGrad {
             )
         }
         let (hw, c9) = (h * wd, c * 9);
-        let zero = || (vec![0f32; o * c9], vec![0f32; c9 * hw]);
         let dw = x
             .par_chunks(c * hw)
             .zip(dy.par_chunks(o * hw))
-            .fold(zero, |(mut acc, mut col), (xs, dys)| {
-                im2col(xs, c, h, wd, &mut col);
-                // dy_b [O, HW] times col^T [HW, C*9], read from col [C*9, HW].
-                mm((o, c9, hw), &mut acc, true, dys, (hw, 1), &col, (1, hw));
-                (acc, col)
-            })
-            .map(|(acc, _)| acc)
+            .fold(
+                || vec![0f32; o * c9],
+                |mut acc, (xs, dys)| {
+                    with_scratch(c9 * hw, |col| {
+                        im2col(xs, c, h, wd, col);
+                        // dy_b [O, HW] times col^T [HW, C*9], read from col [C*9, HW].
+                        mm((o, c9, hw), &mut acc, true, dys, (hw, 1), col, (1, hw));
+                    });
+                    acc
+                },
+            )
             .reduce(
                 || vec![0f32; o * c9],
                 |mut a, b| {
