@@ -174,6 +174,39 @@ fn shakespeare_gpt(lr: f64) -> Result<Trainer> {
     Trainer::new(Arc::new(spec), &optim, TrainerOptions::default())
 }
 
+/// Trains `scripts/shakespeare.lua` for `steps` steps (one epoch, no
+/// sample) into `dir` with `opts` for the rest; returns the whole run's
+/// seconds and its epoch's (from the epoch record).
+fn shakespeare_run(
+    dir: &std::path::Path,
+    steps: usize,
+    opts: crate::HostOptions,
+) -> Result<(f64, f64)> {
+    let opts = crate::HostOptions {
+        out_dir: Some(dir.to_path_buf()),
+        overrides: [
+            ("steps", steps.to_string()),
+            ("epochs", "1".into()),
+            ("sample", "0".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        ..opts
+    };
+    let start = std::time::Instant::now();
+    crate::Host::new(opts)?.run_file(std::path::Path::new("scripts/shakespeare.lua"))?;
+    let total = start.elapsed().as_secs_f64();
+    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    let epoch = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["event"] == "epoch")
+        .and_then(|r| r["seconds"].as_f64())
+        .unwrap_or(total);
+    Ok((total, epoch))
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]

@@ -11,34 +11,16 @@ use serde_json::{json, Map};
 
 use super::median;
 use crate::host::output_for_bench;
-use crate::{Host, HostOptions, Result};
+use crate::{HostOptions, Result};
 
 /// Seconds of the whole run, and per training step (its epoch record).
 fn train(dir: &Path, steps: usize, log_every: u64) -> Result<(f64, f64)> {
     let opts = HostOptions {
-        out_dir: Some(dir.to_path_buf()),
-        overrides: [
-            ("steps", steps.to_string()),
-            ("epochs", "1".into()),
-            ("sample", "0".into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect(),
         checkpoint_every: Some(None),
         log_every,
         ..HostOptions::default()
     };
-    let start = Instant::now();
-    Host::new(opts)?.run_file(Path::new("scripts/shakespeare.lua"))?;
-    let total = start.elapsed().as_secs_f64();
-    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
-    let epoch = metrics
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|r| r["event"] == "epoch")
-        .and_then(|r| r["seconds"].as_f64())
-        .unwrap_or(total);
+    let (total, epoch) = super::shakespeare_run(dir, steps, opts)?;
     Ok((total, epoch / steps as f64))
 }
 
