@@ -203,3 +203,37 @@ fn a_report_of_a_run_with_ooms_and_a_reload_renders_in_chromium() {
         "a screenshot with charts"
     );
 }
+
+/// A folder without records is exit 2 naming the file; a record cut short by
+/// a kill (the last line, no newline) is passed over with a warning; a bad
+/// line elsewhere is exit 2 with file:line.
+#[test]
+fn report_input_errors_name_the_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = |run: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_taper"))
+            .arg("report")
+            .arg(run)
+            .output()
+            .unwrap()
+    };
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = report(&empty);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("empty/metrics.jsonl"));
+
+    let cut = dir.path().join("cut");
+    std::fs::create_dir_all(&cut).unwrap();
+    let good = r#"{"event":"step","step":10,"epoch":1,"time":0.1,"run":1,"loss":2.0,"lr":0.1}"#;
+    std::fs::write(cut.join("metrics.jsonl"), format!("{good}\n{{\"event\":\"ste")).unwrap();
+    let o = report(&cut);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("metrics.jsonl:2: a record cut short"));
+    assert!(cut.join("report.html").exists());
+
+    std::fs::write(cut.join("metrics.jsonl"), format!("{{oops\n{good}\n")).unwrap();
+    let o = report(&cut);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("metrics.jsonl:1: not a JSON record"));
+}
