@@ -208,10 +208,18 @@ fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()
         .collect();
     assert_eq!(micro, vec![128, 64, 32], "{ooms:?}");
     for e in records(tight.path(), "epoch")? {
-        assert!(
-            e["memory_peak"].as_u64().unwrap() as usize <= limit,
-            "{e} over {limit}"
+        let measured = e["memory_peak"].as_u64().unwrap();
+        assert!(measured as usize <= limit, "{e} over {limit}");
+        // The planner's prediction, made when the run was created, next to
+        // the measured peak of the micro-batch the epoch ended with.
+        let planned = e["planned_peak"].as_u64().expect("planned_peak") as f64;
+        let off = planned / measured as f64 - 1.0;
+        eprintln!(
+            "epoch {}: planned {planned} B, measured {measured} B ({:+.1}%)",
+            e["epoch"],
+            off * 100.0
         );
+        assert!(off.abs() < 0.05, "planned {planned} vs measured {measured}");
     }
     let (fa, fb) = (a.runs[0].last_eval.unwrap(), b.runs[0].last_eval.unwrap());
     assert!(

@@ -226,7 +226,11 @@ fn report_input_errors_name_the_file_and_line() {
     let cut = dir.path().join("cut");
     std::fs::create_dir_all(&cut).unwrap();
     let good = r#"{"event":"step","step":10,"epoch":1,"time":0.1,"run":1,"loss":2.0,"lr":0.1}"#;
-    std::fs::write(cut.join("metrics.jsonl"), format!("{good}\n{{\"event\":\"ste")).unwrap();
+    std::fs::write(
+        cut.join("metrics.jsonl"),
+        format!("{good}\n{{\"event\":\"ste"),
+    )
+    .unwrap();
     let o = report(&cut);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stderr).contains("metrics.jsonl:2: a record cut short"));

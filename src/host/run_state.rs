@@ -28,6 +28,9 @@ pub(crate) struct RunState {
     pub periodic: Option<crate::run::periodic::Periodic>,
     /// How many of its checkpoints to keep in the output folder.
     pub keep: usize,
+    /// With a memory budget: the planner's prediction, which each epoch
+    /// record puts next to the measured peak.
+    pub plan: Option<crate::memory::planner::Plan>,
 }
 
 /// A run as Lua holds it (`taper.run{}` returns one). Borrowed for each
@@ -111,6 +114,12 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
     f.insert("data_wait_s".into(), json!(s.data_wait));
     if crate::memory::HostMemory::is_counting() {
         f.insert("memory_peak".into(), json!(s.mem_peak));
+        if let Some(plan) = r.plan.filter(|_| s.micro_batch > 0) {
+            f.insert(
+                "planned_peak".into(),
+                json!(plan.peak(s.micro_batch, false)),
+            );
+        }
     }
     let device = r.core.trainer.device();
     if let Some(d) = crate::memory::device::info(device) {

@@ -47,6 +47,8 @@ pub struct EpochStats {
     pub data_wait: f64,
     /// Highest heap peak of a successful step (counting allocator).
     pub mem_peak: usize,
+    /// The micro-batch of the last step trained.
+    pub micro_batch: usize,
 }
 
 impl Default for EpochStats {
@@ -57,6 +59,7 @@ impl Default for EpochStats {
             start: Instant::now(),
             data_wait: 0.0,
             mem_peak: 0,
+            micro_batch: 0,
         }
     }
 }
@@ -72,6 +75,8 @@ pub struct EpochSummary {
     pub seconds: f64,
     pub data_wait: f64,
     pub mem_peak: usize,
+    /// The micro-batch of the epoch's last step.
+    pub micro_batch: usize,
     pub lr: f64,
 }
 
@@ -185,6 +190,7 @@ impl Run {
                 self.stats.mem_peak = self.stats.mem_peak.max(peak);
                 self.stats.loss_sum += loss * n as f64;
                 self.stats.samples += n;
+                self.stats.micro_batch = micro_batch;
                 let w = &mut self.window;
                 w.steps += 1;
                 w.loss_sum += loss * n as f64;
@@ -262,6 +268,7 @@ impl Run {
             seconds: s.start.elapsed().as_secs_f64(),
             data_wait: s.data_wait,
             mem_peak: s.mem_peak,
+            micro_batch: s.micro_batch,
             lr: self.trainer.learning_rate(),
         })
     }
