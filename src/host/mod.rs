@@ -17,6 +17,7 @@ mod progress;
 pub(crate) mod reload;
 mod render;
 mod run;
+mod run_create;
 mod run_options;
 mod run_state;
 mod schedule;

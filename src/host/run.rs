@@ -3,9 +3,6 @@
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
-
-use candle_core::DType;
 
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 use serde::Deserialize;
@@ -16,9 +13,7 @@ use super::generator::Feed;
 use super::options::{config_error, decode};
 use super::run_state::{finish_epoch, read, write, RunHandle, RunState};
 use super::state;
-use crate::engine::checkpoint;
 use crate::engine::schedule::StepPlan;
-use crate::engine::{Trainer, TrainerOptions};
 use crate::error::lua_err;
 use crate::memory::inject::Injection;
 
@@ -382,138 +377,6 @@ impl UserData for RunHandle {
     }
 }
 
-/// `taper.run{...}`: in a reloaded version of the recipe, the run the
-/// previous version created in the same order; otherwise a new run.
-pub(crate) fn new_run(lua: &Lua, opts: Table) -> mlua::Result<RunHandle> {
-    let host = state(lua);
-    let o = super::run_options::decode_run(lua, &host, &opts)?;
-    if opts
-        .get::<Option<bool>>("watch")
-        .map_err(|_| config_error(lua, "taper.run: option `watch` must be true or false"))?
-        == Some(true)
-    {
-        super::reload::watch::start_watching(&host);
-    }
-    match super::reload::adopt(lua, &host, o)? {
-        Ok(existing) => Ok(existing),
-        Err(o) => create(lua, &host, o),
-    }
-}
-
-fn create(
-    lua: &Lua,
-    host: &super::HostState,
-    o: super::run_options::RunOptions,
-) -> mlua::Result<RunHandle> {
-    let model = o.model;
-    let topts = TrainerOptions {
-        device: host.device.clone(),
-        dtype: DType::F32,
-        seed: o.seed,
-        loss: o.loss,
-    };
-    let mut trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
-    trainer.set_precision(o.precision).map_err(lua_err)?;
-    let id = host.runs.borrow().len() + 1;
-    let mut core = crate::run::Run::new(trainer, o.seed);
-    core.schedule = o.schedule;
-    core.micro_batch = o.micro_batch;
-    core.recipe_hash = host.recipe_hash.borrow().clone();
-    core.oom = o.oom;
-    let mut run = RunState {
-        id,
-        core,
-        data: o.data,
-        state: match o.state {
-            Some(t) => t,
-            None => lua.create_table()?,
-        },
-        reenter: false,
-        periodic: None,
-        keep: host
-            .opts
-            .keep_checkpoints
-            .or(o.keep_checkpoints)
-            .unwrap_or(crate::run::periodic::DEFAULT_KEEP),
-        plan: None,
-    };
-    // Under a budget, the planner's prediction goes next to each epoch's
-    // measured peak (`taper plan`'s estimate, checked as the run goes).
-    if run.core.oom.budget.is_some() && crate::memory::HostMemory::is_counting() {
-        let (plan, batch) = super::plan::plan_of(&run).map_err(lua_err)?;
-        run.plan = (batch > 0).then_some(plan);
-    }
-    if let Some(path) = resume_path(host, id).map_err(lua_err)? {
-        if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {
-            host.out.tell(&notice);
-        }
-        host.out.line(&format!(
-            "resumed from {} at step {}",
-            path.display(),
-            run.core.trainer.step
-        ));
-    }
-    run.periodic = host
-        .opts
-        .checkpoint_every
-        .or(o.checkpoint_every)
-        .unwrap_or(Some(crate::run::periodic::DEFAULT))
-        .map(|every| crate::run::periodic::Periodic::new(every, run.core.trainer.step));
-    let mut f = Map::new();
-    f.insert("run".into(), id.into());
-    f.insert("model".into(), model.0.describe().into());
-    f.insert(
-        "parameters".into(),
-        run.core.trainer.params().num_params().into(),
-    );
-    f.insert(
-        "optimizer".into(),
-        run.core.trainer.optimizer_description().into(),
-    );
-    f.insert(
-        "device".into(),
-        crate::engine::describe_device(&host.device).into(),
-    );
-    f.insert("precision".into(), o.precision.name().into());
-    if let Some(limit) = run.core.oom.budget {
-        f.insert("memory_limit".into(), limit.into());
-    }
-    host.out
-        .record("run", run.core.trainer.step, run.core.cursor.epoch, f)
-        .map_err(lua_err)?;
-    let rc = Rc::new(RefCell::new(run));
-    host.runs.borrow_mut().push(rc.clone());
-    Ok(RunHandle(rc))
-}
-
-/// The checkpoint run `id` resumes from: the first run, the one `--resume`
-/// named; a later run (a distilled student), its own newest checkpoint in the
-/// run folder being continued, if it got as far as one.
-fn resume_path(host: &super::HostState, id: usize) -> crate::Result<Option<std::path::PathBuf>> {
-    if let Some(path) = host.resume.borrow_mut().take() {
-        return Ok(Some(path));
-    }
-    let Some(dir) = host.opts.resume_folder.as_ref().filter(|_| id > 1) else {
-        return Ok(None);
-    };
-    let Some((path, notes)) =
-        checkpoint::latest_valid(&dir.join(checkpoint::file_name(id)), same_as_out(host, dir))?
-    else {
-        return Ok(None);
-    };
-    for n in notes {
-        host.out.warn(&n);
-    }
-    Ok(Some(path))
-}
-
-fn same_as_out(host: &super::HostState, dir: &std::path::Path) -> bool {
-    host.opts
-        .out_dir
-        .as_deref()
-        .is_some_and(|o| o == dir || o.canonicalize().ok() == dir.canonicalize().ok())
-}
-
 pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
-    taper.set("run", lua.create_function(new_run)?)
+    taper.set("run", lua.create_function(super::run_create::new_run)?)
 }
