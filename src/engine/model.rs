@@ -283,7 +283,13 @@ impl Module for CnnNet {
                 Some(b) => crate::kernels::conv3x3(&x, conv.weight(), b)?,
                 None => conv.forward(&x)?,
             };
-            x = max_pool_2x2(&self.act.apply(&y)?)?;
+            // A non-decreasing activation commutes with max: pooling first
+            // applies it to a quarter of the values (the same result and
+            // gradient; ReLU and tanh).
+            x = match self.act {
+                Activation::Relu | Activation::Tanh => self.act.apply(&max_pool_2x2(&y)?)?,
+                _ => max_pool_2x2(&self.act.apply(&y)?)?,
+            };
         }
         let x = self.act.apply(&x.flatten_from(1)?)?;
         self.head.forward(&x)

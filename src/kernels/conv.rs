@@ -551,4 +551,34 @@ mod tests {
         );
         Ok(())
     }
+
+    /// `relu(pool(x))` is `pool(relu(x))`, gradient included (the CNN pools
+    /// first): on values of both signs, windows all negative among them.
+    #[test]
+    fn relu_commutes_with_the_max_pool() -> Result<()> {
+        let dev = Device::Cpu;
+        let n = 2 * 3 * 6 * 8;
+        let v: Vec<f32> = (0..n)
+            .map(|i| (((i * 7919) % n) as f32 / n as f32) - 0.6)
+            .collect();
+        let x = Var::from_tensor(&Tensor::from_vec(v, (2, 3, 6, 8), &dev)?)?;
+        let probe = Tensor::from_vec(
+            (0..2 * 3 * 3 * 4)
+                .map(|i| (i as f32 * 0.71).cos())
+                .collect::<Vec<_>>(),
+            (2, 3, 3, 4),
+            &dev,
+        )?;
+        let a = max_pool2x2(x.as_tensor())?.expect("fused").relu()?;
+        let b = max_pool2x2(&x.as_tensor().relu()?)?.expect("fused");
+        let ga = (&a * &probe)?.sum_all()?.backward()?;
+        let gb = (&b * &probe)?.sum_all()?.backward()?;
+        let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
+        assert_eq!(flat(&a)?, flat(&b)?);
+        assert_eq!(
+            flat(ga.get(&x).expect("gradient"))?,
+            flat(gb.get(&x).expect("gradient"))?
+        );
+        Ok(())
+    }
 }
