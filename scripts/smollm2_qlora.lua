@@ -7,11 +7,14 @@
 --   taper train scripts/smollm2_qlora.lua --set layers=2 --set steps=8   (a quick check)
 --   taper train scripts/smollm2_qlora.lua --set train=full   (full fine-tuning of the
 --     dequantized model, for comparison: every weight in f32 with AdamW state)
+--   taper train scripts/smollm2_qlora.lua --set export=out/   (then, for llama.cpp:
+--     out/adapter.gguf over the original file, or out/merged-q8_0.gguf alone)
 local cfg = taper.config{
   steps = 40, batch = 4, context = 64, lr = 1e-3, rank = 8, alpha = 16,
   layers = 0, -- > 0: only the first n blocks (a smaller, quicker model)
   val_windows = 16, seed = 1, train = "lora",
   base = "file", -- or q8_0, q4_0, q4_1, f16: requantize the frozen projections
+  export = "", -- a folder: write the adapters for llama.cpp, and a merged model
 }
 
 local dir = "data/smollm2/"
@@ -49,3 +52,11 @@ end
 local after = run:evaluate(val)
 results = { before = run.state.before, after = after.loss }
 print(("held-out cross-entropy: %.4f before, %.4f after %d steps"):format(run.state.before, after.loss, run.steps))
+
+-- llama.cpp loads the adapters over the original GGUF file
+-- (llama-cli -m SmolLM2-135M-Instruct.Q4_1.gguf --lora adapter.gguf), or runs
+-- the merged model alone.
+if cfg.export ~= "" and cfg.train == "lora" then
+  run:export{ path = cfg.export .. "/adapter.gguf", format = "gguf-lora" }
+  run:export{ path = cfg.export .. "/merged-q8_0.gguf", format = "gguf", type = "q8_0", merge = true }
+end

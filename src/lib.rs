@@ -16,6 +16,7 @@ pub mod data;
 pub mod engine;
 mod error;
 pub mod host;
+pub mod interop;
 pub mod kernels;
 pub mod memory;
 pub mod plugins;

@@ -118,6 +118,40 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Write a checkpoint's model for other tools: a transformers GPT-2
+    /// folder (hf), a llama.cpp GGUF file (gguf), or a QLoRA run's
+    /// adapters as a llama.cpp LoRA adapter (gguf-lora).
+    Export {
+        /// A checkpoint, or a run folder (its newest valid checkpoint)
+        checkpoint: PathBuf,
+        /// gguf, hf or gguf-lora
+        #[arg(long, default_value = "gguf")]
+        format: String,
+        /// GGUF weight type: f32, f16, q8_0 or q4_0
+        #[arg(long = "type", default_value = "q8_0")]
+        ty: String,
+        /// With --format gguf on a QLoRA run: the base with the adapters merged in
+        #[arg(long)]
+        merge: bool,
+        /// The file (gguf) or folder (hf) to write
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Generate text from a checkpoint of a sequence model (its vocabulary
+    /// is in the checkpoint).
+    Sample {
+        /// A checkpoint, or a run folder (its newest valid checkpoint)
+        checkpoint: PathBuf,
+        /// Text to continue [default: a newline]
+        #[arg(long, default_value = "\n", hide_default_value = true)]
+        prompt: String,
+        #[arg(long, default_value_t = 200)]
+        tokens: usize,
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Benchmarks that print figures; see `taper bench --help`.
     Bench(taper::bench::BenchArgs),
     /// Native strategy plugins: inspect one, or start a new one.
@@ -282,6 +316,49 @@ fn main() -> ExitCode {
     let (recipe, opts) = match cli.command {
         Command::Plugin { cmd } => return plugin(cmd),
         Command::Report { runs, out } => return report(&runs, out),
+        Command::Export {
+            checkpoint,
+            format,
+            ty,
+            merge,
+            out,
+        } => {
+            use taper::interop::saved::export_checkpoint;
+            return match export_checkpoint(&checkpoint, &out, &format, &ty, merge) {
+                Ok(w) => {
+                    say!(
+                        "exported {} ({format}{}): {} bytes",
+                        out.display(),
+                        w.detail,
+                        w.bytes
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("taper export: {e}");
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Command::Sample {
+            checkpoint,
+            prompt,
+            tokens,
+            temperature,
+            seed,
+        } => {
+            use taper::interop::saved::sample_checkpoint;
+            return match sample_checkpoint(&checkpoint, &prompt, tokens, temperature, seed) {
+                Ok(text) => {
+                    say!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("taper sample: {e}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Command::Bench(args) => {
             return match taper::bench::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -120,6 +120,8 @@ fn tiny_gpt() -> Result<(Arc<dyn ModelSpec>, Pipeline)> {
         layers: 1,
         heads: 2,
         mlp: 2,
+        from: None,
+        initial: None,
     });
     Ok((spec, Pipeline::new(Arc::new(src)).batch(64, false)))
 }

@@ -105,6 +105,8 @@ fn gpt_gradients_match_finite_differences() -> Result<()> {
         layers: 2,
         heads: 2,
         mlp: 2,
+        from: None,
+        initial: None,
     };
     let x = Tensor::new(&[[1u32, 4, 2, 6, 0], [3, 3, 5, 1, 2]], &Device::Cpu)?;
     let y = Tensor::new(&[[4u32, 2, 6, 0, 5], [3, 5, 1, 2, 2]], &Device::Cpu)?;
@@ -121,6 +123,8 @@ fn gpt_is_causal() -> Result<()> {
         layers: 2,
         heads: 2,
         mlp: 2,
+        from: None,
+        initial: None,
     };
     let store = ParamStore::new(5);
     let model = spec.build(store.var_builder(DType::F64, &Device::Cpu))?;

@@ -166,6 +166,8 @@ fn shakespeare_gpt(lr: f64) -> Result<Trainer> {
         layers: 2,
         heads: 4,
         mlp: 4,
+        from: None,
+        initial: None,
     };
     let optim = OptimSpec::AdamW(AdamWConfig {
         lr,
@@ -282,6 +284,8 @@ fn lua_overhead(
         layers,
         heads: 4,
         mlp: 4,
+        from: None,
+        initial: None,
     };
     let data = Pipeline::new(Arc::new(source)).shuffle(1).batch(32, false);
     println!(

@@ -43,6 +43,8 @@ pub fn run(steps: usize, width: usize, layers: usize) -> Result<()> {
             layers: l,
             heads: 4,
             mlp: 4,
+            from: None,
+            initial: None,
         };
         println!("\nGPT width {w}, {l} layers:");
         println!(

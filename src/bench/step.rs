@@ -138,6 +138,8 @@ fn workload(model: &str, batch: Option<usize>, rng: &mut Rng) -> Result<Workload
         layers,
         heads,
         mlp: 4,
+        from: None,
+        initial: None,
     };
     match model {
         "mlp" => {

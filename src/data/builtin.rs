@@ -165,6 +165,56 @@ impl Vocab {
             notes,
         })
     }
+    /// The vocabulary as data, for checkpoints: `{"chars": "..."}` (the
+    /// characters in id order) or `{"tokenizer": <tokenizer.json>}`.
+    pub fn record(&self) -> serde_json::Value {
+        match &self.kind {
+            VocabKind::Chars { chars, .. } => {
+                serde_json::json!({ "chars": chars.iter().collect::<String>() })
+            }
+            VocabKind::Tokenizer(t) => {
+                let json = t
+                    .to_string(false)
+                    .ok()
+                    .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+                serde_json::json!({ "tokenizer": json })
+            }
+        }
+    }
+    /// The vocabulary [`Vocab::record`] wrote.
+    pub fn from_record(record: &serde_json::Value) -> Result<Self> {
+        if let Some(chars) = record.get("chars").and_then(|c| c.as_str()) {
+            let chars: Vec<char> = chars.chars().collect();
+            let index = chars
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| (c, i as u32))
+                .collect();
+            return Ok(Vocab {
+                kind: VocabKind::Chars { chars, index },
+                notes: Vec::new(),
+            });
+        }
+        let json = record
+            .get("tokenizer")
+            .filter(|t| !t.is_null())
+            .ok_or_else(|| {
+                Error::Data("vocabulary record has neither `chars` nor `tokenizer`".into())
+            })?;
+        let t: tokenizers::Tokenizer = serde_json::from_value(json.clone())
+            .map_err(|e| Error::Data(format!("vocabulary record: not a tokenizer: {e}")))?;
+        Ok(Vocab {
+            kind: VocabKind::Tokenizer(Arc::new(t)),
+            notes: Vec::new(),
+        })
+    }
+    /// The characters in id order, for a character vocabulary.
+    pub fn chars(&self) -> Option<&[char]> {
+        match &self.kind {
+            VocabKind::Chars { chars, .. } => Some(chars),
+            VocabKind::Tokenizer(_) => None,
+        }
+    }
     /// What taper changed in the tokenizer file's settings (said to the user).
     pub fn notes(&self) -> &[String] {
         &self.notes

@@ -4,12 +4,14 @@
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use serde::Deserialize;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use super::linear::Linear;
 use super::model::{layer_norm, ModelSpec, TrainModule};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Gpt {
     pub vocab: usize,
@@ -23,6 +25,14 @@ pub struct Gpt {
     /// Hidden size of the MLP as a multiple of `width`.
     #[serde(default = "Gpt::default_mlp")]
     pub mlp: usize,
+    /// Where the starting weights came from (a Hugging Face GPT-2
+    /// `model.safetensors`), for the record: see [`Gpt::initial`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Starting weights by taper's parameter names, in place of the random
+    /// initialisation (`taper.model.gpt{ from = ... }` reads them).
+    #[serde(skip)]
+    pub initial: Option<Arc<Vec<(String, Tensor)>>>,
 }
 
 impl Gpt {
@@ -162,8 +172,16 @@ impl ModelSpec for Gpt {
         )
     }
 
+    fn config(&self) -> Option<serde_json::Value> {
+        super::model::tagged_config("gpt", self)
+    }
+
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
         Ok(Box::new(self.net(vb)?))
+    }
+
+    fn initial_params(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self.initial.as_deref().cloned().unwrap_or_default())
     }
 
     fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {

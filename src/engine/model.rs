@@ -4,7 +4,7 @@
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::linear::Linear;
 
@@ -37,6 +37,20 @@ pub trait ModelSpec: Send + Sync {
     fn interface(&self) -> Interface {
         Interface::default()
     }
+    /// The model as structured data, `{ kind = options }` with the options
+    /// its `taper.model.<kind>{}` constructor takes: written into
+    /// checkpoints so that a checkpoint alone says what it holds, and read
+    /// back by [`crate::interop::spec_from_config`]. None for models that
+    /// cannot be described so (an embedder's own).
+    fn config(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// `{ kind: options }` for a serializable spec.
+pub fn tagged_config(kind: &str, spec: &impl Serialize) -> Option<serde_json::Value> {
+    let options = serde_json::to_value(spec).ok()?;
+    Some(serde_json::json!({ kind: options }))
 }
 
 /// What a model takes and gives: a batch that does not fit gets an error
@@ -146,7 +160,7 @@ impl Module for Plain {
 
 impl TrainModule for Plain {}
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Activation {
     #[default]
@@ -176,7 +190,7 @@ impl Activation {
 }
 
 /// A multi-layer perceptron: `inputs -> hidden... -> outputs`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Mlp {
     pub inputs: usize,
@@ -226,6 +240,10 @@ impl ModelSpec for Mlp {
             classes: Some(self.outputs),
         }
     }
+    fn config(&self) -> Option<serde_json::Value> {
+        tagged_config("mlp", self)
+    }
+
     fn describe(&self) -> String {
         let sizes: Vec<String> = self.sizes().iter().map(|s| s.to_string()).collect();
         format!("mlp {} {}", sizes.join("-"), self.activation.name())
@@ -252,7 +270,7 @@ impl Mlp {
 /// A small convolutional net: per entry of `channels`, a 3x3 convolution
 /// (padding 1), the activation and a 2x2 max-pool; then a dense head.
 /// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cnn {
     /// `{channels, height, width}` of one sample.
@@ -315,6 +333,10 @@ impl ModelSpec for Cnn {
             classes: Some(self.outputs),
         }
     }
+    fn config(&self) -> Option<serde_json::Value> {
+        tagged_config("cnn", self)
+    }
+
     fn describe(&self) -> String {
         let [c, h, w] = self.input;
         format!(

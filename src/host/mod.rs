@@ -3,6 +3,7 @@
 mod config;
 mod data;
 mod data_files;
+mod export;
 mod generator;
 mod models;
 mod oom;

@@ -128,11 +128,55 @@ fn model<T: ModelSpec + serde::de::DeserializeOwned + 'static>(
     })
 }
 
+/// `taper.model.gpt{ vocab, context, width, layers, heads, mlp }`, or
+/// `taper.model.gpt{ from = "gpt2/", context = 256 }`: a Hugging Face GPT-2
+/// (its folder, or its model.safetensors with config.json beside it) whose
+/// weights the run starts from.
+fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
+    const WHAT: &str = "taper.model.gpt";
+    let from = match &opts {
+        Value::Table(t) => t.get::<Value>("from")?,
+        _ => Value::Nil,
+    };
+    let from = match from {
+        Value::Nil => return Ok(ModelHandle(Arc::new(decode::<Gpt>(lua, WHAT, opts)?))),
+        Value::String(s) => s.to_str()?.to_string(),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{WHAT}: option `from` must be a path, got a {}",
+                    other.type_name()
+                ),
+            ))
+        }
+    };
+    let Value::Table(t) = &opts else {
+        unreachable!("`from` came from a table")
+    };
+    // The file's config says what the model is; only the context may be
+    // shortened.
+    super::options::check_keys(lua, &format!("{WHAT} with `from`"), t, &["from", "context"])?;
+    let context = match t.get::<Value>("context")? {
+        Value::Nil => None,
+        Value::Integer(n) if n > 0 => Some(n as usize),
+        other => {
+            return Err(config_error(
+                lua,
+                format!("{WHAT}: option `context` must be a positive whole number, got {other:?}"),
+            ))
+        }
+    };
+    let spec = crate::interop::hf::import(std::path::Path::new(&from), context)
+        .map_err(|e| config_error(lua, format!("{WHAT}: {e}")))?;
+    Ok(ModelHandle(Arc::new(spec)))
+}
+
 pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     let models = lua.create_table()?;
     models.set("mlp", model::<Mlp>(lua, "taper.model.mlp")?)?;
     models.set("cnn", model::<Cnn>(lua, "taper.model.cnn")?)?;
-    models.set("gpt", model::<Gpt>(lua, "taper.model.gpt")?)?;
+    models.set("gpt", lua.create_function(gpt)?)?;
     models.set(
         "llama_gguf",
         model::<crate::quant::LlamaGguf>(lua, "taper.model.llama_gguf")?,

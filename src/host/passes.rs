@@ -1,4 +1,5 @@
-//! Model passes a recipe applies to a run: `run:prune{}`, `run:export{}`.
+//! Model passes a recipe applies to a run: `run:prune{}` (`run:export{}` is
+//! in export.rs).
 
 use mlua::{Function, Lua, Table, Value};
 use serde::Deserialize;
@@ -8,7 +9,6 @@ use super::options::{config_error, decode};
 use super::run_state::RunHandle;
 use super::state;
 use crate::error::lua_err;
-use crate::quant::{export_gguf, ExportFormat};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -96,77 +96,5 @@ pub(super) fn prune(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Tab
     t.set("pruned", pruned)?;
     t.set("total", total)?;
     t.set("sparsity", achieved)?;
-    Ok(t)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExportOpts {
-    path: String,
-    /// f32, f16, q8_0 or q4_0.
-    #[serde(default = "q8_0")]
-    format: String,
-}
-
-fn q8_0() -> String {
-    "q8_0".into()
-}
-
-/// `run:export{ path, format = "q8_0" }`: the model's weights as a GGUF
-/// file, weight matrices quantized. Returns `{ bytes, f32_bytes, quantized, kept_f32 }`.
-pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Table> {
-    let o: ExportOpts = decode(lua, "run:export", opts)?;
-    let Some(format) = ExportFormat::parse(&o.format) else {
-        return Err(config_error(
-            lua,
-            format!(
-                "run:export: unknown format `{}` ({})",
-                o.format,
-                ExportFormat::NAMES
-            ),
-        ));
-    };
-    let r = run.get()?;
-    let tensors: Vec<(String, candle_core::Tensor)> = r
-        .core
-        .trainer
-        .params()
-        .vars()
-        .into_iter()
-        .map(|(k, v)| (k, v.as_tensor().clone()))
-        .collect();
-    let meta = vec![
-        ("general.architecture".to_string(), "taper".to_string()),
-        ("general.name".to_string(), r.core.trainer.spec().describe()),
-        ("taper.model".to_string(), r.core.trainer.spec().describe()),
-        ("taper.step".to_string(), r.core.trainer.step.to_string()),
-        ("taper.format".to_string(), o.format.clone()),
-    ];
-    let path = std::path::PathBuf::from(&o.path);
-    let s = export_gguf(&path, &tensors, &meta, format).map_err(lua_err)?;
-    let host = state(lua);
-    let mut f = Map::new();
-    f.insert("run".into(), r.id.into());
-    f.insert("path".into(), o.path.clone().into());
-    f.insert("format".into(), o.format.clone().into());
-    f.insert("bytes".into(), s.bytes.into());
-    f.insert("f32_bytes".into(), s.f32_bytes.into());
-    host.out
-        .record("export", r.core.trainer.step, r.core.cursor.epoch, f)
-        .map_err(lua_err)?;
-    host.out.line(&format!(
-        "exported {} ({}, {} tensors quantized, {} kept f32): {} bytes, {:.2}x smaller than f32",
-        o.path,
-        o.format,
-        s.quantized,
-        s.kept_f32,
-        s.bytes,
-        s.f32_bytes as f64 / s.bytes.max(1) as f64
-    ));
-    let t = lua.create_table()?;
-    t.set("bytes", s.bytes)?;
-    t.set("f32_bytes", s.f32_bytes)?;
-    t.set("quantized", s.quantized)?;
-    t.set("kept_f32", s.kept_f32)?;
     Ok(t)
 }

@@ -356,7 +356,7 @@ impl UserData for RunHandle {
             super::passes::prune(lua, this, o)
         });
         m.add_method("export", |lua, this, o: Value| {
-            super::passes::export(lua, this, o)
+            super::export::export(lua, this, o)
         });
         m.add_method("lr", |_, this, ()| {
             Ok(this.get()?.core.trainer.learning_rate())

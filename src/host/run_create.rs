@@ -55,6 +55,10 @@ fn create(
     core.micro_batch = o.micro_batch;
     core.recipe_hash = host.recipe_hash.borrow().clone();
     core.oom = o.oom;
+    core.vocab = match &o.data {
+        Some(super::generator::Feed::Pipeline(p)) => p.source().vocab().cloned().map(Arc::new),
+        _ => None,
+    };
     let mut run = RunState {
         id,
         core,

@@ -24,6 +24,15 @@ pub enum ExportFormat {
 impl ExportFormat {
     pub const NAMES: &'static str = "f32, f16, q8_0, q4_0";
 
+    pub fn name(self) -> &'static str {
+        match self {
+            ExportFormat::F32 => "f32",
+            ExportFormat::F16 => "f16",
+            ExportFormat::Q8_0 => "q8_0",
+            ExportFormat::Q4_0 => "q4_0",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "f32" => ExportFormat::F32,
@@ -56,11 +65,11 @@ pub struct ExportSummary {
 }
 
 /// Writes `tensors` (name, f32 weights) to a GGUF file at `path`, with
-/// `metadata` as string key-value pairs (`general.architecture` first).
+/// `metadata` as key-value pairs (`general.architecture` first).
 pub fn export_gguf(
     path: &Path,
     tensors: &[(String, Tensor)],
-    metadata: &[(String, String)],
+    metadata: &[(String, gguf_file::Value)],
     format: ExportFormat,
 ) -> Result<ExportSummary> {
     let dtype = format.ggml();
@@ -81,11 +90,8 @@ pub fn export_gguf(
         };
         qs.push((name.as_str(), q));
     }
-    let values: Vec<(&str, gguf_file::Value)> = metadata
-        .iter()
-        .map(|(k, v)| (k.as_str(), gguf_file::Value::String(v.clone())))
-        .collect();
-    let meta: Vec<(&str, &gguf_file::Value)> = values.iter().map(|(k, v)| (*k, v)).collect();
+    let meta: Vec<(&str, &gguf_file::Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let refs: Vec<(&str, &QTensor)> = qs.iter().map(|(k, q)| (*k, q)).collect();
 
     let tmp = path.with_extension("gguf.tmp");
@@ -127,7 +133,10 @@ mod tests {
             ("fc.weight".to_string(), w.clone()),
             ("fc.bias".to_string(), b.clone()),
         ];
-        let meta = vec![("general.architecture".to_string(), "taper-test".to_string())];
+        let meta = vec![(
+            "general.architecture".to_string(),
+            gguf_file::Value::String("taper-test".into()),
+        )];
         // Per block of 32 values with maximum |x| = a: Q8_0 stores x / d
         // rounded with d = a / 127, so the error is at most d / 2; Q4_0 uses
         // d = a / 8 (16 levels), error at most d / 2 except at the clipped

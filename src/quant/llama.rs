@@ -21,7 +21,7 @@ use crate::engine::model::{ModelSpec, TrainModule};
 
 /// `taper.model.llama_gguf{ path, lora_rank = 8, lora_alpha = 16,
 /// lora_targets = { "attn_q", "attn_v" }, layers = all, context = 512 }`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlamaGguf {
     pub path: PathBuf,
@@ -419,6 +419,10 @@ impl LlamaGguf {
 }
 
 impl ModelSpec for LlamaGguf {
+    fn config(&self) -> Option<serde_json::Value> {
+        crate::engine::model::tagged_config("llama_gguf", self)
+    }
+
     fn describe(&self) -> String {
         let name = self
             .path

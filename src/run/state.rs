@@ -103,6 +103,8 @@ pub struct Run {
     /// The schedule's plan for (step, epoch), computed before its batch was
     /// drawn (a batch-size schedule decides the batch).
     pub pending: Option<(u64, u64, StepPlan)>,
+    /// The vocabulary of a text run's data, saved with its checkpoints.
+    pub vocab: Option<std::sync::Arc<crate::data::Vocab>>,
 }
 
 impl Run {
@@ -121,6 +123,7 @@ impl Run {
             last_eval: None,
             skipped: Vec::new(),
             pending: None,
+            vocab: None,
         }
     }
 
@@ -283,6 +286,8 @@ impl Run {
             epoch_samples: self.cursor.samples,
             epoch_complete: !self.cursor.in_epoch,
             model: self.trainer.spec().describe(),
+            model_config: self.trainer.spec().config(),
+            vocab: self.vocab.as_ref().map(|v| v.record()),
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
             configured_lr: Some(self.trainer.optim_spec().lr()),

@@ -37,6 +37,15 @@ pub struct CheckpointMeta {
     /// Whether `epoch` was finished.
     pub epoch_complete: bool,
     pub model: String,
+    /// The model as structured data (`{ "gpt": { "vocab": 65, ... } }`,
+    /// the options of its `taper.model` constructor): a checkpoint alone can
+    /// be rebuilt, sampled and exported. Absent in older checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_config: Option<serde_json::Value>,
+    /// The run's vocabulary, for text runs: `{ "chars": "..." }` or
+    /// `{ "tokenizer": <tokenizer.json> }` (see `data::Vocab::record`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<serde_json::Value>,
     pub optimizer: String,
     /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
@@ -104,6 +113,13 @@ fn written(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathB
 
 /// Renames a synced temporary file into place, then syncs the folder: the
 /// rename is durable once the folder is synced too.
+/// Writes a file through `write(tmp)`, synced, then renamed into place: a
+/// reader never sees half of it (exports use it too).
+pub fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = written(path, write)?;
+    publish(&tmp, path)
+}
+
 fn publish(tmp: &Path, path: &Path) -> Result<()> {
     std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
     sync_folder(path)
@@ -295,6 +311,8 @@ mod tests {
             epoch_samples: 1,
             epoch_complete: false,
             model: "m".into(),
+            model_config: None,
+            vocab: None,
             optimizer: "o".into(),
             lr: 0.1,
             configured_lr: None,

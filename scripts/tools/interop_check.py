@@ -1,0 +1,122 @@
+"""What the real tools make of taper's exports (tests/interop.rs runs it in
+the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
+
+    python interop_check.py hf-random DIR VOCAB CONTEXT WIDTH LAYERS HEADS
+        transformers saves a randomly initialised GPT-2 (seed 0) to DIR
+    python interop_check.py hf-logits DIR IDS_JSON
+        transformers loads DIR and gives the logits of the ids (one sequence)
+    python interop_check.py hf-tokenize DIR TEXT
+        the ids DIR's tokenizer.json gives the text (transformers' fast tokenizer)
+    python interop_check.py llama MODEL.gguf IDS_JSON [--lora ADAPTER.gguf] [--text TEXT]
+        llama.cpp (PyPI llama-cpp-python, built from its sdist) loads the model (and the
+        adapter) and gives the mean cross-entropy of each next id, the
+        per-position cross-entropies, and its tokenization of TEXT
+"""
+import ctypes
+import json
+import math
+import sys
+
+
+def hf_random(d, vocab, context, width, layers, heads):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    c = GPT2Config(vocab_size=vocab, n_positions=context, n_embd=width, n_layer=layers,
+                   n_head=heads, bos_token_id=None, eos_token_id=None)
+    m = GPT2LMHeadModel(c)
+    # Non-trivial norms and biases, so that a swapped or untransposed
+    # weight shows in the logits.
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    m.save_pretrained(d)
+    print(json.dumps({"saved": d}))
+
+
+def hf_logits(d, ids):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    m = GPT2LMHeadModel.from_pretrained(d, torch_dtype=torch.float64).eval()
+    with torch.no_grad():
+        out = m(torch.tensor([ids])).logits[0]
+    print(json.dumps({"logits": out.tolist()}))
+
+
+def hf_tokenize(d, text):
+    from transformers import PreTrainedTokenizerFast
+
+    t = PreTrainedTokenizerFast(tokenizer_file=f"{d}/tokenizer.json")
+    print(json.dumps({"ids": t(text)["input_ids"]}))
+
+
+def llama(model, ids, lora=None, text=None):
+    import llama_cpp as L
+
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    m = L.llama_model_load_from_file(model.encode(), mp)
+    if not m:
+        raise SystemExit(f"llama.cpp could not load {model}")
+    vocab = L.llama_model_get_vocab(m)
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    n = len(ids)
+    cp = L.llama_context_default_params()
+    cp.n_ctx = cp.n_batch = cp.n_ubatch = max(n, 32)
+    cp.n_threads = cp.n_threads_batch = 2
+    ctx = L.llama_init_from_model(m, cp)
+    if lora:
+        adapter = L.llama_adapter_lora_init(m, lora.encode())
+        if not adapter:
+            raise SystemExit(f"llama.cpp refused the adapter {lora}")
+        adapters = (L.llama_adapter_lora_p_ctypes * 1)(adapter)
+        scales = (ctypes.c_float * 1)(1.0)
+        if L.llama_set_adapters_lora(ctx, adapters, 1, scales) != 0:
+            raise SystemExit("llama_set_adapters_lora failed")
+    batch = L.llama_batch_init(n, 0, 1)
+    batch.n_tokens = n
+    for i, tok in enumerate(ids):
+        batch.token[i] = tok
+        batch.pos[i] = i
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = 1
+    if L.llama_decode(ctx, batch) != 0:
+        raise SystemExit("llama_decode failed")
+    ces = []
+    for i in range(n - 1):
+        row = L.llama_get_logits_ith(ctx, i)
+        logits = [row[j] for j in range(n_vocab)]
+        top = max(logits)
+        lse = top + math.log(sum(math.exp(x - top) for x in logits))
+        ces.append(lse - logits[ids[i + 1]])
+    L.llama_batch_free(batch)
+    out = {"ce": sum(ces) / len(ces), "ces": ces, "n_vocab": n_vocab}
+    if text is not None:
+        raw = text.encode()
+        buf = (L.llama_token * (len(raw) + 8))()
+        k = L.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
+        out["tokens"] = list(buf[:k])
+    print(json.dumps(out))
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "hf-random":
+        hf_random(args[0], *map(int, args[1:6]))
+    elif cmd == "hf-logits":
+        hf_logits(args[0], json.loads(args[1]))
+    elif cmd == "hf-tokenize":
+        hf_tokenize(args[0], args[1])
+    elif cmd == "llama":
+        opts = dict(zip(args[2::2], args[3::2]))
+        llama(args[0], json.loads(args[1]), opts.get("--lora"), opts.get("--text"))
+    else:
+        raise SystemExit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()

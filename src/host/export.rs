@@ -1,0 +1,127 @@
+//! `run:export{}`: the run's model in the formats other tools read.
+//!
+//! - `format = "gguf"` (the default), `type = "q8_0"`: a GPT as llama.cpp's
+//!   `gpt2` architecture with its tokenizer; other models as architecture
+//!   `taper` (weights only, for taper and GGUF readers).
+//! - `format = "hf"`: a GPT as a transformers GPT-2 folder.
+//! - `format = "gguf-lora"`: a QLoRA run's adapters as a llama.cpp adapter;
+//!   `merge = true` with `format = "gguf"` writes the base with the adapters
+//!   merged in.
+//!
+//! `format = "f32" | "f16" | "q8_0" | "q4_0"` is the older spelling of
+//! `format = "gguf", type = ...`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use candle_core::Tensor;
+use mlua::{Lua, Table, Value};
+use serde::Deserialize;
+use serde_json::Map;
+
+use super::options::{config_error, decode};
+use super::run_state::{RunHandle, RunState};
+use super::state;
+use crate::error::lua_err;
+use crate::interop::Model;
+use crate::quant::ExportFormat;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportOpts {
+    path: String,
+    /// gguf, hf or gguf-lora (or a GGUF type, the older spelling).
+    #[serde(default = "gguf")]
+    format: String,
+    /// GGUF weight type: f32, f16, q8_0 or q4_0.
+    #[serde(rename = "type")]
+    ty: Option<String>,
+    /// With `format = "gguf"` on a QLoRA run: the base with the adapters
+    /// merged in.
+    #[serde(default)]
+    merge: bool,
+}
+
+fn gguf() -> String {
+    "gguf".into()
+}
+
+pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Table> {
+    let o: ExportOpts = decode(lua, "run:export", opts)?;
+    let (format, ty) = match (o.format.as_str(), &o.ty) {
+        (f, None) if ExportFormat::parse(f).is_some() => ("gguf", f.to_string()),
+        (f, Some(_)) if ExportFormat::parse(f).is_some() => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "run:export: format `{f}` is a type: say format = \"gguf\", type = \"{f}\""
+                ),
+            ))
+        }
+        (f @ ("gguf" | "hf" | "gguf-lora"), t) => (f, t.clone().unwrap_or_else(|| "q8_0".into())),
+        (f, _) => {
+            return Err(config_error(
+                lua,
+                format!("run:export: unknown format `{f}` (gguf, hf, gguf-lora)"),
+            ))
+        }
+    };
+    let Some(gguf_type) = ExportFormat::parse(&ty) else {
+        return Err(config_error(
+            lua,
+            format!("run:export: unknown type `{ty}` ({})", ExportFormat::NAMES),
+        ));
+    };
+    if o.merge && format != "gguf" {
+        return Err(config_error(
+            lua,
+            "run:export: `merge = true` goes with format = \"gguf\"",
+        ));
+    }
+    let r = run.get()?;
+    let path = PathBuf::from(&o.path);
+    let model = Model {
+        spec: r.core.trainer.spec().as_ref(),
+        params: params(&r),
+        vocab: r.core.vocab.as_deref(),
+        step: r.core.trainer.step,
+    };
+    let w = crate::interop::export(&model, &path, format, gguf_type, o.merge)
+        .map_err(|e| config_error(lua, format!("run:export: {e}")))?;
+
+    let host = state(lua);
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    f.insert("path".into(), o.path.clone().into());
+    f.insert("format".into(), format.into());
+    if format != "hf" {
+        f.insert("type".into(), ty.clone().into());
+    }
+    f.insert("bytes".into(), w.bytes.into());
+    if let Some(b) = w.f32_bytes {
+        f.insert("f32_bytes".into(), b.into());
+    }
+    host.out
+        .record("export", r.core.trainer.step, r.core.cursor.epoch, f)
+        .map_err(lua_err)?;
+    host.out.line(&format!(
+        "exported {} ({format}{}): {}",
+        o.path, w.detail, w.bytes
+    ));
+    let t = lua.create_table()?;
+    t.set("bytes", w.bytes)?;
+    t.set("f32_bytes", w.f32_bytes)?;
+    t.set("quantized", w.quantized)?;
+    t.set("kept_f32", w.kept_f32)?;
+    Ok(t)
+}
+
+fn params(r: &RunState) -> HashMap<String, Tensor> {
+    r.core
+        .trainer
+        .params()
+        .vars()
+        .into_iter()
+        .map(|(k, v)| (k, v.as_tensor().clone()))
+        .collect()
+}

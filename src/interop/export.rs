@@ -1,0 +1,154 @@
+//! Writing a model (a run's, or a checkpoint's) in the formats other tools
+//! read: the one entry `run:export{}` and `taper export` share.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::Value as G;
+use candle_core::Tensor;
+
+use crate::data::Vocab;
+use crate::engine::{Gpt, ModelSpec};
+use crate::quant::{export_gguf, ExportFormat, ExportSummary, LlamaGguf};
+use crate::{Error, Result};
+
+/// A model to write: what it is, its weights by taper's names, the
+/// vocabulary of its text (if any), and the step it was trained to.
+pub struct Model<'a> {
+    pub spec: &'a dyn ModelSpec,
+    pub params: HashMap<String, Tensor>,
+    pub vocab: Option<&'a Vocab>,
+    pub step: u64,
+}
+
+/// What an export wrote: for the record, the line and `run:export`'s table.
+#[derive(Debug, Clone, Default)]
+pub struct Written {
+    pub bytes: u64,
+    pub f32_bytes: Option<u64>,
+    pub quantized: Option<usize>,
+    pub kept_f32: Option<usize>,
+    /// Said after the format: what kind of file, counts, notes.
+    pub detail: String,
+}
+
+/// Writes `model` to `path` as `format` ("gguf", "hf" or "gguf-lora"),
+/// GGUF weight matrices in `ty`; `merge` (with "gguf") merges a QLoRA
+/// run's adapters into its base.
+pub fn export(
+    model: &Model,
+    path: &Path,
+    format: &str,
+    ty: ExportFormat,
+    merge: bool,
+) -> Result<Written> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    match format {
+        "hf" => hf(model, path),
+        "gguf-lora" => lora_adapter(model, path),
+        "gguf" if merge => merged(model, path, ty),
+        "gguf" => gguf_file(model, path, ty),
+        other => Err(Error::Config(format!(
+            "unknown format `{other}` (gguf, hf, gguf-lora)"
+        ))),
+    }
+}
+
+/// The model as a GPT, or why it is not one.
+fn as_gpt(model: &Model, format: &str) -> Result<Gpt> {
+    model
+        .spec
+        .config()
+        .and_then(|c| c.get("gpt").cloned())
+        .and_then(|g| serde_json::from_value(g).ok())
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "format {format} is for taper.model.gpt; this model is {}",
+                model.spec.describe()
+            ))
+        })
+}
+
+fn as_llama(model: &Model, what: &str) -> Result<LlamaGguf> {
+    model
+        .spec
+        .config()
+        .and_then(|c| c.get("llama_gguf").cloned())
+        .and_then(|g| serde_json::from_value(g).ok())
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "{what} is for taper.model.llama_gguf with adapters; this model is {}",
+                model.spec.describe()
+            ))
+        })
+}
+
+fn hf(model: &Model, path: &Path) -> Result<Written> {
+    let spec = as_gpt(model, "hf")?;
+    let out = super::hf::export(path, &spec, &model.params, model.vocab)?;
+    let mut detail = format!(", {} files", out.files.len());
+    if let Some(note) = out.note {
+        detail.push_str(&format!("; {note}"));
+    }
+    Ok(Written {
+        bytes: out.bytes,
+        detail,
+        ..Written::default()
+    })
+}
+
+fn summary(s: ExportSummary, ty: ExportFormat, what: &str) -> Written {
+    Written {
+        bytes: s.bytes,
+        f32_bytes: Some(s.f32_bytes),
+        quantized: Some(s.quantized),
+        kept_f32: Some(s.kept_f32),
+        detail: format!(
+            " {}, {what}, {} tensors quantized, {} kept f32, {:.2}x smaller than f32",
+            ty.name(),
+            s.quantized,
+            s.kept_f32,
+            s.f32_bytes as f64 / s.bytes.max(1) as f64
+        ),
+    }
+}
+
+fn gguf_file(model: &Model, path: &Path, ty: ExportFormat) -> Result<Written> {
+    if let Ok(spec) = as_gpt(model, "gguf") {
+        let s = super::gguf_gpt2::export(path, &spec, &model.params, model.vocab, ty, model.step)?;
+        return Ok(summary(s, ty, "llama.cpp gpt2"));
+    }
+    let mut tensors: Vec<(String, Tensor)> = model.params.clone().into_iter().collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let describe = model.spec.describe();
+    let meta = vec![
+        (
+            "general.architecture".to_string(),
+            G::String("taper".into()),
+        ),
+        ("general.name".to_string(), G::String(describe.clone())),
+        ("taper.model".to_string(), G::String(describe)),
+        ("taper.step".to_string(), G::String(model.step.to_string())),
+        ("taper.format".to_string(), G::String(ty.name().into())),
+    ];
+    let s = export_gguf(path, &tensors, &meta, ty)?;
+    Ok(summary(s, ty, "architecture taper"))
+}
+
+fn lora_adapter(model: &Model, path: &Path) -> Result<Written> {
+    let spec = as_llama(model, "gguf-lora")?;
+    let s = super::lora::export_adapter(path, &spec, &model.params)?;
+    Ok(Written {
+        bytes: s.bytes,
+        detail: format!(", {} adapter tensors, alpha {}", s.tensors, spec.lora_alpha),
+        ..Written::default()
+    })
+}
+
+fn merged(model: &Model, path: &Path, ty: ExportFormat) -> Result<Written> {
+    let spec = as_llama(model, "merge = true")?;
+    let s = super::lora::export_merged(path, &spec, &model.params, ty)?;
+    Ok(summary(s, ty, "llama, adapters merged"))
+}

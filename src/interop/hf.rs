@@ -1,0 +1,330 @@
+//! Hugging Face GPT-2 weights in and out. taper's GPT is GPT-2's
+//! architecture (pre-norm blocks, learned positions, a head tied to the
+//! token embedding, tanh GELU, LayerNorm with eps 1e-5, heads cut from one
+//! qkv projection), so each weight maps to one of transformers'
+//! `GPT2LMHeadModel`; the linear layers are transposed, as GPT-2's `Conv1D`
+//! stores `[in, out]`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::{json, Value};
+
+use crate::data::Vocab;
+use crate::engine::checkpoint::write_atomically;
+use crate::engine::Gpt;
+use crate::{Error, Result};
+
+/// One weight: taper's name, transformers' name, and whether it is a
+/// linear layer's (transposed between the two).
+struct Name {
+    taper: String,
+    hf: String,
+    transpose: bool,
+}
+
+fn names(spec: &Gpt) -> Vec<Name> {
+    let plain = |taper: &str, hf: &str| Name {
+        taper: taper.into(),
+        hf: format!("transformer.{hf}"),
+        transpose: false,
+    };
+    let mut out = vec![
+        plain("wte", "wte.weight"),
+        plain("wpe", "wpe.weight"),
+        plain("ln_f.weight", "ln_f.weight"),
+        plain("ln_f.bias", "ln_f.bias"),
+    ];
+    for i in 0..spec.layers {
+        for (taper, hf, linear) in [
+            ("ln1", "ln_1", false),
+            ("attn.qkv", "attn.c_attn", true),
+            ("attn.proj", "attn.c_proj", true),
+            ("ln2", "ln_2", false),
+            ("mlp.fc", "mlp.c_fc", true),
+            ("mlp.proj", "mlp.c_proj", true),
+        ] {
+            for part in ["weight", "bias"] {
+                out.push(Name {
+                    taper: format!("h{i}.{taper}.{part}"),
+                    hf: format!("transformer.h.{i}.{hf}.{part}"),
+                    transpose: linear && part == "weight",
+                });
+            }
+        }
+    }
+    out
+}
+
+/// transformers' `config.json` for the GPT.
+pub fn config_json(spec: &Gpt) -> Value {
+    json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": spec.vocab,
+        "n_positions": spec.context,
+        "n_embd": spec.width,
+        "n_layer": spec.layers,
+        "n_head": spec.heads,
+        "n_inner": spec.mlp * spec.width,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": true,
+        "scale_attn_weights": true,
+        "scale_attn_by_inverse_layer_idx": false,
+        "reorder_and_upcast_attn": false,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "bos_token_id": null, "eos_token_id": null,
+        "dtype": "float32",
+        "taper_model": spec_description(spec),
+    })
+}
+
+fn spec_description(spec: &Gpt) -> String {
+    use crate::engine::ModelSpec;
+    spec.describe()
+}
+
+/// What [`export`] wrote.
+#[derive(Debug, Clone)]
+pub struct HfExport {
+    pub files: Vec<PathBuf>,
+    pub bytes: u64,
+    /// Why no tokenizer.json was written, when none was.
+    pub note: Option<String>,
+}
+
+/// Writes `dir/model.safetensors` (f32, transformers' names), `config.json`
+/// and, for a run with a vocabulary, `tokenizer.json`. Each file is written
+/// whole and renamed into place.
+pub fn export(
+    dir: &Path,
+    spec: &Gpt,
+    params: &HashMap<String, Tensor>,
+    vocab: Option<&Vocab>,
+) -> Result<HfExport> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut tensors = Vec::new();
+    for n in names(spec) {
+        let t = params.get(&n.taper).ok_or_else(|| {
+            Error::Config(format!("export hf: the model has no weight `{}`", n.taper))
+        })?;
+        let t = t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+        let t = if n.transpose { t.t()? } else { t }.contiguous()?;
+        tensors.push((n.hf, t));
+    }
+    let weights = dir.join("model.safetensors");
+    let raw: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(k, t)| {
+            let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            Ok((k.clone(), t.dims().to_vec(), bytes))
+        })
+        .collect::<Result<_>>()?;
+    let views = raw
+        .iter()
+        .map(|(k, shape, bytes)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                .map(|v| (k.clone(), v))
+                .map_err(|e| Error::Config(format!("export hf {k}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // transformers refuses a safetensors file without `format`.
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    write_atomically(&weights, |tmp| {
+        safetensors::serialize_to_file(views, Some(meta), tmp)
+            .map_err(|e| Error::Config(format!("export hf {}: {e}", weights.display())))
+    })?;
+    let mut files = vec![weights];
+    let config = dir.join("config.json");
+    write_json(&config, &config_json(spec))?;
+    files.push(config);
+    let mut note = None;
+    match vocab.map(tokenizer_json) {
+        Some(Ok(t)) => {
+            let path = dir.join("tokenizer.json");
+            write_json(&path, &t)?;
+            files.push(path);
+        }
+        Some(Err(e)) => note = Some(format!("no tokenizer.json: {e}")),
+        None => note = Some("no tokenizer.json: the run's data has no vocabulary".into()),
+    }
+    let mut bytes = 0;
+    for f in &files {
+        bytes += std::fs::metadata(f).map_err(|e| Error::io(f, e))?.len();
+    }
+    Ok(HfExport { files, bytes, note })
+}
+
+fn tokenizer_json(vocab: &Vocab) -> Result<Value> {
+    match vocab.chars() {
+        Some(chars) => super::bytelevel::char_tokenizer_json(chars),
+        None => Ok(vocab.record()["tokenizer"].clone()),
+    }
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    write_atomically(path, |tmp| {
+        std::fs::write(tmp, text + "\n").map_err(|e| Error::io(tmp, e))
+    })
+}
+
+/// A transformers GPT-2 (`config.json` with `model.safetensors`) as a taper
+/// GPT spec whose parameters start from its weights. `path` is the model's
+/// folder or its `model.safetensors`; `context`, when given, keeps only the
+/// first positions.
+pub fn import(path: &Path, context: Option<usize>) -> Result<Gpt> {
+    let (dir, weights) = if path.is_dir() {
+        (path.to_path_buf(), path.join("model.safetensors"))
+    } else {
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        (dir, path.to_path_buf())
+    };
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+    let c: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Config(format!("{}: not JSON: {e}", config_path.display())))?;
+    let mut spec = spec_of(&config_path, &c)?;
+    let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
+        .map_err(|e| Error::Config(format!("{}: {e}", weights.display())))?;
+    // transformers' own files say `transformer.h.0...`; OpenAI's original
+    // GPT-2 upload says `h.0...` and keeps the causal-mask buffers.
+    let keys: Vec<String> = tensors.keys().cloned().collect();
+    for k in keys {
+        let t = tensors.remove(&k).expect("listed");
+        if k.ends_with(".attn.bias") && t.rank() == 4 || k.ends_with(".attn.masked_bias") {
+            continue;
+        }
+        let name = if k.starts_with("transformer.") || k.starts_with("lm_head.") {
+            k
+        } else {
+            format!("transformer.{k}")
+        };
+        tensors.insert(name, t);
+    }
+    tensors.remove("lm_head.weight"); // tied to wte (checked in spec_of)
+    let mut initial = Vec::new();
+    for n in names(&spec) {
+        let t = tensors
+            .remove(&n.hf)
+            .ok_or_else(|| Error::Config(format!("{}: no tensor `{}`", weights.display(), n.hf)))?;
+        let t = t.to_dtype(DType::F32)?;
+        let t = if n.transpose { t.t()?.contiguous()? } else { t };
+        initial.push((n.taper, t));
+    }
+    if let Some(extra) = tensors.keys().next() {
+        return Err(Error::Config(format!(
+            "{}: tensor `{extra}` is not part of a GPT-2 (and {} more)",
+            weights.display(),
+            tensors.len() - 1
+        )));
+    }
+    check_shapes(&weights, &spec, &initial)?;
+    if let Some(ctx) = context {
+        if ctx > spec.context {
+            return Err(Error::Config(format!(
+                "{}: context {ctx} is longer than the model's {} positions",
+                config_path.display(),
+                spec.context
+            )));
+        }
+        for (name, t) in initial.iter_mut() {
+            if name == "wpe" {
+                *t = t.narrow(0, 0, ctx)?.contiguous()?;
+            }
+        }
+        spec.context = ctx;
+    }
+    spec.from = Some(weights.display().to_string());
+    spec.initial = Some(Arc::new(initial));
+    Ok(spec)
+}
+
+/// The GPT a transformers `config.json` describes, or why taper's GPT is
+/// not that model.
+fn spec_of(path: &Path, c: &Value) -> Result<Gpt> {
+    let bad = |why: String| Error::Config(format!("{}: {why}", path.display()));
+    let int = |key: &str| -> Result<usize> {
+        c[key]
+            .as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| bad(format!("`{key}` is missing or not a whole number")))
+    };
+    let model_type = c["model_type"].as_str().unwrap_or("");
+    if model_type != "gpt2" {
+        return Err(bad(format!(
+            "model_type `{model_type}` is not gpt2 (taper's GPT is GPT-2's architecture)"
+        )));
+    }
+    let act = c["activation_function"].as_str().unwrap_or("gelu_new");
+    if !matches!(act, "gelu_new" | "gelu_pytorch_tanh") {
+        return Err(bad(format!(
+            "activation_function `{act}`: taper's GPT uses the tanh GELU (gelu_new)"
+        )));
+    }
+    let eps = c["layer_norm_epsilon"].as_f64().unwrap_or(1e-5);
+    if (eps - 1e-5).abs() > 1e-12 {
+        return Err(bad(format!(
+            "layer_norm_epsilon {eps}: taper's GPT uses 1e-5"
+        )));
+    }
+    for (key, want) in [
+        ("tie_word_embeddings", true),
+        ("scale_attn_weights", true),
+        ("scale_attn_by_inverse_layer_idx", false),
+    ] {
+        if c[key].as_bool().is_some_and(|v| v != want) {
+            return Err(bad(format!("`{key}` must be {want} for taper's GPT")));
+        }
+    }
+    let (width, heads) = (int("n_embd")?, int("n_head")?);
+    let mlp = match c["n_inner"].as_u64() {
+        None => 4,
+        Some(inner) if (inner as usize).is_multiple_of(width) => inner as usize / width,
+        Some(inner) => {
+            return Err(bad(format!(
+                "n_inner {inner} is not a multiple of n_embd {width}"
+            )))
+        }
+    };
+    Ok(Gpt {
+        vocab: int("vocab_size")?,
+        context: int("n_positions")?,
+        width,
+        layers: int("n_layer")?,
+        heads,
+        mlp,
+        from: None,
+        initial: None,
+    })
+}
+
+fn check_shapes(path: &Path, spec: &Gpt, initial: &[(String, Tensor)]) -> Result<()> {
+    let (w, m) = (spec.width, spec.mlp * spec.width);
+    for (name, t) in initial {
+        let want: Vec<usize> = match name.as_str() {
+            "wte" => vec![spec.vocab, w],
+            "wpe" => vec![spec.context, w],
+            n if n.ends_with("attn.qkv.weight") => vec![3 * w, w],
+            n if n.ends_with("attn.qkv.bias") => vec![3 * w],
+            n if n.ends_with("mlp.fc.weight") => vec![m, w],
+            n if n.ends_with("mlp.fc.bias") => vec![m],
+            n if n.ends_with("mlp.proj.weight") => vec![w, m],
+            n if n.ends_with("proj.weight") => vec![w, w],
+            _ => vec![w],
+        };
+        if t.dims() != want.as_slice() {
+            return Err(Error::Config(format!(
+                "{}: `{name}` has shape {:?}, where the config says {want:?}",
+                path.display(),
+                t.dims()
+            )));
+        }
+    }
+    Ok(())
+}

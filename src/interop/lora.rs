@@ -1,0 +1,184 @@
+//! A QLoRA run's adapters for llama.cpp: as its LoRA adapter file
+//! (`general.type = adapter`, tensors `blk.N.attn_q.weight.lora_a`, which
+//! `llama_lora_adapter_init` loads over the base model), or merged into the
+//! base model's weights as a whole GGUF file.
+//!
+//! taper's adapters are `A [r, in]` and `B [out, r]` with the update
+//! `(alpha / r) B A`, as PEFT's; llama.cpp scales by `alpha / r` with `r`
+//! read from A, so the same `adapter.lora.alpha` gives the same update.
+
+use std::collections::HashMap;
+use std::io::BufWriter;
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use crate::engine::checkpoint::write_atomically;
+use crate::quant::{ExportFormat, ExportSummary, LlamaGguf};
+use crate::{Error, Result};
+
+/// One adapted projection: its base weight's name and its trained A, B.
+struct Adapter {
+    weight: String,
+    a: Tensor,
+    b: Tensor,
+}
+
+fn adapters(spec: &LlamaGguf, params: &HashMap<String, Tensor>) -> Result<Vec<Adapter>> {
+    if spec.train != "lora" {
+        return Err(Error::Config(format!(
+            "the model trains `{}`, not LoRA adapters",
+            spec.train
+        )));
+    }
+    let mut out: Vec<Adapter> = params
+        .iter()
+        .filter_map(|(name, a)| {
+            let stem = name.strip_suffix(".lora_a")?;
+            Some((stem, a))
+        })
+        .map(|(stem, a)| {
+            let b = params
+                .get(&format!("{stem}.lora_b"))
+                .ok_or_else(|| Error::Config(format!("adapter `{stem}` has A but no B")))?;
+            Ok(Adapter {
+                weight: format!("{stem}.weight"),
+                a: a.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
+                b: b.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    if out.is_empty() {
+        return Err(Error::Config("the run has no LoRA adapters".into()));
+    }
+    out.sort_by(|x, y| x.weight.cmp(&y.weight));
+    Ok(out)
+}
+
+/// What [`export_adapter`] wrote.
+pub struct AdapterSummary {
+    pub tensors: usize,
+    pub bytes: u64,
+}
+
+/// Writes the adapters as a llama.cpp LoRA adapter (f32).
+pub fn export_adapter(
+    path: &Path,
+    spec: &LlamaGguf,
+    params: &HashMap<String, Tensor>,
+) -> Result<AdapterSummary> {
+    use gguf_file::Value as G;
+    let list = adapters(spec, params)?;
+    let mut qs = Vec::new();
+    for a in &list {
+        qs.push((
+            format!("{}.lora_a", a.weight),
+            QTensor::quantize(&a.a, GgmlDType::F32)?,
+        ));
+        qs.push((
+            format!("{}.lora_b", a.weight),
+            QTensor::quantize(&a.b, GgmlDType::F32)?,
+        ));
+    }
+    let meta = vec![
+        ("general.architecture", G::String("llama".into())),
+        ("general.type", G::String("adapter".into())),
+        ("adapter.type", G::String("lora".into())),
+        ("adapter.lora.alpha", G::F32(spec.lora_alpha as f32)),
+        (
+            "general.name",
+            G::String(format!("taper LoRA for {}", spec.path.display())),
+        ),
+    ];
+    write_gguf(path, &meta, &qs)?;
+    Ok(AdapterSummary {
+        tensors: qs.len(),
+        bytes: std::fs::metadata(path)
+            .map_err(|e| Error::io(path, e))?
+            .len(),
+    })
+}
+
+/// Writes the base model with each adapted projection replaced by
+/// `W + (alpha / r) B A` in `format`; every other tensor and all metadata
+/// (the tokenizer included) as the base file holds them.
+pub fn export_merged(
+    path: &Path,
+    spec: &LlamaGguf,
+    params: &HashMap<String, Tensor>,
+    format: ExportFormat,
+) -> Result<ExportSummary> {
+    let list = adapters(spec, params)?;
+    let weights = spec.weights()?;
+    let mut f = std::fs::File::open(&spec.path).map_err(|e| Error::io(&spec.path, e))?;
+    let content = gguf_file::Content::read(&mut f)?;
+    let dtype = match format {
+        ExportFormat::F32 => GgmlDType::F32,
+        ExportFormat::F16 => GgmlDType::F16,
+        ExportFormat::Q8_0 => GgmlDType::Q8_0,
+        ExportFormat::Q4_0 => GgmlDType::Q4_0,
+    };
+    let scale = spec.lora_alpha / spec.lora_rank as f64;
+    let mut merged: HashMap<&str, QTensor> = HashMap::new();
+    let (mut quantized, mut f32_bytes) = (0, 0u64);
+    for a in &list {
+        let base = weights.tensors.get(&a.weight).ok_or_else(|| {
+            Error::Config(format!("{}: no tensor {}", spec.path.display(), a.weight))
+        })?;
+        let w = base.dequantize(&Device::Cpu)?;
+        let w = (w + (a.b.matmul(&a.a)? * scale)?)?;
+        f32_bytes += 4 * w.elem_count() as u64;
+        merged.insert(a.weight.as_str(), QTensor::quantize(&w, dtype)?);
+        quantized += 1;
+    }
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    let mut kept = Vec::new();
+    for name in &names {
+        if !merged.contains_key(name.as_str()) {
+            kept.push((name.as_str(), content.tensor(&mut f, name, &Device::Cpu)?));
+        }
+    }
+    let mut tensors: Vec<(&str, &QTensor)> = kept.iter().map(|(n, q)| (*n, q)).collect();
+    tensors.extend(merged.iter().map(|(n, q)| (*n, q)));
+    let meta: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    write_gguf_refs(path, &meta, &tensors)?;
+    let bytes = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    Ok(ExportSummary {
+        quantized,
+        kept_f32: 0,
+        bytes,
+        f32_bytes,
+    })
+}
+
+fn write_gguf(
+    path: &Path,
+    meta: &[(&str, gguf_file::Value)],
+    tensors: &[(String, QTensor)],
+) -> Result<()> {
+    let meta: Vec<(&str, &gguf_file::Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, q)| (k.as_str(), q)).collect();
+    write_gguf_refs(path, &meta, &refs)
+}
+
+fn write_gguf_refs(
+    path: &Path,
+    meta: &[(&str, &gguf_file::Value)],
+    tensors: &[(&str, &QTensor)],
+) -> Result<()> {
+    write_atomically(path, |tmp| {
+        let file = std::fs::File::create(tmp).map_err(|e| Error::io(tmp, e))?;
+        let mut w = BufWriter::new(file);
+        gguf_file::write(&mut w, meta, tensors)?;
+        w.into_inner().map_err(|e| Error::io(tmp, e.into_error()))?;
+        Ok(())
+    })
+}

@@ -1,0 +1,126 @@
+//! A checkpoint alone, without its recipe: its model rebuilt from the
+//! structured config the checkpoint holds, its trained weights, and its
+//! vocabulary. `taper export` and `taper sample` start here.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::Device;
+
+use crate::data::Vocab;
+use crate::engine::checkpoint::{self, CheckpointMeta};
+use crate::engine::optim::OptimSpec;
+use crate::engine::{Trainer, TrainerOptions};
+use crate::{Error, Result};
+
+pub struct Saved {
+    pub trainer: Trainer,
+    pub vocab: Option<Vocab>,
+    pub meta: CheckpointMeta,
+}
+
+/// Opens a checkpoint written by a run (verified as a resume is).
+pub fn open(path: &Path, device: &Device) -> Result<Saved> {
+    let (tensors, meta) = checkpoint::load(path, device)?;
+    let config = meta.model_config.as_ref().ok_or_else(|| Error::Checkpoint {
+        path: path.to_path_buf(),
+        msg: format!(
+            "it names its model only as `{}` (written before checkpoints held the model's config): open it with its recipe",
+            meta.model
+        ),
+    })?;
+    let spec = super::spec_from_config(config)?;
+    let opts = TrainerOptions {
+        device: device.clone(),
+        ..TrainerOptions::default()
+    };
+    let trainer = Trainer::new(spec, &OptimSpec::AdamW(Default::default()), opts)?;
+    let weights: HashMap<String, candle_core::Tensor> = tensors
+        .into_iter()
+        .filter_map(|(k, t)| k.strip_prefix("model.").map(|k| (k.to_string(), t)))
+        .collect();
+    trainer
+        .params()
+        .load(&weights)
+        .map_err(|msg| Error::Checkpoint {
+            path: path.to_path_buf(),
+            msg,
+        })?;
+    let vocab = meta.vocab.as_ref().map(Vocab::from_record).transpose()?;
+    Ok(Saved {
+        trainer,
+        vocab,
+        meta,
+    })
+}
+
+impl Saved {
+    /// The model to write with [`super::export`].
+    pub fn model(&self) -> super::Model<'_> {
+        super::Model {
+            spec: self.trainer.spec().as_ref(),
+            params: self
+                .trainer
+                .params()
+                .vars()
+                .into_iter()
+                .map(|(k, v)| (k, v.as_tensor().clone()))
+                .collect(),
+            vocab: self.vocab.as_ref(),
+            step: self.meta.step,
+        }
+    }
+}
+
+/// A checkpoint file, or a run folder's newest valid checkpoint.
+pub fn locate(arg: &Path) -> Result<std::path::PathBuf> {
+    if !arg.is_dir() {
+        return Ok(arg.to_path_buf());
+    }
+    let latest = arg.join(checkpoint::file_name(1));
+    match checkpoint::latest_valid(&latest, false)? {
+        Some((path, _)) => Ok(path),
+        None => Err(Error::Config(format!(
+            "{}: no valid checkpoint in this folder",
+            arg.display()
+        ))),
+    }
+}
+
+/// `taper export CHECKPOINT`: the checkpoint's model written as `format`.
+pub fn export_checkpoint(
+    arg: &Path,
+    out: &Path,
+    format: &str,
+    ty: &str,
+    merge: bool,
+) -> Result<super::Written> {
+    let ty = crate::quant::ExportFormat::parse(ty).ok_or_else(|| {
+        Error::Config(format!(
+            "unknown type `{ty}` ({})",
+            crate::quant::ExportFormat::NAMES
+        ))
+    })?;
+    let saved = open(&locate(arg)?, &Device::Cpu)?;
+    super::export(&saved.model(), out, format, ty, merge)
+}
+
+/// `taper sample CHECKPOINT`: the prompt and the text the checkpoint's
+/// model generates after it.
+pub fn sample_checkpoint(
+    arg: &Path,
+    prompt: &str,
+    tokens: usize,
+    temperature: f64,
+    seed: u64,
+) -> Result<String> {
+    let path = locate(arg)?;
+    let saved = open(&path, &Device::Cpu)?;
+    let vocab = saved.vocab.as_ref().ok_or_else(|| Error::Checkpoint {
+        path: path.clone(),
+        msg: "it holds no vocabulary (its run's data was not text)".into(),
+    })?;
+    let ids = vocab.encode(prompt)?;
+    let out = saved.trainer.generate(&ids, tokens, temperature, seed)?;
+    Ok(format!("{prompt}{}", vocab.decode(&out)))
+}

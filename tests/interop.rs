@@ -1,0 +1,310 @@
+//! Interop with the real tools, from PyPI, in the test virtualenv that
+//! scripts/fetch-data.sh makes (scripts/tools/interop_check.py drives them):
+//! transformers loads taper's Hugging Face export with the same logits and
+//! tokenization, taper starts from a transformers-saved GPT-2 with the same
+//! logits, and llama.cpp runs taper's GGUF GPT and QLoRA adapters to the
+//! same cross-entropy.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{ensure, Result};
+use candle_core::{Device, Module, Tensor};
+use serde_json::Value;
+use taper::interop::saved;
+use taper::{Host, HostOptions};
+
+/// A Shakespeare GPT trained briefly, then exported by the recipe.
+const RECIPE: &str = r#"
+local train = taper.data.shakespeare{ split = "train", context = 48 }:take(32 * 16):shuffle{ seed = 1 }:batch(16)
+local run = taper.run{
+  model = taper.model.gpt{ vocab = train:vocab_size(), context = 48, width = 48, layers = 2, heads = 4 },
+  optim = taper.optim.adamw{ lr = 6e-3 }, data = train, seed = 1,
+}
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+run:export{ path = "OUT/hf", format = "hf" }
+run:export{ path = "OUT/gpt-f32.gguf", format = "gguf", type = "f32" }
+run:export{ path = "OUT/gpt-q8_0.gguf", format = "gguf", type = "q8_0" }
+"#;
+
+fn check(args: &[&str]) -> Result<Value> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(common::fetched(".venv-test/bin/python")?)
+        .arg(root.join("scripts/tools/interop_check.py"))
+        .args(args)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "interop_check.py {}: {}",
+        args[0],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    Ok(serde_json::from_str(last)?)
+}
+
+/// Runs RECIPE into a fresh folder; returns it.
+fn trained() -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    let mut host = Host::new(HostOptions {
+        out_dir: Some(dir.path().to_path_buf()),
+        quiet: true,
+        ..HostOptions::default()
+    })?;
+    let src = RECIPE.replace("OUT", dir.path().to_str().unwrap());
+    host.run_source("interop.lua", &src)?;
+    Ok(dir)
+}
+
+/// The logits `[t, vocab]` of one sequence through a model.
+fn logits(model: &dyn Module, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let x = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
+    Ok(model.forward(&x)?.squeeze(0)?.to_vec2()?)
+}
+
+fn max_diff(a: &[Vec<f32>], b: &Value) -> f64 {
+    let b: Vec<Vec<f64>> = serde_json::from_value(b.clone()).unwrap();
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(&b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len());
+            x.iter().zip(y).map(|(p, q)| (*p as f64 - q).abs())
+        })
+        .fold(0.0, f64::max)
+}
+
+const TEXT: &str = "ROMEO:\nBut soft, what light through yonder";
+
+#[test]
+fn transformers_loads_the_hf_export_with_the_same_logits_and_tokens() -> Result<()> {
+    let dir = trained()?;
+    let saved = saved::open(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
+    let vocab = saved
+        .vocab
+        .as_ref()
+        .expect("a text run's checkpoint holds its vocabulary");
+    let ids = vocab.encode(TEXT)?;
+    let ours = logits(saved.trainer.frozen()?.as_ref(), &ids)?;
+
+    let hf = dir.path().join("hf");
+    let ids_json = serde_json::to_string(&ids)?;
+    let theirs = check(&["hf-logits", hf.to_str().unwrap(), &ids_json])?;
+    let diff = max_diff(&ours, &theirs["logits"]);
+    eprintln!("largest logit difference, taper vs transformers: {diff:.2e}");
+    assert!(diff < 1e-4, "logits differ by {diff}");
+
+    let tokens = check(&["hf-tokenize", hf.to_str().unwrap(), TEXT])?;
+    let tokens: Vec<u32> = serde_json::from_value(tokens["ids"].clone())?;
+    assert_eq!(tokens, ids, "transformers tokenizes the text differently");
+    Ok(())
+}
+
+#[test]
+fn taper_starts_from_a_transformers_gpt2_with_the_same_logits() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let model = dir.path().join("gpt2");
+    let m = model.to_str().unwrap();
+    check(&["hf-random", m, "80", "40", "32", "2", "4"])?;
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 80).collect();
+    let theirs = check(&["hf-logits", m, &serde_json::to_string(&ids)?])?;
+
+    let spec = taper::interop::hf::import(&model, None)?;
+    let trainer = taper::engine::Trainer::new(
+        std::sync::Arc::new(spec),
+        &taper::engine::optim::OptimSpec::AdamW(Default::default()),
+        Default::default(),
+    )?;
+    let ours = logits(trainer.frozen()?.as_ref(), &ids)?;
+    let diff = max_diff(&ours, &theirs["logits"]);
+    eprintln!("largest logit difference, transformers vs taper: {diff:.2e}");
+    assert!(diff < 1e-4, "logits differ by {diff}");
+
+    // Through a recipe: `from`, with a shorter context, trains; and its
+    // checkpoint says where it started.
+    let bin = dir.path().join("ids.bin");
+    let bytes: Vec<u8> = (0..640u16)
+        .flat_map(|i| ((i * 7) % 80).to_le_bytes())
+        .collect();
+    std::fs::write(&bin, bytes)?;
+    let src = format!(
+        r#"
+local data = taper.data.tokens{{ path = "{}", context = 16 }}:batch(8)
+local run = taper.run{{ model = taper.model.gpt{{ from = "{m}", context = 16 }}, optim = taper.optim.adamw{{ lr = 1e-3 }}, data = data }}
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+"#,
+        bin.display()
+    );
+    let out = dir.path().join("run");
+    let mut host = Host::new(HostOptions {
+        out_dir: Some(out.clone()),
+        quiet: true,
+        ..HostOptions::default()
+    })?;
+    host.run_source("from.lua", &src)?;
+    let meta = taper::engine::checkpoint::read_meta(&out.join("checkpoint.safetensors"))?;
+    let config = meta.model_config.expect("model config");
+    assert_eq!(config["gpt"]["context"], 16);
+    assert_eq!(config["gpt"]["vocab"], 80);
+    assert!(config["gpt"]["from"]
+        .as_str()
+        .unwrap()
+        .ends_with("model.safetensors"));
+    Ok(())
+}
+
+/// A transformers config taper's GPT is not: a clear error naming the file.
+#[test]
+fn a_gpt2_variant_taper_cannot_run_is_refused_by_name() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = serde_json::json!({
+        "model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_embd": 8,
+        "n_layer": 1, "n_head": 2, "activation_function": "relu",
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string())?;
+    std::fs::write(dir.path().join("model.safetensors"), b"")?;
+    let e = taper::interop::hf::import(dir.path(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("config.json") && e.contains("activation_function `relu`"),
+        "{e}"
+    );
+    Ok(())
+}
+
+/// Mean cross-entropy of each next id under these logits, in f64.
+fn cross_entropy(logits: &[Vec<f32>], ids: &[u32]) -> f64 {
+    let n = ids.len() - 1;
+    (0..n)
+        .map(|i| {
+            let row = &logits[i];
+            let top = row.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
+            let lse = top
+                + row
+                    .iter()
+                    .map(|&x| (x as f64 - top).exp())
+                    .sum::<f64>()
+                    .ln();
+            lse - row[ids[i + 1] as usize] as f64
+        })
+        .sum::<f64>()
+        / n as f64
+}
+
+/// The first held-out window of the Shakespeare validation split.
+fn held_out(context: usize) -> Result<Vec<u32>> {
+    use taper::data::Source;
+    let val = taper::data::shakespeare("val", context - 1, None)?;
+    let (x, y) = val.gather(&[0])?;
+    let mut ids: Vec<u32> = x.squeeze(0)?.to_vec1()?;
+    ids.push(*y.squeeze(0)?.to_vec1::<u32>()?.last().unwrap());
+    Ok(ids)
+}
+
+#[test]
+fn llama_cpp_runs_the_gguf_gpt_to_tapers_perplexity() -> Result<()> {
+    let dir = trained()?;
+    let saved = saved::open(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
+    let ids = held_out(48)?;
+    let ours = cross_entropy(&logits(saved.trainer.frozen()?.as_ref(), &ids)?, &ids);
+    let vocab = saved.vocab.as_ref().unwrap();
+    let text = vocab.decode(&ids);
+    for (file, tolerance) in [("gpt-f32.gguf", 0.01), ("gpt-q8_0.gguf", 0.01)] {
+        let path = dir.path().join(file);
+        let theirs = check(&[
+            "llama",
+            path.to_str().unwrap(),
+            &serde_json::to_string(&ids)?,
+            "--text",
+            &text,
+        ])?;
+        let ce = theirs["ce"].as_f64().unwrap();
+        let ratio = (ce - ours).exp();
+        eprintln!(
+            "{file}: llama.cpp cross-entropy {ce:.5}, taper {ours:.5}: perplexity ratio {ratio:.5}"
+        );
+        assert!(
+            (ratio - 1.0).abs() < tolerance,
+            "{file}: perplexity ratio {ratio}"
+        );
+        // llama.cpp's own tokenizer, from the file, splits the text as taper.
+        let tokens: Vec<u32> = serde_json::from_value(theirs["tokens"].clone())?;
+        assert_eq!(tokens, ids, "{file}: llama.cpp tokenizes differently");
+    }
+    Ok(())
+}
+
+/// scripts/smollm2_qlora.lua trains adapters on every block of SmolLM2-135M
+/// and exports them; llama.cpp runs the original file with the adapter,
+/// and the merged model alone, to taper's cross-entropy.
+#[test]
+fn llama_cpp_runs_the_qlora_adapter_and_the_merged_model() -> Result<()> {
+    common::fetched("data/smollm2/tokenizer.json")?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir()?;
+    let exported = dir.path().join("export");
+    let set = [
+        ("steps", "3"),
+        ("batch", "2"),
+        ("context", "32"),
+        ("lr", "1e-2"),
+        ("val_windows", "2"),
+        ("export", exported.to_str().unwrap()),
+    ];
+    let mut host = Host::new(HostOptions {
+        out_dir: Some(dir.path().to_path_buf()),
+        quiet: true,
+        overrides: set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..HostOptions::default()
+    })?;
+    // The recipe names its files relative to the repository.
+    std::env::set_current_dir(root)?;
+    host.run_file(&root.join("scripts/smollm2_qlora.lua"))?;
+
+    let saved = saved::open(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
+    let vocab = saved
+        .vocab
+        .as_ref()
+        .expect("the tokenizer is in the checkpoint");
+    let chars = held_out(400)?;
+    let text = taper::data::shakespeare("val", 8, None)?;
+    let text = taper::data::Source::vocab(&text).unwrap().decode(&chars);
+    let ids: Vec<u32> = vocab.encode(&text)?.into_iter().take(32).collect();
+    let ours = cross_entropy(&logits(saved.trainer.frozen()?.as_ref(), &ids)?, &ids);
+
+    let base = root.join("data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let ids_json = serde_json::to_string(&ids)?;
+    let adapter = exported.join("adapter.gguf");
+    let merged = exported.join("merged-q8_0.gguf");
+    let runs = [
+        (
+            "base + adapter",
+            base.to_str().unwrap(),
+            Some(adapter.to_str().unwrap()),
+        ),
+        ("merged q8_0", merged.to_str().unwrap(), None),
+    ];
+    for (what, model, lora) in runs {
+        let mut args = vec!["llama", model, &ids_json];
+        if let Some(l) = lora {
+            args.extend(["--lora", l]);
+        }
+        let ce = check(&args)?["ce"].as_f64().unwrap();
+        let ratio = (ce - ours).exp();
+        eprintln!(
+            "{what}: llama.cpp cross-entropy {ce:.5}, taper {ours:.5}: perplexity ratio {ratio:.5}"
+        );
+        assert!(
+            (ratio - 1.0).abs() < 0.01,
+            "{what}: perplexity ratio {ratio}"
+        );
+    }
+    Ok(())
+}
