@@ -115,11 +115,15 @@ function Run:inject_oom(opts) end
 ---@return {pruned: integer, total: integer, sparsity: number}
 function Run:prune(opts) end
 
----Writes the model's weights to a GGUF file (llama.cpp's format), atomically.
----Weight matrices are stored in `format` (post-training quantization); biases and
----other vectors stay f32.
----@param opts {path: string, format?: "f32"|"f16"|"q8_0"|"q4_0"}
----@return {bytes: integer, f32_bytes: integer, quantized: integer, kept_f32: integer}
+---Writes the model for other tools, atomically. `format = "gguf"` (default): a GPT as
+---llama.cpp's `gpt2` architecture with its tokenizer, other models as architecture
+---`taper`; weight matrices in `type` (post-training quantization), vectors f32.
+---`format = "hf"`: a GPT as a transformers GPT-2 folder (model.safetensors,
+---config.json, tokenizer.json). `format = "gguf-lora"`: a QLoRA run's adapters as a
+---llama.cpp LoRA adapter; `merge = true` (with gguf) merges them into the base.
+---`format = "q8_0"` (a type) is the older spelling of `format = "gguf", type = "q8_0"`.
+---@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"f32"|"f16"|"q8_0"|"q4_0", type?: "f32"|"f16"|"q8_0"|"q4_0", merge?: boolean}
+---@return {bytes: integer, f32_bytes?: integer, quantized?: integer, kept_f32?: integer}
 function Run:export(opts) end
 
 ---The optimizer's learning rate.
@@ -289,7 +293,10 @@ function taper.model.mlp(opts) end
 function taper.model.cnn(opts) end
 
 ---A GPT-2 style causal language model (pre-norm, learned positions, tied embeddings).
----@param opts {vocab: integer, context: integer, width?: integer, layers?: integer, heads?: integer, mlp?: integer}
+---With `from` (a transformers GPT-2 folder, or its model.safetensors with config.json
+---beside it), the architecture comes from its config.json and the run starts from its
+---weights; only `context` may be given too, to keep the first positions.
+---@param opts {vocab?: integer, context?: integer, width?: integer, layers?: integer, heads?: integer, mlp?: integer, from?: string}
 ---@return taper.Model
 function taper.model.gpt(opts) end
 

@@ -7,7 +7,7 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         transformers loads DIR and gives the logits of the ids (one sequence)
     python interop_check.py hf-tokenize DIR TEXT
         the ids DIR's tokenizer.json gives the text (transformers' fast tokenizer)
-    python interop_check.py llama MODEL.gguf IDS_JSON [--lora ADAPTER.gguf] [--text TEXT]
+    python interop_check.py llama MODEL.gguf IDS_JSON [--lora ADAPTER.gguf] [--text TEXT] [--kv f32]
         llama.cpp (PyPI llama-cpp-python, built from its sdist) loads the model (and the
         adapter) and gives the mean cross-entropy of each next id, the
         per-position cross-entropies, and its tokenization of TEXT
@@ -53,7 +53,7 @@ def hf_tokenize(d, text):
     print(json.dumps({"ids": t(text)["input_ids"]}))
 
 
-def llama(model, ids, lora=None, text=None):
+def llama(model, ids, lora=None, text=None, kv="f16"):
     import llama_cpp as L
 
     L.llama_backend_init()
@@ -67,6 +67,9 @@ def llama(model, ids, lora=None, text=None):
     cp = L.llama_context_default_params()
     cp.n_ctx = cp.n_batch = cp.n_ubatch = max(n, 32)
     cp.n_threads = cp.n_threads_batch = 2
+    if kv == "f32":  # llama.cpp keeps K and V in f16 by default
+        cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
+        cp.flash_attn_type = 0  # disabled: flash attention rounds Q to f16 too
     ctx = L.llama_init_from_model(m, cp)
     if lora:
         adapter = L.llama_adapter_lora_init(m, lora.encode())
@@ -113,7 +116,8 @@ def main():
         hf_tokenize(args[0], args[1])
     elif cmd == "llama":
         opts = dict(zip(args[2::2], args[3::2]))
-        llama(args[0], json.loads(args[1]), opts.get("--lora"), opts.get("--text"))
+        llama(args[0], json.loads(args[1]), opts.get("--lora"), opts.get("--text"),
+              opts.get("--kv", "f16"))
     else:
         raise SystemExit(f"unknown command {cmd}")
 

@@ -179,6 +179,12 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
 /// folder or its `model.safetensors`; `context`, when given, keeps only the
 /// first positions.
 pub fn import(path: &Path, context: Option<usize>) -> Result<Gpt> {
+    if !path.exists() {
+        return Err(Error::Config(format!(
+            "{}: not found (a transformers GPT-2 folder, or its model.safetensors)",
+            path.display()
+        )));
+    }
     let (dir, weights) = if path.is_dir() {
         (path.to_path_buf(), path.join("model.safetensors"))
     } else {
