@@ -36,7 +36,7 @@ end
 /// The file as llama.cpp's reader sees it.
 fn read_independently(file: &Path) -> Result<Value> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(common::fetched(".venv-test/bin/python")?)
+    let out = Command::new(common::test_python("gguf")?)
         .arg(root.join("scripts/tools/read_gguf.py"))
         .arg(file)
         .output()?;

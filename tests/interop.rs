@@ -31,7 +31,8 @@ run:export{ path = "OUT/gpt-q8_0.gguf", format = "gguf", type = "q8_0" }
 
 fn check(args: &[&str]) -> Result<Value> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(common::fetched(".venv-test/bin/python")?)
+    let python = common::test_python("torch, transformers, llama_cpp")?;
+    let out = Command::new(python)
         .arg(root.join("scripts/tools/interop_check.py"))
         .args(args)
         .output()?;

@@ -24,3 +24,30 @@ pub fn fetched(file: &str) -> Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// The test virtualenv's python, once it can import `modules` (running
+/// scripts/fetch-data.sh first when a module is missing, as in a virtualenv
+/// made before the module was added).
+#[allow(dead_code)] // not every test binary needs the virtualenv
+pub fn test_python(modules: &str) -> Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join(".venv-test/bin/python");
+    let imports = || {
+        Command::new(&python)
+            .args(["-c", &format!("import {modules}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !imports() {
+        let ok = Command::new("bash")
+            .arg("scripts/fetch-data.sh")
+            .current_dir(root)
+            .status()?
+            .success();
+        ensure!(
+            ok && imports(),
+            "the test virtualenv cannot import {modules}: run `bash scripts/fetch-data.sh`"
+        );
+    }
+    Ok(python)
+}
