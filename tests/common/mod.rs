@@ -8,6 +8,7 @@ use anyhow::{ensure, Result};
 /// `file` (relative to the repository) as an absolute path, running
 /// scripts/fetch-data.sh first if it is missing (fetched data and the test
 /// virtualenv are never committed).
+#[allow(dead_code)] // not every test binary needs fetched data
 pub fn fetched(file: &str) -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let path = root.join(file);
