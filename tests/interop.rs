@@ -309,3 +309,55 @@ fn llama_cpp_runs_the_qlora_adapter_and_the_merged_model() -> Result<()> {
     }
     Ok(())
 }
+
+/// A GPT on BPE-tokenized text (SmolLM2's tokenizer.json): the GGUF file
+/// carries the tokenizer's vocabulary, merges and pre-tokenizer (`smollm`:
+/// digits one by one), and llama.cpp splits text into taper's ids.
+#[test]
+fn llama_cpp_tokenizes_a_bpe_gpt_export_as_taper() -> Result<()> {
+    let tokenizer = common::fetched("data/smollm2/tokenizer.json")?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir()?;
+    let src = format!(
+        r#"
+local function text(split)
+  return taper.data.text{{ path = "{}", tokenizer = "{}", context = 32, split = split }}
+end
+local train = text("train"):take(64):batch(16)
+local run = taper.run{{
+  model = taper.model.gpt{{ vocab = train:vocab_size(), context = 32, width = 32, layers = 1, heads = 2 }},
+  optim = taper.optim.adamw{{ lr = 3e-3 }}, data = train, seed = 1,
+}}
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+run:export{{ path = "{}", type = "f32" }}
+"#,
+        root.join("src/data/builtin/shakespeare.txt.gz").display(),
+        tokenizer.display(),
+        dir.path().join("bpe.gguf").display()
+    );
+    let mut host = Host::new(HostOptions {
+        out_dir: Some(dir.path().join("run")),
+        quiet: true,
+        ..HostOptions::default()
+    })?;
+    host.run_source("bpe.lua", &src)?;
+    let saved = saved::open(&dir.path().join("run/checkpoint.safetensors"), &Device::Cpu)?;
+    let vocab = saved.vocab.as_ref().unwrap();
+    let text = "ROMEO:\nIn 1597, Act 2: what light through yonder window breaks?\n";
+    let ids = vocab.encode(text)?;
+    let ours = cross_entropy(&logits(saved.trainer.frozen()?.as_ref(), &ids)?, &ids);
+    let gguf = dir.path().join("bpe.gguf");
+    let theirs = check(&[
+        "llama",
+        gguf.to_str().unwrap(),
+        &serde_json::to_string(&ids)?,
+        "--text",
+        text,
+    ])?;
+    let tokens: Vec<u32> = serde_json::from_value(theirs["tokens"].clone())?;
+    assert_eq!(tokens, ids, "llama.cpp tokenizes differently");
+    let ratio = (theirs["ce"].as_f64().unwrap() - ours).exp();
+    eprintln!("BPE GPT: perplexity ratio llama.cpp / taper {ratio:.5}");
+    assert!((ratio - 1.0).abs() < 0.01, "perplexity ratio {ratio}");
+    Ok(())
+}

@@ -62,6 +62,7 @@ pub fn export(
         )
     })?;
     let (tokens, merges, types) = tokenizer(vocab)?;
+    let pre = pre_tokenizer(vocab);
     if tokens.len() != spec.vocab {
         return Err(Error::Config(format!(
             "export gguf: the vocabulary has {} tokens, the model {}",
@@ -120,6 +121,31 @@ pub fn export(
 /// This one never applies: tokenizing starts from single characters, and
 /// no other merge makes a symbol of several.
 const NO_MERGE: &str = "<taper> <no-merges>";
+
+/// llama.cpp's name for the tokenizer's pre-tokenizer (how text is split
+/// before the merges): GPT-2's byte-level split alone is `gpt2`, with
+/// digits split one by one first `smollm` (SmolLM's and others'). Others
+/// get llama.cpp's `default`, which is GPT-2's split.
+fn pre_tokenizer(vocab: &Vocab) -> &'static str {
+    if vocab.chars().is_some() {
+        return "gpt2";
+    }
+    let json = &vocab.record()["tokenizer"]["pre_tokenizer"];
+    let byte_level = |p: &Value| p["type"] == "ByteLevel" && p["use_regex"] != false;
+    if byte_level(json) {
+        return "gpt2";
+    }
+    match json["pretokenizers"].as_array().map(Vec::as_slice) {
+        Some([digits, bl])
+            if digits["type"] == "Digits"
+                && digits["individual_digits"] == true
+                && byte_level(bl) =>
+        {
+            "smollm"
+        }
+        _ => "default",
+    }
+}
 
 /// llama.cpp's token types: 1 a normal token, 3 a control (special) one.
 const NORMAL: i32 = 1;
