@@ -343,7 +343,7 @@ run:export{{ path = "{}", type = "f32" }}
     host.run_source("bpe.lua", &src)?;
     let saved = saved::open(&dir.path().join("run/checkpoint.safetensors"), &Device::Cpu)?;
     let vocab = saved.vocab.as_ref().unwrap();
-    let text = "ROMEO:\nIn 1597, Act 2: what light through yonder window breaks?\n";
+    let text = "ROMEO:\nIn 1597, Act 2: 'tis 42 o'clock, what light  breaks?\n\n";
     let ids = vocab.encode(text)?;
     let ours = cross_entropy(&logits(saved.trainer.frozen()?.as_ref(), &ids)?, &ids);
     let gguf = dir.path().join("bpe.gguf");

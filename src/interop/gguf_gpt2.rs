@@ -102,7 +102,7 @@ pub fn export(
         ("tokenizer.ggml.model".to_string(), G::String("gpt2".into())),
         (
             "tokenizer.ggml.pre".to_string(),
-            G::String("default".into()),
+            G::String(pre.into()),
         ),
         ("tokenizer.ggml.tokens".to_string(), strings(tokens)),
         (
