@@ -123,17 +123,17 @@ pub fn export(
 const NO_MERGE: &str = "<taper> <no-merges>";
 
 /// llama.cpp's name for the tokenizer's pre-tokenizer (how text is split
-/// before the merges): GPT-2's byte-level split alone is `gpt2`, with
+/// before the merges): GPT-2's byte-level split alone is `gpt-2`, with
 /// digits split one by one first `smollm` (SmolLM's and others'). Others
 /// get llama.cpp's `default`, which is GPT-2's split.
 fn pre_tokenizer(vocab: &Vocab) -> &'static str {
     if vocab.chars().is_some() {
-        return "gpt2";
+        return "gpt-2";
     }
     let json = &vocab.record()["tokenizer"]["pre_tokenizer"];
     let byte_level = |p: &Value| p["type"] == "ByteLevel" && p["use_regex"] != false;
     if byte_level(json) {
-        return "gpt2";
+        return "gpt-2";
     }
     match json["pretokenizers"].as_array().map(Vec::as_slice) {
         Some([digits, bl])
