@@ -201,6 +201,22 @@ fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()
             asked > 0 && (asked as usize) < limit && asked % 4 == 0,
             "{r}"
         );
+        // The snapshot in the run folder: the record's figures, what the
+        // limit left free, and the largest tensors the run holds.
+        let used = r["memory_used"].as_u64().unwrap();
+        assert_eq!(r["memory_free"].as_u64(), Some(limit as u64 - used), "{r}");
+        let file = tight.path().join(r["snapshot"].as_str().expect("snapshot"));
+        let snap: Value = serde_json::from_str(&std::fs::read_to_string(&file)?)?;
+        assert_eq!(snap["requested"], r["requested"]);
+        let live = snap["live"].as_array().unwrap();
+        let bytes: Vec<u64> = live.iter().map(|l| l["bytes"].as_u64().unwrap()).collect();
+        assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "{bytes:?}");
+        // The 1024 x 1024 hidden layer, and its two AdamW moments, f32.
+        assert_eq!(&bytes[..3], &[4 << 20; 3], "{live:?}");
+        assert!(live[..3].iter().all(|l| l["part"] == "fc1"), "{live:?}");
+        // Weights and both moments: 3 x 1,126,410 floats (and AdamW's step).
+        let held = snap["live_bytes"].as_u64().unwrap();
+        assert!((13_516_920..13_516_920 + 64).contains(&held), "{held}");
     }
     let micro: Vec<u64> = ooms
         .iter()

@@ -3,8 +3,51 @@
 use serde_json::{json, Map};
 
 use super::output::Output;
-use crate::run::{Action, MemoryFigures, Recovered};
+use crate::run::{Action, MemoryFigures, OomEvent, Recovered};
 use crate::Result;
+
+/// Writes the OOM's snapshot (the record's fields, and the largest tensors
+/// the run holds, by model part) as `oom/step<N>-<phase>-attempt<K>.json`
+/// in the run folder; returns its path there. Written whole, then renamed.
+fn snapshot(
+    dir: &std::path::Path,
+    run: usize,
+    e: &OomEvent,
+    fields: &Map<String, serde_json::Value>,
+) -> Result<String> {
+    let run_part = if run > 1 {
+        format!("run{run}-")
+    } else {
+        String::new()
+    };
+    let name = format!(
+        "oom/{run_part}step{}-{}-attempt{}.json",
+        e.step,
+        e.phase.name(),
+        e.attempt
+    );
+    let mut snap = fields.clone();
+    snap.insert("step".into(), e.step.into());
+    snap.insert("epoch".into(), e.epoch.into());
+    let live: Vec<_> = e
+        .live
+        .iter()
+        .map(|l| json!({ "name": l.name, "part": l.part, "bytes": l.bytes }))
+        .collect();
+    snap.insert("live".into(), live.into());
+    snap.insert("live_bytes".into(), e.live_bytes.into());
+    let path = dir.join(&name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|err| crate::Error::io(parent, err))?;
+    }
+    let text = serde_json::to_string_pretty(&snap)
+        .map_err(|err| crate::Error::Config(err.to_string()))?
+        + "\n";
+    crate::engine::checkpoint::write_atomically(&path, |tmp| {
+        std::fs::write(tmp, text).map_err(|err| crate::Error::io(tmp, err))
+    })?;
+    Ok(name)
+}
 
 /// One `oom` record and a printed line.
 pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
@@ -32,6 +75,7 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
             f.insert("memory_peak".into(), json!(peak));
             if let Some(l) = limit {
                 f.insert("memory_limit".into(), json!(l));
+                f.insert("memory_free".into(), json!(l.saturating_sub(used)));
             }
         }
         MemoryFigures::Device { used, free, total } => {
@@ -41,6 +85,9 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
         }
     }
     f.insert("error".into(), e.error.clone().into());
+    if let Some(dir) = out.dir() {
+        f.insert("snapshot".into(), snapshot(&dir, run, e, &f)?.into());
+    }
     out.record("oom", e.step, e.epoch, f)?;
     let detail = match action {
         Action::Split(_) => format!(" micro-batch {} -> {}", e.micro_batch, rec.new_micro_batch),

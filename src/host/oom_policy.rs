@@ -104,12 +104,23 @@ pub(crate) fn event_table(lua: &Lua, e: &OomEvent) -> mlua::Result<Table> {
     t.set("precision", e.precision.name())?;
     t.set("requested", e.requested)?;
     t.set("error", e.error.as_str())?;
+    let live = lua.create_table()?;
+    for (i, l) in e.live.iter().enumerate() {
+        let row = lua.create_table()?;
+        row.set("name", l.name.as_str())?;
+        row.set("part", l.part.as_str())?;
+        row.set("bytes", l.bytes)?;
+        live.set(i + 1, row)?;
+    }
+    t.set("live", live)?;
+    t.set("live_bytes", e.live_bytes)?;
     let mem = lua.create_table()?;
     match e.memory {
         MemoryFigures::Host { used, peak, limit } => {
             mem.set("used", used)?;
             mem.set("peak", peak)?;
             mem.set("limit", limit)?;
+            mem.set("free", limit.map(|l| l.saturating_sub(used)))?;
         }
         MemoryFigures::Device { used, free, total } => {
             mem.set("used", used)?;
@@ -180,7 +191,28 @@ pub(crate) fn event_of_table(t: &Table) -> std::result::Result<OomEvent, String>
             .ok()
             .flatten()
             .unwrap_or_default(),
+        live: live_of(t),
+        live_bytes: t
+            .get::<Option<u64>>("live_bytes")
+            .ok()
+            .flatten()
+            .unwrap_or(0),
     })
+}
+
+/// An event table's `live` list (absent: empty).
+fn live_of(t: &Table) -> Vec<crate::run::LiveTensor> {
+    let Ok(Some(list)) = t.get::<Option<Table>>("live") else {
+        return Vec::new();
+    };
+    list.sequence_values::<Table>()
+        .filter_map(|e| e.ok())
+        .map(|e| crate::run::LiveTensor {
+            name: e.get("name").unwrap_or_default(),
+            part: e.get("part").unwrap_or_default(),
+            bytes: e.get("bytes").unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// A Lua function or policy table in the `on_oom` slot.

@@ -80,6 +80,13 @@ impl Output {
 
     /// Appends one record. Every record carries `event`, `step`, `epoch` and
     /// `time` (seconds since the host started).
+    /// The run folder records go to (None: records are not written).
+    pub fn dir(&self) -> Option<PathBuf> {
+        let m = self.metrics.borrow();
+        m.as_ref()
+            .and_then(|(path, _)| path.parent().map(Path::to_path_buf))
+    }
+
     pub fn record(
         &self,
         event: &str,

@@ -100,10 +100,7 @@ pub fn export(
             G::F32(1e-5),
         ),
         ("tokenizer.ggml.model".to_string(), G::String("gpt2".into())),
-        (
-            "tokenizer.ggml.pre".to_string(),
-            G::String(pre.into()),
-        ),
+        ("tokenizer.ggml.pre".to_string(), G::String(pre.into())),
         ("tokenizer.ggml.tokens".to_string(), strings(tokens)),
         (
             "tokenizer.ggml.token_type".to_string(),

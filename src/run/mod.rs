@@ -11,7 +11,9 @@ mod recovery;
 mod state;
 pub mod window;
 
-pub use policy::{Action, Halve, MemoryFigures, OomEvent, OomPolicy, StepInfo};
+pub use policy::{
+    largest_tensors, Action, Halve, LiveTensor, MemoryFigures, OomEvent, OomPolicy, StepInfo,
+};
 pub use recovery::{memory_figures, Observer, Recovered, Recovery, StepOutcome, MAX_ATTEMPTS};
 pub use state::{Cursor, EpochStats, EpochSummary, Run};
 

@@ -20,6 +20,58 @@ pub enum MemoryFigures {
     Device { used: u64, free: u64, total: u64 },
 }
 
+/// A tensor the run holds between steps (weights, optimizer state), one of
+/// the largest at an OOM: what holds the memory a retry will not get back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveTensor {
+    /// As in the checkpoint: `model.h0.mlp.fc.weight`, `optim.m.wte`.
+    pub name: String,
+    /// The model part that owns it: `h0` (a block), `wte`, `blk.3`.
+    pub part: String,
+    pub bytes: u64,
+}
+
+/// The largest `n` of `tensors` by bytes, and the bytes of them all.
+pub fn largest_tensors(
+    tensors: &[(String, candle_core::Tensor)],
+    n: usize,
+) -> (Vec<LiveTensor>, u64) {
+    let mut all: Vec<LiveTensor> = tensors
+        .iter()
+        .map(|(name, t)| LiveTensor {
+            name: name.clone(),
+            part: part_of(name),
+            bytes: (t.elem_count() * t.dtype().size_in_bytes()) as u64,
+        })
+        .collect();
+    let total = all.iter().map(|t| t.bytes).sum();
+    all.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    all.truncate(n);
+    (all, total)
+}
+
+/// The model part a state tensor belongs to: its parameter's first name
+/// component (two when the second is a block number, as llama's `blk.3`).
+fn part_of(name: &str) -> String {
+    let rest = [
+        "model.",
+        "optim.m.",
+        "optim.v.",
+        "optim.momentum.",
+        "optim.",
+        "mask.",
+    ]
+    .iter()
+    .find_map(|p| name.strip_prefix(p))
+    .unwrap_or(name);
+    let mut it = rest.split('.');
+    let first = it.next().unwrap_or_default();
+    match it.next() {
+        Some(n) if n.chars().all(|c| c.is_ascii_digit()) => format!("{first}.{n}"),
+        _ => first.to_string(),
+    }
+}
+
 /// An out-of-memory event, as every policy receives it. Documented once, in
 /// `docs/reference/lua-api.md` (the Lua table) and `plugins/include/taper_plugin.h`.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +93,10 @@ pub struct OomEvent {
     pub precision: Precision,
     /// The error, as one line.
     pub error: String,
+    /// The largest tensors the run holds (weights, optimizer state), and
+    /// the bytes of all it holds: what a retry cannot free.
+    pub live: Vec<LiveTensor>,
+    pub live_bytes: u64,
 }
 
 /// What a policy decided.
@@ -128,5 +184,18 @@ impl OomPolicy for Halve {
 
     fn describe(&self) -> String {
         format!("halve (floor {})", self.floor.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_tensors_belong_to_their_model_part() {
+        assert_eq!(part_of("model.h3.attn.qkv.weight"), "h3");
+        assert_eq!(part_of("optim.m.wte"), "wte");
+        assert_eq!(part_of("optim.v.blk.12.attn_q.lora_a"), "blk.12");
+        assert_eq!(part_of("optim.t"), "t");
     }
 }

@@ -228,6 +228,7 @@ impl Recovery {
         micro_batch: usize,
     ) -> Result<OomEvent> {
         crate::memory::device::trim(trainer.device())?;
+        let (live, live_bytes) = super::policy::largest_tensors(&trainer.state(), LIVE_LISTED);
         Ok(OomEvent {
             phase: e.phase,
             cause: e.cause,
@@ -240,6 +241,8 @@ impl Recovery {
             memory: memory_figures(trainer.device(), self.budget),
             precision: trainer.precision(),
             error: e.to_string(),
+            live,
+            live_bytes,
         })
     }
 
@@ -276,6 +279,9 @@ fn nothing_to_split(step: u64) -> Action {
         "out of memory at step {step} with a micro-batch of 1: nothing left to split"
     ))
 }
+
+/// How many of the largest live tensors an OOM event lists.
+pub const LIVE_LISTED: usize = 8;
 
 /// What a policy is told about memory: the device's figures on a GPU, the
 /// counting allocator's on the CPU.
