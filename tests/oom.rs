@@ -546,3 +546,56 @@ fn planner_estimates_within_20_percent() -> Result<()> {
     );
     Ok(())
 }
+
+const GPT_RECIPE: &str = r#"
+local cfg = taper.config{ recompute = 0, policy = "none" }
+local train = taper.data.shakespeare{ split = "train", context = 128 }:take(6 * 16):batch(16)
+local run = taper.run{
+  model = taper.model.gpt{ vocab = train:vocab_size(), context = 128, width = 64, layers = 4, heads = 4 },
+  optim = taper.optim.adamw{ lr = 1e-3 },
+  data = train,
+  recompute = cfg.recompute,
+  on_oom = cfg.policy == "recompute" and function(ev)
+    if ev.recompute == 0 then return { action = "recompute" } end
+    return "stop"
+  end or nil,
+  seed = 3,
+}
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+"#;
+
+/// Under a limit between the GPT's step peak with and without recomputed
+/// blocks, a policy that answers `recompute` finishes the run at the full
+/// micro-batch, with the weights of a run without a limit.
+#[test]
+fn a_policy_can_switch_on_recomputation_under_a_budget() -> Result<()> {
+    let _serial = serial();
+    let run = |set: &[(&str, &str)], limit: Option<usize>| -> Result<tempfile::TempDir> {
+        let d = tempfile::tempdir()?;
+        host(d.path(), set, &[], limit)?.run_source("gpt.lua", GPT_RECIPE)?;
+        Ok(d)
+    };
+    let peak = |d: &tempfile::TempDir| -> Result<u64> {
+        Ok(records(d.path(), "epoch")?[0]["memory_peak"]
+            .as_u64()
+            .unwrap())
+    };
+    let plain = run(&[], None)?;
+    let recomputed = run(&[("recompute", "1")], None)?;
+    let (p0, p1) = (peak(&plain)?, peak(&recomputed)?);
+    eprintln!("step peak: {p0} B plain, {p1} B recomputing every block");
+    assert!((p1 as f64) < 0.8 * p0 as f64, "{p1} vs {p0}");
+    assert!(max_rel_diff(&weights(plain.path())?, &weights(recomputed.path())?)? < 1e-6);
+
+    let limit = ((p0 + p1) / 2) as usize;
+    let tight = run(&[("policy", "recompute")], Some(limit))?;
+    let ooms = records(tight.path(), "oom")?;
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    assert_eq!(ooms[0]["action"], "recompute");
+    assert_eq!(ooms[0]["new_recompute"], 1);
+    assert_eq!(ooms[0]["new_micro_batch"], 16);
+    assert!(peak(&tight)? as usize <= limit);
+    let d = max_rel_diff(&weights(plain.path())?, &weights(tight.path())?)?;
+    assert!(d < 1e-6, "weights differ by {d}");
+    Ok(())
+}

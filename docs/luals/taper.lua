@@ -36,6 +36,7 @@ function taper.config(defaults) end
 ---@field on_reload? fun(old_state: table): table? migrates `run.state` when this version takes over
 ---@field watch? boolean watch the recipe and its modules, as `--watch` does
 ---@field precision? "f32"|"bf16"|"f16" forward and backward type (f32 master weights; f16 adds loss scaling)
+---@field recompute? boolean|integer recompute every (n-th) transformer block in the backward instead of keeping its activations
 ---@field checkpoint_every? integer|string save every n steps, every so long ("10m"), or "never" (default 5 minutes; --checkpoint-every overrides)
 ---@field keep_checkpoints? integer how many of the run's checkpoints stay in the output folder (default 2; --keep-checkpoints overrides)
 
@@ -367,11 +368,14 @@ function taper.schedule.step(opts) end
 ---@field micro_batch integer
 ---@field attempt integer
 ---@field precision "f32"|"bf16"|"f16" the run's precision when it ran out of memory
+---@field recompute integer every how many blocks the backward recomputed (0: none)
+---@field live {name: string, part: string, bytes: integer}[] the largest tensors the run holds, largest first
+---@field live_bytes integer bytes of all the tensors the run holds
 ---@field error string
 ---@field requested integer? bytes the failed allocation asked for, when known
 ---@field memory {used: integer, peak: integer?, limit: integer?, free: integer?, total: integer?} heap {used, peak, limit} on the CPU; device {used, free, total} on a GPU
 
----@alias taper.OomAction "split"|"retry"|"skip"|"stop"|{action: "split"|"retry"|"skip"|"stop"|"precision", micro_batch?: integer, precision?: "f32"|"bf16"|"f16", reason?: string}
+---@alias taper.OomAction "split"|"retry"|"skip"|"stop"|"recompute"|{action: "split"|"retry"|"skip"|"stop"|"precision"|"recompute", micro_batch?: integer, precision?: "f32"|"bf16"|"f16", every?: integer, reason?: string}
 
 ---@class taper.Policy
 ---@field on_oom fun(self: taper.Policy, event: taper.OomEvent): taper.OomAction?

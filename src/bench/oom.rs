@@ -174,8 +174,72 @@ fn constrained(name: &str, recipe: &str, batch: f64, lo: usize) -> Result<()> {
     Ok(())
 }
 
+/// Activation recomputation on a Shakespeare GPT deep and long enough for
+/// activations to dominate (width 128, 6 layers, context 256, batch 16):
+/// the step's peak heap and time with every block, every other block and
+/// no block recomputed, alternating. PyTorch's checkpointing is the
+/// anchor: about 30% more time for O(sqrt n) activation memory.
+fn recompute(rounds: usize) -> Result<()> {
+    use crate::engine::{Gpt, Trainer, TrainerOptions};
+    let src = shakespeare("train", 256, None)?;
+    let vocab = crate::data::Source::vocab(&src).map_or(0, |v| v.len());
+    let spec = Gpt {
+        vocab,
+        context: 256,
+        width: 128,
+        layers: 6,
+        heads: 4,
+        mlp: 4,
+        from: None,
+        initial: None,
+    };
+    let mut t = Trainer::new(Arc::new(spec), &super::adamw(), TrainerOptions::default())?;
+    let data = Pipeline::new(Arc::new(src)).shuffle(1).batch(16, false);
+    let mut batches = data.epoch(1, 16, 0);
+    let mut next = || -> Result<crate::data::Batch> {
+        batches.next().ok_or(crate::Error::Data("no data".into()))?
+    };
+    t.train_step(&next()?)?; // optimizer state exists from here
+    let settings = [0usize, 2, 1];
+    let mut peak = vec![Vec::new(); settings.len()];
+    let mut time = vec![Vec::new(); settings.len()];
+    for _ in 0..rounds.max(1) {
+        for (i, &every) in settings.iter().enumerate() {
+            t.set_recompute(every)?;
+            let b = next()?;
+            let base = HostMemory::current();
+            HostMemory::reset_peak();
+            let s = Instant::now();
+            t.train_step(&b)?;
+            time[i].push(s.elapsed().as_secs_f64());
+            peak[i].push(HostMemory::peak().saturating_sub(base) as f64);
+        }
+    }
+    println!(
+        "activation recomputation (Shakespeare GPT width 128, 6 layers, context 256, batch 16):"
+    );
+    let (p0, t0) = (median(&mut peak[0]), median(&mut time[0]));
+    for (i, every) in settings.iter().enumerate() {
+        let (p, tm) = (median(&mut peak[i]), median(&mut time[i]));
+        let what = match every {
+            0 => "none".to_string(),
+            1 => "every block".to_string(),
+            n => format!("every {n} blocks"),
+        };
+        println!(
+            "  {what:>16}: step peak {:7.1} MiB ({:.2}x), {:6.1} ms ({:.2}x)",
+            p / (1 << 20) as f64,
+            p / p0,
+            tm * 1e3,
+            tm / t0
+        );
+    }
+    Ok(())
+}
+
 pub fn run(rounds: usize) -> Result<()> {
     recovery(rounds)?;
+    recompute(rounds)?;
     constrained("digits MLP 64-1024-1024-10", MLP, 256.0, 32)?;
     constrained(
         "Shakespeare GPT width 64, 2 layers, context 64",

@@ -4,6 +4,7 @@
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -93,6 +94,20 @@ struct Block {
 }
 
 impl Block {
+    /// The tensors the block reads, for recomputation's gradients.
+    fn params(&self) -> Vec<Tensor> {
+        let mut out = vec![
+            self.ln1.w.clone(),
+            self.ln1.b.clone(),
+            self.ln2.w.clone(),
+            self.ln2.b.clone(),
+        ];
+        for l in [&self.qkv, &self.proj, &self.fc, &self.fc_proj] {
+            out.extend(l.tensors());
+        }
+        out
+    }
+
     fn new(vb: VarBuilder, cfg: &Gpt) -> Result<Self> {
         let w = cfg.width;
         // GPT-2: residual projections scaled by 1/sqrt(2 * layers).
@@ -124,9 +139,12 @@ impl Block {
 struct GptNet {
     wte: Tensor,
     wpe: Tensor,
-    blocks: Vec<Block>,
+    blocks: Vec<Arc<Block>>,
     ln_f: Norm,
     context: usize,
+    /// Recompute every n-th block in the backward (0: none); see
+    /// `engine::recompute`.
+    recompute: AtomicUsize,
 }
 
 impl GptNet {
@@ -143,8 +161,15 @@ impl GptNet {
         let tok = crate::kernels::embedding(&self.wte, idx)?;
         let pos = self.wpe.narrow(0, 0, t)?;
         let mut x = tok.broadcast_add(&pos)?;
-        for block in &self.blocks {
-            x = block.forward(&x)?;
+        let every = self.recompute.load(Ordering::Relaxed);
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = if every > 0 && i % every == 0 {
+                let b = Arc::clone(block);
+                let f: super::recompute::Block = Arc::new(move |x: &Tensor| b.forward(x));
+                super::recompute::checkpoint(&x, block.params(), f)?
+            } else {
+                block.forward(&x)?
+            };
         }
         self.ln_f.forward(&x)
     }
@@ -159,6 +184,11 @@ impl Module for GptNet {
 }
 
 impl TrainModule for GptNet {
+    fn set_recompute(&self, every: usize) -> bool {
+        self.recompute.store(every, Ordering::Relaxed);
+        true
+    }
+
     fn hidden_and_head(&self, idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
         Ok(Some((self.hidden(idx)?, self.wte.clone())))
     }
@@ -215,7 +245,7 @@ impl Gpt {
             stdev: STD,
         };
         let blocks = (0..self.layers)
-            .map(|i| Block::new(vb.pp(format!("h{i}")), self))
+            .map(|i| Block::new(vb.pp(format!("h{i}")), self).map(Arc::new))
             .collect::<Result<Vec<_>>>()?;
         Ok(GptNet {
             wte: vb.get_with_hints((self.vocab, self.width), "wte", emb)?,
@@ -223,6 +253,7 @@ impl Gpt {
             blocks,
             ln_f: Norm::new(vb.pp("ln_f"), self.width)?,
             context: self.context,
+            recompute: AtomicUsize::new(0),
         })
     }
 }

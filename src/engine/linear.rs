@@ -15,6 +15,13 @@ pub struct Linear {
 
 impl Linear {
     /// `weight [out, in]`, `bias [out]`.
+    /// The weight and the bias (if any).
+    pub fn tensors(&self) -> Vec<Tensor> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
+    }
+
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
         Linear { weight, bias }
     }

@@ -11,6 +11,7 @@ pub mod optim;
 mod params;
 pub mod precision;
 pub mod prune;
+pub mod recompute;
 pub mod rng;
 pub mod schedule;
 mod trainer;

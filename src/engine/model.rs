@@ -141,6 +141,12 @@ fn first_at_or_above(t: &Tensor, limit: usize) -> Result<Option<(usize, i64)>> {
 
 /// A model as the trainer sees it.
 pub trait TrainModule: Module {
+    /// Recompute every `every`-th repeated block in the backward instead of
+    /// keeping its activations (0: none). False when the model has no
+    /// repeated blocks to recompute.
+    fn set_recompute(&self, _every: usize) -> bool {
+        false
+    }
     /// The last hidden states `[.., hidden]` and the head's weight
     /// `[classes, hidden]` whose product is `forward(x)`'s logits, for losses
     /// that fuse the head; `None` when the model has no such head.

@@ -66,6 +66,10 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
     if let Action::Precision(p) = action {
         f.insert("new_precision".into(), p.name().into());
     }
+    f.insert("recompute".into(), e.recompute.into());
+    if let Action::Recompute(n) = action {
+        f.insert("new_recompute".into(), (*n).into());
+    }
     if let Some(b) = e.requested {
         f.insert("requested".into(), json!(b));
     }
@@ -92,6 +96,7 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
     let detail = match action {
         Action::Split(_) => format!(" micro-batch {} -> {}", e.micro_batch, rec.new_micro_batch),
         Action::Precision(p) => format!(" {} -> {}", e.precision.name(), p.name()),
+        Action::Recompute(n) => format!(" every {n} blocks"),
         _ => String::new(),
     };
     out.oom(format!("{name}{detail}"));

@@ -27,15 +27,17 @@ pub(crate) fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
     let bad = |what: String| Error::Script(format!("OOM policy at {at}: {what}"));
     let mut reason: Option<String> = None;
     let mut precision: Option<String> = None;
+    let mut every: Option<i64> = None;
     let (name, micro) = match &v {
         Value::Nil => return Ok(None),
         Value::String(s) => (s.to_str()?.to_string(), None),
         Value::Table(t) => {
             for pair in t.pairs::<String, Value>() {
                 let (k, _) = pair?;
-                if !["action", "micro_batch", "precision", "reason"].contains(&k.as_str()) {
+                if !["action", "micro_batch", "precision", "every", "reason"].contains(&k.as_str())
+                {
                     return Err(bad(format!(
-                        "unknown key `{k}` in its action (action, micro_batch, precision, reason)"
+                        "unknown key `{k}` in its action (action, micro_batch, precision, every, reason)"
                     )));
                 }
             }
@@ -43,6 +45,7 @@ pub(crate) fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
             let micro: Option<i64> = t.get("micro_batch")?;
             reason = t.get("reason")?;
             precision = t.get("precision")?;
+            every = t.get("every")?;
             if let Some(m) = micro.filter(|m| *m < 1) {
                 return Err(bad(format!("micro_batch {m} must be at least 1")));
             }
@@ -81,11 +84,16 @@ pub(crate) fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
                 ))),
             }
         }
-        "recompute" | "offload" => Err(bad(format!(
-            "action `{name}` is not available in this build yet (split, retry, skip, precision and stop are)"
+        "recompute" => match every {
+            Some(n) if n >= 1 => Ok(Some(Action::Recompute(n as usize))),
+            None => Ok(Some(Action::Recompute(1))),
+            Some(n) => Err(bad(format!("action `recompute`: every {n} must be at least 1"))),
+        },
+        "offload" => Err(bad(format!(
+            "action `{name}` is not available in this build yet (split, retry, skip, precision, recompute and stop are)"
         ))),
         other => Err(bad(format!(
-            "unknown action `{other}` (split, retry, skip, precision, stop)"
+            "unknown action `{other}` (split, retry, skip, precision, recompute, stop)"
         ))),
     }
 }
@@ -102,6 +110,7 @@ pub(crate) fn event_table(lua: &Lua, e: &OomEvent) -> mlua::Result<Table> {
     t.set("micro_batch", e.micro_batch)?;
     t.set("attempt", e.attempt)?;
     t.set("precision", e.precision.name())?;
+    t.set("recompute", e.recompute)?;
     t.set("requested", e.requested)?;
     t.set("error", e.error.as_str())?;
     let live = lua.create_table()?;
@@ -191,6 +200,11 @@ pub(crate) fn event_of_table(t: &Table) -> std::result::Result<OomEvent, String>
             .ok()
             .flatten()
             .unwrap_or_default(),
+        recompute: t
+            .get::<Option<usize>>("recompute")
+            .ok()
+            .flatten()
+            .unwrap_or(0),
         live: live_of(t),
         live_bytes: t
             .get::<Option<u64>>("live_bytes")
@@ -301,6 +315,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not available in this build yet"), "{err}");
+        assert_eq!(
+            parse_action(v("'recompute'"), "p.lua:1").unwrap(),
+            Some(Action::Recompute(1))
+        );
+        assert_eq!(
+            parse_action(v("{ action = 'recompute', every = 2 }"), "p.lua:1").unwrap(),
+            Some(Action::Recompute(2))
+        );
+        let err = parse_action(v("{ action = 'recompute', every = 0 }"), "p.lua:3")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("every 0 must be at least 1"), "{err}");
         assert_eq!(
             parse_action(v("{ action = 'precision', precision = 'bf16' }"), "p.lua:1").unwrap(),
             Some(Action::Precision(Precision::Bf16))

@@ -67,6 +67,10 @@ fn action_value(lua: &Lua, p: &Instance, action: Option<Action>) -> mlua::Result
             t.set("action", "precision")?;
             t.set("precision", p.name())?;
         }
+        Some(Action::Recompute(n)) => {
+            t.set("action", "recompute")?;
+            t.set("every", n)?;
+        }
         Some(Action::Skip) => t.set("action", "skip")?,
         Some(Action::Stop(_)) => {
             t.set("action", "stop")?;

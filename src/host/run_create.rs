@@ -49,6 +49,9 @@ fn create(
     };
     let mut trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
     trainer.set_precision(o.precision).map_err(lua_err)?;
+    trainer
+        .set_recompute(o.recompute)
+        .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
     let id = host.runs.borrow().len() + 1;
     let mut core = crate::run::Run::new(trainer, o.seed);
     core.schedule = o.schedule;
@@ -114,6 +117,7 @@ fn create(
         crate::engine::describe_device(&host.device).into(),
     );
     f.insert("precision".into(), o.precision.name().into());
+    f.insert("recompute".into(), o.recompute.into());
     if let Some(limit) = run.core.oom.budget {
         f.insert("memory_limit".into(), limit.into());
     }

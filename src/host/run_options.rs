@@ -37,6 +37,7 @@ const RUN_KEYS: &[&str] = &[
     "precision",
     "checkpoint_every",
     "keep_checkpoints",
+    "recompute",
 ];
 
 /// The decoded options of `taper.run{...}`.
@@ -57,6 +58,8 @@ pub(crate) struct RunOptions {
     pub checkpoint_every: Option<Option<Every>>,
     /// `keep_checkpoints`, when given.
     pub keep_checkpoints: Option<usize>,
+    /// `recompute`: every how many blocks the backward recomputes (0: none).
+    pub recompute: usize,
 }
 
 pub(crate) fn decode_run(
@@ -170,7 +173,24 @@ pub(crate) fn decode_run(
             ))
         }
     };
+    // `recompute = true` (every block), a number n (every n-th block), or
+    // false / 0 (none).
+    let recompute = match opts.get::<Value>("recompute")? {
+        Value::Nil | Value::Boolean(false) => 0,
+        Value::Boolean(true) => 1,
+        Value::Integer(n) if n >= 0 => n as usize,
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `recompute` must be true, false or a number of blocks (every n-th is recomputed), got {}",
+                    brief(&other)
+                ),
+            ))
+        }
+    };
     Ok(RunOptions {
+        recompute,
         checkpoint_every,
         keep_checkpoints,
         model,

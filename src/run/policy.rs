@@ -91,6 +91,8 @@ pub struct OomEvent {
     pub memory: MemoryFigures,
     /// The precision forward and backward ran in.
     pub precision: Precision,
+    /// Every how many blocks the backward recomputed (0: none).
+    pub recompute: usize,
     /// The error, as one line.
     pub error: String,
     /// The largest tensors the run holds (weights, optimizer state), and
@@ -108,6 +110,9 @@ pub enum Action {
     Retry,
     /// Switch forward and backward to this precision, then retry.
     Precision(Precision),
+    /// Recompute every n-th block's activations in the backward instead of
+    /// keeping them (1: every block), then retry.
+    Recompute(usize),
     /// Drop this batch, recorded.
     Skip,
     /// Stop the run (a checkpoint is written first).
@@ -120,6 +125,7 @@ impl Action {
             Action::Split(_) => "split",
             Action::Retry => "retry",
             Action::Precision(_) => "precision",
+            Action::Recompute(_) => "recompute",
             Action::Skip => "skip",
             Action::Stop(_) => "stop",
         }

@@ -109,6 +109,9 @@ impl Recovery {
                     "the OOM policy asked for precision {} at step {step}, which the run already uses",
                     p.name()
                 )),
+                Action::Recompute(n) if n == trainer.recompute() => Action::Stop(format!(
+                    "the OOM policy asked to recompute every {n} blocks at step {step}, which the run already does"
+                )),
                 other => other,
             };
             if let Action::Split(Some(m)) = action {
@@ -123,6 +126,9 @@ impl Recovery {
             })?;
             match action {
                 Action::Precision(p) => trainer.set_precision(p)?,
+                Action::Recompute(n) => trainer.set_recompute(n).map_err(|why| {
+                    Error::Stopped(format!("the OOM policy asked to recompute: {why} ({e})"))
+                })?,
                 Action::Skip => return Ok(StepOutcome::Skipped),
                 Action::Stop(why) => return Err(Error::Stopped(format!("{why} ({e})"))),
                 Action::Split(_) | Action::Retry => {}
@@ -240,6 +246,7 @@ impl Recovery {
             requested: e.requested,
             memory: memory_figures(trainer.device(), self.budget),
             precision: trainer.precision(),
+            recompute: trainer.recompute(),
             error: e.to_string(),
             live,
             live_bytes,

@@ -68,6 +68,8 @@ pub struct Trainer {
     overflow: Option<f64>,
     /// Pruning masks, applied after every update.
     masks: Masks,
+    /// Recompute every n-th block in the backward (0: none).
+    recompute: usize,
     /// Optimizer steps taken.
     pub step: u64,
 }
@@ -88,6 +90,7 @@ impl Trainer {
             mixed: None,
             overflow: None,
             masks: Masks::default(),
+            recompute: 0,
             step: 0,
         })
     }
@@ -125,7 +128,27 @@ impl Trainer {
                 .build_train(self.store.var_builder(self.opts.dtype, &dev))?,
         };
         self.mixed = mixed;
+        self.model.set_recompute(self.recompute);
         Ok(())
+    }
+
+    /// Recompute every `every`-th repeated block (a GPT's transformer
+    /// blocks) in the backward instead of keeping its activations; 0 keeps
+    /// them all. From the next attempt on; the gradients are the same.
+    pub fn set_recompute(&mut self, every: usize) -> Result<()> {
+        if !self.model.set_recompute(every) && every > 0 {
+            return Err(Error::Config(format!(
+                "recompute: {} has no repeated blocks to recompute",
+                self.spec.describe()
+            )));
+        }
+        self.recompute = every;
+        Ok(())
+    }
+
+    /// Every how many blocks the backward recomputes (0: none).
+    pub fn recompute(&self) -> usize {
+        self.recompute
     }
 
     /// Magnitude-prunes the named parameters to `sparsity` (per tensor, or
@@ -315,7 +338,11 @@ impl Trainer {
             guard(Phase::Forward)?;
             let grads = (&loss * (weight * scale))
                 .and_then(|l| l.backward())
-                .map_err(|e| classify(e.into(), Phase::Backward))?;
+                .and_then(|mut g| super::recompute::merge_parameter_grads(&mut g).map(|()| g))
+                .map_err(|e| {
+                    super::recompute::discard_parameter_grads();
+                    classify(e.into(), Phase::Backward)
+                })?;
             guard(Phase::Backward)?;
             accumulate(&mut acc, &vars, grads).map_err(|e| classify(e, Phase::Accumulate))?;
             // A CPU-GPU sync point: the progress bar wants the number.
@@ -402,7 +429,8 @@ impl Trainer {
         crate::memory::HostMemory::reset_peak();
         {
             let loss = self.train_loss(&x, &y)?;
-            let _grads = loss.backward()?;
+            let mut grads = loss.backward()?;
+            super::recompute::merge_parameter_grads(&mut grads)?;
         }
         Ok(crate::memory::HostMemory::peak().saturating_sub(base))
     }

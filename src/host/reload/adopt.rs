@@ -4,7 +4,7 @@
 //! reload may change:
 //!
 //! - may change: `data` (the cursor carries over), `schedule`, `on_oom`,
-//!   `mem_limit`, `micro_batch`, `loss` options, `precision`, the
+//!   `mem_limit`, `micro_batch`, `loss` options, `precision`, `recompute`, the
 //!   optimizer's `lr`, and
 //!   everything the recipe's loop does from the next epoch (or safe point);
 //! - may not change: the model's architecture, the optimizer's kind and its
@@ -41,6 +41,7 @@ pub(crate) struct Staged {
     budget: Option<usize>,
     on_reload: Option<Function>,
     precision: Precision,
+    recompute: usize,
 }
 
 /// In a reloaded version, the existing run for this `taper.run{}` call,
@@ -75,6 +76,7 @@ pub(crate) fn adopt(
         budget: o.oom.budget,
         on_reload: o.on_reload,
         precision: o.precision,
+        recompute: o.recompute,
     };
     if committed {
         // A run the new version reaches after its first safe point.
@@ -171,6 +173,10 @@ fn apply(
     r.core
         .trainer
         .set_precision(s.precision)
+        .map_err(|e| e.to_string())?;
+    r.core
+        .trainer
+        .set_recompute(s.recompute)
         .map_err(|e| e.to_string())?;
     if s.optim.lr() != r.core.trainer.optim_spec().lr() {
         r.core.trainer.set_learning_rate(s.optim.lr());
