@@ -398,6 +398,13 @@ function taper.policy.composer_like(opts) end
 ---@return taper.Policy
 function taper.policy.grow_back(opts) end
 
+---Escalate, cheapest first: split down to `min_micro`, then recompute every block
+---(a GPT), then switch to `precision` (default bf16; false to stay), then stop; grow
+---the micro-batch back after `after` clean steps, never to a size that failed.
+---@param opts? {min_micro?: integer, after?: integer, recompute?: boolean, precision?: "bf16"|"f16"|false}
+---@return taper.Policy
+function taper.policy.escalate(opts) end
+
 ---Ask each policy in turn; the first non-nil answer decides.
 ---@param policies (taper.Policy|fun(event: taper.OomEvent): taper.OomAction?)[]
 ---@return taper.Policy

@@ -17,6 +17,10 @@ const POLICIES: &[(&str, &str)] = &[
         include_str!("../../scripts/policies/grow_back.lua"),
     ),
     ("chain", include_str!("../../scripts/policies/chain.lua")),
+    (
+        "escalate",
+        include_str!("../../scripts/policies/escalate.lua"),
+    ),
 ];
 
 /// `taper.policy.<name>{...}`: each built-in file returns its constructor.
