@@ -629,3 +629,81 @@ fn a_policy_can_switch_on_recomputation_under_a_budget() -> Result<()> {
     assert!(d < 1e-5, "weights differ by {d}");
     Ok(())
 }
+
+const RAMP_RECIPE: &str = r#"
+local cfg = taper.config{ hook = false }
+local policy = { name = "hold", on_oom = function(self, ev) return "split" end }
+if cfg.hook then
+  -- Before an OOM: once a step's peak passes 80% of the limit, hold the
+  -- micro-batch where it is, so that the ramp's larger batches are split.
+  policy.on_step = function(self, info)
+    if info.limit and info.peak > 0.8 * info.limit then
+      return { micro_batch = info.micro_batch }
+    end
+  end
+end
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 1024, 1024 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = 1e-3 },
+  data = taper.data.digits{}:shuffle{ seed = 1 }:batch(256),
+  schedule = taper.schedule.batch_ramp{ from = 16, to = 256, steps = 12 },
+  on_oom = policy,
+  seed = 2,
+}
+for _ in run:epochs(1) do
+  for b in run:batches() do
+    run:step(b)
+    if run.steps >= 16 then break end
+  end
+end
+"#;
+
+/// A policy's `on_step` sees each step's peak and the limit, so it can act
+/// before an OOM: at a batch-size ramp, holding the micro-batch once the
+/// peak nears the limit avoids the OOMs a plain split policy meets.
+#[test]
+fn on_step_sees_the_peak_and_splits_ahead_of_a_batch_ramp() -> Result<()> {
+    let _serial = serial();
+    let peak = |micro: &str| -> Result<u64> {
+        let d = tempfile::tempdir()?;
+        train(
+            d.path(),
+            &[
+                ("batch", "256"),
+                ("hidden", "1024"),
+                ("micro", micro),
+                ("epochs", "1"),
+            ],
+            &[],
+            None,
+        )?;
+        Ok(records(d.path(), "epoch")?[0]["memory_peak"]
+            .as_u64()
+            .unwrap())
+    };
+    let limit = ((peak("64")? + peak("128")?) / 2) as usize;
+    let run = |hook: &str| -> Result<tempfile::TempDir> {
+        let d = tempfile::tempdir()?;
+        host(d.path(), &[("hook", hook)], &[], Some(limit))?.run_source("ramp.lua", RAMP_RECIPE)?;
+        Ok(d)
+    };
+    let plain = run("false")?;
+    let ahead = run("true")?;
+    let (n_plain, n_ahead) = (
+        records(plain.path(), "oom")?.len(),
+        records(ahead.path(), "oom")?.len(),
+    );
+    eprintln!("limit {limit} B: {n_plain} OOMs splitting after the fact, {n_ahead} holding ahead");
+    assert!(
+        n_plain > 0,
+        "the ramp should run out of memory without the hook"
+    );
+    assert_eq!(n_ahead, 0);
+    let steps = records(ahead.path(), "step")?;
+    let last = steps.last().expect("step records");
+    assert!(
+        last["micro_batch"].as_f64() < last["batch"].as_f64(),
+        "{last}"
+    );
+    Ok(())
+}

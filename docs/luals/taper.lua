@@ -379,7 +379,7 @@ function taper.schedule.step(opts) end
 
 ---@class taper.Policy
 ---@field on_oom fun(self: taper.Policy, event: taper.OomEvent): taper.OomAction?
----@field on_step? fun(self: taper.Policy, info: {step: integer, micro_batch: integer, batch_size: integer, clean_steps: integer}): {micro_batch: integer}?
+---@field on_step? fun(self: taper.Policy, info: {step: integer, micro_batch: integer, batch_size: integer, clean_steps: integer, peak: integer?, limit: integer?}): {micro_batch: integer}?
 
 taper.policy = {}
 

@@ -258,6 +258,8 @@ impl OomPolicy for LuaPolicy {
         info.set("micro_batch", s.micro_batch)?;
         info.set("batch_size", s.batch_size)?;
         info.set("clean_steps", s.clean_steps)?;
+        info.set("peak", s.peak)?;
+        info.set("limit", s.limit)?;
         let (v, at) = call_hook(&self.value, "on_step", info)?;
         match v {
             Value::Nil => Ok(None),

@@ -140,6 +140,11 @@ pub struct StepInfo {
     pub batch_size: usize,
     /// Successful steps since the last OOM.
     pub clean_steps: u64,
+    /// The step's measured peak (the heap on the CPU, by the counting
+    /// allocator) and the memory limit, when known: a policy can shrink
+    /// the micro-batch before an OOM when the peak nears the limit.
+    pub peak: Option<u64>,
+    pub limit: Option<u64>,
 }
 
 /// The `on_oom` slot. Built in ([`Halve`]), Lua-backed (`host`) and

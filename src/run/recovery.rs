@@ -256,11 +256,14 @@ impl Recovery {
     /// After a clean step: count it, and let the policy grow the cap back.
     fn after_success(&mut self, step: u64, micro: usize, batch: usize) -> Result<()> {
         self.clean_steps += 1;
+        let counting = HostMemory::is_counting();
         let info = StepInfo {
             step,
             micro_batch: micro,
             batch_size: batch,
             clean_steps: self.clean_steps,
+            peak: counting.then(|| HostMemory::peak() as u64),
+            limit: self.budget.map(|b| b as u64),
         };
         if let Some(p) = self.policy.as_mut() {
             if let Some(m) = p.on_step(&info)? {
