@@ -15,6 +15,7 @@ local cfg = taper.config{
   val_windows = 16, seed = 1, train = "lora",
   base = "file", -- or q8_0, q4_0, q4_1, f16: requantize the frozen projections
   export = "", -- a folder: write the adapters for llama.cpp, and a merged model
+  recompute = false, -- true: recompute each block in the backward (less memory, more time)
 }
 
 local dir = "data/smollm2/"
@@ -36,6 +37,7 @@ local run = taper.run{
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0 },
   data = train,
   seed = cfg.seed,
+  recompute = cfg.recompute,
 }
 print(("%s: %d trained parameters"):format(tostring(run), run.parameters))
 

@@ -35,6 +35,14 @@ pub fn checkpoint(x: &Tensor, params: Vec<Tensor>, block: Block) -> Result<Tenso
     // Run on a detached input and detach the output: nothing of the
     // block's graph (its activations) outlives this call.
     let y = block(&x.detach())?.detach();
+    // The op is recorded only when an input is tracked: below a frozen
+    // embedding the first block's input is not, so it stands in as a
+    // variable (a copy; its gradient goes nowhere).
+    let x = if x.track_op() {
+        x.clone()
+    } else {
+        Var::from_tensor(x)?.as_tensor().clone()
+    };
     x.apply_op2(&y, Recompute { params, block })
 }
 

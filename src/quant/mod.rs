@@ -4,6 +4,7 @@
 
 mod gguf;
 pub mod llama;
+mod llama_net;
 pub mod lora;
 
 pub use gguf::{export_gguf, ExportFormat, ExportSummary};
