@@ -304,3 +304,92 @@ fn a_closed_stdout_does_not_end_the_run() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.join("checkpoint.safetensors").exists());
 }
+
+/// `taper bench ... | head` and `taper sample ... | head`: no panic on a
+/// closed stdout either.
+#[test]
+fn benchmarks_and_samples_survive_a_closed_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let run = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_taper"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    run(&["bench", "records", "--steps", "3", "--rounds", "1"]);
+    let o = out.to_str().unwrap();
+    run(&[
+        "train",
+        "scripts/shakespeare.lua",
+        "--set",
+        "steps=3",
+        "--set",
+        "epochs=1",
+        "--set",
+        "sample=0",
+        "--quiet",
+        "--out",
+        o,
+    ]);
+    run(&["sample", o, "--tokens", "5"]);
+}
+
+/// `taper export` of a model a format does not fit: exit 2, saying why.
+#[test]
+fn export_refuses_a_format_the_model_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let taper = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_taper"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap()
+    };
+    let o = out.to_str().unwrap();
+    let trained = taper(&[
+        "train",
+        "scripts/digits.lua",
+        "--set",
+        "epochs=1",
+        "--quiet",
+        "--out",
+        o,
+    ]);
+    assert!(trained.status.success());
+    let hf = dir.path().join("hf");
+    let e = taper(&["export", o, "--format", "hf", "--out", hf.to_str().unwrap()]);
+    assert_eq!(e.status.code(), Some(2));
+    let msg = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        msg.contains("format hf is for taper.model.gpt; this model is mlp"),
+        "{msg}"
+    );
+    // GGUF fits any model (architecture taper for an MLP).
+    let gguf = dir.path().join("m.gguf");
+    let ok = taper(&[
+        "export",
+        o,
+        "--type",
+        "f32",
+        "--out",
+        gguf.to_str().unwrap(),
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("architecture taper"));
+}
