@@ -56,33 +56,28 @@ pub fn export(
     }
 }
 
-/// The model as a GPT, or why it is not one.
-fn as_gpt(model: &Model, format: &str) -> Result<Gpt> {
+/// The model's spec as a `taper.model.<kind>` one, or why it is not one
+/// (`what` names the format asking).
+fn spec_as<T: serde::de::DeserializeOwned>(model: &Model, kind: &str, what: &str) -> Result<T> {
     model
         .spec
         .config()
-        .and_then(|c| c.get("gpt").cloned())
+        .and_then(|c| c.get(kind).cloned())
         .and_then(|g| serde_json::from_value(g).ok())
         .ok_or_else(|| {
             Error::Config(format!(
-                "format {format} is for taper.model.gpt; this model is {}",
+                "{what} is for taper.model.{kind}; this model is {}",
                 model.spec.describe()
             ))
         })
 }
 
+fn as_gpt(model: &Model, format: &str) -> Result<Gpt> {
+    spec_as(model, "gpt", &format!("format {format}"))
+}
+
 fn as_llama(model: &Model, what: &str) -> Result<LlamaGguf> {
-    model
-        .spec
-        .config()
-        .and_then(|c| c.get("llama_gguf").cloned())
-        .and_then(|g| serde_json::from_value(g).ok())
-        .ok_or_else(|| {
-            Error::Config(format!(
-                "{what} is for taper.model.llama_gguf with adapters; this model is {}",
-                model.spec.describe()
-            ))
-        })
+    spec_as(model, "llama_gguf", what)
 }
 
 fn hf(model: &Model, path: &Path) -> Result<Written> {
