@@ -71,6 +71,15 @@ impl ParamStore {
             .collect()
     }
 
+    /// The variables' current values by name (sharing their storage): what
+    /// an export writes.
+    pub fn tensors(&self) -> HashMap<String, Tensor> {
+        self.lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+            .collect()
+    }
+
     /// Creates variables with these initial values (in `dtype`, on `device`).
     pub fn insert_initial(
         &self,

@@ -11,16 +11,14 @@
 //! `format = "f32" | "f16" | "q8_0" | "q4_0"` is the older spelling of
 //! `format = "gguf", type = ...`.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
-use candle_core::Tensor;
 use mlua::{Lua, Table, Value};
 use serde::Deserialize;
 use serde_json::Map;
 
 use super::options::{config_error, decode};
-use super::run_state::{RunHandle, RunState};
+use super::run_state::RunHandle;
 use super::state;
 use crate::error::lua_err;
 use crate::interop::Model;
@@ -82,7 +80,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
     let path = PathBuf::from(&o.path);
     let model = Model {
         spec: r.core.trainer.spec().as_ref(),
-        params: params(&r),
+        params: r.core.trainer.params().tensors(),
         vocab: r.core.vocab.as_deref(),
         step: r.core.trainer.step,
     };
@@ -114,14 +112,4 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
     t.set("quantized", w.quantized)?;
     t.set("kept_f32", w.kept_f32)?;
     Ok(t)
-}
-
-fn params(r: &RunState) -> HashMap<String, Tensor> {
-    r.core
-        .trainer
-        .params()
-        .vars()
-        .into_iter()
-        .map(|(k, v)| (k, v.as_tensor().clone()))
-        .collect()
 }

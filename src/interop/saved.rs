@@ -59,13 +59,7 @@ impl Saved {
     pub fn model(&self) -> super::Model<'_> {
         super::Model {
             spec: self.trainer.spec().as_ref(),
-            params: self
-                .trainer
-                .params()
-                .vars()
-                .into_iter()
-                .map(|(k, v)| (k, v.as_tensor().clone()))
-                .collect(),
+            params: self.trainer.params().tensors(),
             vocab: self.vocab.as_ref(),
             step: self.meta.step,
         }
