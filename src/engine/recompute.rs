@@ -79,7 +79,10 @@ impl CustomOp2 for Recompute {
         l: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         use candle_core::backend::BackendStorage;
-        Ok((contiguous(y.try_clone(l)?, l)?, l.shape().clone()))
+        if !l.is_contiguous() || l.start_offset() != 0 {
+            candle_core::bail!("recompute: the block's output is not contiguous");
+        }
+        Ok((y.try_clone(l)?, l.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -127,12 +130,4 @@ impl CustomOp2 for Recompute {
         })?;
         Ok((gx, None))
     }
-}
-
-/// `s` (laid out as `l`) as a contiguous buffer.
-fn contiguous(s: CpuStorage, l: &Layout) -> Result<CpuStorage> {
-    if l.is_contiguous() && l.start_offset() == 0 {
-        return Ok(s);
-    }
-    candle_core::bail!("recompute: the block's output is not contiguous")
 }
