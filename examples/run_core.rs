@@ -77,11 +77,13 @@ pub fn faults(epochs: u64) -> Vec<Injection> {
             step: 10,
             phase: Phase::Backward,
             times: 2,
+            rank: None,
         },
         Injection {
             step: epochs * 45 + 1,
             phase: Phase::Eval,
             times: 1,
+            rank: None,
         },
     ]
 }

@@ -10,6 +10,7 @@ local cfg = taper.config{
   sample = 300, temperature = 0.8,
   precision = "f32", -- or bf16, f16 (see docs/reference/lua-api.md, Mixed precision)
   val_windows = 512, val_batch = 64, -- held-out windows evaluated, and per batch
+  micro_batch = 0, -- when > 0: forward and backward this many windows at a time (same gradient)
 }
 
 local train = taper.data.shakespeare{ split = "train", context = cfg.context }
@@ -40,6 +41,7 @@ local run = taper.run{
   schedule = function(step) return { lr = lr_at(step) } end,
   seed = cfg.seed,
   precision = cfg.precision,
+  micro_batch = cfg.micro_batch > 0 and cfg.micro_batch or nil,
 }
 print(("shakespeare: %d windows of %d characters, vocabulary %d, %d parameters")
   :format(#train, cfg.context, train:vocab_size(), run.parameters))

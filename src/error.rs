@@ -44,6 +44,10 @@ pub enum Error {
     /// checkpoint and final records, and the CLI exits with `code`.
     #[error("the recipe called os.exit({0})")]
     Exited(i32),
+    /// Another rank of a data-parallel run died, hung, stopped or failed:
+    /// this one stops too (rank 0 with its checkpoint).
+    #[error("{0}")]
+    Peer(String),
     #[error("{}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]
@@ -59,7 +63,8 @@ impl Error {
     }
 
     /// The CLI's exit code: 2 for usage and recipe errors (syntax, options,
-    /// config, device), 3 when an OOM policy stopped the run, 128 + the
+    /// config, device), 3 when an OOM policy stopped the run, 4 when another
+    /// rank of a data-parallel run failed, 128 + the
     /// signal's number when a signal did (130 SIGINT, 143 SIGTERM, 129
     /// SIGHUP), 1 for other failures during training.
     pub fn exit_code(&self) -> u8 {
@@ -71,6 +76,8 @@ impl Error {
             2
         } else if self.find(|e| matches!(e, Error::Stopped(_))) {
             3
+        } else if self.find(|e| matches!(e, Error::Peer(_))) {
+            4
         } else {
             1
         }

@@ -13,6 +13,7 @@
 
 pub mod bench;
 pub mod data;
+pub mod dist;
 pub mod engine;
 mod error;
 pub mod host;

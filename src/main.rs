@@ -88,6 +88,21 @@ enum Command {
         /// Also write the records as TensorBoard event files (OUT/tensorboard/)
         #[arg(long)]
         tensorboard: bool,
+        /// Under a data-parallel launcher: how long a rank waits for the others
+        /// at a collective before it stops (a rank died or hangs): 90s, 10m
+        #[arg(long, value_name = "TIME", value_parser = parse_timeout, default_value = "300s")]
+        rank_timeout: std::time::Duration,
+    },
+    /// Train on N data-parallel ranks (MPI, `--features mpi`): runs `mpirun -n N
+    /// taper train ARGS...`. Each rank trains on its shard of every batch; only
+    /// rank 0 writes records and checkpoints, the others log to OUT/rank<R>.log.
+    Launch {
+        /// How many ranks
+        #[arg(short = 'n', long = "ranks", value_name = "N")]
+        n: usize,
+        /// `taper train`'s arguments: the recipe, then its options
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Load and validate a recipe without training (its loop runs no epoch).
     Check {
@@ -298,6 +313,54 @@ fn parse_size(s: &str) -> Result<usize, String> {
     taper::host::parse_size(s)
 }
 
+/// A rank's start: one output folder (rank 0's), the others' lines into
+/// their rank files; `--watch` is refused (ranks would reload at different
+/// steps).
+fn join_world(
+    w: &dyn taper::dist::Collective,
+    out: Option<PathBuf>,
+    recipe: &Path,
+    watch: bool,
+) -> taper::Result<PathBuf> {
+    if watch {
+        return Err(taper::Error::Config(
+            "--watch is not available with several ranks: they would apply an edit at different steps".into(),
+        ));
+    }
+    let out = taper::dist::launch::agree_out(w, out.unwrap_or_else(|| default_out(recipe)))?;
+    if w.rank() != 0 {
+        taper::dist::launch::log_to_rank_file(&out, w.rank())?;
+    }
+    Ok(out)
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    match taper::run::periodic::Every::parse(s)? {
+        taper::run::periodic::Every::Time(d) => Ok(d),
+        taper::run::periodic::Every::Steps(n) => Ok(std::time::Duration::from_secs(n)),
+    }
+}
+
+/// `taper launch`: the ranks under mpirun; its exit code is theirs.
+fn launch(n: usize, args: &[String]) -> ExitCode {
+    let recipe = args.iter().find(|a| !a.starts_with('-'));
+    let out = default_out(Path::new(recipe.map_or("run", |r| r.as_str())));
+    let status = std::env::current_exe()
+        .map_err(|e| taper::Error::Config(format!("taper launch: {e}")))
+        .and_then(|exe| taper::dist::launch::launch(n, &exe, args, &out));
+    match status {
+        Ok((s, _)) if s.success() => ExitCode::SUCCESS,
+        // Stopped by a signal passed on to the ranks: 128 + its number, as
+        // `taper train` exits.
+        Ok((_, Some(sig))) => ExitCode::from((128 + sig).clamp(0, 255) as u8),
+        Ok((s, None)) => ExitCode::from(s.code().map_or(1, |c| c.clamp(1, 255) as u8)),
+        Err(e) => {
+            eprintln!("taper: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn default_out(recipe: &Path) -> PathBuf {
     let stem = recipe.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
     PathBuf::from("runs").join(format!("{stem}-{}", taper::host::utc_stamp()))
@@ -359,6 +422,7 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Command::Launch { n, args } => return launch(n, &args),
         Command::Bench(args) => {
             return match taper::bench::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -399,10 +463,30 @@ fn main() -> ExitCode {
             keep_checkpoints,
             log_every,
             tensorboard,
+            rank_timeout,
         } => {
             // `--resume RUN_DIR` continues in that folder unless --out says
             // otherwise; `--resume auto` continues in --out if it holds a run.
-            let out = out.or_else(|| resume.clone().filter(|r| r.is_dir()));
+            let mut out = out.or_else(|| resume.clone().filter(|r| r.is_dir()));
+            // One of several data-parallel ranks (mpirun, taper launch)?
+            let world = match taper::dist::init(rank_timeout, taper::run::interrupt::requested) {
+                Ok(w) => w,
+                Err(e) => {
+                    eprintln!("taper: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            if let Some(w) = world {
+                taper::run::interrupt::set_patient();
+                match join_world(w, out.take(), &recipe.recipe, watch) {
+                    Ok(dir) => out = Some(dir),
+                    Err(e) => {
+                        eprintln!("taper: {e}");
+                        return ExitCode::from(e.exit_code());
+                    }
+                }
+            }
+            let writer = taper::dist::rank() == 0;
             let auto = resume.as_deref() == Some(Path::new("auto"));
             // The folder whose later runs (a distilled student) resume too.
             let folder = match resume.as_deref() {
@@ -431,10 +515,13 @@ fn main() -> ExitCode {
             let opts = HostOptions {
                 device,
                 seed,
-                out_dir: Some(out.unwrap_or_else(|| default_out(&recipe.recipe))),
+                // Only rank 0 of a data-parallel run writes records and checkpoints.
+                out_dir: Some(out.unwrap_or_else(|| default_out(&recipe.recipe)))
+                    .filter(|_| writer),
                 resume,
                 resume_folder: folder,
-                quiet,
+                // The other ranks write to their log files, not a terminal.
+                quiet: quiet && writer,
                 check_only: false,
                 overrides: recipe.set.clone(),
                 mem_limit,
@@ -443,7 +530,7 @@ fn main() -> ExitCode {
                 checkpoint_every: checkpoint_every.map(|e| e.0),
                 keep_checkpoints: keep_checkpoints.map(|k| k as usize),
                 log_every,
-                tensorboard,
+                tensorboard: tensorboard && writer,
                 reuse_out: auto,
             };
             (recipe.recipe, opts)
@@ -466,6 +553,9 @@ fn main() -> ExitCode {
     };
     match host.run_file(&recipe) {
         Ok(report) => {
+            // Every rank completed: MPI can end (after a failure a rank may
+            // be gone, and the launcher ends the others).
+            taper::dist::finish();
             if check {
                 say!("{}: ok", recipe.display());
             } else if let (false, Some(m)) = (quiet, report.metrics) {
@@ -484,8 +574,15 @@ fn main() -> ExitCode {
                 _ => taper::host::render_error(&e),
             };
             eprintln!("taper: {told}");
+            if let (Some(w), Some(_)) = (taper::dist::world(), e.interrupted()) {
+                // Every rank was asked to stop: they leave together, once
+                // rank 0 has written its checkpoint.
+                let _ = w.farewell(std::time::Duration::from_secs(60));
+            }
             let ending = e.exit_code() == 3 || e.interrupted().is_some();
-            if host.checkpoints().is_empty() && ending {
+            if taper::dist::rank() != 0 {
+                // Rank 0 writes the run's checkpoints.
+            } else if host.checkpoints().is_empty() && ending {
                 // Nothing to continue from, and nothing lost: no step was taken.
                 eprintln!("taper: no checkpoint: the run had taken no step");
             }

@@ -104,8 +104,9 @@ function Run:log(fields) end
 ---@return string|integer[]
 function Run:generate(opts) end
 
----Injects an OOM at step `step` (numbered from 1), `times` times in all.
----@param opts {step: integer, phase?: "upload"|"forward"|"backward"|"accumulate"|"optimizer"|"eval", times?: integer}
+---Injects an OOM at step `step` (numbered from 1), `times` times in all; with
+---`rank`, only on that rank of a data-parallel run (`taper launch`).
+---@param opts {step: integer, phase?: "upload"|"forward"|"backward"|"accumulate"|"optimizer"|"eval", times?: integer, rank?: integer}
 function Run:inject_oom(opts) end
 
 ---Magnitude pruning (as torch.nn.utils.prune.l1_unstructured, or global_unstructured
@@ -371,6 +372,7 @@ function taper.schedule.step(opts) end
 ---@field recompute integer every how many blocks the backward recomputed (0: none)
 ---@field live {name: string, part: string, bytes: integer}[] the largest tensors the run holds, largest first
 ---@field live_bytes integer bytes of all the tensors the run holds
+---@field ranks? integer[] in a data-parallel run, the ranks that ran out (the figures are the first one's)
 ---@field error string
 ---@field requested integer? bytes the failed allocation asked for, when known
 ---@field memory {used: integer, peak: integer?, limit: integer?, free: integer?, total: integer?} heap {used, peak, limit} on the CPU; device {used, free, total} on a GPU

@@ -60,4 +60,12 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.indices.is_empty()
     }
+    /// The rows `[start, start + len)` (a data-parallel rank's shard).
+    pub fn rows(&self, start: usize, len: usize) -> candle_core::Result<Batch> {
+        Ok(Batch {
+            x: self.x.narrow(0, start, len)?,
+            y: self.y.narrow(0, start, len)?,
+            indices: self.indices[start..start + len].to_vec(),
+        })
+    }
 }

@@ -89,6 +89,9 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
         }
     }
     f.insert("error".into(), e.error.clone().into());
+    if !e.ranks.is_empty() {
+        f.insert("ranks".into(), json!(e.ranks));
+    }
     if let Some(dir) = out.dir() {
         f.insert("snapshot".into(), snapshot(&dir, run, e, &f)?.into());
     }

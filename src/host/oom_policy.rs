@@ -123,6 +123,9 @@ pub(crate) fn event_table(lua: &Lua, e: &OomEvent) -> mlua::Result<Table> {
     }
     t.set("live", live)?;
     t.set("live_bytes", e.live_bytes)?;
+    if !e.ranks.is_empty() {
+        t.set("ranks", e.ranks.clone())?;
+    }
     let mem = lua.create_table()?;
     match e.memory {
         MemoryFigures::Host { used, peak, limit } => {
@@ -211,6 +214,11 @@ pub(crate) fn event_of_table(t: &Table) -> std::result::Result<OomEvent, String>
             .ok()
             .flatten()
             .unwrap_or(0),
+        ranks: t
+            .get::<Option<Vec<usize>>>("ranks")
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
     })
 }
 

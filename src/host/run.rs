@@ -349,6 +349,7 @@ impl UserData for RunHandle {
                 step: o.step,
                 phase: o.phase,
                 times: o.times,
+                rank: o.rank,
             });
             Ok(())
         });

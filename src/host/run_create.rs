@@ -121,6 +121,18 @@ fn create(
     if let Some(limit) = run.core.oom.budget {
         f.insert("memory_limit".into(), limit.into());
     }
+    if let Some(w) = crate::dist::world() {
+        // Data-parallel: each rank trains its shard of every batch.
+        f.insert("ranks".into(), w.size().into());
+        f.insert("collective".into(), w.describe().into());
+        host.out.line(&format!(
+            "rank {} of {} (pid {}): {}",
+            w.rank(),
+            w.size(),
+            std::process::id(),
+            w.describe()
+        ));
+    }
     host.out
         .record("run", run.core.trainer.step, run.core.cursor.epoch, f)
         .map_err(lua_err)?;

@@ -308,6 +308,9 @@ pub(crate) struct InjectOpts {
     pub phase: crate::memory::Phase,
     #[serde(default = "once")]
     pub times: u32,
+    /// Only this rank of a data-parallel run (None: every rank).
+    #[serde(default)]
+    pub rank: Option<usize>,
 }
 
 fn forward() -> crate::memory::Phase {

@@ -11,12 +11,14 @@ pub struct Injection {
     pub step: u64,
     pub phase: Phase,
     pub times: u32,
+    /// In a data-parallel run: only this rank fails (None: every rank).
+    pub rank: Option<usize>,
 }
 
 impl Injection {
-    /// `step=5,phase=backward[,times=2]`.
+    /// `step=5,phase=backward[,times=2][,rank=1]`.
     pub fn parse(s: &str) -> std::result::Result<Injection, String> {
-        let (mut step, mut phase, mut times) = (None, Phase::Forward, 1);
+        let (mut step, mut phase, mut times, mut rank) = (None, Phase::Forward, 1, None);
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = part
                 .split_once('=')
@@ -37,14 +39,25 @@ impl Injection {
                         .parse()
                         .map_err(|_| format!("times `{v}` is not a count"))?
                 }
-                other => return Err(format!("unknown key `{other}` (step, phase, times)")),
+                "rank" => {
+                    rank = Some(
+                        v.parse()
+                            .map_err(|_| format!("rank `{v}` is not a rank number"))?,
+                    )
+                }
+                other => return Err(format!("unknown key `{other}` (step, phase, times, rank)")),
             }
         }
         let step = step.ok_or("step=N is required")?;
         if step == 0 {
             return Err("steps are numbered from 1".into());
         }
-        Ok(Injection { step, phase, times })
+        Ok(Injection {
+            step,
+            phase,
+            times,
+            rank,
+        })
     }
 }
 
@@ -86,8 +99,13 @@ mod tests {
             Ok(Injection {
                 step: 5,
                 phase: Phase::Backward,
-                times: 2
+                times: 2,
+                rank: None
             })
+        );
+        assert_eq!(
+            Injection::parse("step=5,phase=forward,rank=1").map(|i| i.rank),
+            Ok(Some(1))
         );
         assert!(Injection::parse("phase=backward").is_err());
         assert!(Injection::parse("step=3,phase=sideways")

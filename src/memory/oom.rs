@@ -132,10 +132,12 @@ pub fn check(
     } = at;
     // An injection fires `times` times in all: a batch the policy skips
     // does not advance the step, and must not meet the same fault again.
-    if let Some(i) = injections
-        .iter_mut()
-        .find(|i| i.step == step && i.phase == phase && i.times > 0)
-    {
+    if let Some(i) = injections.iter_mut().find(|i| {
+        i.step == step
+            && i.phase == phase
+            && i.times > 0
+            && i.rank.is_none_or(|r| r == crate::dist::rank())
+    }) {
         i.times -= 1;
         return Err(OomError {
             phase,

@@ -8,14 +8,24 @@
 //! every few thousand Lua instructions, so a recipe stuck in a loop that
 //! never steps is stopped too.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use crate::{Error, Result};
 
 /// The signal that asked for a stop; 0 for none.
 static REQUESTED: AtomicI32 = AtomicI32::new(0);
 
+/// Set for a rank of a data-parallel run: a second signal does not exit at
+/// once (mpirun sends SIGTERM twice when it ends a job, and rank 0 is then
+/// writing its checkpoint).
+static PATIENT: AtomicBool = AtomicBool::new(false);
+
 const SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// A second signal waits for the stop like the first (see `PATIENT`).
+pub fn set_patient() {
+    PATIENT.store(true, Ordering::SeqCst);
+}
 
 /// Installs the handlers (the CLI does; an embedder may).
 pub fn install() -> std::io::Result<()> {
@@ -24,7 +34,7 @@ pub fn install() -> std::io::Result<()> {
         // swap, and `_exit` on the second signal.
         unsafe {
             signal_hook::low_level::register(sig, move || {
-                if REQUESTED.swap(sig, Ordering::SeqCst) != 0 {
+                if REQUESTED.swap(sig, Ordering::SeqCst) != 0 && !PATIENT.load(Ordering::SeqCst) {
                     libc::_exit(128 + sig);
                 }
             })?;

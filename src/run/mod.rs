@@ -7,6 +7,7 @@
 pub mod interrupt;
 pub mod periodic;
 mod policy;
+pub mod ranks;
 mod recovery;
 mod state;
 pub mod window;

@@ -99,6 +99,9 @@ pub struct OomEvent {
     /// the bytes of all it holds: what a retry cannot free.
     pub live: Vec<LiveTensor>,
     pub live_bytes: u64,
+    /// In a data-parallel run: the ranks that ran out (the figures above
+    /// are the first one's); empty in a single process.
+    pub ranks: Vec<usize>,
 }
 
 /// What a policy decided.

@@ -6,10 +6,11 @@
 //! boundaries) and injected faults (`--inject-oom`).
 
 use super::policy::{Action, MemoryFigures, OomEvent, OomPolicy, StepInfo};
+use super::ranks::{self, Attempt, Failure};
 use crate::data::Batch;
 use crate::engine::{loss::Loss, Eval, EvalSums, Trainer};
 use crate::memory::inject::Injection;
-use crate::memory::{HostMemory, OomError, Phase};
+use crate::memory::{HostMemory, Phase};
 use crate::{Error, Result};
 
 /// Attempts at one batch before the run stops.
@@ -76,32 +77,49 @@ impl Recovery {
         observe: &mut Observer<'_>,
     ) -> Result<StepOutcome> {
         let n = batch.len();
+        let world = crate::dist::world();
+        // The most samples one forward pass takes: the batch, or in a
+        // data-parallel run the largest rank's shard of it (micro-batches
+        // are per rank).
+        let room = world.map_or(n, |w| n.div_ceil(w.size()));
         let mut micro = planned
             .min(self.cap.unwrap_or(usize::MAX))
-            .clamp(1, n.max(1));
+            .clamp(1, room.max(1));
         let step = trainer.step + 1;
         let mut attempt = 0;
         HostMemory::set_limit(self.budget);
         loop {
             attempt += 1;
             HostMemory::reset_peak();
-            let result = trainer
-                .train_step_guarded(batch, micro, &mut |phase| self.check(step, attempt, phase));
-            let e = match result {
-                Ok(loss) => {
+            let budget = self.budget;
+            let mut check = |phase| self.check(step, attempt, phase);
+            let attempted = match world {
+                Some(w) => ranks::train_attempt(w, trainer, batch, micro, budget, &mut check)?,
+                None => match trainer.train_step_guarded(batch, micro, &mut check) {
+                    Ok(loss) => Attempt::Trained(loss),
+                    Err(Error::Oom(error)) => Attempt::Oom(Failure {
+                        error,
+                        ranks: Vec::new(),
+                        memory: memory_figures(trainer.device(), budget),
+                    }),
+                    Err(other) => return Err(other),
+                },
+            };
+            let failure = match attempted {
+                Attempt::Trained(loss) => {
                     self.after_success(trainer.step, micro, n)?;
                     return Ok(StepOutcome::Trained {
                         loss,
                         micro_batch: micro,
                     });
                 }
-                Err(Error::Oom(e)) => e,
-                Err(other) => return Err(other),
+                Attempt::Oom(f) => f,
             };
-            let ev = self.event(trainer, &e, (step, epoch, attempt), n, micro)?;
-            let action = self.decide(&ev, attempt)?;
+            let e = &failure.error;
+            let ev = self.event(trainer, &failure, (step, epoch, attempt), n, micro)?;
+            let action = self.decide_everywhere(&ev, attempt)?;
             let action = match action {
-                Action::Split(m) => match split(m, micro, n) {
+                Action::Split(m) => match split(m, micro, room) {
                     Some(m) => Action::Split(Some(m)),
                     None => nothing_to_split(step),
                 },
@@ -147,33 +165,85 @@ impl Recovery {
         epoch: u64,
         observe: &mut Observer<'_>,
     ) -> Result<Eval> {
+        let world = crate::dist::world();
+        let local = self.evaluate_local(trainer, batches, objective, epoch, observe);
+        let total = match world {
+            // Every rank evaluated its shard of each batch: the sums add up.
+            Some(w) => ranks::eval_total(w, local, trainer.device())?,
+            None => local?,
+        };
+        total.eval(objective.is_some())
+    }
+
+    /// This process's part of [`Recovery::evaluate`]: every batch, or this
+    /// rank's shard of each.
+    fn evaluate_local(
+        &mut self,
+        trainer: &Trainer,
+        batches: impl Iterator<Item = Result<Batch>>,
+        objective: Option<&Loss>,
+        epoch: u64,
+        observe: &mut Observer<'_>,
+    ) -> Result<EvalSums> {
         let model = trainer.frozen()?;
         let mut total = EvalSums::default();
         let step = trainer.step + 1;
         HostMemory::set_limit(self.budget);
+        let world = crate::dist::world();
         for batch in batches {
             let batch = batch?;
             let n = batch.len();
+            // A rank evaluates its shard; pieces are per rank (see
+            // `train_step`), and a rank with no rows still agrees.
+            let (rows, room) = match world {
+                Some(w) => (
+                    crate::dist::shard(n, w.rank(), w.size()),
+                    n.div_ceil(w.size()),
+                ),
+                None => ((0, n), n),
+            };
+            let mine = match rows {
+                (_, 0) => None,
+                (0, len) if len == n => Some(batch),
+                (start, len) => Some(batch.rows(start, len)?),
+            };
             let mut attempt = 0;
             loop {
                 attempt += 1;
                 HostMemory::reset_peak();
-                let piece = self.eval_cap.unwrap_or(n).clamp(1, n.max(1));
-                let result = trainer.eval_batch(&*model, &batch, piece, objective, &mut |p| {
-                    self.check(step, attempt, p)
-                });
-                let e = match result {
+                let piece = self.eval_cap.unwrap_or(room).clamp(1, room.max(1));
+                let result = match &mine {
+                    Some(b) => trainer.eval_batch(&*model, b, piece, objective, &mut |p| {
+                        self.check(step, attempt, p)
+                    }),
+                    None => Ok(EvalSums::default()),
+                };
+                let attempted = match world {
+                    Some(w) => {
+                        ranks::eval_attempt(w, result, trainer.device(), self.budget, piece)?
+                    }
+                    None => match result {
+                        Ok(sums) => Ok(sums),
+                        Err(Error::Oom(error)) => Err(Failure {
+                            memory: memory_figures(trainer.device(), self.budget),
+                            error,
+                            ranks: Vec::new(),
+                        }),
+                        Err(other) => return Err(other),
+                    },
+                };
+                let failure = match attempted {
                     Ok(sums) => {
                         total.add(&sums);
                         break;
                     }
-                    Err(Error::Oom(e)) => e,
-                    Err(other) => return Err(other),
+                    Err(f) => f,
                 };
-                let ev = self.event(trainer, &e, (step, epoch, attempt), n, piece)?;
+                let e = &failure.error;
+                let ev = self.event(trainer, &failure, (step, epoch, attempt), n, piece)?;
                 // Evaluation has nothing to skip or to lower: anything but
                 // retry and stop splits the evaluation batch.
-                let action = match self.decide(&ev, attempt)? {
+                let action = match self.decide_everywhere(&ev, attempt)? {
                     stop @ Action::Stop(_) => stop,
                     Action::Retry => Action::Retry,
                     asked => {
@@ -182,7 +252,7 @@ impl Recovery {
                         } else {
                             None
                         };
-                        match split(m, piece, n) {
+                        match split(m, piece, room) {
                             Some(m) if m == piece => Action::Retry,
                             Some(m) => Action::Split(Some(m)),
                             None => nothing_to_split(step),
@@ -195,14 +265,36 @@ impl Recovery {
                 observe(&Recovered {
                     event: &ev,
                     action: &action,
-                    new_micro_batch: self.eval_cap.unwrap_or(n),
+                    new_micro_batch: self.eval_cap.unwrap_or(room),
                 })?;
                 if let Action::Stop(why) = action {
                     return Err(Error::Stopped(format!("{why} (in evaluation: {e})")));
                 }
             }
         }
-        total.eval(objective.is_some())
+        Ok(total)
+    }
+
+    /// The action every rank takes: rank 0's policy decides and tells the
+    /// others (a policy that fails stops them all); in a single process,
+    /// [`Recovery::decide`].
+    fn decide_everywhere(&mut self, ev: &OomEvent, attempt: u32) -> Result<Action> {
+        let Some(w) = crate::dist::world() else {
+            return self.decide(ev, attempt);
+        };
+        if w.rank() != 0 {
+            self.events += 1;
+            let mut bytes = Vec::new();
+            w.broadcast_bytes(0, &mut bytes)?;
+            return decode_action(&bytes);
+        }
+        let decided = self.decide(ev, attempt);
+        let told = match &decided {
+            Ok(a) => a.clone(),
+            Err(e) => Action::Stop(format!("rank 0's OOM policy failed: {e}")),
+        };
+        w.broadcast_bytes(0, &mut encode_action(&told))?;
+        decided
     }
 
     /// The policy's action (the default: halve), once the failed attempt's
@@ -228,11 +320,12 @@ impl Recovery {
     fn event(
         &self,
         trainer: &Trainer,
-        e: &OomError,
+        failure: &Failure,
         (step, epoch, attempt): (u64, u64, u32),
         batch_size: usize,
         micro_batch: usize,
     ) -> Result<OomEvent> {
+        let e = &failure.error;
         crate::memory::device::trim(trainer.device())?;
         let (live, live_bytes) = super::policy::largest_tensors(&trainer.state(), LIVE_LISTED);
         Ok(OomEvent {
@@ -244,12 +337,18 @@ impl Recovery {
             batch_size,
             micro_batch,
             requested: e.requested,
-            memory: memory_figures(trainer.device(), self.budget),
+            memory: if failure.ranks.is_empty() {
+                // After the trim: what the retry will find.
+                memory_figures(trainer.device(), self.budget)
+            } else {
+                failure.memory
+            },
             precision: trainer.precision(),
             recompute: trainer.recompute(),
             error: e.to_string(),
             live,
             live_bytes,
+            ranks: failure.ranks.clone(),
         })
     }
 
@@ -265,10 +364,36 @@ impl Recovery {
             peak: counting.then(|| HostMemory::peak() as u64),
             limit: self.budget.map(|b| b as u64),
         };
-        if let Some(p) = self.policy.as_mut() {
-            if let Some(m) = p.on_step(&info)? {
-                self.cap = Some(m.max(1));
+        let decided = match self.policy.as_mut() {
+            Some(p) => p.on_step(&info),
+            None => return Ok(()),
+        };
+        // Every rank keeps rank 0's cap: a data-parallel step splits the
+        // same way on all of them.
+        let decided = match crate::dist::world() {
+            None => decided?,
+            Some(w) => {
+                let mut bytes = match (w.rank(), &decided) {
+                    (0, Ok(Some(m))) => m.to_string().into_bytes(),
+                    (0, Ok(None)) => b"-".to_vec(),
+                    (0, Err(_)) => b"error".to_vec(),
+                    _ => Vec::new(),
+                };
+                w.broadcast_bytes(0, &mut bytes)?;
+                decided?;
+                match bytes.as_slice() {
+                    b"-" => None,
+                    b"error" => {
+                        return Err(Error::Peer("rank 0's OOM policy failed in on_step".into()))
+                    }
+                    m => Some(String::from_utf8_lossy(m).parse().map_err(|_| {
+                        Error::Peer("rank 0 sent a micro-batch that is not a number".into())
+                    })?),
+                }
             }
+        };
+        if let Some(m) = decided {
+            self.cap = Some(m.max(1));
         }
         Ok(())
     }
@@ -282,6 +407,42 @@ fn split(asked: Option<usize>, micro: usize, n: usize) -> Option<usize> {
         None if micro <= 1 => None,
         None => Some(micro / 2),
     }
+}
+
+/// An action as rank 0 sends it to the others.
+fn encode_action(a: &Action) -> Vec<u8> {
+    match a {
+        Action::Split(Some(m)) => format!("split {m}"),
+        Action::Split(None) => "split".into(),
+        Action::Retry => "retry".into(),
+        Action::Precision(p) => format!("precision {}", p.name()),
+        Action::Recompute(n) => format!("recompute {n}"),
+        Action::Skip => "skip".into(),
+        Action::Stop(why) => format!("stop {why}"),
+    }
+    .into_bytes()
+}
+
+fn decode_action(bytes: &[u8]) -> Result<Action> {
+    let s = String::from_utf8_lossy(bytes);
+    let (name, arg) = s.split_once(' ').unwrap_or((&s, ""));
+    let bad = || {
+        Error::Peer(format!(
+            "rank 0 sent an action this rank cannot read: `{s}`"
+        ))
+    };
+    Ok(match name {
+        "split" if arg.is_empty() => Action::Split(None),
+        "split" => Action::Split(Some(arg.parse().map_err(|_| bad())?)),
+        "retry" => Action::Retry,
+        "precision" => {
+            Action::Precision(crate::engine::precision::Precision::parse(arg).ok_or_else(bad)?)
+        }
+        "recompute" => Action::Recompute(arg.parse().map_err(|_| bad())?),
+        "skip" => Action::Skip,
+        "stop" => Action::Stop(arg.to_string()),
+        _ => return Err(bad()),
+    })
 }
 
 fn nothing_to_split(step: u64) -> Action {
@@ -390,7 +551,12 @@ mod tests {
 
     fn inject(step: u64, phase: Phase, times: u32) -> Recovery {
         Recovery {
-            injections: vec![Injection { step, phase, times }],
+            injections: vec![Injection {
+                step,
+                phase,
+                times,
+                rank: None,
+            }],
             ..Default::default()
         }
     }

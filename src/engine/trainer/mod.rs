@@ -314,29 +314,54 @@ impl Trainer {
         guard: &mut dyn FnMut(Phase) -> Result<()>,
     ) -> Result<f64> {
         let n = batch.len();
-        if n == 0 {
+        let grads = self.local_grads(batch, (0, n), n, micro, guard)?;
+        let ready = self.prepare_update(grads)?;
+        guard(Phase::Optimizer)?;
+        self.commit_update(ready)
+    }
+
+    /// The upload, forward, backward and accumulation of a step over the
+    /// rows `[start, start + len)` of `batch`, in micro-batches of at most
+    /// `micro`, each weighted by its share of `total` samples (the global
+    /// batch: ranks of a data-parallel run sum their shares). No parameter
+    /// changes; `guard` is called at each phase boundary.
+    pub fn local_grads(
+        &self,
+        batch: &Batch,
+        (start, len): (usize, usize),
+        total: usize,
+        micro: usize,
+        guard: &mut dyn FnMut(Phase) -> Result<()>,
+    ) -> Result<Grads> {
+        if batch.is_empty() || total == 0 {
             return Err(Error::Data("train step: the batch is empty".into()));
         }
-        let micro = micro.clamp(1, n);
+        let mut grads = Grads {
+            acc: GradStore::default(),
+            loss_sum: 0.0,
+        };
+        if len == 0 {
+            // A rank whose shard of a small batch is empty adds nothing.
+            return Ok(grads);
+        }
+        let micro = micro.clamp(1, len);
         let vars = self.work_vars();
         let scale = self.mixed.as_ref().map_or(1.0, |m| m.loss_scale());
-        let mut acc = GradStore::default();
-        let mut loss_sum = 0f64;
         let (bx, by) = self.inputs(batch).map_err(|e| classify(e, Phase::Upload))?;
         guard(Phase::Upload)?;
-        for start in (0..n).step_by(micro) {
-            let len = micro.min(n - start);
-            let (x, y) = if len == n {
+        for from in (start..start + len).step_by(micro) {
+            let m = micro.min(start + len - from);
+            let (x, y) = if m == bx.dim(0)? {
                 (bx.clone(), by.clone())
             } else {
-                (bx.narrow(0, start, len)?, by.narrow(0, start, len)?)
+                (bx.narrow(0, from, m)?, by.narrow(0, from, m)?)
             };
-            let weight = len as f64 / n as f64;
+            let weight = m as f64 / total as f64;
             let loss = self
                 .train_loss(&x, &y)
                 .map_err(|e| classify(e.into(), Phase::Forward))?;
             guard(Phase::Forward)?;
-            let grads = (&loss * (weight * scale))
+            let g = (&loss * (weight * scale))
                 .and_then(|l| l.backward())
                 .and_then(|mut g| super::recompute::merge_parameter_grads(&mut g).map(|()| g))
                 .map_err(|e| {
@@ -344,15 +369,30 @@ impl Trainer {
                     classify(e.into(), Phase::Backward)
                 })?;
             guard(Phase::Backward)?;
-            accumulate(&mut acc, &vars, grads).map_err(|e| classify(e, Phase::Accumulate))?;
+            accumulate(&mut grads.acc, &vars, g).map_err(|e| classify(e, Phase::Accumulate))?;
             // A CPU-GPU sync point: the progress bar wants the number.
-            loss_sum += loss
+            grads.loss_sum += loss
                 .to_dtype(DType::F64)
                 .and_then(|l| l.to_scalar::<f64>())
                 .map_err(|e| classify(e.into(), Phase::Accumulate))?
                 * weight;
             guard(Phase::Accumulate)?;
         }
+        Ok(grads)
+    }
+
+    /// The variables the step's gradients are for, in a fixed order (the
+    /// same on every rank).
+    pub fn grad_vars(&self) -> Vec<(String, Var)> {
+        self.work_vars()
+    }
+
+    /// Everything of the update that may allocate, before any parameter
+    /// changes: master gradients under mixed precision, clipping, the
+    /// optimizer's state for this step. An OOM here leaves the step
+    /// retryable.
+    pub fn prepare_update(&mut self, grads: Grads) -> Result<Ready> {
+        let Grads { acc, loss_sum } = grads;
         let masters = self.store.vars();
         let mut acc = match &mut self.mixed {
             None => acc,
@@ -364,30 +404,45 @@ impl Trainer {
                     if !s.update(finite) {
                         // GradScaler: no update this step; the scale halved.
                         self.overflow = Some(s.scale);
-                        self.step += 1;
-                        return Ok(loss_sum);
+                        return Ok(Ready {
+                            acc: None,
+                            loss_sum,
+                        });
                     }
                 }
                 acc
             }
         };
-        let vars = masters;
         if let Some(max) = self.optim.clip_grad_norm() {
-            optim::clip_grad_norm(&vars, &mut acc, max)
+            optim::clip_grad_norm(&masters, &mut acc, max)
                 .map_err(|e| classify(e.into(), Phase::Optimizer))?;
         }
         // The optimizer's state for this step (the first step's moments) is
         // allocated before any parameter changes, so an OOM here leaves
         // the step retryable.
         self.optim
-            .prepare(&vars, &acc)
+            .prepare(&masters, &acc)
             .map_err(|e| classify(e.into(), Phase::Optimizer))?;
-        guard(Phase::Optimizer)?;
+        Ok(Ready {
+            acc: Some(acc),
+            loss_sum,
+        })
+    }
+
+    /// The update itself; returns the batch's mean loss.
+    pub fn commit_update(&mut self, ready: Ready) -> Result<f64> {
+        let Ready { acc, loss_sum } = ready;
+        let Some(acc) = acc else {
+            // Skipped for non-finite f16 gradients: the step still counts.
+            self.step += 1;
+            return Ok(loss_sum);
+        };
+        let vars = self.store.vars();
         // From here parameters change one by one. The update paths in use
         // (fused AdamW on the CPU and on CUDA, 8-bit included) work in place
-        // on state allocated above, so nothing here waits on an allocation;
-        // a failure inside the update is not retryable (the run stops with
-        // what it has checkpointed).
+        // on state allocated by `prepare_update`, so nothing here waits on
+        // an allocation; a failure inside the update is not retryable (the
+        // run stops with what it has checkpointed).
         self.optim.step(&vars, &acc)?;
         self.step += 1;
         // The update is made. What follows re-derives tensors from the
@@ -439,6 +494,21 @@ impl Trainer {
     pub fn optimizer_state_bytes(&self) -> usize {
         self.optim.state_bytes(&self.store.vars())
     }
+}
+
+/// A step's gradients before the update: summed over its micro-batches
+/// (and, once reduced, over the ranks), and the weighted loss.
+pub struct Grads {
+    pub acc: GradStore,
+    /// The micro-batches' mean losses times their shares of the batch.
+    pub loss_sum: f64,
+}
+
+/// A step ready to update the parameters (see [`Trainer::prepare_update`]);
+/// no gradients when an f16 overflow skips the update.
+pub struct Ready {
+    acc: Option<GradStore>,
+    loss_sum: f64,
 }
 
 fn is_oom(e: &Error) -> bool {

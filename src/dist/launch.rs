@@ -1,0 +1,157 @@
+//! `taper launch -n N RECIPE ...`: starts N ranks of `taper train` under the
+//! system's `mpirun`, and what a rank does at its start (one output folder,
+//! rank 0's; the others' lines in `rank<R>.log` there).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Collective;
+use crate::{Error, Result};
+
+/// Runs `exe train ARGS` as `n` ranks under `mpirun` and waits for it. A
+/// signal to the launcher (Ctrl-C, SIGTERM) is passed on to every rank
+/// once: each stops at its step boundary, rank 0 writes its checkpoint, and
+/// they leave together. When a rank dies, Open MPI's mpirun sends
+/// SIGTERM to the others too, and SIGKILL a second later (its
+/// `odls_base_sigkill_timeout`; raising it made Open MPI 4.1.4's mpirun
+/// hang here): a checkpoint that takes longer is cut short, and the last
+/// periodic one stands, since checkpoints are renamed into place.
+/// Returns mpirun's status, and the signal passed on, if any.
+pub fn launch(
+    n: usize,
+    exe: &Path,
+    train_args: &[String],
+    out: &Path,
+) -> Result<(ExitStatus, Option<i32>)> {
+    if n == 0 {
+        return Err(Error::Config("taper launch: -n must be at least 1".into()));
+    }
+    let version = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map_err(|e| {
+            Error::Config(format!(
+                "taper launch needs `mpirun` on the PATH (Debian: openmpi-bin): {e}"
+            ))
+        })?;
+    let open_mpi = String::from_utf8_lossy(&version.stdout).contains("Open MPI");
+    let mut cmd = Command::new("mpirun");
+    cmd.arg("-n").arg(n.to_string());
+    if open_mpi {
+        // More ranks than cores is allowed (a scaling run on a laptop);
+        // ranks are not pinned to one core each, since each runs threads.
+        cmd.args(["--oversubscribe", "--bind-to", "none"]);
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            cmd.arg("--allow-run-as-root");
+        }
+    }
+    // The cores are shared out between the ranks unless told otherwise.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        cmd.env("RAYON_NUM_THREADS", (cores / n).max(1).to_string());
+    }
+    cmd.arg(exe).arg("train").args(train_args);
+    if !train_args
+        .iter()
+        .any(|a| a == "--out" || a.starts_with("--out="))
+    {
+        cmd.arg("--out").arg(out);
+    }
+    // Its own process group: a Ctrl-C at the terminal reaches the launcher
+    // only, which passes it on once (two would make mpirun kill at once).
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let got = Arc::new(AtomicI32::new(0));
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let got = got.clone();
+        // SAFETY: the handler only stores to an atomic.
+        unsafe {
+            signal_hook::low_level::register(sig, move || got.store(sig, Ordering::SeqCst))
+                .map_err(|e| Error::Config(format!("taper launch: signals: {e}")))?;
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::Config(format!("taper launch: cannot start mpirun: {e}")))?;
+    let mut passed = false;
+    loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| Error::Config(format!("taper launch: {e}")))?
+        {
+            let sig = got.load(Ordering::SeqCst);
+            return Ok((status, passed.then_some(sig)));
+        }
+        let sig = got.load(Ordering::SeqCst);
+        if sig != 0 && !passed {
+            // To the ranks themselves: each stops at its step boundary and
+            // they leave together. Signalled, mpirun would send them
+            // SIGTERM and SIGKILL a second later.
+            let ranks = children(child.id());
+            let to = if ranks.is_empty() {
+                vec![child.id()]
+            } else {
+                ranks
+            };
+            for pid in to {
+                // SAFETY: signalling processes this launcher started.
+                unsafe { libc::kill(pid as i32, sig) };
+            }
+            passed = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The processes whose parent is `pid` (the ranks mpirun started on this
+/// machine), from /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let child: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+        // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+        let ppid: u32 = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == pid).then_some(child)
+    })
+    .collect()
+}
+
+/// The output folder every rank uses: rank 0's choice.
+pub fn agree_out(w: &dyn Collective, mine: PathBuf) -> Result<PathBuf> {
+    let mut bytes = mine.to_string_lossy().into_owned().into_bytes();
+    w.broadcast_bytes(0, &mut bytes)?;
+    Ok(PathBuf::from(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// Sends this process's stdout and stderr to `OUT/rank<R>.log` (ranks
+/// other than 0: only rank 0 prints, and writes records and checkpoints).
+pub fn log_to_rank_file(out: &Path, rank: usize) -> Result<PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let path = out.join(format!("rank{rank}.log"));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: dup2 onto the standard descriptors; `f` stays open
+        // until the duplicates are made.
+        if unsafe { libc::dup2(f.as_raw_fd(), fd) } < 0 {
+            return Err(Error::io(&path, std::io::Error::last_os_error()));
+        }
+    }
+    Ok(path)
+}
