@@ -3,7 +3,8 @@
 //! `scripts/` and `plugins/` linked in), and each recipe among them is checked
 //! with `taper check`; its ```sh blocks then run there in order, under
 //! `bash -euo pipefail`, with `taper` on the PATH. Blocks marked `needs-gpu`
-//! are only allowed in the GPU guide.
+//! are only allowed in the GPU guide; blocks marked `needs-mpi` (the
+//! data-parallel guide) run in a build with `--features mpi` (`.ci/run`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -63,6 +64,11 @@ fn run_guide(guide: &Path) -> (usize, usize) {
     );
     let (mut ran, mut gpu) = (0, 0);
     let all = blocks(&text);
+    let mpi = all.iter().filter(|b| b.info.contains("needs-mpi")).count();
+    assert!(
+        mpi == 0 || name == "data-parallel.md",
+        "{name}: needs-mpi outside the data-parallel guide"
+    );
     // The Lua files first: a shell block may train any of them.
     for b in all.iter().filter(|b| b.lang == "lua") {
         let file = b
@@ -83,6 +89,9 @@ fn run_guide(guide: &Path) -> (usize, usize) {
                 b.line
             );
             gpu += 1;
+            continue;
+        }
+        if b.info.contains("needs-mpi") && !cfg!(feature = "mpi") {
             continue;
         }
         let mut cmd = match b.lang.as_str() {

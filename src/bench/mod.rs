@@ -18,6 +18,7 @@ mod kernels;
 mod oom;
 mod plugin;
 mod precision;
+mod ranks;
 mod records;
 mod reload;
 mod step;
@@ -131,6 +132,22 @@ pub enum Which {
     /// process, for comparison with benches/torch_step.py (same models and
     /// flags).
     Step(step::StepArgs),
+    /// Data-parallel throughput: scripts/shakespeare.lua on 1, 2 and 4 MPI
+    /// ranks (`taper launch`, a build with --features mpi) against one
+    /// process, alternating; the global batch is fixed.
+    Ranks {
+        /// Rank counts to run
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        ranks: Vec<usize>,
+        /// Training steps per run
+        #[arg(long, default_value_t = 60)]
+        steps: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// The global batch (windows of 64 characters)
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+    },
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -143,6 +160,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             context,
         } => lua_overhead(*steps, *rounds, *width, *layers, *context),
         Which::Step(a) => step::run(a),
+        Which::Ranks {
+            ranks,
+            steps,
+            rounds,
+            batch,
+        } => ranks::run(ranks, *steps, *rounds, *batch),
         Which::Kernels { rounds, steps } => kernels::run(*rounds, *steps),
         Which::Data { steps } => data::run(*steps),
         Which::Precision {
