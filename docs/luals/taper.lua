@@ -37,6 +37,7 @@ function taper.config(defaults) end
 ---@field watch? boolean watch the recipe and its modules, as `--watch` does
 ---@field precision? "f32"|"bf16"|"f16" forward and backward type (f32 master weights; f16 adds loss scaling)
 ---@field recompute? boolean|integer recompute every (n-th) transformer block in the backward instead of keeping its activations
+---@field offload? boolean|string keep AdamW's moments in a memory-mapped file (true: the system's temporary folder; or a folder) instead of memory
 ---@field checkpoint_every? integer|string save every n steps, every so long ("10m"), or "never" (default 5 minutes; --checkpoint-every overrides)
 ---@field keep_checkpoints? integer how many of the run's checkpoints stay in the output folder (default 2; --keep-checkpoints overrides)
 
@@ -370,6 +371,7 @@ function taper.schedule.step(opts) end
 ---@field attempt integer
 ---@field precision "f32"|"bf16"|"f16" the run's precision when it ran out of memory
 ---@field recompute integer every how many blocks the backward recomputed (0: none)
+---@field offload boolean whether AdamW's moments were offloaded
 ---@field live {name: string, part: string, bytes: integer}[] the largest tensors the run holds, largest first
 ---@field live_bytes integer bytes of all the tensors the run holds
 ---@field ranks? integer[] in a data-parallel run, the ranks that ran out (the figures are the first one's)
@@ -377,7 +379,7 @@ function taper.schedule.step(opts) end
 ---@field requested integer? bytes the failed allocation asked for, when known
 ---@field memory {used: integer, peak: integer?, limit: integer?, free: integer?, total: integer?} heap {used, peak, limit} on the CPU; device {used, free, total} on a GPU
 
----@alias taper.OomAction "split"|"retry"|"skip"|"stop"|"recompute"|{action: "split"|"retry"|"skip"|"stop"|"precision"|"recompute", micro_batch?: integer, precision?: "f32"|"bf16"|"f16", every?: integer, reason?: string}
+---@alias taper.OomAction "split"|"retry"|"skip"|"stop"|"recompute"|"offload"|{action: "split"|"retry"|"skip"|"stop"|"precision"|"recompute"|"offload", micro_batch?: integer, precision?: "f32"|"bf16"|"f16", every?: integer, reason?: string}
 
 ---@class taper.Policy
 ---@field on_oom fun(self: taper.Policy, event: taper.OomEvent): taper.OomAction?
@@ -403,7 +405,7 @@ function taper.policy.grow_back(opts) end
 ---Escalate, cheapest first: split down to `min_micro`, then recompute every block
 ---(a GPT), then switch to `precision` (default bf16; false to stay), then stop; grow
 ---the micro-batch back after `after` clean steps, never to a size that failed.
----@param opts? {min_micro?: integer, after?: integer, recompute?: boolean, precision?: "bf16"|"f16"|false}
+---@param opts? {min_micro?: integer, after?: integer, recompute?: boolean, offload?: boolean, precision?: "bf16"|"f16"|false}
 ---@return taper.Policy
 function taper.policy.escalate(opts) end
 

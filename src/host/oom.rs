@@ -70,6 +70,7 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
     if let Action::Recompute(n) = action {
         f.insert("new_recompute".into(), (*n).into());
     }
+    f.insert("offload".into(), e.offload.into());
     if let Some(b) = e.requested {
         f.insert("requested".into(), json!(b));
     }

@@ -87,13 +87,13 @@ pub(crate) fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
         "recompute" => match every {
             Some(n) if n >= 1 => Ok(Some(Action::Recompute(n as usize))),
             None => Ok(Some(Action::Recompute(1))),
-            Some(n) => Err(bad(format!("action `recompute`: every {n} must be at least 1"))),
+            Some(n) => Err(bad(format!(
+                "action `recompute`: every {n} must be at least 1"
+            ))),
         },
-        "offload" => Err(bad(format!(
-            "action `{name}` is not available in this build yet (split, retry, skip, precision, recompute and stop are)"
-        ))),
+        "offload" => Ok(Some(Action::Offload)),
         other => Err(bad(format!(
-            "unknown action `{other}` (split, retry, skip, precision, recompute, stop)"
+            "unknown action `{other}` (split, retry, skip, precision, recompute, offload, stop)"
         ))),
     }
 }
@@ -111,6 +111,7 @@ pub(crate) fn event_table(lua: &Lua, e: &OomEvent) -> mlua::Result<Table> {
     t.set("attempt", e.attempt)?;
     t.set("precision", e.precision.name())?;
     t.set("recompute", e.recompute)?;
+    t.set("offload", e.offload)?;
     t.set("requested", e.requested)?;
     t.set("error", e.error.as_str())?;
     let live = lua.create_table()?;
@@ -208,6 +209,11 @@ pub(crate) fn event_of_table(t: &Table) -> std::result::Result<OomEvent, String>
             .ok()
             .flatten()
             .unwrap_or(0),
+        offload: t
+            .get::<Option<bool>>("offload")
+            .ok()
+            .flatten()
+            .unwrap_or(false),
         live: live_of(t),
         live_bytes: t
             .get::<Option<u64>>("live_bytes")
@@ -321,10 +327,10 @@ mod tests {
             err.contains("OOM policy at p.lua:3: unknown action `explode`"),
             "{err}"
         );
-        let err = parse_action(v("'offload'"), "p.lua:3")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("not available in this build yet"), "{err}");
+        assert_eq!(
+            parse_action(v("'offload'"), "p.lua:1").unwrap(),
+            Some(Action::Offload)
+        );
         assert_eq!(
             parse_action(v("'recompute'"), "p.lua:1").unwrap(),
             Some(Action::Recompute(1))

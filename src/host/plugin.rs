@@ -71,6 +71,7 @@ fn action_value(lua: &Lua, p: &Instance, action: Option<Action>) -> mlua::Result
             t.set("action", "recompute")?;
             t.set("every", n)?;
         }
+        Some(Action::Offload) => t.set("action", "offload")?,
         Some(Action::Skip) => t.set("action", "skip")?,
         Some(Action::Stop(_)) => {
             t.set("action", "stop")?;

@@ -52,6 +52,12 @@ fn create(
     trainer
         .set_recompute(o.recompute)
         .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
+    if let Some(dir) = &o.offload {
+        trainer.set_offload_dir(dir.clone());
+    }
+    trainer
+        .set_offload(o.offload.is_some())
+        .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
     let id = host.runs.borrow().len() + 1;
     let mut core = crate::run::Run::new(trainer, o.seed);
     core.schedule = o.schedule;
@@ -118,6 +124,7 @@ fn create(
     );
     f.insert("precision".into(), o.precision.name().into());
     f.insert("recompute".into(), o.recompute.into());
+    f.insert("offload".into(), o.offload.is_some().into());
     if let Some(limit) = run.core.oom.budget {
         f.insert("memory_limit".into(), limit.into());
     }

@@ -38,6 +38,7 @@ const RUN_KEYS: &[&str] = &[
     "checkpoint_every",
     "keep_checkpoints",
     "recompute",
+    "offload",
 ];
 
 /// The decoded options of `taper.run{...}`.
@@ -60,6 +61,8 @@ pub(crate) struct RunOptions {
     pub keep_checkpoints: Option<usize>,
     /// `recompute`: every how many blocks the backward recomputes (0: none).
     pub recompute: usize,
+    /// `offload`: the folder AdamW's moments are kept in, when offloaded.
+    pub offload: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn decode_run(
@@ -189,8 +192,24 @@ pub(crate) fn decode_run(
             ))
         }
     };
+    // `offload = true` (the system's temporary folder) or a folder.
+    let offload = match opts.get::<Value>("offload")? {
+        Value::Nil | Value::Boolean(false) => None,
+        Value::Boolean(true) => Some(crate::engine::optim::offload::default_dir()),
+        Value::String(s) => Some(std::path::PathBuf::from(s.to_str()?.to_string())),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `offload` must be true, false or a folder, got {}",
+                    brief(&other)
+                ),
+            ))
+        }
+    };
     Ok(RunOptions {
         recompute,
+        offload,
         checkpoint_every,
         keep_checkpoints,
         model,

@@ -93,6 +93,8 @@ pub struct OomEvent {
     pub precision: Precision,
     /// Every how many blocks the backward recomputed (0: none).
     pub recompute: usize,
+    /// Whether the optimizer's state was offloaded.
+    pub offload: bool,
     /// The error, as one line.
     pub error: String,
     /// The largest tensors the run holds (weights, optimizer state), and
@@ -116,6 +118,8 @@ pub enum Action {
     /// Recompute every n-th block's activations in the backward instead of
     /// keeping them (1: every block), then retry.
     Recompute(usize),
+    /// Move the optimizer's state out of memory (to a file), then retry.
+    Offload,
     /// Drop this batch, recorded.
     Skip,
     /// Stop the run (a checkpoint is written first).
@@ -129,6 +133,7 @@ impl Action {
             Action::Retry => "retry",
             Action::Precision(_) => "precision",
             Action::Recompute(_) => "recompute",
+            Action::Offload => "offload",
             Action::Skip => "skip",
             Action::Stop(_) => "stop",
         }

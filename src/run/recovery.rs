@@ -130,6 +130,9 @@ impl Recovery {
                 Action::Recompute(n) if n == trainer.recompute() => Action::Stop(format!(
                     "the OOM policy asked to recompute every {n} blocks at step {step}, which the run already does"
                 )),
+                Action::Offload if trainer.offload() => Action::Stop(format!(
+                    "the OOM policy asked to offload the optimizer's state at step {step}, which the run already does"
+                )),
                 other => other,
             };
             if let Action::Split(Some(m)) = action {
@@ -146,6 +149,9 @@ impl Recovery {
                 Action::Precision(p) => trainer.set_precision(p)?,
                 Action::Recompute(n) => trainer.set_recompute(n).map_err(|why| {
                     Error::Stopped(format!("the OOM policy asked to recompute: {why} ({e})"))
+                })?,
+                Action::Offload => trainer.set_offload(true).map_err(|why| {
+                    Error::Stopped(format!("the OOM policy asked to offload: {why} ({e})"))
                 })?,
                 Action::Skip => return Ok(StepOutcome::Skipped),
                 Action::Stop(why) => return Err(Error::Stopped(format!("{why} ({e})"))),
@@ -345,6 +351,7 @@ impl Recovery {
             },
             precision: trainer.precision(),
             recompute: trainer.recompute(),
+            offload: trainer.offload(),
             error: e.to_string(),
             live,
             live_bytes,
@@ -417,6 +424,7 @@ fn encode_action(a: &Action) -> Vec<u8> {
         Action::Retry => "retry".into(),
         Action::Precision(p) => format!("precision {}", p.name()),
         Action::Recompute(n) => format!("recompute {n}"),
+        Action::Offload => "offload".into(),
         Action::Skip => "skip".into(),
         Action::Stop(why) => format!("stop {why}"),
     }
@@ -439,6 +447,7 @@ fn decode_action(bytes: &[u8]) -> Result<Action> {
             Action::Precision(crate::engine::precision::Precision::parse(arg).ok_or_else(bad)?)
         }
         "recompute" => Action::Recompute(arg.parse().map_err(|_| bad())?),
+        "offload" => Action::Offload,
         "skip" => Action::Skip,
         "stop" => Action::Stop(arg.to_string()),
         _ => return Err(bad()),

@@ -5,6 +5,9 @@
 //!   CUDA, device buffers that `kernels/adamw.cu` updates the same way;
 //! - **composed**: candle tensor ops, on any device and dtype (and the
 //!   reference the fused kernel was checked against);
+//! - **offloaded** (`offload`, f32 parameters on any device): in a
+//!   memory-mapped file ([`super::offload`]), updated in place on the CPU and
+//!   through a device copy, one tensor at a time, on CUDA;
 //! - **8-bit** (`state = "8bit"`, parameters of at least [`MIN_8BIT`]
 //!   elements, as bitsandbytes): blockwise dynamic 8-bit moments,
 //!   2 bytes per parameter instead of 8, on the host or (f32 CUDA
@@ -20,6 +23,8 @@ use crate::kernels::adamw::{adamw_inplace, update_inplace, AdamWStep};
 use crate::kernels::device_state::{DeviceMoments, DeviceMoments8};
 use crate::kernels::quant8::{self, adamw8_slices, Blockwise};
 
+use super::offload::Offloaded;
+
 /// Parameters smaller than this keep f32 moments under `state = "8bit"`
 /// (bitsandbytes' `min_8bit_size`): biases and norms cost little, and
 /// quantizing them costs accuracy.
@@ -31,6 +36,7 @@ enum Moments {
     Q8(Shape, Blockwise, Blockwise),
     Device(Shape, DeviceMoments),
     Q8Device(Shape, DeviceMoments8),
+    Offload(Shape, Offloaded),
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -40,6 +46,7 @@ enum Path {
     Q8,
     FusedDevice,
     Q8Device,
+    Offload,
 }
 
 impl Moments {
@@ -54,6 +61,7 @@ impl Moments {
                 quant8::dequantize(&v, quant8::BLOCK),
             ),
             Moments::Device(_, d) => d.to_host()?,
+            Moments::Offload(_, o) => o.to_host(),
             Moments::Q8Device(_, d) => {
                 let (m, v) = d.to_host()?;
                 (
@@ -65,7 +73,12 @@ impl Moments {
     }
 
     /// The same moments in the form `path` updates (zeros if `None`).
-    fn into_path(this: Option<Moments>, path: Path, var: &Var) -> Result<Moments> {
+    fn into_path(
+        this: Option<Moments>,
+        path: Path,
+        var: &Var,
+        dir: Option<&std::path::Path>,
+    ) -> Result<Moments> {
         let shape = var.shape().clone();
         let n = var.elem_count();
         let same = matches!(
@@ -75,6 +88,7 @@ impl Moments {
                 | (Some(Moments::Q8(..)), Path::Q8)
                 | (Some(Moments::Device(..)), Path::FusedDevice)
                 | (Some(Moments::Q8Device(..)), Path::Q8Device)
+                | (Some(Moments::Offload(..)), Path::Offload)
         );
         if same {
             return Ok(this.expect("matched"));
@@ -110,6 +124,12 @@ impl Moments {
                     DeviceMoments8::from_host(var.device(), &m, &v)?,
                 ));
             }
+            None if path == Path::Offload => {
+                return Ok(Moments::Offload(
+                    shape,
+                    Offloaded::zeros(offload_dir(dir)?, n)?,
+                ))
+            }
             None => (vec![0f32; n], vec![0f32; n]),
         };
         if m.len() != n || v.len() != n {
@@ -117,6 +137,9 @@ impl Moments {
         }
         Ok(match path {
             Path::Fused => Moments::Host(shape, m, v),
+            Path::Offload => {
+                Moments::Offload(shape, Offloaded::from_host(offload_dir(dir)?, &m, &v)?)
+            }
             Path::Q8 => Moments::Q8(
                 shape,
                 quant8::quantize(&m, quant8::BLOCK, true),
@@ -143,11 +166,17 @@ impl Moments {
     }
 }
 
+fn offload_dir(dir: Option<&std::path::Path>) -> Result<&std::path::Path> {
+    dir.ok_or_else(|| candle_core::Error::Msg("adamw: offloaded moments need a folder".into()))
+}
+
 pub struct AdamW {
     cfg: AdamWConfig,
     fused: bool,
     t: u64,
     moments: HashMap<String, Moments>,
+    /// Where f32 moments are offloaded to, when they are.
+    offload: Option<std::path::PathBuf>,
 }
 
 impl AdamW {
@@ -158,6 +187,7 @@ impl AdamW {
             fused: crate::kernels::fused(),
             t: 0,
             moments: HashMap::new(),
+            offload: None,
         }
     }
 
@@ -170,7 +200,10 @@ impl AdamW {
     fn path(&self, var: &Var) -> Path {
         let f32 = var.dtype() == DType::F32;
         let (host_f32, cuda_f32) = (f32 && var.device().is_cpu(), f32 && var.device().is_cuda());
-        if self.cfg.state == StateFormat::Q8 && var.elem_count() >= MIN_8BIT {
+        if self.offload.is_some() && f32 {
+            // Offloading wins over 8-bit moments: they leave memory altogether.
+            Path::Offload
+        } else if self.cfg.state == StateFormat::Q8 && var.elem_count() >= MIN_8BIT {
             // The 8-bit kernel is fused by nature: it is used whatever `fused` says.
             if cuda_f32 {
                 Path::Q8Device
@@ -274,7 +307,12 @@ impl Optimizer for AdamW {
         for (name, var) in vars {
             let Some(g) = grads.get(var) else { continue };
             let path = self.path(var);
-            let st = Moments::into_path(self.moments.remove(name), path, var)?;
+            let st = Moments::into_path(
+                self.moments.remove(name),
+                path,
+                var,
+                self.offload.as_deref(),
+            )?;
             let st = match st {
                 Moments::Tensors(m, v) => {
                     let [theta, m, v] = match composed.remove(name) {
@@ -302,6 +340,10 @@ impl Optimizer for AdamW {
                     d.step(var.as_tensor(), g, &h)?;
                     Moments::Q8Device(s, d)
                 }
+                Moments::Offload(s, mut o) => {
+                    offload_step(var, g, &mut o, &h)?;
+                    Moments::Offload(s, o)
+                }
             };
             self.moments.insert(name.clone(), st);
         }
@@ -313,7 +355,7 @@ impl Optimizer for AdamW {
             if grads.get(var).is_none() || self.moments.contains_key(name) {
                 continue;
             }
-            let st = Moments::into_path(None, self.path(var), var)?;
+            let st = Moments::into_path(None, self.path(var), var, self.offload.as_deref())?;
             self.moments.insert(name.clone(), st);
         }
         Ok(())
@@ -336,6 +378,8 @@ impl Optimizer for AdamW {
                 match self.path(v) {
                     Path::Q8 | Path::Q8Device => 2 * (n + 4 * n.div_ceil(quant8::BLOCK)),
                     Path::Fused | Path::FusedDevice => 8 * n,
+                    // In a file: none in the heap or on the device.
+                    Path::Offload => 0,
                     Path::Composed => 2 * n * v.dtype().size_in_bytes(),
                 }
             })
@@ -376,6 +420,11 @@ impl Optimizer for AdamW {
                     Ok((m, v)) => push_q8(&mut push, s, &m, &v),
                     Err(e) => push("m8", Err(e)),
                 },
+                Moments::Offload(s, o) => {
+                    let (m, v) = o.to_host();
+                    push("m", host(&m, s));
+                    push("v", host(&v, s));
+                }
             }
         }
         out
@@ -428,4 +477,56 @@ impl Optimizer for AdamW {
         }
         Ok(())
     }
+
+    fn set_offload(&mut self, dir: Option<std::path::PathBuf>) -> Result<bool> {
+        self.offload = dir;
+        // The moments move now, so that the memory they held is free for
+        // the next attempt (an OOM action), not after the next update.
+        let names: Vec<String> = self.moments.keys().cloned().collect();
+        for name in names {
+            let Some(st) = self.moments.remove(&name) else {
+                continue;
+            };
+            // f32 moments held in memory; 8-bit ones stay as they are.
+            let shape = match &st {
+                Moments::Host(s, ..) | Moments::Device(s, ..) => Some(s.clone()),
+                Moments::Tensors(m, _) if m.dtype() == DType::F32 => Some(m.shape().clone()),
+                _ => None,
+            };
+            let moved = match (st, &self.offload, shape) {
+                (st, Some(dir), Some(s)) => {
+                    let (m, v) = st.dense()?;
+                    Moments::Offload(s, Offloaded::from_host(dir, &m, &v)?)
+                }
+                (Moments::Offload(s, o), None, _) => {
+                    // Back in memory as host moments; the next update puts
+                    // them where the parameter's path wants them.
+                    let (m, v) = o.to_host();
+                    Moments::Host(s, m, v)
+                }
+                (st, _, _) => st,
+            };
+            self.moments.insert(name, moved);
+        }
+        Ok(true)
+    }
+
+    fn offload(&self) -> Option<&std::path::Path> {
+        self.offload.as_deref()
+    }
+}
+
+/// The update with offloaded moments: in place through the mapping on the
+/// CPU; elsewhere the moments go to the device for this tensor and back.
+fn offload_step(var: &Var, g: &Tensor, o: &mut Offloaded, h: &AdamWStep) -> Result<()> {
+    let (m, v) = o.slices();
+    if var.device().is_cpu() {
+        return adamw_inplace(var.as_tensor(), g, m, v, h);
+    }
+    let mut d = DeviceMoments::from_host(var.device(), m, v)?;
+    d.step(var.as_tensor(), g, h)?;
+    let (dm, dv) = d.to_host()?;
+    m.copy_from_slice(&dm);
+    v.copy_from_slice(&dv);
+    Ok(())
 }

@@ -2,6 +2,7 @@
 //! keeps its moments private) so that checkpoints can save and restore it.
 
 mod adamw;
+pub mod offload;
 mod sgd;
 
 pub use adamw::{AdamW, MIN_8BIT};
@@ -149,6 +150,15 @@ pub trait Optimizer {
     /// State tensors by name, for checkpoints.
     fn state(&self) -> Vec<(String, Tensor)>;
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
+    /// Keeps the state in files under `dir` (None: back in memory), moving
+    /// what exists now. False when this optimizer cannot.
+    fn set_offload(&mut self, _dir: Option<std::path::PathBuf>) -> Result<bool> {
+        Ok(false)
+    }
+    /// Where the state is offloaded to, if it is.
+    fn offload(&self) -> Option<&std::path::Path> {
+        None
+    }
 }
 
 /// The global L2 norm of all gradients. The squares are summed on the
@@ -268,5 +278,78 @@ mod atomic_tests {
             assert_eq!(values(&vars), before, "{}", o.kind());
             assert_eq!(state(&*o), state_before, "{}", o.kind());
         }
+    }
+}
+
+/// Offloaded AdamW moments give the same weights and state as moments in
+/// memory, bitwise (the same fused kernel runs on the mapped file), whether
+/// offloaded from the start or moved there, and back, between steps.
+#[cfg(test)]
+mod offload_tests {
+    use candle_core::{Device, Tensor, Var};
+
+    use super::*;
+
+    /// Weights, optimizer state by name, and state bytes in memory.
+    type Trained = (Vec<f32>, Vec<(String, Vec<f32>)>, usize);
+
+    fn train(switch: &[(usize, bool)]) -> Trained {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = Device::Cpu;
+        let w = Var::new(&[0.5f32, -1.0, 2.0, 0.25, -0.75], &dev).unwrap();
+        let vars = vec![("w".to_string(), w.clone())];
+        let mut o = AdamW::new(AdamWConfig {
+            lr: 0.1,
+            ..AdamWConfig::default()
+        });
+        for step in 0..6 {
+            for &(at, on) in switch {
+                if at == step {
+                    assert!(o.set_offload(on.then(|| dir.path().to_path_buf())).unwrap());
+                }
+            }
+            let g = (w.as_tensor().sqr().unwrap() - 0.3).unwrap();
+            let mut grads = GradStore::default();
+            grads.insert(
+                w.as_tensor(),
+                Tensor::new(g.to_vec1::<f32>().unwrap().as_slice(), &dev).unwrap(),
+            );
+            o.prepare(&vars, &grads).unwrap();
+            o.step(&vars, &grads).unwrap();
+        }
+        let mut state: Vec<_> = o
+            .state()
+            .into_iter()
+            .map(|(k, t)| {
+                (
+                    k,
+                    t.flatten_all()
+                        .unwrap()
+                        .to_dtype(DType::F32)
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        state.sort_by(|a, b| a.0.cmp(&b.0));
+        // Nothing is left in the folder: the files were removed once mapped.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        (
+            w.as_tensor().to_vec1().unwrap(),
+            state,
+            o.state_bytes(&vars),
+        )
+    }
+
+    #[test]
+    fn offloaded_moments_train_bitwise_like_moments_in_memory() {
+        let (w, state, bytes) = train(&[]);
+        assert_eq!(bytes, 5 * 8);
+        let (w1, state1, bytes1) = train(&[(0, true)]);
+        assert_eq!((w1, state1), (w.clone(), state.clone()));
+        assert_eq!(bytes1, 0, "offloaded moments take no memory");
+        let (w2, state2, _) = train(&[(2, true), (4, false)]);
+        assert_eq!((w2, state2), (w, state));
     }
 }

@@ -70,6 +70,8 @@ pub struct Trainer {
     masks: Masks,
     /// Recompute every n-th block in the backward (0: none).
     recompute: usize,
+    /// Where the optimizer's state goes when it is offloaded.
+    offload_dir: std::path::PathBuf,
     /// Optimizer steps taken.
     pub step: u64,
 }
@@ -91,6 +93,7 @@ impl Trainer {
             overflow: None,
             masks: Masks::default(),
             recompute: 0,
+            offload_dir: super::optim::offload::default_dir(),
             step: 0,
         })
     }
@@ -149,6 +152,33 @@ impl Trainer {
     /// Every how many blocks the backward recomputes (0: none).
     pub fn recompute(&self) -> usize {
         self.recompute
+    }
+
+    /// Keeps the optimizer's state (AdamW's f32 moments) in a file instead
+    /// of memory, or brings it back; what exists moves now. The updates are
+    /// the same, bitwise on the CPU.
+    pub fn set_offload(&mut self, on: bool) -> Result<()> {
+        if on == self.offload() {
+            return Ok(());
+        }
+        let dir = on.then(|| self.offload_dir.clone());
+        if !self.optim.set_offload(dir)? && on {
+            return Err(Error::Config(format!(
+                "offload: {} keeps its state in memory only (AdamW's moments can be offloaded)",
+                self.optim.kind()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Where offloaded state goes (the system's temporary folder unless set).
+    pub fn set_offload_dir(&mut self, dir: std::path::PathBuf) {
+        self.offload_dir = dir;
+    }
+
+    /// Whether the optimizer's state is offloaded.
+    pub fn offload(&self) -> bool {
+        self.optim.offload().is_some()
     }
 
     /// Magnitude-prunes the named parameters to `sparsity` (per tensor, or

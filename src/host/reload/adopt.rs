@@ -4,7 +4,8 @@
 //! reload may change:
 //!
 //! - may change: `data` (the cursor carries over), `schedule`, `on_oom`,
-//!   `mem_limit`, `micro_batch`, `loss` options, `precision`, `recompute`, the
+//!   `mem_limit`, `micro_batch`, `loss` options, `precision`, `recompute`,
+//!   `offload`, the
 //!   optimizer's `lr`, and
 //!   everything the recipe's loop does from the next epoch (or safe point);
 //! - may not change: the model's architecture, the optimizer's kind and its
@@ -42,6 +43,7 @@ pub(crate) struct Staged {
     on_reload: Option<Function>,
     precision: Precision,
     recompute: usize,
+    offload: Option<std::path::PathBuf>,
 }
 
 /// In a reloaded version, the existing run for this `taper.run{}` call,
@@ -77,6 +79,7 @@ pub(crate) fn adopt(
         on_reload: o.on_reload,
         precision: o.precision,
         recompute: o.recompute,
+        offload: o.offload,
     };
     if committed {
         // A run the new version reaches after its first safe point.
@@ -177,6 +180,13 @@ fn apply(
     r.core
         .trainer
         .set_recompute(s.recompute)
+        .map_err(|e| e.to_string())?;
+    if let Some(dir) = &s.offload {
+        r.core.trainer.set_offload_dir(dir.clone());
+    }
+    r.core
+        .trainer
+        .set_offload(s.offload.is_some())
         .map_err(|e| e.to_string())?;
     if s.optim.lr() != r.core.trainer.optim_spec().lr() {
         r.core.trainer.set_learning_rate(s.optim.lr());
