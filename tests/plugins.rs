@@ -283,7 +283,9 @@ fn a_plugin_built_against_the_1_0_header_still_loads_and_decides() {
 #[test]
 fn a_lua_policy_and_its_c_mirror_decide_the_same() {
     const LUA: &str = r#"local function policy(ev)
-  if ev.phase == "eval" then
+  if ev.step == 13 and not ev.offload then
+    return "offload"
+  elseif ev.phase == "eval" then
     return { action = "split", micro_batch = math.max(ev.micro_batch // 4, 1) }
   elseif ev.phase == "upload" then
     return "retry"
@@ -306,6 +308,7 @@ end"#;
         "step=7,phase=backward,times=2",
         "step=9,phase=accumulate",
         "step=11,phase=optimizer",
+        "step=13,phase=forward",
     ];
     let mut args = Vec::new();
     for f in &faults {
@@ -349,6 +352,7 @@ end"#;
         "7 \"backward\" \"split\" 4 null",
         "9 \"accumulate\" \"skip\" 4 null",
         "11 \"optimizer\" \"precision\" 4 \"bf16\"",
+        "13 \"forward\" \"offload\" 4 null",
     ];
     assert_eq!(seen[0].0[..expected.len()], expected, "{:?}", seen[0].0);
     let evals: Vec<_> = seen[0].0[expected.len()..].to_vec();
@@ -533,9 +537,9 @@ fn the_c_header_matches_the_rust_abi() {
     let (c, rust) = layout! {
         "TaperStr" Str { ptr, len }
         "TaperErrorBuf" ErrorBuf { ptr, cap, len }
-        "TaperOomEvent" OomEvent { phase, cause, step, epoch, batch_size, micro_batch, attempt, memory_used, memory_peak, memory_limit, requested, device_used, device_free, device_total, precision }
-        "TaperOomAction" OomAction { action, micro_batch, precision }
-        "TaperStepInfo" StepInfo { step, micro_batch, batch_size, clean_steps }
+        "TaperOomEvent" OomEvent { phase, cause, step, epoch, batch_size, micro_batch, attempt, memory_used, memory_peak, memory_limit, requested, device_used, device_free, device_total, precision, recompute, offload }
+        "TaperOomAction" OomAction { action, micro_batch, precision, every }
+        "TaperStepInfo" StepInfo { step, micro_batch, batch_size, clean_steps, peak, limit }
         "TaperPlan" Plan { lr, micro_batch, batch_size }
         "TaperTensorView" TensorView { data, dtype, ndim, shape }
         "TaperBatchView" BatchView { x, y, indices, size, epoch }
@@ -564,6 +568,8 @@ fn the_c_header_matches_the_rust_abi() {
         ("TAPER_KIND_TRANSFORM", format!("{KIND_TRANSFORM}u")),
         ("TAPER_ACTION_STOP", format!("{ACTION_STOP}u")),
         ("TAPER_ACTION_PRECISION", format!("{ACTION_PRECISION}u")),
+        ("TAPER_ACTION_RECOMPUTE", format!("{ACTION_RECOMPUTE}u")),
+        ("TAPER_ACTION_OFFLOAD", format!("{ACTION_OFFLOAD}u")),
         ("TAPER_PRECISION_BF16", format!("{PRECISION_BF16}u")),
         ("TAPER_PHASE_EVAL", format!("{PHASE_EVAL}u")),
         ("TAPER_STATUS_PANIC", format!("{STATUS_PANIC}")),

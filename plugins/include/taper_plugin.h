@@ -84,6 +84,9 @@ typedef struct TaperOomEvent {
     uint64_t device_total;
     uint32_t precision;     /* TAPER_PRECISION_*: what forward/backward ran in */
     uint32_t _pad2;
+    /* Appended in ABI 1.2. */
+    uint32_t recompute;     /* every how many blocks the backward recomputed, 0 none */
+    uint32_t offload;       /* 1 when AdamW's moments were offloaded */
 } TaperOomEvent;
 
 #define TAPER_PRECISION_UNSET 0u
@@ -97,6 +100,8 @@ typedef struct TaperOomEvent {
 #define TAPER_ACTION_SKIP 3u
 #define TAPER_ACTION_STOP 4u
 #define TAPER_ACTION_PRECISION 5u /* ABI 1.1: precision = TAPER_PRECISION_*, then retry */
+#define TAPER_ACTION_RECOMPUTE 6u /* ABI 1.2: recompute every `every` blocks (0: 1), then retry */
+#define TAPER_ACTION_OFFLOAD 7u   /* ABI 1.2: offload AdamW's moments, then retry */
 
 /* The host zeroes the whole action before the call; a plugin built against
  * ABI 1.0 writes the first two fields only. */
@@ -107,6 +112,8 @@ typedef struct TaperOomAction {
     /* Appended in ABI 1.1. */
     uint32_t precision;     /* with TAPER_ACTION_PRECISION */
     uint32_t _pad2;
+    /* Appended in ABI 1.2. */
+    uint64_t every;         /* with TAPER_ACTION_RECOMPUTE */
 } TaperOomAction;
 
 /* After each successful step. */
@@ -115,6 +122,9 @@ typedef struct TaperStepInfo {
     uint64_t micro_batch;
     uint64_t batch_size;
     uint64_t clean_steps;   /* successful steps since the last OOM */
+    /* Appended in ABI 1.2. */
+    uint64_t peak;          /* the step's measured heap peak, 0 when not counted */
+    uint64_t limit;         /* the memory budget, 0 when none */
 } TaperStepInfo;
 
 /* A step's plan. Unset: lr NaN, sizes 0. */

@@ -110,6 +110,8 @@ impl UserData for PluginHandle {
                 micro_batch: info.get("micro_batch")?,
                 batch_size: info.get("batch_size")?,
                 clean_steps: info.get("clean_steps")?,
+                peak: info.get::<Option<u64>>("peak")?.unwrap_or(0),
+                limit: info.get::<Option<u64>>("limit")?.unwrap_or(0),
             };
             match this.0.on_step(&info).map_err(lua_err)? {
                 Some(p) if p.micro_batch > 0 => {

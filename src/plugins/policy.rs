@@ -26,6 +26,8 @@ impl OomPolicy for PluginPolicy {
             micro_batch: info.micro_batch as u64,
             batch_size: info.batch_size as u64,
             clean_steps: info.clean_steps,
+            peak: info.peak.unwrap_or(0),
+            limit: info.limit.unwrap_or(0),
         };
         Ok(self
             .0
@@ -85,6 +87,8 @@ pub fn c_event(e: &OomEvent) -> abi::OomEvent {
         attempt: e.attempt,
         requested: e.requested.unwrap_or(0),
         precision: precision_code(e.precision),
+        recompute: e.recompute as u32,
+        offload: u32::from(e.offload),
         ..abi::OomEvent::default()
     };
     match e.memory {
@@ -133,6 +137,8 @@ pub fn action(p: &Instance, a: abi::OomAction) -> Result<Option<Action>> {
             )))
             }
         },
+        abi::ACTION_RECOMPUTE => Some(Action::Recompute(a.every.max(1) as usize)),
+        abi::ACTION_OFFLOAD => Some(Action::Offload),
         other => return Err(bad(format!("unknown action {other}"))),
     })
 }

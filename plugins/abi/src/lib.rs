@@ -129,6 +129,11 @@ pub struct OomEvent {
     /// `PRECISION_*`: what forward and backward ran in.
     pub precision: u32,
     pub _pad2: u32,
+    // Appended in ABI 1.2.
+    /// Every how many blocks the backward recomputed; 0 for none.
+    pub recompute: u32,
+    /// 1 when AdamW's moments were offloaded.
+    pub offload: u32,
 }
 
 pub const PRECISION_UNSET: u32 = 0;
@@ -143,6 +148,10 @@ pub const ACTION_SKIP: u32 = 3;
 pub const ACTION_STOP: u32 = 4;
 /// Since ABI 1.1: switch to `precision` (`PRECISION_*`), then retry.
 pub const ACTION_PRECISION: u32 = 5;
+/// Since ABI 1.2: recompute every `every` blocks (0: every block), then retry.
+pub const ACTION_RECOMPUTE: u32 = 6;
+/// Since ABI 1.2: offload AdamW's moments out of memory, then retry.
+pub const ACTION_OFFLOAD: u32 = 7;
 
 /// A policy's answer. `ACTION_DEFAULT` lets the host decide (halve the
 /// micro-batch). `micro_batch` 0 with `ACTION_SPLIT` means half. The host
@@ -158,6 +167,9 @@ pub struct OomAction {
     /// With `ACTION_PRECISION`: `PRECISION_*`.
     pub precision: u32,
     pub _pad2: u32,
+    // Appended in ABI 1.2.
+    /// With `ACTION_RECOMPUTE`: every how many blocks (0: every block).
+    pub every: u64,
 }
 
 impl OomAction {
@@ -182,6 +194,14 @@ impl OomAction {
             ..OomAction::default()
         }
     }
+    /// Since ABI 1.2.
+    pub fn recompute(every: u64) -> OomAction {
+        OomAction {
+            action: ACTION_RECOMPUTE,
+            every,
+            ..OomAction::default()
+        }
+    }
 }
 
 /// After each successful step (for policies that grow the micro-batch back).
@@ -193,6 +213,11 @@ pub struct StepInfo {
     pub batch_size: u64,
     /// Successful steps since the last OOM.
     pub clean_steps: u64,
+    // Appended in ABI 1.2.
+    /// The step's measured heap peak (counting allocator); 0 when not counted.
+    pub peak: u64,
+    /// The memory budget; 0 when none.
+    pub limit: u64,
 }
 
 /// A plan for one step; fields left at their "unset" value (NaN, 0) leave

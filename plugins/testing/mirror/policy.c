@@ -1,6 +1,7 @@
 /* A test policy in C that mirrors a Lua policy line by line (tests/plugins.rs,
- * `a_lua_policy_and_its_c_mirror_decide_the_same`): every action of ABI 1.1,
- * decided from the event's phase, micro-batch and precision. */
+ * `a_lua_policy_and_its_c_mirror_decide_the_same`): the actions of ABI 1.2 a
+ * digits MLP can take, decided from the event's step, phase, micro-batch,
+ * precision and offload. */
 #include <stdlib.h>
 
 #include "taper_plugin.h"
@@ -18,7 +19,9 @@ static TaperStatus on_oom(void *state, const TaperOomEvent *ev, TaperOomAction *
                           TaperErrorBuf *err) {
     (void)state;
     (void)err;
-    if (ev->phase == TAPER_PHASE_EVAL) {
+    if (ev->step == 13 && !ev->offload) {
+        action->action = TAPER_ACTION_OFFLOAD;
+    } else if (ev->phase == TAPER_PHASE_EVAL) {
         action->action = TAPER_ACTION_SPLIT;
         action->micro_batch = ev->micro_batch / 4 > 0 ? ev->micro_batch / 4 : 1;
     } else if (ev->phase == TAPER_PHASE_UPLOAD) {
@@ -43,7 +46,7 @@ static const TaperDescriptor DESCRIPTOR = {
     .abi_version = TAPER_ABI_VERSION,
     .size = sizeof(TaperDescriptor),
     .name = "mirror",
-    .version = "1.1.0",
+    .version = "1.2.0",
     .kinds = TAPER_KIND_OOM_POLICY,
     .create = create,
     .destroy = destroy,
