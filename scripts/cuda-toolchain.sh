@@ -25,6 +25,18 @@ if [ ! -x "$home/bin/nvcc" ] || [ ! -d "$home/nvvm" ]; then
 fi
 [ -x "$home/bin/nvcc" ] || { say "nvcc missing under $home/bin after install"; exit 1; }
 
+# 1b. NCCL for the `nccl` feature (305 MB, once): the wheel torch depends on,
+#     in a folder of its own (pip's --target does not add to an existing
+#     `nvidia` package), linked below as libnccl.so.
+nccl="$dir/nccl/nvidia/nccl"
+if [ ! -e "$nccl/lib/libnccl.so.2" ]; then
+  say "installing the NCCL wheel into $dir/nccl"
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$dir/nccl" \
+    'nvidia-nccl-cu13==2.32.*' >&2
+fi
+[ -e "$nccl/lib/libnccl.so.2" ] || { say "no libnccl.so.2 under $nccl/lib after install"; exit 1; }
+ln -sf "$nccl/lib/libnccl.so.2" "$home/lib/libnccl.so"
+
 # 2. Unversioned names, so that the linker's -l finds the libraries.
 for name in cudart cublas cublasLt curand nvrtc; do
   if [ ! -e "$home/lib/lib$name.so" ]; then

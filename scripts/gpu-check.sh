@@ -3,11 +3,12 @@
 # (which has the driver, python3 with torch and its CUDA 13 libraries, but no
 # cargo and no network). Two halves:
 #
-#   bash scripts/gpu-check.sh pack          # here: build the CUDA binary and
-#                                           # the GPU tests, xz them into .gpu/
+#   bash scripts/gpu-check.sh pack          # here: build the CUDA binary, the
+#                                           # NCCL one and the GPU tests, xz them
+#                                           # into .gpu/
 #   bash scripts/gpu-check.sh run [PARTS]   # on the GPU machine, with .gpu
 #                                           # carried; PARTS of: tests drill bench
-#                                           # profile (default: the first three)
+#                                           # nccl profile (default: the first four)
 #
 # `run` writes everything to $OUT/gpu-check.log when OUT is set (the device
 # tool's output folder), else to stdout. The binaries are about 70 MB each,
@@ -34,18 +35,60 @@ for line in sys.stdin:
     strip -o "$pack_dir/${pair##*:}" "${pair%%:*}"
     xz -T0 -6 -f "$pack_dir/${pair##*:}"
   done
+  # The NCCL build (it links libnccl.so.2: a binary of its own, so that the
+  # checks above run where NCCL is missing).
+  cargo build --release --features nccl --target-dir target/cuda -p taper
+  strip -o "$pack_dir/taper-nccl" target/cuda/release/taper
+  xz -T0 -6 -f "$pack_dir/taper-nccl"
   ls -la "$pack_dir"
 }
 
-# On the GPU machine: torch's CUDA 13 libraries (cudart, cublas, curand).
+# On the GPU machine: torch's CUDA 13 libraries (cudart, cublas, curand),
+# and its NCCL.
 cuda_libs() {
   python3 - <<'PY'
 import os, nvidia
-for base in nvidia.__path__:
-    lib = os.path.join(base, "cu13", "lib")
-    if os.path.isdir(lib):
-        print(lib)
-        break
+found = []
+for sub in (("cu13", "lib"), ("nccl", "lib")):
+    for base in nvidia.__path__:
+        lib = os.path.join(base, *sub)
+        if os.path.isdir(lib):
+            found.append(lib)
+            break
+print(":".join(found))
+PY
+}
+
+# NCCL through the data-parallel path with a world of one: the same digits
+# run with and without --collective nccl, and their weights compared (the
+# sum over one rank changes nothing).
+nccl() {
+  echo "== NCCL, world size 1"
+  rm -rf /tmp/nccl-plain /tmp/nccl-one
+  timeout 120 "$bin/taper-nccl" train scripts/digits.lua --device cuda --set epochs=3 --quiet \
+    --out /tmp/nccl-plain || echo "plain exit $?"
+  timeout 120 "$bin/taper-nccl" train scripts/digits.lua --device cuda --set epochs=3 \
+    --collective nccl --out /tmp/nccl-one 2>&1 | tail -4 || echo "nccl exit $?"
+  python3 - /tmp/nccl-plain /tmp/nccl-one <<'PY' || true
+import json, struct, sys
+import torch
+
+def load(path):
+    # safetensors by hand (the GPU machine has torch, maybe not safetensors).
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    head = json.loads(raw[8:8 + n])
+    out = {}
+    for k, v in head.items():
+        if k.startswith("model.") and v["dtype"] == "F32":
+            a, b = v["data_offsets"]
+            out[k] = torch.frombuffer(bytearray(raw[8 + n + a:8 + n + b]), dtype=torch.float32)
+    return out
+
+a, b = (load(f"{d}/checkpoint.safetensors") for d in sys.argv[1:3])
+worst = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+run = [json.loads(l) for l in open(f"{sys.argv[2]}/metrics.jsonl") if '"event":"run"' in l]
+print(f"  collective: {run[0].get('collective') if run else None}; max weight difference {worst:.3g}")
 PY
 }
 
@@ -197,7 +240,8 @@ PY
 run() {
   bin=/tmp/taper-gpu
   mkdir -p "$bin"
-  for f in taper cuda_kernels; do
+  for f in taper cuda_kernels taper-nccl; do
+    [ -e "$pack_dir/$f.xz" ] || { echo "gpu-check: no $f in $pack_dir" >&2; continue; }
     xz -dc "$pack_dir/$f.xz" > "$bin/$f"
     chmod +x "$bin/$f"
   done
@@ -207,11 +251,11 @@ run() {
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   nvidia-smi -L || true
   local parts=("$@")
-  [ ${#parts[@]} -gt 0 ] || parts=(tests drill bench)
+  [ ${#parts[@]} -gt 0 ] || parts=(tests drill bench nccl)
   for part in "${parts[@]}"; do
     case "$part" in
-      tests|drill|bench|profile) "$part" ;;
-      *) echo "gpu-check: unknown part $part (tests, drill, bench, profile)" >&2; exit 2 ;;
+      tests|drill|bench|nccl|profile) "$part" ;;
+      *) echo "gpu-check: unknown part $part (tests, drill, bench, nccl, profile)" >&2; exit 2 ;;
     esac
   done
 }
@@ -226,5 +270,5 @@ case "${1:-}" in
       run "$@"
     fi
     ;;
-  *) echo "usage: bash scripts/gpu-check.sh pack | run [tests] [drill] [bench]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu-check.sh pack | run [tests] [drill] [bench] [nccl] [profile]" >&2; exit 2 ;;
 esac

@@ -92,6 +92,10 @@ enum Command {
         /// at a collective before it stops (a rank died or hangs): 90s, 10m
         #[arg(long, value_name = "TIME", value_parser = parse_timeout, default_value = "300s")]
         rank_timeout: std::time::Duration,
+        /// How ranks sum gradients: auto (MPI under a launcher), or nccl (on the
+        /// GPU, a build with --features nccl; alone, a world of one)
+        #[arg(long, value_name = "auto|nccl", default_value = "auto", value_parser = taper::dist::Engine::parse)]
+        collective: taper::dist::Engine,
     },
     /// Train on N data-parallel ranks (MPI, `--features mpi`): runs `mpirun -n N
     /// taper train ARGS...`. Each rank trains on its shard of every batch; only
@@ -464,18 +468,21 @@ fn main() -> ExitCode {
             log_every,
             tensorboard,
             rank_timeout,
+            collective,
         } => {
             // `--resume RUN_DIR` continues in that folder unless --out says
             // otherwise; `--resume auto` continues in --out if it holds a run.
             let mut out = out.or_else(|| resume.clone().filter(|r| r.is_dir()));
             // One of several data-parallel ranks (mpirun, taper launch)?
-            let world = match taper::dist::init(rank_timeout, taper::run::interrupt::requested) {
-                Ok(w) => w,
-                Err(e) => {
-                    eprintln!("taper: {e}");
-                    return ExitCode::from(2);
-                }
-            };
+            let world =
+                match taper::dist::init(rank_timeout, taper::run::interrupt::requested, collective)
+                {
+                    Ok(w) => w,
+                    Err(e) => {
+                        eprintln!("taper: {e}");
+                        return ExitCode::from(2);
+                    }
+                };
             if let Some(w) = world {
                 taper::run::interrupt::set_patient();
                 match join_world(w, out.take(), &recipe.recipe, watch) {

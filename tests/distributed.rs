@@ -383,4 +383,15 @@ fn launch_and_rank_options_get_clear_errors() {
     .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("rank `x` is not a rank number"));
+
+    // NCCL is a build of its own (`--features nccl`, on a GPU machine).
+    let o = taper(&["train", "scripts/digits.lua", "--collective", "nccl"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("built without NCCL"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

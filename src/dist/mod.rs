@@ -17,9 +17,13 @@
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 
 use std::sync::OnceLock;
 use std::time::Duration;
+
+use candle_core::{DType, Tensor};
 
 use crate::{Error, Result};
 
@@ -50,6 +54,19 @@ pub trait Collective: Send + Sync {
     /// wrote its checkpoint (mpirun kills the others a second after the
     /// first one exits).
     fn farewell(&self, limit: Duration) -> Result<()>;
+    /// Sums a tensor over the ranks (the step's gradient bucket). By
+    /// default through the host in f32; NCCL keeps it on the device.
+    fn all_reduce_sum_tensor(&self, t: &Tensor) -> Result<Tensor> {
+        host_all_reduce(self, t)
+    }
+}
+
+/// [`Collective::all_reduce_sum_tensor`] through host memory.
+pub fn host_all_reduce<C: Collective + ?Sized>(w: &C, t: &Tensor) -> Result<Tensor> {
+    let (shape, device, dtype) = (t.shape().clone(), t.device().clone(), t.dtype());
+    let mut host = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    w.all_reduce_sum_f32(&mut host)?;
+    Ok(Tensor::from_vec(host, shape, &device)?.to_dtype(dtype)?)
 }
 
 /// One process alone: every operation is the identity. The run core uses
@@ -106,32 +123,78 @@ pub fn set_world(w: Box<dyn Collective>) -> Result<()> {
         .map_err(|_| Error::Config("the data-parallel world is already set".into()))
 }
 
-/// Joins the world a launcher started this process in (`mpirun`, `taper
-/// launch`): MPI when its environment says so. None when no launcher did.
-/// `timeout` bounds every collective.
-pub fn init(timeout: Duration, stop: StopCheck) -> Result<Option<&'static dyn Collective>> {
-    let Some(size) = launched_size() else {
-        return Ok(None);
-    };
-    #[cfg(feature = "mpi")]
-    {
-        let w = mpi::Mpi::init(timeout, stop)?;
-        if w.size() != size {
-            return Err(Error::Config(format!(
-                "the launcher says {size} ranks, MPI says {}",
-                w.size()
-            )));
+/// Which engine sums the gradients (`taper train --collective`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// MPI when a launcher started this process; else a plain process.
+    #[default]
+    Auto,
+    /// NCCL on the GPU (`--features nccl`), over MPI's ranks when a
+    /// launcher started them, else alone (world size 1).
+    Nccl,
+}
+
+impl Engine {
+    pub fn parse(s: &str) -> std::result::Result<Engine, String> {
+        match s {
+            "auto" | "mpi" => Ok(Engine::Auto),
+            "nccl" => Ok(Engine::Nccl),
+            other => Err(format!("`{other}`: expected auto, mpi or nccl")),
         }
-        set_world(Box::new(w))?;
-        Ok(world())
     }
-    #[cfg(not(feature = "mpi"))]
-    {
-        let _ = (timeout, stop);
-        Err(Error::Config(format!(
-            "started as one of {size} MPI ranks, but this taper was built without MPI: build it with `--features mpi` (Debian: libopenmpi-dev, libclang-dev)"
-        )))
+}
+
+/// Joins the world a launcher started this process in (`mpirun`, `taper
+/// launch`): MPI when its environment says so; with [`Engine::Nccl`], NCCL
+/// sums the gradients (alone when no launcher did). None for a plain
+/// single-process run. `timeout` bounds every MPI collective.
+pub fn init(
+    timeout: Duration,
+    stop: StopCheck,
+    engine: Engine,
+) -> Result<Option<&'static dyn Collective>> {
+    let control: Box<dyn Collective> = match launched_size() {
+        None if engine == Engine::Auto => return Ok(None),
+        None => Box::new(Solo),
+        Some(size) => join_mpi(size, timeout, stop)?,
+    };
+    let w = match engine {
+        Engine::Auto => control,
+        Engine::Nccl => nccl_over(control)?,
+    };
+    set_world(w)?;
+    Ok(world())
+}
+
+#[cfg(feature = "mpi")]
+fn join_mpi(size: usize, timeout: Duration, stop: StopCheck) -> Result<Box<dyn Collective>> {
+    let w = mpi::Mpi::init(timeout, stop)?;
+    if w.size() != size {
+        return Err(Error::Config(format!(
+            "the launcher says {size} ranks, MPI says {}",
+            w.size()
+        )));
     }
+    Ok(Box::new(w))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn join_mpi(size: usize, _: Duration, _: StopCheck) -> Result<Box<dyn Collective>> {
+    Err(Error::Config(format!(
+        "started as one of {size} MPI ranks, but this taper was built without MPI: build it with `--features mpi` (Debian: libopenmpi-dev, libclang-dev)"
+    )))
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_over(control: Box<dyn Collective>) -> Result<Box<dyn Collective>> {
+    Ok(Box::new(nccl::Nccl::new(control)?))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_over(_: Box<dyn Collective>) -> Result<Box<dyn Collective>> {
+    Err(Error::Config(
+        "--collective nccl: this taper was built without NCCL: build it with `--features nccl` (and CUDA)".into(),
+    ))
 }
 
 /// Ends the world after a run that completed on every rank (MPI_Finalize).

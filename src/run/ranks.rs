@@ -243,13 +243,16 @@ pub fn train_attempt(
     if let Some(f) = outcome(w, &agreed, mine, own.as_ref())? {
         return Ok(Attempt::Oom(f));
     }
-    let Some((mut grads, (mut bucket, _))) = local else {
+    let Some((mut grads, (bucket, _))) = local else {
         unreachable!("every rank reported its gradients");
     };
-    w.all_reduce_sum_f32(&mut bucket)?;
-    grads.acc = unflatten(&vars, &bucket, agreed.extra(), &device)?;
-    grads.loss_sum = agreed.sum_values();
+    // The local sums go first: the bucket holds them.
+    grads.acc = Default::default();
+    let summed = w.all_reduce_sum_tensor(&bucket)?;
     drop(bucket);
+    grads.acc = unflatten(&vars, &summed, agreed.extra())?;
+    grads.loss_sum = agreed.sum_values();
+    drop(summed);
 
     let ready = trainer
         .prepare_update(grads)
@@ -264,43 +267,46 @@ pub fn train_attempt(
     Ok(Attempt::Trained(trainer.commit_update(ready)?))
 }
 
-/// The variables' gradients as one f32 vector (zeros where this rank has
-/// none), and which it has.
-fn flatten(vars: &[(String, candle_core::Var)], g: &Grads) -> Result<(Vec<f32>, Vec<bool>)> {
-    let total: usize = vars.iter().map(|(_, v)| v.elem_count()).sum();
-    let mut bucket = Vec::with_capacity(total);
+/// The variables' gradients as one f32 tensor on their device, the bucket
+/// the all-reduce sums (zeros where this rank has none), and which it has.
+fn flatten(vars: &[(String, candle_core::Var)], g: &Grads) -> Result<(Tensor, Vec<bool>)> {
+    let mut parts = Vec::with_capacity(vars.len());
     let mut present = Vec::with_capacity(vars.len());
     for (_, v) in vars {
         match g.acc.get(v) {
             Some(t) => {
-                let flat = t.flatten_all()?.to_dtype(candle_core::DType::F32)?;
-                bucket.extend_from_slice(&flat.to_vec1::<f32>()?);
+                parts.push(t.flatten_all()?.to_dtype(candle_core::DType::F32)?);
                 present.push(true);
             }
             None => {
-                bucket.resize(bucket.len() + v.elem_count(), 0.0);
+                parts.push(Tensor::zeros(
+                    v.elem_count(),
+                    candle_core::DType::F32,
+                    v.device(),
+                )?);
                 present.push(false);
             }
         }
     }
-    Ok((bucket, present))
+    Ok((Tensor::cat(&parts, 0)?, present))
 }
 
 /// The summed gradients back as tensors, for the variables some rank had a
 /// gradient for (`presence`: how many ranks did).
 fn unflatten(
     vars: &[(String, candle_core::Var)],
-    bucket: &[f32],
+    bucket: &Tensor,
     presence: &[f64],
-    device: &Device,
 ) -> Result<candle_core::backprop::GradStore> {
     let mut acc = candle_core::backprop::GradStore::default();
     let mut at = 0;
     for ((_, v), &p) in vars.iter().zip(presence) {
         let k = v.elem_count();
         if p > 0.0 {
-            let t =
-                Tensor::from_slice(&bucket[at..at + k], v.shape(), device)?.to_dtype(v.dtype())?;
+            let t = bucket
+                .narrow(0, at, k)?
+                .reshape(v.shape())?
+                .to_dtype(v.dtype())?;
             acc.insert(v, t);
         }
         at += k;
