@@ -12,6 +12,9 @@ use candle_core::{DType, Device};
 use serde_json::Value;
 use taper::engine::checkpoint;
 
+mod common;
+use common::records;
+
 const DEADLINE: Duration = Duration::from_secs(180);
 
 fn taper(args: &[&str]) -> Command {
@@ -100,15 +103,6 @@ fn rel_diff(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
             (d / n.max(f64::MIN_POSITIVE)).sqrt()
         })
         .fold(0.0, f64::max)
-}
-
-fn records(out: &Path, event: &str) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["event"] == event)
-        .collect()
 }
 
 #[test]

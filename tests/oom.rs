@@ -103,6 +103,25 @@ fn max_rel_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> Res
     Ok(worst)
 }
 
+/// `src` run into a new temporary folder, with `--set` and `--mem-limit`.
+fn run_in_temp(
+    name: &str,
+    src: &str,
+    set: &[(&str, &str)],
+    limit: Option<usize>,
+) -> Result<tempfile::TempDir> {
+    let d = tempfile::tempdir()?;
+    host(d.path(), set, &[], limit)?.run_source(name, src)?;
+    Ok(d)
+}
+
+/// The first epoch's heap peak of the run in `d`.
+fn peak(d: &tempfile::TempDir) -> Result<u64> {
+    Ok(records(d.path(), "epoch")?[0]["memory_peak"]
+        .as_u64()
+        .unwrap())
+}
+
 fn records(dir: &Path, event: &str) -> Result<Vec<Value>> {
     let text = std::fs::read_to_string(dir.join("metrics.jsonl"))?;
     Ok(text
@@ -573,16 +592,7 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
 #[test]
 fn a_policy_can_switch_on_recomputation_under_a_budget() -> Result<()> {
     let _serial = serial();
-    let run = |set: &[(&str, &str)], limit: Option<usize>| -> Result<tempfile::TempDir> {
-        let d = tempfile::tempdir()?;
-        host(d.path(), set, &[], limit)?.run_source("gpt.lua", GPT_RECIPE)?;
-        Ok(d)
-    };
-    let peak = |d: &tempfile::TempDir| -> Result<u64> {
-        Ok(records(d.path(), "epoch")?[0]["memory_peak"]
-            .as_u64()
-            .unwrap())
-    };
+    let run = |set: &[(&str, &str)], limit| run_in_temp("gpt.lua", GPT_RECIPE, set, limit);
     let plain = run(&[], None)?;
     let recomputed = run(&[("recompute", "1")], None)?;
     let (p0, p1) = (peak(&plain)?, peak(&recomputed)?);
@@ -736,16 +746,7 @@ end
 #[test]
 fn offloaded_moments_lower_the_peak_by_their_bytes_and_train_the_same() -> Result<()> {
     let _serial = serial();
-    let run = |set: &[(&str, &str)], limit: Option<usize>| -> Result<tempfile::TempDir> {
-        let d = tempfile::tempdir()?;
-        host(d.path(), set, &[], limit)?.run_source("offload.lua", OFFLOAD_RECIPE)?;
-        Ok(d)
-    };
-    let peak = |d: &tempfile::TempDir| -> Result<u64> {
-        Ok(records(d.path(), "epoch")?[0]["memory_peak"]
-            .as_u64()
-            .unwrap())
-    };
+    let run = |set: &[(&str, &str)], limit| run_in_temp("offload.lua", OFFLOAD_RECIPE, set, limit);
     let state = |d: &tempfile::TempDir| -> Result<Vec<(String, Vec<f32>)>> {
         let (t, _) = checkpoint::load(&d.path().join("checkpoint.safetensors"), &Device::Cpu)?;
         let mut v: Vec<_> = t

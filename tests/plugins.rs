@@ -15,6 +15,9 @@ use candle_core::Device;
 use serde_json::Value;
 use taper::engine::checkpoint;
 
+mod common;
+use common::records;
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -115,15 +118,6 @@ fn taper(dir: &Path, recipe: &str, extra: &[&str]) -> (Output, PathBuf) {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn records(out: &Path, event: &str) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["event"] == event)
-        .collect()
 }
 
 /// The `action` of each `oom` record.

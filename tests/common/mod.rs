@@ -52,3 +52,15 @@ pub fn test_python(modules: &str) -> Result<PathBuf> {
     }
     Ok(python)
 }
+
+/// The records of one `event` in a run folder's `metrics.jsonl`; none while
+/// the file is missing or a line is half-written (a run still going).
+#[allow(dead_code)] // not every test binary reads records
+pub fn records(out: &Path, event: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["event"] == event)
+        .collect()
+}

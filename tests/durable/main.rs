@@ -5,7 +5,11 @@
 //! what is on disk: checksums, older checkpoints kept, sidecars.
 
 mod checkpoints;
+#[path = "../common/mod.rs"]
+mod common;
 mod drills;
+
+use common::records;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -41,15 +45,6 @@ fn recipe_args<'a>(recipe: &[&'a str], out: &'a Path, extra: &[&'a str]) -> Vec<
 
 fn train_args<'a>(out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     recipe_args(DIGITS, out, extra)
-}
-
-fn records(out: &Path, event: &str) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["event"] == event)
-        .collect()
 }
 
 /// Waits until `out` holds `n` epoch records, failing if the run ends first.
