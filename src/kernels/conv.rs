@@ -72,29 +72,41 @@ fn with_scratch<T>(n: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
     })
 }
 
+/// The column range `(dst, src)` of kernel column `kx` in a row of width
+/// `w`: output column `xo` reads input column `xo + kx - 1`.
+fn shifted(kx: usize, w: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+    match kx {
+        0 => (1..w, 0..w - 1),
+        1 => (0..w, 0..w),
+        _ => (0..w - 1, 1..w),
+    }
+}
+
 /// `x [C, H, W]` unfolded into `col [C*9, H*W]`, zeros outside the image.
 fn im2col(x: &[f32], c: usize, h: usize, w: usize, col: &mut [f32]) {
     let hw = h * w;
+    if w == 0 {
+        return;
+    }
     for ci in 0..c {
         let img = &x[ci * hw..(ci + 1) * hw];
         for ky in 0..3 {
             for kx in 0..3 {
                 let row = &mut col[(ci * 9 + ky * 3 + kx) * hw..][..hw];
+                let (to, from) = shifted(kx, w);
                 for y in 0..h {
-                    let sy = y as isize + ky as isize - 1;
                     let out = &mut row[y * w..(y + 1) * w];
-                    if sy < 0 || sy >= h as isize {
+                    let sy = y + ky;
+                    if sy == 0 || sy > h {
                         out.fill(0.0);
                         continue;
                     }
-                    let src = &img[sy as usize * w..(sy as usize + 1) * w];
-                    for (xo, o) in out.iter_mut().enumerate() {
-                        let sx = xo as isize + kx as isize - 1;
-                        *o = if sx < 0 || sx >= w as isize {
-                            0.0
-                        } else {
-                            src[sx as usize]
-                        };
+                    let src = &img[(sy - 1) * w..sy * w];
+                    out[to.clone()].copy_from_slice(&src[from.clone()]);
+                    match kx {
+                        0 => out[0] = 0.0,
+                        2 => out[w - 1] = 0.0,
+                        _ => {}
                     }
                 }
             }
@@ -105,22 +117,24 @@ fn im2col(x: &[f32], c: usize, h: usize, w: usize, col: &mut [f32]) {
 /// Adds `col [C*9, H*W]` back onto `x [C, H, W]` (im2col's adjoint).
 fn col2im(col: &[f32], c: usize, h: usize, w: usize, x: &mut [f32]) {
     let hw = h * w;
+    if w == 0 {
+        return;
+    }
     for ci in 0..c {
         let img = &mut x[ci * hw..(ci + 1) * hw];
         for ky in 0..3 {
             for kx in 0..3 {
                 let row = &col[(ci * 9 + ky * 3 + kx) * hw..][..hw];
+                let (from, to) = shifted(kx, w);
                 for y in 0..h {
-                    let sy = y as isize + ky as isize - 1;
-                    if sy < 0 || sy >= h as isize {
+                    let sy = y + ky;
+                    if sy == 0 || sy > h {
                         continue;
                     }
-                    let dst = &mut img[sy as usize * w..(sy as usize + 1) * w];
-                    for (xo, v) in row[y * w..(y + 1) * w].iter().enumerate() {
-                        let sx = xo as isize + kx as isize - 1;
-                        if sx >= 0 && sx < w as isize {
-                            dst[sx as usize] += v;
-                        }
+                    let dst = &mut img[(sy - 1) * w..sy * w];
+                    let src = &row[y * w..(y + 1) * w];
+                    for (d, v) in dst[to.clone()].iter_mut().zip(&src[from.clone()]) {
+                        *d += v;
                     }
                 }
             }
@@ -218,12 +232,17 @@ impl CustomOp3 for Conv3x3 {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // The first layer's input is data: no gradient, no col2im.
+        let wants_dx = x.track_op();
         let (x, w, dy) = (x.detach(), w.detach(), dy.detach().contiguous()?);
-        let dx = dy.apply_op2_no_bwd(&w, &InputGrad)?;
+        let dx = match wants_dx {
+            true => Some(dy.apply_op2_no_bwd(&w, &InputGrad)?),
+            false => None,
+        };
         let dw = x.apply_op2_no_bwd(&dy, &WeightGrad)?;
         // candle's strided sum over (0, 2, 3) was a sixth of the CNN step.
         let db = dy.apply_op1_no_bwd(&ChannelSum)?;
-        Ok((Some(dx), Some(dw), Some(db)))
+        Ok((dx, Some(dw), Some(db)))
     }
 }
 
@@ -364,16 +383,26 @@ pub fn max_pool2x2(x: &Tensor) -> Result<Option<Tensor>> {
 
 struct MaxPool;
 
-/// The flat index in `x [H, W]` of the maximum of output window (i, j): the
-/// first of equal maxima, row by row.
-fn argmax(x: &[f32], w: usize, i: usize, j: usize) -> usize {
-    let mut best = 2 * i * w + 2 * j;
-    for at in [best + 1, best + w, best + w + 1] {
-        if x[at] > x[best] {
-            best = at;
-        }
+/// The maximum of a 2x2 window `[a, b; c, d]` and its place in it (0..4):
+/// the first of equal maxima, row by row, and a NaN kept where it comes
+/// first. Selects, not branches: on real activations the comparisons are
+/// coin flips, and mispredicted branches made the pool a quarter of the CNN
+/// step; these compile to vector compares and blends.
+#[inline(always)]
+fn window_max(a: f32, b: f32, c: f32, d: f32) -> (f32, u32) {
+    let (mut m, mut k) = (a, 0);
+    for (v, i) in [(b, 1), (c, 2), (d, 3)] {
+        let gt = v > m;
+        m = if gt { v } else { m };
+        k = if gt { i } else { k };
     }
-    best
+    (m, k)
+}
+
+/// Output row `i` of one `[H, W]` plane: the two input rows it pools.
+fn row_pair(xs: &[f32], w: usize, i: usize) -> (&[f32], &[f32]) {
+    let top = &xs[2 * i * w..];
+    (&top[..w], &top[w..2 * w])
 }
 
 impl CustomOp1 for MaxPool {
@@ -390,9 +419,11 @@ impl CustomOp1 for MaxPool {
             y.par_chunks_mut(h2 * w2)
                 .zip(x.par_chunks(h * w))
                 .for_each(|(ys, xs)| {
-                    for i in 0..h2 {
-                        for j in 0..w2 {
-                            ys[i * w2 + j] = xs[argmax(xs, w, i, j)];
+                    for (i, out) in ys.chunks_exact_mut(w2).enumerate() {
+                        let (r0, r1) = row_pair(xs, w, i);
+                        for (j, o) in out.iter_mut().enumerate() {
+                            let at = 2 * j;
+                            *o = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).0;
                         }
                     }
                 });
@@ -437,9 +468,18 @@ impl CustomOp2 for MaxPoolGrad {
             dx.par_chunks_mut(h * w)
                 .zip(x.par_chunks(h * w).zip(dy.par_chunks(h2 * w2)))
                 .for_each(|(dxs, (xs, dys))| {
-                    for i in 0..h2 {
-                        for j in 0..w2 {
-                            dxs[argmax(xs, w, i, j)] = dys[i * w2 + j];
+                    for (i, g) in dys.chunks_exact(w2).enumerate() {
+                        let (r0, r1) = row_pair(xs, w, i);
+                        let (d0, d1) = dxs[2 * i * w..2 * (i + 1) * w].split_at_mut(w);
+                        for (j, &g) in g.iter().enumerate() {
+                            let at = 2 * j;
+                            let k = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).1;
+                            // Every place of the window written: no branch.
+                            let pick = |i| if k == i { g } else { 0.0 };
+                            d0[at] = pick(0);
+                            d0[at + 1] = pick(1);
+                            d1[at] = pick(2);
+                            d1[at + 1] = pick(3);
                         }
                     }
                 });
@@ -548,6 +588,49 @@ mod tests {
                 .expect("gradient")
                 .flatten_all()?
                 .to_vec1::<f32>()?
+        );
+        Ok(())
+    }
+
+    /// Equal maxima: the gradient goes to the first of them, row by row
+    /// (as PyTorch's max_pool2d does), and a NaN first in its window is kept.
+    #[test]
+    fn ties_go_to_the_first_maximum() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::from_tensor(&Tensor::from_vec(
+            vec![
+                1f32,
+                1.,
+                0.,
+                2.,
+                1.,
+                1.,
+                2.,
+                2.,
+                f32::NAN,
+                5.,
+                0.,
+                0.,
+                9.,
+                9.,
+                0.,
+                0.,
+            ],
+            (1, 1, 4, 4),
+            &dev,
+        )?)?;
+        let y = max_pool2x2(x.as_tensor())?.expect("fused on the CPU");
+        let probe = Tensor::from_vec(vec![1f32, 2., 3., 4.], (1, 1, 2, 2), &dev)?;
+        let g = (&y * &probe)?.sum_all()?.backward()?;
+        let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
+        let y = flat(&y)?;
+        assert_eq!(y[..2], [1., 2.]);
+        assert!(y[2].is_nan());
+        assert_eq!(y[3], 0.);
+        let gx = flat(g.get(&x).expect("gradient"))?;
+        assert_eq!(
+            gx,
+            [1., 0., 0., 2., 0., 0., 0., 0., 3., 0., 4., 0., 0., 0., 0., 0.]
         );
         Ok(())
     }
