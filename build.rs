@@ -33,6 +33,7 @@ fn main() {
         "attention",
         "dense",
         "embedding",
+        "conv",
     ] {
         let src = format!("kernels/{name}.cu");
         let ptx = out.join(format!("{name}.ptx"));

@@ -192,7 +192,7 @@ PY
 }
 
 bench() {
-  for model in ${BENCH_MODELS:-shakespeare gpt2}; do
+  for model in ${BENCH_MODELS:-shakespeare gpt2 cnn}; do
     for p in f32 bf16; do
       for round in $(seq "${BENCH_ROUNDS:-2}"); do
         timeout 150 "$bin/taper" bench step --model $model --device cuda --precision $p --steps 20 \

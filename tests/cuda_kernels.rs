@@ -1,7 +1,8 @@
 //! taper's CUDA kernels (and the cuBLAS-based causal attention) against
 //! their CPU references (`cpu_fwd`), on random inputs, in f32, f16 and
 //! bf16; the fused AdamW (f32 and 8-bit moments)
-//! against the CPU optimizer; and digits trained on the GPU in f32 and bf16.
+//! against the CPU optimizer; and the digits MLP and CNN recipes trained on
+//! the GPU in f32 and bf16.
 //!
 //! Needs the `cuda` feature and a GPU (`scripts/gpu-check.sh` runs it on
 //! the device machine):
@@ -223,6 +224,46 @@ fn causal_attention_matches_the_cpu() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn conv3x3_matches_the_cpu() -> Result<()> {
+    // (batch, in, height, width, out): odd sizes with edges on every side;
+    // the CNN's second layer.
+    for dt in DTYPES {
+        for (b, c, h, w, o) in [(3, 2, 7, 6, 5), (64, 8, 14, 14, 16)] {
+            let x = randn(&[b, c, h, w], 1.0)?;
+            let k = randn(&[o, c, 3, 3], 1.0 / (9.0 * c as f32).sqrt())?;
+            let bias = randn(&[o], 0.5)?;
+            check("conv3x3", dt, &[x, k, bias], |t| {
+                kernels::conv3x3(&t[0], &t[1], &t[2])
+            })?;
+        }
+    }
+    // Samples in more than one chunk of im2col scratch (2^25 values), in f32.
+    let (b, c, h, w, o) = (3, 64, 256, 256, 4);
+    let x = randn(&[b, c, h, w], 1.0)?;
+    let k = randn(&[o, c, 3, 3], 1.0 / (9.0 * c as f32).sqrt())?;
+    check(
+        "conv3x3, chunked",
+        DType::F32,
+        &[x, k, randn(&[o], 0.5)?],
+        |t| kernels::conv3x3(&t[0], &t[1], &t[2]),
+    )
+}
+
+#[test]
+fn max_pool_matches_the_cpu() -> Result<()> {
+    // Odd rows and columns (dropped); the CNN's first pool. In f16 and bf16
+    // rounding makes ties, which both sides give to the first maximum.
+    for dt in DTYPES {
+        for shape in [[2, 3, 7, 9], [64, 16, 28, 28]] {
+            check("max-pool", dt, &[randn(&shape, 1.0)?], |x| {
+                Ok(kernels::max_pool2x2(&x[0])?.expect("the fused pool on both devices"))
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// `steps` AdamW updates of one parameter on `dev` with the gradients
 /// `grads`; returns the optimizer and the final weights.
 fn adamw_run(
@@ -310,37 +351,47 @@ fn device_8bit_state_survives_a_checkpoint_round_trip() -> Result<()> {
     Ok(())
 }
 
-/// The main job on the GPU: digits to the same bar as on the CPU.
+/// The main job on the GPU, and its CNN twin: the digits recipes to the
+/// same bar as on the CPU.
 #[test]
 fn digits_trains_on_the_gpu_in_f32_and_bf16() -> anyhow::Result<()> {
-    for precision in ["f32", "bf16"] {
-        let dir = tempfile::tempdir()?;
-        let opts = taper::HostOptions {
-            device: "cuda".into(),
-            out_dir: Some(dir.path().to_path_buf()),
-            overrides: vec![
-                ("epochs".into(), "10".into()),
-                ("precision".into(), precision.into()),
-            ],
-            ..taper::HostOptions::default()
-        };
-        let mut host = taper::Host::new(opts)?;
-        // Run from the repository root on the GPU machine, where the build
-        // machine's path does not exist.
-        let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/digits.lua");
-        let path = if built.exists() {
-            built
-        } else {
-            "scripts/digits.lua".into()
-        };
-        let report = host.run_file(&path)?;
-        let ev = report.runs[0].last_eval.expect("the recipe evaluates");
-        println!("digits on cuda, {precision}: {:.2}%", 100.0 * ev.accuracy);
-        assert!(
-            ev.accuracy >= 0.95,
-            "{precision}: held-out accuracy {}",
-            ev.accuracy
-        );
+    for recipe in ["digits.lua", "digits_cnn.lua"] {
+        for precision in ["f32", "bf16"] {
+            let accuracy = train_on_the_gpu(recipe, precision)?;
+            println!("{recipe} on cuda, {precision}: {:.2}%", 100.0 * accuracy);
+            assert!(
+                accuracy >= 0.95,
+                "{recipe}, {precision}: held-out accuracy {accuracy}"
+            );
+        }
     }
     Ok(())
+}
+
+/// Trains `scripts/<recipe>` on the GPU; its last held-out accuracy.
+fn train_on_the_gpu(recipe: &str, precision: &str) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let opts = taper::HostOptions {
+        device: "cuda".into(),
+        out_dir: Some(dir.path().to_path_buf()),
+        overrides: vec![
+            ("epochs".into(), "10".into()),
+            ("precision".into(), precision.into()),
+        ],
+        ..taper::HostOptions::default()
+    };
+    let mut host = taper::Host::new(opts)?;
+    // Run from the repository root on the GPU machine, where the build
+    // machine's path does not exist.
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(recipe);
+    let path = if built.exists() {
+        built
+    } else {
+        std::path::Path::new("scripts").join(recipe)
+    };
+    let report = host.run_file(&path)?;
+    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    Ok(ev.accuracy)
 }

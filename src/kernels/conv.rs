@@ -10,16 +10,19 @@
 //! - `dW = sum_b dy_b [O, H*W] col_b^T`, `dbias = sum_b,h,w dy`
 //! - `dx_b = col2im(W^T dy_b)`
 //!
-//! f32 on the CPU; elsewhere candle's `conv2d`.
+//! f32 on the CPU. On CUDA (`conv_cuda.rs`, `kernels/conv.cu`), in f32,
+//! f16 or bf16, the same: im2col and col2im kernels around cuBLAS
+//! products, samples batched in chunks of bounded scratch. Elsewhere
+//! candle's `conv2d`.
 //!
-//! The 2x2 max-pool after it is one op too ([`max_pool2x2`]): one pass
-//! forward, and a backward that routes each gradient to its window's
-//! maximum, where the composed version (reshape, two `max` reductions) takes
-//! four nodes and candle's strided reductions.
+//! The 2x2 max-pool after it is one op too (`pool.rs`).
 
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
 };
+
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
@@ -35,9 +38,10 @@ pub fn conv3x3(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 fn fused_ok(x: &Tensor, w: &Tensor, b: &Tensor) -> bool {
-    let cpu_f32 = |t: &Tensor| t.device().is_cpu() && t.dtype() == candle_core::DType::F32;
-    super::fused()
-        && [x, w, b].iter().all(|t| cpu_f32(t))
+    let here = |t: &Tensor| {
+        t.dtype() == x.dtype() && t.device().same_device(x.device()) && super::covers(t)
+    };
+    [x, w, b].iter().all(|t| here(t))
         && x.rank() == 4
         && w.dims().len() == 4
         && w.dims()[2..] == [3, 3]
@@ -46,7 +50,7 @@ fn fused_ok(x: &Tensor, w: &Tensor, b: &Tensor) -> bool {
 }
 
 /// Shapes: (batch, in channels, height, width, out channels).
-fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize, usize, usize)> {
+pub(super) fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize, usize, usize)> {
     let (b, c, h, wd) = x.shape().dims4()?;
     let (o, c2, k1, k2) = w.shape().dims4()?;
     if c2 != c || k1 != 3 || k2 != 3 {
@@ -224,6 +228,22 @@ impl CustomOp3 for Conv3x3 {
         Ok((CpuStorage::F32(y), Shape::from((b, o, h, wd))))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        use super::conv_cuda::forward;
+        let (b, _, h, wd, o) = dims(l1, l2)?;
+        let y = super::cuda::by_float!(s1, forward((s1, l1), (s2, l2), (s3, l3)))?;
+        Ok((y, Shape::from((b, o, h, wd))))
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -287,6 +307,21 @@ impl CustomOp2 for InputGrad {
         }
         Ok((CpuStorage::F32(dx), Shape::from((b, c, h, wd))))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        use super::conv_cuda::input_grad;
+        let (b, _, h, wd) = l1.shape().dims4()?;
+        let c = l2.shape().dims4()?.1;
+        let dx = super::cuda::by_float!(s1, input_grad((s1, l1), (s2, l2)))?;
+        Ok((dx, Shape::from((b, c, h, wd))))
+    }
 }
 
 /// `dW = sum_b dy_b col_b^T`, from `x [B, C, H, W]` and `dy [B, O, H, W]`.
@@ -339,6 +374,21 @@ impl CustomOp2 for WeightGrad {
             );
         Ok((CpuStorage::F32(dw), Shape::from((o, c, 3, 3))))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        use super::conv_cuda::weight_grad;
+        let c = l1.shape().dims4()?.1;
+        let o = l2.shape().dims4()?.1;
+        let dw = super::cuda::by_float!(s1, weight_grad((s1, l1), (s2, l2)))?;
+        Ok((dw, Shape::from((o, c, 3, 3))))
+    }
 }
 
 /// `dy [B, O, H, W]` summed to `[O]`: the bias gradient.
@@ -366,125 +416,13 @@ impl CustomOp1 for ChannelSum {
             .collect();
         Ok((CpuStorage::F32(sums), Shape::from(o)))
     }
-}
 
-/// 2x2 max-pooling of `x [B, C, H, W]` (stride 2; an odd last row or column
-/// is dropped), f32 on the CPU; None elsewhere (the caller composes it).
-pub fn max_pool2x2(x: &Tensor) -> Result<Option<Tensor>> {
-    if !(super::fused()
-        && x.device().is_cpu()
-        && x.dtype() == candle_core::DType::F32
-        && x.rank() == 4)
-    {
-        return Ok(None);
-    }
-    x.contiguous()?.apply_op1(MaxPool).map(Some)
-}
-
-struct MaxPool;
-
-/// The maximum of a 2x2 window `[a, b; c, d]` and its place in it (0..4):
-/// the first of equal maxima, row by row, and a NaN kept where it comes
-/// first. Selects, not branches: on real activations the comparisons are
-/// coin flips, and mispredicted branches made the pool a quarter of the CNN
-/// step; these compile to vector compares and blends.
-#[inline(always)]
-fn window_max(a: f32, b: f32, c: f32, d: f32) -> (f32, u32) {
-    let (mut m, mut k) = (a, 0);
-    for (v, i) in [(b, 1), (c, 2), (d, 3)] {
-        let gt = v > m;
-        m = if gt { v } else { m };
-        k = if gt { i } else { k };
-    }
-    (m, k)
-}
-
-/// Output row `i` of one `[H, W]` plane: the two input rows it pools.
-fn row_pair(xs: &[f32], w: usize, i: usize) -> (&[f32], &[f32]) {
-    let top = &xs[2 * i * w..];
-    (&top[..w], &top[w..2 * w])
-}
-
-impl CustomOp1 for MaxPool {
-    fn name(&self) -> &'static str {
-        "taper-max-pool-2x2"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = super::f32_slice(s, l, "max-pool input")?;
-        let (b, c, h, w) = l.shape().dims4()?;
-        let (h2, w2) = (h / 2, w / 2);
-        let mut y = vec![0f32; b * c * h2 * w2];
-        if h2 > 0 && w2 > 0 {
-            y.par_chunks_mut(h2 * w2)
-                .zip(x.par_chunks(h * w))
-                .for_each(|(ys, xs)| {
-                    for (i, out) in ys.chunks_exact_mut(w2).enumerate() {
-                        let (r0, r1) = row_pair(xs, w, i);
-                        for (j, o) in out.iter_mut().enumerate() {
-                            let at = 2 * j;
-                            *o = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).0;
-                        }
-                    }
-                });
-        }
-        Ok((CpuStorage::F32(y), Shape::from((b, c, h2, w2))))
-    }
-
-    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        let dy = dy.detach().contiguous()?;
-        Ok(Some(x.detach().apply_op2_no_bwd(&dy, &MaxPoolGrad)?))
-    }
-}
-
-/// Each output gradient onto its window's maximum in `x`.
-struct MaxPoolGrad;
-
-impl CustomOp2 for MaxPoolGrad {
-    fn name(&self) -> &'static str {
-        "taper-max-pool-2x2-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x = super::f32_slice(s1, l1, "max-pool input")?;
-        let dy = super::f32_slice(s2, l2, "max-pool gradient")?;
-        let (b, c, h, w) = l1.shape().dims4()?;
-        let (h2, w2) = (h / 2, w / 2);
-        if l2.dims() != [b, c, h2, w2] {
-            bail!(
-                "max-pool backward: input {:?}, gradient {:?}",
-                l1.dims(),
-                l2.dims()
-            )
-        }
-        let mut dx = vec![0f32; b * c * h * w];
-        if h2 > 0 && w2 > 0 {
-            dx.par_chunks_mut(h * w)
-                .zip(x.par_chunks(h * w).zip(dy.par_chunks(h2 * w2)))
-                .for_each(|(dxs, (xs, dys))| {
-                    for (i, g) in dys.chunks_exact(w2).enumerate() {
-                        let (r0, r1) = row_pair(xs, w, i);
-                        let (d0, d1) = dxs[2 * i * w..2 * (i + 1) * w].split_at_mut(w);
-                        for (j, &g) in g.iter().enumerate() {
-                            let at = 2 * j;
-                            let k = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).1;
-                            // Every place of the window written: no branch.
-                            let pick = |i| if k == i { g } else { 0.0 };
-                            d0[at] = pick(0);
-                            d0[at + 1] = pick(1);
-                            d1[at] = pick(2);
-                            d1[at + 1] = pick(3);
-                        }
-                    }
-                });
-        }
-        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        use super::conv_cuda::channel_sum;
+        let o = l.shape().dims4()?.1;
+        let sums = super::cuda::by_float!(s, channel_sum(s, l))?;
+        Ok((sums, Shape::from(o)))
     }
 }
 
@@ -546,122 +484,6 @@ mod tests {
             let e = err(g.get(v).expect("gradient"), g64.get(r).expect("gradient"))?;
             assert!(e < 1e-6, "{what} gradient error {e}");
         }
-        Ok(())
-    }
-
-    /// Max-pooling and its gradient against the composed version (reshape
-    /// and two `max`), at odd sizes, on distinct values (no ties).
-    #[test]
-    fn max_pool_matches_the_composed_version() -> Result<()> {
-        let dev = Device::Cpu;
-        let n = 2 * 3 * 7 * 9;
-        let v: Vec<f32> = (0..n).map(|i| ((i * 7919) % n) as f32 / n as f32).collect();
-        let x = Var::from_tensor(&Tensor::from_vec(v, (2, 3, 7, 9), &dev)?)?;
-        let probe = Tensor::from_vec(
-            (0..2 * 3 * 3 * 4)
-                .map(|i| (i as f32 * 0.37).sin())
-                .collect::<Vec<_>>(),
-            (2, 3, 3, 4),
-            &dev,
-        )?;
-        let y = max_pool2x2(x.as_tensor())?.expect("fused on the CPU");
-        let g = (&y * &probe)?.sum_all()?.backward()?;
-        let y0 = x
-            .as_tensor()
-            .narrow(2, 0, 6)?
-            .narrow(3, 0, 8)?
-            .reshape((2, 3, 3, 2, 4, 2))?
-            .max(5)?
-            .max(3)?;
-        let g0 = (&y0 * &probe)?.sum_all()?.backward()?;
-        assert_eq!(y.dims(), &[2, 3, 3, 4]);
-        assert_eq!(
-            y.flatten_all()?.to_vec1::<f32>()?,
-            y0.flatten_all()?.to_vec1::<f32>()?
-        );
-        assert_eq!(
-            g.get(&x)
-                .expect("gradient")
-                .flatten_all()?
-                .to_vec1::<f32>()?,
-            g0.get(&x)
-                .expect("gradient")
-                .flatten_all()?
-                .to_vec1::<f32>()?
-        );
-        Ok(())
-    }
-
-    /// Equal maxima: the gradient goes to the first of them, row by row
-    /// (as PyTorch's max_pool2d does), and a NaN first in its window is kept.
-    #[test]
-    fn ties_go_to_the_first_maximum() -> Result<()> {
-        let dev = Device::Cpu;
-        let x = Var::from_tensor(&Tensor::from_vec(
-            vec![
-                1f32,
-                1.,
-                0.,
-                2.,
-                1.,
-                1.,
-                2.,
-                2.,
-                f32::NAN,
-                5.,
-                0.,
-                0.,
-                9.,
-                9.,
-                0.,
-                0.,
-            ],
-            (1, 1, 4, 4),
-            &dev,
-        )?)?;
-        let y = max_pool2x2(x.as_tensor())?.expect("fused on the CPU");
-        let probe = Tensor::from_vec(vec![1f32, 2., 3., 4.], (1, 1, 2, 2), &dev)?;
-        let g = (&y * &probe)?.sum_all()?.backward()?;
-        let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
-        let y = flat(&y)?;
-        assert_eq!(y[..2], [1., 2.]);
-        assert!(y[2].is_nan());
-        assert_eq!(y[3], 0.);
-        let gx = flat(g.get(&x).expect("gradient"))?;
-        assert_eq!(
-            gx,
-            [1., 0., 0., 2., 0., 0., 0., 0., 3., 0., 4., 0., 0., 0., 0., 0.]
-        );
-        Ok(())
-    }
-
-    /// `relu(pool(x))` is `pool(relu(x))`, gradient included (the CNN pools
-    /// first): on values of both signs, windows all negative among them.
-    #[test]
-    fn relu_commutes_with_the_max_pool() -> Result<()> {
-        let dev = Device::Cpu;
-        let n = 2 * 3 * 6 * 8;
-        let v: Vec<f32> = (0..n)
-            .map(|i| (((i * 7919) % n) as f32 / n as f32) - 0.6)
-            .collect();
-        let x = Var::from_tensor(&Tensor::from_vec(v, (2, 3, 6, 8), &dev)?)?;
-        let probe = Tensor::from_vec(
-            (0..2 * 3 * 3 * 4)
-                .map(|i| (i as f32 * 0.71).cos())
-                .collect::<Vec<_>>(),
-            (2, 3, 3, 4),
-            &dev,
-        )?;
-        let a = max_pool2x2(x.as_tensor())?.expect("fused").relu()?;
-        let b = max_pool2x2(&x.as_tensor().relu()?)?.expect("fused");
-        let ga = (&a * &probe)?.sum_all()?.backward()?;
-        let gb = (&b * &probe)?.sum_all()?.backward()?;
-        let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
-        assert_eq!(flat(&a)?, flat(&b)?);
-        assert_eq!(
-            flat(ga.get(&x).expect("gradient"))?,
-            flat(gb.get(&x).expect("gradient"))?
-        );
         Ok(())
     }
 }

@@ -32,6 +32,7 @@ module!(CE, "ce");
 module!(ATTENTION, "attention");
 module!(DENSE, "dense");
 module!(EMBEDDING, "embedding");
+module!(CONV, "conv");
 
 /// Threads per block for element-wise kernels, and the most blocks a
 /// grid-stride launch uses.

@@ -1,5 +1,6 @@
 //! taper's own kernels: fused operations as candle custom ops (GELU,
-//! softmax, layer norm, bias add, dense layer, causal attention, rotary embedding, chunked cross-entropy), the fused
+//! softmax, layer norm, bias add, dense layer, causal attention, rotary embedding, chunked cross-entropy,
+//! the CNN's 3x3 convolution and 2x2 max-pool), the fused
 //! AdamW update and blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
 //! for its CUDA kernel in `kernels/*.cu` (built with the `cuda` feature;
@@ -16,6 +17,8 @@ mod ce_rows;
 mod chunked_ce;
 mod conv;
 #[cfg(feature = "cuda")]
+mod conv_cuda;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod dense;
 #[cfg(feature = "cuda")]
@@ -24,6 +27,7 @@ pub mod device_state;
 mod embedding;
 mod gelu;
 mod layer_norm;
+mod pool;
 pub mod quant8;
 mod rope;
 mod rows;
@@ -31,11 +35,12 @@ mod rows;
 pub use attention::{causal_attention, causal_mask};
 pub use bias::bias_add;
 pub use chunked_ce::chunked_cross_entropy;
-pub use conv::{conv3x3, max_pool2x2};
+pub use conv::conv3x3;
 pub use dense::linear;
 pub use embedding::embedding;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
+pub use pool::max_pool2x2;
 pub use rope::rope_interleaved;
 pub use rows::softmax_last_dim;
 
