@@ -211,20 +211,24 @@ impl CustomOp3 for Conv3x3 {
         let bias = super::f32_slice(s3, l3, "conv bias")?;
         let (b, c, h, wd, o) = dims(l1, l2)?;
         let (hw, c9) = (h * wd, c * 9);
-        let mut y = vec![0f32; b * o * hw];
-        if hw > 0 && o > 0 {
-            y.par_chunks_mut(o * hw)
-                .zip(x.par_chunks(c * hw))
-                .for_each(|(ys, xs)| {
-                    with_scratch(c9 * hw, |col| {
-                        im2col(xs, c, h, wd, col);
-                        for (oi, plane) in ys.chunks_mut(hw).enumerate() {
-                            plane.fill(bias[oi]);
-                        }
-                        mm((o, hw, c9), ys, true, w, (c9, 1), col, (hw, 1));
-                    })
+        let fill = |bi: usize, ys: &mut [std::mem::MaybeUninit<f32>]| {
+            for (plane, &v) in ys.chunks_mut(hw.max(1)).zip(bias) {
+                plane.iter_mut().for_each(|y| {
+                    y.write(v);
                 });
-        }
+            }
+            // SAFETY: the o planes of hw values, the whole chunk, were just
+            // written.
+            let ys = unsafe { super::written(ys) };
+            if hw > 0 && c9 > 0 {
+                with_scratch(c9 * hw, |col| {
+                    im2col(&x[bi * c * hw..(bi + 1) * c * hw], c, h, wd, col);
+                    mm((o, hw, c9), ys, true, w, (c9, 1), col, (hw, 1));
+                })
+            }
+        };
+        // SAFETY: `fill` writes each sample's o planes whole.
+        let y = unsafe { super::par_written(b * o * hw, o * hw, fill) };
         Ok((CpuStorage::F32(y), Shape::from((b, o, h, wd))))
     }
 

@@ -6,6 +6,8 @@
 //! composes it.
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 /// 2x2 max-pooling of `x [B, C, H, W]` (stride 2; an odd last row or column
@@ -112,27 +114,38 @@ impl CustomOp2 for MaxPoolGrad {
                 l2.dims()
             )
         }
-        let mut dx = vec![0f32; b * c * h * w];
-        if h2 > 0 && w2 > 0 {
-            dx.par_chunks_mut(h * w)
-                .zip(x.par_chunks(h * w).zip(dy.par_chunks(h2 * w2)))
-                .for_each(|(dxs, (xs, dys))| {
-                    for (i, g) in dys.chunks_exact(w2).enumerate() {
-                        let (r0, r1) = row_pair(xs, w, i);
-                        let (d0, d1) = dxs[2 * i * w..2 * (i + 1) * w].split_at_mut(w);
-                        for (j, &g) in g.iter().enumerate() {
-                            let at = 2 * j;
-                            let k = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).1;
-                            // Every place of the window written: no branch.
-                            let pick = |i| if k == i { g } else { 0.0 };
-                            d0[at] = pick(0);
-                            d0[at + 1] = pick(1);
-                            d1[at] = pick(2);
-                            d1[at + 1] = pick(3);
-                        }
-                    }
-                });
-        }
+        let fill = |plane: usize, dxs: &mut [MaybeUninit<f32>]| {
+            let xs = &x[plane * h * w..(plane + 1) * h * w];
+            let dys = &dy[plane * h2 * w2..(plane + 1) * h2 * w2];
+            for i in 0..h2 {
+                let g = &dys[i * w2..(i + 1) * w2];
+                let (r0, r1) = row_pair(xs, w, i);
+                let (d0, d1) = dxs[2 * i * w..2 * (i + 1) * w].split_at_mut(w);
+                for (j, &g) in g.iter().enumerate() {
+                    let at = 2 * j;
+                    let k = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).1;
+                    // Every place of the window written: no branch.
+                    let pick = |i| if k == i { g } else { 0.0 };
+                    d0[at].write(pick(0));
+                    d0[at + 1].write(pick(1));
+                    d1[at].write(pick(2));
+                    d1[at + 1].write(pick(3));
+                }
+                // An odd last column.
+                for d in [d0, d1] {
+                    d[2 * w2..].iter_mut().for_each(|v| {
+                        v.write(0.0);
+                    });
+                }
+            }
+            // An odd last row (or all of a plane too small to pool).
+            dxs[2 * h2 * w..].iter_mut().for_each(|v| {
+                v.write(0.0);
+            });
+        };
+        // SAFETY: `fill` writes each plane's pooled windows, its odd last
+        // column and its rows past the last window: all h * w values.
+        let dx = unsafe { super::par_written(b * c * h * w, h * w, fill) };
         Ok((CpuStorage::F32(dx), l1.shape().clone()))
     }
 
@@ -238,6 +251,37 @@ mod tests {
             gx,
             [1., 0., 0., 2., 0., 0., 0., 0., 3., 0., 4., 0., 0., 0., 0., 0.]
         );
+        Ok(())
+    }
+
+    /// Planes with a single row or column pool to nothing, and their
+    /// gradient is written as zeros, not left unset.
+    #[test]
+    fn planes_too_small_to_pool_get_zero_gradients() -> Result<()> {
+        let dev = Device::Cpu;
+        for shape in [(2, 3, 1, 5), (2, 3, 5, 1), (1, 2, 3, 3)] {
+            let n = shape.0 * shape.1 * shape.2 * shape.3;
+            let x =
+                Var::from_tensor(&(Tensor::ones(shape, candle_core::DType::F32, &dev)? * 7.0)?)?;
+            let y = max_pool2x2(x.as_tensor())?.expect("fused on the CPU");
+            let g = (y.sum_all()? * 3.0)?.backward()?;
+            let gx = g
+                .get(&x)
+                .expect("gradient")
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let pooled = y.elem_count();
+            assert_eq!(
+                gx.iter().filter(|&&v| v == 3.0).count(),
+                pooled,
+                "{shape:?}"
+            );
+            assert_eq!(
+                gx.iter().filter(|&&v| v == 0.0).count(),
+                n - pooled,
+                "{shape:?}"
+            );
+        }
         Ok(())
     }
 
