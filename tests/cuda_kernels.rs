@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
+use taper::engine::optim::offload::Place;
 use taper::engine::optim::{AdamW, AdamWConfig, Optimizer, StateFormat};
 use taper::kernels;
 
@@ -272,6 +273,18 @@ fn adamw_run(
     init: &Tensor,
     grads: &[Tensor],
 ) -> Result<(AdamW, Vec<f32>, Var)> {
+    adamw_run_offloading(dev, state, init, grads, &[])
+}
+
+/// As [`adamw_run`], with the moments offloaded (or brought back) before
+/// the steps `switch` names.
+fn adamw_run_offloading(
+    dev: &Device,
+    state: StateFormat,
+    init: &Tensor,
+    grads: &[Tensor],
+    switch: &[(usize, Option<Place>)],
+) -> Result<(AdamW, Vec<f32>, Var)> {
     let cfg = AdamWConfig {
         lr: 1e-2,
         betas: (0.9, 0.95),
@@ -282,7 +295,12 @@ fn adamw_run(
     let mut opt = AdamW::new(cfg);
     let var = Var::from_tensor(&init.to_device(dev)?)?;
     let vars = vec![("w".to_string(), var.clone())];
-    for g in grads {
+    for (step, g) in grads.iter().enumerate() {
+        for (at, place) in switch {
+            if *at == step {
+                assert!(opt.set_offload(place.clone())?, "AdamW offloads");
+            }
+        }
         // d/dw sum(w * g) = g
         let loss = (var.as_tensor() * g.to_device(dev)?)?.sum_all()?;
         opt.step(&vars, &loss.backward()?)?;
@@ -319,6 +337,38 @@ fn fused_adamw_matches_the_cpu_bit_for_bit() -> Result<()> {
                 .max_all()?;
             assert_eq!(d.to_scalar::<f64>()?, 0.0, "{state:?}: state {k}");
         }
+    }
+    Ok(())
+}
+
+/// Offloaded moments of a GPU parameter, in pinned host memory
+/// (`offload = true`) or a mapped file (`offload = "dir"`), from the start
+/// or moved there mid-run and back: the same weights and state as moments
+/// on the device, bit for bit.
+#[test]
+fn offloaded_moments_match_device_moments_bit_for_bit() -> Result<()> {
+    let n = 3 * 4096 + 77;
+    let init = randn(&[n], 1.0)?;
+    let grads: Vec<Tensor> = (0..8).map(|_| randn(&[n], 1.0)).collect::<Result<_>>()?;
+    let (opt, straight, _) = adamw_run(&gpu(), StateFormat::F32, &init, &grads)?;
+    let state: HashMap<_, _> = opt.state().into_iter().collect();
+    let dir = tempfile::tempdir().map_err(candle_core::Error::wrap)?;
+    let file = Place::Dir(dir.path().to_path_buf());
+    for switch in [
+        vec![(0, Some(Place::Host))],
+        vec![(3, Some(Place::Host)), (6, None)],
+        vec![(0, Some(file.clone()))],
+        vec![(2, Some(file.clone())), (5, None)],
+    ] {
+        let (o, w, _) = adamw_run_offloading(&gpu(), StateFormat::F32, &init, &grads, &switch)?;
+        assert_eq!(w, straight, "{switch:?}: weights");
+        for (k, t) in o.state() {
+            let d = (t.to_dtype(DType::F64)? - state[&k].to_dtype(DType::F64)?)?
+                .abs()?
+                .max_all()?;
+            assert_eq!(d.to_scalar::<f64>()?, 0.0, "{switch:?}: state {k}");
+        }
+        println!("offload {switch:?}: ok");
     }
     Ok(())
 }

@@ -37,7 +37,7 @@ function taper.config(defaults) end
 ---@field watch? boolean watch the recipe and its modules, as `--watch` does
 ---@field precision? "f32"|"bf16"|"f16" forward and backward type (f32 master weights; f16 adds loss scaling)
 ---@field recompute? boolean|integer recompute every (n-th) transformer block in the backward instead of keeping its activations
----@field offload? boolean|string keep AdamW's moments in a memory-mapped file (true: the system's temporary folder; or a folder) instead of memory
+---@field offload? boolean|string keep AdamW's f32 moments out of the memory that runs out: true: host memory (pinned for a CUDA model; a removed file in the system's temporary folder for a CPU one); a folder: a memory-mapped file there
 ---@field checkpoint_every? integer|string save every n steps, every so long ("10m"), or "never" (default 5 minutes; --checkpoint-every overrides)
 ---@field keep_checkpoints? integer how many of the run's checkpoints stay in the output folder (default 2; --keep-checkpoints overrides)
 

@@ -52,8 +52,8 @@ fn create(
     trainer
         .set_recompute(o.recompute)
         .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
-    if let Some(dir) = &o.offload {
-        trainer.set_offload_dir(dir.clone());
+    if let Some(place) = &o.offload {
+        trainer.set_offload_place(place.clone());
     }
     trainer
         .set_offload(o.offload.is_some())

@@ -61,8 +61,8 @@ pub(crate) struct RunOptions {
     pub keep_checkpoints: Option<usize>,
     /// `recompute`: every how many blocks the backward recomputes (0: none).
     pub recompute: usize,
-    /// `offload`: the folder AdamW's moments are kept in, when offloaded.
-    pub offload: Option<std::path::PathBuf>,
+    /// `offload`: where AdamW's moments are kept, when offloaded.
+    pub offload: Option<crate::engine::optim::offload::Place>,
 }
 
 pub(crate) fn decode_run(
@@ -192,11 +192,12 @@ pub(crate) fn decode_run(
             ))
         }
     };
-    // `offload = true` (the system's temporary folder) or a folder.
+    // `offload = true` (host memory: pinned on CUDA) or a folder.
+    use crate::engine::optim::offload::Place;
     let offload = match opts.get::<Value>("offload")? {
         Value::Nil | Value::Boolean(false) => None,
-        Value::Boolean(true) => Some(crate::engine::optim::offload::default_dir()),
-        Value::String(s) => Some(std::path::PathBuf::from(s.to_str()?.to_string())),
+        Value::Boolean(true) => Some(Place::Host),
+        Value::String(s) => Some(Place::Dir(s.to_str()?.to_string().into())),
         other => {
             return Err(config_error(
                 lua,

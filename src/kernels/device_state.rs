@@ -4,18 +4,23 @@
 //! buffers, as it owns the host moments of the CPU path, and passes the
 //! weights in place through candle's in-place op; a step allocates nothing.
 //!
-//! Without the `cuda` feature both types are uninhabited: the optimizer only
+//! Offloaded moments of a CUDA parameter live in page-locked host memory
+//! ([`PinnedMoments`]), so that their copies to the device and back go by
+//! DMA with no staging buffer.
+//!
+//! Without the `cuda` feature the types are uninhabited: the optimizer only
 //! asks for them for CUDA parameters, which such a build cannot have.
 
-pub use imp::{DeviceMoments, DeviceMoments8};
+pub use imp::{DeviceMoments, DeviceMoments8, PinnedMoments};
 
 #[cfg(feature = "cuda")]
 mod imp {
     use std::cell::RefCell;
 
     use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
+        CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
     };
+    use candle_core::cuda_backend::WrapErr;
     use candle_core::{bail, CudaDevice, CudaStorage, Device, InplaceOp2, Layout, Result, Tensor};
 
     use super::super::adamw::AdamWStep;
@@ -137,6 +142,11 @@ mod imp {
             Ok((self.dev.clone_dtoh(&self.m)?, self.dev.clone_dtoh(&self.v)?))
         }
 
+        /// The device they live on.
+        pub fn device(&self) -> Device {
+            Device::Cuda(self.dev.clone())
+        }
+
         /// One AdamW update of the f32 CUDA tensor `theta`, in place.
         pub fn step(&mut self, theta: &Tensor, g: &Tensor, h: &AdamWStep) -> Result<()> {
             let hyper = Hyper::from(h);
@@ -242,6 +252,38 @@ mod imp {
             })
         }
     }
+    /// A CUDA parameter's offloaded f32 moments, `m` then `v`, in
+    /// page-locked host memory.
+    pub struct PinnedMoments {
+        buf: PinnedHostSlice<f32>,
+        n: usize,
+    }
+
+    impl PinnedMoments {
+        /// Zeroed moments for `n` parameters, pinned for `device`'s context.
+        pub fn zeros(device: &Device, n: usize) -> Result<Self> {
+            let dev = cuda(device)?;
+            let ctx = dev.cuda_stream().context().clone();
+            // Flags 0: cached, not write-combined, memory (checkpoints read
+            // it on the host).
+            // SAFETY: every value is written (zeros) before anything reads.
+            let mut buf = unsafe { ctx.alloc_pinned_with_flags::<f32>((2 * n).max(1), 0) }.w()?;
+            buf.as_mut_slice().w()?.fill(0.0);
+            Ok(PinnedMoments { buf, n })
+        }
+
+        /// Both moments, mutable (after any copy in flight is done).
+        pub fn slices(&mut self) -> Result<(&mut [f32], &mut [f32])> {
+            let n = self.n;
+            Ok(self.buf.as_mut_slice().w()?[..2 * n].split_at_mut(n))
+        }
+
+        /// Copies of both moments.
+        pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+            let all = self.buf.as_slice().w()?;
+            Ok((all[..self.n].to_vec(), all[self.n..2 * self.n].to_vec()))
+        }
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -262,6 +304,24 @@ mod imp {
             match *self {}
         }
         pub fn step(&mut self, _: &Tensor, _: &Tensor, _: &AdamWStep) -> Result<()> {
+            match *self {}
+        }
+        pub fn device(&self) -> Device {
+            match *self {}
+        }
+    }
+
+    /// Offloaded moments in page-locked host memory (none in this build).
+    pub enum PinnedMoments {}
+
+    impl PinnedMoments {
+        pub fn zeros(_: &Device, _: usize) -> Result<Self> {
+            bail!("this taper was built without CUDA")
+        }
+        pub fn slices(&mut self) -> Result<(&mut [f32], &mut [f32])> {
+            match *self {}
+        }
+        pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
             match *self {}
         }
     }

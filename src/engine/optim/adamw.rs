@@ -23,7 +23,7 @@ use crate::kernels::adamw::{adamw_inplace, update_inplace, AdamWStep};
 use crate::kernels::device_state::{DeviceMoments, DeviceMoments8};
 use crate::kernels::quant8::{self, adamw8_slices, Blockwise};
 
-use super::offload::Offloaded;
+use super::offload::{Offloaded, Place};
 
 /// Parameters smaller than this keep f32 moments under `state = "8bit"`
 /// (bitsandbytes' `min_8bit_size`): biases and norms cost little, and
@@ -61,7 +61,7 @@ impl Moments {
                 quant8::dequantize(&v, quant8::BLOCK),
             ),
             Moments::Device(_, d) => d.to_host()?,
-            Moments::Offload(_, o) => o.to_host(),
+            Moments::Offload(_, o) => o.to_host()?,
             Moments::Q8Device(_, d) => {
                 let (m, v) = d.to_host()?;
                 (
@@ -77,7 +77,7 @@ impl Moments {
         this: Option<Moments>,
         path: Path,
         var: &Var,
-        dir: Option<&std::path::Path>,
+        place: Option<&Place>,
     ) -> Result<Moments> {
         let shape = var.shape().clone();
         let n = var.elem_count();
@@ -127,7 +127,7 @@ impl Moments {
             None if path == Path::Offload => {
                 return Ok(Moments::Offload(
                     shape,
-                    Offloaded::zeros(offload_dir(dir)?, n)?,
+                    Offloaded::zeros(offload_place(place)?, var.device(), n)?,
                 ))
             }
             None => (vec![0f32; n], vec![0f32; n]),
@@ -138,7 +138,8 @@ impl Moments {
         Ok(match path {
             Path::Fused => Moments::Host(shape, m, v),
             Path::Offload => {
-                Moments::Offload(shape, Offloaded::from_host(offload_dir(dir)?, &m, &v)?)
+                let o = Offloaded::from_host(offload_place(place)?, var.device(), &m, &v)?;
+                Moments::Offload(shape, o)
             }
             Path::Q8 => Moments::Q8(
                 shape,
@@ -166,8 +167,8 @@ impl Moments {
     }
 }
 
-fn offload_dir(dir: Option<&std::path::Path>) -> Result<&std::path::Path> {
-    dir.ok_or_else(|| candle_core::Error::Msg("adamw: offloaded moments need a folder".into()))
+fn offload_place(place: Option<&Place>) -> Result<&Place> {
+    place.ok_or_else(|| candle_core::Error::Msg("adamw: offloaded moments need a place".into()))
 }
 
 pub struct AdamW {
@@ -176,7 +177,7 @@ pub struct AdamW {
     t: u64,
     moments: HashMap<String, Moments>,
     /// Where f32 moments are offloaded to, when they are.
-    offload: Option<std::path::PathBuf>,
+    offload: Option<Place>,
 }
 
 impl AdamW {
@@ -307,12 +308,8 @@ impl Optimizer for AdamW {
         for (name, var) in vars {
             let Some(g) = grads.get(var) else { continue };
             let path = self.path(var);
-            let st = Moments::into_path(
-                self.moments.remove(name),
-                path,
-                var,
-                self.offload.as_deref(),
-            )?;
+            let st =
+                Moments::into_path(self.moments.remove(name), path, var, self.offload.as_ref())?;
             let st = match st {
                 Moments::Tensors(m, v) => {
                     let [theta, m, v] = match composed.remove(name) {
@@ -355,7 +352,7 @@ impl Optimizer for AdamW {
             if grads.get(var).is_none() || self.moments.contains_key(name) {
                 continue;
             }
-            let st = Moments::into_path(None, self.path(var), var, self.offload.as_deref())?;
+            let st = Moments::into_path(None, self.path(var), var, self.offload.as_ref())?;
             self.moments.insert(name.clone(), st);
         }
         Ok(())
@@ -420,11 +417,13 @@ impl Optimizer for AdamW {
                     Ok((m, v)) => push_q8(&mut push, s, &m, &v),
                     Err(e) => push("m8", Err(e)),
                 },
-                Moments::Offload(s, o) => {
-                    let (m, v) = o.to_host();
-                    push("m", host(&m, s));
-                    push("v", host(&v, s));
-                }
+                Moments::Offload(s, o) => match o.to_host() {
+                    Ok((m, v)) => {
+                        push("m", host(&m, s));
+                        push("v", host(&v, s));
+                    }
+                    Err(e) => push("m", Err(e)),
+                },
             }
         }
         out
@@ -478,8 +477,8 @@ impl Optimizer for AdamW {
         Ok(())
     }
 
-    fn set_offload(&mut self, dir: Option<std::path::PathBuf>) -> Result<bool> {
-        self.offload = dir;
+    fn set_offload(&mut self, place: Option<Place>) -> Result<bool> {
+        self.offload = place;
         // The moments move now, so that the memory they held is free for
         // the next attempt (an OOM action), not after the next update.
         let names: Vec<String> = self.moments.keys().cloned().collect();
@@ -487,21 +486,25 @@ impl Optimizer for AdamW {
             let Some(st) = self.moments.remove(&name) else {
                 continue;
             };
-            // f32 moments held in memory; 8-bit ones stay as they are.
-            let shape = match &st {
-                Moments::Host(s, ..) | Moments::Device(s, ..) => Some(s.clone()),
-                Moments::Tensors(m, _) if m.dtype() == DType::F32 => Some(m.shape().clone()),
+            // f32 moments held in memory, and their parameter's device;
+            // 8-bit ones stay as they are.
+            let held = match &st {
+                Moments::Host(s, ..) => Some((s.clone(), Device::Cpu)),
+                Moments::Device(s, d) => Some((s.clone(), d.device())),
+                Moments::Tensors(m, _) if m.dtype() == DType::F32 => {
+                    Some((m.shape().clone(), m.device().clone()))
+                }
                 _ => None,
             };
-            let moved = match (st, &self.offload, shape) {
-                (st, Some(dir), Some(s)) => {
+            let moved = match (st, &self.offload, held) {
+                (st, Some(place), Some((s, dev))) => {
                     let (m, v) = st.dense()?;
-                    Moments::Offload(s, Offloaded::from_host(dir, &m, &v)?)
+                    Moments::Offload(s, Offloaded::from_host(place, &dev, &m, &v)?)
                 }
                 (Moments::Offload(s, o), None, _) => {
                     // Back in memory as host moments; the next update puts
                     // them where the parameter's path wants them.
-                    let (m, v) = o.to_host();
+                    let (m, v) = o.to_host()?;
                     Moments::Host(s, m, v)
                 }
                 (st, _, _) => st,
@@ -511,15 +514,16 @@ impl Optimizer for AdamW {
         Ok(true)
     }
 
-    fn offload(&self) -> Option<&std::path::Path> {
-        self.offload.as_deref()
+    fn offload(&self) -> Option<&Place> {
+        self.offload.as_ref()
     }
 }
 
 /// The update with offloaded moments: in place through the mapping on the
-/// CPU; elsewhere the moments go to the device for this tensor and back.
+/// CPU; elsewhere the moments go to the device for this tensor and back
+/// (from and to pinned memory with `offload = true`).
 fn offload_step(var: &Var, g: &Tensor, o: &mut Offloaded, h: &AdamWStep) -> Result<()> {
-    let (m, v) = o.slices();
+    let (m, v) = o.slices()?;
     if var.device().is_cpu() {
         return adamw_inplace(var.as_tensor(), g, m, v, h);
     }

@@ -150,13 +150,13 @@ pub trait Optimizer {
     /// State tensors by name, for checkpoints.
     fn state(&self) -> Vec<(String, Tensor)>;
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
-    /// Keeps the state in files under `dir` (None: back in memory), moving
-    /// what exists now. False when this optimizer cannot.
-    fn set_offload(&mut self, _dir: Option<std::path::PathBuf>) -> Result<bool> {
+    /// Keeps the state at `place` (None: back in memory), moving what
+    /// exists now. False when this optimizer cannot.
+    fn set_offload(&mut self, _place: Option<offload::Place>) -> Result<bool> {
         Ok(false)
     }
     /// Where the state is offloaded to, if it is.
-    fn offload(&self) -> Option<&std::path::Path> {
+    fn offload(&self) -> Option<&offload::Place> {
         None
     }
 }
@@ -305,7 +305,8 @@ mod offload_tests {
         for step in 0..6 {
             for &(at, on) in switch {
                 if at == step {
-                    assert!(o.set_offload(on.then(|| dir.path().to_path_buf())).unwrap());
+                    let place = offload::Place::Dir(dir.path().to_path_buf());
+                    assert!(o.set_offload(on.then_some(place)).unwrap());
                 }
             }
             let g = (w.as_tensor().sqr().unwrap() - 0.3).unwrap();

@@ -71,7 +71,7 @@ pub struct Trainer {
     /// Recompute every n-th block in the backward (0: none).
     recompute: usize,
     /// Where the optimizer's state goes when it is offloaded.
-    offload_dir: std::path::PathBuf,
+    offload_place: super::optim::offload::Place,
     /// Optimizer steps taken.
     pub step: u64,
 }
@@ -93,7 +93,7 @@ impl Trainer {
             overflow: None,
             masks: Masks::default(),
             recompute: 0,
-            offload_dir: super::optim::offload::default_dir(),
+            offload_place: super::optim::offload::Place::Host,
             step: 0,
         })
     }
@@ -154,15 +154,16 @@ impl Trainer {
         self.recompute
     }
 
-    /// Keeps the optimizer's state (AdamW's f32 moments) in a file instead
-    /// of memory, or brings it back; what exists moves now. The updates are
-    /// the same, bitwise on the CPU.
+    /// Keeps the optimizer's state (AdamW's f32 moments) out of the memory
+    /// that runs out (pinned host memory for a CUDA model, a file for a CPU
+    /// one or in a folder given), or brings it back; what exists moves now.
+    /// The updates are the same, bitwise on the CPU.
     pub fn set_offload(&mut self, on: bool) -> Result<()> {
         if on == self.offload() {
             return Ok(());
         }
-        let dir = on.then(|| self.offload_dir.clone());
-        if !self.optim.set_offload(dir)? && on {
+        let place = on.then(|| self.offload_place.clone());
+        if !self.optim.set_offload(place)? && on {
             return Err(Error::Config(format!(
                 "offload: {} keeps its state in memory only (AdamW's moments can be offloaded)",
                 self.optim.kind()
@@ -171,9 +172,9 @@ impl Trainer {
         Ok(())
     }
 
-    /// Where offloaded state goes (the system's temporary folder unless set).
-    pub fn set_offload_dir(&mut self, dir: std::path::PathBuf) {
-        self.offload_dir = dir;
+    /// Where offloaded state goes (host memory unless set).
+    pub fn set_offload_place(&mut self, place: super::optim::offload::Place) {
+        self.offload_place = place;
     }
 
     /// Whether the optimizer's state is offloaded.

@@ -43,7 +43,7 @@ pub(crate) struct Staged {
     on_reload: Option<Function>,
     precision: Precision,
     recompute: usize,
-    offload: Option<std::path::PathBuf>,
+    offload: Option<crate::engine::optim::offload::Place>,
 }
 
 /// In a reloaded version, the existing run for this `taper.run{}` call,
@@ -181,8 +181,8 @@ fn apply(
         .trainer
         .set_recompute(s.recompute)
         .map_err(|e| e.to_string())?;
-    if let Some(dir) = &s.offload {
-        r.core.trainer.set_offload_dir(dir.clone());
+    if let Some(place) = &s.offload {
+        r.core.trainer.set_offload_place(place.clone());
     }
     r.core
         .trainer
