@@ -377,7 +377,7 @@ function taper.schedule.step(opts) end
 ---@field ranks? integer[] in a data-parallel run, the ranks that ran out (the figures are the first one's)
 ---@field error string
 ---@field requested integer? bytes the failed allocation asked for, when known
----@field memory {used: integer, peak: integer?, limit: integer?, free: integer?, total: integer?} heap {used, peak, limit} on the CPU; device {used, free, total} on a GPU
+---@field memory {used: integer, peak: integer?, limit: integer?, free: integer?, total: integer?, pool_reserved: integer?, pool_used: integer?} heap {used, peak, limit} on the CPU; device {used, free, total, pool_reserved, pool_used} on a GPU
 
 ---@alias taper.OomAction "split"|"retry"|"skip"|"stop"|"recompute"|"offload"|{action: "split"|"retry"|"skip"|"stop"|"precision"|"recompute"|"offload", micro_batch?: integer, precision?: "f32"|"bf16"|"f16", every?: integer, reason?: string}
 

@@ -89,6 +89,10 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
             f.insert("device_memory_total".into(), json!(total));
         }
     }
+    if let Some(p) = e.pool {
+        f.insert("pool_reserved".into(), json!(p.reserved));
+        f.insert("pool_used".into(), json!(p.used));
+    }
     f.insert("error".into(), e.error.clone().into());
     if !e.ranks.is_empty() {
         f.insert("ranks".into(), json!(e.ranks));

@@ -7,7 +7,7 @@ use mlua::{Lua, Table, Value, WeakLua};
 use super::options::defined_at;
 use crate::engine::precision::Precision;
 use crate::memory::{OomCause, Phase};
-use crate::run::{Action, MemoryFigures, OomEvent, OomPolicy, StepInfo};
+use crate::run::{Action, MemoryFigures, OomEvent, OomPolicy, PoolFigures, StepInfo};
 use crate::{Error, Result};
 
 /// Calls `policy.name(policy, arg)` (a table with methods) or `policy(arg)`
@@ -141,6 +141,10 @@ pub(crate) fn event_table(lua: &Lua, e: &OomEvent) -> mlua::Result<Table> {
             mem.set("total", total)?;
         }
     }
+    if let Some(p) = e.pool {
+        mem.set("pool_reserved", p.reserved)?;
+        mem.set("pool_used", p.used)?;
+    }
     t.set("memory", mem)?;
     Ok(t)
 }
@@ -195,6 +199,13 @@ pub(crate) fn event_of_table(t: &Table) -> std::result::Result<OomEvent, String>
         micro_batch: n("micro_batch")? as usize,
         requested: t.get::<Option<u64>>("requested").ok().flatten(),
         memory,
+        pool: mem
+            .as_ref()
+            .is_some_and(|m| m.contains_key("pool_reserved").unwrap_or(false))
+            .then(|| PoolFigures {
+                reserved: m("pool_reserved"),
+                used: m("pool_used"),
+            }),
         precision: match precision {
             None => Precision::F32,
             Some(p) => Precision::parse(&p).ok_or_else(|| format!("unknown precision `{p}`"))?,

@@ -36,6 +36,53 @@ pub fn info(device: &Device) -> Option<DeviceMemory> {
     None
 }
 
+/// The device memory pool's own figures (candle allocates every tensor
+/// from the context's default pool), in bytes: what it holds from the
+/// driver, and what of that is handed out to live tensors. The difference
+/// is cached free blocks: what fragmentation or caching keeps from a
+/// larger allocation until a trim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolMemory {
+    pub reserved: usize,
+    pub used: usize,
+}
+
+/// The pool's figures now; None on the CPU (or when the driver does not
+/// answer).
+pub fn pool(device: &Device) -> Option<PoolMemory> {
+    #[cfg(feature = "cuda")]
+    if let Ok(cuda) = device.as_cuda_device() {
+        use candle_core::cuda_backend::cudarc::driver::{result, sys};
+        use sys::CUmemPool_attribute::{
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        };
+        let ctx = cuda.cuda_stream().context().clone();
+        ctx.bind_to_thread().ok()?;
+        let (mut reserved, mut used): (u64, u64) = (0, 0);
+        // SAFETY: a live context's default pool; both attributes are u64.
+        unsafe {
+            let pool = result::device::get_default_mem_pool(ctx.cu_device()).ok()?;
+            for (attr, out) in [
+                (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &mut reserved),
+                (CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &mut used),
+            ] {
+                result::mem_pool::get_attribute(
+                    pool,
+                    attr,
+                    out as *mut u64 as *mut std::ffi::c_void,
+                )
+                .ok()?;
+            }
+        }
+        return Some(PoolMemory {
+            reserved: reserved as usize,
+            used: used as usize,
+        });
+    }
+    let _ = device;
+    None
+}
+
 /// After an OOM, once the failed attempt's tensors are dropped: wait for
 /// the device, then give the pool's unused blocks back to the driver, so
 /// that the retry starts from a clean pool.

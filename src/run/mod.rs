@@ -13,7 +13,8 @@ mod state;
 pub mod window;
 
 pub use policy::{
-    largest_tensors, Action, Halve, LiveTensor, MemoryFigures, OomEvent, OomPolicy, StepInfo,
+    largest_tensors, Action, Halve, LiveTensor, MemoryFigures, OomEvent, OomPolicy, PoolFigures,
+    StepInfo,
 };
 pub use recovery::{memory_figures, Observer, Recovered, Recovery, StepOutcome, MAX_ATTEMPTS};
 pub use state::{Cursor, EpochStats, EpochSummary, Run};

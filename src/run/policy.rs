@@ -20,6 +20,13 @@ pub enum MemoryFigures {
     Device { used: u64, free: u64, total: u64 },
 }
 
+/// The device memory pool's bytes at an OOM (see [`OomEvent::pool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolFigures {
+    pub reserved: u64,
+    pub used: u64,
+}
+
 /// A tensor the run holds between steps (weights, optimizer state), one of
 /// the largest at an OOM: what holds the memory a retry will not get back.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +96,10 @@ pub struct OomEvent {
     /// Bytes the failed allocation asked for, when known.
     pub requested: Option<u64>,
     pub memory: MemoryFigures,
+    /// On a GPU: the memory pool's reserved and used bytes once the failed
+    /// attempt's tensors were dropped, before its cached blocks go back to
+    /// the driver (reserved - used is what caching and fragmentation held).
+    pub pool: Option<PoolFigures>,
     /// The precision forward and backward ran in.
     pub precision: Precision,
     /// Every how many blocks the backward recomputed (0: none).

@@ -5,7 +5,7 @@
 //! memory budget (`--mem-limit`, measured by the counting allocator at phase
 //! boundaries) and injected faults (`--inject-oom`).
 
-use super::policy::{Action, MemoryFigures, OomEvent, OomPolicy, StepInfo};
+use super::policy::{Action, MemoryFigures, OomEvent, OomPolicy, PoolFigures, StepInfo};
 use super::ranks::{self, Attempt, Failure};
 use crate::data::Batch;
 use crate::engine::{loss::Loss, Eval, EvalSums, Trainer};
@@ -332,6 +332,13 @@ impl Recovery {
         micro_batch: usize,
     ) -> Result<OomEvent> {
         let e = &failure.error;
+        let pool = match failure.ranks.is_empty() {
+            true => crate::memory::device::pool(trainer.device()).map(|p| PoolFigures {
+                reserved: p.reserved as u64,
+                used: p.used as u64,
+            }),
+            false => None,
+        };
         crate::memory::device::trim(trainer.device())?;
         let (live, live_bytes) = super::policy::largest_tensors(&trainer.state(), LIVE_LISTED);
         Ok(OomEvent {
@@ -349,6 +356,7 @@ impl Recovery {
             } else {
                 failure.memory
             },
+            pool,
             precision: trainer.precision(),
             recompute: trainer.recompute(),
             offload: trainer.offload(),
