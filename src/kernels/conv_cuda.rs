@@ -140,7 +140,7 @@ where
     );
     let dev = &s1.device;
     if o == 0 || bn * c * hw == 0 {
-        return Ok(wrap(dev.alloc_zeros::<T>(bn * c * hw)?, dev));
+        return Ok(wrap(super::cuda::zeros::<T>(dev, bn * c * hw)?, dev));
     }
     let mut dx = alloc::<T>(dev, bn * c * hw)?;
     let per = chunk(bn, c9 * hw);
@@ -192,7 +192,7 @@ where
     );
     let dev = &s1.device;
     if bn * hw == 0 || o * c9 == 0 {
-        return Ok(wrap(dev.alloc_zeros::<T>(o * c9)?, dev));
+        return Ok(wrap(super::cuda::zeros::<T>(dev, o * c9)?, dev));
     }
     let mut dw = alloc::<T>(dev, o * c9)?;
     let per = chunk(bn, (c9 + o) * hw);
@@ -239,7 +239,7 @@ pub(super) fn channel_sum<T: CudaDType + DeviceRepr + ValidAsZeroBits + WithDTyp
     let dy = view::<T>(s, l, "conv output gradient")?;
     let dev = &s.device;
     if o == 0 || bn * h * w == 0 {
-        return Ok(wrap(dev.alloc_zeros::<T>(o)?, dev));
+        return Ok(wrap(super::cuda::zeros::<T>(dev, o)?, dev));
     }
     let out = alloc::<T>(dev, o)?;
     let f = kernel!(CONV, dev, format!("channel_sum_{}", suffix(T::DTYPE)?));

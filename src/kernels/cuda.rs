@@ -5,7 +5,7 @@
 //! every launch's error is returned, never ignored.
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, WithDType};
@@ -130,10 +130,23 @@ pub(crate) fn run(b: &mut LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
     Ok(())
 }
 
-/// A fresh output buffer of `n` values.
+/// A fresh output buffer of `n` values. A failure is noted with its size,
+/// so that an OOM here says what it asked for (`memory::oom`).
 pub(crate) fn alloc<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: every kernel that receives it writes all n values.
-    unsafe { dev.alloc::<T>(n) }
+    unsafe { dev.alloc::<T>(n) }.inspect_err(|_| {
+        crate::memory::oom::note_failed_alloc((n * std::mem::size_of::<T>()) as u64)
+    })
+}
+
+/// A fresh zero-filled buffer of `n` values, noted as [`alloc`] is.
+pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+    dev: &CudaDevice,
+    n: usize,
+) -> Result<CudaSlice<T>> {
+    dev.alloc_zeros::<T>(n).inspect_err(|_| {
+        crate::memory::oom::note_failed_alloc((n * std::mem::size_of::<T>()) as u64)
+    })
 }
 
 /// `by_float!(storage, f(args))`: calls the generic launcher `f::<T>` for

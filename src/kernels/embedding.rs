@@ -149,7 +149,7 @@ where
     }
     let dev = &s1.device;
     let sfx = suffix(T::DTYPE)?;
-    let acc = dev.alloc_zeros::<f32>(vocab * d)?;
+    let acc = super::cuda::zeros::<f32>(dev, vocab * d)?;
     let (n, d_i, vocab_u) = (ids.len() as u64, d as i32, vocab as u32);
     if ids.len() * d > 0 {
         let f = kernel!(M, dev, format!("embedding_grad_add_{sfx}"));

@@ -268,7 +268,7 @@ where
     let dev = &s1.device;
     let sfx = suffix(T::DTYPE)?;
     if rows == 0 {
-        let zeros = dev.alloc_zeros::<T>(2 * cols)?;
+        let zeros = super::cuda::zeros::<T>(dev, 2 * cols)?;
         return Ok(candle_core::CudaStorage::wrap_cuda_slice(
             zeros,
             dev.clone(),

@@ -165,14 +165,32 @@ pub fn check(
     Ok(())
 }
 
+thread_local! {
+    /// The bytes of the last device allocation of taper's own kernels that
+    /// failed on this thread, until [`classify`] takes it.
+    static FAILED_ALLOC: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Notes that a device allocation of `bytes` failed here. taper's CUDA
+/// kernels call it, so that a device OOM in one of them says what it asked
+/// for; the driver's error does not, and candle's own allocations (its
+/// matmuls and element-wise ops) do not note theirs, so their OOMs have no
+/// `requested`.
+pub fn note_failed_alloc(bytes: u64) {
+    FAILED_ALLOC.with(|f| f.set(Some(bytes)));
+}
+
 /// Turns `e` into an [`OomError`] when it is one; otherwise gives it back.
 pub fn classify(e: crate::Error, phase: Phase) -> crate::Error {
+    // Taken whatever `e` is: a noted failure belongs to this error or to
+    // none (it must not be reported for a later OOM).
+    let noted = FAILED_ALLOC.with(|f| f.take());
     match e {
         crate::Error::Candle(c) if is_device_oom(&c) => crate::Error::Oom(OomError {
             phase,
             cause: OomCause::Device,
             detail: c.to_string().lines().next().unwrap_or_default().to_string(),
-            requested: None,
+            requested: noted,
         }),
         other => other,
     }
@@ -210,9 +228,34 @@ mod tests {
         )));
         match classify(crate::Error::Candle(wrapped), Phase::Backward) {
             crate::Error::Oom(o) => {
-                assert_eq!((o.phase, o.cause), (Phase::Backward, OomCause::Device))
+                assert_eq!((o.phase, o.cause), (Phase::Backward, OomCause::Device));
+                assert_eq!(o.requested, None, "nobody noted an allocation");
             }
             other => panic!("not classified: {other}"),
         }
+    }
+
+    /// A failed allocation that taper's kernels noted is the OOM's
+    /// `requested`, once: the next OOM (from candle's own allocations, which
+    /// note nothing) has none.
+    #[test]
+    fn a_noted_allocation_is_requested_once() {
+        let oom = || {
+            crate::Error::Candle(candle_core::Error::Cuda(Box::new(FakeDriver(
+                "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")",
+            ))))
+        };
+        let requested = |e| match e {
+            crate::Error::Oom(o) => o.requested,
+            other => panic!("not classified: {other}"),
+        };
+        note_failed_alloc(3 << 20);
+        assert_eq!(requested(classify(oom(), Phase::Forward)), Some(3 << 20));
+        assert_eq!(requested(classify(oom(), Phase::Forward)), None);
+        // A note followed by another error is dropped with it.
+        note_failed_alloc(7);
+        let other = classify(crate::Error::Config("x".into()), Phase::Forward);
+        assert!(matches!(other, crate::Error::Config(_)));
+        assert_eq!(requested(classify(oom(), Phase::Forward)), None);
     }
 }
