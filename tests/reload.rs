@@ -208,6 +208,64 @@ fn an_edited_schedule_module_applies_from_the_next_epoch() {
     assert_same_weights(&dir.path().join("out"), &out);
 }
 
+/// What an OOM policy switched on (here: offload) outlives a reload that
+/// leaves the recipe's setting as it was, while a setting the new version
+/// declares differently (here: precision) applies.
+#[test]
+fn a_policy_choice_outlives_a_reload_that_leaves_its_setting_alone() {
+    let version = |lr: &str, precision: &str| {
+        format!(
+            r#"local train = taper.data.digits{{ split = "train" }}:shuffle{{ seed = 1 }}:batch(64)
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 64, hidden = {{ 32 }}, outputs = 10 }},
+  optim = taper.optim.adamw{{ lr = {lr} }},
+  data = train, seed = 1, offload = false, precision = "{precision}",
+  on_oom = function(e) if e.offload then return "stop" end return "offload" end,
+}}
+if taper.generation == 0 then run:inject_oom{{ step = 3, phase = "backward" }} end
+for epoch in run:epochs(4) do
+  for batch in run:batches() do run:step(batch) end
+  run:log{{ seen = epoch, offload = run.offload, precision = run.precision }}
+  {HOLD_AT_2}
+end
+"#
+        )
+    };
+    let dir = dir_with(&[("recipe.lua", &version("1e-3", "f32"))]);
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+    save(&dir.path().join("recipe.lua"), &version("2e-3", "bf16"));
+    finish(child);
+
+    let reloads = events(dir.path(), "reload");
+    assert_eq!(reloads.len(), 1, "{reloads:?}");
+    assert_eq!(reloads[0]["ok"], true, "{reloads:?}");
+    let ooms = events(dir.path(), "oom");
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    assert_eq!(ooms[0]["action"], "offload", "{ooms:?}");
+    let seen: Vec<_> = events(dir.path(), "log")
+        .into_iter()
+        .filter(|r| r.get("seen").is_some())
+        .map(|r| {
+            (
+                r["seen"].clone(),
+                r["offload"].clone(),
+                r["precision"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (1.into(), true.into(), "f32".into()),
+            (2.into(), true.into(), "f32".into()),
+            (3.into(), true.into(), "bf16".into()),
+            (4.into(), true.into(), "bf16".into()),
+        ],
+        "the policy's offload stays; the edited precision applies"
+    );
+}
+
 #[test]
 fn a_broken_version_keeps_the_old_one_until_a_good_one_is_saved() {
     let good = recipe("nil", 32, "", HOLD_AT_2);

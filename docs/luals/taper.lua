@@ -50,6 +50,9 @@ function taper.run(opts) end
 ---@field steps integer optimizer steps taken
 ---@field epoch integer the epoch in progress, or the last one started (0 before any)
 ---@field parameters integer trainable parameter count
+---@field precision "f32"|"bf16"|"f16" the precision forward and backward run in now (the recipe's, or an OOM policy's choice)
+---@field recompute integer every how many blocks the backward recomputes now (0: none)
+---@field offload boolean whether AdamW's moments are offloaded now
 ---@field state table the recipe's own table; survives reloads
 local Run = {}
 

@@ -302,6 +302,15 @@ impl UserData for RunHandle {
         f.add_field_method_get("parameters", |_, this| {
             Ok(this.get()?.core.trainer.params().num_params())
         });
+        // What forward and backward run with now: the recipe's settings, or
+        // what an OOM policy switched to since.
+        f.add_field_method_get("precision", |_, this| {
+            Ok(this.get()?.core.trainer.precision().name())
+        });
+        f.add_field_method_get("recompute", |_, this| {
+            Ok(this.get()?.core.trainer.recompute())
+        });
+        f.add_field_method_get("offload", |_, this| Ok(this.get()?.core.trainer.offload()));
         // Lua functions, so that a reload can yield from them.
         f.add_field_function_get("epochs", |lua, _| super::reload::epochs_fn(lua));
         f.add_field_function_get("reload_point", |lua, _| super::reload::reload_point_fn(lua));

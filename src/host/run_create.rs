@@ -47,6 +47,11 @@ fn create(
         seed: o.seed,
         loss: o.loss,
     };
+    let declared = super::run_state::Declared {
+        precision: o.precision,
+        recompute: o.recompute,
+        offload: o.offload.clone(),
+    };
     let mut trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
     trainer.set_precision(o.precision).map_err(lua_err)?;
     trainer
@@ -84,6 +89,7 @@ fn create(
             .or(o.keep_checkpoints)
             .unwrap_or(crate::run::periodic::DEFAULT_KEEP),
         plan: None,
+        declared,
     };
     // Under a budget, the planner's prediction goes next to each epoch's
     // measured peak (`taper plan`'s estimate, checked as the run goes).

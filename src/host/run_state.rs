@@ -31,6 +31,19 @@ pub(crate) struct RunState {
     /// With a memory budget: the planner's prediction, which each epoch
     /// record puts next to the measured peak.
     pub plan: Option<crate::memory::planner::Plan>,
+    /// What the recipe's latest version declared for the settings an OOM
+    /// policy may also change: a reload applies a setting only when the
+    /// new version declares it differently, so that a policy's choice
+    /// outlives reloads that do not touch it.
+    pub declared: Declared,
+}
+
+/// A recipe's `precision`, `recompute` and `offload`, as declared.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Declared {
+    pub precision: crate::engine::precision::Precision,
+    pub recompute: usize,
+    pub offload: Option<crate::engine::optim::offload::Place>,
 }
 
 /// A run as Lua holds it (`taper.run{}` returns one). Borrowed for each

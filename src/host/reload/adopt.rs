@@ -5,9 +5,10 @@
 //!
 //! - may change: `data` (the cursor carries over), `schedule`, `on_oom`,
 //!   `mem_limit`, `micro_batch`, `loss` options, `precision`, `recompute`,
-//!   `offload`, the
-//!   optimizer's `lr`, and
-//!   everything the recipe's loop does from the next epoch (or safe point);
+//!   `offload` (each applied only when the new version declares it
+//!   differently from the previous one, so that what an OOM policy chose
+//!   stays otherwise), the optimizer's `lr`, and everything the recipe's
+//!   loop does from the next epoch (or safe point);
 //! - may not change: the model's architecture, the optimizer's kind and its
 //!   settings other than `lr`, and the run's `seed`.
 //!
@@ -27,7 +28,7 @@ use crate::host::generator::Feed;
 use crate::host::options::config_error;
 use crate::host::run_options::RunOptions;
 use crate::host::run_state::RunHandle;
-use crate::host::run_state::RunState;
+use crate::host::run_state::{Declared, RunState};
 use crate::host::HostState;
 
 /// What a new version gives a run, applied at commit.
@@ -173,21 +174,34 @@ fn apply(
     state: Table,
 ) -> std::result::Result<(), String> {
     let mut r = s.run.borrow_mut();
-    r.core
-        .trainer
-        .set_precision(s.precision)
-        .map_err(|e| e.to_string())?;
-    r.core
-        .trainer
-        .set_recompute(s.recompute)
-        .map_err(|e| e.to_string())?;
-    if let Some(place) = &s.offload {
-        r.core.trainer.set_offload_place(place.clone());
+    // Only what the new version declares differently: an OOM policy's
+    // precision, recompute or offload stays through a reload that leaves
+    // the recipe's value as it was.
+    let now = Declared {
+        precision: s.precision,
+        recompute: s.recompute,
+        offload: s.offload.clone(),
+    };
+    let was = std::mem::replace(&mut r.declared, now.clone());
+    let trainer = &mut r.core.trainer;
+    if now.precision != was.precision {
+        trainer
+            .set_precision(now.precision)
+            .map_err(|e| e.to_string())?;
     }
-    r.core
-        .trainer
-        .set_offload(s.offload.is_some())
-        .map_err(|e| e.to_string())?;
+    if now.recompute != was.recompute {
+        trainer
+            .set_recompute(now.recompute)
+            .map_err(|e| e.to_string())?;
+    }
+    if now.offload != was.offload {
+        if let Some(place) = &now.offload {
+            trainer.set_offload_place(place.clone());
+        }
+        trainer
+            .set_offload(now.offload.is_some())
+            .map_err(|e| e.to_string())?;
+    }
     if s.optim.lr() != r.core.trainer.optim_spec().lr() {
         r.core.trainer.set_learning_rate(s.optim.lr());
     }
