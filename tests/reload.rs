@@ -291,8 +291,13 @@ fn a_broken_version_keeps_the_old_one_until_a_good_one_is_saved() {
         r["event"] == "watch"
     });
 
-    // An error in the new version's top level, before its loop.
-    let throws = good.replacen("local run", "error('not yet')\nlocal run", 1);
+    // An error in the new version's top level, before its loop (after its
+    // config, which is then not recorded: the version never ran).
+    let throws = good.replacen(
+        "local run",
+        "taper.config{ note = 'tried' } error('not yet')\nlocal run",
+        1,
+    );
     save(&path, &throws);
     let failed = wait_for(&mut child, dir.path(), "the second failed reload", |r| {
         r["event"] == "reload" && r["error"].as_str().is_some_and(|e| e.contains("not yet"))
@@ -303,8 +308,21 @@ fn a_broken_version_keeps_the_old_one_until_a_good_one_is_saved() {
     );
 
     // A good version: a lower learning rate from epoch 3.
-    save(&path, &good.replace("lr = 1e-3", "lr = 2e-4"));
+    let applied = format!(
+        "taper.config{{ note = 'applied' }}\n{}",
+        good.replace("lr = 1e-3", "lr = 2e-4")
+    );
+    save(&path, &applied);
     finish(child);
+    let configs: Vec<_> = events(dir.path(), "config")
+        .iter()
+        .map(|r| (r["note"].clone(), r["generation"].clone()))
+        .collect();
+    assert_eq!(
+        configs,
+        [("applied".into(), 1.into())],
+        "only the applied version's config"
+    );
     let reloads = events(dir.path(), "reload");
     let oks: Vec<_> = reloads.iter().map(|r| r["ok"].clone()).collect();
     assert_eq!(oks, [false, false, true], "{reloads:?}");

@@ -73,10 +73,15 @@ fn config(lua: &Lua, defaults: Table) -> mlua::Result<Table> {
     let record: serde_json::Value = mlua::LuaSerdeExt::from_value(lua, Value::Table(out.clone()))?;
     let mut fields = record.as_object().cloned().unwrap_or_default();
     if version > 0 {
-        // A reloaded version's values (its `reload` record says whether it
-        // was applied).
+        // A reloaded version's values, recorded once it is applied.
         fields.insert("generation".into(), version.into());
     }
+    let mut rl = host.reload.borrow_mut();
+    if rl.trial.is_some() {
+        rl.trial_config = Some(fields);
+        return Ok(out);
+    }
+    drop(rl);
     host.out
         .record("config", 0, 0, fields)
         .map_err(crate::error::lua_err)?;

@@ -50,6 +50,10 @@ pub(crate) struct ReloadState {
     pub trial: Option<Vec<Staged>>,
     /// `taper.run{}` calls made by the running version so far.
     pub next_run: usize,
+    /// The `config` record of the version on trial: written when it is
+    /// applied, dropped when it is not (so that every `config` record with a
+    /// `generation` is one that ran).
+    pub trial_config: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Loads one version of the recipe as a coroutine with its own globals
@@ -156,6 +160,7 @@ fn try_version(
         let _ = set_generation(lua, generation);
         let mut rl = host.reload.borrow_mut();
         rl.trial = None;
+        rl.trial_config = None;
         rl.next_run = next_run;
     };
     // Every module is evaluated afresh: one that did not change may hold
@@ -177,6 +182,11 @@ fn try_version(
         Ok(thread) => {
             let mut rl = host.reload.borrow_mut();
             rl.generation = generation + 1;
+            if let Some(fields) = rl.trial_config.take() {
+                host.out
+                    .record("config", 0, 0, fields)
+                    .map_err(|e| e.to_string())?;
+            }
             let hash = crate::engine::checkpoint::text_hash(&read(&recipe.0).unwrap_or_default());
             *host.recipe_hash.borrow_mut() = hash.clone();
             for r in host.runs.borrow().iter() {
