@@ -192,6 +192,65 @@ fn an_oom_on_one_rank_in_any_phase_is_recovered_the_same_way_on_every_rank() {
     }
 }
 
+/// The collective's own buffers count against the memory budget: on a
+/// model of eight equal layers, the gradient bucket the all-reduce sums
+/// (every parameter's gradient, 4 bytes each) sets the step's peak, so a
+/// limit half a bucket under the unconstrained peak is crossed by an
+/// allocation of exactly the bucket's bytes.
+#[test]
+fn the_gradient_bucket_counts_against_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("deep.lua");
+    std::fs::write(
+        &recipe,
+        r#"local train = taper.data.digits{ split = "train" }:shuffle{ seed = 1 }:batch(32)
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 256, 256, 256, 256, 256, 256, 256, 256 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = 1e-3 },
+  data = train, seed = 1,
+  on_oom = function(e) return "stop" end,
+}
+for epoch in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+end
+"#,
+    )
+    .unwrap();
+    let free = dir.path().join("free");
+    train(2, &[s(&recipe)], &free, &[]);
+    let params = records(&free, "run")[0]["parameters"].as_u64().unwrap();
+    let peak = records(&free, "epoch")[0]["memory_peak"].as_u64().unwrap();
+    let bucket = 4 * params;
+    let tight = dir.path().join("tight");
+    let limit = (peak - bucket / 2).to_string();
+    let o = taper(&[
+        "launch",
+        "-n",
+        "2",
+        s(&recipe),
+        "--quiet",
+        "--out",
+        s(&tight),
+        "--mem-limit",
+        &limit,
+    ])
+    .output()
+    .unwrap();
+    assert!(!o.status.success(), "the policy stops the run");
+    let ooms = records(&tight, "oom");
+    assert!(!ooms.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    let oom = &ooms[0];
+    assert_eq!(oom["cause"], "budget", "{oom}");
+    assert_eq!(
+        oom["requested"], bucket,
+        "the bucket crossed the limit: {oom}"
+    );
+    assert!(
+        ["accumulate", "optimizer"].contains(&oom["phase"].as_str().unwrap()),
+        "{oom}"
+    );
+}
+
 /// `taper launch` in the background, long enough to be stopped.
 fn start_long(out: &Path, extra: &[&str]) -> Child {
     let mut args = vec![
