@@ -191,19 +191,50 @@ print(f"  eval loss {a['loss']} unconstrained, {b['loss']} under the limit; accu
 PY
 }
 
+# taper against PyTorch at its best (SDPA, fused AdamW; for GPT-2 also
+# torch.compile, a labelled variant), alternating in rounds, then a table of
+# medians and ratios (benches/ratios.py; MFU against the card's 989 TFLOP/s
+# dense bf16 as well). GPT-2 small runs at each of BENCH_BATCHES (context
+# 1024). The defaults take about 7 minutes: split a run with BENCH_MODELS.
+# BENCH_UNFUSED=1 adds taper with its fused kernels off; BENCH_MANUAL=1 the
+# hand-written attention (the old reference) for GPT-2.
 bench() {
-  for model in ${BENCH_MODELS:-shakespeare gpt2 cnn}; do
-    for p in f32 bf16; do
-      for round in $(seq "${BENCH_ROUNDS:-2}"); do
-        timeout 150 "$bin/taper" bench step --model $model --device cuda --precision $p --steps 20 \
-          --compare-unfused || echo "taper bench exit $?"
-        timeout 100 python3 benches/torch_step.py --model $model --device cuda --precision $p \
-          --steps 20 || echo "torch bench exit $?"
+  local log=/tmp/bench.log
+  : > "$log"
+  local model p b round
+  for model in ${BENCH_MODELS:-shakespeare cnn gpt2}; do
+    local precisions="${BENCH_PRECISIONS:-f32 bf16}" batches=default
+    if [ "$model" = gpt2 ]; then
+      precisions="${BENCH_GPT2_PRECISIONS:-bf16}"
+      batches="${BENCH_BATCHES:-8 16 32}"
+    fi
+    for p in $precisions; do
+      for b in $batches; do
+        local size=()
+        [ "$b" = default ] || size=(--batch "$b")
+        local unfused=()
+        [ "${BENCH_UNFUSED:-0}" = 1 ] && unfused=(--compare-unfused)
+        for round in $(seq "${BENCH_ROUNDS:-2}"); do
+          echo "== bench $model $p batch $b"
+          timeout 150 "$bin/taper" bench step --model "$model" --device cuda --precision "$p" \
+            --steps 20 "${size[@]}" "${unfused[@]}" || echo "taper bench exit $?"
+          timeout 100 python3 benches/torch_step.py --model "$model" --device cuda --precision "$p" \
+            --steps 20 "${size[@]}" || echo "torch bench exit $?"
+          if [ "$model" = gpt2 ] && [ "${BENCH_COMPILE:-1}" = 1 ]; then
+            timeout 240 python3 benches/torch_step.py --model "$model" --device cuda --precision "$p" \
+              --steps 20 "${size[@]}" --compile || echo "torch compile bench exit $?"
+          fi
+          if [ "$model" = gpt2 ] && [ "${BENCH_MANUAL:-0}" = 1 ]; then
+            timeout 100 python3 benches/torch_step.py --model "$model" --device cuda --precision "$p" \
+              --steps 20 "${size[@]}" --attention manual || echo "torch manual bench exit $?"
+          fi
+        done
       done
     done
-  done
-  timeout 150 "$bin/taper" bench step --model gpt2 --device cuda --precision bf16 --steps 20 \
-    --chunk 1024 || echo "taper bench exit $?"
+  done 2>&1 | tee -a "$log"
+  python3 benches/ratios.py "$log" --card-peak-tflops 989 || true
+  [ -n "${OUT:-}" ] && cp "$log" "$OUT/bench.log"
+  return 0
 }
 
 # Where a GPT-2 step's device time goes: every kernel of `taper bench step`
