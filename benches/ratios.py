@@ -16,7 +16,7 @@ import statistics
 import sys
 
 HEADER = re.compile(r"^== bench (\S+) (\S+) batch (\S+)")
-TAPER = re.compile(r"^step \S+ on .+? (?:f32|bf16|f16) (fused|unfused): ([\d.]+) ms/step, (\d+) (\w+)/s, peak ([\d.]+ \w+|n/a), ([\d.]+) (\w)FLOP/s")
+TAPER = re.compile(r"^step \S+ on .+? (?:f32|bf16|f16) ((?:un)?fused\S*): ([\d.]+) ms/step, (\d+) (\w+)/s, peak ([\d.]+ \w+|n/a), ([\d.]+) (\w)FLOP/s")
 TORCH = re.compile(r"^torch step \S+ on .+? (?:f32|bf16|f16) \[([^\]]+)\]: ([\d.]+) ms/step, (\d+) (\w+)/s, peak ([\d.]+ \w+|n/a), ([\d.]+) (\w)FLOP/s")
 SCALE = {"G": 1e9, "T": 1e12, "P": 1e15, "M": 1e6}
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}

@@ -197,7 +197,9 @@ PY
 # dense bf16 as well). GPT-2 small runs at each of BENCH_BATCHES (context
 # 1024). The defaults take about 7 minutes: split a run with BENCH_MODELS.
 # BENCH_UNFUSED=1 adds taper with its fused kernels off; BENCH_MANUAL=1 the
-# hand-written attention (the old reference) for GPT-2.
+# hand-written attention (the old reference) for GPT-2; at GPT-2's first batch
+# size taper also runs with --recompute 1 and with --offload (BENCH_MEMORY=0:
+# not).
 bench() {
   local log=/tmp/bench.log
   : > "$log"
@@ -223,6 +225,16 @@ bench() {
           if [ "$model" = gpt2 ] && [ "${BENCH_COMPILE:-1}" = 1 ]; then
             timeout 240 python3 benches/torch_step.py --model "$model" --device cuda --precision "$p" \
               --steps 20 "${size[@]}" --compile || echo "torch compile bench exit $?"
+          fi
+          # Issue 19's memory actions on the device: the pool peak and the
+          # time with every block recomputed, and with AdamW's moments in
+          # pinned host memory.
+          if [ "$model" = gpt2 ] && [ "$b" = "${batches%% *}" ] && [ "${BENCH_MEMORY:-1}" = 1 ]; then
+            for action in "--recompute 1" "--offload"; do
+              # shellcheck disable=SC2086
+              timeout 150 "$bin/taper" bench step --model "$model" --device cuda --precision "$p" \
+                --steps 20 "${size[@]}" $action || echo "taper bench $action exit $?"
+            done
           fi
           if [ "$model" = gpt2 ] && [ "${BENCH_MANUAL:-0}" = 1 ]; then
             timeout 100 python3 benches/torch_step.py --model "$model" --device cuda --precision "$p" \

@@ -45,6 +45,14 @@ pub struct StepArgs {
     /// Also time the same steps with taper's fused kernels off
     #[arg(long)]
     pub compare_unfused: bool,
+    /// GPTs: recompute every n-th block's activations in the backward (0:
+    /// none), as `recompute = n` does
+    #[arg(long, default_value_t = 0)]
+    pub recompute: usize,
+    /// Keep AdamW's moments offloaded (host memory: pinned on CUDA), as
+    /// `offload = true` does
+    #[arg(long)]
+    pub offload: bool,
 }
 
 /// A model, a batch of random data, and its FLOPs per training step.
@@ -226,6 +234,18 @@ fn rate(flops: f64) -> String {
     }
 }
 
+/// `fused` or `unfused`, with the memory actions on: `fused,recompute=1,offload`.
+fn variant(fused: bool, a: &StepArgs) -> String {
+    let mut v = String::from(if fused { "fused" } else { "unfused" });
+    if a.recompute > 0 {
+        v += &format!(",recompute={}", a.recompute);
+    }
+    if a.offload {
+        v += ",offload";
+    }
+    v
+}
+
 pub fn run(a: &StepArgs) -> Result<()> {
     let dev = parse_device(&a.device)?;
     let precision = Precision::parse(&a.precision).ok_or_else(|| {
@@ -253,6 +273,8 @@ pub fn run(a: &StepArgs) -> Result<()> {
         crate::kernels::set_fused(fused);
         let mut trainer = Trainer::new(w.spec.clone(), &adamw(), opts())?;
         trainer.set_precision(precision)?;
+        trainer.set_recompute(a.recompute)?;
+        trainer.set_offload(a.offload)?;
         let (secs, peak) = time_steps(&mut trainer, &w.batch, a.steps)?;
         let params = trainer.params().num_params();
         let achieved = w.flops(params) / secs;
@@ -261,7 +283,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
             a.model,
             crate::engine::describe_device(&dev),
             precision.name(),
-            if fused { "fused" } else { "unfused" },
+            variant(fused, a),
             secs * 1e3,
             w.items as f64 / secs,
             if matches!(a.model.as_str(), "mlp" | "cnn") { "samples" } else { "tokens" },
