@@ -59,6 +59,42 @@ pub(super) fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize, usize
     Ok((b, c, h, wd, o))
 }
 
+/// The input gradient's shapes from `dy [B, O, H, W]` and `w [O, C, 3, 3]`:
+/// (batch, out channels, in channels, height, width).
+pub(super) fn input_grad_dims(
+    dy: &Layout,
+    w: &Layout,
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let (b, o, h, wd) = dy.shape().dims4()?;
+    let (o2, c, _, _) = w.shape().dims4()?;
+    if o2 != o {
+        bail!(
+            "conv3x3 backward: gradient {:?}, weight {:?}",
+            dy.dims(),
+            w.dims()
+        )
+    }
+    Ok((b, o, c, h, wd))
+}
+
+/// The weight gradient's shapes from `x [B, C, H, W]` and `dy [B, O, H, W]`:
+/// (batch, in channels, out channels, height, width).
+pub(super) fn weight_grad_dims(
+    x: &Layout,
+    dy: &Layout,
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let (b, c, h, wd) = x.shape().dims4()?;
+    let (b2, o, h2, w2) = dy.shape().dims4()?;
+    if (b2, h2, w2) != (b, h, wd) {
+        bail!(
+            "conv3x3 backward: input {:?}, gradient {:?}",
+            x.dims(),
+            dy.dims()
+        )
+    }
+    Ok((b, c, o, h, wd))
+}
+
 thread_local! {
     /// Each thread's im2col buffer, kept between calls: every element is
     /// written before it is read, so it is never zeroed again.
@@ -287,15 +323,7 @@ impl CustomOp2 for InputGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let dy = super::f32_slice(s1, l1, "conv output gradient")?;
         let w = super::f32_slice(s2, l2, "conv weight")?;
-        let (b, o, h, wd) = l1.shape().dims4()?;
-        let (o2, c, _, _) = l2.shape().dims4()?;
-        if o2 != o {
-            bail!(
-                "conv3x3 backward: gradient {:?}, weight {:?}",
-                l1.dims(),
-                l2.dims()
-            )
-        }
+        let (b, o, c, h, wd) = input_grad_dims(l1, l2)?;
         let (hw, c9) = (h * wd, c * 9);
         let mut dx = vec![0f32; b * c * hw];
         if hw > 0 && c > 0 {
@@ -321,8 +349,7 @@ impl CustomOp2 for InputGrad {
         l2: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         use super::conv_cuda::input_grad;
-        let (b, _, h, wd) = l1.shape().dims4()?;
-        let c = l2.shape().dims4()?.1;
+        let (b, _, c, h, wd) = input_grad_dims(l1, l2)?;
         let dx = super::cuda::by_float!(s1, input_grad((s1, l1), (s2, l2)))?;
         Ok((dx, Shape::from((b, c, h, wd))))
     }
@@ -345,15 +372,7 @@ impl CustomOp2 for WeightGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let x = super::f32_slice(s1, l1, "conv input")?;
         let dy = super::f32_slice(s2, l2, "conv output gradient")?;
-        let (b, c, h, wd) = l1.shape().dims4()?;
-        let (b2, o, h2, w2) = l2.shape().dims4()?;
-        if (b2, h2, w2) != (b, h, wd) {
-            bail!(
-                "conv3x3 backward: input {:?}, gradient {:?}",
-                l1.dims(),
-                l2.dims()
-            )
-        }
+        let (_, c, o, h, wd) = weight_grad_dims(l1, l2)?;
         let (hw, c9) = (h * wd, c * 9);
         let dw = x
             .par_chunks(c * hw)
@@ -388,8 +407,7 @@ impl CustomOp2 for WeightGrad {
         l2: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         use super::conv_cuda::weight_grad;
-        let c = l1.shape().dims4()?.1;
-        let o = l2.shape().dims4()?.1;
+        let (_, c, o, _, _) = weight_grad_dims(l1, l2)?;
         let dw = super::cuda::by_float!(s1, weight_grad((s1, l1), (s2, l2)))?;
         Ok((dw, Shape::from((o, c, 3, 3))))
     }

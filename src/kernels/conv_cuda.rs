@@ -124,15 +124,7 @@ pub(super) fn input_grad<T: CudaDType + DeviceRepr + ValidAsZeroBits + WithDType
 where
     CudaBlas: Gemm<T>,
 {
-    let (bn, o, h, wd) = l1.shape().dims4()?;
-    let (o2, c, _, _) = l2.shape().dims4()?;
-    if o2 != o {
-        bail!(
-            "conv3x3 backward: gradient {:?}, weight {:?}",
-            l1.dims(),
-            l2.dims()
-        )
-    }
+    let (bn, o, c, h, wd) = super::conv::input_grad_dims(l1, l2)?;
     let (hw, c9) = (h * wd, c * 9);
     let (dy, w) = (
         view::<T>(s1, l1, "conv output gradient")?,
@@ -176,15 +168,7 @@ pub(super) fn weight_grad<T: CudaDType + DeviceRepr + ValidAsZeroBits + WithDTyp
 where
     CudaBlas: Gemm<T>,
 {
-    let (bn, c, h, wd) = l1.shape().dims4()?;
-    let (b2, o, h2, w2) = l2.shape().dims4()?;
-    if (b2, h2, w2) != (bn, h, wd) {
-        bail!(
-            "conv3x3 backward: input {:?}, gradient {:?}",
-            l1.dims(),
-            l2.dims()
-        )
-    }
+    let (bn, c, o, h, wd) = super::conv::weight_grad_dims(l1, l2)?;
     let (hw, c9) = (h * wd, c * 9);
     let (x, dy) = (
         view::<T>(s1, l1, "conv input")?,
@@ -280,14 +264,7 @@ pub(super) fn max_pool_grad<T: CudaDType + DeviceRepr + WithDType>(
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
 ) -> Result<CudaStorage> {
-    let (b, c, h, w) = l1.shape().dims4()?;
-    if l2.dims() != [b, c, h / 2, w / 2] {
-        bail!(
-            "max-pool backward: input {:?}, gradient {:?}",
-            l1.dims(),
-            l2.dims()
-        )
-    }
+    let (b, c, h, w) = super::pool::grad_dims(l1, l2)?;
     let (x, dy) = (
         view::<T>(s1, l1, "max-pool input")?,
         view::<T>(s2, l2, "max-pool gradient")?,

@@ -88,6 +88,19 @@ impl CustomOp1 for MaxPool {
     }
 }
 
+/// The backward's shapes from `x [B, C, H, W]` and `dy [B, C, H/2, W/2]`.
+pub(super) fn grad_dims(x: &Layout, dy: &Layout) -> Result<(usize, usize, usize, usize)> {
+    let (b, c, h, w) = x.shape().dims4()?;
+    if dy.dims() != [b, c, h / 2, w / 2] {
+        bail!(
+            "max-pool backward: input {:?}, gradient {:?}",
+            x.dims(),
+            dy.dims()
+        )
+    }
+    Ok((b, c, h, w))
+}
+
 /// Each output gradient onto its window's maximum in `x`.
 struct MaxPoolGrad;
 
@@ -105,15 +118,8 @@ impl CustomOp2 for MaxPoolGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let x = super::f32_slice(s1, l1, "max-pool input")?;
         let dy = super::f32_slice(s2, l2, "max-pool gradient")?;
-        let (b, c, h, w) = l1.shape().dims4()?;
+        let (b, c, h, w) = grad_dims(l1, l2)?;
         let (h2, w2) = (h / 2, w / 2);
-        if l2.dims() != [b, c, h2, w2] {
-            bail!(
-                "max-pool backward: input {:?}, gradient {:?}",
-                l1.dims(),
-                l2.dims()
-            )
-        }
         let fill = |plane: usize, dxs: &mut [MaybeUninit<f32>]| {
             let xs = &x[plane * h * w..(plane + 1) * h * w];
             let dys = &dy[plane * h2 * w2..(plane + 1) * h2 * w2];
