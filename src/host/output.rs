@@ -22,11 +22,34 @@ fn say(s: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{s}");
 }
 
+/// The `time` of the last whole record in a metrics file (0 if none): read
+/// from its tail, skipping a line a kill cut short.
+fn last_time(path: &Path) -> f64 {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = File::open(path) else {
+        return 0.0;
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let from = len.saturating_sub(1 << 16);
+    let mut tail = String::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_string(&mut tail).is_err() {
+        return 0.0;
+    }
+    tail.lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|r| r["time"].as_f64())
+        .unwrap_or(0.0)
+}
+
 pub(crate) struct Output {
     metrics: RefCell<Option<(PathBuf, BufWriter<File>)>>,
     bar: RefCell<Option<ProgressBar>>,
     quiet: bool,
     start: Instant,
+    /// Seconds the folder's earlier hosts ran (a resumed run's records go
+    /// on from the last `time`, not from 0).
+    before: f64,
     /// What the progress line says besides the bar.
     progress: RefCell<Progress>,
     /// `--tensorboard`: the records' scalars as TensorBoard events too.
@@ -64,6 +87,7 @@ impl Output {
                 Some((path, BufWriter::new(f)))
             }
         };
+        let before = metrics.as_ref().map_or(0.0, |(p, _)| last_time(p));
         let tensorboard = match out_dir.filter(|_| tensorboard) {
             Some(dir) => Some(EventWriter::create(dir)?),
             None => None,
@@ -74,12 +98,14 @@ impl Output {
             bar: RefCell::new(None),
             quiet,
             start: Instant::now(),
+            before,
             progress: RefCell::new(Progress::default()),
         })
     }
 
     /// Appends one record. Every record carries `event`, `step`, `epoch` and
-    /// `time` (seconds since the host started).
+    /// `time` (seconds since the run started, counting only the time its
+    /// hosts ran: a resumed run goes on from its folder's last record).
     /// The run folder records go to (None: records are not written).
     pub fn dir(&self) -> Option<PathBuf> {
         let m = self.metrics.borrow();
@@ -102,7 +128,7 @@ impl Output {
         rec.insert("event".into(), event.into());
         rec.insert("step".into(), step.into());
         rec.insert("epoch".into(), epoch.into());
-        let t = (self.start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+        let t = ((self.before + self.start.elapsed().as_secs_f64()) * 1000.0).round() / 1000.0;
         rec.insert("time".into(), t.into());
         for (k, v) in fields {
             rec.entry(k).or_insert(v);

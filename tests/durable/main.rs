@@ -150,6 +150,20 @@ fn sigterm_and_sigint_stop_with_a_checkpoint_and_resume_to_the_same_weights() {
             .map(|r| r["epoch"].as_u64().unwrap())
             .collect();
         assert_eq!(epochs, (1..=120).collect::<Vec<_>>(), "signal {signal}");
+        // Their time goes on across the resume: it never runs backwards.
+        let times: Vec<f64> = std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["time"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            times.windows(2).all(|w| w[0] <= w[1]),
+            "signal {signal}: time runs backwards"
+        );
     }
 }
 
