@@ -152,6 +152,23 @@ fn defaults_follow_pytorch() -> Result<()> {
     Ok(())
 }
 
+/// The escalating policy grows back as grow_back does: after `after` clean
+/// steps, doubling, but never to a size that ran out of memory (75% of it).
+#[test]
+fn the_escalating_policy_grows_back_below_its_ceiling() -> Result<()> {
+    run(r#"
+        local p = taper.policy.escalate{ min_micro = 4, after = 2 }
+        local info = function(clean, micro) return { clean_steps = clean, micro_batch = micro, batch_size = 32 } end
+        assert(p:on_step(info(1, 8)) == nil, "not yet")
+        assert(p:on_step(info(2, 8)).micro_batch == 16, "doubles")
+        local a = p:on_oom{ micro_batch = 16, recompute = 0, offload = false, precision = "f32" }
+        assert(a.action == "split" and a.micro_batch == 8)
+        assert(p:on_step(info(2, 8)).micro_batch == 12, "75% of the ceiling of 16")
+        assert(p:on_step(info(2, 32)) == nil, "the whole batch")
+    "#)?;
+    Ok(())
+}
+
 #[test]
 fn errors_keep_their_type_through_pcall() {
     // An error raised in Rust, caught and re-raised by the script, is still a

@@ -45,17 +45,8 @@ return function(opts)
           precision and (", in " .. ev.precision) or ""),
       }
     end,
-    on_step = function(self, info)
-      if info.clean_steps < after or info.micro_batch >= info.batch_size then
-        return nil
-      end
-      local target = math.min(info.micro_batch * 2, info.batch_size)
-      if self.ceiling and target >= self.ceiling then
-        target = math.floor(self.ceiling * 0.75)
-      end
-      if target > info.micro_batch then
-        return { micro_batch = target }
-      end
-    end,
+    -- Growing back is grow_back's (with its default margin), reading the
+    -- ceiling this table keeps.
+    on_step = taper.policy.grow_back{ after = after }.on_step,
   }
 end
