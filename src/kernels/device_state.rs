@@ -252,36 +252,30 @@ mod imp {
             })
         }
     }
-    /// A CUDA parameter's offloaded f32 moments, `m` then `v`, in
-    /// page-locked host memory.
-    pub struct PinnedMoments {
-        buf: PinnedHostSlice<f32>,
-        n: usize,
-    }
+    /// Page-locked host memory for a CUDA parameter's offloaded f32
+    /// moments (`Offloaded` splits it into `m` and `v`).
+    pub struct PinnedMoments(PinnedHostSlice<f32>);
 
     impl PinnedMoments {
-        /// Zeroed moments for `n` parameters, pinned for `device`'s context.
+        /// `n` zeroed values, pinned for `device`'s context.
         pub fn zeros(device: &Device, n: usize) -> Result<Self> {
             let dev = cuda(device)?;
             let ctx = dev.cuda_stream().context().clone();
             // Flags 0: cached, not write-combined, memory (checkpoints read
             // it on the host).
             // SAFETY: every value is written (zeros) before anything reads.
-            let mut buf = unsafe { ctx.alloc_pinned_with_flags::<f32>((2 * n).max(1), 0) }.w()?;
+            let mut buf = unsafe { ctx.alloc_pinned_with_flags::<f32>(n.max(1), 0) }.w()?;
             buf.as_mut_slice().w()?.fill(0.0);
-            Ok(PinnedMoments { buf, n })
+            Ok(PinnedMoments(buf))
         }
 
-        /// Both moments, mutable (after any copy in flight is done).
-        pub fn slices(&mut self) -> Result<(&mut [f32], &mut [f32])> {
-            let n = self.n;
-            Ok(self.buf.as_mut_slice().w()?[..2 * n].split_at_mut(n))
+        /// The values (after any copy in flight is done).
+        pub fn values(&self) -> Result<&[f32]> {
+            self.0.as_slice().w()
         }
 
-        /// Copies of both moments.
-        pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
-            let all = self.buf.as_slice().w()?;
-            Ok((all[..self.n].to_vec(), all[self.n..2 * self.n].to_vec()))
+        pub fn values_mut(&mut self) -> Result<&mut [f32]> {
+            self.0.as_mut_slice().w()
         }
     }
 }
@@ -318,10 +312,10 @@ mod imp {
         pub fn zeros(_: &Device, _: usize) -> Result<Self> {
             bail!("this taper was built without CUDA")
         }
-        pub fn slices(&mut self) -> Result<(&mut [f32], &mut [f32])> {
+        pub fn values(&self) -> Result<&[f32]> {
             match *self {}
         }
-        pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        pub fn values_mut(&mut self) -> Result<&mut [f32]> {
             match *self {}
         }
     }

@@ -54,7 +54,9 @@ impl Offloaded {
     /// Zeroed moments for `n` parameters of a tensor on `device`.
     pub fn zeros(place: &Place, device: &Device, n: usize) -> Result<Offloaded> {
         let backing = match place {
-            Place::Host if device.is_cuda() => Backing::Pinned(PinnedMoments::zeros(device, n)?),
+            Place::Host if device.is_cuda() => {
+                Backing::Pinned(PinnedMoments::zeros(device, 2 * n)?)
+            }
             Place::Host => Backing::File(mapped_zeros(&default_dir(), n)?),
             Place::Dir(dir) => Backing::File(mapped_zeros(dir, n)?),
         };
@@ -76,31 +78,28 @@ impl Offloaded {
     /// Both moments, mutable, in place in the mapping or the pinned buffer.
     pub fn slices(&mut self) -> Result<(&mut [f32], &mut [f32])> {
         let n = self.n;
-        match &mut self.backing {
-            Backing::File(map) => {
-                // SAFETY: the mapping is page-aligned and holds 2n f32 (8n
-                // bytes, zero-filled or written by us); f32 has no invalid
-                // bit patterns.
-                let all = unsafe {
-                    std::slice::from_raw_parts_mut(map.as_mut_ptr().cast::<f32>(), 2 * n)
-                };
-                Ok(all.split_at_mut(n))
-            }
-            Backing::Pinned(p) => p.slices(),
-        }
+        let all = match &mut self.backing {
+            // SAFETY: the mapping is page-aligned and holds 2n f32 (8n bytes,
+            // zero-filled or written by us); f32 has no invalid bit patterns.
+            Backing::File(map) => unsafe {
+                std::slice::from_raw_parts_mut(map.as_mut_ptr().cast::<f32>(), 2 * n)
+            },
+            Backing::Pinned(p) => p.values_mut()?,
+        };
+        Ok(all[..2 * n].split_at_mut(n))
     }
 
     /// Copies of both moments on the host (checkpoints, a move back).
     pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = self.n;
-        match &self.backing {
-            Backing::File(map) => {
-                // SAFETY: as in `slices`, read-only.
-                let all = unsafe { std::slice::from_raw_parts(map.as_ptr().cast::<f32>(), 2 * n) };
-                Ok((all[..n].to_vec(), all[n..].to_vec()))
-            }
-            Backing::Pinned(p) => p.to_host(),
-        }
+        let all = match &self.backing {
+            // SAFETY: as in `slices`, read-only.
+            Backing::File(map) => unsafe {
+                std::slice::from_raw_parts(map.as_ptr().cast::<f32>(), 2 * n)
+            },
+            Backing::Pinned(p) => p.values()?,
+        };
+        Ok((all[..n].to_vec(), all[n..2 * n].to_vec()))
     }
 }
 
