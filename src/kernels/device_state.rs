@@ -6,7 +6,8 @@
 //!
 //! Offloaded moments of a CUDA parameter live in page-locked host memory
 //! ([`PinnedMoments`]), so that their copies to the device and back go by
-//! DMA with no staging buffer.
+//! DMA with no staging buffer, queued with the update on the device's stream
+//! without a host wait.
 //!
 //! Without the `cuda` feature the types are uninhabited: the optimizer only
 //! asks for them for CUDA parameters, which such a build cannot have.
@@ -24,7 +25,7 @@ mod imp {
     use candle_core::{bail, CudaDevice, CudaStorage, Device, InplaceOp2, Layout, Result, Tensor};
 
     use super::super::adamw::AdamWStep;
-    use super::super::cuda::{elementwise, kernel, run, view, ADAMW};
+    use super::super::cuda::{alloc, elementwise, kernel, run, view, ADAMW};
     use super::super::quant8::{self, Blockwise, BLOCK};
 
     /// The kernels' `Hyper` struct.
@@ -269,6 +270,39 @@ mod imp {
             Ok(PinnedMoments(buf))
         }
 
+        /// One AdamW update of the f32 CUDA tensor `theta` with these
+        /// moments: copied by DMA into a device buffer, updated there by the
+        /// fused kernel and copied back, all queued on the device's stream.
+        /// The host does not wait; its next read of the values does.
+        pub fn step(&mut self, theta: &Tensor, g: &Tensor, h: &AdamWStep) -> Result<()> {
+            let hyper = Hyper::from(h);
+            let pinned = &mut self.0;
+            update(theta, g, |theta, g, dev| {
+                let n = g.len();
+                if n == 0 {
+                    return Ok(());
+                }
+                if pinned.len() != 2 * n {
+                    bail!(
+                        "adamw: {n} gradients but {} offloaded moments",
+                        pinned.len()
+                    )
+                }
+                let stream = dev.cuda_stream();
+                let mut both = alloc::<f32>(dev, 2 * n)?;
+                stream.memcpy_htod(&*pinned, &mut both).w()?;
+                {
+                    let (mut m, mut v) = both.split_at_mut(n);
+                    let f = kernel!(ADAMW, dev, "adamw_f32");
+                    let mut b = f.builder();
+                    b.arg(theta).arg(g).arg(&mut m).arg(&mut v);
+                    b.arg(&n).arg(&hyper);
+                    run(&mut b, elementwise(n))?;
+                }
+                stream.memcpy_dtoh(&both, pinned).w()
+            })
+        }
+
         /// The values (after any copy in flight is done).
         pub fn values(&self) -> Result<&[f32]> {
             self.0.as_slice().w()
@@ -311,6 +345,9 @@ mod imp {
     impl PinnedMoments {
         pub fn zeros(_: &Device, _: usize) -> Result<Self> {
             bail!("this taper was built without CUDA")
+        }
+        pub fn step(&mut self, _: &Tensor, _: &Tensor, _: &AdamWStep) -> Result<()> {
+            match *self {}
         }
         pub fn values(&self) -> Result<&[f32]> {
             match *self {}

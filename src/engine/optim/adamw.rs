@@ -520,9 +520,13 @@ impl Optimizer for AdamW {
 }
 
 /// The update with offloaded moments: in place through the mapping on the
-/// CPU; elsewhere the moments go to the device for this tensor and back
-/// (from and to pinned memory with `offload = true`).
+/// CPU; elsewhere the moments go to the device for this tensor and back:
+/// queued DMA copies from and to pinned memory with `offload = true`, a
+/// synchronous round trip through the mapping with a folder.
 fn offload_step(var: &Var, g: &Tensor, o: &mut Offloaded, h: &AdamWStep) -> Result<()> {
+    if let Some(pinned) = o.pinned_mut() {
+        return pinned.step(var.as_tensor(), g, h);
+    }
     let (m, v) = o.slices()?;
     if var.device().is_cpu() {
         return adamw_inplace(var.as_tensor(), g, m, v, h);

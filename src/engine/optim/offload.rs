@@ -89,6 +89,15 @@ impl Offloaded {
         Ok(all[..2 * n].split_at_mut(n))
     }
 
+    /// The pinned buffer of a CUDA parameter's host-offloaded moments, which
+    /// [`PinnedMoments::step`] updates without a host round trip.
+    pub fn pinned_mut(&mut self) -> Option<&mut PinnedMoments> {
+        match &mut self.backing {
+            Backing::Pinned(p) => Some(p),
+            Backing::File(_) => None,
+        }
+    }
+
     /// Copies of both moments on the host (checkpoints, a move back).
     pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = self.n;
