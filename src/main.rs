@@ -250,9 +250,14 @@ fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitCode 
         say!("  gradients         {:>12}", human(q.gradients));
         say!("  optimizer state   {:>12}", human(q.optimizer));
         say!(
-            "  activations       {:>12} per sample + {} per step (measured on 1-8 samples)",
+            "  activations       {:>12} per sample + {} per step (measured on {} samples)",
             human(q.per_sample),
-            human(q.per_step)
+            human(q.per_step),
+            taper::host::probe_sizes(p.batch_size)
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         say!(
             "  heap before training {:>9} (data, Lua, the model)",

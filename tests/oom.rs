@@ -182,32 +182,37 @@ fn injected_ooms_leave_training_unchanged() -> Result<()> {
 #[test]
 fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()> {
     let _serial = serial();
-    // Measure the step peak at micro-batches of 256, 64 and 32 (a wide MLP, so
-    // activations dominate), then set the budget between the peaks of 32 and
-    // 64: the run must come down from 256 to 32 and train as well.
+    // Measure the step peak at micro-batches of 1024 (the whole batch), 512
+    // and 256 (a batch this large, so that activations outweigh the wide
+    // MLP's weights, gradients and moments), then set the budget between the
+    // peaks of 256 and 512: the run must come down from 1024 to 256 and
+    // train as well.
     let peak = |micro: &str| -> Result<u64> {
         let d = tempfile::tempdir()?;
         train(
             d.path(),
             &[
-                ("batch", "256"),
+                ("batch", "1024"),
                 ("hidden", "1024"),
                 ("micro", micro),
-                ("epochs", "1"),
+                ("epochs", "2"),
             ],
             &[],
             None,
         )?;
-        Ok(records(d.path(), "epoch")?[0]["memory_peak"]
-            .as_u64()
+        // Two epochs: the first step runs before AdamW has made its moments.
+        Ok(records(d.path(), "epoch")?
+            .iter()
+            .filter_map(|e| e["memory_peak"].as_u64())
+            .max()
             .unwrap_or(0))
     };
-    let (p32, p64, p256) = (peak("32")?, peak("64")?, peak("256")?);
-    assert!(p32 < p64 && p64 < p256, "peaks {p32} {p64} {p256}");
-    let limit = ((p32 + p64) / 2) as usize;
-    eprintln!("step peaks: micro 32 {p32} B, 64 {p64} B, 256 {p256} B; limit {limit} B");
+    let (p256, p512, p1024) = (peak("256")?, peak("512")?, peak("1024")?);
+    assert!(p256 < p512 && p512 < p1024, "peaks {p256} {p512} {p1024}");
+    let limit = ((p256 + p512) / 2) as usize;
+    eprintln!("step peaks: micro 256 {p256} B, 512 {p512} B, 1024 {p1024} B; limit {limit} B");
     let (free, tight) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let set = [("batch", "256"), ("hidden", "1024"), ("epochs", "8")];
+    let set = [("batch", "1024"), ("hidden", "1024"), ("epochs", "8")];
     let a = train(free.path(), &set, &[], None)?;
     let b = train(tight.path(), &set, &[], Some(limit))?;
     let ooms = records(tight.path(), "oom")?;
@@ -230,18 +235,25 @@ fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()
         let live = snap["live"].as_array().unwrap();
         let bytes: Vec<u64> = live.iter().map(|l| l["bytes"].as_u64().unwrap()).collect();
         assert!(bytes.windows(2).all(|w| w[0] >= w[1]), "{bytes:?}");
-        // The 1024 x 1024 hidden layer, and its two AdamW moments, f32.
-        assert_eq!(&bytes[..3], &[4 << 20; 3], "{live:?}");
-        assert!(live[..3].iter().all(|l| l["part"] == "fc1"), "{live:?}");
-        // Weights and both moments: 3 x 1,126,410 floats (and AdamW's step).
+        // The run holds the weights, 1,126,410 f32, and from AdamW's first
+        // update on its two moments (and its step): the largest are the
+        // 1024 x 1024 hidden layer's.
         let held = snap["live_bytes"].as_u64().unwrap();
-        assert!((13_516_920..13_516_920 + 64).contains(&held), "{held}");
+        let with_moments = held > 2 * 4_505_640;
+        let (top, expected) = if with_moments {
+            (3, 13_516_920)
+        } else {
+            (1, 4_505_640)
+        };
+        assert!((expected..expected + 64).contains(&held), "{held}: {r}");
+        assert_eq!(&bytes[..top], &vec![4 << 20; top][..], "{live:?}");
+        assert!(live[..top].iter().all(|l| l["part"] == "fc1"), "{live:?}");
     }
     let micro: Vec<u64> = ooms
         .iter()
         .map(|r| r["new_micro_batch"].as_u64().unwrap())
         .collect();
-    assert_eq!(micro, vec![128, 64, 32], "{ooms:?}");
+    assert_eq!(micro, vec![512, 256], "{ooms:?}");
     for e in records(tight.path(), "epoch")? {
         let measured = e["memory_peak"].as_u64().unwrap();
         assert!(measured as usize <= limit, "{e} over {limit}");
@@ -254,7 +266,11 @@ fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()
             e["epoch"],
             off * 100.0
         );
-        assert!(off.abs() < 0.05, "planned {planned} vs measured {measured}");
+        // Within 15%: the plan adds an accumulator's worth of gradients to
+        // its probes' peak, and here overestimates by about 13% (it was
+        // within 5% while candle's backward added every gradient into zeros,
+        // which the probes counted: vendor/README.md).
+        assert!(off.abs() < 0.15, "planned {planned} vs measured {measured}");
     }
     let (fa, fb) = (a.runs[0].last_eval.unwrap(), b.runs[0].last_eval.unwrap());
     assert!(
@@ -655,12 +671,12 @@ end
 local run = taper.run{
   model = taper.model.mlp{ inputs = 64, hidden = { 1024, 1024 }, outputs = 10 },
   optim = taper.optim.adamw{ lr = 1e-3 },
-  data = taper.data.digits{}:shuffle{ seed = 1 }:batch(256),
-  schedule = taper.schedule.batch_ramp{ from = 16, to = 256, steps = 12 },
+  data = taper.data.digits{}:shuffle{ seed = 1 }:batch(1024),
+  schedule = taper.schedule.batch_ramp{ from = 128, to = 1024, steps = 8 },
   on_oom = policy,
   seed = 2,
 }
-for _ in run:epochs(1) do
+for _ in run:epochs(4) do
   for b in run:batches() do
     run:step(b)
     if run.steps >= 16 then break end
@@ -679,7 +695,7 @@ fn on_step_sees_the_peak_and_splits_ahead_of_a_batch_ramp() -> Result<()> {
         train(
             d.path(),
             &[
-                ("batch", "256"),
+                ("batch", "1024"),
                 ("hidden", "1024"),
                 ("micro", micro),
                 ("epochs", "1"),
@@ -691,7 +707,7 @@ fn on_step_sees_the_peak_and_splits_ahead_of_a_batch_ramp() -> Result<()> {
             .as_u64()
             .unwrap())
     };
-    let limit = ((peak("64")? + peak("128")?) / 2) as usize;
+    let limit = ((peak("512")? + peak("1024")?) / 2) as usize;
     let run = |hook: &str| -> Result<tempfile::TempDir> {
         let d = tempfile::tempdir()?;
         host(d.path(), &[("hook", hook)], &[], Some(limit))?.run_source("ramp.lua", RAMP_RECIPE)?;

@@ -38,7 +38,7 @@ use crate::engine::{parse_device, Eval, ModelSpec};
 pub use crate::memory::inject::parse_size;
 use crate::{Error, Result};
 use output::Output;
-pub use plan::RunPlan;
+pub use plan::{probe_sizes, RunPlan};
 pub use render::render_error;
 use run_state::RunState;
 pub use run_state::RunSummary;

@@ -18,7 +18,7 @@ impl Host {
     /// Memory plans for the runs the last recipe created (run it with
     /// `check_only` so nothing trains): parameter, gradient and optimizer
     /// bytes from the model, activation bytes per sample measured by forward
-    /// and backward passes over 1, 2, 4 and 8 samples of the run's data.
+    /// and backward passes over parts of the run's first batch ([`probe_sizes`]).
     pub fn plans(&self) -> Result<Vec<RunPlan>> {
         if !crate::memory::HostMemory::is_counting() {
             return Err(Error::Config(
@@ -42,8 +42,8 @@ impl Host {
 
 /// A run's memory plan, and its training batch size (0 without native
 /// data): parameter, gradient and optimizer bytes from the model, activation
-/// bytes per sample from forward and backward passes over 1, 2, 4 and 8
-/// samples of its first batch. Needs the counting allocator.
+/// bytes per sample from forward and backward passes over parts of its
+/// first batch ([`probe_sizes`]). Needs the counting allocator.
 pub(crate) fn plan_of(
     r: &super::run_state::RunState,
 ) -> Result<(crate::memory::planner::Plan, usize)> {
@@ -64,10 +64,9 @@ pub(crate) fn plan_of(
     };
     let (per_sample, per_step, batch_size) = match &batch {
         Some(b) => {
-            let points = [1, 2, 4, 8]
-                .iter()
-                .filter(|&&n| n <= b.len())
-                .map(|&n| Ok((n, t.probe_bytes(b, n)?)))
+            let points = probe_sizes(b.len())
+                .into_iter()
+                .map(|n| Ok((n, t.probe_bytes(b, n)?)))
                 .collect::<Result<Vec<_>>>()?;
             let (slope, intercept) = fit(&points);
             (slope, intercept, b.len())
@@ -83,4 +82,18 @@ pub(crate) fn plan_of(
         per_step,
     };
     Ok((plan, batch_size))
+}
+
+/// The sample counts a plan probes: an eighth, a quarter and half of a
+/// batch of 16 or more, else 1, 2, 4 and 8 (as many as the batch has). A
+/// step's peak is the larger of a part that does not grow with the
+/// micro-batch (the weights' gradients as backward makes them) and one that
+/// does (activations and their gradients); probes too small to pass the
+/// first would fit a line with no slope.
+pub fn probe_sizes(batch: usize) -> Vec<usize> {
+    if batch >= 16 {
+        vec![batch / 8, batch / 4, batch / 2]
+    } else {
+        [1, 2, 4, 8].into_iter().filter(|&n| n <= batch).collect()
+    }
 }
