@@ -34,6 +34,7 @@ fn main() {
         "dense",
         "embedding",
         "conv",
+        "flash",
     ] {
         let src = format!("kernels/{name}.cu");
         let ptx = out.join(format!("{name}.ptx"));

@@ -199,7 +199,8 @@ PY
 # BENCH_UNFUSED=1 adds taper with its fused kernels off; BENCH_MANUAL=1 the
 # hand-written attention (the old reference) for GPT-2; at GPT-2's first batch
 # size taper also runs with --recompute 1 and with --offload (BENCH_MEMORY=0:
-# not).
+# not). Language models in f16/bf16 also run with the tiled attention kernel
+# (`fused,flash`; BENCH_FLASH=0: not).
 bench() {
   local log=/tmp/bench.log
   : > "$log"
@@ -214,12 +215,13 @@ bench() {
       for b in $batches; do
         local size=()
         [ "$b" = default ] || size=(--batch "$b")
-        local unfused=()
-        [ "${BENCH_UNFUSED:-0}" = 1 ] && unfused=(--compare-unfused)
+        local extra=()
+        [ "${BENCH_UNFUSED:-0}" = 1 ] && extra=(--compare-unfused)
+        [ "${BENCH_FLASH:-1}" = 1 ] && [ "$p" != f32 ] && [ "$model" != cnn ] && extra+=(--compare-flash)
         for round in $(seq "${BENCH_ROUNDS:-2}"); do
           echo "== bench $model $p batch $b"
           timeout 150 "$bin/taper" bench step --model "$model" --device cuda --precision "$p" \
-            --steps 20 "${size[@]}" "${unfused[@]}" || echo "taper bench exit $?"
+            --steps 20 "${size[@]}" "${extra[@]}" || echo "taper bench exit $?"
           timeout 100 python3 benches/torch_step.py --model "$model" --device cuda --precision "$p" \
             --steps 20 "${size[@]}" || echo "torch bench exit $?"
           if [ "$model" = gpt2 ] && [ "${BENCH_COMPILE:-1}" = 1 ]; then

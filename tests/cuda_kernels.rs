@@ -225,6 +225,58 @@ fn causal_attention_matches_the_cpu() -> Result<()> {
     Ok(())
 }
 
+/// The tiled kernel of `kernels/flash.cu` (forward, and the two backward
+/// kernels), against the CPU's fused attention in f32; partial tiles, every
+/// head width it is built for, GPT-2's shape at its full context.
+#[test]
+fn flash_attention_matches_the_cpu() -> Result<()> {
+    for dt in [DType::F16, DType::BF16] {
+        for (b, t, heads, hd) in [
+            (2, 7, 1, 16),
+            (3, 150, 4, 16),
+            (2, 130, 2, 32),
+            (2, 256, 12, 64),
+            (1, 1024, 12, 64),
+        ] {
+            let qkv = randn(&[b, t, 3 * heads * hd], 1.0)?;
+            check("flash attention", dt, &[qkv], |x| {
+                if x[0].device().is_cuda() {
+                    kernels::flash_attention(&x[0], heads)
+                } else {
+                    kernels::causal_attention(&x[0], heads)
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// No two blocks add into one value, so the flash gradients repeat bit for
+/// bit (resumed and uninterrupted GPU runs depend on it).
+#[test]
+fn flash_attention_gradients_repeat_bit_for_bit() -> Result<()> {
+    let gpu = gpu();
+    let x = randn(&[2, 300, 3 * 4 * 64], 1.0)?
+        .to_dtype(DType::BF16)?
+        .to_device(&gpu)?;
+    let probe = randn(&[2, 300, 4 * 64], 1.0)?
+        .to_dtype(DType::BF16)?
+        .to_device(&gpu)?;
+    let grad = || -> Result<Vec<f32>> {
+        let v = Var::from_tensor(&x)?;
+        let y = kernels::flash_attention(v.as_tensor(), 4)?;
+        let g = (y * &probe)?.sum_all()?.backward()?;
+        g.get(v.as_tensor())
+            .expect("a gradient")
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1()
+    };
+    let (a, b) = (grad()?, grad()?);
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    Ok(())
+}
+
 #[test]
 fn conv3x3_matches_the_cpu() -> Result<()> {
     // (batch, in, height, width, out): odd sizes with edges on every side;

@@ -45,6 +45,10 @@ pub struct StepArgs {
     /// Also time the same steps with taper's fused kernels off
     #[arg(long)]
     pub compare_unfused: bool,
+    /// Also time the same steps with the tiled (flash) attention kernel on
+    /// (CUDA, f16 or bf16), labelled `fused,flash`
+    #[arg(long)]
+    pub compare_flash: bool,
     /// GPTs: recompute every n-th block's activations in the backward (0:
     /// none), as `recompute = n` does
     #[arg(long, default_value_t = 0)]
@@ -234,9 +238,13 @@ fn rate(flops: f64) -> String {
     }
 }
 
-/// `fused` or `unfused`, with the memory actions on: `fused,recompute=1,offload`.
-fn variant(fused: bool, a: &StepArgs) -> String {
+/// `fused` or `unfused`, with the flash attention and the memory actions
+/// on: `fused,flash,recompute=1,offload`.
+fn variant(fused: bool, flash: bool, a: &StepArgs) -> String {
     let mut v = String::from(if fused { "fused" } else { "unfused" });
+    if fused && flash {
+        v += ",flash";
+    }
     if a.recompute > 0 {
         v += &format!(",recompute={}", a.recompute);
     }
@@ -264,13 +272,24 @@ pub fn run(a: &StepArgs) -> Result<()> {
         ..TrainerOptions::default()
     };
     let ceiling = matmul_ceiling(&dev, precision.low().unwrap_or(DType::F32))?;
-    let fused_modes: &[bool] = if a.compare_unfused {
-        &[true, false]
-    } else {
-        &[true]
-    };
-    for &fused in fused_modes {
+    // (fused, flash) pairs; the flash switch as the binary set it first.
+    // The tiled attention runs only on CUDA in f16 or bf16.
+    let flash = crate::kernels::flash();
+    let flash_applies = dev.is_cuda() && precision.low().is_some();
+    let mut modes = vec![(true, flash)];
+    if a.compare_flash && !flash {
+        if flash_applies {
+            modes.push((true, true));
+        } else {
+            eprintln!("bench step: --compare-flash needs CUDA and f16 or bf16; skipped");
+        }
+    }
+    if a.compare_unfused {
+        modes.push((false, false));
+    }
+    for (fused, flash_on) in modes {
         crate::kernels::set_fused(fused);
+        crate::kernels::set_flash(flash_on);
         let mut trainer = Trainer::new(w.spec.clone(), &adamw(), opts())?;
         trainer.set_precision(precision)?;
         trainer.set_recompute(a.recompute)?;
@@ -283,7 +302,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
             a.model,
             crate::engine::describe_device(&dev),
             precision.name(),
-            variant(fused, a),
+            variant(fused, flash_on && flash_applies, a),
             secs * 1e3,
             w.items as f64 / secs,
             if matches!(a.model.as_str(), "mlp" | "cnn") { "samples" } else { "tokens" },
@@ -296,5 +315,6 @@ pub fn run(a: &StepArgs) -> Result<()> {
         );
     }
     crate::kernels::set_fused(true);
+    crate::kernels::set_flash(flash);
     Ok(())
 }

@@ -12,17 +12,13 @@
 //! block `r` only needs keys up to its last row, so the masked upper
 //! triangle is never multiplied. Nothing of size `t x t` outlives the op.
 //!
-//! f32 on the CPU; f32, f16 and bf16 on CUDA (`attention_cuda.rs`: the same
-//! algorithm with cuBLAS products); elsewhere the composed ops.
+//! f32 on the CPU (`attention_cpu.rs`); f32, f16 and bf16 on CUDA
+//! (`attention_cuda.rs`: the same algorithm with cuBLAS products, or with
+//! `set_flash` the tiled kernel of `flash.rs`); elsewhere the composed ops.
 
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape, Tensor,
 };
-use gemm::{gemm, Parallelism};
-use rayon::prelude::*;
-
-/// Query rows per block.
-const BLOCK: usize = 64;
 
 /// `qkv [b, t, 3c]` (q, k and v side by side, each `[b, t, heads, c / heads]`,
 /// as `Linear(c, 3c)` writes them) to `[b, t, c]`: causal softmax attention
@@ -33,10 +29,41 @@ pub fn causal_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
         bail!("attention: qkv width {c3} is not 3 x a multiple of {heads} heads")
     }
     if super::covers(qkv) {
-        qkv.contiguous()?.apply_op1(Attention { heads })
+        let flash = super::flash() && flash_takes(qkv, heads);
+        qkv.contiguous()?.apply_op1(Attention::new(heads, flash))
     } else {
         composed(qkv, heads)
     }
+}
+
+/// The same attention through the tiled kernel of `kernels/flash.cu`
+/// whatever [`super::set_flash`] says: CUDA, f16 or bf16, heads of 16, 32
+/// or 64; an error elsewhere.
+pub fn flash_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    let (_, _, c3) = qkv.dims3()?;
+    if !flash_takes(qkv, heads) {
+        bail!(
+            "flash attention takes f16 or bf16 on CUDA with heads of 16, 32 or 64, not {:?} on {:?} \
+             with {heads} heads of {c3} / 3",
+            qkv.dtype(),
+            qkv.device().location()
+        )
+    }
+    qkv.contiguous()?.apply_op1(Attention::new(heads, true))
+}
+
+#[cfg(feature = "cuda")]
+fn flash_takes(qkv: &Tensor, heads: usize) -> bool {
+    let c3 = qkv.dims().last().copied().unwrap_or(0);
+    qkv.device().is_cuda()
+        && heads > 0
+        && c3 % (3 * heads) == 0
+        && super::flash::takes(qkv.dtype(), c3 / 3 / heads)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn flash_takes(_: &Tensor, _: usize) -> bool {
+    false
 }
 
 /// The `[t, t]` additive mask of the composed attention: -inf above the
@@ -104,7 +131,7 @@ impl Dims {
     }
     /// Offsets of q, k and v of (batch `b`, head `h`) in `qkv`, and of
     /// that head's columns in a `[b, t, c]` tensor.
-    fn offsets(&self, b: usize, h: usize) -> (usize, usize) {
+    pub(super) fn offsets(&self, b: usize, h: usize) -> (usize, usize) {
         let c = self.c();
         (
             b * self.t * 3 * c + h * self.hd,
@@ -113,91 +140,25 @@ impl Dims {
     }
 }
 
-/// A pointer that tasks share to write disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes only the columns of its own (batch, head).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The pointer `i` values in (a method, so that closures capture the
-    /// whole `Out` rather than its raw pointer).
-    ///
-    /// SAFETY: `i` lies inside the buffer.
-    unsafe fn at(self, i: usize) -> *mut f32 {
-        self.0.add(i)
-    }
-}
-
-/// `dst[m x n] (row stride dst_rs) = alpha * dst + beta * lhs * rhs`, with
-/// `lhs` (m x k) and `rhs` (k x n) given by (row stride, column stride).
-///
-/// SAFETY: the caller guarantees every pointer covers its strided matrix.
-#[allow(clippy::too_many_arguments)]
-unsafe fn mm(
-    (m, n, k): (usize, usize, usize),
-    dst: *mut f32,
-    dst_rs: usize,
-    accumulate: bool,
-    lhs: (*const f32, usize, usize),
-    rhs: (*const f32, usize, usize),
-    beta: f32,
-) {
-    gemm(
-        m,
-        n,
-        k,
-        dst,
-        1,
-        dst_rs as isize,
-        accumulate,
-        lhs.0,
-        lhs.2 as isize,
-        lhs.1 as isize,
-        rhs.0,
-        rhs.2 as isize,
-        rhs.1 as isize,
-        1.0,
-        beta,
-        false,
-        false,
-        false,
-        Parallelism::None,
-    )
-}
-
-/// The attention weights of query rows `r0..r0 + m` over keys `0..n`
-/// (`n = r0 + m`) into `p` (`m x n`): scaled scores, causal mask, softmax.
-///
-/// SAFETY: `q` and `k` point at this head's q and k in a `qkv` of `d`.
-unsafe fn weights(d: Dims, q: *const f32, k: *const f32, r0: usize, m: usize, p: &mut [f32]) {
-    let (n, rs) = (r0 + m, 3 * d.c());
-    mm(
-        (m, n, d.hd),
-        p.as_mut_ptr(),
-        n,
-        false,
-        (q.add(r0 * rs), rs, 1),
-        (k, 1, rs),
-        d.scale(),
-    );
-    for (i, row) in p.chunks_mut(n).enumerate() {
-        let (live, masked) = row.split_at_mut(r0 + i + 1);
-        let top = live.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let mut sum = 0f32;
-        for v in live.iter_mut() {
-            *v = (*v - top).exp();
-            sum += *v;
-        }
-        let r = 1.0 / sum;
-        live.iter_mut().for_each(|v| *v *= r);
-        masked.fill(0.0);
-    }
-}
-
 struct Attention {
     heads: usize,
+    /// On CUDA, the tiled kernels (`flash.rs`) rather than cuBLAS.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    flash: bool,
+    /// What the flash forward leaves for the backward.
+    #[cfg(feature = "cuda")]
+    lse: super::flash::Lse,
+}
+
+impl Attention {
+    fn new(heads: usize, flash: bool) -> Self {
+        Attention {
+            heads,
+            flash,
+            #[cfg(feature = "cuda")]
+            lse: Default::default(),
+        }
+    }
 }
 
 impl CustomOp1 for Attention {
@@ -206,35 +167,9 @@ impl CustomOp1 for Attention {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let qkv = super::f32_slice(s, l, "attention")?;
         let (b, d) = Dims::of(l, self.heads)?;
-        let (t, c) = (d.t, d.c());
-        let mut y = vec![0f32; b * t * c];
-        let out = Out(y.as_mut_ptr());
-        (0..b * d.heads).into_par_iter().for_each(|task| {
-            let (src, dst) = d.offsets(task / d.heads, task % d.heads);
-            let mut p = vec![0f32; BLOCK.min(t) * t];
-            for r0 in (0..t).step_by(BLOCK) {
-                let m = BLOCK.min(t - r0);
-                let p = &mut p[..m * (r0 + m)];
-                // SAFETY: src and dst address this task's head inside
-                // buffers of the layout's size; rows stay below t.
-                unsafe {
-                    let q = qkv.as_ptr().add(src);
-                    weights(d, q, q.add(c), r0, m, p);
-                    mm(
-                        (m, d.hd, r0 + m),
-                        out.at(dst + r0 * c),
-                        c,
-                        false,
-                        (p.as_ptr(), r0 + m, 1),
-                        (q.add(2 * c), 3 * c, 1),
-                        1.0,
-                    );
-                }
-            }
-        });
-        Ok((CpuStorage::F32(y), Shape::from((b, t, c))))
+        let y = super::attention_cpu::forward(super::f32_slice(s, l, "attention")?, b, d);
+        Ok((CpuStorage::F32(y), Shape::from((b, d.t, d.c()))))
     }
 
     #[cfg(feature = "cuda")]
@@ -244,13 +179,22 @@ impl CustomOp1 for Attention {
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         use super::attention_cuda::forward;
+        use super::flash::forward as flash;
         let (b, d) = Dims::of(l, self.heads)?;
-        let y = super::cuda::by_float!(s, forward(s, l, self.heads))?;
+        let y = if self.flash {
+            super::cuda::by_float!(s, flash(s, l, self.heads, &self.lse))?
+        } else {
+            super::cuda::by_float!(s, forward(s, l, self.heads))?
+        };
         Ok((y, Shape::from((b, d.t, d.c()))))
     }
 
     fn bwd(&self, qkv: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        let grad = AttentionGrad { heads: self.heads };
+        let grad = AttentionGrad {
+            heads: self.heads,
+            #[cfg(feature = "cuda")]
+            lse: self.lse.clone(),
+        };
         Ok(Some(qkv.apply_op3_no_bwd(y, &dy.contiguous()?, &grad)?))
     }
 }
@@ -260,6 +204,8 @@ impl CustomOp1 for Attention {
 /// `dQ = scale dS K`, `dK += scale dS^T Q`.
 struct AttentionGrad {
     heads: usize,
+    #[cfg(feature = "cuda")]
+    lse: super::flash::Lse,
 }
 
 impl CustomOp3 for AttentionGrad {
@@ -280,97 +226,31 @@ impl CustomOp3 for AttentionGrad {
         let y = super::f32_slice(s2, l2, "attention backward output")?;
         let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
         let (b, d) = Dims::of(l1, self.heads)?;
-        let (t, c) = (d.t, d.c());
-        if y.len() != b * t * c || dy.len() != y.len() {
-            bail!("attention backward: output or gradient is not [{b}, {t}, {c}]")
-        }
-        let mut dqkv = vec![0f32; qkv.len()];
-        let out = Out(dqkv.as_mut_ptr());
-        (0..b * d.heads).into_par_iter().for_each(|task| {
-            let (src, col) = d.offsets(task / d.heads, task % d.heads);
-            let rows = BLOCK.min(t);
-            let (mut p, mut dp) = (vec![0f32; rows * t], vec![0f32; rows * t]);
-            for r0 in (0..t).step_by(BLOCK) {
-                let m = BLOCK.min(t - r0);
-                let n = r0 + m;
-                let (p, dp) = (&mut p[..m * n], &mut dp[..m * n]);
-                // SAFETY: as in the forward; dq, dk and dv of this head are
-                // written by this task only.
-                unsafe {
-                    let q = qkv.as_ptr().add(src);
-                    let (k, v) = (q.add(c), q.add(2 * c));
-                    let g = dy.as_ptr().add(col + r0 * c);
-                    let dq = out.at(src);
-                    let (dk, dv) = (dq.add(c), dq.add(2 * c));
-                    weights(d, q, k, r0, m, p);
-                    mm(
-                        (n, d.hd, m),
-                        dv,
-                        3 * c,
-                        true,
-                        (p.as_ptr(), 1, n),
-                        (g, c, 1),
-                        1.0,
-                    );
-                    mm(
-                        (m, n, d.hd),
-                        dp.as_mut_ptr(),
-                        n,
-                        false,
-                        (g, c, 1),
-                        (v, 1, 3 * c),
-                        1.0,
-                    );
-                    for i in 0..m {
-                        let at = col + (r0 + i) * c;
-                        let yi = &y[at..at + d.hd];
-                        let gi = &dy[at..at + d.hd];
-                        let dot: f32 = yi.iter().zip(gi).map(|(a, b)| a * b).sum();
-                        let row = i * n..(i + 1) * n;
-                        for (g, &w) in dp[row.clone()].iter_mut().zip(&p[row]) {
-                            *g = w * (*g - dot);
-                        }
-                    }
-                    let ds = (dp.as_ptr(), n, 1);
-                    mm(
-                        (m, d.hd, n),
-                        dq.add(r0 * 3 * c),
-                        3 * c,
-                        false,
-                        ds,
-                        (k, 3 * c, 1),
-                        d.scale(),
-                    );
-                    let dst = (dp.as_ptr(), 1, n);
-                    mm(
-                        (n, d.hd, m),
-                        dk,
-                        3 * c,
-                        true,
-                        dst,
-                        (q.add(r0 * 3 * c), 3 * c, 1),
-                        d.scale(),
-                    );
-                }
-            }
-        });
+        let dqkv = super::attention_cpu::backward((qkv, y, dy), b, d)?;
         Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
     }
 
-    /// The CUDA backward needs no `y`: its softmax-gradient kernel sums
-    /// `dP * P` directly.
+    /// After a flash forward, the flash backward (from its log-sum-exp and
+    /// `y`); otherwise the cuBLAS one, which needs no `y`: its
+    /// softmax-gradient kernel sums `dP * P` directly.
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
         s1: &candle_core::CudaStorage,
         l1: &Layout,
-        _s2: &candle_core::CudaStorage,
-        _l2: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         use super::attention_cuda::backward;
-        let dqkv = super::cuda::by_float!(s1, backward((s1, l1), (s3, l3), self.heads))?;
+        use super::flash::backward as flash;
+        let dqkv = match self.lse.take() {
+            Some(lse) => {
+                super::cuda::by_float!(s1, flash((s1, l1), (s2, l2), (s3, l3), &lse, self.heads))?
+            }
+            None => super::cuda::by_float!(s1, backward((s1, l1), (s3, l3), self.heads))?,
+        };
         Ok((dqkv, l1.shape().clone()))
     }
 }

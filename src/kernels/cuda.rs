@@ -33,6 +33,7 @@ module!(ATTENTION, "attention");
 module!(DENSE, "dense");
 module!(EMBEDDING, "embedding");
 module!(CONV, "conv");
+module!(FLASH, "flash");
 
 /// Threads per block for element-wise kernels, and the most blocks a
 /// grid-stride launch uses.

@@ -8,6 +8,7 @@
 
 pub mod adamw;
 mod attention;
+mod attention_cpu;
 #[cfg(feature = "cuda")]
 mod attention_cuda;
 mod bias;
@@ -25,6 +26,8 @@ mod dense;
 mod dense_cuda;
 pub mod device_state;
 mod embedding;
+#[cfg(feature = "cuda")]
+mod flash;
 mod gelu;
 mod layer_norm;
 mod pool;
@@ -32,7 +35,7 @@ pub mod quant8;
 mod rope;
 mod rows;
 
-pub use attention::{causal_attention, causal_mask};
+pub use attention::{causal_attention, causal_mask, flash_attention};
 pub use bias::bias_add;
 pub use chunked_ce::chunked_cross_entropy;
 pub use conv::conv3x3;
@@ -108,6 +111,21 @@ pub fn set_fused(on: bool) {
 
 pub fn fused() -> bool {
     FUSED.load(Ordering::Relaxed)
+}
+
+static FLASH: AtomicBool = AtomicBool::new(false);
+
+/// Whether the causal attention uses the tiled kernel of
+/// `kernels/flash.cu` on CUDA where it applies (f16 or bf16, heads of 16,
+/// 32 or 64), instead of cuBLAS products over the scores. Off by default
+/// until it is measured on a GPU; the binary reads `TAPER_FLASH_ATTENTION=1`
+/// at start.
+pub fn set_flash(on: bool) {
+    FLASH.store(on, Ordering::Relaxed);
+}
+
+pub fn flash() -> bool {
+    FLASH.load(Ordering::Relaxed)
 }
 
 /// Whether a fused op takes `x`: f32 on the CPU; f32, f16 or bf16 on CUDA

@@ -1,0 +1,212 @@
+//! The CPU algorithm of the fused causal attention (`attention.rs` has
+//! the op and its dispatch): each (batch, head) pair is a rayon task that
+//! reads q, k and v in place with strided `gemm` calls, one block of query
+//! rows at a time, multiplying only the unmasked triangle.
+
+use candle_core::{bail, Result};
+use gemm::{gemm, Parallelism};
+use rayon::prelude::*;
+
+use super::attention::Dims;
+
+/// Query rows per block.
+const BLOCK: usize = 64;
+
+/// A pointer that tasks share to write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each task writes only the columns of its own (batch, head).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The pointer `i` values in (a method, so that closures capture the
+    /// whole `Out` rather than its raw pointer).
+    ///
+    /// SAFETY: `i` lies inside the buffer.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        self.0.add(i)
+    }
+}
+
+/// `dst[m x n] (row stride dst_rs) = alpha * dst + beta * lhs * rhs`, with
+/// `lhs` (m x k) and `rhs` (k x n) given by (row stride, column stride).
+///
+/// SAFETY: the caller guarantees every pointer covers its strided matrix.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mm(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: (*const f32, usize, usize),
+    rhs: (*const f32, usize, usize),
+    beta: f32,
+) {
+    gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_rs as isize,
+        accumulate,
+        lhs.0,
+        lhs.2 as isize,
+        lhs.1 as isize,
+        rhs.0,
+        rhs.2 as isize,
+        rhs.1 as isize,
+        1.0,
+        beta,
+        false,
+        false,
+        false,
+        Parallelism::None,
+    )
+}
+
+/// The attention weights of query rows `r0..r0 + m` over keys `0..n`
+/// (`n = r0 + m`) into `p` (`m x n`): scaled scores, causal mask, softmax.
+///
+/// SAFETY: `q` and `k` point at this head's q and k in a `qkv` of `d`.
+unsafe fn weights(d: Dims, q: *const f32, k: *const f32, r0: usize, m: usize, p: &mut [f32]) {
+    let (n, rs) = (r0 + m, 3 * d.c());
+    mm(
+        (m, n, d.hd),
+        p.as_mut_ptr(),
+        n,
+        false,
+        (q.add(r0 * rs), rs, 1),
+        (k, 1, rs),
+        d.scale(),
+    );
+    for (i, row) in p.chunks_mut(n).enumerate() {
+        let (live, masked) = row.split_at_mut(r0 + i + 1);
+        let top = live.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mut sum = 0f32;
+        for v in live.iter_mut() {
+            *v = (*v - top).exp();
+            sum += *v;
+        }
+        let r = 1.0 / sum;
+        live.iter_mut().for_each(|v| *v *= r);
+        masked.fill(0.0);
+    }
+}
+
+/// `qkv [b, t, 3c]` to `y [b, t, c]`.
+pub(super) fn forward(qkv: &[f32], b: usize, d: Dims) -> Vec<f32> {
+    let (t, c) = (d.t, d.c());
+    let mut y = vec![0f32; b * t * c];
+    let out = Out(y.as_mut_ptr());
+    (0..b * d.heads).into_par_iter().for_each(|task| {
+        let (src, dst) = d.offsets(task / d.heads, task % d.heads);
+        let mut p = vec![0f32; BLOCK.min(t) * t];
+        for r0 in (0..t).step_by(BLOCK) {
+            let m = BLOCK.min(t - r0);
+            let p = &mut p[..m * (r0 + m)];
+            // SAFETY: src and dst address this task's head inside
+            // buffers of the layout's size; rows stay below t.
+            unsafe {
+                let q = qkv.as_ptr().add(src);
+                weights(d, q, q.add(c), r0, m, p);
+                mm(
+                    (m, d.hd, r0 + m),
+                    out.at(dst + r0 * c),
+                    c,
+                    false,
+                    (p.as_ptr(), r0 + m, 1),
+                    (q.add(2 * c), 3 * c, 1),
+                    1.0,
+                );
+            }
+        }
+    });
+    y
+}
+
+/// `(qkv, y, dy)` to `dqkv`, recomputing each block's weights `P`:
+/// `dV += P^T dY`, `dP = dY V^T`, `dS = P (dP - rowsum(dY y))`,
+/// `dQ = scale dS K`, `dK += scale dS^T Q`.
+pub(super) fn backward(
+    (qkv, y, dy): (&[f32], &[f32], &[f32]),
+    b: usize,
+    d: Dims,
+) -> Result<Vec<f32>> {
+    let (t, c) = (d.t, d.c());
+    if y.len() != b * t * c || dy.len() != y.len() {
+        bail!("attention backward: output or gradient is not [{b}, {t}, {c}]")
+    }
+    let mut dqkv = vec![0f32; qkv.len()];
+    let out = Out(dqkv.as_mut_ptr());
+    (0..b * d.heads).into_par_iter().for_each(|task| {
+        let (src, col) = d.offsets(task / d.heads, task % d.heads);
+        let rows = BLOCK.min(t);
+        let (mut p, mut dp) = (vec![0f32; rows * t], vec![0f32; rows * t]);
+        for r0 in (0..t).step_by(BLOCK) {
+            let m = BLOCK.min(t - r0);
+            let n = r0 + m;
+            let (p, dp) = (&mut p[..m * n], &mut dp[..m * n]);
+            // SAFETY: as in the forward; dq, dk and dv of this head are
+            // written by this task only.
+            unsafe {
+                let q = qkv.as_ptr().add(src);
+                let (k, v) = (q.add(c), q.add(2 * c));
+                let g = dy.as_ptr().add(col + r0 * c);
+                let dq = out.at(src);
+                let (dk, dv) = (dq.add(c), dq.add(2 * c));
+                weights(d, q, k, r0, m, p);
+                mm(
+                    (n, d.hd, m),
+                    dv,
+                    3 * c,
+                    true,
+                    (p.as_ptr(), 1, n),
+                    (g, c, 1),
+                    1.0,
+                );
+                mm(
+                    (m, n, d.hd),
+                    dp.as_mut_ptr(),
+                    n,
+                    false,
+                    (g, c, 1),
+                    (v, 1, 3 * c),
+                    1.0,
+                );
+                for i in 0..m {
+                    let at = col + (r0 + i) * c;
+                    let yi = &y[at..at + d.hd];
+                    let gi = &dy[at..at + d.hd];
+                    let dot: f32 = yi.iter().zip(gi).map(|(a, b)| a * b).sum();
+                    let row = i * n..(i + 1) * n;
+                    for (g, &w) in dp[row.clone()].iter_mut().zip(&p[row]) {
+                        *g = w * (*g - dot);
+                    }
+                }
+                let ds = (dp.as_ptr(), n, 1);
+                mm(
+                    (m, d.hd, n),
+                    dq.add(r0 * 3 * c),
+                    3 * c,
+                    false,
+                    ds,
+                    (k, 3 * c, 1),
+                    d.scale(),
+                );
+                let dst = (dp.as_ptr(), 1, n);
+                mm(
+                    (n, d.hd, m),
+                    dk,
+                    3 * c,
+                    true,
+                    dst,
+                    (q.add(r0 * 3 * c), 3 * c, 1),
+                    d.scale(),
+                );
+            }
+        }
+    });
+    Ok(dqkv)
+}

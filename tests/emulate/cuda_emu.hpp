@@ -1,0 +1,97 @@
+// Runs CUDA C++ kernels on the CPU, for tests on machines without a GPU
+// (tests/flash_emulated.rs). Force-included ahead of a kernel file, with
+// include/ ahead on the include path for the CUDA headers it replaces.
+//
+// Each block runs alone, one OS thread per CUDA thread, so `__shared__`
+// (a function-local static here) is shared by the block's threads as on a
+// GPU. __syncthreads is a barrier over the block, __syncwarp and the
+// shuffles a barrier over the warp. WMMA fragments (include/mma.h) hold the
+// whole 16 x 16 tile in every lane, and only lane 0 stores one, so a
+// kernel that reads another lane's stored tile without a barrier reads
+// stale data here too.
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+struct uint4 {
+  unsigned x, y, z, w;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+namespace emu {
+struct Block {
+  std::unique_ptr<std::barrier<>> all;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  // Per-warp exchange slots for the shuffles.
+  std::vector<uint64_t> slots;
+};
+inline Block* block = nullptr;
+
+inline unsigned lane_id() { return threadIdx.x % 32; }
+inline unsigned warp_id() { return (threadIdx.x + blockDim.x * threadIdx.y) / 32; }
+
+template <typename T> T shuffle(T v, unsigned from) {
+  static_assert(sizeof(T) <= 8);
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  uint64_t* slot = &block->slots[warp_id() * 32];
+  slot[lane_id()] = bits;
+  block->warps[warp_id()]->arrive_and_wait();
+  bits = slot[from];
+  block->warps[warp_id()]->arrive_and_wait();
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+
+// Runs `kernel(args...)` over `grid` blocks of `threads` threads (a
+// multiple of 32), one block after another.
+template <typename... P, typename... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 threads, A... args) {
+  gridDim = grid;
+  blockDim = threads;
+  const unsigned n = threads.x * threads.y * threads.z;
+  for (unsigned z = 0; z < grid.z; z++)
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) {
+        Block b;
+        b.all = std::make_unique<std::barrier<>>(n);
+        for (unsigned w = 0; w < n / 32; w++) b.warps.push_back(std::make_unique<std::barrier<>>(32));
+        b.slots.assign(n, 0);
+        block = &b;
+        std::vector<std::thread> ts;
+        for (unsigned i = 0; i < n; i++)
+          ts.emplace_back([&, i] {
+            threadIdx = {i % threads.x, i / threads.x % threads.y, i / (threads.x * threads.y)};
+            blockIdx = {x, y, z};
+            kernel(P(args)...);
+          });
+        for (auto& t : ts) t.join();
+      }
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::block->all->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::block->warps[emu::warp_id()]->arrive_and_wait(); }
+template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
+  return emu::shuffle(v, emu::lane_id() ^ mask);
+}
+using std::max;
+using std::min;
