@@ -25,6 +25,35 @@ extern "C" __global__ void adamw_f32(float* theta, const float* g, float* m, flo
   }
 }
 
+// Under mixed precision: the gradient in the working copy's dtype T, times
+// `scale` (gradient clipping's factor, or 1), and the working copy written
+// from the updated weight in the same pass. The same values as casting the
+// gradient to f32, scaling it, adamw_f32 and casting the weights back
+// (src/kernels/adamw_mixed.rs), without the two f32 and low copies.
+template <typename T>
+__device__ void adamw_mixed(float* theta, const T* g, float scale, float* m, float* v, T* work,
+                            size_t n, const Hyper& h) {
+  FOR_EACH(i, n) {
+    // As candle scales: x * mul + add (so a -0 gradient becomes +0).
+    const float gi = scale == 1.f ? to_f(g[i]) : to_f(g[i]) * scale + 0.f;
+    const float mi = h.beta1 * m[i] + h.one_minus_beta1 * gi;
+    const float vi = h.beta2 * v[i] + h.one_minus_beta2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float t = apply(h, theta[i], mi, vi);
+    theta[i] = t;
+    work[i] = from_f<T>(t);
+  }
+}
+
+#define ADAMW_MIXED(T, S)                                                                       \
+  extern "C" __global__ void adamw_mixed_##S(float* theta, const T* g, float scale, float* m, \
+                                             float* v, T* work, size_t n, Hyper h) {          \
+    adamw_mixed(theta, g, scale, m, v, work, n, h);                                           \
+  }
+ADAMW_MIXED(__half, f16)
+ADAMW_MIXED(__nv_bfloat16, bf16)
+
 #define BLOCK 256
 
 // The number of the 255 midpoints below s: the index of the nearest code

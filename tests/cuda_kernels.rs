@@ -397,6 +397,65 @@ fn fused_adamw_matches_the_cpu_bit_for_bit() -> Result<()> {
 /// (`offload = true`) or a mapped file (`offload = "dir"`), from the start
 /// or moved there mid-run and back: the same weights and state as moments
 /// on the device, bit for bit.
+/// The one-pass mixed-precision update (`adamw_mixed_*` in
+/// `kernels/adamw.cu`: low-precision gradient in, working copy out)
+/// against the CPU's, bit for bit: weights, working copy and moments, with
+/// and without clipping's factor.
+#[test]
+fn mixed_adamw_matches_the_cpu_bit_for_bit() -> Result<()> {
+    use candle_core::backprop::GradStore;
+    use std::collections::HashMap;
+    let n = 3 * 4096 + 77;
+    let init = randn(&[n], 1.0)?;
+    let grads: Vec<Tensor> = (0..4).map(|_| randn(&[n], 1.0)).collect::<Result<_>>()?;
+    for (dt, scale) in [(DType::BF16, 1.0), (DType::F16, 0.37)] {
+        // Weights, working copy, state.
+        type Run = (Vec<f32>, Vec<f32>, Vec<(String, Tensor)>);
+        let run = |dev: &Device| -> Result<Run> {
+            let master = Var::from_tensor(&init.to_device(dev)?)?;
+            let work = Var::from_tensor(&master.as_tensor().to_dtype(dt)?)?;
+            let vars = vec![("w".to_string(), master.clone())];
+            let works = HashMap::from([("w".to_string(), work.clone())]);
+            let mut opt = AdamW::new(AdamWConfig {
+                lr: 1e-2,
+                weight_decay: 0.1,
+                ..AdamWConfig::default()
+            });
+            for g in &grads {
+                let mut store = GradStore::default();
+                store.insert(master.as_tensor(), g.to_dtype(dt)?.to_device(dev)?);
+                let written = opt.step_mixed(&vars, &store, scale, &works)?;
+                assert!(written.contains("w"), "{dev:?}: not in one pass");
+            }
+            let mut state = opt.state();
+            state.sort_by(|a, b| a.0.cmp(&b.0));
+            let host = |t: &Tensor| -> Result<Vec<f32>> {
+                t.to_device(&Device::Cpu)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1()
+            };
+            Ok((host(master.as_tensor())?, host(work.as_tensor())?, state))
+        };
+        let (wc, kc, sc) = run(&Device::Cpu)?;
+        let (wg, kg, sg) = run(&gpu())?;
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same(&wc, &wg), "{dt:?}: weights differ");
+        assert!(same(&kc, &kg), "{dt:?}: working copies differ");
+        for ((k, c), (_, g)) in sc.iter().zip(&sg) {
+            let (c, g): (Vec<f32>, Vec<f32>) = (
+                c.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
+                g.to_device(&Device::Cpu)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1()?,
+            );
+            assert!(same(&c, &g), "{dt:?}: state {k} differs");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn offloaded_moments_match_device_moments_bit_for_bit() -> Result<()> {
     let n = 3 * 4096 + 77;

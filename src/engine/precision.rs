@@ -4,7 +4,7 @@
 //! `GradScaler` semantics. The loss itself is computed in f32 (as
 //! `torch.autocast` does for `cross_entropy`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
@@ -159,10 +159,39 @@ impl Mixed {
         Ok((out, finite))
     }
 
+    /// The working copy's gradients keyed by their masters, as they are
+    /// (for `Optimizer::step_mixed`, which reads them in their dtype). Only
+    /// without loss scaling: a scaled gradient needs unscaling and a
+    /// finiteness check first (`master_grads`).
+    pub fn low_grads(&self, masters: &[(String, Var)], mut work: GradStore) -> GradStore {
+        let by_name: HashMap<String, Var> = self.work.vars().into_iter().collect();
+        let mut out = GradStore::default();
+        for (name, master) in masters {
+            if let Some(g) = by_name.get(name).and_then(|w| work.remove(w)) {
+                out.insert(master, g);
+            }
+        }
+        out
+    }
+
+    /// The working copy's variables by name.
+    pub fn work_vars(&self) -> HashMap<String, Var> {
+        self.work.vars().into_iter().collect()
+    }
+
     /// Copies the masters, rounded, into the working copy.
     pub fn sync(&self, masters: &[(String, Var)]) -> Result<()> {
+        self.sync_except(masters, &HashSet::new())
+    }
+
+    /// [`Mixed::sync`] but for the names in `done`, whose working copies
+    /// the update already wrote.
+    pub fn sync_except(&self, masters: &[(String, Var)], done: &HashSet<String>) -> Result<()> {
         let by_name: HashMap<String, Var> = self.work.vars().into_iter().collect();
         for (name, master) in masters {
+            if done.contains(name) {
+                continue;
+            }
             if let Some(w) = by_name.get(name) {
                 w.set(&master.as_tensor().to_dtype(w.dtype())?)?;
             }

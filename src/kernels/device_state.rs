@@ -12,6 +12,8 @@
 //! Without the `cuda` feature the types are uninhabited: the optimizer only
 //! asks for them for CUDA parameters, which such a build cannot have.
 
+#[cfg(feature = "cuda")]
+pub(crate) use imp::Hyper;
 pub use imp::{DeviceMoments, DeviceMoments8, PinnedMoments};
 
 #[cfg(feature = "cuda")]
@@ -31,7 +33,7 @@ mod imp {
     /// The kernels' `Hyper` struct.
     #[repr(C)]
     #[derive(Clone, Copy)]
-    struct Hyper {
+    pub(crate) struct Hyper {
         beta1: f32,
         beta2: f32,
         one_minus_beta1: f32,
@@ -141,6 +143,11 @@ mod imp {
         /// Both moments, copied to the host (a device sync).
         pub fn to_host(&self) -> Result<(Vec<f32>, Vec<f32>)> {
             Ok((self.dev.clone_dtoh(&self.m)?, self.dev.clone_dtoh(&self.v)?))
+        }
+
+        /// Both moments, for an update in place (`adamw_mixed`).
+        pub(in crate::kernels) fn buffers(&mut self) -> (&mut CudaSlice<f32>, &mut CudaSlice<f32>) {
+            (&mut self.m, &mut self.v)
         }
 
         /// The device they live on.

@@ -7,6 +7,7 @@
 //! `tests/cuda_kernels.rs` compares the two on a GPU).
 
 pub mod adamw;
+pub mod adamw_mixed;
 mod attention;
 mod attention_cpu;
 #[cfg(feature = "cuda")]

@@ -25,6 +25,8 @@ use crate::kernels::quant8::{self, adamw8_slices, Blockwise};
 
 use super::offload::{Offloaded, Place};
 
+mod mixed;
+
 /// Parameters smaller than this keep f32 moments under `state = "8bit"`
 /// (bitsandbytes' `min_8bit_size`): biases and norms cost little, and
 /// quantizing them costs accuracy.
@@ -345,6 +347,16 @@ impl Optimizer for AdamW {
             self.moments.insert(name.clone(), st);
         }
         Ok(())
+    }
+
+    fn step_mixed(
+        &mut self,
+        vars: &[(String, Var)],
+        grads: &GradStore,
+        scale: f64,
+        work: &HashMap<String, Var>,
+    ) -> Result<std::collections::HashSet<String>> {
+        self.mixed_step(vars, grads, scale, work)
     }
 
     fn prepare(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()> {

@@ -8,7 +8,7 @@ mod sgd;
 pub use adamw::{AdamW, MIN_8BIT};
 pub use sgd::Sgd;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
@@ -135,6 +135,24 @@ pub trait Optimizer {
     /// One update of `vars` from `grads`. Variables without a gradient are
     /// left alone, as PyTorch does for parameters whose `.grad` is None.
     fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()>;
+    /// Mixed precision: one update of the f32 masters `vars` from `grads`
+    /// in the working copy's dtype (keyed by master) times `scale`
+    /// (gradient clipping's factor, or 1): what casting them to f32,
+    /// scaling and [`Optimizer::step`] give. Where it can, the same pass
+    /// writes each new master, rounded, into its working copy `work[name]`;
+    /// it returns the names it wrote. As in `step`, everything that
+    /// allocates happens before any parameter changes.
+    fn step_mixed(
+        &mut self,
+        vars: &[(String, Var)],
+        grads: &GradStore,
+        scale: f64,
+        _work: &HashMap<String, Var>,
+    ) -> Result<HashSet<String>> {
+        let grads = f32_grads(vars, grads, scale)?;
+        self.step(vars, &grads)?;
+        Ok(HashSet::new())
+    }
     /// Allocates the state the next [`Optimizer::step`] needs (the first
     /// step's moments) without changing any parameter, so that an OOM
     /// there leaves the step retryable.
@@ -181,11 +199,31 @@ pub fn grad_norm(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
     })
 }
 
+/// The gradients of `vars` in f32, times `scale` when it is below 1 (as
+/// [`clip_grad_norm`] scales them).
+pub fn f32_grads(vars: &[(String, Var)], grads: &GradStore, scale: f64) -> Result<GradStore> {
+    let mut out = GradStore::default();
+    for (_, v) in vars {
+        if let Some(g) = grads.get(v) {
+            let g = g.to_dtype(DType::F32)?;
+            out.insert(v, if scale < 1.0 { (g * scale)? } else { g });
+        }
+    }
+    Ok(out)
+}
+
+/// The factor [`clip_grad_norm`] scales gradients by (1: none), and the
+/// norm before clipping.
+pub fn clip_factor(vars: &[(String, Var)], grads: &GradStore, max_norm: f64) -> Result<(f64, f64)> {
+    let norm = grad_norm(vars, grads)?;
+    let scale = max_norm / (norm + 1e-6);
+    Ok((if scale < 1.0 { scale } else { 1.0 }, norm))
+}
+
 /// Scales gradients so that their global norm is at most `max_norm`, as
 /// `torch.nn.utils.clip_grad_norm_` does. Returns the norm before clipping.
 pub fn clip_grad_norm(vars: &[(String, Var)], grads: &mut GradStore, max_norm: f64) -> Result<f64> {
-    let norm = grad_norm(vars, grads)?;
-    let scale = max_norm / (norm + 1e-6);
+    let (scale, norm) = clip_factor(vars, grads, max_norm)?;
     if scale < 1.0 {
         for (_, v) in vars {
             if let Some(g) = grads.remove(v) {

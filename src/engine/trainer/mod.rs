@@ -6,6 +6,7 @@ mod state;
 
 pub use inference::EvalSums;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use candle_core::backprop::GradStore;
@@ -425,8 +426,16 @@ impl Trainer {
     pub fn prepare_update(&mut self, grads: Grads) -> Result<Ready> {
         let Grads { acc, loss_sum } = grads;
         let masters = self.store.vars();
+        // Without loss scaling or masks, the optimizer reads the working
+        // copy's gradients as they are and may write the working copy in
+        // the same pass (`Optimizer::step_mixed`): no f32 copy of them.
+        let one_pass = self
+            .mixed
+            .as_ref()
+            .is_some_and(|m| m.scaler.is_none() && self.masks.is_empty());
         let mut acc = match &mut self.mixed {
             None => acc,
+            Some(m) if one_pass => m.low_grads(&masters, acc),
             Some(m) => {
                 let (acc, finite) = m
                     .master_grads(&masters, acc)
@@ -438,15 +447,21 @@ impl Trainer {
                         return Ok(Ready {
                             acc: None,
                             loss_sum,
+                            mixed_scale: None,
                         });
                     }
                 }
                 acc
             }
         };
+        let mut scale = 1.0;
         if let Some(max) = self.optim.clip_grad_norm() {
-            optim::clip_grad_norm(&masters, &mut acc, max)
-                .map_err(|e| classify(e.into(), Phase::Optimizer))?;
+            let clipped = if one_pass {
+                optim::clip_factor(&masters, &acc, max).map(|(s, _)| scale = s)
+            } else {
+                optim::clip_grad_norm(&masters, &mut acc, max).map(|_| ())
+            };
+            clipped.map_err(|e| classify(e.into(), Phase::Optimizer))?;
         }
         // The optimizer's state for this step (the first step's moments) is
         // allocated before any parameter changes, so an OOM here leaves
@@ -457,12 +472,17 @@ impl Trainer {
         Ok(Ready {
             acc: Some(acc),
             loss_sum,
+            mixed_scale: one_pass.then_some(scale),
         })
     }
 
     /// The update itself; returns the batch's mean loss.
     pub fn commit_update(&mut self, ready: Ready) -> Result<f64> {
-        let Ready { acc, loss_sum } = ready;
+        let Ready {
+            acc,
+            loss_sum,
+            mixed_scale,
+        } = ready;
         let Some(acc) = acc else {
             // Skipped for non-finite f16 gradients: the step still counts.
             self.step += 1;
@@ -474,7 +494,13 @@ impl Trainer {
         // on state allocated by `prepare_update`, so nothing here waits on
         // an allocation; a failure inside the update is not retryable (the
         // run stops with what it has checkpointed).
-        self.optim.step(&vars, &acc)?;
+        let written = match (mixed_scale, &self.mixed) {
+            (Some(scale), Some(m)) => self.optim.step_mixed(&vars, &acc, scale, &m.work_vars())?,
+            _ => {
+                self.optim.step(&vars, &acc)?;
+                HashSet::new()
+            }
+        };
         self.step += 1;
         // The update is made. What follows re-derives tensors from the
         // masters (masks, the low-precision working copy): it may allocate,
@@ -482,24 +508,26 @@ impl Trainer {
         // trimming the pool and deriving them again, not by a retry of the
         // step, which would apply the update twice.
         drop(acc);
-        if let Err(e) = self.derive_from_masters(&vars) {
+        if let Err(e) = self.derive_from_masters(&vars, &written) {
             if !is_oom(&e) {
                 return Err(e);
             }
             crate::memory::device::trim(&self.opts.device)?;
-            self.derive_from_masters(&vars)?;
+            self.derive_from_masters(&vars, &written)?;
         }
         Ok(loss_sum)
     }
 
     /// Applies the pruning masks and refreshes the working copy from the
-    /// master weights: idempotent, so it can be done again after a failure.
-    fn derive_from_masters(&self, vars: &[(String, Var)]) -> Result<()> {
+    /// master weights, but for the parameters in `written`, whose copies
+    /// the update wrote: idempotent, so it can be done again after a
+    /// failure.
+    fn derive_from_masters(&self, vars: &[(String, Var)], written: &HashSet<String>) -> Result<()> {
         if !self.masks.is_empty() {
             self.masks.apply(vars)?;
         }
         if let Some(m) = &self.mixed {
-            m.sync(vars)?;
+            m.sync_except(vars, written)?;
         }
         Ok(())
     }
@@ -540,6 +568,9 @@ pub struct Grads {
 pub struct Ready {
     acc: Option<GradStore>,
     loss_sum: f64,
+    /// Mixed precision in one pass: the gradients are the working copy's,
+    /// to be scaled by this factor (gradient clipping's, or 1).
+    mixed_scale: Option<f64>,
 }
 
 fn is_oom(e: &Error) -> bool {

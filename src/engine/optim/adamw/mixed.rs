@@ -1,0 +1,178 @@
+//! AdamW's update under mixed precision: parameters whose moments the
+//! fused kernels update (host or device f32 moments) go through
+//! `kernels::adamw_mixed`, which reads the low-precision gradient and
+//! writes the working copy in the same pass; the rest (composed, 8-bit,
+//! offloaded) get f32 gradients and the ordinary step.
+
+use std::collections::{HashMap, HashSet};
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Result, Var};
+
+use super::{AdamW, Moments, Path};
+use crate::engine::optim::{f32_grads, Optimizer};
+use crate::kernels::adamw::AdamWStep;
+use crate::kernels::adamw_mixed::{adamw_mixed, MixedMoments};
+
+impl AdamW {
+    pub(super) fn mixed_step(
+        &mut self,
+        vars: &[(String, Var)],
+        grads: &GradStore,
+        scale: f64,
+        work: &HashMap<String, Var>,
+    ) -> Result<HashSet<String>> {
+        let mut one_pass = Vec::new();
+        let mut rest = Vec::new();
+        for (name, var) in vars {
+            let Some(g) = grads.get(var) else { continue };
+            let w = work.get(name).filter(|w| {
+                matches!(self.path(var), Path::Fused | Path::FusedDevice)
+                    && matches!(w.dtype(), DType::BF16 | DType::F16)
+                    && g.dtype() == w.dtype()
+                    && w.shape() == var.shape()
+                    && w.device().same_device(var.device())
+            });
+            match w {
+                Some(w) => one_pass.push((name, var, g, w)),
+                None => rest.push((name.clone(), var.clone())),
+            }
+        }
+        // Everything that allocates first (the rest's f32 gradients, the
+        // first step's moments), then the updates: the ordinary step for
+        // the rest, which counts the step, and the one-pass updates at the
+        // same step.
+        let rest_grads = f32_grads(&rest, grads, scale)?;
+        self.prepare(vars, grads)?;
+        self.step(&rest, &rest_grads)?;
+        let c = &self.cfg;
+        let h = AdamWStep::new(c.lr, c.betas, c.eps, c.weight_decay, self.t);
+        let mut written = HashSet::new();
+        for (name, var, g, w) in one_pass {
+            let st = self.moments.remove(name);
+            let st = Moments::into_path(st, self.path(var), var, self.offload.as_ref())?;
+            let st = match st {
+                Moments::Host(s, mut m, mut v) => {
+                    let mv = MixedMoments::Host(&mut m, &mut v);
+                    adamw_mixed(var.as_tensor(), g, scale as f32, mv, w.as_tensor(), &h)?;
+                    Moments::Host(s, m, v)
+                }
+                Moments::Device(s, mut d) => {
+                    let mv = MixedMoments::Device(&mut d);
+                    adamw_mixed(var.as_tensor(), g, scale as f32, mv, w.as_tensor(), &h)?;
+                    Moments::Device(s, d)
+                }
+                _ => candle_core::bail!("adamw (mixed): {name} left the fused path"),
+            };
+            self.moments.insert(name.clone(), st);
+            written.insert(name.clone());
+        }
+        Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::optim::{AdamWConfig, StateFormat};
+    use candle_core::{Device, Tensor};
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let v: Vec<f32> = t
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Masters of 5000 values (8-bit moments under `Q8`: the ordinary
+    /// step), 300 (the one-pass update) and 7 (no gradient).
+    fn masters(seed: u64) -> Vec<(String, Var)> {
+        [("big", 5000), ("small", 300), ("idle", 7)]
+            .into_iter()
+            .map(|(name, n)| {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i as u64 * 7919 + seed) % 1009) as f32 / 500.0 - 1.0)
+                    .collect();
+                (name.to_string(), Var::from_vec(x, n, &Device::Cpu).unwrap())
+            })
+            .collect()
+    }
+
+    /// `step_mixed` against the cast, scale and ordinary step, bit for
+    /// bit: weights, moments and the working copies it wrote, over three
+    /// steps, with and without clipping's factor, f32 and 8-bit moments,
+    /// bf16 and f16.
+    #[test]
+    fn one_pass_matches_cast_then_step_bit_for_bit() -> Result<()> {
+        for (state, dtype, scale) in [
+            (StateFormat::F32, DType::BF16, 1.0),
+            (StateFormat::F32, DType::F16, 0.37),
+            (StateFormat::Q8, DType::BF16, 0.37),
+        ] {
+            let cfg = AdamWConfig {
+                lr: 1e-2,
+                weight_decay: 0.1,
+                state,
+                ..AdamWConfig::default()
+            };
+            let (mut a, mut b) = (AdamW::new(cfg.clone()), AdamW::new(cfg));
+            let (va, vb) = (masters(1), masters(1));
+            let work: HashMap<String, Var> = va
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        n.clone(),
+                        Var::from_tensor(&v.as_tensor().to_dtype(dtype).unwrap()).unwrap(),
+                    )
+                })
+                .collect();
+            for step in 0..3u64 {
+                let (mut ga, mut gb) = (GradStore::default(), GradStore::default());
+                for ((_, x), (_, y)) in va.iter().zip(&vb).filter(|((n, _), _)| n != "idle") {
+                    let n = x.elem_count();
+                    let g: Vec<f32> = (0..n)
+                        .map(|i| ((i as u64 * 104_729 + step * 31) % 997) as f32 / 400.0 - 1.2)
+                        .collect();
+                    let g = Tensor::from_vec(g, n, &Device::Cpu)?.to_dtype(dtype)?;
+                    ga.insert(x.as_tensor(), g.clone());
+                    gb.insert(y.as_tensor(), g);
+                }
+                let written = a.step_mixed(&va, &ga, scale, &work)?;
+                let expected: HashSet<String> = match state {
+                    StateFormat::F32 => ["big", "small"].map(String::from).into(),
+                    StateFormat::Q8 => ["small"].map(String::from).into(),
+                };
+                assert_eq!(written, expected);
+                b.step(&vb, &f32_grads(&vb, &gb, scale)?)?;
+                for ((name, x), (_, y)) in va.iter().zip(&vb) {
+                    assert_eq!(
+                        bits(x.as_tensor()),
+                        bits(y.as_tensor()),
+                        "{name} after step {step}"
+                    );
+                    if written.contains(name) {
+                        let rounded = y.as_tensor().to_dtype(dtype)?;
+                        assert_eq!(
+                            bits(work[name].as_tensor()),
+                            bits(&rounded),
+                            "{name}'s working copy"
+                        );
+                    }
+                }
+                let (mut sa, mut sb) = (a.state(), b.state());
+                sa.sort_by(|x, y| x.0.cmp(&y.0));
+                sb.sort_by(|x, y| x.0.cmp(&y.0));
+                assert_eq!(sa.len(), sb.len());
+                for ((ka, ta), (kb, tb)) in sa.iter().zip(&sb) {
+                    assert_eq!(ka, kb);
+                    assert_eq!(bits(ta), bits(tb), "{ka} after step {step}");
+                }
+            }
+        }
+        Ok(())
+    }
+}
