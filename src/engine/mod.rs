@@ -20,4 +20,4 @@ pub use device::{describe as describe_device, parse_device};
 pub use gpt::Gpt;
 pub use model::{Activation, Cnn, Mlp, ModelSpec};
 pub use params::ParamStore;
-pub use trainer::{Eval, EvalSums, Grads, Ready, Trainer, TrainerOptions};
+pub use trainer::{Eval, EvalSums, Grads, LossSum, Ready, Trainer, TrainerOptions};

@@ -219,7 +219,10 @@ pub fn train_attempt(
     // (its bytes count against the budget, as the step's own).
     let local = trainer
         .local_grads(batch, rows, n, micro, check)
-        .and_then(|g| {
+        .and_then(|mut g| {
+            // The ranks agree on the loss below: read it here, where a
+            // failure is this rank's reported error.
+            g.loss_sum = g.loss_sum.value()?.into();
             let bucket = flatten(&vars, &g)?;
             crate::memory::oom::check(
                 &mut [],
@@ -238,7 +241,10 @@ pub fn train_attempt(
         Some((_, (_, present))) => present.iter().map(|&p| f64::from(u8::from(p))).collect(),
         None => vec![0.0; vars.len()],
     };
-    st.value = local.as_ref().map_or(0.0, |(g, _)| g.loss_sum);
+    st.value = match &local {
+        Some((g, _)) => g.loss_sum.value()?,
+        None => 0.0,
+    };
     let agreed = agree(w, &st, &presence)?;
     if let Some(f) = outcome(w, &agreed, mine, own.as_ref())? {
         return Ok(Attempt::Oom(f));
@@ -251,7 +257,7 @@ pub fn train_attempt(
     let summed = w.all_reduce_sum_tensor(&bucket)?;
     drop(bucket);
     grads.acc = unflatten(&vars, &summed, agreed.extra())?;
-    grads.loss_sum = agreed.sum_values();
+    grads.loss_sum = agreed.sum_values().into();
     drop(summed);
 
     let ready = trainer

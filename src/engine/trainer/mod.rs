@@ -370,7 +370,7 @@ impl Trainer {
         }
         let mut grads = Grads {
             acc: GradStore::default(),
-            loss_sum: 0.0,
+            loss_sum: LossSum::default(),
         };
         if len == 0 {
             // A rank whose shard of a small batch is empty adds nothing.
@@ -402,12 +402,12 @@ impl Trainer {
                 })?;
             guard(Phase::Backward)?;
             accumulate(&mut grads.acc, &vars, g).map_err(|e| classify(e, Phase::Accumulate))?;
-            // A CPU-GPU sync point: the progress bar wants the number.
-            grads.loss_sum += loss
-                .to_dtype(DType::F64)
-                .and_then(|l| l.to_scalar::<f64>())
-                .map_err(|e| classify(e.into(), Phase::Accumulate))?
-                * weight;
+            // Summed on the device: reading it is a CPU-GPU sync point,
+            // which waits until the update is queued (`commit_update`).
+            grads
+                .loss_sum
+                .add(&loss, weight)
+                .map_err(|e| classify(e.into(), Phase::Accumulate))?;
             guard(Phase::Accumulate)?;
         }
         Ok(grads)
@@ -486,7 +486,7 @@ impl Trainer {
         let Some(acc) = acc else {
             // Skipped for non-finite f16 gradients: the step still counts.
             self.step += 1;
-            return Ok(loss_sum);
+            return Ok(loss_sum.value()?);
         };
         let vars = self.store.vars();
         // From here parameters change one by one. The update paths in use
@@ -515,7 +515,9 @@ impl Trainer {
             crate::memory::device::trim(&self.opts.device)?;
             self.derive_from_masters(&vars, &written)?;
         }
-        Ok(loss_sum)
+        // The one read of the loss, with the update already queued (as
+        // PyTorch's loss.item() after opt.step()).
+        Ok(loss_sum.value()?)
     }
 
     /// Applies the pruning masks and refreshes the working copy from the
@@ -560,14 +562,50 @@ impl Trainer {
 pub struct Grads {
     pub acc: GradStore,
     /// The micro-batches' mean losses times their shares of the batch.
-    pub loss_sum: f64,
+    pub loss_sum: LossSum,
+}
+
+/// A sum of losses times weights, kept where the losses are until read:
+/// reading a device's value waits for everything queued before it.
+#[derive(Clone, Default)]
+pub struct LossSum {
+    host: f64,
+    device: Option<Tensor>,
+}
+
+impl LossSum {
+    /// `loss` (a scalar tensor) times `weight`, added on its device in f64
+    /// (the same products and sums as on the host). Detached: the sum must
+    /// not keep the forward's graph, and with it every activation, alive.
+    pub fn add(&mut self, loss: &Tensor, weight: f64) -> candle_core::Result<()> {
+        let l = (loss.detach().to_dtype(DType::F64)? * weight)?;
+        self.device = Some(match self.device.take() {
+            Some(d) => (d + l)?,
+            None => l,
+        });
+        Ok(())
+    }
+
+    /// The value (a device sync if it is on a device).
+    pub fn value(&self) -> candle_core::Result<f64> {
+        Ok(match &self.device {
+            Some(d) => self.host + d.to_scalar::<f64>()?,
+            None => self.host,
+        })
+    }
+}
+
+impl From<f64> for LossSum {
+    fn from(host: f64) -> Self {
+        LossSum { host, device: None }
+    }
 }
 
 /// A step ready to update the parameters (see [`Trainer::prepare_update`]);
 /// no gradients when an f16 overflow skips the update.
 pub struct Ready {
     acc: Option<GradStore>,
-    loss_sum: f64,
+    loss_sum: LossSum,
     /// Mixed precision in one pass: the gradients are the working copy's,
     /// to be scaled by this factor (gradient clipping's, or 1).
     mixed_scale: Option<f64>,
