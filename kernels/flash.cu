@@ -4,7 +4,7 @@
 // writes the output and each row's log-sum-exp; the backward recomputes
 // the weights from that log-sum-exp, tile by tile. src/kernels/flash.rs
 // launches these; src/kernels/attention.rs has the algorithm's CPU
-// reference, and tests/flash_emulated.rs runs this file on the CPU.
+// reference, and tests/emulated_kernels.rs runs this file on the CPU.
 //
 // Layouts are the fused attention's: qkv [b, t, 3c] (q, k and v side by
 // side, head h at columns h*HD of each), y and dy [b, t, c], lse and

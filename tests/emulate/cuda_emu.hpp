@@ -1,5 +1,5 @@
 // Runs CUDA C++ kernels on the CPU, for tests on machines without a GPU
-// (tests/flash_emulated.rs). Force-included ahead of a kernel file, with
+// (tests/emulated_kernels.rs). Force-included ahead of a kernel file, with
 // include/ ahead on the include path for the CUDA headers it replaces.
 //
 // Each block runs alone, one OS thread per CUDA thread, so `__shared__`

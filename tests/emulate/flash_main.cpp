@@ -1,4 +1,4 @@
-// Runs kernels/flash.cu on the CPU (cuda_emu.hpp) for tests/flash_emulated.rs.
+// Runs kernels/flash.cu on the CPU (cuda_emu.hpp) for tests/emulated_kernels.rs.
 //   flash_main B T HEADS HD DTYPE IN OUT [misaligned]
 // IN holds qkv [B, T, 3C] then dy [B, T, C] as little-endian f32, C = HEADS
 // x HD; DTYPE is bf16 or f16 (inputs are rounded to it). OUT gets y, the

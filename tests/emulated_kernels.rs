@@ -1,0 +1,283 @@
+//! taper's CUDA kernels run on the CPU: the same sources, compiled with
+//! g++ against the stand-ins in `tests/emulate/` (a thread per CUDA
+//! thread, barriers for `__syncthreads` and `__syncwarp`, WMMA tiles as
+//! plain arrays), for machines without a GPU. On a GPU,
+//! `tests/cuda_kernels.rs` checks the same kernels for real; this catches
+//! indexing, masking, barrier and rounding mistakes before one is lent.
+//! - `kernels/flash.cu` (forward and both backward kernels) against the
+//!   attention in float64;
+//! - `adamw_mixed_bf16` of `kernels/adamw.cu` against the CPU's one-pass
+//!   update, bit for bit.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use taper::kernels::adamw::AdamWStep;
+use taper::kernels::adamw_mixed::{adamw_mixed, MixedMoments};
+use taper::kernels::causal_attention;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Builds `tests/emulate/{name}.cpp` (which includes a kernel file).
+fn build(name: &str) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let emulate = root().join("tests/emulate");
+    let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let o = Command::new(&compiler)
+        // Kernels read tiles of half values as uint4, as CUDA code does;
+        // no contraction into FMAs, as the kernels are built (--fmad=false).
+        .args(["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror"])
+        .args(["-fno-strict-aliasing", "-ffp-contract=off", "-include"])
+        .arg(emulate.join("cuda_emu.hpp"))
+        .arg("-I")
+        .arg(emulate.join("include"))
+        .arg("-I")
+        .arg(root().join("kernels"))
+        .arg(emulate.join(format!("{name}.cpp")))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("running {compiler}: {e}"));
+    assert!(
+        o.status.success(),
+        "{compiler} failed on {name}.cpp:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn driver() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build("flash_main"))
+}
+
+fn f32s(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+}
+
+/// max |a - r| / max |r|.
+fn rel(a: &[f32], r: &[f32]) -> f64 {
+    assert_eq!(a.len(), r.len());
+    let scale = r.iter().fold(1e-30f64, |m, x| m.max(x.abs() as f64));
+    let diff = a
+        .iter()
+        .zip(r)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
+    diff / scale
+}
+
+/// Runs the emulated kernels on random `qkv` and `dy` rounded to `dtype`,
+/// and compares `y` and `dqkv` with composed attention in float64 on the
+/// same rounded values. `misaligned` places the inputs off a 16-byte
+/// boundary, where the kernels load a value at a time.
+fn check(
+    b: usize,
+    t: usize,
+    heads: usize,
+    hd: usize,
+    dtype: DType,
+    misaligned: bool,
+) -> Result<()> {
+    let c = heads * hd;
+    let round = |x: Tensor| x.to_dtype(dtype)?.to_dtype(DType::F64);
+    let qkv = round(Tensor::randn(0f32, 1.0, (b, t, 3 * c), &Device::Cpu)?)?;
+    let dy = round(Tensor::randn(0f32, 1.0, (b, t, c), &Device::Cpu)?)?;
+
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    let bytes: Vec<u8> = [f32s(&qkv)?, f32s(&dy)?]
+        .concat()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(&input, bytes).expect("writing the input");
+    let name = if dtype == DType::F16 { "f16" } else { "bf16" };
+    let o = Command::new(driver())
+        .args([b, t, heads, hd].map(|n| n.to_string()))
+        .arg(name)
+        .arg(&input)
+        .arg(&output)
+        .args(misaligned.then_some("misaligned"))
+        .output()
+        .expect("running flash_main");
+    assert!(
+        o.status.success(),
+        "flash_main: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let got: Vec<f32> = std::fs::read(&output)
+        .expect("reading the output")
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let (n, rows) = (b * t * c, b * heads * t);
+    assert_eq!(got.len(), n + rows + 3 * n, "output values");
+    let (y, rest) = got.split_at(n);
+    let (lse, dqkv) = rest.split_at(rows);
+
+    let x = Var::from_tensor(&qkv)?;
+    let y64 = causal_attention(x.as_tensor(), heads)?;
+    let grads = (&y64 * &dy)?.sum_all()?.backward()?;
+    let dx = grads.get(x.as_tensor()).expect("a gradient for qkv");
+    let lse64 = log_sum_exp(&qkv, heads)?;
+
+    // Bounds as tests/cuda_kernels.rs sets them for the GPU: 8 bits of
+    // mantissa for bf16, 11 for f16; gradients round twice.
+    let bound = if dtype == DType::F16 { 2e-3 } else { 1.6e-2 };
+    let (ey, el, ed) = (
+        rel(y, &f32s(&y64)?),
+        rel(lse, &f32s(&lse64)?),
+        rel(dqkv, &f32s(dx)?),
+    );
+    let what = format!("b {b}, t {t}, {heads} heads of {hd}, {dtype:?}, misaligned {misaligned}");
+    assert!(ey <= bound, "{what}: output off by {ey:.2e}");
+    assert!(el <= 1e-5, "{what}: log-sum-exp off by {el:.2e}");
+    assert!(ed <= 2.0 * bound, "{what}: gradient off by {ed:.2e}");
+    println!("{what}: y {ey:.1e}, lse {el:.1e}, dqkv {ed:.1e}");
+    Ok(())
+}
+
+/// Each query row's log-sum-exp of its scaled, causally masked scores,
+/// `[b, heads, t]`, in float64.
+fn log_sum_exp(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, t, c3) = qkv.dims3()?;
+    let hd = c3 / 3 / heads;
+    let qkv = qkv.reshape((b, t, 3, heads, hd))?;
+    let part = |i: usize| {
+        qkv.narrow(2, i, 1)?
+            .squeeze(2)?
+            .transpose(1, 2)?
+            .contiguous()
+    };
+    let (q, k) = (part(0)?, part(1)?);
+    let mask = taper::kernels::causal_mask(t, DType::F64, &Device::Cpu)?;
+    let s = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&mask)?;
+    let m = s.max_keepdim(3)?;
+    let sum = s.broadcast_sub(&m)?.exp()?.sum_keepdim(3)?;
+    (sum.log()? + m)?.squeeze(3)
+}
+
+/// Partial last tiles (150 = 2 x 64 + 22, 130, 97), exactly one tile, a
+/// single position; every head width the kernels are built for; both
+/// dtypes; both ways of loading a tile.
+#[test]
+fn flash_kernels_match_float64_attention() -> Result<()> {
+    check(2, 150, 3, 16, DType::BF16, false)?;
+    check(1, 130, 2, 64, DType::BF16, false)?;
+    check(2, 64, 2, 32, DType::F16, false)?;
+    check(1, 97, 1, 64, DType::F16, false)?;
+    check(1, 1, 1, 16, DType::BF16, false)?;
+    check(1, 100, 2, 32, DType::BF16, true)
+}
+
+/// `adamw_mixed_bf16` as the GPU runs it, against the CPU's one-pass
+/// update (`kernels::adamw_mixed`), bit for bit: weights, moments and the
+/// working copy, over three steps, with and without clipping's factor,
+/// including zero and negative-zero gradients.
+#[test]
+fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
+    let exe = build("adamw_main");
+    let n = 3 * 256 + 77;
+    let theta0: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    for scale in [1.0f32, 0.37] {
+        let theta = Var::from_vec(theta0.clone(), n, &Device::Cpu)?;
+        let work = Var::from_tensor(&theta.as_tensor().to_dtype(DType::BF16)?)?;
+        let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+        // The emulated kernel's state, carried from step to step.
+        let (mut et, mut em, mut ev) = (theta0.clone(), vec![0f32; n], vec![0f32; n]);
+        for t in 1..=3u64 {
+            let g: Vec<f32> = (0..n)
+                .map(|i| match i % 97 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    _ => ((i as u64 * 104_729 + t * 31) % 997) as f32 / 300.0 - 1.6,
+                })
+                .collect();
+            let g = Tensor::from_vec(g, n, &Device::Cpu)?.to_dtype(DType::BF16)?;
+            let h = AdamWStep::new(1e-2, (0.9, 0.95), 1e-8, 0.1, t);
+            adamw_mixed(
+                theta.as_tensor(),
+                &g,
+                scale,
+                MixedMoments::Host(&mut m, &mut v),
+                work.as_tensor(),
+                &h,
+            )?;
+
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+            let mut bytes = (n as u64).to_le_bytes().to_vec();
+            let hyper = [
+                scale,
+                h.beta1,
+                h.beta2,
+                h.one_minus_beta1,
+                h.one_minus_beta2,
+                h.eps,
+                h.decay,
+                h.step_size,
+                h.sqrt_bc2,
+            ];
+            let gbits: Vec<u16> = g
+                .to_vec1::<half::bf16>()?
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            bytes.extend(hyper.iter().chain(&et).flat_map(|x| x.to_le_bytes()));
+            bytes.extend(gbits.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.extend(em.iter().chain(&ev).flat_map(|x| x.to_le_bytes()));
+            std::fs::write(&input, bytes).expect("writing the input");
+            let o = Command::new(&exe)
+                .arg(&input)
+                .arg(&output)
+                .output()
+                .expect("running adamw_main");
+            assert!(
+                o.status.success(),
+                "adamw_main: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let out = std::fs::read(&output).expect("reading the output");
+            assert_eq!(out.len(), n * 14, "output bytes");
+            let f = |k: usize| -> Vec<f32> {
+                out[k * 4 * n..(k + 1) * 4 * n]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            };
+            (et, em, ev) = (f(0), f(1), f(2));
+            let ework: Vec<u16> = out[12 * n..]
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect();
+
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let cpu_theta: Vec<f32> = theta.as_tensor().to_vec1()?;
+            let cpu_work: Vec<u16> = work
+                .as_tensor()
+                .to_vec1::<half::bf16>()?
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            assert_eq!(
+                bits(&et),
+                bits(&cpu_theta),
+                "weights, scale {scale}, step {t}"
+            );
+            assert_eq!(bits(&em), bits(&m), "first moment, scale {scale}, step {t}");
+            assert_eq!(
+                bits(&ev),
+                bits(&v),
+                "second moment, scale {scale}, step {t}"
+            );
+            assert_eq!(ework, cpu_work, "working copy, scale {scale}, step {t}");
+        }
+    }
+    Ok(())
+}
