@@ -13,8 +13,11 @@
 //
 // The products go through WMMA fragments and shared memory only, with no
 // assumption about which lane holds which element of a fragment (the
-// element-wise steps read the tiles back from shared memory). Kept under
-// 48 KiB of static shared memory for HD <= 64.
+// element-wise steps read the tiles back from shared memory). The half
+// tiles that fragments load in the inner loops have rows padded by 8
+// values (16 bytes), so that the 8 rows one load reads fall in different
+// banks rather than all in the same 4. Kept under 48 KiB of static shared
+// memory for HD <= 64.
 #include "common.cuh"
 #include <mma.h>
 #include <type_traits>
@@ -29,24 +32,24 @@ template <typename T, typename L> using FragA = wmma::fragment<wmma::matrix_a, 1
 template <typename T, typename L> using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, L>;
 
 // Copies rows [r0, r0 + rows) of one head (HD values at `src`, rows
-// `stride` apart) into `dst` [rows][HD], zeros past row t: 16 bytes a load
+// `stride` apart) into `dst` [rows][LD], zeros past row t: 16 bytes a load
 // where the rows are 16-byte aligned (the fused qkv's always are unless a
 // width is odd), one value a load otherwise.
-template <typename T, int HD>
+template <typename T, int HD, int LD>
 __device__ void load_tile(T* dst, const T* src, size_t stride, int r0, int rows, int t) {
   constexpr int V = 16 / sizeof(T);
   if (HD % V == 0 && (size_t)src % 16 == 0 && stride % V == 0) {
     for (int i = threadIdx.x; i < rows * HD / V; i += blockDim.x) {
       const int r = i / (HD / V), d = i % (HD / V) * V;
       const uint4 zero = {0, 0, 0, 0};
-      *reinterpret_cast<uint4*>(dst + r * HD + d) =
+      *reinterpret_cast<uint4*>(dst + r * LD + d) =
           r0 + r < t ? *reinterpret_cast<const uint4*>(src + (size_t)(r0 + r) * stride + d) : zero;
     }
     return;
   }
   for (int i = threadIdx.x; i < rows * HD; i += blockDim.x) {
     const int r = i / HD, d = i % HD;
-    dst[i] = r0 + r < t ? src[(size_t)(r0 + r) * stride + d] : from_f<T>(0.f);
+    dst[r * LD + d] = r0 + r < t ? src[(size_t)(r0 + r) * stride + d] : from_f<T>(0.f);
   }
 }
 
@@ -105,11 +108,11 @@ __device__ void store_rows(T* dst, size_t stride, Acc* acc, float scale, float* 
 
 template <typename T, int HD>
 __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, float scale) {
-  constexpr int BR = WARPS * 16, BC = 32;
-  __shared__ __align__(32) T sq[BR * HD];
-  __shared__ __align__(32) T sk[BC * HD];
-  __shared__ __align__(32) T sv[BC * HD];
-  __shared__ __align__(32) T sp[BR * BC];
+  constexpr int BR = WARPS * 16, BC = 32, LD = HD + 8, LP = BC + 8;
+  __shared__ __align__(32) T sq[BR * LD];
+  __shared__ __align__(32) T sk[BC * LD];
+  __shared__ __align__(32) T sv[BC * LD];
+  __shared__ __align__(32) T sp[BR * LP];
   __shared__ __align__(32) float ss[BR * BC];
   __shared__ __align__(32) float so[BR * HD];
   __shared__ float sm[BR], sl[BR];
@@ -122,7 +125,7 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
   const size_t stride = 3 * (size_t)c;
   const T* base = qkv + (size_t)(bh / heads) * t * stride + h * HD;
 
-  load_tile<T, HD>(sq, base, stride, r0, BR, t);
+  load_tile<T, HD, LD>(sq, base, stride, r0, BR, t);
   for (int i = threadIdx.x; i < BR * HD; i += blockDim.x) so[i] = 0.f;
   for (int i = threadIdx.x; i < BR; i += blockDim.x) sm[i] = -INFINITY, sl[i] = 0.f;
 
@@ -131,10 +134,10 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
   const int last = min(t, r0 + BR) - 1;
   for (int k0 = 0; k0 <= last; k0 += BC) {
     __syncthreads();  // everyone is done with the previous K and V
-    load_tile<T, HD>(sk, base + c, stride, k0, BC, t);
-    load_tile<T, HD>(sv, base + 2 * c, stride, k0, BC, t);
+    load_tile<T, HD, LD>(sk, base + c, stride, k0, BC, t);
+    load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BC, t);
     __syncthreads();
-    warp_product_t<T, BC, HD>(ss + warp * 16 * BC, BC, sq + warp * 16 * HD, HD, sk, HD);
+    warp_product_t<T, BC, HD>(ss + warp * 16 * BC, BC, sq + warp * 16 * LD, LD, sk, LD);
     __syncwarp();
     // Key 0 is in the first tile and every row sees it, so the running max
     // is finite from then on.
@@ -154,7 +157,7 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
     for (int j = half; j < BC; j += 2) {
       const float p = expf(s[j] - m_new);
       sum += p;
-      sp[me * BC + j] = from_f<T>(p);
+      sp[me * LP + j] = from_f<T>(p);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     for (int d = half; d < HD; d += 2) so[me * HD + d] *= alpha;
@@ -168,8 +171,8 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
       for (int k = 0; k < BC / 16; k++) {
         FragA<T, wmma::row_major> fa;
         FragB<T, wmma::row_major> fb;
-        wmma::load_matrix_sync(fa, sp + warp * 16 * BC + k * 16, BC);
-        wmma::load_matrix_sync(fb, sv + k * 16 * HD + n * 16, HD);
+        wmma::load_matrix_sync(fa, sp + warp * 16 * LP + k * 16, LP);
+        wmma::load_matrix_sync(fb, sv + k * 16 * LD + n * 16, LD);
         wmma::mma_sync(acc, fa, fb, acc);
       }
       wmma::store_matrix_sync(o, acc, HD, wmma::mem_row_major);
@@ -192,12 +195,12 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
 template <typename T, int HD>
 __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const float* lse,
                                   float* delta, T* dqkv, int t, int heads, float scale) {
-  constexpr int BR = WARPS * 16, BC = 32;
+  constexpr int BR = WARPS * 16, BC = 32, LD = HD + 8;
   static_assert(BR * HD <= 2 * BR * BC, "dQ is staged in the score tiles");
-  __shared__ __align__(32) T sq[BR * HD];
-  __shared__ __align__(32) T sdo[BR * HD];
-  __shared__ __align__(32) T sk[BC * HD];
-  __shared__ __align__(32) T sv[BC * HD];
+  __shared__ __align__(32) T sq[BR * LD];
+  __shared__ __align__(32) T sdo[BR * LD];
+  __shared__ __align__(32) T sk[BC * LD];
+  __shared__ __align__(32) T sv[BC * LD];
   __shared__ __align__(32) T sds[BR * BC];
   __shared__ __align__(32) float sf[2 * BR * BC];  // scores, then dP
   __shared__ float sl[BR], sd[BR];
@@ -214,8 +217,8 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
   const T* dyb = dy + b0 * c + h * HD;
   const T* yb = y + b0 * c + h * HD;
 
-  load_tile<T, HD>(sq, base, stride, r0, BR, t);
-  load_tile<T, HD>(sdo, dyb, c, r0, BR, t);
+  load_tile<T, HD, LD>(sq, base, stride, r0, BR, t);
+  load_tile<T, HD, LD>(sdo, dyb, c, r0, BR, t);
   // Two threads per row again: row `me`, every other column.
   const int me = threadIdx.x / 2, half = threadIdx.x % 2;
   const int q = r0 + me;
@@ -236,11 +239,11 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
   const int last = min(t, r0 + BR) - 1;
   for (int k0 = 0; k0 <= last; k0 += BC) {
     __syncthreads();
-    load_tile<T, HD>(sk, base + c, stride, k0, BC, t);
-    load_tile<T, HD>(sv, base + 2 * c, stride, k0, BC, t);
+    load_tile<T, HD, LD>(sk, base + c, stride, k0, BC, t);
+    load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BC, t);
     __syncthreads();
-    warp_product_t<T, BC, HD>(ss + warp * 16 * BC, BC, sq + warp * 16 * HD, HD, sk, HD);
-    warp_product_t<T, BC, HD>(sdp + warp * 16 * BC, BC, sdo + warp * 16 * HD, HD, sv, HD);
+    warp_product_t<T, BC, HD>(ss + warp * 16 * BC, BC, sq + warp * 16 * LD, LD, sk, LD);
+    warp_product_t<T, BC, HD>(sdp + warp * 16 * BC, BC, sdo + warp * 16 * LD, LD, sv, LD);
     __syncwarp();
     for (int j = half; j < BC; j += 2) {
       const int k = k0 + j, i = me * BC + j;
@@ -248,7 +251,7 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
       sds[i] = from_f<T>(p * (sdp[i] - sd[me]));
     }
     __syncwarp();
-    warp_accumulate<T, HD, BC>(acc, sds + warp * 16 * BC, BC, sk, HD);
+    warp_accumulate<T, HD, BC>(acc, sds + warp * 16 * BC, BC, sk, LD);
   }
   __syncthreads();
   store_rows<T, HD>(dqkv + b0 * stride + h * HD, stride, acc, scale, sf, r0, BR, t);
@@ -262,12 +265,12 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
 template <typename T, int HD>
 __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
                                    const float* delta, T* dqkv, int t, int heads, float scale) {
-  constexpr int BK = WARPS * 16, BQ = 32;
+  constexpr int BK = WARPS * 16, BQ = 32, LD = HD + 8;
   static_assert(BK * HD <= 2 * BK * BQ, "dK and dV are staged in the score tiles");
-  __shared__ __align__(32) T sk[BK * HD];
-  __shared__ __align__(32) T sv[BK * HD];
-  __shared__ __align__(32) T sq[BQ * HD];
-  __shared__ __align__(32) T sdo[BQ * HD];
+  __shared__ __align__(32) T sk[BK * LD];
+  __shared__ __align__(32) T sv[BK * LD];
+  __shared__ __align__(32) T sq[BQ * LD];
+  __shared__ __align__(32) T sdo[BQ * LD];
   __shared__ __align__(32) T sp[BK * BQ];
   __shared__ __align__(32) float sf[2 * BK * BQ];  // S^T, then dP^T and dS^T
   __shared__ float sl[BQ], sd[BQ];
@@ -283,8 +286,8 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
   const T* base = qkv + b0 * stride + h * HD;
   const T* dyb = dy + b0 * c + h * HD;
 
-  load_tile<T, HD>(sk, base + c, stride, k0, BK, t);
-  load_tile<T, HD>(sv, base + 2 * c, stride, k0, BK, t);
+  load_tile<T, HD, LD>(sk, base + c, stride, k0, BK, t);
+  load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BK, t);
   Acc dk[HD / 16], dv[HD / 16];
   for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(dk[n], 0.f), wmma::fill_fragment(dv[n], 0.f);
 
@@ -293,17 +296,17 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
   const int k = k0 + me;
   for (int q0 = k0; q0 < t; q0 += BQ) {
     __syncthreads();
-    load_tile<T, HD>(sq, base, stride, q0, BQ, t);
-    load_tile<T, HD>(sdo, dyb, c, q0, BQ, t);
+    load_tile<T, HD, LD>(sq, base, stride, q0, BQ, t);
+    load_tile<T, HD, LD>(sdo, dyb, c, q0, BQ, t);
     for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
       const bool in = q0 + i < t;
       sl[i] = in ? lse[(size_t)bh * t + q0 + i] : 0.f;
       sd[i] = in ? delta[(size_t)bh * t + q0 + i] : 0.f;
     }
     __syncthreads();
-    const T* mk = sk + warp * 16 * HD;
-    warp_product_t<T, BQ, HD>(st + warp * 16 * BQ, BQ, mk, HD, sq, HD);
-    warp_product_t<T, BQ, HD>(sdp + warp * 16 * BQ, BQ, sv + warp * 16 * HD, HD, sdo, HD);
+    const T* mk = sk + warp * 16 * LD;
+    warp_product_t<T, BQ, HD>(st + warp * 16 * BQ, BQ, mk, LD, sq, LD);
+    warp_product_t<T, BQ, HD>(sdp + warp * 16 * BQ, BQ, sv + warp * 16 * LD, LD, sdo, LD);
     __syncwarp();
     for (int j = half; j < BQ; j += 2) {
       const int q = q0 + j, i = me * BQ + j;
@@ -312,11 +315,11 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
       sdp[i] = p * (sdp[i] - sd[j]);
     }
     __syncwarp();
-    warp_accumulate<T, HD, BQ>(dv, sp + warp * 16 * BQ, BQ, sdo, HD);
+    warp_accumulate<T, HD, BQ>(dv, sp + warp * 16 * BQ, BQ, sdo, LD);
     __syncwarp();
     for (int j = half; j < BQ; j += 2) sp[me * BQ + j] = from_f<T>(sdp[me * BQ + j]);
     __syncwarp();
-    warp_accumulate<T, HD, BQ>(dk, sp + warp * 16 * BQ, BQ, sq, HD);
+    warp_accumulate<T, HD, BQ>(dk, sp + warp * 16 * BQ, BQ, sq, LD);
   }
   __syncthreads();
   T* out = dqkv + b0 * stride + h * HD;
