@@ -35,6 +35,7 @@ fn main() {
         "embedding",
         "conv",
         "flash",
+        "norm",
     ] {
         let src = format!("kernels/{name}.cu");
         let ptx = out.join(format!("{name}.ptx"));

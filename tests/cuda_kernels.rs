@@ -277,6 +277,28 @@ fn flash_attention_gradients_repeat_bit_for_bit() -> Result<()> {
     Ok(())
 }
 
+/// The gradient norm's sum of squares (`kernels/norm.cu`) against the
+/// CPU's within f64 rounding (the orders differ), in each dtype; and the
+/// same bits twice.
+#[test]
+fn sum_squares_matches_the_cpu_and_repeats() -> Result<()> {
+    for n in [1, 255, 256 * 1024 + 17, 3_000_000] {
+        let x = randn(&[n], 1.0)?;
+        for dt in DTYPES {
+            let (c, g) = (x.to_dtype(dt)?, x.to_dtype(dt)?.to_device(&gpu())?);
+            let want = kernels::sum_squares(&c)?.to_scalar::<f64>()?;
+            let got = kernels::sum_squares(&g)?.to_scalar::<f64>()?;
+            assert!(
+                ((got - want) / want).abs() < 1e-12,
+                "{n} {dt:?}: {got} vs {want}"
+            );
+            let again = kernels::sum_squares(&g)?.to_scalar::<f64>()?;
+            assert_eq!(got.to_bits(), again.to_bits(), "{n} {dt:?}: not repeatable");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn conv3x3_matches_the_cpu() -> Result<()> {
     // (batch, in, height, width, out): odd sizes with edges on every side;

@@ -7,7 +7,8 @@
 //! - `kernels/flash.cu` (forward and both backward kernels) against the
 //!   attention in float64;
 //! - `adamw_mixed_bf16` of `kernels/adamw.cu` against the CPU's one-pass
-//!   update, bit for bit.
+//!   update, bit for bit;
+//! - `kernels/norm.cu`'s sum of squares against the CPU's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -278,6 +279,41 @@ fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
             );
             assert_eq!(ework, cpu_work, "working copy, scale {scale}, step {t}");
         }
+    }
+    Ok(())
+}
+
+/// `kernels/norm.cu` as `kernels::sum_squares` launches it (partial sums
+/// of up to 1024 blocks, then one block) against the CPU's sum, within f64
+/// rounding (the orders differ): one block, a partial one, more values
+/// than 1024 blocks' grid-stride loop covers in one pass.
+#[test]
+fn sum_squares_kernel_matches_the_cpu() -> Result<()> {
+    let exe = build("norm_main");
+    for n in [1usize, 300, 256 * 1024 + 999] {
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+            .collect();
+        let want = taper::kernels::sum_squares(&Tensor::from_vec(x.clone(), n, &Device::Cpu)?)?
+            .to_scalar::<f64>()?;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+        let mut bytes = (n as u64).to_le_bytes().to_vec();
+        bytes.extend(x.iter().flat_map(|v| v.to_le_bytes()));
+        std::fs::write(&input, bytes).expect("writing the input");
+        let o = Command::new(&exe)
+            .arg(&input)
+            .arg(&output)
+            .output()
+            .expect("running norm_main");
+        assert!(
+            o.status.success(),
+            "norm_main: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let out = std::fs::read(&output).expect("reading the output");
+        let got = f64::from_le_bytes(out[..8].try_into().expect("8 bytes"));
+        assert!(((got - want) / want).abs() < 1e-12, "{n}: {got} vs {want}");
     }
     Ok(())
 }

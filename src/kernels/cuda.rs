@@ -34,6 +34,7 @@ module!(DENSE, "dense");
 module!(EMBEDDING, "embedding");
 module!(CONV, "conv");
 module!(FLASH, "flash");
+module!(NORM, "norm");
 
 /// Threads per block for element-wise kernels, and the most blocks a
 /// grid-stride launch uses.

@@ -2,7 +2,7 @@
 // (tests/emulated_kernels.rs). Force-included ahead of a kernel file, with
 // include/ ahead on the include path for the CUDA headers it replaces.
 //
-// Each block runs alone, one OS thread per CUDA thread, so `__shared__`
+// Each block runs alone, on one OS thread per CUDA thread, so `__shared__`
 // (a function-local static here) is shared by the block's threads as on a
 // GPU. __syncthreads is a barrier over the block, __syncwarp and the
 // shuffles a barrier over the warp. WMMA fragments (include/mma.h) hold the
@@ -62,29 +62,42 @@ template <typename T> T shuffle(T v, unsigned from) {
 }
 
 // Runs `kernel(args...)` over `grid` blocks of `threads` threads (a
-// multiple of 32), one block after another.
+// multiple of 32), one block after another, on one OS thread per CUDA
+// thread that goes from block to block. A thread that returns leaves its
+// block's barriers, as an exited thread stops counting on a GPU.
 template <typename... P, typename... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 threads, A... args) {
   gridDim = grid;
   blockDim = threads;
   const unsigned n = threads.x * threads.y * threads.z;
-  for (unsigned z = 0; z < grid.z; z++)
-    for (unsigned y = 0; y < grid.y; y++)
-      for (unsigned x = 0; x < grid.x; x++) {
-        Block b;
-        b.all = std::make_unique<std::barrier<>>(n);
-        for (unsigned w = 0; w < n / 32; w++) b.warps.push_back(std::make_unique<std::barrier<>>(32));
-        b.slots.assign(n, 0);
-        block = &b;
-        std::vector<std::thread> ts;
-        for (unsigned i = 0; i < n; i++)
-          ts.emplace_back([&, i] {
-            threadIdx = {i % threads.x, i / threads.x % threads.y, i / (threads.x * threads.y)};
-            blockIdx = {x, y, z};
-            kernel(P(args)...);
-          });
-        for (auto& t : ts) t.join();
+  const unsigned blocks = grid.x * grid.y * grid.z;
+  std::barrier<> gate(n + 1);  // the workers and this thread, twice a block
+  Block b;
+  dim3 at;
+  std::vector<std::thread> ts;
+  for (unsigned i = 0; i < n; i++)
+    ts.emplace_back([&, i] {
+      threadIdx = {i % threads.x, i / threads.x % threads.y, i / (threads.x * threads.y)};
+      for (unsigned k = 0; k < blocks; k++) {
+        gate.arrive_and_wait();  // the block is set up
+        blockIdx = at;
+        kernel(P(args)...);
+        b.all->arrive_and_drop();
+        b.warps[i / 32]->arrive_and_drop();
+        gate.arrive_and_wait();  // every thread is done with it
       }
+    });
+  for (unsigned k = 0; k < blocks; k++) {
+    at = {k % grid.x, k / grid.x % grid.y, k / (grid.x * grid.y)};
+    b.all = std::make_unique<std::barrier<>>(n);
+    b.warps.clear();
+    for (unsigned w = 0; w < n / 32; w++) b.warps.push_back(std::make_unique<std::barrier<>>(32));
+    b.slots.assign(n, 0);
+    block = &b;
+    gate.arrive_and_wait();
+    gate.arrive_and_wait();
+  }
+  for (auto& t : ts) t.join();
 }
 }  // namespace emu
 

@@ -180,13 +180,13 @@ pub trait Optimizer {
 }
 
 /// The global L2 norm of all gradients. The squares are summed on the
-/// device and read back once: one CPU-GPU sync point per step, not one per
-/// parameter.
+/// device (`kernels::sum_squares`: one pass per tensor, in f64) and read
+/// back once: one CPU-GPU sync point per step, not one per parameter.
 pub fn grad_norm(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
     let mut total: Option<Tensor> = None;
     for (_, v) in vars {
         if let Some(g) = grads.get(v) {
-            let s = g.to_dtype(DType::F64)?.sqr()?.sum_all()?;
+            let s = crate::kernels::sum_squares(g)?;
             total = Some(match total {
                 Some(t) => (t + s)?,
                 None => s,

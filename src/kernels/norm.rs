@@ -1,0 +1,137 @@
+//! The sum of a tensor's squares in f64, for the global gradient norm
+//! (`engine::optim::grad_norm`): one pass over the values in their own
+//! dtype, where the composed `to_dtype(F64).sqr().sum_all()` writes two
+//! f64 copies of the tensor and reads them back. The sum's order is fixed
+//! (CPU: chunks summed in order; CUDA: `kernels/norm.cu`, partial sums per
+//! block, then one block), so the norm repeats bit for bit.
+
+use candle_core::{bail, CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Values per CPU task.
+const CHUNK: usize = 1 << 14;
+
+/// `sum(x^2)` in f64, a scalar on `x`'s device. f32, f16 and bf16 on the
+/// CPU and on CUDA; elsewhere the composed ops.
+pub fn sum_squares(x: &Tensor) -> Result<Tensor> {
+    let fused = super::fused()
+        && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        && match x.device() {
+            Device::Cpu => true,
+            Device::Cuda(_) => cfg!(feature = "cuda"),
+            Device::Metal(_) => false,
+        };
+    if fused {
+        x.contiguous()?.apply_op1_no_bwd(&SumSquares)
+    } else {
+        x.to_dtype(DType::F64)?.sqr()?.sum_all()
+    }
+}
+
+struct SumSquares;
+
+fn chunked<T: Copy + Sync>(v: &[T], f: impl Fn(T) -> f64 + Sync) -> f64 {
+    let parts: Vec<f64> = v
+        .par_chunks(CHUNK)
+        .map(|c| c.iter().map(|&x| f(x) * f(x)).sum())
+        .collect();
+    parts.iter().sum()
+}
+
+impl CustomOp1 for SumSquares {
+    fn name(&self) -> &'static str {
+        "taper-sum-squares"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let Some((a, b)) = l.contiguous_offsets() else {
+            bail!("sum of squares: expected a contiguous tensor")
+        };
+        let sum = match s {
+            CpuStorage::F32(v) => chunked(&v[a..b], f64::from),
+            CpuStorage::F16(v) => chunked(&v[a..b], f64::from),
+            CpuStorage::BF16(v) => chunked(&v[a..b], f64::from),
+            _ => bail!("sum of squares: takes f32, f16 or bf16"),
+        };
+        Ok((CpuStorage::F64(vec![sum]), Shape::from(())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use cuda::sum_squares;
+        let out = super::cuda::by_float!(s, sum_squares(s, l))?;
+        Ok((out, Shape::from(())))
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaStorage, Layout, Result, WithDType};
+
+    use super::super::cuda::{alloc, kernel, run, suffix, view, NORM};
+
+    /// Partial sums of at most this many blocks of 256 threads.
+    const BLOCKS: usize = 1024;
+
+    pub(super) fn sum_squares<T: CudaDType + DeviceRepr + WithDType>(
+        s: &CudaStorage,
+        l: &Layout,
+    ) -> Result<CudaStorage> {
+        let x = view::<T>(s, l, "sum of squares")?;
+        let n = x.len();
+        let dev = &s.device;
+        let blocks = n.div_ceil(256).clamp(1, BLOCKS);
+        let part = alloc::<f64>(dev, blocks)?;
+        let out = alloc::<f64>(dev, 1)?;
+        let cfg = |blocks: usize| LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = kernel!(NORM, dev, format!("sum_squares_part_{}", suffix(T::DTYPE)?));
+        let mut b = f.builder();
+        b.arg(&x).arg(&n).arg(&part);
+        run(&mut b, cfg(blocks))?;
+        let f = kernel!(NORM, dev, "sum_squares_finish");
+        let blocks_i = blocks as i32;
+        let mut b = f.builder();
+        b.arg(&part).arg(&blocks_i).arg(&out);
+        run(&mut b, cfg(1))?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against the composed f64 sum, for each dtype, across chunk edges.
+    #[test]
+    fn matches_the_composed_sum_in_f64() -> Result<()> {
+        let n = 2 * CHUNK + 333;
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+            .collect();
+        let x = Tensor::from_vec(v, n, &Device::Cpu)?;
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let x = x.to_dtype(dt)?;
+            let got = sum_squares(&x)?.to_scalar::<f64>()?;
+            let want = x
+                .to_dtype(DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+            assert!(
+                ((got - want) / want).abs() < 1e-12,
+                "{dt:?}: {got} vs {want}"
+            );
+        }
+        Ok(())
+    }
+}
