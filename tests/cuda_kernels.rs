@@ -446,6 +446,7 @@ fn mixed_adamw_matches_the_cpu_bit_for_bit() -> Result<()> {
             for g in &grads {
                 let mut store = GradStore::default();
                 store.insert(master.as_tensor(), g.to_dtype(dt)?.to_device(dev)?);
+                let store = taper::engine::optim::mixed_grads(&opt, &vars, store, scale, &works)?;
                 let written = opt.step_mixed(&vars, &store, scale, &works)?;
                 assert!(written.contains("w"), "{dev:?}: not in one pass");
             }

@@ -349,6 +349,10 @@ impl Optimizer for AdamW {
         Ok(())
     }
 
+    fn one_pass(&self, var: &Var, g: &Tensor, work: &Var) -> bool {
+        self.takes_one_pass(var, g, work)
+    }
+
     fn step_mixed(
         &mut self,
         vars: &[(String, Var)],

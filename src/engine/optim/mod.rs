@@ -135,22 +135,28 @@ pub trait Optimizer {
     /// One update of `vars` from `grads`. Variables without a gradient are
     /// left alone, as PyTorch does for parameters whose `.grad` is None.
     fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<()>;
+    /// Mixed precision: whether [`Optimizer::step_mixed`] updates master
+    /// `var` from its low-precision gradient `g` in one pass that also
+    /// writes its working copy `work`. Default: no.
+    fn one_pass(&self, _var: &Var, _g: &Tensor, _work: &Var) -> bool {
+        false
+    }
     /// Mixed precision: one update of the f32 masters `vars` from `grads`
-    /// in the working copy's dtype (keyed by master) times `scale`
-    /// (gradient clipping's factor, or 1): what casting them to f32,
-    /// scaling and [`Optimizer::step`] give. Where it can, the same pass
-    /// writes each new master, rounded, into its working copy `work[name]`;
-    /// it returns the names it wrote. As in `step`, everything that
-    /// allocates happens before any parameter changes.
+    /// as [`mixed_grads`] prepares them: in the working copy's dtype, to be
+    /// multiplied by `scale` (gradient clipping's factor, or 1), for the
+    /// parameters [`Optimizer::one_pass`] takes, which it updates and whose
+    /// working copies `work[name]` it writes in the same pass; f32 and
+    /// already scaled for the rest, which get the ordinary step. Returns
+    /// the names whose working copies it wrote. Allocates nothing but
+    /// what `step` does.
     fn step_mixed(
         &mut self,
         vars: &[(String, Var)],
         grads: &GradStore,
-        scale: f64,
+        _scale: f64,
         _work: &HashMap<String, Var>,
     ) -> Result<HashSet<String>> {
-        let grads = f32_grads(vars, grads, scale)?;
-        self.step(vars, &grads)?;
+        self.step(vars, grads)?;
         Ok(HashSet::new())
     }
     /// Allocates the state the next [`Optimizer::step`] needs (the first
@@ -205,6 +211,30 @@ pub fn f32_grads(vars: &[(String, Var)], grads: &GradStore, scale: f64) -> Resul
     let mut out = GradStore::default();
     for (_, v) in vars {
         if let Some(g) = grads.get(v) {
+            let g = g.to_dtype(DType::F32)?;
+            out.insert(v, if scale < 1.0 { (g * scale)? } else { g });
+        }
+    }
+    Ok(out)
+}
+
+/// The gradients [`Optimizer::step_mixed`] takes, from the working copy's
+/// `grads` keyed by master: as they are where `opt` updates in one pass,
+/// in f32 times `scale` (as [`f32_grads`]) elsewhere. Everything the
+/// mixed update allocates, before it changes anything.
+pub fn mixed_grads(
+    opt: &dyn Optimizer,
+    vars: &[(String, Var)],
+    mut grads: GradStore,
+    scale: f64,
+    work: &HashMap<String, Var>,
+) -> Result<GradStore> {
+    let mut out = GradStore::default();
+    for (name, v) in vars {
+        let Some(g) = grads.remove(v) else { continue };
+        if work.get(name).is_some_and(|w| opt.one_pass(v, &g, w)) {
+            out.insert(v, g);
+        } else {
             let g = g.to_dtype(DType::F32)?;
             out.insert(v, if scale < 1.0 { (g * scale)? } else { g });
         }

@@ -463,6 +463,11 @@ impl Trainer {
             };
             clipped.map_err(|e| classify(e.into(), Phase::Optimizer))?;
         }
+        if let (true, Some(m)) = (one_pass, &self.mixed) {
+            // f32 copies for what the optimizer does not take in one pass.
+            acc = optim::mixed_grads(self.optim.as_ref(), &masters, acc, scale, &m.work_vars())
+                .map_err(|e| classify(e.into(), Phase::Optimizer))?;
+        }
         // The optimizer's state for this step (the first step's moments) is
         // allocated before any parameter changes, so an OOM here leaves
         // the step retryable.

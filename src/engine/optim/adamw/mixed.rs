@@ -2,19 +2,30 @@
 //! fused kernels update (host or device f32 moments) go through
 //! `kernels::adamw_mixed`, which reads the low-precision gradient and
 //! writes the working copy in the same pass; the rest (composed, 8-bit,
-//! offloaded) get f32 gradients and the ordinary step.
+//! offloaded) get f32 gradients (`optim::mixed_grads`, before the update)
+//! and the ordinary step.
 
 use std::collections::{HashMap, HashSet};
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Result, Var};
+use candle_core::{DType, Result, Tensor, Var};
 
 use super::{AdamW, Moments, Path};
-use crate::engine::optim::{f32_grads, Optimizer};
+use crate::engine::optim::Optimizer;
 use crate::kernels::adamw::AdamWStep;
 use crate::kernels::adamw_mixed::{adamw_mixed, MixedMoments};
 
 impl AdamW {
+    /// Fused moments, and a gradient and working copy of one low dtype and
+    /// of the master's shape and device.
+    pub(super) fn takes_one_pass(&self, var: &Var, g: &Tensor, w: &Var) -> bool {
+        matches!(self.path(var), Path::Fused | Path::FusedDevice)
+            && matches!(w.dtype(), DType::BF16 | DType::F16)
+            && g.dtype() == w.dtype()
+            && w.shape() == var.shape()
+            && w.device().same_device(var.device())
+    }
+
     pub(super) fn mixed_step(
         &mut self,
         vars: &[(String, Var)],
@@ -26,25 +37,21 @@ impl AdamW {
         let mut rest = Vec::new();
         for (name, var) in vars {
             let Some(g) = grads.get(var) else { continue };
-            let w = work.get(name).filter(|w| {
-                matches!(self.path(var), Path::Fused | Path::FusedDevice)
-                    && matches!(w.dtype(), DType::BF16 | DType::F16)
-                    && g.dtype() == w.dtype()
-                    && w.shape() == var.shape()
-                    && w.device().same_device(var.device())
-            });
-            match w {
-                Some(w) => one_pass.push((name, var, g, w)),
-                None => rest.push((name.clone(), var.clone())),
+            match work.get(name) {
+                Some(w) if g.dtype() != DType::F32 && self.takes_one_pass(var, g, w) => {
+                    one_pass.push((name, var, g, w))
+                }
+                _ if g.dtype() == DType::F32 => rest.push((name.clone(), var.clone())),
+                _ => candle_core::bail!(
+                    "adamw (mixed): a {:?} gradient for {name}, which takes f32 ones",
+                    g.dtype()
+                ),
             }
         }
-        // Everything that allocates first (the rest's f32 gradients, the
-        // first step's moments), then the updates: the ordinary step for
-        // the rest, which counts the step, and the one-pass updates at the
-        // same step.
-        let rest_grads = f32_grads(&rest, grads, scale)?;
+        // The first step's moments, then the ordinary step for the rest
+        // (which counts the step), then the one-pass updates at that step.
         self.prepare(vars, grads)?;
-        self.step(&rest, &rest_grads)?;
+        self.step(&rest, grads)?;
         let c = &self.cfg;
         let h = AdamWStep::new(c.lr, c.betas, c.eps, c.weight_decay, self.t);
         let mut written = HashSet::new();
@@ -74,7 +81,7 @@ impl AdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::optim::{AdamWConfig, StateFormat};
+    use crate::engine::optim::{f32_grads, mixed_grads, AdamWConfig, StateFormat};
     use candle_core::{Device, Tensor};
 
     fn bits(t: &Tensor) -> Vec<u32> {
@@ -141,6 +148,7 @@ mod tests {
                     ga.insert(x.as_tensor(), g.clone());
                     gb.insert(y.as_tensor(), g);
                 }
+                let ga = mixed_grads(&a, &va, ga, scale, &work)?;
                 let written = a.step_mixed(&va, &ga, scale, &work)?;
                 let expected: HashSet<String> = match state {
                     StateFormat::F32 => ["big", "small"].map(String::from).into(),
