@@ -205,22 +205,10 @@ pub fn grad_norm(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
     })
 }
 
-/// The gradients of `vars` in f32, times `scale` when it is below 1 (as
-/// [`clip_grad_norm`] scales them).
-pub fn f32_grads(vars: &[(String, Var)], grads: &GradStore, scale: f64) -> Result<GradStore> {
-    let mut out = GradStore::default();
-    for (_, v) in vars {
-        if let Some(g) = grads.get(v) {
-            let g = g.to_dtype(DType::F32)?;
-            out.insert(v, if scale < 1.0 { (g * scale)? } else { g });
-        }
-    }
-    Ok(out)
-}
-
 /// The gradients [`Optimizer::step_mixed`] takes, from the working copy's
 /// `grads` keyed by master: as they are where `opt` updates in one pass,
-/// in f32 times `scale` (as [`f32_grads`]) elsewhere. Everything the
+/// in f32 times `scale` if below 1 (as [`clip_grad_norm`] scales them)
+/// elsewhere. Everything the
 /// mixed update allocates, before it changes anything.
 pub fn mixed_grads(
     opt: &dyn Optimizer,

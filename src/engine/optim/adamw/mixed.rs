@@ -81,8 +81,21 @@ impl AdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::optim::{f32_grads, mixed_grads, AdamWConfig, StateFormat};
+    use crate::engine::optim::{mixed_grads, AdamWConfig, StateFormat};
     use candle_core::{Device, Tensor};
+
+    /// The old sequence's gradients: cast to f32 (`Mixed::master_grads`),
+    /// then scaled if clipping's factor is below 1 (`clip_grad_norm`).
+    fn f32_grads(vars: &[(String, Var)], grads: &GradStore, scale: f64) -> Result<GradStore> {
+        let mut out = GradStore::default();
+        for (_, v) in vars {
+            if let Some(g) = grads.get(v) {
+                let g = g.to_dtype(DType::F32)?;
+                out.insert(v, if scale < 1.0 { (g * scale)? } else { g });
+            }
+        }
+        Ok(out)
+    }
 
     fn bits(t: &Tensor) -> Vec<u32> {
         let v: Vec<f32> = t
