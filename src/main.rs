@@ -245,15 +245,18 @@ fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitCode 
     };
     for (i, p) in plans.iter().enumerate() {
         let q = &p.plan;
-        say!("run {}: {} (batch {})", i + 1, p.model, p.batch_size);
+        say!("run {}: {} (batch {})", i + 1, p.model, q.batch);
         say!("  parameters        {:>12}", human(q.parameters));
-        say!("  gradients         {:>12}", human(q.gradients));
+        say!(
+            "  gradients         {:>12} (an accumulator, when the batch is split)",
+            human(q.gradients)
+        );
         say!("  optimizer state   {:>12}", human(q.optimizer));
         say!(
             "  activations       {:>12} per sample + {} per step (measured on {} samples)",
             human(q.per_sample),
             human(q.per_step),
-            taper::host::probe_sizes(p.batch_size)
+            taper::host::probe_sizes(q.batch)
                 .iter()
                 .map(|n| n.to_string())
                 .collect::<Vec<_>>()
@@ -265,20 +268,21 @@ fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitCode 
         );
         say!(
             "  estimated peak at micro-batch {}: {}",
-            p.batch_size,
-            human(q.peak(p.batch_size, false))
+            q.batch,
+            human(q.peak(q.batch, false))
         );
         if let Some(limit) = mem_limit.or(p.limit) {
-            match q.max_micro(limit, margin, p.batch_size) {
-                Some(m) if m >= p.batch_size => say!(
+            match q.max_micro(limit, margin) {
+                Some(m) if m >= q.batch => say!(
                     "  under {} with a {:.0}% margin: the whole batch fits",
                     human(limit),
                     margin * 100.0
                 ),
                 Some(m) => say!(
-                    "  under {} with a {:.0}% margin: micro-batches of at most {m}",
+                    "  under {} with a {:.0}% margin: micro-batches of at most {m} (estimated peak {})",
                     human(limit),
-                    margin * 100.0
+                    margin * 100.0,
+                    human(q.peak(m, false))
                 ),
                 None => say!(
                     "  under {}: does not fit even one sample at a time",

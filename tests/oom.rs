@@ -257,8 +257,9 @@ fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()
     for e in records(tight.path(), "epoch")? {
         let measured = e["memory_peak"].as_u64().unwrap();
         assert!(measured as usize <= limit, "{e} over {limit}");
-        // The planner's prediction, made when the run was created, next to
-        // the measured peak of the micro-batch the epoch ended with.
+        // The planner's prediction, made when the run was created, for a
+        // whole batch of 1024 in the micro-batch the epoch ended with, with
+        // AdamW's moments.
         let planned = e["planned_peak"].as_u64().expect("planned_peak") as f64;
         let off = planned / measured as f64 - 1.0;
         eprintln!(
@@ -266,11 +267,14 @@ fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()
             e["epoch"],
             off * 100.0
         );
-        // Within 15%: the plan adds an accumulator's worth of gradients to
-        // its probes' peak, and here overestimates by about 13% (it was
-        // within 5% while candle's backward added every gradient into zeros,
-        // which the probes counted: vendor/README.md).
-        assert!(off.abs() < 0.15, "planned {planned} vs measured {measured}");
+        if e["epoch"] == 1 {
+            // No such step in the first epoch: its first step ran before the
+            // moments existed, and its second is the 413 left of the 1437
+            // samples. The plan bounds it from above.
+            assert!(off > 0.0, "planned {planned} vs measured {measured}");
+        } else {
+            assert!(off.abs() < 0.03, "planned {planned} vs measured {measured}");
+        }
     }
     let (fa, fb) = (a.runs[0].last_eval.unwrap(), b.runs[0].last_eval.unwrap());
     assert!(
@@ -531,9 +535,9 @@ fn broken_policies_are_clear_errors_and_checkpoint() -> Result<()> {
     Ok(())
 }
 
-/// The planner's estimate of a step's peak against the peak measured in a
-/// real run of the same recipe (target: within 20%).
-fn plan_error(recipe: &Path, set: &[(&str, &str)]) -> Result<f64> {
+/// The planner's estimate of a step's peak (at `micro`, else the whole
+/// batch) against the peak measured in a real run of the same recipe.
+fn plan_error(recipe: &Path, set: &[(&str, &str)], micro: Option<usize>) -> Result<f64> {
     let overrides: Vec<(String, String)> = set
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -544,9 +548,9 @@ fn plan_error(recipe: &Path, set: &[(&str, &str)]) -> Result<f64> {
         ..HostOptions::default()
     })?;
     host.run_file(recipe)?;
-    let plan = host.plans()?.remove(0);
+    let plan = host.plans()?.remove(0).plan;
     drop(host);
-    let estimate = plan.plan.peak(plan.batch_size, false) as f64;
+    let estimate = plan.peak(micro.unwrap_or(plan.batch), false) as f64;
     let dir = tempfile::tempdir()?;
     let opts = HostOptions {
         out_dir: Some(dir.path().into()),
@@ -559,26 +563,34 @@ fn plan_error(recipe: &Path, set: &[(&str, &str)]) -> Result<f64> {
         .unwrap_or(1) as f64;
     let err = estimate / measured - 1.0;
     eprintln!(
-        "{}: estimated {estimate} B, measured {measured} B, error {:+.1}%",
+        "{} {set:?}: estimated {estimate} B, measured {measured} B, error {:+.1}%",
         recipe.display(),
         err * 100.0
     );
     Ok(err)
 }
 
+/// `taper plan`'s estimate of a step's heap peak against the peak of a real
+/// run of shipped recipes: a GPT whose activations dominate, an MLP whose
+/// weights and moments do, and the GPT in micro-batches, which adds the
+/// gradient accumulator.
 #[test]
-fn planner_estimates_within_20_percent() -> Result<()> {
+fn planner_estimates_within_5_percent() -> Result<()> {
     let _serial = serial();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let gpt = plan_error(
-        &root.join("scripts/shakespeare.lua"),
-        &[("epochs", "1"), ("steps", "4"), ("sample", "0")],
-    )?;
-    let mlp = plan_error(&root.join("scripts/digits.lua"), &[("epochs", "1")])?;
-    assert!(
-        gpt.abs() < 0.2 && mlp.abs() < 0.2,
-        "gpt {gpt:+.3}, mlp {mlp:+.3}"
-    );
+    let shakespeare = root.join("scripts/shakespeare.lua");
+    let short = [("epochs", "1"), ("steps", "4"), ("sample", "0")];
+    let gpt = plan_error(&shakespeare, &short, None)?;
+    let split = [&short[..], &[("micro_batch", "8")]].concat();
+    let gpt_split = plan_error(&shakespeare, &split, Some(8))?;
+    let mlp = plan_error(&root.join("scripts/digits.lua"), &[("epochs", "1")], None)?;
+    for (what, err) in [
+        ("gpt", gpt),
+        ("gpt in micro-batches of 8", gpt_split),
+        ("mlp", mlp),
+    ] {
+        assert!(err.abs() < 0.05, "{what}: {:+.1}%", err * 100.0);
+    }
     Ok(())
 }
 

@@ -7,8 +7,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct RunPlan {
     pub model: String,
-    /// The run's training batch size (0 when it has no native data).
-    pub batch_size: usize,
+    /// The plan; its `batch` is the run's training batch (0 when it has no
+    /// native data).
     pub plan: crate::memory::planner::Plan,
     /// The run's memory budget, if any.
     pub limit: Option<usize>,
@@ -28,11 +28,9 @@ impl Host {
         let mut out = Vec::new();
         for r in self.state.runs.borrow().iter() {
             let r = r.borrow();
-            let (plan, batch_size) = plan_of(&r)?;
             out.push(RunPlan {
                 model: r.core.trainer.spec().describe(),
-                batch_size,
-                plan,
+                plan: plan_of(&r)?,
                 limit: r.core.oom.budget,
             });
         }
@@ -40,13 +38,11 @@ impl Host {
     }
 }
 
-/// A run's memory plan, and its training batch size (0 without native
-/// data): parameter, gradient and optimizer bytes from the model, activation
+/// A run's memory plan, for its training batch (0 without native data):
+/// parameter, gradient and optimizer bytes from the model, activation
 /// bytes per sample from forward and backward passes over parts of its
 /// first batch ([`probe_sizes`]). Needs the counting allocator.
-pub(crate) fn plan_of(
-    r: &super::run_state::RunState,
-) -> Result<(crate::memory::planner::Plan, usize)> {
+pub(crate) fn plan_of(r: &super::run_state::RunState) -> Result<crate::memory::planner::Plan> {
     use crate::memory::planner::{fit, Plan};
     let t = &r.core.trainer;
     let params = t
@@ -55,16 +51,21 @@ pub(crate) fn plan_of(
         .iter()
         .map(|(_, v)| v.elem_count() * v.dtype().size_in_bytes())
         .sum();
-    let batch = match &r.data {
+    let first = match &r.data {
         Some(super::generator::Feed::Pipeline(p)) => p
             .epoch(1, super::generator::TRAIN_BATCH, 0)
             .next()
             .transpose()?,
         _ => None,
     };
-    let (per_sample, per_step, batch_size) = match &batch {
+    let (per_sample, per_step, batch) = match &first {
         Some(b) => {
-            let points = probe_sizes(b.len())
+            let sizes = probe_sizes(b.len());
+            // The first pass allocates once what later ones reuse (a third
+            // of the smallest probe on the Shakespeare GPT): a warm-up pass,
+            // not measured, keeps it out of the line.
+            t.probe_bytes(b, sizes[0])?;
+            let points = sizes
                 .into_iter()
                 .map(|n| Ok((n, t.probe_bytes(b, n)?)))
                 .collect::<Result<Vec<_>>>()?;
@@ -73,15 +74,15 @@ pub(crate) fn plan_of(
         }
         None => (0, 0, 0),
     };
-    let plan = Plan {
+    Ok(Plan {
         resident: crate::memory::HostMemory::current(),
         parameters: params,
         gradients: params,
         optimizer: t.optimizer_state_bytes(),
         per_sample,
         per_step,
-    };
-    Ok((plan, batch_size))
+        batch,
+    })
 }
 
 /// The sample counts a plan probes: an eighth, a quarter and half of a

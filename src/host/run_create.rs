@@ -94,8 +94,8 @@ fn create(
     // Under a budget, the planner's prediction goes next to each epoch's
     // measured peak (`taper plan`'s estimate, checked as the run goes).
     if run.core.oom.budget.is_some() && crate::memory::HostMemory::is_counting() {
-        let (plan, batch) = super::plan::plan_of(&run).map_err(lua_err)?;
-        run.plan = (batch > 0).then_some(plan);
+        let plan = super::plan::plan_of(&run).map_err(lua_err)?;
+        run.plan = (plan.batch > 0).then_some(plan);
     }
     if let Some(path) = resume_path(host, id).map_err(lua_err)? {
         if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {

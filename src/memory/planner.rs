@@ -8,7 +8,9 @@ pub struct Plan {
     /// Heap in use before training (data, Lua, the model itself).
     pub resident: usize,
     pub parameters: usize,
-    /// Gradient accumulators: one per parameter.
+    /// The gradient accumulator, one value per parameter. It exists only
+    /// when a batch is split: a whole-batch step hands the backward's own
+    /// gradients (counted in the activations' probe) to the optimizer.
     pub gradients: usize,
     /// Optimizer state (AdamW: two moments; SGD with momentum: one buffer).
     pub optimizer: usize,
@@ -16,24 +18,38 @@ pub struct Plan {
     pub per_sample: usize,
     /// Step memory that does not grow with the micro-batch.
     pub per_step: usize,
+    /// The training batch the plan is for (0: unknown, never split).
+    pub batch: usize,
 }
 
 impl Plan {
     /// The heap peak of a step with micro-batches of `micro`. Parameters are
-    /// part of `resident`; optimizer state is counted once it exists.
+    /// part of `resident`; optimizer state is counted until it exists.
+    /// While one micro-batch's backward runs, the gradients of the earlier
+    /// ones wait in the accumulator: one more gradient set than a whole-batch
+    /// step holds.
     pub fn peak(&self, micro: usize, optimizer_allocated: bool) -> usize {
         let optimizer = if optimizer_allocated {
             0
         } else {
             self.optimizer
         };
-        self.resident + optimizer + self.gradients + self.per_step + self.per_sample * micro
+        let accumulator = if micro < self.batch {
+            self.gradients
+        } else {
+            0
+        };
+        self.resident + optimizer + accumulator + self.per_step + self.per_sample * micro
     }
 
-    /// The largest micro-batch (at most `batch`) whose peak stays under
+    /// The largest micro-batch (at most the batch) whose peak stays under
     /// `limit * (1 - margin)`; None if not even 1 fits.
-    pub fn max_micro(&self, limit: usize, margin: f64, batch: usize) -> Option<usize> {
+    pub fn max_micro(&self, limit: usize, margin: f64) -> Option<usize> {
         let budget = (limit as f64 * (1.0 - margin)) as usize;
+        let batch = self.batch.max(1);
+        if self.peak(batch, false) <= budget {
+            return Some(batch);
+        }
         let fixed = self.peak(0, false);
         if budget < fixed + self.per_sample {
             return None;
@@ -41,7 +57,7 @@ impl Plan {
         let m = (budget - fixed)
             .checked_div(self.per_sample)
             .unwrap_or(batch);
-        Some(m.clamp(1, batch.max(1)))
+        Some(m.clamp(1, batch))
     }
 }
 
@@ -90,11 +106,21 @@ mod tests {
             optimizer: 200,
             per_sample: 50,
             per_step: 0,
+            batch: 64,
         };
+        // Split: the accumulator waits while a micro-batch runs.
         assert_eq!(p.peak(4, false), 1000 + 200 + 100 + 200);
+        assert_eq!(p.peak(4, true), 1000 + 100 + 200);
+        // Whole: no accumulator.
+        assert_eq!(p.peak(64, false), 1000 + 200 + 64 * 50);
         // budget 2000 * 0.9 = 1800; fixed 1300; (1800 - 1300) / 50 = 10
-        assert_eq!(p.max_micro(2000, 0.1, 64), Some(10));
-        assert_eq!(p.max_micro(2000, 0.1, 8), Some(8));
-        assert_eq!(p.max_micro(1400, 0.1, 8), None);
+        assert_eq!(p.max_micro(2000, 0.1), Some(10));
+        let small = Plan { batch: 8, ..p };
+        // 1000 + 200 + 8 * 50 = 1600 fits whole, without an accumulator.
+        assert_eq!(small.max_micro(2000, 0.1), Some(8));
+        // Budget 1575: the whole batch needs 1600; split, 1300 + 50 per
+        // sample leaves room for 5.
+        assert_eq!(small.max_micro(1750, 0.1), Some(5));
+        assert_eq!(small.max_micro(1400, 0.1), None);
     }
 }
