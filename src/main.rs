@@ -41,62 +41,7 @@ struct RecipeArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Train: run the recipe and its loop.
-    Train {
-        #[command(flatten)]
-        recipe: RecipeArgs,
-        /// auto (a GPU when the build has CUDA and one is present), cpu, cuda or cuda:N
-        #[arg(long, default_value = "auto")]
-        device: String,
-        /// Mixed into every seed the recipe gives (init, shuffles, sampling)
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Output folder for metrics.jsonl and checkpoints [default: runs/<recipe>-<UTC time>]
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Continue a run: a checkpoint file, a run folder (continued in place),
-        /// or `auto`: the run in --out if it has a checkpoint, else a fresh start
-        #[arg(long, value_name = "PATH|RUN_DIR|auto")]
-        resume: Option<PathBuf>,
-        /// No progress bar and no printed lines
-        #[arg(long)]
-        quiet: bool,
-        /// Memory budget (e.g. 512MiB): exceeding it at a phase boundary is an OOM
-        /// that the run's policy recovers from (on the CPU: the heap, counted)
-        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-        mem_limit: Option<usize>,
-        /// Inject an OOM, e.g. "step=5,phase=backward" or "step=7,phase=forward,times=3" (repeatable)
-        #[arg(long, value_name = "SPEC")]
-        inject_oom: Vec<String>,
-        /// Watch the recipe and the Lua modules it requires; apply edits at the
-        /// end of the epoch (or at run:reload_point()) without stopping the run
-        #[arg(long)]
-        watch: bool,
-        /// Save the checkpoint this often while training: steps (500) or time
-        /// (90s, 10m); `never` for only at the end, on failure or on a signal
-        /// [default: the recipe's checkpoint_every, else 5m]
-        #[arg(long, value_name = "STEPS|TIME|never", value_parser = parse_every)]
-        checkpoint_every: Option<EveryArg>,
-        /// How many checkpoints of each run to keep: the newest, and older ones
-        /// that --resume falls back to when the newest is damaged
-        /// [default: the recipe's keep_checkpoints, else 2]
-        #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
-        keep_checkpoints: Option<u32>,
-        /// Write a `step` record (loss, lr, step time, throughput, memory)
-        /// every N steps; 0 for none
-        #[arg(long, value_name = "N", default_value_t = taper::host::DEFAULT_LOG_EVERY)]
-        log_every: u64,
-        /// Also write the records as TensorBoard event files (OUT/tensorboard/)
-        #[arg(long)]
-        tensorboard: bool,
-        /// Under a data-parallel launcher: how long a rank waits for the others
-        /// at a collective before it stops (a rank died or hangs): 90s, 10m
-        #[arg(long, value_name = "TIME", value_parser = parse_timeout, default_value = "300s")]
-        rank_timeout: std::time::Duration,
-        /// How ranks sum gradients: auto (MPI under a launcher), or nccl (on the
-        /// GPU, a build with --features nccl; alone, a world of one)
-        #[arg(long, value_name = "auto|nccl", default_value = "auto", value_parser = taper::dist::Engine::parse)]
-        collective: taper::dist::Engine,
-    },
+    Train(TrainArgs),
     /// Train on N data-parallel ranks (MPI, `--features mpi`): runs `mpirun -n N
     /// taper train ARGS...`. Each rank trains on its shard of every batch; only
     /// rank 0 writes records and checkpoints, the others log to OUT/rank<R>.log.
@@ -140,37 +85,10 @@ enum Command {
     /// Write a checkpoint's model for other tools: a transformers GPT-2
     /// folder (hf), a llama.cpp GGUF file (gguf), or a QLoRA run's
     /// adapters as a llama.cpp LoRA adapter (gguf-lora).
-    Export {
-        /// A checkpoint, or a run folder (its newest valid checkpoint)
-        checkpoint: PathBuf,
-        /// gguf, hf or gguf-lora
-        #[arg(long, default_value = "gguf")]
-        format: String,
-        /// GGUF weight type: f32, f16, q8_0 or q4_0
-        #[arg(long = "type", default_value = "q8_0")]
-        ty: String,
-        /// With --format gguf on a QLoRA run: the base with the adapters merged in
-        #[arg(long)]
-        merge: bool,
-        /// The file (gguf) or folder (hf) to write
-        #[arg(long)]
-        out: PathBuf,
-    },
+    Export(ExportArgs),
     /// Generate text from a checkpoint of a sequence model (its vocabulary
     /// is in the checkpoint).
-    Sample {
-        /// A checkpoint, or a run folder (its newest valid checkpoint)
-        checkpoint: PathBuf,
-        /// Text to continue [default: a newline]
-        #[arg(long, default_value = "\n", hide_default_value = true)]
-        prompt: String,
-        #[arg(long, default_value_t = 200)]
-        tokens: usize,
-        #[arg(long, default_value_t = 1.0)]
-        temperature: f64,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-    },
+    Sample(SampleArgs),
     /// Benchmarks that print figures; see `taper bench --help`.
     Bench(taper::bench::BenchArgs),
     /// Native strategy plugins: inspect one, or start a new one.
@@ -178,6 +96,97 @@ enum Command {
         #[command(subcommand)]
         cmd: PluginCmd,
     },
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    recipe: RecipeArgs,
+    /// auto (a GPU when the build has CUDA and one is present), cpu, cuda or cuda:N
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Mixed into every seed the recipe gives (init, shuffles, sampling)
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output folder for metrics.jsonl and checkpoints [default: runs/<recipe>-<UTC time>]
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue a run: a checkpoint file, a run folder (continued in place),
+    /// or `auto`: the run in --out if it has a checkpoint, else a fresh start
+    #[arg(long, value_name = "PATH|RUN_DIR|auto")]
+    resume: Option<PathBuf>,
+    /// No progress bar and no printed lines
+    #[arg(long)]
+    quiet: bool,
+    /// Memory budget (e.g. 512MiB): exceeding it at a phase boundary is an OOM
+    /// that the run's policy recovers from (on the CPU: the heap, counted)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    mem_limit: Option<usize>,
+    /// Inject an OOM, e.g. "step=5,phase=backward" or "step=7,phase=forward,times=3" (repeatable)
+    #[arg(long, value_name = "SPEC")]
+    inject_oom: Vec<String>,
+    /// Watch the recipe and the Lua modules it requires; apply edits at the
+    /// end of the epoch (or at run:reload_point()) without stopping the run
+    #[arg(long)]
+    watch: bool,
+    /// Save the checkpoint this often while training: steps (500) or time
+    /// (90s, 10m); `never` for only at the end, on failure or on a signal
+    /// [default: the recipe's checkpoint_every, else 5m]
+    #[arg(long, value_name = "STEPS|TIME|never", value_parser = parse_every)]
+    checkpoint_every: Option<EveryArg>,
+    /// How many checkpoints of each run to keep: the newest, and older ones
+    /// that --resume falls back to when the newest is damaged
+    /// [default: the recipe's keep_checkpoints, else 2]
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    keep_checkpoints: Option<u32>,
+    /// Write a `step` record (loss, lr, step time, throughput, memory)
+    /// every N steps; 0 for none
+    #[arg(long, value_name = "N", default_value_t = taper::host::DEFAULT_LOG_EVERY)]
+    log_every: u64,
+    /// Also write the records as TensorBoard event files (OUT/tensorboard/)
+    #[arg(long)]
+    tensorboard: bool,
+    /// Under a data-parallel launcher: how long a rank waits for the others
+    /// at a collective before it stops (a rank died or hangs): 90s, 10m
+    #[arg(long, value_name = "TIME", value_parser = parse_timeout, default_value = "300s")]
+    rank_timeout: std::time::Duration,
+    /// How ranks sum gradients: auto (MPI under a launcher), or nccl (on the
+    /// GPU, a build with --features nccl; alone, a world of one)
+    #[arg(long, value_name = "auto|nccl", default_value = "auto", value_parser = taper::dist::Engine::parse)]
+    collective: taper::dist::Engine,
+}
+
+#[derive(clap::Args)]
+struct ExportArgs {
+    /// A checkpoint, or a run folder (its newest valid checkpoint)
+    checkpoint: PathBuf,
+    /// gguf, hf or gguf-lora
+    #[arg(long, default_value = "gguf")]
+    format: String,
+    /// GGUF weight type: f32, f16, q8_0 or q4_0
+    #[arg(long = "type", default_value = "q8_0")]
+    ty: String,
+    /// With --format gguf on a QLoRA run: the base with the adapters merged in
+    #[arg(long)]
+    merge: bool,
+    /// The file (gguf) or folder (hf) to write
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct SampleArgs {
+    /// A checkpoint, or a run folder (its newest valid checkpoint)
+    checkpoint: PathBuf,
+    /// Text to continue [default: a newline]
+    #[arg(long, default_value = "\n", hide_default_value = true)]
+    prompt: String,
+    #[arg(long, default_value_t = 200)]
+    tokens: usize,
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 #[derive(Subcommand)]
@@ -379,7 +388,8 @@ fn default_out(recipe: &Path) -> PathBuf {
     PathBuf::from("runs").join(format!("{stem}-{}", taper::host::utc_stamp()))
 }
 
-fn main() -> ExitCode {
+/// Switches read from the environment, for measuring one change at a time.
+fn read_switches() {
     // TAPER_FUSED_KERNELS=0 uses candle's ops instead of taper's fused ones.
     if std::env::var("TAPER_FUSED_KERNELS").as_deref() == Ok("0") {
         taper::kernels::set_fused(false);
@@ -392,70 +402,15 @@ fn main() -> ExitCode {
     if std::env::var("TAPER_MALLOC_TUNING").as_deref() != Ok("0") {
         taper::memory::tune_malloc();
     }
-    let cli = Cli::parse();
-    let (recipe, opts) = match cli.command {
-        Command::Plugin { cmd } => return plugin(cmd),
-        Command::Report { runs, out } => return report(&runs, out),
-        Command::Export {
-            checkpoint,
-            format,
-            ty,
-            merge,
-            out,
-        } => {
-            use taper::interop::saved::export_checkpoint;
-            return match export_checkpoint(&checkpoint, &out, &format, &ty, merge) {
-                Ok(w) => {
-                    say!(
-                        "exported {} ({format}{}): {} bytes",
-                        out.display(),
-                        w.detail,
-                        w.bytes
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("taper export: {e}");
-                    ExitCode::from(2)
-                }
-            };
-        }
-        Command::Sample {
-            checkpoint,
-            prompt,
-            tokens,
-            temperature,
-            seed,
-        } => {
-            use taper::interop::saved::sample_checkpoint;
-            return match sample_checkpoint(&checkpoint, &prompt, tokens, temperature, seed) {
-                Ok(text) => {
-                    say!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("taper sample: {e}");
-                    ExitCode::from(2)
-                }
-            };
-        }
-        Command::Launch { n, args } => return launch(n, &args),
-        Command::Bench(args) => {
-            return match taper::bench::run(&args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("taper bench: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
-        Command::Plan {
-            recipe,
-            mem_limit,
-            margin,
-        } => {
-            return plan(&recipe, mem_limit, margin);
-        }
+}
+
+fn main() -> ExitCode {
+    read_switches();
+    match Cli::parse().command {
+        Command::Train(args) => match train_options(args) {
+            Ok((recipe, opts)) => run_recipe(&recipe, opts),
+            Err(code) => code,
+        },
         Command::Check { recipe } => {
             let opts = HostOptions {
                 device: "cpu".into(),
@@ -464,98 +419,139 @@ fn main() -> ExitCode {
                 overrides: recipe.set.clone(),
                 ..HostOptions::default()
             };
-            (recipe.recipe, opts)
+            run_recipe(&recipe.recipe, opts)
         }
-        Command::Train {
+        Command::Plan {
             recipe,
-            device,
-            seed,
-            out,
-            resume,
-            quiet,
             mem_limit,
-            inject_oom,
-            watch,
-            checkpoint_every,
-            keep_checkpoints,
-            log_every,
-            tensorboard,
-            rank_timeout,
-            collective,
-        } => {
-            // `--resume RUN_DIR` continues in that folder unless --out says
-            // otherwise; `--resume auto` continues in --out if it holds a run.
-            let mut out = out.or_else(|| resume.clone().filter(|r| r.is_dir()));
-            // One of several data-parallel ranks (mpirun, taper launch)?
-            let world =
-                match taper::dist::init(rank_timeout, taper::run::interrupt::requested, collective)
-                {
-                    Ok(w) => w,
-                    Err(e) => {
-                        eprintln!("taper: {e}");
-                        return ExitCode::from(2);
-                    }
-                };
-            if let Some(w) = world {
-                taper::run::interrupt::set_patient();
-                match join_world(w, out.take(), &recipe.recipe, watch) {
-                    Ok(dir) => out = Some(dir),
-                    Err(e) => {
-                        eprintln!("taper: {e}");
-                        return ExitCode::from(e.exit_code());
-                    }
-                }
+            margin,
+        } => plan(&recipe, mem_limit, margin),
+        Command::Plugin { cmd } => plugin(cmd),
+        Command::Report { runs, out } => report(&runs, out),
+        Command::Export(args) => export(args),
+        Command::Sample(args) => sample(args),
+        Command::Launch { n, args } => launch(n, &args),
+        Command::Bench(args) => match taper::bench::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("taper bench: {e}");
+                ExitCode::from(1)
             }
-            let writer = taper::dist::rank() == 0;
-            let auto = resume.as_deref() == Some(Path::new("auto"));
-            // The folder whose later runs (a distilled student) resume too.
-            let folder = match resume.as_deref() {
-                Some(_) if auto => out.clone(),
-                Some(r) if r.is_dir() => Some(r.to_path_buf()),
-                _ => None,
-            };
-            let resume = match resume
-                .map(|arg| taper::engine::checkpoint::resolve_resume(&arg, out.as_deref()))
-                .transpose()
-            {
-                Ok(r) => r.flatten(),
-                Err(e) => {
-                    // A checkpoint that cannot be resumed from is bad input:
-                    // said before anything runs.
-                    eprintln!("taper: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let resume = resume.map(|(path, notes)| {
-                for n in notes {
-                    eprintln!("taper: warning: {n}");
-                }
-                path
-            });
-            let opts = HostOptions {
-                device,
-                seed,
-                // Only rank 0 of a data-parallel run writes records and checkpoints.
-                out_dir: Some(out.unwrap_or_else(|| default_out(&recipe.recipe)))
-                    .filter(|_| writer),
-                resume,
-                resume_folder: folder,
-                // The other ranks write to their log files, not a terminal.
-                quiet: quiet && writer,
-                check_only: false,
-                overrides: recipe.set.clone(),
-                mem_limit,
-                inject_oom,
-                watch,
-                checkpoint_every: checkpoint_every.map(|e| e.0),
-                keep_checkpoints: keep_checkpoints.map(|k| k as usize),
-                log_every,
-                tensorboard: tensorboard && writer,
-                reuse_out: auto,
-            };
-            (recipe.recipe, opts)
+        },
+    }
+}
+
+/// `taper export`.
+fn export(a: ExportArgs) -> ExitCode {
+    use taper::interop::saved::export_checkpoint;
+    match export_checkpoint(&a.checkpoint, &a.out, &a.format, &a.ty, a.merge) {
+        Ok(w) => {
+            say!(
+                "exported {} ({}{}): {} bytes",
+                a.out.display(),
+                a.format,
+                w.detail,
+                w.bytes
+            );
+            ExitCode::SUCCESS
         }
+        Err(e) => {
+            eprintln!("taper export: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `taper sample`.
+fn sample(a: SampleArgs) -> ExitCode {
+    use taper::interop::saved::sample_checkpoint;
+    match sample_checkpoint(&a.checkpoint, &a.prompt, a.tokens, a.temperature, a.seed) {
+        Ok(text) => {
+            say!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("taper sample: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `taper train`'s host options: the output folder (a data-parallel rank
+/// joins rank 0's), what to resume from, and the flags. Bad input is told
+/// here, before anything runs, as the exit code to leave with.
+fn train_options(a: TrainArgs) -> Result<(PathBuf, HostOptions), ExitCode> {
+    let told = |e: taper::Error| {
+        eprintln!("taper: {e}");
+        ExitCode::from(e.exit_code())
     };
+    // `--resume RUN_DIR` continues in that folder unless --out says
+    // otherwise; `--resume auto` continues in --out if it holds a run.
+    let mut out = a.out.or_else(|| a.resume.clone().filter(|r| r.is_dir()));
+    // One of several data-parallel ranks (mpirun, taper launch)?
+    let world = taper::dist::init(
+        a.rank_timeout,
+        taper::run::interrupt::requested,
+        a.collective,
+    )
+    .map_err(|e| {
+        eprintln!("taper: {e}");
+        ExitCode::from(2)
+    })?;
+    if let Some(w) = world {
+        taper::run::interrupt::set_patient();
+        out = Some(join_world(w, out.take(), &a.recipe.recipe, a.watch).map_err(told)?);
+    }
+    let writer = taper::dist::rank() == 0;
+    let auto = a.resume.as_deref() == Some(Path::new("auto"));
+    // The folder whose later runs (a distilled student) resume too.
+    let folder = match a.resume.as_deref() {
+        Some(_) if auto => out.clone(),
+        Some(r) if r.is_dir() => Some(r.to_path_buf()),
+        _ => None,
+    };
+    // A checkpoint that cannot be resumed from is bad input: said before
+    // anything runs.
+    let resume = a
+        .resume
+        .map(|arg| taper::engine::checkpoint::resolve_resume(&arg, out.as_deref()))
+        .transpose()
+        .map_err(|e| {
+            eprintln!("taper: {e}");
+            ExitCode::from(2)
+        })?
+        .flatten()
+        .map(|(path, notes)| {
+            for n in notes {
+                eprintln!("taper: warning: {n}");
+            }
+            path
+        });
+    let opts = HostOptions {
+        device: a.device,
+        seed: a.seed,
+        // Only rank 0 of a data-parallel run writes records and checkpoints.
+        out_dir: Some(out.unwrap_or_else(|| default_out(&a.recipe.recipe))).filter(|_| writer),
+        resume,
+        resume_folder: folder,
+        // The other ranks write to their log files, not a terminal.
+        quiet: a.quiet && writer,
+        check_only: false,
+        overrides: a.recipe.set.clone(),
+        mem_limit: a.mem_limit,
+        inject_oom: a.inject_oom,
+        watch: a.watch,
+        checkpoint_every: a.checkpoint_every.map(|e| e.0),
+        keep_checkpoints: a.keep_checkpoints.map(|k| k as usize),
+        log_every: a.log_every,
+        tensorboard: a.tensorboard && writer,
+        reuse_out: auto,
+    };
+    Ok((a.recipe.recipe, opts))
+}
+
+/// Runs a recipe (`train` or `check`) and says how it ended.
+fn run_recipe(recipe: &Path, opts: HostOptions) -> ExitCode {
     let check = opts.check_only;
     let quiet = opts.quiet;
     if !check {
@@ -571,7 +567,7 @@ fn main() -> ExitCode {
             return ExitCode::from(e.exit_code());
         }
     };
-    match host.run_file(&recipe) {
+    match host.run_file(recipe) {
         Ok(report) => {
             // Every rank completed: MPI can end (after a failure a rank may
             // be gone, and the launcher ends the others).
@@ -586,35 +582,39 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            // A signal or os.exit is an ending, not a failure: no traceback.
-            let told = match (e.interrupted(), e.exited()) {
-                (Some(sig), _) => taper::Error::Interrupted(sig).to_string(),
-                (_, Some(code)) => taper::Error::Exited(code).to_string(),
-                _ => taper::host::render_error(&e),
-            };
-            eprintln!("taper: {told}");
-            if let (Some(w), Some(_)) = (taper::dist::world(), e.interrupted()) {
-                // Every rank was asked to stop: they leave together, once
-                // rank 0 has written its checkpoint.
-                let _ = w.farewell(std::time::Duration::from_secs(60));
-            }
-            let ending = e.exit_code() == 3 || e.interrupted().is_some();
-            if taper::dist::rank() != 0 {
-                // Rank 0 writes the run's checkpoints.
-            } else if host.checkpoints().is_empty() && ending {
-                // Nothing to continue from, and nothing lost: no step was taken.
-                eprintln!("taper: no checkpoint: the run had taken no step");
-            }
-            for c in host.checkpoints() {
-                let folder = c.parent().unwrap_or(Path::new("."));
-                eprintln!(
-                    "taper: checkpoint written to {} (continue with --resume {})",
-                    c.display(),
-                    folder.display()
-                );
-            }
-            ExitCode::from(e.exit_code())
-        }
+        Err(e) => ended(&host, &e),
     }
+}
+
+/// A run that ended early: a failure, a signal or `os.exit`. Says where its
+/// checkpoints are, and how to continue.
+fn ended(host: &Host, e: &taper::Error) -> ExitCode {
+    // A signal or os.exit is an ending, not a failure: no traceback.
+    let told = match (e.interrupted(), e.exited()) {
+        (Some(sig), _) => taper::Error::Interrupted(sig).to_string(),
+        (_, Some(code)) => taper::Error::Exited(code).to_string(),
+        _ => taper::host::render_error(e),
+    };
+    eprintln!("taper: {told}");
+    if let (Some(w), Some(_)) = (taper::dist::world(), e.interrupted()) {
+        // Every rank was asked to stop: they leave together, once
+        // rank 0 has written its checkpoint.
+        let _ = w.farewell(std::time::Duration::from_secs(60));
+    }
+    let ending = e.exit_code() == 3 || e.interrupted().is_some();
+    if taper::dist::rank() != 0 {
+        // Rank 0 writes the run's checkpoints.
+    } else if host.checkpoints().is_empty() && ending {
+        // Nothing to continue from, and nothing lost: no step was taken.
+        eprintln!("taper: no checkpoint: the run had taken no step");
+    }
+    for c in host.checkpoints() {
+        let folder = c.parent().unwrap_or(Path::new("."));
+        eprintln!(
+            "taper: checkpoint written to {} (continue with --resume {})",
+            c.display(),
+            folder.display()
+        );
+    }
+    ExitCode::from(e.exit_code())
 }
