@@ -22,9 +22,16 @@ impl Recovery {
         epoch: u64,
         observe: &mut Observer<'_>,
     ) -> Result<Eval> {
-        let world = crate::dist::world();
-        let local = self.evaluate_local(trainer, batches, objective, epoch, observe);
-        let total = match world {
+        let local = trainer.frozen().and_then(|model| {
+            let job = Job {
+                trainer,
+                model: &*model,
+                objective,
+                epoch,
+            };
+            self.evaluate_local(&job, batches, observe)
+        });
+        let total = match crate::dist::world() {
             // Every rank evaluated its shard of each batch: the sums add up.
             Some(w) => ranks::eval_total(w, local, trainer.device())?,
             None => local?,
@@ -36,23 +43,14 @@ impl Recovery {
     /// rank's shard of each.
     fn evaluate_local(
         &mut self,
-        trainer: &Trainer,
+        job: &Job<'_>,
         batches: impl Iterator<Item = Result<Batch>>,
-        objective: Option<&Loss>,
-        epoch: u64,
         observe: &mut Observer<'_>,
     ) -> Result<EvalSums> {
-        let model = trainer.frozen()?;
         let mut total = EvalSums::default();
         HostMemory::set_limit(self.budget);
         for batch in batches {
-            let job = Job {
-                trainer,
-                model: &*model,
-                objective,
-                epoch,
-            };
-            total.add(&self.evaluate_batch(&job, batch?, observe)?);
+            total.add(&self.evaluate_batch(job, batch?, observe)?);
         }
         Ok(total)
     }
