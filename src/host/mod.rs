@@ -5,6 +5,7 @@ mod data;
 mod data_files;
 mod export;
 mod generator;
+mod host_options;
 mod models;
 mod oom;
 mod oom_policy;
@@ -37,6 +38,7 @@ use crate::data::Source;
 use crate::engine::{parse_device, Eval, ModelSpec};
 pub use crate::memory::inject::parse_size;
 use crate::{Error, Result};
+pub use host_options::{HostOptions, DEFAULT_LOG_EVERY};
 use output::Output;
 pub use plan::{probe_sizes, RunPlan};
 pub use render::render_error;
@@ -52,78 +54,6 @@ pub(crate) fn output_for_bench(dir: &std::path::Path) -> Result<output::Output> 
 /// benchmarks): whether it decided something.
 pub fn oom_action_of_lua(v: Value) -> Result<bool> {
     Ok(oom_policy::parse_action(v, "bench")?.is_some())
-}
-
-/// Steps per `step` record unless `--log-every` says: cheap (see `taper
-/// bench records`), and fine enough for a loss curve.
-pub const DEFAULT_LOG_EVERY: u64 = 10;
-
-/// How a host runs recipes. `Default` suits embedding: CPU, seed 0, no output
-/// folder, quiet.
-#[derive(Debug, Clone)]
-pub struct HostOptions {
-    /// `auto`, `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
-    /// Mixed into every seed a recipe gives (init, shuffles, sampling).
-    pub seed: u64,
-    /// Receives `metrics.jsonl` and final or failure checkpoints.
-    pub out_dir: Option<PathBuf>,
-    /// Restore the first run the recipe creates from this checkpoint.
-    pub resume: Option<PathBuf>,
-    /// The run folder being continued (`--resume RUN_DIR|auto`): the runs
-    /// after the first resume from their own newest checkpoint in it.
-    pub resume_folder: Option<PathBuf>,
-    /// No progress bar and no printed lines.
-    pub quiet: bool,
-    /// Load and validate only: `run:epochs()` yields no epoch.
-    pub check_only: bool,
-    /// `--set key=value` overrides for `taper.config`.
-    pub overrides: Vec<(String, String)>,
-    /// A memory budget in bytes for every run (soft OOM above it).
-    pub mem_limit: Option<usize>,
-    /// Injected OOM faults, `step=5,phase=backward[,times=2]`, for every run.
-    pub inject_oom: Vec<String>,
-    /// Watch the recipe and its modules; apply edits at safe points.
-    pub watch: bool,
-    /// Write each run's checkpoint this often while it trains (and at its
-    /// end, on a failure, a stop or a signal, always): `Some(None)` for
-    /// never; None for the recipe's `checkpoint_every`, else every 5 minutes.
-    pub checkpoint_every: Option<Option<crate::run::periodic::Every>>,
-    /// How many checkpoints of each run to keep; None for the recipe's
-    /// `keep_checkpoints`, else 2.
-    pub keep_checkpoints: Option<usize>,
-    /// Write a `step` record every this many steps (0: none).
-    pub log_every: u64,
-    /// Also write the records' scalars as TensorBoard event files
-    /// (`out_dir/tensorboard/`).
-    pub tensorboard: bool,
-    /// Append to `out_dir`'s records even when not resuming: `--resume auto`
-    /// found no checkpoint there (a job killed before its first one), so the
-    /// run starts afresh in the same folder.
-    pub reuse_out: bool,
-}
-
-impl Default for HostOptions {
-    fn default() -> Self {
-        HostOptions {
-            device: "cpu".into(),
-            seed: 0,
-            out_dir: None,
-            resume: None,
-            resume_folder: None,
-            quiet: true,
-            check_only: false,
-            overrides: Vec::new(),
-            mem_limit: None,
-            inject_oom: Vec::new(),
-            watch: false,
-            checkpoint_every: None,
-            keep_checkpoints: None,
-            log_every: DEFAULT_LOG_EVERY,
-            tensorboard: false,
-            reuse_out: false,
-        }
-    }
 }
 
 /// State shared by the Lua API functions (stored as Lua app data).
@@ -169,15 +99,7 @@ pub struct Host {
 impl Host {
     pub fn new(opts: HostOptions) -> Result<Host> {
         let device = parse_device(&opts.device)?;
-        for spec in &opts.inject_oom {
-            crate::memory::inject::Injection::parse(spec)
-                .map_err(|e| Error::Config(format!("--inject-oom {spec}: {e}")))?;
-        }
-        if opts.mem_limit.is_some() && !crate::memory::HostMemory::is_counting() {
-            return Err(Error::Config(
-                "--mem-limit needs taper::memory::CountingAlloc as the global allocator".into(),
-            ));
-        }
+        check_options(&opts)?;
         let out = Output::new(
             opts.out_dir.as_deref(),
             opts.quiet,
@@ -189,20 +111,7 @@ impl Host {
             // checkpoint; one killed between its two renames, an old sidecar.
             crate::engine::checkpoint::tidy(dir);
         }
-        // On a GPU the limit is made real: everything above it is reserved.
-        let ballast = match (opts.mem_limit, &device) {
-            (Some(limit), Device::Cuda(_)) => {
-                let b = crate::memory::device::ballast(&device, limit)?;
-                out.line(&format!(
-                    "--mem-limit: reserved {} of {} so that {} stays usable",
-                    crate::memory::planner::human(b.bytes),
-                    crate::engine::describe_device(&device),
-                    crate::memory::planner::human(limit)
-                ));
-                Some(b)
-            }
-            _ => None,
-        };
+        let ballast = reserve_above_limit(opts.mem_limit, &device, &out)?;
         let lua = Lua::new();
         let state = Rc::new(HostState {
             resume: RefCell::new(opts.resume.clone()),
@@ -217,36 +126,7 @@ impl Host {
             ballast,
         });
         lua.set_app_data(state.clone());
-        let taper = lua.create_table()?;
-        taper.set("version", env!("CARGO_PKG_VERSION"))?;
-        taper.set("device", crate::engine::describe_device(&state.device))?;
-        let start = std::time::Instant::now();
-        taper.set(
-            "clock",
-            lua.create_function(move |_, ()| Ok(start.elapsed().as_secs_f64()))?,
-        )?;
-        config::register(&lua, &taper)?;
-        models::register(&lua, &taper)?;
-        data::register(&lua, &taper)?;
-        // The file formats, into the same `taper.data` table.
-        data_files::register(&lua, &taper.get::<Table>("data")?)?;
-        run::register(&lua, &taper)?;
-        schedule::register(&lua, &taper)?;
-        policies::register(&lua, &taper)?;
-        plugin::register(&lua, &taper)?;
-        lua.globals().set("taper", taper.clone())?;
-        lua.register_module("taper", taper)?;
-        install_print(&lua)?;
-        // A stop asked for by a signal also ends Lua code that never steps
-        // (a loop in the recipe): checked every 16k Lua instructions.
-        lua.set_global_hook(
-            mlua::HookTriggers::new().every_nth_instruction(1 << 14),
-            |_, _| {
-                crate::run::interrupt::check().map_err(crate::error::lua_err)?;
-                Ok(mlua::VmState::Continue)
-            },
-        )?;
-        reload::register_safe_points(&lua)?;
+        register_api(&lua, &state)?;
         Ok(Host {
             lua,
             state,
@@ -421,6 +301,76 @@ impl Host {
             .map(|r| r.borrow().core.last_eval)
             .collect()
     }
+}
+
+/// Options that are wrong before anything runs: an injection that does not
+/// parse, a budget without the counting allocator to measure it.
+fn check_options(opts: &HostOptions) -> Result<()> {
+    for spec in &opts.inject_oom {
+        crate::memory::inject::Injection::parse(spec)
+            .map_err(|e| Error::Config(format!("--inject-oom {spec}: {e}")))?;
+    }
+    if opts.mem_limit.is_some() && !crate::memory::HostMemory::is_counting() {
+        return Err(Error::Config(
+            "--mem-limit needs taper::memory::CountingAlloc as the global allocator".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// On a GPU the limit is made real: everything above it is reserved.
+fn reserve_above_limit(
+    limit: Option<usize>,
+    device: &Device,
+    out: &Output,
+) -> Result<Option<crate::memory::device::Ballast>> {
+    let (Some(limit), Device::Cuda(_)) = (limit, device) else {
+        return Ok(None);
+    };
+    let b = crate::memory::device::ballast(device, limit)?;
+    out.line(&format!(
+        "--mem-limit: reserved {} of {} so that {} stays usable",
+        crate::memory::planner::human(b.bytes),
+        crate::engine::describe_device(device),
+        crate::memory::planner::human(limit)
+    ));
+    Ok(Some(b))
+}
+
+/// The `taper` table (`require "taper"` too), `print` through the host's
+/// output, and the hooks that stop or reload Lua code between steps.
+fn register_api(lua: &Lua, state: &HostState) -> Result<()> {
+    let taper = lua.create_table()?;
+    taper.set("version", env!("CARGO_PKG_VERSION"))?;
+    taper.set("device", crate::engine::describe_device(&state.device))?;
+    let start = std::time::Instant::now();
+    taper.set(
+        "clock",
+        lua.create_function(move |_, ()| Ok(start.elapsed().as_secs_f64()))?,
+    )?;
+    config::register(lua, &taper)?;
+    models::register(lua, &taper)?;
+    data::register(lua, &taper)?;
+    // The file formats, into the same `taper.data` table.
+    data_files::register(lua, &taper.get::<Table>("data")?)?;
+    run::register(lua, &taper)?;
+    schedule::register(lua, &taper)?;
+    policies::register(lua, &taper)?;
+    plugin::register(lua, &taper)?;
+    lua.globals().set("taper", taper.clone())?;
+    lua.register_module("taper", taper)?;
+    install_print(lua)?;
+    // A stop asked for by a signal also ends Lua code that never steps
+    // (a loop in the recipe): checked every 16k Lua instructions.
+    lua.set_global_hook(
+        mlua::HookTriggers::new().every_nth_instruction(1 << 14),
+        |_, _| {
+            crate::run::interrupt::check().map_err(crate::error::lua_err)?;
+            Ok(mlua::VmState::Continue)
+        },
+    )?;
+    reload::register_safe_points(lua)?;
+    Ok(())
 }
 
 /// `print` goes through the output so that it neither tears the progress bar
