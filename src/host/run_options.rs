@@ -77,6 +77,67 @@ pub(crate) fn decode_run(
     let optim = handle::<OptimHandle>(lua, what, opts, "optim", "a taper.optim")?
         .map(|o| o.0)
         .unwrap_or(OptimSpec::AdamW(AdamWConfig::default()));
+    let data = run_data(lua, opts)?;
+    let loss = handle::<LossHandle>(lua, what, opts, "loss", "a taper.loss")?
+        .map(|l| l.0)
+        .unwrap_or_default();
+    let seed = option(lua, opts, "seed", "a non-negative integer", |v| {
+        Ok(match v {
+            Value::Nil => Some(0),
+            Value::Integer(n) if *n >= 0 => Some(*n as u64),
+            _ => None,
+        })
+    })?;
+    let schedule = run_schedule(lua, opts)?;
+    let micro_batch: Option<usize> = match opts.get::<Value>("micro_batch")? {
+        Value::Nil => None,
+        v => Some(decode(lua, "taper.run: option `micro_batch`", v)?),
+    };
+    if micro_batch == Some(0) {
+        return Err(config_error(
+            lua,
+            "taper.run: option `micro_batch` must be positive",
+        ));
+    }
+    let oom = run_oom(lua, host, opts)?;
+    let state = option(lua, opts, "state", "a table", |v| {
+        Ok(match v {
+            Value::Nil => Some(None),
+            Value::Table(t) => Some(Some(t.clone())),
+            _ => None,
+        })
+    })?;
+    let on_reload = option(lua, opts, "on_reload", "a function(old_state)", |v| {
+        Ok(match v {
+            Value::Nil => Some(None),
+            Value::Function(f) => Some(Some(f.clone())),
+            _ => None,
+        })
+    })?;
+    let precision = run_precision(lua, opts)?;
+    let (checkpoint_every, keep_checkpoints) = run_checkpoints(lua, opts)?;
+    let (recompute, offload) = run_memory_savers(lua, opts)?;
+    Ok(RunOptions {
+        recompute,
+        offload,
+        checkpoint_every,
+        keep_checkpoints,
+        model,
+        optim,
+        precision,
+        data,
+        loss,
+        seed: seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        schedule,
+        micro_batch,
+        oom,
+        state,
+        on_reload,
+    })
+}
+
+/// `data`: a feed whose training pipeline yields at least one batch.
+fn run_data(lua: &Lua, opts: &Table) -> mlua::Result<Option<Feed>> {
     let data = super::data::feed_of(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
     if let Some(Feed::Pipeline(p)) = &data {
         if p.batches_per_epoch(super::generator::TRAIN_BATCH) == 0 {
@@ -95,136 +156,94 @@ pub(crate) fn decode_run(
             ));
         }
     }
-    let loss = handle::<LossHandle>(lua, what, opts, "loss", "a taper.loss")?
-        .map(|l| l.0)
-        .unwrap_or_default();
-    let seed: u64 = match opts.get::<Value>("seed")? {
-        Value::Nil => 0,
-        Value::Integer(n) if n >= 0 => n as u64,
-        other => {
-            return Err(config_error(
-                lua,
-                format!("taper.run: option `seed` must be a non-negative integer, got {other:?}"),
-            ))
-        }
-    };
-    let schedule = run_schedule(lua, opts)?;
-    let micro_batch: Option<usize> = match opts.get::<Value>("micro_batch")? {
-        Value::Nil => None,
-        v => Some(decode(lua, "taper.run: option `micro_batch`", v)?),
-    };
-    if micro_batch == Some(0) {
-        return Err(config_error(
+    Ok(data)
+}
+
+/// `taper.run`'s option `key`, as `accept` reads it: None for a value it
+/// does not take, which is an error saying what the option `must_be` and
+/// what it got.
+fn option<T>(
+    lua: &Lua,
+    opts: &Table,
+    key: &str,
+    must_be: &str,
+    accept: impl FnOnce(&Value) -> mlua::Result<Option<T>>,
+) -> mlua::Result<T> {
+    let v = opts.get::<Value>(key)?;
+    accept(&v)?.ok_or_else(|| {
+        config_error(
             lua,
-            "taper.run: option `micro_batch` must be positive",
-        ));
-    }
-    let oom = run_oom(lua, host, opts)?;
-    let state = match opts.get::<Value>("state")? {
-        Value::Nil => None,
-        Value::Table(t) => Some(t),
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                    "taper.run: option `state` must be a table, got a {}",
-                    other.type_name()
-                ),
-            ))
-        }
-    };
-    let on_reload = match opts.get::<Value>("on_reload")? {
-        Value::Nil => None,
-        Value::Function(f) => Some(f),
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                    "taper.run: option `on_reload` must be a function(old_state), got a {}",
-                    other.type_name()
-                ),
-            ))
-        }
-    };
-    let precision = run_precision(lua, opts)?;
-    let checkpoint_every = match opts.get::<Value>("checkpoint_every")? {
-        Value::Nil => None,
-        Value::Integer(n) if n > 0 => Some(Some(Every::Steps(n as u64))),
-        Value::String(s) => Some(parse_period(&s.to_str()?).map_err(|e| {
-            config_error(lua, format!("taper.run: option `checkpoint_every`: {e}"))
-        })?),
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                    "taper.run: option `checkpoint_every` must be a positive number of steps, a time (\"10m\") or \"never\", got {}",
-                    brief(&other)
-                ),
-            ))
-        }
-    };
-    let keep_checkpoints = match opts.get::<Value>("keep_checkpoints")? {
-        Value::Nil => None,
-        Value::Integer(n) if n > 0 => Some(n as usize),
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                    "taper.run: option `keep_checkpoints` must be a positive integer, got {}",
-                    brief(&other)
-                ),
-            ))
-        }
-    };
-    // `recompute = true` (every block), a number n (every n-th block), or
-    // false / 0 (none).
-    let recompute = match opts.get::<Value>("recompute")? {
-        Value::Nil | Value::Boolean(false) => 0,
-        Value::Boolean(true) => 1,
-        Value::Integer(n) if n >= 0 => n as usize,
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                    "taper.run: option `recompute` must be true, false or a number of blocks (every n-th is recomputed), got {}",
-                    brief(&other)
-                ),
-            ))
-        }
-    };
-    // `offload = true` (host memory: pinned on CUDA) or a folder.
-    use crate::engine::optim::offload::Place;
-    let offload = match opts.get::<Value>("offload")? {
-        Value::Nil | Value::Boolean(false) => None,
-        Value::Boolean(true) => Some(Place::Host),
-        Value::String(s) => Some(Place::Dir(s.to_str()?.to_string().into())),
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                    "taper.run: option `offload` must be true, false or a folder, got {}",
-                    brief(&other)
-                ),
-            ))
-        }
-    };
-    Ok(RunOptions {
-        recompute,
-        offload,
-        checkpoint_every,
-        keep_checkpoints,
-        model,
-        optim,
-        precision,
-        data,
-        loss,
-        seed: seed ^ host.opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-        schedule,
-        micro_batch,
-        oom,
-        state,
-        on_reload,
+            format!(
+                "taper.run: option `{key}` must be {must_be}, got {}",
+                brief(&v)
+            ),
+        )
     })
+}
+
+/// `checkpoint_every = steps | "10m" | "never"` (None when not given,
+/// Some(None) for never) and `keep_checkpoints = k`.
+fn run_checkpoints(
+    lua: &Lua,
+    opts: &Table,
+) -> mlua::Result<(Option<Option<Every>>, Option<usize>)> {
+    let every = option(
+        lua,
+        opts,
+        "checkpoint_every",
+        "a positive number of steps, a time (\"10m\") or \"never\"",
+        |v| match v {
+            Value::Nil => Ok(Some(None)),
+            Value::Integer(n) if *n > 0 => Ok(Some(Some(Some(Every::Steps(*n as u64))))),
+            Value::String(s) => parse_period(&s.to_str()?)
+                .map(|p| Some(Some(p)))
+                .map_err(|e| {
+                    config_error(lua, format!("taper.run: option `checkpoint_every`: {e}"))
+                }),
+            _ => Ok(None),
+        },
+    )?;
+    let keep = option(lua, opts, "keep_checkpoints", "a positive integer", |v| {
+        Ok(match v {
+            Value::Nil => Some(None),
+            Value::Integer(n) if *n > 0 => Some(Some(*n as usize)),
+            _ => None,
+        })
+    })?;
+    Ok((every, keep))
+}
+
+/// `recompute = true` (every block), a number n (every n-th block), or
+/// false / 0 (none); `offload = true` (host memory: pinned on CUDA) or a
+/// folder.
+fn run_memory_savers(
+    lua: &Lua,
+    opts: &Table,
+) -> mlua::Result<(usize, Option<crate::engine::optim::offload::Place>)> {
+    use crate::engine::optim::offload::Place;
+    let recompute = option(
+        lua,
+        opts,
+        "recompute",
+        "true, false or a number of blocks (every n-th is recomputed)",
+        |v| {
+            Ok(match v {
+                Value::Nil | Value::Boolean(false) => Some(0),
+                Value::Boolean(true) => Some(1),
+                Value::Integer(n) if *n >= 0 => Some(*n as usize),
+                _ => None,
+            })
+        },
+    )?;
+    let offload = option(lua, opts, "offload", "true, false or a folder", |v| {
+        Ok(match v {
+            Value::Nil | Value::Boolean(false) => Some(None),
+            Value::Boolean(true) => Some(Some(Place::Host)),
+            Value::String(s) => Some(Some(Place::Dir(s.to_str()?.to_string().into()))),
+            _ => None,
+        })
+    })?;
+    Ok((recompute, offload))
 }
 
 /// `precision = "f32" | "bf16" | "f16"`.
