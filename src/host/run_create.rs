@@ -40,29 +40,12 @@ fn create(
     host: &super::HostState,
     o: super::run_options::RunOptions,
 ) -> mlua::Result<RunHandle> {
-    let model = o.model;
-    let topts = TrainerOptions {
-        device: host.device.clone(),
-        dtype: DType::F32,
-        seed: o.seed,
-        loss: o.loss,
-    };
     let declared = super::run_state::Declared {
         precision: o.precision,
         recompute: o.recompute,
         offload: o.offload.clone(),
     };
-    let mut trainer = Trainer::new(Arc::clone(&model.0), &o.optim, topts).map_err(lua_err)?;
-    trainer.set_precision(o.precision).map_err(lua_err)?;
-    trainer
-        .set_recompute(o.recompute)
-        .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
-    if let Some(place) = &o.offload {
-        trainer.set_offload_place(place.clone());
-    }
-    trainer
-        .set_offload(o.offload.is_some())
-        .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
+    let trainer = trainer_of(lua, host, &o)?;
     let id = host.runs.borrow().len() + 1;
     let mut core = crate::run::Run::new(trainer, o.seed);
     core.schedule = o.schedule;
@@ -113,6 +96,47 @@ fn create(
         .or(o.checkpoint_every)
         .unwrap_or(Some(crate::run::periodic::DEFAULT))
         .map(|every| crate::run::periodic::Periodic::new(every, run.core.trainer.step));
+    record_run(host, &run, &o.model)?;
+    let rc = Rc::new(RefCell::new(run));
+    host.runs.borrow_mut().push(rc.clone());
+    Ok(RunHandle(rc))
+}
+
+/// The run's trainer, as its options declare: model, optimizer, seed and
+/// loss, precision, recomputation and offloaded optimizer state.
+fn trainer_of(
+    lua: &Lua,
+    host: &super::HostState,
+    o: &super::run_options::RunOptions,
+) -> mlua::Result<Trainer> {
+    let topts = TrainerOptions {
+        device: host.device.clone(),
+        dtype: DType::F32,
+        seed: o.seed,
+        loss: o.loss.clone(),
+    };
+    let mut trainer = Trainer::new(Arc::clone(&o.model.0), &o.optim, topts).map_err(lua_err)?;
+    trainer.set_precision(o.precision).map_err(lua_err)?;
+    trainer
+        .set_recompute(o.recompute)
+        .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
+    if let Some(place) = &o.offload {
+        trainer.set_offload_place(place.clone());
+    }
+    trainer
+        .set_offload(o.offload.is_some())
+        .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
+    Ok(trainer)
+}
+
+/// The `run` record: what trains, where, and how (and in a data-parallel
+/// run, the ranks, also said on each rank's terminal or log).
+fn record_run(
+    host: &super::HostState,
+    run: &RunState,
+    model: &super::models::ModelHandle,
+) -> mlua::Result<()> {
+    let (id, declared) = (run.id, &run.declared);
     let mut f = Map::new();
     f.insert("run".into(), id.into());
     f.insert("model".into(), model.0.describe().into());
@@ -128,9 +152,9 @@ fn create(
         "device".into(),
         crate::engine::describe_device(&host.device).into(),
     );
-    f.insert("precision".into(), o.precision.name().into());
-    f.insert("recompute".into(), o.recompute.into());
-    f.insert("offload".into(), o.offload.is_some().into());
+    f.insert("precision".into(), declared.precision.name().into());
+    f.insert("recompute".into(), declared.recompute.into());
+    f.insert("offload".into(), declared.offload.is_some().into());
     if let Some(limit) = run.core.oom.budget {
         f.insert("memory_limit".into(), limit.into());
     }
@@ -149,9 +173,7 @@ fn create(
     host.out
         .record("run", run.core.trainer.step, run.core.cursor.epoch, f)
         .map_err(lua_err)?;
-    let rc = Rc::new(RefCell::new(run));
-    host.runs.borrow_mut().push(rc.clone());
-    Ok(RunHandle(rc))
+    Ok(())
 }
 
 /// The checkpoint run `id` resumes from: the first run, the one `--resume`
