@@ -157,7 +157,13 @@ impl CustomOp3 for Dense {
         let (k, n) = (x.dim(D::Minus1)?, w.dim(0)?);
         let g = dy.reshape(((), n))?;
         let dx = g.matmul(&w)?.reshape(x.shape())?;
-        let dw = g.t()?.matmul(&x.reshape(((), k))?)?;
+        let x = x.reshape(((), k))?;
+        let dw = if super::weight_grad::applies(&g, &x) {
+            g.contiguous()?
+                .apply_op2_no_bwd(&x.contiguous()?, &super::weight_grad::WeightGrad)?
+        } else {
+            g.t()?.matmul(&x)?
+        };
         let db = g.contiguous()?.apply_op1_no_bwd(&ColumnSum)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
