@@ -147,19 +147,17 @@ fn pruned_digits_keep_95_percent_at_50_and_80_percent_sparsity() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn distillation_brings_the_student_closer_to_the_teacher() -> Result<()> {
-    // A short run with alpha = 1 (pure distillation): the distilled student
-    // ends closer to the teacher (lower T^2 KL on held-out text) than a
-    // student with the same seed and data trained on the labels. At 40
-    // steps the ratio depended on the seed (0.24 to 0.91 over seeds 0-4);
-    // at 100 it was 0.10 to 0.44.
+/// One short distillation run (alpha = 1: pure distillation) with `seed`:
+/// the T^2 KL to the teacher on held-out text of the distilled student and
+/// of a student with the same seed and data trained on the labels.
+fn distillation_objectives(seed: u32) -> Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let mut host = Host::new(HostOptions {
         out_dir: Some(dir.path().to_path_buf()),
         overrides: [("steps", "100"), ("teacher_epochs", "1"), ("alpha", "1")]
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("seed".to_string(), seed.to_string())])
             .collect(),
         ..HostOptions::default()
     })?;
@@ -168,11 +166,6 @@ fn distillation_brings_the_student_closer_to_the_teacher() -> Result<()> {
     let results: mlua::Table = host.globals()?.get("results")?;
     let objective =
         |k: &str| -> mlua::Result<f64> { results.get::<mlua::Table>(k)?.get("objective") };
-    let (distilled, plain) = (objective("distilled")?, objective("plain")?);
-    assert!(
-        distilled < 0.8 * plain,
-        "KL to the teacher: distilled {distilled}, plain {plain}"
-    );
     let evals: Vec<_> = records(dir.path())?
         .into_iter()
         .filter(|r| r["event"] == "eval")
@@ -183,6 +176,25 @@ fn distillation_brings_the_student_closer_to_the_teacher() -> Result<()> {
         "the teacher has no objective"
     );
     assert!(evals[1]["objective"].is_f64() && evals[2]["objective"].is_f64());
+    Ok((objective("distilled")?, objective("plain")?))
+}
+
+#[test]
+fn distillation_brings_the_student_closer_to_the_teacher() -> Result<()> {
+    // The distilled student ends closer to the teacher than the plain one,
+    // in the median of three seeds. One seed's ratio swings with the last
+    // bit of the arithmetic: seed 1 gave 0.33, then 0.78 with the attention
+    // softmax's sums in eight lanes and 0.86 with its vectorized exp as
+    // well, while seeds 0 and 2-4 stayed between 0.03 and 0.36. (At 40
+    // steps the ratio ranged 0.24-0.91 over seeds 0-4.)
+    let mut ratios = Vec::new();
+    for seed in 1..=3 {
+        let (distilled, plain) = distillation_objectives(seed)?;
+        eprintln!("seed {seed}: KL to the teacher, distilled {distilled}, plain {plain}");
+        ratios.push(distilled / plain);
+    }
+    ratios.sort_by(f64::total_cmp);
+    assert!(ratios[1] < 0.8, "distilled / plain KL by seed: {ratios:?}");
     Ok(())
 }
 

@@ -83,14 +83,7 @@ unsafe fn weights(d: Dims, q: *const f32, k: *const f32, r0: usize, m: usize, p:
     );
     for (i, row) in p.chunks_mut(n).enumerate() {
         let (live, masked) = row.split_at_mut(r0 + i + 1);
-        let top = live.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let mut sum = 0f32;
-        for v in live.iter_mut() {
-            *v = (*v - top).exp();
-            sum += *v;
-        }
-        let r = 1.0 / sum;
-        live.iter_mut().for_each(|v| *v *= r);
+        super::vexp::softmax(live);
         masked.fill(0.0);
     }
 }

@@ -36,6 +36,7 @@ mod pool;
 pub mod quant8;
 mod rope;
 mod rows;
+mod vexp;
 mod weight_grad;
 
 pub use attention::{causal_attention, causal_mask, flash_attention};
