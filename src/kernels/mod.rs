@@ -18,6 +18,7 @@ mod blas;
 mod ce_rows;
 mod chunked_ce;
 mod conv;
+mod conv_cpu;
 #[cfg(feature = "cuda")]
 mod conv_cuda;
 #[cfg(feature = "cuda")]
