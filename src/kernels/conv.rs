@@ -21,7 +21,8 @@ use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
 };
 
-use super::conv_cpu::{col2im, im2col, mm, with_scratch};
+use super::conv_cpu::{col2im, im2col, with_scratch};
+use super::mm;
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use rayon::prelude::*;

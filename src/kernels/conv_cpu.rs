@@ -1,8 +1,6 @@
 //! The CPU side of the 3x3 convolution (`conv.rs`): each sample unfolded
 //! (im2col) into a per-thread scratch buffer, folded back (col2im, its
-//! adjoint), and the row-major products between them, one thread each.
-
-use gemm::{gemm, Parallelism};
+//! adjoint); the products between them are `kernels::mm`, one thread each.
 
 thread_local! {
     /// Each thread's im2col buffer, kept between calls: every element is
@@ -88,49 +86,5 @@ pub(super) fn col2im(col: &[f32], c: usize, h: usize, w: usize, x: &mut [f32]) {
                 }
             }
         }
-    }
-}
-
-/// Row-major `dst [m, n] = a(m x k) b(k x n) + (keep ? dst : 0)`, where each
-/// operand is given with its (row stride, column stride).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn mm(
-    (m, n, k): (usize, usize, usize),
-    dst: &mut [f32],
-    keep: bool,
-    a: &[f32],
-    (a_rs, a_cs): (usize, usize),
-    b: &[f32],
-    (b_rs, b_cs): (usize, usize),
-) {
-    if m == 0 || n == 0 || k == 0 {
-        return;
-    }
-    debug_assert!(dst.len() >= m * n);
-    // SAFETY: dst is m x n row-major (row stride n); a and b are read only
-    // at (i, l) -> i * rs + l * cs within their m x k and k x n extents, which
-    // the callers size exactly.
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            keep,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        )
     }
 }

@@ -53,6 +53,51 @@ pub use pool::max_pool2x2;
 pub use rope::rope_interleaved;
 pub use rows::softmax_last_dim;
 
+/// Row-major `dst [m, n] = a(m x k) b(k x n) + (keep ? dst : 0)`, where each
+/// operand is given with its (row stride, column stride); one thread. The
+/// CPU kernels' (convolution, weight gradient) product.
+#[allow(clippy::too_many_arguments)]
+fn mm(
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    keep: bool,
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    debug_assert!(dst.len() >= m * n);
+    // SAFETY: dst is m x n row-major (row stride n); a and b are read only
+    // at (i, l) -> i * rs + l * cs within their m x k and k x n extents, which
+    // the callers size exactly.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            keep,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
 /// The f32 values a CPU kernel reads: contiguous storage only (callers
 /// make their inputs contiguous first).
 fn f32_slice<'a>(

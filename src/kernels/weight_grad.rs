@@ -8,7 +8,6 @@
 //! does not depend on how many threads there are.
 
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
 /// Rows per partial product.
@@ -57,35 +56,17 @@ impl CustomOp2 for WeightGrad {
             let r0 = block * BLOCK_ROWS;
             let r = BLOCK_ROWS.min(rows - r0);
             let mut out = vec![0f32; n * k];
-            if r > 0 && n > 0 && k > 0 {
-                // SAFETY: out is n x k (row stride k); G^T's block is read
-                // from g [rows, n] as n x r (row stride 1, column stride n)
-                // from row r0, and X's as r x k (row stride k) from row r0;
-                // r0 + r <= rows, so both stay inside their slices.
-                unsafe {
-                    gemm(
-                        n,
-                        k,
-                        r,
-                        out.as_mut_ptr(),
-                        1,
-                        k as isize,
-                        false,
-                        g.as_ptr().add(r0 * n),
-                        n as isize,
-                        1,
-                        x.as_ptr().add(r0 * k),
-                        1,
-                        k as isize,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
-                    )
-                }
-            }
+            // G^T's block [n, r] read from g [rows, n] at row r0 (row stride
+            // 1, column stride n); X's block [r, k] from x at row r0.
+            super::mm(
+                (n, k, r),
+                &mut out,
+                false,
+                &g[r0 * n..],
+                (1, n),
+                &x[r0 * k..],
+                (k, 1),
+            );
             out
         };
         let partials: Vec<Vec<f32>> = (0..rows.div_ceil(BLOCK_ROWS))
