@@ -3,6 +3,7 @@
 //! handles.
 
 mod builtin;
+mod epoch;
 mod files;
 mod permutation;
 mod pipeline;
@@ -10,9 +11,10 @@ mod samples;
 mod tokens;
 
 pub use builtin::{digits, shakespeare, CharText, Digits, Vocab};
+pub use epoch::Epoch;
 pub use files::{csv, idx, parse_csv, text, Csv, Idx};
 pub use permutation::Permutation;
-pub use pipeline::{Epoch, Pipeline};
+pub use pipeline::Pipeline;
 pub use samples::{samples, Samples};
 pub use tokens::{tokens, TokenType, Tokens};
 
