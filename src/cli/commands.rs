@@ -1,0 +1,178 @@
+//! The commands other than `train` and `check`: plan, report, plugin,
+//! launch, export, sample.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use taper::{Host, HostOptions};
+
+use super::args::{ExportArgs, PluginCmd, RecipeArgs, SampleArgs};
+use super::train::default_out;
+
+pub fn plugin(cmd: PluginCmd) -> ExitCode {
+    use taper::plugins::scaffold;
+    let result = match cmd {
+        PluginCmd::Info { path } => scaffold::info(&path).map(|s| print!("{s}")),
+        PluginCmd::New { name, dir, abi } => {
+            let abi =
+                abi.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/abi"));
+            scaffold::new_plugin(&name, &dir, &abi).map(|root| {
+                say!("wrote {}", root.display());
+                say!("build it: cd {} && cargo build --release", root.display());
+            })
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("taper: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// `taper plan`: runs the recipe without training, then prints each run's plan.
+pub fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitCode {
+    use taper::memory::planner::human;
+    let opts = HostOptions {
+        check_only: true,
+        overrides: recipe.set.clone(),
+        ..HostOptions::default()
+    };
+    let result = Host::new(opts).and_then(|mut h| {
+        h.run_file(&recipe.recipe)?;
+        h.plans()
+    });
+    let plans = match result {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("taper: {}", taper::host::render_error(&e));
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    for (i, p) in plans.iter().enumerate() {
+        let q = &p.plan;
+        say!("run {}: {} (batch {})", i + 1, p.model, q.batch);
+        say!("  parameters        {:>12}", human(q.parameters));
+        say!(
+            "  gradients         {:>12} (an accumulator, when the batch is split)",
+            human(q.gradients)
+        );
+        say!("  optimizer state   {:>12}", human(q.optimizer));
+        say!(
+            "  activations       {:>12} per sample + {} per step (measured on {} samples)",
+            human(q.per_sample),
+            human(q.per_step),
+            taper::host::probe_sizes(q.batch)
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        say!(
+            "  heap before training {:>9} (data, Lua, the model)",
+            human(q.resident)
+        );
+        say!(
+            "  estimated peak at micro-batch {}: {}",
+            q.batch,
+            human(q.peak(q.batch, false))
+        );
+        if let Some(limit) = mem_limit.or(p.limit) {
+            match q.max_micro(limit, margin) {
+                Some(m) if m >= q.batch => say!(
+                    "  under {} with a {:.0}% margin: the whole batch fits",
+                    human(limit),
+                    margin * 100.0
+                ),
+                Some(m) => say!(
+                    "  under {} with a {:.0}% margin: micro-batches of at most {m} (estimated peak {})",
+                    human(limit),
+                    margin * 100.0,
+                    human(q.peak(m, false))
+                ),
+                None => say!(
+                    "  under {}: does not fit even one sample at a time",
+                    human(limit)
+                ),
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn report(runs: &[PathBuf], out: Option<PathBuf>) -> ExitCode {
+    let out = out.unwrap_or_else(|| match runs {
+        [one] => one.join("report.html"),
+        _ => PathBuf::from("report.html"),
+    });
+    match taper::report::write(runs, &out) {
+        Ok(notes) => {
+            for n in notes {
+                eprintln!("taper: warning: {n}");
+            }
+            say!("report: {}", out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("taper report: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `taper launch`: the ranks under mpirun; its exit code is theirs.
+pub fn launch(n: usize, args: &[String]) -> ExitCode {
+    let recipe = args.iter().find(|a| !a.starts_with('-'));
+    let out = default_out(Path::new(recipe.map_or("run", |r| r.as_str())));
+    let status = std::env::current_exe()
+        .map_err(|e| taper::Error::Config(format!("taper launch: {e}")))
+        .and_then(|exe| taper::dist::launch::launch(n, &exe, args, &out));
+    match status {
+        Ok((s, _)) if s.success() => ExitCode::SUCCESS,
+        // Stopped by a signal passed on to the ranks: 128 + its number, as
+        // `taper train` exits.
+        Ok((_, Some(sig))) => ExitCode::from((128 + sig).clamp(0, 255) as u8),
+        Ok((s, None)) => ExitCode::from(s.code().map_or(1, |c| c.clamp(1, 255) as u8)),
+        Err(e) => {
+            eprintln!("taper: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `taper export`.
+pub fn export(a: ExportArgs) -> ExitCode {
+    use taper::interop::saved::export_checkpoint;
+    match export_checkpoint(&a.checkpoint, &a.out, &a.format, &a.ty, a.merge) {
+        Ok(w) => {
+            say!(
+                "exported {} ({}{}): {} bytes",
+                a.out.display(),
+                a.format,
+                w.detail,
+                w.bytes
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("taper export: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `taper sample`.
+pub fn sample(a: SampleArgs) -> ExitCode {
+    use taper::interop::saved::sample_checkpoint;
+    match sample_checkpoint(&a.checkpoint, &a.prompt, a.tokens, a.temperature, a.seed) {
+        Ok(text) => {
+            say!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("taper sample: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

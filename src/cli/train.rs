@@ -1,0 +1,177 @@
+//! `taper train` and `taper check`: the host's options from the flags, the
+//! run, and what is said when it ends.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use taper::{Host, HostOptions};
+
+use super::args::TrainArgs;
+
+/// `taper train`'s host options: the output folder (a data-parallel rank
+/// joins rank 0's), what to resume from, and the flags. Bad input is told
+/// here, before anything runs, as the exit code to leave with.
+pub fn train_options(a: TrainArgs) -> Result<(PathBuf, HostOptions), ExitCode> {
+    let told = |e: taper::Error| {
+        eprintln!("taper: {e}");
+        ExitCode::from(e.exit_code())
+    };
+    // `--resume RUN_DIR` continues in that folder unless --out says
+    // otherwise; `--resume auto` continues in --out if it holds a run.
+    let mut out = a.out.or_else(|| a.resume.clone().filter(|r| r.is_dir()));
+    // One of several data-parallel ranks (mpirun, taper launch)?
+    let world = taper::dist::init(
+        a.rank_timeout,
+        taper::run::interrupt::requested,
+        a.collective,
+    )
+    .map_err(|e| {
+        eprintln!("taper: {e}");
+        ExitCode::from(2)
+    })?;
+    if let Some(w) = world {
+        taper::run::interrupt::set_patient();
+        out = Some(join_world(w, out.take(), &a.recipe.recipe, a.watch).map_err(told)?);
+    }
+    let writer = taper::dist::rank() == 0;
+    let auto = a.resume.as_deref() == Some(Path::new("auto"));
+    // The folder whose later runs (a distilled student) resume too.
+    let folder = match a.resume.as_deref() {
+        Some(_) if auto => out.clone(),
+        Some(r) if r.is_dir() => Some(r.to_path_buf()),
+        _ => None,
+    };
+    // A checkpoint that cannot be resumed from is bad input: said before
+    // anything runs.
+    let resume = a
+        .resume
+        .map(|arg| taper::engine::checkpoint::resolve_resume(&arg, out.as_deref()))
+        .transpose()
+        .map_err(|e| {
+            eprintln!("taper: {e}");
+            ExitCode::from(2)
+        })?
+        .flatten()
+        .map(|(path, notes)| {
+            for n in notes {
+                eprintln!("taper: warning: {n}");
+            }
+            path
+        });
+    let opts = HostOptions {
+        device: a.device,
+        seed: a.seed,
+        // Only rank 0 of a data-parallel run writes records and checkpoints.
+        out_dir: Some(out.unwrap_or_else(|| default_out(&a.recipe.recipe))).filter(|_| writer),
+        resume,
+        resume_folder: folder,
+        // The other ranks write to their log files, not a terminal.
+        quiet: a.quiet && writer,
+        check_only: false,
+        overrides: a.recipe.set.clone(),
+        mem_limit: a.mem_limit,
+        inject_oom: a.inject_oom,
+        watch: a.watch,
+        checkpoint_every: a.checkpoint_every.map(|e| e.0),
+        keep_checkpoints: a.keep_checkpoints.map(|k| k as usize),
+        log_every: a.log_every,
+        tensorboard: a.tensorboard && writer,
+        reuse_out: auto,
+    };
+    Ok((a.recipe.recipe, opts))
+}
+
+/// Runs a recipe (`train` or `check`) and says how it ended.
+pub fn run_recipe(recipe: &Path, opts: HostOptions) -> ExitCode {
+    let check = opts.check_only;
+    let quiet = opts.quiet;
+    if !check {
+        // Ctrl-C, SIGTERM, SIGHUP: stop at the next step with a checkpoint.
+        if let Err(e) = taper::run::interrupt::install() {
+            eprintln!("taper: cannot handle signals ({e}): a signal will end the run without a checkpoint");
+        }
+    }
+    let mut host = match Host::new(opts) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("taper: {}", taper::host::render_error(&e));
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    match host.run_file(recipe) {
+        Ok(report) => {
+            // Every rank completed: MPI can end (after a failure a rank may
+            // be gone, and the launcher ends the others).
+            taper::dist::finish();
+            if check {
+                say!("{}: ok", recipe.display());
+            } else if let (false, Some(m)) = (quiet, report.metrics) {
+                say!("metrics: {}", m.display());
+                for c in host.checkpoints() {
+                    say!("checkpoint: {}", c.display());
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => ended(&host, &e),
+    }
+}
+
+/// A run that ended early: a failure, a signal or `os.exit`. Says where its
+/// checkpoints are, and how to continue.
+pub fn ended(host: &Host, e: &taper::Error) -> ExitCode {
+    // A signal or os.exit is an ending, not a failure: no traceback.
+    let told = match (e.interrupted(), e.exited()) {
+        (Some(sig), _) => taper::Error::Interrupted(sig).to_string(),
+        (_, Some(code)) => taper::Error::Exited(code).to_string(),
+        _ => taper::host::render_error(e),
+    };
+    eprintln!("taper: {told}");
+    if let (Some(w), Some(_)) = (taper::dist::world(), e.interrupted()) {
+        // Every rank was asked to stop: they leave together, once
+        // rank 0 has written its checkpoint.
+        let _ = w.farewell(std::time::Duration::from_secs(60));
+    }
+    let ending = e.exit_code() == 3 || e.interrupted().is_some();
+    if taper::dist::rank() != 0 {
+        // Rank 0 writes the run's checkpoints.
+    } else if host.checkpoints().is_empty() && ending {
+        // Nothing to continue from, and nothing lost: no step was taken.
+        eprintln!("taper: no checkpoint: the run had taken no step");
+    }
+    for c in host.checkpoints() {
+        let folder = c.parent().unwrap_or(Path::new("."));
+        eprintln!(
+            "taper: checkpoint written to {} (continue with --resume {})",
+            c.display(),
+            folder.display()
+        );
+    }
+    ExitCode::from(e.exit_code())
+}
+
+/// A rank's start: one output folder (rank 0's), the others' lines into
+/// their rank files; `--watch` is refused (ranks would reload at different
+/// steps).
+pub fn join_world(
+    w: &dyn taper::dist::Collective,
+    out: Option<PathBuf>,
+    recipe: &Path,
+    watch: bool,
+) -> taper::Result<PathBuf> {
+    if watch {
+        return Err(taper::Error::Config(
+            "--watch is not available with several ranks: they would apply an edit at different steps".into(),
+        ));
+    }
+    let out = taper::dist::launch::agree_out(w, out.unwrap_or_else(|| default_out(recipe)))?;
+    if w.rank() != 0 {
+        taper::dist::launch::log_to_rank_file(&out, w.rank())?;
+    }
+    Ok(out)
+}
+
+pub fn default_out(recipe: &Path) -> PathBuf {
+    let stem = recipe.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
+    PathBuf::from("runs").join(format!("{stem}-{}", taper::host::utc_stamp()))
+}
