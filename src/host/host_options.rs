@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::{Error, Result};
+
 /// Steps per `step` record unless `--log-every` says: cheap (see `taper
 /// bench records`), and fine enough for a loss curve.
 pub const DEFAULT_LOG_EVERY: u64 = 10;
@@ -73,4 +75,19 @@ impl Default for HostOptions {
             reuse_out: false,
         }
     }
+}
+
+/// Options that are wrong before anything runs: an injection that does not
+/// parse, a budget without the counting allocator to measure it.
+pub(super) fn check_options(opts: &HostOptions) -> Result<()> {
+    for spec in &opts.inject_oom {
+        crate::memory::inject::Injection::parse(spec)
+            .map_err(|e| Error::Config(format!("--inject-oom {spec}: {e}")))?;
+    }
+    if opts.mem_limit.is_some() && !crate::memory::HostMemory::is_counting() {
+        return Err(Error::Config(
+            "--mem-limit needs taper::memory::CountingAlloc as the global allocator".into(),
+        ));
+    }
+    Ok(())
 }
