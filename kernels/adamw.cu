@@ -30,9 +30,13 @@ extern "C" __global__ void adamw_f32(float* theta, const float* g, float* m, flo
 // from the updated weight in the same pass. The same values as casting the
 // gradient to f32, scaling it, adamw_f32 and casting the weights back
 // (src/kernels/adamw_mixed.rs), without the two f32 and low copies.
+// The factor is `scale`, or, when `scale_at` is not null, the f32 value
+// there: gradient clipping's factor, computed on the device
+// (`clip_factor` in norm.cu) and never read by the host.
 template <typename T>
-__device__ void adamw_mixed(float* theta, const T* g, float scale, float* m, float* v, T* work,
-                            size_t n, const Hyper& h) {
+__device__ void adamw_mixed(float* theta, const T* g, float scale, const float* scale_at, float* m,
+                            float* v, T* work, size_t n, const Hyper& h) {
+  if (scale_at) scale = *scale_at;
   FOR_EACH(i, n) {
     // As candle scales: x * mul + add (so a -0 gradient becomes +0).
     const float gi = scale == 1.f ? to_f(g[i]) : to_f(g[i]) * scale + 0.f;
@@ -46,10 +50,11 @@ __device__ void adamw_mixed(float* theta, const T* g, float scale, float* m, flo
   }
 }
 
-#define ADAMW_MIXED(T, S)                                                                       \
-  extern "C" __global__ void adamw_mixed_##S(float* theta, const T* g, float scale, float* m, \
-                                             float* v, T* work, size_t n, Hyper h) {          \
-    adamw_mixed(theta, g, scale, m, v, work, n, h);                                           \
+#define ADAMW_MIXED(T, S)                                                                    \
+  extern "C" __global__ void adamw_mixed_##S(float* theta, const T* g, float scale,          \
+                                             const float* scale_at, float* m, float* v,      \
+                                             T* work, size_t n, Hyper h) {                   \
+    adamw_mixed(theta, g, scale, scale_at, m, v, work, n, h);                                \
   }
 ADAMW_MIXED(__half, f16)
 ADAMW_MIXED(__nv_bfloat16, bf16)

@@ -41,3 +41,12 @@ extern "C" __global__ void sum_squares_finish(const double* part, int blocks, do
   acc = block_sum_f64(acc);
   if (threadIdx.x == 0) *out = acc;
 }
+
+// Gradient clipping's factor from the sum of squares, as the host computes
+// it (`clip_factor_of` in src/kernels/norm.rs): min(1, max_norm /
+// (sqrt(sum) + 1e-6)) in f64, then f32; a NaN norm gives 1. It stays on
+// the device, so the update is queued without waiting to read the norm.
+extern "C" __global__ void clip_factor(const double* sum, double max_norm, float* out) {
+  const double s = max_norm / (sqrt(*sum) + 1e-6);
+  *out = s < 1.0 ? (float)s : 1.f;
+}

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use taper::engine::optim::offload::Place;
-use taper::engine::optim::{AdamW, AdamWConfig, Optimizer, StateFormat};
+use taper::engine::optim::{AdamW, AdamWConfig, ClipScale, Optimizer, StateFormat};
 use taper::kernels;
 
 fn gpu() -> Device {
@@ -299,6 +299,48 @@ fn sum_squares_matches_the_cpu_and_repeats() -> Result<()> {
     Ok(())
 }
 
+/// Gradient clipping's factor computed on the GPU (`clip_factor` in
+/// `kernels/norm.cu`) is the host's formula on the same sum, bit for bit:
+/// clipped, not clipped, and a NaN norm; and the trainer's factor kept on
+/// the GPU scales gradients as the same factor read on the host does.
+#[test]
+fn clip_factor_on_the_gpu_matches_the_host() -> Result<()> {
+    for (n, max) in [(1000, 1e-3), (1000, 1e6), (256 * 1024 + 17, 1.0)] {
+        let g = randn(&[n], 1.0)?.to_device(&gpu())?;
+        let sum = kernels::sum_squares(&g)?;
+        let got = kernels::clip_factor(&sum, max)?.to_scalar::<f32>()?;
+        let want = kernels::clip_factor_of(sum.to_scalar::<f64>()?, max);
+        assert_eq!(got.to_bits(), want.to_bits(), "{n}, max {max}");
+    }
+    let nan = Tensor::new(f64::NAN, &gpu())?;
+    assert_eq!(kernels::clip_factor(&nan, 1.0)?.to_scalar::<f32>()?, 1.0);
+    // The trainer's path: a tensor factor against the same factor read.
+    let vars = vec![(
+        "w".to_string(),
+        Var::from_tensor(&randn(&[4099], 1.0)?.to_device(&gpu())?)?,
+    )];
+    let mut grads = candle_core::backprop::GradStore::default();
+    grads.insert(
+        vars[0].1.as_tensor(),
+        randn(&[4099], 1.0)?.to_device(&gpu())?,
+    );
+    let kept = taper::engine::optim::clip_scale(&vars, &grads, 0.5, true)?;
+    let read = taper::engine::optim::clip_scale(&vars, &grads, 0.5, false)?;
+    assert!(matches!(kept, ClipScale::Device(_)));
+    assert_eq!(kept.value()?.to_bits(), read.value()?.to_bits());
+    let g = grads.get(vars[0].1.as_tensor()).unwrap().clone();
+    let (a, b) = (kept.apply(g.clone())?, read.apply(g)?);
+    let (a, b): (Vec<f32>, Vec<f32>) = (
+        a.to_device(&Device::Cpu)?.to_vec1()?,
+        b.to_device(&Device::Cpu)?.to_vec1()?,
+    );
+    assert!(
+        a.iter().zip(&b).all(|(x, y)| x == y),
+        "scaled gradients differ"
+    );
+    Ok(())
+}
+
 #[test]
 fn conv3x3_matches_the_cpu() -> Result<()> {
     // (batch, in, height, width, out): odd sizes with edges on every side;
@@ -430,7 +472,13 @@ fn mixed_adamw_matches_the_cpu_bit_for_bit() -> Result<()> {
     let n = 3 * 4096 + 77;
     let init = randn(&[n], 1.0)?;
     let grads: Vec<Tensor> = (0..4).map(|_| randn(&[n], 1.0)).collect::<Result<_>>()?;
-    for (dt, scale) in [(DType::BF16, 1.0), (DType::F16, 0.37)] {
+    // Clipping's factor by value, and as the trainer keeps it on CUDA: a
+    // tensor on the device that the kernel reads there.
+    for (dt, scale, kept) in [
+        (DType::BF16, 1.0, false),
+        (DType::F16, 0.37, false),
+        (DType::BF16, 0.37, true),
+    ] {
         // Weights, working copy, state.
         type Run = (Vec<f32>, Vec<f32>, Vec<(String, Tensor)>);
         let run = |dev: &Device| -> Result<Run> {
@@ -446,8 +494,12 @@ fn mixed_adamw_matches_the_cpu_bit_for_bit() -> Result<()> {
             for g in &grads {
                 let mut store = GradStore::default();
                 store.insert(master.as_tensor(), g.to_dtype(dt)?.to_device(dev)?);
-                let store = taper::engine::optim::mixed_grads(&opt, &vars, store, scale, &works)?;
-                let written = opt.step_mixed(&vars, &store, scale, &works)?;
+                let scale = match kept {
+                    true => ClipScale::Device(Tensor::new(scale as f32, dev)?),
+                    false => ClipScale::Host(scale as f32),
+                };
+                let store = taper::engine::optim::mixed_grads(&opt, &vars, store, &scale, &works)?;
+                let written = opt.step_mixed(&vars, &store, &scale, &works)?;
                 assert!(written.contains("w"), "{dev:?}: not in one pass");
             }
             let mut state = opt.state();
@@ -463,7 +515,7 @@ fn mixed_adamw_matches_the_cpu_bit_for_bit() -> Result<()> {
         let (wc, kc, sc) = run(&Device::Cpu)?;
         let (wg, kg, sg) = run(&gpu())?;
         let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same(&wc, &wg), "{dt:?}: weights differ");
+        assert!(same(&wc, &wg), "{dt:?} {kept}: weights differ");
         assert!(same(&kc, &kg), "{dt:?}: working copies differ");
         for ((k, c), (_, g)) in sc.iter().zip(&sg) {
             let (c, g): (Vec<f32>, Vec<f32>) = (

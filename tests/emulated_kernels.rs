@@ -8,7 +8,8 @@
 //!   attention in float64;
 //! - `adamw_mixed_bf16` of `kernels/adamw.cu` against the CPU's one-pass
 //!   update, bit for bit;
-//! - `kernels/norm.cu`'s sum of squares against the CPU's.
+//! - `kernels/norm.cu`'s sum of squares against the CPU's, and its clipping
+//!   factor against the host's formula.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +17,7 @@ use std::sync::OnceLock;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use taper::kernels::adamw::AdamWStep;
-use taper::kernels::adamw_mixed::{adamw_mixed, MixedMoments};
+use taper::kernels::adamw_mixed::{adamw_mixed, Factor, MixedMoments};
 use taper::kernels::causal_attention;
 
 fn root() -> &'static Path {
@@ -177,8 +178,9 @@ fn flash_kernels_match_float64_attention() -> Result<()> {
 
 /// `adamw_mixed_bf16` as the GPU runs it, against the CPU's one-pass
 /// update (`kernels::adamw_mixed`), bit for bit: weights, moments and the
-/// working copy, over three steps, with and without clipping's factor,
-/// including zero and negative-zero gradients.
+/// working copy, over three steps, with and without clipping's factor
+/// (passed by value, or read from memory as the trainer keeps it on
+/// CUDA), including zero and negative-zero gradients.
 #[test]
 fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
     let exe = build("adamw_main");
@@ -186,7 +188,9 @@ fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
     let theta0: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
         .collect();
-    for scale in [1.0f32, 0.37] {
+    // The factor by value, or read from memory (`kept`: as the trainer
+    // keeps clipping's factor on CUDA; the value passed is then ignored).
+    for (scale, kept) in [(1.0f32, false), (0.37, false), (0.37, true)] {
         let theta = Var::from_vec(theta0.clone(), n, &Device::Cpu)?;
         let work = Var::from_tensor(&theta.as_tensor().to_dtype(DType::BF16)?)?;
         let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
@@ -202,10 +206,15 @@ fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
                 .collect();
             let g = Tensor::from_vec(g, n, &Device::Cpu)?.to_dtype(DType::BF16)?;
             let h = AdamWStep::new(1e-2, (0.9, 0.95), 1e-8, 0.1, t);
+            let held = Tensor::new(scale, &Device::Cpu)?;
+            let factor = match kept {
+                true => Factor::At(&held),
+                false => Factor::Value(scale),
+            };
             adamw_mixed(
                 theta.as_tensor(),
                 &g,
-                scale,
+                factor,
                 MixedMoments::Host(&mut m, &mut v),
                 work.as_tensor(),
                 &h,
@@ -214,8 +223,11 @@ fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
             let dir = tempfile::tempdir().expect("temporary directory");
             let (input, output) = (dir.path().join("in"), dir.path().join("out"));
             let mut bytes = (n as u64).to_le_bytes().to_vec();
+            let (by_value, at) = if kept { (5.0f32, scale) } else { (scale, 0.0) };
+            bytes.extend(by_value.to_le_bytes());
+            bytes.extend(u32::from(kept).to_le_bytes());
+            bytes.extend(at.to_le_bytes());
             let hyper = [
-                scale,
                 h.beta1,
                 h.beta2,
                 h.one_minus_beta1,
@@ -269,7 +281,7 @@ fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
             assert_eq!(
                 bits(&et),
                 bits(&cpu_theta),
-                "weights, scale {scale}, step {t}"
+                "weights, scale {scale} {kept}, step {t}"
             );
             assert_eq!(bits(&em), bits(&m), "first moment, scale {scale}, step {t}");
             assert_eq!(
@@ -286,19 +298,30 @@ fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
 /// `kernels/norm.cu` as `kernels::sum_squares` launches it (partial sums
 /// of up to 1024 blocks, then one block) against the CPU's sum, within f64
 /// rounding (the orders differ): one block, a partial one, more values
-/// than 1024 blocks' grid-stride loop covers in one pass.
+/// than 1024 blocks' grid-stride loop covers in one pass. Then its
+/// `clip_factor` on that sum against the host's formula, bit for bit:
+/// clipped, not clipped, and a NaN norm (a factor of 1).
 #[test]
-fn sum_squares_kernel_matches_the_cpu() -> Result<()> {
+fn sum_squares_and_clip_factor_kernels_match_the_cpu() -> Result<()> {
     let exe = build("norm_main");
-    for n in [1usize, 300, 256 * 1024 + 999] {
-        let x: Vec<f32> = (0..n)
+    for (n, max, nan) in [
+        (1usize, 1e-6f64, false),
+        (300, 1e6, false),
+        (256 * 1024 + 999, 100.0, false),
+        (5, 1.0, true),
+    ] {
+        let mut x: Vec<f32> = (0..n)
             .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
             .collect();
+        if nan {
+            x[n / 2] = f32::NAN;
+        }
         let want = taper::kernels::sum_squares(&Tensor::from_vec(x.clone(), n, &Device::Cpu)?)?
             .to_scalar::<f64>()?;
         let dir = tempfile::tempdir().expect("temporary directory");
         let (input, output) = (dir.path().join("in"), dir.path().join("out"));
         let mut bytes = (n as u64).to_le_bytes().to_vec();
+        bytes.extend(max.to_le_bytes());
         bytes.extend(x.iter().flat_map(|v| v.to_le_bytes()));
         std::fs::write(&input, bytes).expect("writing the input");
         let o = Command::new(&exe)
@@ -313,7 +336,15 @@ fn sum_squares_kernel_matches_the_cpu() -> Result<()> {
         );
         let out = std::fs::read(&output).expect("reading the output");
         let got = f64::from_le_bytes(out[..8].try_into().expect("8 bytes"));
-        assert!(((got - want) / want).abs() < 1e-12, "{n}: {got} vs {want}");
+        let factor = f32::from_le_bytes(out[8..12].try_into().expect("4 bytes"));
+        if nan {
+            assert!(got.is_nan() && want.is_nan(), "{n}: {got} vs {want}");
+            assert_eq!(factor, 1.0, "a NaN norm");
+        } else {
+            assert!(((got - want) / want).abs() < 1e-12, "{n}: {got} vs {want}");
+            let host = taper::kernels::clip_factor_of(got, max);
+            assert_eq!(factor.to_bits(), host.to_bits(), "{n}, max {max}");
+        }
     }
     Ok(())
 }

@@ -20,6 +20,15 @@ use rayon::prelude::*;
 use super::adamw::AdamWStep;
 use super::device_state::DeviceMoments;
 
+/// The factor the gradient is multiplied by (gradient clipping's).
+#[derive(Clone, Copy)]
+pub enum Factor<'a> {
+    Value(f32),
+    /// One f32 value on the weights' device: on CUDA the kernel reads it
+    /// there, so nothing waits for it to be computed.
+    At(&'a Tensor),
+}
+
 /// Where the f32 moments are.
 pub enum MixedMoments<'a> {
     Host(&'a mut [f32], &'a mut [f32]),
@@ -32,7 +41,7 @@ pub enum MixedMoments<'a> {
 pub fn adamw_mixed(
     theta: &Tensor,
     g: &Tensor,
-    scale: f32,
+    scale: Factor<'_>,
     moments: MixedMoments<'_>,
     work: &Tensor,
     h: &AdamWStep,
@@ -53,8 +62,24 @@ pub fn adamw_mixed(
         )
     }
     let g = g.contiguous()?;
+    let (scale, scale_at) = match scale {
+        Factor::Value(s) => (s, None),
+        Factor::At(t) if theta.device().is_cpu() => (t.to_scalar::<f32>()?, None),
+        Factor::At(t) => {
+            if t.dtype() != DType::F32
+                || t.elem_count() != 1
+                || !t.device().same_device(theta.device())
+            {
+                bail!(
+                    "adamw (mixed): clipping's factor must be one f32 value on the weights' device"
+                )
+            }
+            (1.0, Some(t))
+        }
+    };
     let op = Mixed {
         scale,
+        scale_at,
         h: *h,
         moments: RefCell::new(moments),
     };
@@ -67,6 +92,9 @@ pub fn adamw_mixed(
 
 struct Mixed<'a> {
     scale: f32,
+    /// The factor in device memory instead of `scale` (CUDA).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    scale_at: Option<&'a Tensor>,
     h: AdamWStep,
     moments: RefCell<MixedMoments<'a>>,
 }
@@ -171,13 +199,21 @@ impl InplaceOp3 for Mixed<'_> {
         };
         let (m, v) = d.buffers();
         let hyper = super::device_state::Hyper::from(&self.h);
+        // The factor's storage, read-locked for the launch.
+        let at = self.scale_at.map(|t| t.storage_and_layout());
+        let at = match &at {
+            Some((st, l)) => match &**st {
+                candle_core::Storage::Cuda(s) => {
+                    Some(super::cuda::view::<f32>(s, l, "clipping's factor")?)
+                }
+                _ => bail!("adamw (mixed): clipping's factor is not on the GPU"),
+            },
+            None => None,
+        };
+        let scale = (self.scale, at.as_ref());
         match gs.dtype() {
-            DType::BF16 => {
-                cuda::launch::<bf16>(dst, dl, (gs, gl), (ws, wl), (m, v), self.scale, hyper)
-            }
-            DType::F16 => {
-                cuda::launch::<f16>(dst, dl, (gs, gl), (ws, wl), (m, v), self.scale, hyper)
-            }
+            DType::BF16 => cuda::launch::<bf16>(dst, dl, (gs, gl), (ws, wl), (m, v), scale, hyper),
+            DType::F16 => cuda::launch::<f16>(dst, dl, (gs, gl), (ws, wl), (m, v), scale, hyper),
             other => bail!("adamw (mixed): a {other:?} gradient"),
         }
     }
@@ -235,7 +271,9 @@ impl InplaceOp2 for Round {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, DeviceRepr, PushKernelArg,
+    };
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{bail, CudaStorage, Layout, Result, WithDType};
 
@@ -249,7 +287,7 @@ mod cuda {
         (gs, gl): (&CudaStorage, &Layout),
         (ws, wl): (&CudaStorage, &Layout),
         (m, v): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-        scale: f32,
+        (scale, scale_at): (f32, Option<&CudaView<'_, f32>>),
         hyper: Hyper,
     ) -> Result<()> {
         let g = view::<T>(gs, gl, "adamw (mixed) gradient")?;
@@ -277,10 +315,14 @@ mod cuda {
         // The working copy comes in as candle's shared view, and the kernel
         // writes it: device memory that no host reference reads, on the
         // one stream that orders every use of it.
-        args.arg(&mut theta)
-            .arg(&g)
-            .arg(&scale)
-            .arg(&mut *m)
+        // No factor in device memory: a null pointer (`scale` is used).
+        let null = 0u64;
+        args.arg(&mut theta).arg(&g).arg(&scale);
+        match scale_at {
+            Some(at) => args.arg(at),
+            None => args.arg(&null),
+        };
+        args.arg(&mut *m)
             .arg(&mut *v)
             .arg(&work)
             .arg(&n)

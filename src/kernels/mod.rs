@@ -48,7 +48,7 @@ pub use dense::linear;
 pub use embedding::embedding;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
-pub use norm::sum_squares;
+pub use norm::{clip_factor, clip_factor_of, sum_squares};
 pub use pool::max_pool2x2;
 pub use rope::rope_interleaved;
 pub use rows::softmax_last_dim;

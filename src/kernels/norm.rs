@@ -4,6 +4,11 @@
 //! f64 copies of the tensor and reads them back. The sum's order is fixed
 //! (CPU: chunks summed in order; CUDA: `kernels/norm.cu`, partial sums per
 //! block, then one block), so the norm repeats bit for bit.
+//!
+//! Gradient clipping's factor is computed from that sum where it is
+//! (`clip_factor`): on CUDA the update reads it from device memory, so the
+//! step is queued without waiting to read the norm, as PyTorch's
+//! `clip_grad_norm_` does.
 
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -29,6 +34,60 @@ pub fn sum_squares(x: &Tensor) -> Result<Tensor> {
 }
 
 struct SumSquares;
+
+/// Gradient clipping's factor from the sum of the gradients' squares:
+/// `min(1, max_norm / (norm + 1e-6))`, as `torch.nn.utils.clip_grad_norm_`
+/// computes it, in f64 then rounded to f32 (the dtype the update scales
+/// f32 gradients in). A NaN norm gives 1 (the gradients are NaN anyway).
+pub fn clip_factor_of(sum_squares: f64, max_norm: f64) -> f32 {
+    let s = max_norm / (sum_squares.sqrt() + 1e-6);
+    if s < 1.0 {
+        s as f32
+    } else {
+        1.0
+    }
+}
+
+/// [`clip_factor_of`] where `sum_squares` (an f64 scalar, as
+/// [`sum_squares`] gives it) is: an f32 scalar on its device, computed
+/// there (one thread on CUDA, `kernels/norm.cu`), bit for bit the same.
+pub fn clip_factor(sum_squares: &Tensor, max_norm: f64) -> Result<Tensor> {
+    if sum_squares.dtype() != DType::F64 || sum_squares.elem_count() != 1 {
+        bail!(
+            "clipping's factor: expected an f64 scalar, got {:?} {:?}",
+            sum_squares.dtype(),
+            sum_squares.shape()
+        )
+    }
+    sum_squares
+        .reshape(())?
+        .apply_op1_no_bwd(&ClipFactor(max_norm))
+}
+
+struct ClipFactor(f64);
+
+impl CustomOp1 for ClipFactor {
+    fn name(&self) -> &'static str {
+        "taper-clip-factor"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let CpuStorage::F64(v) = s else {
+            bail!("clipping's factor: expected f64")
+        };
+        let f = clip_factor_of(v[l.start_offset()], self.0);
+        Ok((CpuStorage::F32(vec![f]), Shape::from(())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((cuda::clip_factor(s, l, self.0)?, Shape::from(())))
+    }
+}
 
 fn chunked<T: Copy + Sync>(v: &[T], f: impl Fn(T) -> f64 + Sync) -> f64 {
     let parts: Vec<f64> = v
@@ -103,6 +162,23 @@ mod cuda {
         let mut b = f.builder();
         b.arg(&part).arg(&blocks_i).arg(&out);
         run(&mut b, cfg(1))?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+
+    /// `clip_factor` of `kernels/norm.cu`: one thread.
+    pub(super) fn clip_factor(s: &CudaStorage, l: &Layout, max_norm: f64) -> Result<CudaStorage> {
+        let sum = view::<f64>(s, l, "clipping's factor")?;
+        let dev = &s.device;
+        let out = alloc::<f32>(dev, 1)?;
+        let f = kernel!(NORM, dev, "clip_factor");
+        let mut b = f.builder();
+        b.arg(&sum).arg(&max_norm).arg(&out);
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        run(&mut b, one)?;
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 }

@@ -10,6 +10,7 @@
 // kernel that reads another lane's stored tile without a barrier reads
 // stale data here too.
 #pragma once
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -91,7 +92,9 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 threads, A... args) {
     at = {k % grid.x, k / grid.x % grid.y, k / (grid.x * grid.y)};
     b.all = std::make_unique<std::barrier<>>(n);
     b.warps.clear();
-    for (unsigned w = 0; w < n / 32; w++) b.warps.push_back(std::make_unique<std::barrier<>>(32));
+    // A last, partial warp when the block is not a multiple of 32 threads.
+    for (unsigned w = 0; w < (n + 31) / 32; w++)
+      b.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
     b.slots.assign(n, 0);
     block = &b;
     gate.arrive_and_wait();

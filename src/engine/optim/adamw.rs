@@ -209,7 +209,7 @@ impl Optimizer for AdamW {
         &mut self,
         vars: &[(String, Var)],
         grads: &GradStore,
-        scale: f64,
+        scale: &super::ClipScale,
         work: &HashMap<String, Var>,
     ) -> Result<std::collections::HashSet<String>> {
         self.mixed_step(vars, grads, scale, work)

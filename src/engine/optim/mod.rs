@@ -2,10 +2,12 @@
 //! keeps its moments private) so that checkpoints can save and restore it.
 
 mod adamw;
+mod clip;
 pub mod offload;
 mod sgd;
 
 pub use adamw::{AdamW, MIN_8BIT};
+pub use clip::{clip_grad_norm, clip_scale, grad_norm, scale_grads, ClipScale};
 pub use sgd::Sgd;
 
 use std::collections::{HashMap, HashSet};
@@ -153,7 +155,7 @@ pub trait Optimizer {
         &mut self,
         vars: &[(String, Var)],
         grads: &GradStore,
-        _scale: f64,
+        _scale: &ClipScale,
         _work: &HashMap<String, Var>,
     ) -> Result<HashSet<String>> {
         self.step(vars, grads)?;
@@ -185,36 +187,16 @@ pub trait Optimizer {
     }
 }
 
-/// The global L2 norm of all gradients. The squares are summed on the
-/// device (`kernels::sum_squares`: one pass per tensor, in f64) and read
-/// back once: one CPU-GPU sync point per step, not one per parameter.
-pub fn grad_norm(vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
-    let mut total: Option<Tensor> = None;
-    for (_, v) in vars {
-        if let Some(g) = grads.get(v) {
-            let s = crate::kernels::sum_squares(g)?;
-            total = Some(match total {
-                Some(t) => (t + s)?,
-                None => s,
-            });
-        }
-    }
-    Ok(match total {
-        Some(t) => t.to_scalar::<f64>()?.sqrt(),
-        None => 0.0,
-    })
-}
-
 /// The gradients [`Optimizer::step_mixed`] takes, from the working copy's
 /// `grads` keyed by master: as they are where `opt` updates in one pass,
-/// in f32 times `scale` if below 1 (as [`clip_grad_norm`] scales them)
+/// in f32 times `scale` (as [`scale_grads`] scales them)
 /// elsewhere. Everything the
 /// mixed update allocates, before it changes anything.
 pub fn mixed_grads(
     opt: &dyn Optimizer,
     vars: &[(String, Var)],
     mut grads: GradStore,
-    scale: f64,
+    scale: &ClipScale,
     work: &HashMap<String, Var>,
 ) -> Result<GradStore> {
     let mut out = GradStore::default();
@@ -223,33 +205,10 @@ pub fn mixed_grads(
         if work.get(name).is_some_and(|w| opt.one_pass(v, &g, w)) {
             out.insert(v, g);
         } else {
-            let g = g.to_dtype(DType::F32)?;
-            out.insert(v, if scale < 1.0 { (g * scale)? } else { g });
+            out.insert(v, scale.apply(g.to_dtype(DType::F32)?)?);
         }
     }
     Ok(out)
-}
-
-/// The factor [`clip_grad_norm`] scales gradients by (1: none), and the
-/// norm before clipping.
-pub fn clip_factor(vars: &[(String, Var)], grads: &GradStore, max_norm: f64) -> Result<(f64, f64)> {
-    let norm = grad_norm(vars, grads)?;
-    let scale = max_norm / (norm + 1e-6);
-    Ok((if scale < 1.0 { scale } else { 1.0 }, norm))
-}
-
-/// Scales gradients so that their global norm is at most `max_norm`, as
-/// `torch.nn.utils.clip_grad_norm_` does. Returns the norm before clipping.
-pub fn clip_grad_norm(vars: &[(String, Var)], grads: &mut GradStore, max_norm: f64) -> Result<f64> {
-    let (scale, norm) = clip_factor(vars, grads, max_norm)?;
-    if scale < 1.0 {
-        for (_, v) in vars {
-            if let Some(g) = grads.remove(v) {
-                grads.insert(v, (g * scale)?);
-            }
-        }
-    }
-    Ok(norm)
 }
 
 /// Moves loaded optimizer state (`m.<param>`, `momentum.<param>`) to the

@@ -153,18 +153,22 @@ impl Trainer {
                 acc
             }
         };
-        let mut scale = 1.0;
+        let mut scale = optim::ClipScale::ONE;
         if let Some(max) = self.optim.clip_grad_norm() {
-            let clipped = if one_pass {
-                optim::clip_factor(&masters, &acc, max).map(|(s, _)| scale = s)
-            } else {
-                optim::clip_grad_norm(&masters, &mut acc, max).map(|_| ())
-            };
+            // On CUDA the factor stays on the device: no wait here.
+            let on_device = self.opts.device.is_cuda();
+            let clipped = optim::clip_scale(&masters, &acc, max, on_device).and_then(|s| {
+                scale = s;
+                match one_pass {
+                    true => Ok(()),
+                    false => optim::scale_grads(&masters, &mut acc, &scale),
+                }
+            });
             clipped.map_err(|e| classify(e.into(), Phase::Optimizer))?;
         }
         if let (true, Some(m)) = (one_pass, &self.mixed) {
             // f32 copies for what the optimizer does not take in one pass.
-            acc = optim::mixed_grads(self.optim.as_ref(), &masters, acc, scale, &m.work_vars())
+            acc = optim::mixed_grads(self.optim.as_ref(), &masters, acc, &scale, &m.work_vars())
                 .map_err(|e| classify(e.into(), Phase::Optimizer))?;
         }
         // The optimizer's state for this step (the first step's moments) is
@@ -199,7 +203,7 @@ impl Trainer {
         // an allocation; a failure inside the update is not retryable (the
         // run stops with what it has checkpointed).
         let written = match (mixed_scale, &self.mixed) {
-            (Some(scale), Some(m)) => self.optim.step_mixed(&vars, &acc, scale, &m.work_vars())?,
+            (Some(scale), Some(m)) => self.optim.step_mixed(&vars, &acc, &scale, &m.work_vars())?,
             _ => {
                 self.optim.step(&vars, &acc)?;
                 HashSet::new()
@@ -290,7 +294,7 @@ pub struct Ready {
     loss_sum: LossSum,
     /// Mixed precision in one pass: the gradients are the working copy's,
     /// to be scaled by this factor (gradient clipping's, or 1).
-    mixed_scale: Option<f64>,
+    mixed_scale: Option<optim::ClipScale>,
 }
 
 fn is_oom(e: &Error) -> bool {

@@ -11,9 +11,9 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
 
 use super::{AdamW, Moments, Path};
-use crate::engine::optim::Optimizer;
+use crate::engine::optim::{ClipScale, Optimizer};
 use crate::kernels::adamw::AdamWStep;
-use crate::kernels::adamw_mixed::{adamw_mixed, MixedMoments};
+use crate::kernels::adamw_mixed::{adamw_mixed, Factor, MixedMoments};
 
 impl AdamW {
     /// Fused moments, and a gradient and working copy of one low dtype and
@@ -30,7 +30,7 @@ impl AdamW {
         &mut self,
         vars: &[(String, Var)],
         grads: &GradStore,
-        scale: f64,
+        scale: &ClipScale,
         work: &HashMap<String, Var>,
     ) -> Result<HashSet<String>> {
         let mut one_pass = Vec::new();
@@ -55,18 +55,22 @@ impl AdamW {
         let c = &self.cfg;
         let h = AdamWStep::new(c.lr, c.betas, c.eps, c.weight_decay, self.t);
         let mut written = HashSet::new();
+        let scale = match scale {
+            ClipScale::Host(s) => Factor::Value(*s),
+            ClipScale::Device(t) => Factor::At(t),
+        };
         for (name, var, g, w) in one_pass {
             let st = self.moments.remove(name);
             let st = Moments::into_path(st, self.path(var), var, self.offload.as_ref())?;
             let st = match st {
                 Moments::Host(s, mut m, mut v) => {
                     let mv = MixedMoments::Host(&mut m, &mut v);
-                    adamw_mixed(var.as_tensor(), g, scale as f32, mv, w.as_tensor(), &h)?;
+                    adamw_mixed(var.as_tensor(), g, scale, mv, w.as_tensor(), &h)?;
                     Moments::Host(s, m, v)
                 }
                 Moments::Device(s, mut d) => {
                     let mv = MixedMoments::Device(&mut d);
-                    adamw_mixed(var.as_tensor(), g, scale as f32, mv, w.as_tensor(), &h)?;
+                    adamw_mixed(var.as_tensor(), g, scale, mv, w.as_tensor(), &h)?;
                     Moments::Device(s, d)
                 }
                 _ => candle_core::bail!("adamw (mixed): {name} left the fused path"),
@@ -124,15 +128,20 @@ mod tests {
 
     /// `step_mixed` against the cast, scale and ordinary step, bit for
     /// bit: weights, moments and the working copies it wrote, over three
-    /// steps, with and without clipping's factor, f32 and 8-bit moments,
-    /// bf16 and f16.
+    /// steps, with and without clipping's factor (read, or a tensor), f32
+    /// and 8-bit moments, bf16 and f16.
     #[test]
     fn one_pass_matches_cast_then_step_bit_for_bit() -> Result<()> {
-        for (state, dtype, scale) in [
-            (StateFormat::F32, DType::BF16, 1.0),
-            (StateFormat::F32, DType::F16, 0.37),
-            (StateFormat::Q8, DType::BF16, 0.37),
+        // The factor read on the host, or kept as a tensor (as on CUDA).
+        let on_device = ClipScale::Device(Tensor::new(0.37f32, &Device::Cpu)?);
+        for (state, dtype, clip) in [
+            (StateFormat::F32, DType::BF16, ClipScale::ONE),
+            (StateFormat::F32, DType::F16, ClipScale::Host(0.37)),
+            (StateFormat::Q8, DType::BF16, ClipScale::Host(0.37)),
+            (StateFormat::F32, DType::BF16, on_device.clone()),
+            (StateFormat::Q8, DType::F16, on_device.clone()),
         ] {
+            let scale = f64::from(clip.value()?);
             let cfg = AdamWConfig {
                 lr: 1e-2,
                 weight_decay: 0.1,
@@ -161,8 +170,8 @@ mod tests {
                     ga.insert(x.as_tensor(), g.clone());
                     gb.insert(y.as_tensor(), g);
                 }
-                let ga = mixed_grads(&a, &va, ga, scale, &work)?;
-                let written = a.step_mixed(&va, &ga, scale, &work)?;
+                let ga = mixed_grads(&a, &va, ga, &clip, &work)?;
+                let written = a.step_mixed(&va, &ga, &clip, &work)?;
                 let expected: HashSet<String> = match state {
                     StateFormat::F32 => ["big", "small"].map(String::from).into(),
                     StateFormat::Q8 => ["small"].map(String::from).into(),
