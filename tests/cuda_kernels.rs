@@ -214,8 +214,16 @@ fn linear_matches_the_cpu() -> Result<()> {
 fn causal_attention_matches_the_cpu() -> Result<()> {
     for dt in DTYPES {
         // One head at a tiny length; a length that is not a multiple of the
-        // CPU's 64-row blocks; GPT-2's heads (12 of width 64).
-        for (b, t, heads, hd) in [(2, 7, 1, 8), (3, 150, 4, 16), (2, 256, 12, 64)] {
+        // CPU's 64-row blocks; GPT-2's heads (12 of width 64); products
+        // batched per head over the elements (the Shakespeare GPT's shape),
+        // and per head over chunks of elements (`attention_plan.rs`).
+        for (b, t, heads, hd) in [
+            (2, 7, 1, 8),
+            (3, 150, 4, 16),
+            (2, 256, 12, 64),
+            (32, 64, 4, 16),
+            (5, 1024, 2, 16),
+        ] {
             let qkv = randn(&[b, t, 3 * heads * hd], 1.0)?;
             check("causal attention", dt, &[qkv], |x| {
                 kernels::causal_attention(&x[0], heads)
@@ -278,8 +286,8 @@ fn flash_attention_gradients_repeat_bit_for_bit() -> Result<()> {
 }
 
 /// The gradient norm's sum of squares (`kernels/norm.cu`) against the
-/// CPU's within f64 rounding (the orders differ), in each dtype; and the
-/// same bits twice.
+/// CPU's within f64 rounding (the orders differ), in each dtype, of one
+/// tensor and of several; and the same bits twice.
 #[test]
 fn sum_squares_matches_the_cpu_and_repeats() -> Result<()> {
     for n in [1, 255, 256 * 1024 + 17, 3_000_000] {
@@ -295,6 +303,36 @@ fn sum_squares_matches_the_cpu_and_repeats() -> Result<()> {
             let again = kernels::sum_squares(&g)?.to_scalar::<f64>()?;
             assert_eq!(got.to_bits(), again.to_bits(), "{n} {dt:?}: not repeatable");
         }
+    }
+    // Several tensors at once, as the clipping norm sums a model's
+    // gradients: one buffer of partial sums (1047 of them), one launch to
+    // add them.
+    for dt in DTYPES {
+        let sizes = [1, 300, 256 * 1024 + 999, 5000, 37];
+        let cpu = sizes
+            .iter()
+            .map(|&n| randn(&[n], 1.0)?.to_dtype(dt))
+            .collect::<Result<Vec<_>>>()?;
+        let on_gpu = cpu
+            .iter()
+            .map(|x| x.to_device(&gpu()))
+            .collect::<Result<Vec<_>>>()?;
+        let sum = |xs: &[Tensor]| -> Result<f64> {
+            let refs: Vec<&Tensor> = xs.iter().collect();
+            kernels::sum_squares_all(&refs)?
+                .expect("a sum")
+                .to_scalar::<f64>()
+        };
+        let (want, got) = (sum(&cpu)?, sum(&on_gpu)?);
+        assert!(
+            ((got - want) / want).abs() < 1e-12,
+            "{dt:?}: {got} vs {want}"
+        );
+        assert_eq!(
+            got.to_bits(),
+            sum(&on_gpu)?.to_bits(),
+            "{dt:?}: not repeatable"
+        );
     }
     Ok(())
 }

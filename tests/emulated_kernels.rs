@@ -8,8 +8,8 @@
 //!   attention in float64;
 //! - `adamw_mixed_bf16` of `kernels/adamw.cu` against the CPU's one-pass
 //!   update, bit for bit;
-//! - `kernels/norm.cu`'s sum of squares against the CPU's, and its clipping
-//!   factor against the host's formula.
+//! - `kernels/norm.cu`'s sum of squares (one tensor or several) against
+//!   the CPU's, and its clipping factor against the host's formula.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -295,34 +295,54 @@ fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
     Ok(())
 }
 
-/// `kernels/norm.cu` as `kernels::sum_squares` launches it (partial sums
-/// of up to 1024 blocks, then one block) against the CPU's sum, within f64
-/// rounding (the orders differ): one block, a partial one, more values
-/// than 1024 blocks' grid-stride loop covers in one pass. Then its
+/// `kernels/norm.cu` as `kernels::sum_squares_all` launches it on CUDA
+/// (each tensor's partial sums, up to 1024 blocks' worth, into its part of
+/// one buffer, then one block of 1024 threads sums the buffer) against the
+/// CPU's sum, within f64 rounding (the orders differ). Then its
 /// `clip_factor` on that sum against the host's formula, bit for bit:
 /// clipped, not clipped, and a NaN norm (a factor of 1).
 #[test]
 fn sum_squares_and_clip_factor_kernels_match_the_cpu() -> Result<()> {
     let exe = build("norm_main");
-    for (n, max, nan) in [
-        (1usize, 1e-6f64, false),
-        (300, 1e6, false),
-        (256 * 1024 + 999, 100.0, false),
-        (5, 1.0, true),
+    let big = 256 * 1024 + 999;
+    // One value; one partial block; the most blocks; several tensors whose
+    // partial sums (1047) outnumber the finishing block's threads; a NaN.
+    for (sizes, max, nan) in [
+        (vec![1usize], 1e-6f64, false),
+        (vec![300], 1e6, false),
+        (vec![big], 100.0, false),
+        (vec![1, 300, big, 5000, 37], 100.0, false),
+        (vec![5, 7], 1.0, true),
     ] {
-        let mut x: Vec<f32> = (0..n)
-            .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+        let xs: Vec<Vec<f32>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| {
+                (0..n)
+                    .map(|i| ((i * 7919 + k * 31) % 1000) as f32 / 250.0 - 2.0)
+                    .collect()
+            })
             .collect();
+        let mut xs = xs;
         if nan {
-            x[n / 2] = f32::NAN;
+            xs[1][3] = f32::NAN;
         }
-        let want = taper::kernels::sum_squares(&Tensor::from_vec(x.clone(), n, &Device::Cpu)?)?
+        let tensors = xs
+            .iter()
+            .map(|x| Tensor::from_vec(x.clone(), x.len(), &Device::Cpu))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let want = taper::kernels::sum_squares_all(&refs)?
+            .expect("a sum")
             .to_scalar::<f64>()?;
         let dir = tempfile::tempdir().expect("temporary directory");
         let (input, output) = (dir.path().join("in"), dir.path().join("out"));
-        let mut bytes = (n as u64).to_le_bytes().to_vec();
+        let mut bytes = (xs.len() as u64).to_le_bytes().to_vec();
         bytes.extend(max.to_le_bytes());
-        bytes.extend(x.iter().flat_map(|v| v.to_le_bytes()));
+        for x in &xs {
+            bytes.extend((x.len() as u64).to_le_bytes());
+            bytes.extend(x.iter().flat_map(|v| v.to_le_bytes()));
+        }
         std::fs::write(&input, bytes).expect("writing the input");
         let o = Command::new(&exe)
             .arg(&input)
@@ -338,12 +358,15 @@ fn sum_squares_and_clip_factor_kernels_match_the_cpu() -> Result<()> {
         let got = f64::from_le_bytes(out[..8].try_into().expect("8 bytes"));
         let factor = f32::from_le_bytes(out[8..12].try_into().expect("4 bytes"));
         if nan {
-            assert!(got.is_nan() && want.is_nan(), "{n}: {got} vs {want}");
+            assert!(got.is_nan() && want.is_nan(), "{sizes:?}: {got} vs {want}");
             assert_eq!(factor, 1.0, "a NaN norm");
         } else {
-            assert!(((got - want) / want).abs() < 1e-12, "{n}: {got} vs {want}");
+            assert!(
+                ((got - want) / want).abs() < 1e-12,
+                "{sizes:?}: {got} vs {want}"
+            );
             let host = taper::kernels::clip_factor_of(got, max);
-            assert_eq!(factor.to_bits(), host.to_bits(), "{n}, max {max}");
+            assert_eq!(factor.to_bits(), host.to_bits(), "{sizes:?}, max {max}");
         }
     }
     Ok(())

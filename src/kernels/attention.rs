@@ -104,7 +104,7 @@ fn composed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
 }
 
 /// The shape of one call: `t` positions, `heads` heads of width `hd`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Dims {
     pub(super) t: usize,
     pub(super) heads: usize,

@@ -8,29 +8,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{Result, WithDType};
 
-/// A matrix operand: row-major at `off` with row stride `ld` or, with `t`,
-/// the transpose of such a matrix; the next head's is `stride` further on.
-#[derive(Clone, Copy)]
-pub(super) struct Mat {
-    off: usize,
-    ld: usize,
-    t: bool,
-    stride: usize,
-}
-
-impl Mat {
-    pub(super) fn new(off: usize, ld: usize, stride: usize) -> Self {
-        Mat {
-            off,
-            ld,
-            t: false,
-            stride,
-        }
-    }
-    pub(super) fn t(self) -> Self {
-        Mat { t: true, ..self }
-    }
-}
+pub(super) use super::mat::Mat;
 
 pub(super) fn int(x: usize) -> Result<i32> {
     i32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("{x} is too large for cuBLAS")))

@@ -12,6 +12,8 @@ mod attention;
 mod attention_cpu;
 #[cfg(feature = "cuda")]
 mod attention_cuda;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod attention_plan;
 mod bias;
 #[cfg(feature = "cuda")]
 mod blas;
@@ -32,6 +34,8 @@ mod embedding;
 mod flash;
 mod gelu;
 mod layer_norm;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod mat;
 mod norm;
 mod pool;
 pub mod quant8;
@@ -48,7 +52,7 @@ pub use dense::linear;
 pub use embedding::embedding;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
-pub use norm::{clip_factor, clip_factor_of, sum_squares};
+pub use norm::{clip_factor, clip_factor_of, sum_squares, sum_squares_all};
 pub use pool::max_pool2x2;
 pub use rope::rope_interleaved;
 pub use rows::softmax_last_dim;

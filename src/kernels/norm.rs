@@ -35,6 +35,45 @@ pub fn sum_squares(x: &Tensor) -> Result<Tensor> {
 
 struct SumSquares;
 
+/// [`sum_squares`] over all of `xs`, added: an f64 scalar on their device,
+/// or None for no tensors. On CUDA each tensor's partial sums go to its
+/// part of one buffer and one launch sums them all (`n + 1` launches for
+/// `n` tensors, where summing each and adding the sums took `3n`); the
+/// order is fixed, so the total repeats bit for bit. Elsewhere each sum is
+/// added in turn.
+pub fn sum_squares_all(xs: &[&Tensor]) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if let Some(first) = xs.first() {
+        let one_pass = |x: &&Tensor| {
+            x.device().is_cuda()
+                && x.device().same_device(first.device())
+                && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+        };
+        if super::fused() && xs.iter().all(one_pass) {
+            let xs = xs
+                .iter()
+                .map(|x| x.contiguous())
+                .collect::<Result<Vec<_>>>()?;
+            let sum = cuda::sum_squares_all(&xs)?;
+            return Ok(Some(Tensor::from_storage(
+                candle_core::Storage::Cuda(sum),
+                (),
+                candle_core::op::BackpropOp::none(),
+                false,
+            )));
+        }
+    }
+    let mut total: Option<Tensor> = None;
+    for x in xs {
+        let s = sum_squares(x)?;
+        total = Some(match total {
+            Some(t) => (t + s)?,
+            None => s,
+        });
+    }
+    Ok(total)
+}
+
 /// Gradient clipping's factor from the sum of the gradients' squares:
 /// `min(1, max_norm / (norm + 1e-6))`, as `torch.nn.utils.clip_grad_norm_`
 /// computes it, in f64 then rounded to f32 (the dtype the update scales
@@ -129,40 +168,90 @@ impl CustomOp1 for SumSquares {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaStorage, Layout, Result, WithDType};
+    use candle_core::WithDType;
+    use candle_core::{bail, CudaDevice, CudaStorage, Device, Layout, Result, Storage, Tensor};
 
     use super::super::cuda::{alloc, kernel, run, suffix, view, NORM};
 
     /// Partial sums of at most this many blocks of 256 threads.
     const BLOCKS: usize = 1024;
 
+    /// Blocks (and partial sums) for `n` values.
+    fn blocks(n: usize) -> usize {
+        n.div_ceil(256).clamp(1, BLOCKS)
+    }
+
+    fn config(blocks: usize, threads: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// The partial sums of `x`'s squares, one per block, into `part`.
+    fn part_sums<T: CudaDType + DeviceRepr + WithDType>(
+        s: &CudaStorage,
+        l: &Layout,
+        part: &mut CudaViewMut<'_, f64>,
+    ) -> Result<()> {
+        let x = view::<T>(s, l, "sum of squares")?;
+        let n = x.len();
+        let f = kernel!(
+            NORM,
+            &s.device,
+            format!("sum_squares_part_{}", suffix(T::DTYPE)?)
+        );
+        let mut b = f.builder();
+        b.arg(&x).arg(&n).arg(part);
+        run(&mut b, config(blocks(n), 256))
+    }
+
+    /// The sum of `part`, in order, by one block.
+    fn finish(dev: &CudaDevice, part: &CudaSlice<f64>) -> Result<CudaStorage> {
+        let out = alloc::<f64>(dev, 1)?;
+        let f = kernel!(NORM, dev, "sum_squares_finish");
+        let count = i32::try_from(part.len())
+            .map_err(|_| candle_core::Error::Msg("sum of squares: too many partial sums".into()))?;
+        let mut b = f.builder();
+        b.arg(part).arg(&count).arg(&out);
+        // One block of 1024 threads: each thread adds every 1024th part.
+        run(&mut b, config(1, 1024))?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+
     pub(super) fn sum_squares<T: CudaDType + DeviceRepr + WithDType>(
         s: &CudaStorage,
         l: &Layout,
     ) -> Result<CudaStorage> {
-        let x = view::<T>(s, l, "sum of squares")?;
-        let n = x.len();
-        let dev = &s.device;
-        let blocks = n.div_ceil(256).clamp(1, BLOCKS);
-        let part = alloc::<f64>(dev, blocks)?;
-        let out = alloc::<f64>(dev, 1)?;
-        let cfg = |blocks: usize| LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+        let mut part = alloc::<f64>(&s.device, blocks(l.shape().elem_count()))?;
+        part_sums::<T>(s, l, &mut part.slice_mut(..))?;
+        finish(&s.device, &part)
+    }
+
+    /// `super::sum_squares_all` for contiguous tensors on one device.
+    pub(super) fn sum_squares_all(xs: &[Tensor]) -> Result<CudaStorage> {
+        let Some(Device::Cuda(dev)) = xs.first().map(|x| x.device().clone()) else {
+            bail!("sum of squares: expected CUDA tensors")
         };
-        let f = kernel!(NORM, dev, format!("sum_squares_part_{}", suffix(T::DTYPE)?));
-        let mut b = f.builder();
-        b.arg(&x).arg(&n).arg(&part);
-        run(&mut b, cfg(blocks))?;
-        let f = kernel!(NORM, dev, "sum_squares_finish");
-        let blocks_i = blocks as i32;
-        let mut b = f.builder();
-        b.arg(&part).arg(&blocks_i).arg(&out);
-        run(&mut b, cfg(1))?;
-        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+        let total: usize = xs.iter().map(|x| blocks(x.elem_count())).sum();
+        let mut part = alloc::<f64>(&dev, total)?;
+        let mut at = 0;
+        for x in xs {
+            let n = blocks(x.elem_count());
+            let (storage, l) = x.storage_and_layout();
+            let Storage::Cuda(s) = &*storage else {
+                bail!("sum of squares: expected CUDA tensors")
+            };
+            let mut dst = part.slice_mut(at..at + n);
+            super::super::cuda::by_float!(s, part_sums(s, l, &mut dst))?;
+            at += n;
+        }
+        finish(&dev, &part)
     }
 
     /// `clip_factor` of `kernels/norm.cu`: one thread.

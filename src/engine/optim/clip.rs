@@ -7,7 +7,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
-use crate::kernels::{clip_factor, clip_factor_of, sum_squares};
+use crate::kernels::{clip_factor, clip_factor_of, sum_squares_all};
 
 /// Gradient clipping's factor, `min(1, max_norm / (norm + 1e-6))`, in f32.
 #[derive(Debug, Clone)]
@@ -43,20 +43,12 @@ impl ClipScale {
     }
 }
 
-/// The sum of all gradients' squares, an f64 scalar on their device: one
-/// pass per tensor (`kernels::sum_squares`) in a fixed order.
+/// The sum of all gradients' squares, an f64 scalar on their device, in a
+/// fixed order (`kernels::sum_squares_all`: on CUDA one pass per tensor and
+/// one launch to add them).
 fn sum_of_squares(vars: &[(String, Var)], grads: &GradStore) -> Result<Option<Tensor>> {
-    let mut total: Option<Tensor> = None;
-    for (_, v) in vars {
-        if let Some(g) = grads.get(v) {
-            let s = sum_squares(g)?;
-            total = Some(match total {
-                Some(t) => (t + s)?,
-                None => s,
-            });
-        }
-    }
-    Ok(total)
+    let gs: Vec<&Tensor> = vars.iter().filter_map(|(_, v)| grads.get(v)).collect();
+    sum_squares_all(&gs)
 }
 
 /// The global L2 norm of all gradients, read back once.
