@@ -20,6 +20,7 @@ pub use imp::{DeviceMoments, DeviceMoments8, PinnedMoments};
 mod imp {
     use std::cell::RefCell;
 
+    use candle_core::backend::BackendDevice;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
     };
@@ -261,8 +262,12 @@ mod imp {
         }
     }
     /// Page-locked host memory for a CUDA parameter's offloaded f32
-    /// moments (`Offloaded` splits it into `m` and `v`).
-    pub struct PinnedMoments(PinnedHostSlice<f32>);
+    /// moments (`Offloaded` splits it into `m` and `v`), and the device
+    /// whose stream copies to and from it.
+    pub struct PinnedMoments {
+        host: PinnedHostSlice<f32>,
+        dev: CudaDevice,
+    }
 
     impl PinnedMoments {
         /// `n` zeroed values, pinned for `device`'s context.
@@ -274,7 +279,7 @@ mod imp {
             // SAFETY: every value is written (zeros) before anything reads.
             let mut buf = unsafe { ctx.alloc_pinned_with_flags::<f32>(n.max(1), 0) }.w()?;
             buf.as_mut_slice().w()?.fill(0.0);
-            Ok(PinnedMoments(buf))
+            Ok(PinnedMoments { host: buf, dev })
         }
 
         /// One AdamW update of the f32 CUDA tensor `theta` with these
@@ -283,7 +288,7 @@ mod imp {
         /// The host does not wait; its next read of the values does.
         pub fn step(&mut self, theta: &Tensor, g: &Tensor, h: &AdamWStep) -> Result<()> {
             let hyper = Hyper::from(h);
-            let pinned = &mut self.0;
+            let pinned = &mut self.host;
             update(theta, g, |theta, g, dev| {
                 let n = g.len();
                 if n == 0 {
@@ -310,13 +315,19 @@ mod imp {
             })
         }
 
-        /// The values (after any copy in flight is done).
+        /// The values, once the copies queued on the device's stream are
+        /// done. (cudarc's own wait, on the buffer's event, does nothing
+        /// with candle's single stream: the event is never recorded, and a
+        /// read here raced the last update's copy back. Seen on an H100 as
+        /// stale moments after a move back from host memory.)
         pub fn values(&self) -> Result<&[f32]> {
-            self.0.as_slice().w()
+            self.dev.synchronize()?;
+            self.host.as_slice().w()
         }
 
         pub fn values_mut(&mut self) -> Result<&mut [f32]> {
-            self.0.as_mut_slice().w()
+            self.dev.synchronize()?;
+            self.host.as_mut_slice().w()
         }
     }
 }
