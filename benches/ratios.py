@@ -1,7 +1,7 @@
 """Summarizes an alternating benchmark log: the lines `taper bench step` and
 `benches/torch_step.py` print, under `== bench MODEL PRECISION batch B`
 headers (scripts/gpu-check.sh writes them), into one table per header of
-medians over the rounds and ratios to taper's fused step.
+medians over the rounds and ratios to taper's default step (its first row).
 
     python3 benches/ratios.py bench.log [--card-peak-tflops 989]
 
@@ -50,8 +50,11 @@ def parse(lines):
 
 def table(key, runs, card_peak):
     model, precision, batch = key
-    print(f"\n{model} {precision}, batch {batch} (medians over rounds; ratios are taper fused / row)")
-    base = runs.get("taper fused")
+    # taper's first row is its default configuration (`taper bench step`
+    # prints it first): the ratios are against that.
+    base_name = next((v for v in runs if v.startswith("taper ")), None)
+    print(f"\n{model} {precision}, batch {batch} (medians over rounds; ratios are {base_name} / row)")
+    base = runs.get(base_name)
     base_items = statistics.median(r[1] for r in base) if base else None
     base_peak = statistics.median(r[3] for r in base if r[3] is not None) if base else None
     for variant, rs in runs.items():

@@ -121,6 +121,8 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", choices=["f32", "bf16", "f16"], default="f32")
     ap.add_argument("--batch", type=int)
+    ap.add_argument("--context", type=int,
+                    help="language models: override the context length")
     ap.add_argument("--attention", choices=["sdpa", "manual"], default="sdpa",
                     help="sdpa (the reference) or the scores written out (a labelled variant)")
     ap.add_argument("--compile", action="store_true",
@@ -128,6 +130,8 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="after timing, print one step's kernels by device time")
     a = ap.parse_args()
+    if a.context and a.model not in GPTS:
+        ap.error("--context applies to the language models")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     dev = torch.device(a.device)
@@ -156,7 +160,7 @@ def main():
         flops = 6 * macs * b
     else:
         v, t, w, layers, heads, b = GPTS[a.model]
-        b = a.batch or b
+        b, t = a.batch or b, a.context or t
         model = Gpt(v, t, w, layers, heads, manual=a.attention == "manual").to(dev)
         data = torch.randint(0, v, (b, t + 1), device=dev)
         x, y = data[:, :t], data[:, 1:]

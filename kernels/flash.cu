@@ -9,27 +9,15 @@
 // Layouts are the fused attention's: qkv [b, t, 3c] (q, k and v side by
 // side, head h at columns h*HD of each), y and dy [b, t, c], lse and
 // delta [b * heads, t] in f32. A block is 4 warps; each warp owns 16 rows
-// of every tile, so most steps need only __syncwarp.
-//
-// The products go through WMMA fragments and shared memory only, with no
-// assumption about which lane holds which element of a fragment (the
-// element-wise steps read the tiles back from shared memory). The half
-// tiles that fragments load in the inner loops have rows padded by 8
-// values (16 bytes), so that the 8 rows one load reads fall in different
-// banks rather than all in the same 4. Kept under 48 KiB of static shared
-// memory for HD <= 64.
+// (queries, or keys in dK/dV) and keeps their tiles in registers, as
+// kernels/mma.cuh lays them out. Shared memory holds only the bf16/f16
+// tiles of the inputs, 64 rows at a time, rows padded by 8 values (16
+// bytes) so that a fragment's loads fall in different banks.
 #include "common.cuh"
-#include <mma.h>
-#include <type_traits>
-
-using namespace nvcuda;
+#include "mma.cuh"
 
 #define WARPS 4
 #define THREADS (WARPS * 32)
-
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
-template <typename T, typename L> using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, L>;
-template <typename T, typename L> using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, L>;
 
 // Copies rows [r0, r0 + rows) of one head (HD values at `src`, rows
 // `stride` apart) into `dst` [rows][LD], zeros past row t: 16 bytes a load
@@ -53,161 +41,182 @@ __device__ void load_tile(T* dst, const T* src, size_t stride, int r0, int rows,
   }
 }
 
-// out[16 x N] = a . b^T for one warp, into f32 shared memory (row stride
-// ldo): a is a row-major [16 x K] (lda), b a row-major [N x K] (ldb), read
-// as a column-major [K x N]. N and K are multiples of 16.
-template <typename T, int N, int K>
-__device__ void warp_product_t(float* out, int ldo, const T* a, int lda, const T* b, int ldb) {
-  for (int n = 0; n < N / 16; n++) {
-    Acc acc;
-    wmma::fill_fragment(acc, 0.f);
-    for (int k = 0; k < K / 16; k++) {
-      FragA<T, wmma::row_major> fa;
-      FragB<T, wmma::col_major> fb;
-      wmma::load_matrix_sync(fa, a + k * 16, lda);
-      wmma::load_matrix_sync(fb, b + n * 16 * ldb + k * 16, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(out + n * 16, acc, ldo, wmma::mem_row_major);
+// A warp's A operands for its 16 rows of a [rows][LD] tile in shared
+// memory, HD / 16 of them (16 columns each). `m` points at row g, column
+// 2t of the warp's rows.
+template <typename T, int KD, int LD>
+__device__ __forceinline__ void load_rows(uint32_t (&a)[KD][4], const T* m) {
+  for (int kk = 0; kk < KD; kk++) {
+    a[kk][0] = load2(m + 16 * kk);
+    a[kk][1] = load2(m + 8 * LD + 16 * kk);
+    a[kk][2] = load2(m + 16 * kk + 8);
+    a[kk][3] = load2(m + 8 * LD + 16 * kk + 8);
   }
 }
 
-// acc[n] += a . b[:, 16n..16n+16] for n < N / 16: a a row-major [16 x K]
-// (lda), b a row-major [K x N] (ldb).
-template <typename T, int N, int K>
-__device__ void warp_accumulate(Acc* acc, const T* a, int lda, const T* b, int ldb) {
-  for (int k = 0; k < K / 16; k++) {
-    FragA<T, wmma::row_major> fa;
-    wmma::load_matrix_sync(fa, a + k * 16, lda);
-    for (int n = 0; n < N / 16; n++) {
-      FragB<T, wmma::row_major> fb;
-      wmma::load_matrix_sync(fb, b + k * 16 * ldb + n * 16, ldb);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+// s[half] = a . rows^T for the 16 rows (two 8-row halves) of `tile` from
+// row r: a product over HD, as S = Q K^T.
+template <typename T, int KD, int LD>
+__device__ __forceinline__ void product_t(float (&s)[2][4], const uint32_t (&a)[KD][4], const T* tile,
+                                          int r) {
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  for (int half = 0; half < 2; half++) {
+    for (int i = 0; i < 4; i++) s[half][i] = 0.f;
+    const T* m = tile + (r + 8 * half + g) * LD + 2 * tq;
+    for (int kk = 0; kk < KD; kk++) {
+      const uint32_t b[2] = {load2(m + 16 * kk), load2(m + 16 * kk + 8)};
+      mma16816<T>(s[half], a[kk], b);
     }
   }
 }
 
-// Stores `scale * acc` (a warp's 16 rows of HD columns, staged through f32
-// `stage` [rows][HD]) to `dst` rows r0.., `stride` apart, below row t.
-template <typename T, int HD>
-__device__ void store_rows(T* dst, size_t stride, Acc* acc, float scale, float* stage, int r0,
-                           int rows, int t) {
-  const int warp = threadIdx.x / 32;
-  for (int n = 0; n < HD / 16; n++) {
-    for (int i = 0; i < acc[n].num_elements; i++) acc[n].x[i] *= scale;
-    wmma::store_matrix_sync(stage + warp * 16 * HD + n * 16, acc[n], HD, wmma::mem_row_major);
+// acc[n] += pa . tile[r..r+16][8n..8n+8] for every n: pa the packed A
+// operand of 16 columns, against 16 rows of `tile`, as O += P V.
+template <typename T, int ND, int LD>
+__device__ __forceinline__ void accumulate(float (&acc)[ND][4], const uint32_t (&pa)[4], const T* tile,
+                                           int r) {
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const T* m = tile + (r + 2 * tq) * LD + g;
+  for (int n = 0; n < ND; n++) {
+    const uint32_t b[2] = {load2_strided(m + 8 * n, LD), load2_strided(m + 8 * LD + 8 * n, LD)};
+    mma16816<T>(acc[n], pa, b);
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < rows * HD; i += blockDim.x) {
-    const int r = i / HD, d = i % HD;
-    if (r0 + r < t) dst[(size_t)(r0 + r) * stride + d] = from_f<T>(stage[i]);
+}
+
+template <typename T> __device__ __forceinline__ void pack_rows(uint32_t (&pa)[4], const float (&x)[2][4]) {
+  pa[0] = pack2<T>(x[0][0], x[0][1]);
+  pa[1] = pack2<T>(x[0][2], x[0][3]);
+  pa[2] = pack2<T>(x[1][0], x[1][1]);
+  pa[3] = pack2<T>(x[1][2], x[1][3]);
+}
+
+// Stores `scale * acc` (a warp's rows r and r + 8 for its lane) to rows
+// `stride` apart, below row t.
+template <typename T, int ND>
+__device__ __forceinline__ void store_acc(T* dst, size_t stride, const float (&acc)[ND][4], float scale,
+                                          int row, int t) {
+  const int tq = threadIdx.x % 4;
+  for (int r = 0; r < 2; r++) {
+    const int q = row + 8 * r;
+    if (q >= t) continue;
+    for (int n = 0; n < ND; n++)
+      for (int i = 0; i < 2; i++) dst[(size_t)q * stride + 8 * n + 2 * tq + i] = from_f<T>(scale * acc[n][2 * r + i]);
   }
 }
 
 // ---- forward: a block per (64 query rows, batch x head) ----------------
+// Each warp keeps its 16 query rows' scores, weights and output in
+// registers (kernels/mma.cuh's layout): lane (g, t) holds rows g and g + 8
+// of every 8-column slice, columns 2t and 2t + 1. A row's max and sum are
+// reduced over the 4 lanes that share it. Scores are kept in base 2
+// (scaled by log2(e)) for exp2.
 
 template <typename T, int HD>
 __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, float scale) {
-  constexpr int BR = WARPS * 16, BC = 32, LD = HD + 8, LP = BC + 8;
-  __shared__ __align__(32) T sq[BR * LD];
-  __shared__ __align__(32) T sk[BC * LD];
-  __shared__ __align__(32) T sv[BC * LD];
-  __shared__ __align__(32) T sp[BR * LP];
-  __shared__ __align__(32) float ss[BR * BC];
-  __shared__ __align__(32) float so[BR * HD];
-  __shared__ float sm[BR], sl[BR];
+  constexpr int BR = WARPS * 16, BC = 64, LD = HD + 8;
+  constexpr int KD = HD / 16, NC = BC / 8, ND = HD / 8;
+  __shared__ __align__(16) T sq[BR * LD];
+  __shared__ __align__(16) T sk[BC * LD];
+  __shared__ __align__(16) T sv[BC * LD];
 
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int bh = blockIdx.y, h = bh % heads;
   // The longest rows (the last blocks) first.
   const int r0 = (gridDim.x - 1 - blockIdx.x) * BR;
   const int c = heads * HD;
   const size_t stride = 3 * (size_t)c;
   const T* base = qkv + (size_t)(bh / heads) * t * stride + h * HD;
+  const float scale2 = scale * 1.4426950408889634f;  // log2(e)
 
   load_tile<T, HD, LD>(sq, base, stride, r0, BR, t);
-  for (int i = threadIdx.x; i < BR * HD; i += blockDim.x) so[i] = 0.f;
-  for (int i = threadIdx.x; i < BR; i += blockDim.x) sm[i] = -INFINITY, sl[i] = 0.f;
+  __syncthreads();
+  uint32_t qa[KD][4];
+  load_rows<T, KD, LD>(qa, sq + (warp * 16 + g) * LD + 2 * tq);
+  float o[ND][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int q[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
 
-  // Two threads per row for the softmax: row `me`, every other column.
-  const int me = threadIdx.x / 2, half = threadIdx.x % 2;
   const int last = min(t, r0 + BR) - 1;
   for (int k0 = 0; k0 <= last; k0 += BC) {
     __syncthreads();  // everyone is done with the previous K and V
     load_tile<T, HD, LD>(sk, base + c, stride, k0, BC, t);
     load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BC, t);
     __syncthreads();
-    warp_product_t<T, BC, HD>(ss + warp * 16 * BC, BC, sq + warp * 16 * LD, LD, sk, LD);
-    __syncwarp();
-    // Key 0 is in the first tile and every row sees it, so the running max
-    // is finite from then on.
-    float* s = ss + me * BC;
-    const int q = r0 + me;
-    float mx = -INFINITY;
-    for (int j = half; j < BC; j += 2) {
-      const int k = k0 + j;
-      const float v = k <= q && k < t ? s[j] * scale : -INFINITY;
-      s[j] = v;
-      mx = fmaxf(mx, v);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_old = sm[me], m_new = fmaxf(m_old, mx);
-    const float alpha = expf(m_old - m_new);
-    float sum = 0.f;
-    for (int j = half; j < BC; j += 2) {
-      const float p = expf(s[j] - m_new);
-      sum += p;
-      sp[me * LP + j] = from_f<T>(p);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    for (int d = half; d < HD; d += 2) so[me * HD + d] *= alpha;
-    __syncwarp();
-    if (half == 0) sm[me] = m_new, sl[me] = sl[me] * alpha + sum;
-    // O += P V, through the accumulators held in shared memory.
-    for (int n = 0; n < HD / 16; n++) {
-      Acc acc;
-      float* o = so + warp * 16 * HD + n * 16;
-      wmma::load_matrix_sync(acc, o, HD, wmma::mem_row_major);
-      for (int k = 0; k < BC / 16; k++) {
-        FragA<T, wmma::row_major> fa;
-        FragB<T, wmma::row_major> fb;
-        wmma::load_matrix_sync(fa, sp + warp * 16 * LP + k * 16, LP);
-        wmma::load_matrix_sync(fb, sv + k * 16 * LD + n * 16, LD);
-        wmma::mma_sync(acc, fa, fb, acc);
+    float s[NC][4] = {};
+    for (int j = 0; j < NC; j++) {
+      const T* mk = sk + (8 * j + g) * LD + 2 * tq;
+      for (int kk = 0; kk < KD; kk++) {
+        const uint32_t b[2] = {load2(mk + 16 * kk), load2(mk + 16 * kk + 8)};
+        mma16816<T>(s[j], qa[kk], b);
       }
-      wmma::store_matrix_sync(o, acc, HD, wmma::mem_row_major);
+    }
+    // Mask, scale, and each row's max over the tile. Key 0 is in the
+    // first tile and every row sees it, so the running max is finite.
+    float mx[2] = {-INFINITY, -INFINITY};
+    for (int j = 0; j < NC; j++)
+      for (int i = 0; i < 4; i++) {
+        const int k = k0 + 8 * j + 2 * tq + (i & 1), r = i >> 1;
+        const float v = k <= q[r] && k < t ? s[j][i] * scale2 : -INFINITY;
+        s[j][i] = v;
+        mx[r] = fmaxf(mx[r], v);
+      }
+    float alpha[2];
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);
+      alpha[r] = exp2f(m[r] - m_new);
+      m[r] = m_new;
+      l[r] *= alpha[r];  // this lane's share of the row's sum
+    }
+    for (int n = 0; n < ND; n++)
+      for (int i = 0; i < 4; i++) o[n][i] *= alpha[i >> 1];
+    // The weights, packed as the A operand of P . V, 16 keys at a time.
+    for (int kk = 0; kk < BC / 16; kk++) {
+      uint32_t pa[4];
+      for (int half = 0; half < 2; half++) {
+        float* sj = s[2 * kk + half];
+        const float p0 = exp2f(sj[0] - m[0]), p1 = exp2f(sj[1] - m[0]);
+        const float p2 = exp2f(sj[2] - m[1]), p3 = exp2f(sj[3] - m[1]);
+        l[0] += p0 + p1, l[1] += p2 + p3;
+        pa[2 * half] = pack2<T>(p0, p1);
+        pa[2 * half + 1] = pack2<T>(p2, p3);
+      }
+      const T* mv = sv + (16 * kk + 2 * tq) * LD + g;
+      for (int n = 0; n < ND; n++) {
+        const uint32_t b[2] = {load2_strided(mv + 8 * n, LD), load2_strided(mv + 8 * LD + 8 * n, LD)};
+        mma16816<T>(o[n], pa, b);
+      }
     }
   }
-  __syncthreads();
   T* out = y + (size_t)(bh / heads) * t * c + h * HD;
-  for (int i = threadIdx.x; i < BR * HD; i += blockDim.x) {
-    const int r = i / HD, d = i % HD;
-    if (r0 + r < t) out[(size_t)(r0 + r) * c + d] = from_f<T>(so[i] / sl[r]);
+  for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (q[r] >= t) continue;
+    for (int n = 0; n < ND; n++)
+      for (int i = 0; i < 2; i++)
+        out[(size_t)q[r] * c + 8 * n + 2 * tq + i] = from_f<T>(o[n][2 * r + i] / l[r]);
+    if (tq == 0) lse[(size_t)bh * t + q[r]] = m[r] * 0.6931471805599453f + logf(l[r]);
   }
-  for (int r = threadIdx.x; r < BR; r += blockDim.x)
-    if (r0 + r < t) lse[(size_t)bh * t + r0 + r] = sm[r] + logf(sl[r]);
 }
 
 // ---- backward, part 1: dQ, and delta = rowsum(dY * Y) -------------------
 // A block per (64 query rows, batch x head), over the key tiles up to its
-// last row. Runs before part 2, which reads delta.
+// last row; each warp keeps its 16 rows' dQ in registers. Runs before part
+// 2, which reads delta.
 
 template <typename T, int HD>
 __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const float* lse,
                                   float* delta, T* dqkv, int t, int heads, float scale) {
-  constexpr int BR = WARPS * 16, BC = 32, LD = HD + 8;
-  static_assert(BR * HD <= 2 * BR * BC, "dQ is staged in the score tiles");
-  __shared__ __align__(32) T sq[BR * LD];
-  __shared__ __align__(32) T sdo[BR * LD];
-  __shared__ __align__(32) T sk[BC * LD];
-  __shared__ __align__(32) T sv[BC * LD];
-  __shared__ __align__(32) T sds[BR * BC];
-  __shared__ __align__(32) float sf[2 * BR * BC];  // scores, then dP
+  constexpr int BR = WARPS * 16, BC = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8;
+  __shared__ __align__(16) T sq[BR * LD];
+  __shared__ __align__(16) T sdo[BR * LD];
+  __shared__ __align__(16) T sk[BC * LD];
+  __shared__ __align__(16) T sv[BC * LD];
   __shared__ float sl[BR], sd[BR];
-  float* ss = sf;
-  float* sdp = sf + BR * BC;
 
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int bh = blockIdx.y, h = bh % heads;
   const int r0 = (gridDim.x - 1 - blockIdx.x) * BR;
   const int c = heads * HD;
@@ -216,25 +225,31 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
   const T* base = qkv + b0 * stride + h * HD;
   const T* dyb = dy + b0 * c + h * HD;
   const T* yb = y + b0 * c + h * HD;
+  const float scale2 = scale * 1.4426950408889634f;  // log2(e)
 
   load_tile<T, HD, LD>(sq, base, stride, r0, BR, t);
   load_tile<T, HD, LD>(sdo, dyb, c, r0, BR, t);
-  // Two threads per row again: row `me`, every other column.
-  const int me = threadIdx.x / 2, half = threadIdx.x % 2;
-  const int q = r0 + me;
   {
+    // Two threads per row: row `me`, every other column.
+    const int me = threadIdx.x / 2, half = threadIdx.x % 2, q = r0 + me;
     float dot = 0.f;
     if (q < t)
       for (int d = half; d < HD; d += 2) dot += to_f(dyb[(size_t)q * c + d]) * to_f(yb[(size_t)q * c + d]);
     dot += __shfl_xor_sync(0xffffffffu, dot, 1);
     if (half == 0) {
       sd[me] = dot;
-      sl[me] = q < t ? lse[(size_t)bh * t + q] : 0.f;
+      sl[me] = q < t ? lse[(size_t)bh * t + q] * 1.4426950408889634f : 0.f;
       if (q < t) delta[(size_t)bh * t + q] = dot;
     }
   }
-  Acc acc[HD / 16];
-  for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(acc[n], 0.f);
+  __syncthreads();
+  const int row = warp * 16 + g;
+  uint32_t qa[KD][4], da[KD][4];
+  load_rows<T, KD, LD>(qa, sq + row * LD + 2 * tq);
+  load_rows<T, KD, LD>(da, sdo + row * LD + 2 * tq);
+  const int q[2] = {r0 + row, r0 + row + 8};
+  const float lr[2] = {sl[row], sl[row + 8]}, dr[2] = {sd[row], sd[row + 8]};
+  float acc[ND][4] = {};
 
   const int last = min(t, r0 + BR) - 1;
   for (int k0 = 0; k0 <= last; k0 += BC) {
@@ -242,42 +257,40 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
     load_tile<T, HD, LD>(sk, base + c, stride, k0, BC, t);
     load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BC, t);
     __syncthreads();
-    warp_product_t<T, BC, HD>(ss + warp * 16 * BC, BC, sq + warp * 16 * LD, LD, sk, LD);
-    warp_product_t<T, BC, HD>(sdp + warp * 16 * BC, BC, sdo + warp * 16 * LD, LD, sv, LD);
-    __syncwarp();
-    for (int j = half; j < BC; j += 2) {
-      const int k = k0 + j, i = me * BC + j;
-      const float p = k <= q && q < t ? expf(ss[i] * scale - sl[me]) : 0.f;
-      sds[i] = from_f<T>(p * (sdp[i] - sd[me]));
+    for (int kk = 0; kk < BC / 16; kk++) {
+      float sc[2][4], dp[2][4];
+      product_t<T, KD, LD>(sc, qa, sk, 16 * kk);
+      product_t<T, KD, LD>(dp, da, sv, 16 * kk);
+      for (int half = 0; half < 2; half++)
+        for (int i = 0; i < 4; i++) {
+          const int k = k0 + 16 * kk + 8 * half + 2 * tq + (i & 1), r = i >> 1;
+          const float p = k <= q[r] && q[r] < t ? exp2f(sc[half][i] * scale2 - lr[r]) : 0.f;
+          sc[half][i] = p * (dp[half][i] - dr[r]);
+        }
+      uint32_t pa[4];
+      pack_rows<T>(pa, sc);
+      accumulate<T, ND, LD>(acc, pa, sk, 16 * kk);
     }
-    __syncwarp();
-    warp_accumulate<T, HD, BC>(acc, sds + warp * 16 * BC, BC, sk, LD);
   }
-  __syncthreads();
-  store_rows<T, HD>(dqkv + b0 * stride + h * HD, stride, acc, scale, sf, r0, BR, t);
+  store_acc<T, ND>(dqkv + b0 * stride + h * HD, stride, acc, scale, r0 + row, t);
 }
 
 // ---- backward, part 2: dK and dV ----------------------------------------
 // A block per (64 keys, batch x head), over the query tiles from its first
-// key on. Each warp owns 16 keys, and works on the transposed tiles
-// (keys x queries), so everything but the Q and dY tiles is its own.
+// key on. Each warp owns 16 keys and works on the transposed tiles (keys x
+// queries), keeping its dK and dV in registers.
 
 template <typename T, int HD>
 __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
                                    const float* delta, T* dqkv, int t, int heads, float scale) {
-  constexpr int BK = WARPS * 16, BQ = 32, LD = HD + 8;
-  static_assert(BK * HD <= 2 * BK * BQ, "dK and dV are staged in the score tiles");
-  __shared__ __align__(32) T sk[BK * LD];
-  __shared__ __align__(32) T sv[BK * LD];
-  __shared__ __align__(32) T sq[BQ * LD];
-  __shared__ __align__(32) T sdo[BQ * LD];
-  __shared__ __align__(32) T sp[BK * BQ];
-  __shared__ __align__(32) float sf[2 * BK * BQ];  // S^T, then dP^T and dS^T
+  constexpr int BK = WARPS * 16, BQ = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8;
+  __shared__ __align__(16) T sk[BK * LD];
+  __shared__ __align__(16) T sv[BK * LD];
+  __shared__ __align__(16) T sq[BQ * LD];
+  __shared__ __align__(16) T sdo[BQ * LD];
   __shared__ float sl[BQ], sd[BQ];
-  float* st = sf;
-  float* sdp = sf + BK * BQ;
 
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int bh = blockIdx.y, h = bh % heads;
   const int k0 = blockIdx.x * BK;
   const int c = heads * HD;
@@ -285,47 +298,49 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
   const size_t b0 = (size_t)(bh / heads) * t;
   const T* base = qkv + b0 * stride + h * HD;
   const T* dyb = dy + b0 * c + h * HD;
+  const float scale2 = scale * 1.4426950408889634f;  // log2(e)
 
   load_tile<T, HD, LD>(sk, base + c, stride, k0, BK, t);
   load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BK, t);
-  Acc dk[HD / 16], dv[HD / 16];
-  for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(dk[n], 0.f), wmma::fill_fragment(dv[n], 0.f);
+  __syncthreads();
+  const int row = warp * 16 + g;
+  uint32_t ka[KD][4], va[KD][4];
+  load_rows<T, KD, LD>(ka, sk + row * LD + 2 * tq);
+  load_rows<T, KD, LD>(va, sv + row * LD + 2 * tq);
+  const int k[2] = {k0 + row, k0 + row + 8};
+  float dk[ND][4] = {}, dv[ND][4] = {};
 
-  // Two threads per key row of the transposed tiles.
-  const int me = threadIdx.x / 2, half = threadIdx.x % 2;
-  const int k = k0 + me;
   for (int q0 = k0; q0 < t; q0 += BQ) {
     __syncthreads();
     load_tile<T, HD, LD>(sq, base, stride, q0, BQ, t);
     load_tile<T, HD, LD>(sdo, dyb, c, q0, BQ, t);
     for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
       const bool in = q0 + i < t;
-      sl[i] = in ? lse[(size_t)bh * t + q0 + i] : 0.f;
+      sl[i] = in ? lse[(size_t)bh * t + q0 + i] * 1.4426950408889634f : 0.f;
       sd[i] = in ? delta[(size_t)bh * t + q0 + i] : 0.f;
     }
     __syncthreads();
-    const T* mk = sk + warp * 16 * LD;
-    warp_product_t<T, BQ, HD>(st + warp * 16 * BQ, BQ, mk, LD, sq, LD);
-    warp_product_t<T, BQ, HD>(sdp + warp * 16 * BQ, BQ, sv + warp * 16 * LD, LD, sdo, LD);
-    __syncwarp();
-    for (int j = half; j < BQ; j += 2) {
-      const int q = q0 + j, i = me * BQ + j;
-      const float p = k <= q && q < t ? expf(st[i] * scale - sl[j]) : 0.f;
-      sp[i] = from_f<T>(p);
-      sdp[i] = p * (sdp[i] - sd[j]);
+    for (int kk = 0; kk < BQ / 16; kk++) {
+      float st[2][4], dpt[2][4];
+      product_t<T, KD, LD>(st, ka, sq, 16 * kk);
+      product_t<T, KD, LD>(dpt, va, sdo, 16 * kk);
+      for (int half = 0; half < 2; half++)
+        for (int i = 0; i < 4; i++) {
+          const int j = 16 * kk + 8 * half + 2 * tq + (i & 1), q = q0 + j, r = i >> 1;
+          const float p = k[r] <= q && q < t ? exp2f(st[half][i] * scale2 - sl[j]) : 0.f;
+          st[half][i] = p;
+          dpt[half][i] = p * (dpt[half][i] - sd[j]);
+        }
+      uint32_t pa[4];
+      pack_rows<T>(pa, st);
+      accumulate<T, ND, LD>(dv, pa, sdo, 16 * kk);
+      pack_rows<T>(pa, dpt);
+      accumulate<T, ND, LD>(dk, pa, sq, 16 * kk);
     }
-    __syncwarp();
-    warp_accumulate<T, HD, BQ>(dv, sp + warp * 16 * BQ, BQ, sdo, LD);
-    __syncwarp();
-    for (int j = half; j < BQ; j += 2) sp[me * BQ + j] = from_f<T>(sdp[me * BQ + j]);
-    __syncwarp();
-    warp_accumulate<T, HD, BQ>(dk, sp + warp * 16 * BQ, BQ, sq, LD);
   }
-  __syncthreads();
   T* out = dqkv + b0 * stride + h * HD;
-  store_rows<T, HD>(out + 2 * c, stride, dv, 1.f, sf, k0, BK, t);
-  __syncthreads();
-  store_rows<T, HD>(out + c, stride, dk, scale, sf, k0, BK, t);
+  store_acc<T, ND>(out + 2 * c, stride, dv, 1.f, k0 + row, t);
+  store_acc<T, ND>(out + c, stride, dk, scale, k0 + row, t);
 }
 
 #define FLASH(T, S, HD)                                                                        \

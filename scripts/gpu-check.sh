@@ -199,8 +199,9 @@ PY
 # BENCH_UNFUSED=1 adds taper with its fused kernels off; BENCH_MANUAL=1 the
 # hand-written attention (the old reference) for GPT-2; at GPT-2's first batch
 # size taper also runs with --recompute 1 and with --offload (BENCH_MEMORY=0:
-# not). Language models in f16/bf16 also run with the tiled attention kernel
-# (`fused,flash`; BENCH_FLASH=0: not).
+# not). Language models in f16/bf16 also run with the other attention path
+# (`fused,cublas-attention` beside the default `fused,flash`; BENCH_FLASH=0:
+# not).
 bench() {
   local log=/tmp/bench.log
   : > "$log"
@@ -217,7 +218,7 @@ bench() {
         [ "$b" = default ] || size=(--batch "$b")
         local extra=()
         [ "${BENCH_UNFUSED:-0}" = 1 ] && extra=(--compare-unfused)
-        [ "${BENCH_FLASH:-1}" = 1 ] && [ "$p" != f32 ] && [ "$model" != cnn ] && extra+=(--compare-flash)
+        [ "${BENCH_FLASH:-1}" = 1 ] && [ "$p" != f32 ] && [ "$model" != cnn ] && extra+=(--compare-attention)
         for round in $(seq "${BENCH_ROUNDS:-2}"); do
           echo "== bench $model $p batch $b"
           timeout 150 "$bin/taper" bench step --model "$model" --device cuda --precision "$p" \

@@ -29,9 +29,12 @@ fn read_switches() {
     if std::env::var("TAPER_FUSED_KERNELS").as_deref() == Ok("0") {
         taper::kernels::set_fused(false);
     }
-    // TAPER_FLASH_ATTENTION=1 uses the tiled attention kernel on CUDA.
-    if std::env::var("TAPER_FLASH_ATTENTION").as_deref() == Ok("1") {
-        taper::kernels::set_flash(true);
+    // TAPER_FLASH_ATTENTION=0 uses cuBLAS products over the scores on CUDA
+    // instead of the tiled attention kernel (=1, the default).
+    match std::env::var("TAPER_FLASH_ATTENTION").as_deref() {
+        Ok("0") => taper::kernels::set_flash(false),
+        Ok("1") => taper::kernels::set_flash(true),
+        _ => {}
     }
     // TAPER_MALLOC_TUNING=0 keeps glibc's defaults (to measure the difference).
     if std::env::var("TAPER_MALLOC_TUNING").as_deref() != Ok("0") {

@@ -1,7 +1,8 @@
 //! taper's CUDA kernels run on the CPU: the same sources, compiled with
 //! g++ against the stand-ins in `tests/emulate/` (a thread per CUDA
-//! thread, barriers for `__syncthreads` and `__syncwarp`, WMMA tiles as
-//! plain arrays), for machines without a GPU. On a GPU,
+//! thread, barriers for `__syncthreads` and `__syncwarp`, and the
+//! tensor-core product of `kernels/mma.cuh` in f32), for machines without a
+//! GPU. On a GPU,
 //! `tests/cuda_kernels.rs` checks the same kernels for real; this catches
 //! indexing, masking, barrier and rounding mistakes before one is lent.
 //! - `kernels/flash.cu` (forward and both backward kernels) against the

@@ -38,6 +38,10 @@ pub struct StepArgs {
     /// Override the model's batch size
     #[arg(long)]
     pub batch: Option<usize>,
+    /// Language models: override the context length (the batch's sequence
+    /// length too)
+    #[arg(long)]
+    pub context: Option<usize>,
     /// Language models: the LM head's cross-entropy in chunks of this many
     /// rows (0: full logits)
     #[arg(long, default_value_t = 0)]
@@ -45,10 +49,12 @@ pub struct StepArgs {
     /// Also time the same steps with taper's fused kernels off
     #[arg(long)]
     pub compare_unfused: bool,
-    /// Also time the same steps with the tiled (flash) attention kernel on
-    /// (CUDA, f16 or bf16), labelled `fused,flash`
+    /// Also time the same steps with the other causal attention (CUDA, f16
+    /// or bf16): cuBLAS products over the scores (`fused,cublas-attention`)
+    /// when the tiled kernel (`fused,flash`, the default) is on, and the
+    /// other way round
     #[arg(long)]
-    pub compare_flash: bool,
+    pub compare_attention: bool,
     /// GPTs: recompute every n-th block's activations in the backward (0:
     /// none), as `recompute = n` does
     #[arg(long, default_value_t = 0)]
@@ -106,7 +112,7 @@ fn gpt_workload(spec: Gpt, b: usize, rng: &mut Rng) -> Result<Workload> {
 
 /// The `gpt` workload's model and batch (shared with `bench kernels`).
 pub(super) fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelSpec>, Batch)> {
-    let w = workload(model, None, rng)?;
+    let w = workload(model, None, None, rng)?;
     Ok((w.spec, w.batch))
 }
 
@@ -142,10 +148,20 @@ fn cnn_workload(b: usize, rng: &mut Rng) -> Result<Workload> {
     })
 }
 
-fn workload(model: &str, batch: Option<usize>, rng: &mut Rng) -> Result<Workload> {
-    let gpt = |vocab, context, width, layers, heads| Gpt {
+fn workload(
+    model: &str,
+    batch: Option<usize>,
+    context: Option<usize>,
+    rng: &mut Rng,
+) -> Result<Workload> {
+    if context.is_some() && matches!(model, "mlp" | "cnn") {
+        return Err(Error::Config(format!(
+            "bench step: --context applies to the language models (gpt, shakespeare, gpt2), not `{model}`"
+        )));
+    }
+    let gpt = |vocab, default_context, width, layers, heads| Gpt {
         vocab,
-        context,
+        context: context.unwrap_or(default_context),
         width,
         layers,
         heads,
@@ -238,12 +254,14 @@ fn rate(flops: f64) -> String {
     }
 }
 
-/// `fused` or `unfused`, with the flash attention and the memory actions
-/// on: `fused,flash,recompute=1,offload`.
-fn variant(fused: bool, flash: bool, a: &StepArgs) -> String {
+/// `fused` or `unfused`, with the attention path where there is a choice
+/// and the memory actions on: `fused,flash,recompute=1,offload`.
+fn variant(fused: bool, flash: Option<bool>, a: &StepArgs) -> String {
     let mut v = String::from(if fused { "fused" } else { "unfused" });
-    if fused && flash {
-        v += ",flash";
+    match flash {
+        Some(true) if fused => v += ",flash",
+        Some(false) if fused => v += ",cublas-attention",
+        _ => {}
     }
     if a.recompute > 0 {
         v += &format!(",recompute={}", a.recompute);
@@ -262,7 +280,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
             a.precision
         ))
     })?;
-    let w = workload(&a.model, a.batch, &mut Rng::new(0))?;
+    let w = workload(&a.model, a.batch, a.context, &mut Rng::new(0))?;
     let opts = || TrainerOptions {
         device: dev.clone(),
         loss: crate::engine::loss::Loss::CrossEntropy(crate::engine::loss::CrossEntropy {
@@ -273,15 +291,17 @@ pub fn run(a: &StepArgs) -> Result<()> {
     };
     let ceiling = matmul_ceiling(&dev, precision.low().unwrap_or(DType::F32))?;
     // (fused, flash) pairs; the flash switch as the binary set it first.
-    // The tiled attention runs only on CUDA in f16 or bf16.
+    // The tiled attention runs only in the GPTs, on CUDA, in f16 or bf16.
     let flash = crate::kernels::flash();
-    let flash_applies = dev.is_cuda() && precision.low().is_some();
+    let flash_applies = dev.is_cuda() && precision.low().is_some() && w.gpt.is_some();
     let mut modes = vec![(true, flash)];
-    if a.compare_flash && !flash {
+    if a.compare_attention {
         if flash_applies {
-            modes.push((true, true));
+            modes.push((true, !flash));
         } else {
-            eprintln!("bench step: --compare-flash needs CUDA and f16 or bf16; skipped");
+            eprintln!(
+                "bench step: --compare-attention needs a GPT on CUDA in f16 or bf16; skipped"
+            );
         }
     }
     if a.compare_unfused {
@@ -302,7 +322,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
             a.model,
             crate::engine::describe_device(&dev),
             precision.name(),
-            variant(fused, flash_on && flash_applies, a),
+            variant(fused, flash_applies.then_some(flash_on), a),
             secs * 1e3,
             w.items as f64 / secs,
             if matches!(a.model.as_str(), "mlp" | "cnn") { "samples" } else { "tokens" },

@@ -168,13 +168,14 @@ pub fn fused() -> bool {
     FUSED.load(Ordering::Relaxed)
 }
 
-static FLASH: AtomicBool = AtomicBool::new(false);
+static FLASH: AtomicBool = AtomicBool::new(true);
 
 /// Whether the causal attention uses the tiled kernel of
 /// `kernels/flash.cu` on CUDA where it applies (f16 or bf16, heads of 16,
-/// 32 or 64), instead of cuBLAS products over the scores. Off by default
-/// until it is measured on a GPU; the binary reads `TAPER_FLASH_ATTENTION=1`
-/// at start.
+/// 32 or 64), instead of cuBLAS products over the scores. On by default:
+/// on an H100 it was faster at every context measured, 64 to 1024
+/// (docs/performance.md); the binary reads `TAPER_FLASH_ATTENTION=0` at
+/// start to switch it off.
 pub fn set_flash(on: bool) {
     FLASH.store(on, Ordering::Relaxed);
 }

@@ -5,10 +5,9 @@
 // Each block runs alone, on one OS thread per CUDA thread, so `__shared__`
 // (a function-local static here) is shared by the block's threads as on a
 // GPU. __syncthreads is a barrier over the block, __syncwarp and the
-// shuffles a barrier over the warp. WMMA fragments (include/mma.h) hold the
-// whole 16 x 16 tile in every lane, and only lane 0 stores one, so a
-// kernel that reads another lane's stored tile without a barrier reads
-// stale data here too.
+// shuffles a barrier over the warp. The tensor-core product
+// (kernels/mma.cuh) has its own f32 stand-in there, on the documented
+// register layout, so a fragment loaded from the wrong place fails here too.
 #pragma once
 #include <algorithm>
 #include <barrier>
@@ -109,5 +108,6 @@ inline void __syncwarp(unsigned = 0xffffffffu) { emu::block->warps[emu::warp_id(
 template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
   return emu::shuffle(v, emu::lane_id() ^ mask);
 }
+template <typename T> T __shfl_sync(unsigned, T v, int from) { return emu::shuffle(v, from % 32); }
 using std::max;
 using std::min;
