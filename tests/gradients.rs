@@ -168,7 +168,7 @@ fn init_is_seeded_and_order_independent() -> Result<()> {
 fn max_pool_matches_candle_forward() -> Result<()> {
     // Same values as candle's fused forward (whose backward is wrong).
     let x = features(2 * 3 * 7, 5, 4)?.reshape((2, 3, 7, 5))?;
-    let ours = taper::engine::model::max_pool_2x2(&x)?;
+    let ours = taper::engine::max_pool_2x2(&x)?;
     let theirs = x.max_pool2d(2)?;
     assert_eq!(ours.dims(), theirs.dims());
     let d = (ours - theirs)?

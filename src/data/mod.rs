@@ -9,14 +9,16 @@ mod permutation;
 mod pipeline;
 mod samples;
 mod tokens;
+mod vocab;
 
-pub use builtin::{digits, shakespeare, CharText, Digits, Vocab};
+pub use builtin::{digits, shakespeare, CharText, Digits};
 pub use epoch::Epoch;
 pub use files::{csv, idx, parse_csv, text, Csv, Idx};
 pub use permutation::Permutation;
 pub use pipeline::Pipeline;
 pub use samples::{samples, Samples};
 pub use tokens::{tokens, TokenType, Tokens};
+pub use vocab::Vocab;
 
 use candle_core::Tensor;
 

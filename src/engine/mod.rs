@@ -2,10 +2,12 @@
 //! checkpoints.
 
 pub mod checkpoint;
+mod cnn;
 mod device;
 mod gpt;
 pub mod linear;
 pub mod loss;
+mod mlp;
 pub mod model;
 pub mod optim;
 mod params;
@@ -16,8 +18,10 @@ pub mod rng;
 pub mod schedule;
 mod trainer;
 
+pub use cnn::{max_pool_2x2, Cnn};
 pub use device::{describe as describe_device, parse_device};
 pub use gpt::Gpt;
-pub use model::{Activation, Cnn, Mlp, ModelSpec};
+pub use mlp::{Activation, Mlp};
+pub use model::ModelSpec;
 pub use params::ParamStore;
 pub use trainer::{Eval, EvalSums, Grads, LossSum, Ready, Trainer, TrainerOptions};

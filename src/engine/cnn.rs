@@ -1,0 +1,144 @@
+//! The small convolutional net (`taper.model.cnn`): 3x3 convolutions with
+//! 2x2 max-pooling, then a dense head.
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::{Deserialize, Serialize};
+
+use super::mlp::{Activation, Dense};
+use super::model::{tagged_config, Interface, ModelSpec};
+
+/// A small convolutional net: per entry of `channels`, a 3x3 convolution
+/// (padding 1), the activation and a 2x2 max-pool; then a dense head.
+/// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cnn {
+    /// `{channels, height, width}` of one sample.
+    pub input: [usize; 3],
+    pub channels: Vec<usize>,
+    #[serde(default)]
+    pub hidden: Vec<usize>,
+    pub outputs: usize,
+    #[serde(default)]
+    pub activation: Activation,
+}
+
+struct CnnNet {
+    input: [usize; 3],
+    convs: Vec<candle_nn::Conv2d>,
+    head: Dense,
+    act: Activation,
+}
+
+impl Module for CnnNet {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let b = x.dim(0)?;
+        let [c, h, w] = self.input;
+        let mut x = x.reshape((b, c, h, w))?;
+        for conv in &self.convs {
+            // taper's fused 3x3 convolution (candle's conv2d elsewhere).
+            let y = match conv.bias() {
+                Some(b) => crate::kernels::conv3x3(&x, conv.weight(), b)?,
+                None => conv.forward(&x)?,
+            };
+            // A non-decreasing activation commutes with max: pooling first
+            // applies it to a quarter of the values (the same result and
+            // gradient; ReLU and tanh).
+            x = match self.act {
+                Activation::Relu | Activation::Tanh => self.act.apply(&max_pool_2x2(&y)?)?,
+                _ => max_pool_2x2(&self.act.apply(&y)?)?,
+            };
+        }
+        let x = self.act.apply(&x.flatten_from(1)?)?;
+        self.head.forward(&x)
+    }
+}
+
+impl Cnn {
+    fn flat_features(&self) -> usize {
+        let [_, mut h, mut w] = self.input;
+        for _ in &self.channels {
+            h /= 2;
+            w /= 2;
+        }
+        self.channels.last().copied().unwrap_or(self.input[0]) * h * w
+    }
+}
+
+impl ModelSpec for Cnn {
+    fn interface(&self) -> Interface {
+        Interface {
+            features: Some(self.input.iter().product()),
+            vocab: None,
+            classes: Some(self.outputs),
+        }
+    }
+    fn config(&self) -> Option<serde_json::Value> {
+        tagged_config("cnn", self)
+    }
+
+    fn describe(&self) -> String {
+        let [c, h, w] = self.input;
+        format!(
+            "cnn {c}x{h}x{w} conv{:?} hidden{:?} -> {} {}",
+            self.channels,
+            self.hidden,
+            self.outputs,
+            self.activation.name()
+        )
+    }
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
+        let [_, h, w] = self.input;
+        if h >> self.channels.len() == 0 || w >> self.channels.len() == 0 {
+            candle_core::bail!(
+                "cnn: {} pooling stages shrink a {h}x{w} input to nothing",
+                self.channels.len()
+            );
+        }
+        let cfg = candle_nn::Conv2dConfig {
+            padding: 1,
+            ..Default::default()
+        };
+        let mut in_c = self.input[0];
+        let mut convs = Vec::new();
+        for (i, &out_c) in self.channels.iter().enumerate() {
+            convs.push(candle_nn::conv2d(
+                in_c,
+                out_c,
+                3,
+                cfg,
+                vb.pp(format!("conv{i}")),
+            )?);
+            in_c = out_c;
+        }
+        let mut sizes = vec![self.flat_features()];
+        sizes.extend(&self.hidden);
+        sizes.push(self.outputs);
+        let head = Dense::new(&vb, "fc", &sizes, self.activation)?;
+        Ok(Box::new(CnnNet {
+            input: self.input,
+            convs,
+            head,
+            act: self.activation,
+        }))
+    }
+}
+
+/// 2x2 max-pooling with stride 2 (odd trailing rows/columns dropped, as
+/// PyTorch does), from reshape and `max`. candle 0.11.1's `max_pool2d`
+/// backward multiplies the gradient by (maxima / k^2) instead of dividing by
+/// the number of maxima, so its gradients come out 4x too small; the gradient
+/// check in tests/gradients.rs caught it.
+pub fn max_pool_2x2(x: &Tensor) -> Result<Tensor> {
+    if let Some(y) = crate::kernels::max_pool2x2(x)? {
+        return Ok(y);
+    }
+    let (b, c, h, w) = x.dims4()?;
+    let (h2, w2) = (h / 2, w / 2);
+    x.narrow(2, 0, 2 * h2)?
+        .narrow(3, 0, 2 * w2)?
+        .reshape((b, c, h2, 2, w2, 2))?
+        .max(5)?
+        .max(3)
+}
