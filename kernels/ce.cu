@@ -57,6 +57,55 @@ __device__ void ce_grad(T* z, const uint32_t* y, const float* g, int cols, int l
   }
 }
 
+// ce_loss and ce_grad in one kernel, for an incoming gradient of 1: the
+// chunked cross-entropy's forward makes the gradient while the logits are
+// at hand (its backward then multiplies by the real incoming gradient,
+// scale_by below), so the logits are neither read again nor recomputed.
+// Two passes over the row instead of five: each thread keeps its max and
+// its sum of exponentials together, rescaling the sum when the max grows.
+template <typename T>
+__device__ void ce_loss_grad(T* z, const uint32_t* y, float* loss, int cols, int live,
+                             float scale, float eps) {
+  T* zr = z + (size_t)blockIdx.x * cols;
+  const uint32_t target = y[blockIdx.x];
+  const bool ok = target < (uint32_t)live;
+  // Read before any thread writes (the reductions' barriers come between).
+  const float zy = ok ? to_f(zr[target]) : 0.f;
+  float m = -INFINITY, s = 0.f, t = 0.f;
+  for (int i = threadIdx.x; i < live; i += blockDim.x) {
+    const float v = to_f(zr[i]);
+    if (v > m) {
+      s = s * expf(m - v) + 1.f;
+      m = v;
+    } else if (m != -INFINITY) {
+      s += expf(v - m);
+    }
+    t += v;
+  }
+  const float top = block_max(m);
+  const float lse = top + logf(block_sum(m == -INFINITY ? 0.f : s * expf(m - top)));
+  const float total = block_sum(t);
+  if (threadIdx.x == 0)
+    loss[blockIdx.x] = ok ? lse - (1.f - eps) * zy - eps * (total / live) : NAN;
+  const float spread = eps / live, bad = ok ? 0.f : NAN;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    float d = 0.f;
+    if (i < live) {
+      d = (expf(to_f(zr[i]) - lse) - spread) * scale + bad;
+      if ((uint32_t)i == target) d -= (1.f - eps) * scale;
+    }
+    zr[i] = from_f<T>(d);
+  }
+}
+
+// y = x * s[0] in f32, where s is the loss's incoming gradient on the
+// device: the chunked cross-entropy's backward, over the gradients its
+// forward made for an incoming gradient of 1.
+template <typename T> __device__ void scale_by(const T* x, const float* s, T* y, size_t n) {
+  const float k = s[0];
+  FOR_EACH(i, n) y[i] = from_f<T>(to_f(x[i]) * k);
+}
+
 #define CE(T, S)                                                                             \
   extern "C" __global__ void ce_loss_##S(const T* z, const uint32_t* y, float* loss, int cols, \
                                          int live, float eps) {                              \
@@ -65,5 +114,12 @@ __device__ void ce_grad(T* z, const uint32_t* y, const float* g, int cols, int l
   extern "C" __global__ void ce_grad_##S(T* z, const uint32_t* y, const float* g, int cols,    \
                                          int live, float scale, float eps) {                 \
     ce_grad(z, y, g, cols, live, scale, eps);                                                \
+  }                                                                                          \
+  extern "C" __global__ void ce_loss_grad_##S(T* z, const uint32_t* y, float* loss, int cols,  \
+                                              int live, float scale, float eps) {             \
+    ce_loss_grad(z, y, loss, cols, live, scale, eps);                                        \
+  }                                                                                          \
+  extern "C" __global__ void scale_by_##S(const T* x, const float* s, T* y, size_t n) {        \
+    scale_by(x, s, y, n);                                                                    \
   }
 FOR_FLOAT_TYPES(CE)

@@ -10,7 +10,9 @@
 //! - `adamw_mixed_bf16` of `kernels/adamw.cu` against the CPU's one-pass
 //!   update, bit for bit;
 //! - `kernels/norm.cu`'s sum of squares (one tensor or several) against
-//!   the CPU's, and its clipping factor against the host's formula.
+//!   the CPU's, and its clipping factor against the host's formula;
+//! - `kernels/ce.cu`'s fused cross-entropy loss and gradient against
+//!   float64, and its `scale_by` bit for bit.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -368,6 +370,122 @@ fn sum_squares_and_clip_factor_kernels_match_the_cpu() -> Result<()> {
             );
             let host = taper::kernels::clip_factor_of(got, max);
             assert_eq!(factor.to_bits(), host.to_bits(), "{sizes:?}, max {max}");
+        }
+    }
+    Ok(())
+}
+
+/// `kernels/ce.cu`'s fused loss and gradient (`ce_loss_grad`, the chunked
+/// cross-entropy's forward when a backward follows) against the loss and
+/// logit gradient in float64 on the same rounded logits: rows longer than a
+/// block (1500 values over 1024 threads) and short ones, padding past the
+/// vocabulary (a zero gradient whatever it holds), label smoothing, and a
+/// target outside the vocabulary (a NaN loss and gradient). Then
+/// `scale_by` on that gradient, bit for bit against the f32 product
+/// rounded to the storage type.
+#[test]
+fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
+    let exe = build("ce_main");
+    for bf16 in [false, true] {
+        for (rows, cols, live, eps) in [(3u32, 1500u32, 1500u32, 0.0f32), (6, 100, 77, 0.1)] {
+            let round = |x: f32| {
+                if bf16 {
+                    half::bf16::from_f32(x).to_f32()
+                } else {
+                    x
+                }
+            };
+            let z: Vec<f32> = (0..rows * cols)
+                .map(|i| {
+                    round(
+                        ((i * 7919 % 1000) as f32 / 125.0 - 4.0)
+                            * if i % cols >= live { 50.0 } else { 1.0 },
+                    )
+                })
+                .collect();
+            let mut y: Vec<u32> = (0..rows).map(|r| (r * 31 + 5) % live).collect();
+            y[1] = live; // outside the vocabulary
+            let (scale, g) = (1.0 / 4096.0f32, 0.37f32);
+            let mut bytes = Vec::new();
+            for v in [bf16 as u32, rows, cols, live] {
+                bytes.extend(v.to_le_bytes());
+            }
+            for v in [eps, scale, g] {
+                bytes.extend(v.to_le_bytes());
+            }
+            bytes.extend(z.iter().flat_map(|v| v.to_le_bytes()));
+            bytes.extend(y.iter().flat_map(|v| v.to_le_bytes()));
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+            std::fs::write(&input, bytes).expect("writing the input");
+            let o = Command::new(&exe)
+                .arg(&input)
+                .arg(&output)
+                .output()
+                .expect("running ce_main");
+            assert!(
+                o.status.success(),
+                "ce_main: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let out: Vec<f32> = std::fs::read(&output)
+                .expect("reading the output")
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            let (rows_u, cols_u, live_u) = (rows as usize, cols as usize, live as usize);
+            let n = rows_u * cols_u;
+            assert_eq!(out.len(), rows_u + 2 * n);
+            let (loss, rest) = out.split_at(rows_u);
+            let (dz, scaled) = rest.split_at(n);
+            let what = format!("bf16 {bf16}, rows of {cols} ({live} live), eps {eps}");
+            let (mut want_dz, mut got_dz) = (Vec::new(), Vec::new());
+            for r in 0..rows_u {
+                let row: Vec<f64> = z[r * cols_u..r * cols_u + live_u]
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                let max = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+                let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+                let mean = row.iter().sum::<f64>() / live as f64;
+                let target = y[r] as usize;
+                let d = &dz[r * cols_u..(r + 1) * cols_u];
+                if target >= live_u {
+                    assert!(loss[r].is_nan(), "{what}: row {r}'s loss {}", loss[r]);
+                    assert!(d[..live_u].iter().all(|v| v.is_nan()), "{what}: row {r}");
+                    assert!(
+                        d[live_u..].iter().all(|&v| v == 0.0),
+                        "{what}: row {r}'s padding"
+                    );
+                    continue;
+                }
+                let want = lse - (1.0 - eps as f64) * row[target] - eps as f64 * mean;
+                assert!(
+                    ((loss[r] as f64 - want) / want).abs() < 1e-5,
+                    "{what}: row {r}'s loss {} vs {want}",
+                    loss[r]
+                );
+                for (i, &v) in row.iter().enumerate() {
+                    let onehot = if i == target { 1.0 - eps as f64 } else { 0.0 };
+                    let w = ((v - lse).exp() - eps as f64 / live as f64 - onehot) * scale as f64;
+                    want_dz.push(w as f32);
+                    got_dz.push(d[i]);
+                }
+                assert!(
+                    d[live_u..].iter().all(|&v| v == 0.0),
+                    "{what}: row {r}'s padding"
+                );
+            }
+            let e = rel(&got_dz, &want_dz);
+            let bound = if bf16 { 8e-3 } else { 1e-5 };
+            assert!(e < bound, "{what}: gradient off by {e:.2e}");
+            for (i, (&s, &d)) in scaled.iter().zip(dz).enumerate() {
+                let want = round(d * g);
+                assert!(
+                    s.to_bits() == want.to_bits() || (s.is_nan() && want.is_nan()),
+                    "{what}: scaled value {i}: {s} vs {want}"
+                );
+            }
         }
     }
     Ok(())

@@ -13,7 +13,9 @@
 //! cross-entropy pads on CUDA, where cuBLAS runs an odd row length (GPT-2's
 //! 50257) on slow unaligned kernels.
 
-use candle_core::{bail, CpuStorage, CustomOp2, InplaceOp3, Layout, Result, Shape};
+use candle_core::{
+    bail, CpuStorage, CustomOp2, DType, InplaceOp3, Layout, Result, Shape, Tensor, D,
+};
 use rayon::prelude::*;
 
 /// log-sum-exp and mean of a row.
@@ -181,13 +183,124 @@ impl InplaceOp3 for RowGrad {
     }
 }
 
+/// Each row's loss (`[rows]` f32, as [`RowLoss`]), and the logits `z`
+/// turned in place into their gradient for an incoming gradient of 1 (as
+/// [`RowGrad`] with `g = 1`). On CUDA one kernel does both
+/// (`ce_loss_grad` in `kernels/ce.cu`): two passes over each row instead of
+/// five. Elsewhere the two ops, one after the other.
+pub(super) fn loss_and_grad(z: &Tensor, targets: &Tensor, op: &RowGrad) -> Result<Tensor> {
+    let rows = z.elem_count() / z.dim(D::Minus1)?.max(1);
+    if z.device().is_cuda() {
+        let loss = Tensor::zeros(rows, DType::F32, z.device())?;
+        z.inplace_op3(targets, &loss, &LossGrad(op))?;
+        return Ok(loss);
+    }
+    let loss = z.apply_op2_no_bwd(
+        targets,
+        &RowLoss {
+            smoothing: op.smoothing,
+            live: op.live,
+        },
+    )?;
+    z.inplace_op3(targets, &Tensor::ones(1, DType::F32, z.device())?, op)?;
+    Ok(loss)
+}
+
+/// [`loss_and_grad`] on CUDA: `z` in place, with `(targets, loss)`, where
+/// `loss` is a buffer made for the losses. candle's in-place ops change one
+/// tensor; the kernel also writes the other, which nothing else holds.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct LossGrad<'a>(&'a RowGrad);
+
+impl InplaceOp3 for LossGrad<'_> {
+    fn name(&self) -> &'static str {
+        "taper-ce-row-loss-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &mut CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<()> {
+        bail!("cross-entropy: the fused loss and gradient run on CUDA only")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        use self::cuda::loss_grad;
+        match candle_core::backend::BackendStorage::dtype(&*s1) {
+            DType::F32 => loss_grad::<f32>(self.0, (s1, l1), (s2, l2), (s3, l3)),
+            DType::F16 => loss_grad::<half::f16>(self.0, (s1, l1), (s2, l2), (s3, l3)),
+            DType::BF16 => loss_grad::<half::bf16>(self.0, (s1, l1), (s2, l2), (s3, l3)),
+            other => bail!("taper's CUDA kernels take f32, f16 or bf16, not {other:?}"),
+        }
+    }
+}
+
+/// `x * g` for an f32 scalar `g` on `x`'s device, computed in f32 (on
+/// CUDA one kernel, `scale_by` in `kernels/ce.cu`; elsewhere candle's
+/// multiply in `x`'s dtype, which for the f32 of the CPU path is the same).
+pub(super) fn scale_by(x: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let g = g.flatten_all()?;
+    if x.device().is_cuda() {
+        return x.contiguous()?.apply_op2_no_bwd(&g, &ScaleBy);
+    }
+    x.broadcast_mul(&g.to_dtype(x.dtype())?.reshape(())?)
+}
+
+struct ScaleBy;
+
+impl CustomOp2 for ScaleBy {
+    fn name(&self) -> &'static str {
+        "taper-scale-by"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        bail!("scale_by: CUDA only (the CPU multiplies with candle)")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use self::cuda::scale;
+        use super::cuda::by_float;
+        let y = by_float!(s1, scale((s1, l1), (s2, l2)))?;
+        Ok((y, l1.shape().clone()))
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{bail, CudaStorage, Layout, Result, WithDType};
 
-    use super::super::cuda::{alloc, kernel, per_row, rows_cols, run, suffix, view, CE};
+    use super::super::cuda::{
+        alloc, elementwise, kernel, per_row, rows_cols, run, suffix, view, CE,
+    };
 
     pub(super) fn loss<T: CudaDType + DeviceRepr + WithDType>(
         op: &super::RowLoss,
@@ -247,5 +360,63 @@ mod cuda {
         } else {
             Ok(())
         }
+    }
+
+    /// The logits in `s1` become their gradient for an incoming gradient of
+    /// 1, in place, and each row's loss goes to `s3`.
+    pub(super) fn loss_grad<T: CudaDType + DeviceRepr + WithDType>(
+        op: &super::RowGrad,
+        (s1, l1): (&mut CudaStorage, &Layout),
+        (s2, l2): (&CudaStorage, &Layout),
+        (s3, l3): (&CudaStorage, &Layout),
+    ) -> Result<()> {
+        let (rows, cols) = rows_cols(l1);
+        let live = super::live_of(op.live, cols)? as i32;
+        let Some((a, b)) = l1.contiguous_offsets() else {
+            bail!("cross-entropy logits: expected a contiguous tensor")
+        };
+        let y = view::<u32>(s2, l2, "cross-entropy targets")?;
+        let loss = view::<f32>(s3, l3, "cross-entropy losses")?;
+        if y.len() != rows || loss.len() != rows {
+            bail!(
+                "cross-entropy: {rows} rows, {} targets, {} losses",
+                y.len(),
+                loss.len()
+            )
+        }
+        let dev = s1.device.clone();
+        let mut z = s1.as_cuda_slice_mut::<T>()?.slice_mut(a..b);
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = kernel!(CE, dev, format!("ce_loss_grad_{}", suffix(T::DTYPE)?));
+        let cols_i = cols as i32;
+        let mut b = f.builder();
+        b.arg(&mut z).arg(&y).arg(&loss);
+        b.arg(&cols_i).arg(&live).arg(&op.scale).arg(&op.smoothing);
+        run(&mut b, per_row(rows, cols))
+    }
+
+    /// `x * s[0]` (`s` an f32 scalar on the device).
+    pub(super) fn scale<T: CudaDType + DeviceRepr + WithDType>(
+        (s1, l1): (&CudaStorage, &Layout),
+        (s2, l2): (&CudaStorage, &Layout),
+    ) -> Result<CudaStorage> {
+        let x = view::<T>(s1, l1, "scaled tensor")?;
+        let s = view::<f32>(s2, l2, "scale")?;
+        if s.len() != 1 {
+            bail!("scale_by: a scale of {} values", s.len())
+        }
+        let dev = &s1.device;
+        let n = x.len();
+        let mut y = alloc::<T>(dev, n)?;
+        if n > 0 {
+            let f = kernel!(CE, dev, format!("scale_by_{}", suffix(T::DTYPE)?));
+            let n_u = n as u64;
+            let mut b = f.builder();
+            b.arg(&x).arg(&s).arg(&mut y).arg(&n_u);
+            run(&mut b, elementwise(n))?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
     }
 }

@@ -1,10 +1,15 @@
 //! Chunked (fused) cross-entropy for a language-model head: the loss of
 //! `hidden [N, d] @ head [V, d]^T` against targets, computed a block of rows
 //! at a time, so the full `N x V` logits and their gradient never exist at
-//! once (Liger-Kernel's fused linear cross-entropy). The forward keeps
-//! nothing but the loss; the backward recomputes each block's logits and
-//! turns them straight into that block's gradients for the hidden states
-//! and the head.
+//! once (Liger-Kernel's fused linear cross-entropy). When a backward will
+//! follow, the forward turns each block's logits straight into that block's
+//! gradients for the hidden states and the head, for an incoming gradient
+//! of 1, and keeps those; the backward multiplies them by the real one. So
+//! the logits are computed once: recomputing them in the backward cost the
+//! GPT-2 step a fourth product of the head (about 0.6 TFLOP at batch 8).
+//! Under f16 (whose per-row gradients need the loss scale first) and when
+//! nothing is tracked the forward keeps only the loss, and the backward
+//! recomputes the logits.
 //!
 //! Tensor ops around the fused row ops of `ce_rows` (their CPU code, or
 //! their CUDA kernels; the matmuls stay candle's, cuBLAS on a GPU). Callers
@@ -51,18 +56,31 @@ pub fn chunked_cross_entropy(
             bail!("chunked cross-entropy: target {t} is not below the vocabulary size {v}")
         }
     }
-    by_chunks(hidden, head, targets, chunk.max(1), label_smoothing as f32)
+    // The gradients are made in the forward when a backward will want
+    // them; not under f16, whose per-row gradients (about 1 / rows) fall
+    // into its subnormals unless the loss scale multiplies them first.
+    let early = (hidden.track_op() || head.track_op()) && hidden.dtype() != DType::F16;
+    by_chunks(
+        hidden,
+        head,
+        targets,
+        chunk.max(1),
+        label_smoothing as f32,
+        early,
+    )
 }
 
 /// The chunked cross-entropy as tensor ops around [`RowLoss`] and
 /// [`RowGrad`]: the mean loss of `hidden [N, d] @ head [V, d]^T` against
-/// `targets`, `chunk` rows at a time, forward and backward.
+/// `targets`, `chunk` rows at a time, forward and backward; with `early`,
+/// the gradients are made in the forward (see the module's text).
 fn by_chunks(
     hidden: &Tensor,
     head: &Tensor,
     targets: &Tensor,
     chunk: usize,
     smoothing: f32,
+    early: bool,
 ) -> Result<Tensor> {
     let n = hidden.dim(0)?;
     if n == 0 {
@@ -73,15 +91,28 @@ fn by_chunks(
         .to_dtype(DType::U32)?
         .to_device(hidden.device())?;
     let (h, live) = (hidden.detach(), head.dim(0)?);
-    let wt = padded(&head.detach())?.t()?;
+    let w = padded(&head.detach())?;
+    let wt = w.t()?;
+    let grad = RowGrad {
+        scale: 1.0 / n as f32,
+        smoothing,
+        live,
+    };
     let mut total: Option<Tensor> = None;
+    let mut sums = Grads::default();
     for start in (0..n).step_by(chunk) {
         let len = chunk.min(n - start);
-        let z = h.narrow(0, start, len)?.matmul(&wt)?;
-        let op = RowLoss { smoothing, live };
-        let l = z
-            .apply_op2_no_bwd(&targets.narrow(0, start, len)?, &op)?
-            .sum_all()?;
+        let hc = h.narrow(0, start, len)?;
+        let z = hc.matmul(&wt)?;
+        let y = targets.narrow(0, start, len)?.contiguous()?;
+        let l = if early {
+            let l = super::ce_rows::loss_and_grad(&z, &y, &grad)?;
+            sums.add(&z, &hc, &w)?;
+            l
+        } else {
+            z.apply_op2_no_bwd(&y, &RowLoss { smoothing, live })?
+        };
+        let l = l.sum_all()?;
         total = Some(match total {
             Some(t) => (t + l)?,
             None => l,
@@ -92,8 +123,37 @@ fn by_chunks(
         targets,
         chunk,
         smoothing,
+        early: early.then(|| sums.done(live)).transpose()?,
     };
     hidden.apply_op3(head, &loss, op)
+}
+
+/// The gradients of the hidden states and of the head, chunk by chunk.
+#[derive(Default)]
+struct Grads {
+    dh: Vec<Tensor>,
+    dw: Option<Tensor>,
+}
+
+impl Grads {
+    /// A chunk's: `dz [len, V]` (the logits' gradient), `hc [len, d]`, and
+    /// the (padded) head `w [V, d]`.
+    fn add(&mut self, dz: &Tensor, hc: &Tensor, w: &Tensor) -> Result<()> {
+        self.dh.push(dz.matmul(w)?);
+        let part = dz.t()?.matmul(hc)?;
+        self.dw = Some(match self.dw.take() {
+            Some(acc) => (acc + part)?,
+            None => part,
+        });
+        Ok(())
+    }
+
+    /// `(dh [N, d], dw [live, d])`: the padding's rows of the head gradient
+    /// dropped.
+    fn done(self, live: usize) -> Result<(Tensor, Tensor)> {
+        let dw = self.dw.expect("at least one chunk").narrow(0, 0, live)?;
+        Ok((Tensor::cat(&self.dh, 0)?, dw))
+    }
 }
 
 /// The head as the logits' products take it: on CUDA, rows of zeros up to a
@@ -111,12 +171,16 @@ fn padded(head: &Tensor) -> Result<Tensor> {
 }
 
 /// Gives the loss computed by [`by_chunks`] its place in the graph: the
-/// forward passes the loss through; the backward recomputes each chunk's
-/// logits and turns them into that chunk's gradients.
+/// forward passes the loss through. The backward multiplies the gradients
+/// the forward made (`early`) by the incoming gradient; without them (under
+/// f16) it recomputes each chunk's logits and turns them into that chunk's
+/// gradients.
 struct Attached {
     targets: Tensor,
     chunk: usize,
     smoothing: f32,
+    /// `(dh, dw)` for an incoming gradient of 1.
+    early: Option<(Tensor, Tensor)>,
 }
 
 impl CustomOp3 for Attached {
@@ -157,33 +221,30 @@ impl CustomOp3 for Attached {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = grad.to_dtype(DType::F32)?.reshape(1)?;
+        if let Some((dh, dw)) = &self.early {
+            let scale = super::ce_rows::scale_by;
+            return Ok((Some(scale(dh, &g)?), Some(scale(dw, &g)?), None));
+        }
         let (h, w, live) = (hidden.detach(), padded(&head.detach())?, head.dim(0)?);
         let n = h.dim(0)?;
-        let g = grad.to_dtype(DType::F32)?.reshape(1)?;
         let op = RowGrad {
             scale: 1.0 / n as f32,
             smoothing: self.smoothing,
             live,
         };
         let wt = w.t()?;
-        let mut dh = Vec::with_capacity(n.div_ceil(self.chunk));
-        let mut dw: Option<Tensor> = None;
+        let mut sums = Grads::default();
         for start in (0..n).step_by(self.chunk) {
             let len = self.chunk.min(n - start);
             let hc = h.narrow(0, start, len)?;
             // The chunk's logits, turned into their gradient in place.
             let dz = hc.matmul(&wt)?;
             dz.inplace_op3(&self.targets.narrow(0, start, len)?.contiguous()?, &g, &op)?;
-            dh.push(dz.matmul(&w)?);
-            let part = dz.t()?.matmul(&hc)?;
-            dw = Some(match dw {
-                Some(acc) => (acc + part)?,
-                None => part,
-            });
+            sums.add(&dz, &hc, &w)?;
         }
-        // The padding's rows of the head gradient are dropped.
-        let dw = dw.map(|dw| dw.narrow(0, 0, live)).transpose()?;
-        Ok((Some(Tensor::cat(&dh, 0)?), dw, None))
+        let (dh, dw) = sums.done(live)?;
+        Ok((Some(dh), Some(dw), None))
     }
 }
 
@@ -274,12 +335,20 @@ mod tests {
             (0..n).map(|i| ((i * 5) % v) as u32).collect::<Vec<_>>(),
             &dev,
         )?;
-        for (chunk, eps) in [(7, 0.0), (29, 0.1), (64, 0.0)] {
+        // With the gradients made in the forward, and recomputed in the
+        // backward (as under f16).
+        for (chunk, eps, early) in [
+            (7, 0.0, true),
+            (29, 0.1, true),
+            (64, 0.0, true),
+            (7, 0.1, false),
+            (64, 0.0, false),
+        ] {
             let (hv, wv) = (
                 candle_core::Var::from_tensor(&h)?,
                 candle_core::Var::from_tensor(&w)?,
             );
-            let loss = by_chunks(hv.as_tensor(), wv.as_tensor(), &y, chunk, eps as f32)?;
+            let loss = by_chunks(hv.as_tensor(), wv.as_tensor(), &y, chunk, eps as f32, early)?;
             let g = (&loss * 2.0)?.backward()?;
             let (l64, dh64, dw64) = reference(&h, &w, &y, eps)?;
             let l = loss.to_scalar::<f32>()? as f64;
@@ -289,8 +358,14 @@ mod tests {
             );
             let dh = (g.get(hv.as_tensor()).unwrap() / 2.0)?;
             let dw = (g.get(wv.as_tensor()).unwrap() / 2.0)?;
-            assert!(max_rel(&dh, &dh64)? < 1e-5, "chunk {chunk} eps {eps}: dh");
-            assert!(max_rel(&dw, &dw64)? < 1e-5, "chunk {chunk} eps {eps}: dw");
+            assert!(
+                max_rel(&dh, &dh64)? < 1e-5,
+                "chunk {chunk} eps {eps} {early}: dh"
+            );
+            assert!(
+                max_rel(&dw, &dw64)? < 1e-5,
+                "chunk {chunk} eps {eps} {early}: dw"
+            );
         }
         Ok(())
     }
@@ -328,7 +403,7 @@ mod tests {
             assert!(max_rel(&dw, &dw64)? < 1e-5, "chunk {chunk} eps {eps}: dw");
         }
         let bad = Tensor::new(&[60u32; 37], &dev)?;
-        let nan = by_chunks(&h, &w, &bad, 8, 0.0)?;
+        let nan = by_chunks(&h, &w, &bad, 8, 0.0, false)?;
         assert!(
             nan.to_scalar::<f32>()?.is_nan(),
             "an unknown target gives NaN"

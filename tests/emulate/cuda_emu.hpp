@@ -30,6 +30,10 @@
 struct uint4 {
   unsigned x, y, z, w;
 };
+struct float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
