@@ -8,7 +8,8 @@
 #                                           # into .gpu/
 #   bash scripts/gpu-check.sh run [PARTS]   # on the GPU machine, with .gpu
 #                                           # carried; PARTS of: tests drill bench
-#                                           # nccl profile (default: the first four)
+#                                           # nccl profile products (default: the
+#                                           # first four)
 #
 # `run` writes everything to $OUT/gpu-check.log when OUT is set (the device
 # tool's output folder), else to stdout. The binaries are about 70 MB each,
@@ -252,6 +253,18 @@ bench() {
   return 0
 }
 
+# The products of a GPT-2 small step alone (`taper bench products`, and
+# benches/torch_products.py for PyTorch's), alternating in rounds: how fast
+# the products run in each, apart from the element-wise work around them.
+products() {
+  local round
+  for round in $(seq "${BENCH_ROUNDS:-2}"); do
+    echo "== products, round $round"
+    timeout 120 "$bin/taper" bench products --device cuda --precision bf16 || echo "taper products exit $?"
+    timeout 120 python3 benches/torch_products.py --device cuda --precision bf16 || echo "torch products exit $?"
+  done
+}
+
 # Where a GPT-2 step's device time goes: every kernel of `taper bench step`
 # (3 warm-up steps, 1 timed, and the 8 matmuls of the ceiling) under Nsight
 # Compute, summed by name; then the same step in PyTorch's profiler.
@@ -300,8 +313,8 @@ run() {
   [ ${#parts[@]} -gt 0 ] || parts=(tests drill bench nccl)
   for part in "${parts[@]}"; do
     case "$part" in
-      tests|drill|bench|nccl|profile) "$part" ;;
-      *) echo "gpu-check: unknown part $part (tests, drill, bench, nccl, profile)" >&2; exit 2 ;;
+      tests|drill|bench|nccl|profile|products) "$part" ;;
+      *) echo "gpu-check: unknown part $part (tests, drill, bench, nccl, profile, products)" >&2; exit 2 ;;
     esac
   done
 }
@@ -316,5 +329,5 @@ case "${1:-}" in
       run "$@"
     fi
     ;;
-  *) echo "usage: bash scripts/gpu-check.sh pack | run [tests] [drill] [bench] [nccl] [profile]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu-check.sh pack | run [tests] [drill] [bench] [nccl] [profile] [products]" >&2; exit 2 ;;
 esac

@@ -328,6 +328,24 @@ fn benchmarks_and_samples_survive_a_closed_stdout() {
         );
     };
     run(&["bench", "records", "--steps", "3", "--rounds", "1"]);
+    run(&[
+        "bench",
+        "products",
+        "--device",
+        "cpu",
+        "--precision",
+        "f32",
+        "--rows",
+        "64",
+        "--width",
+        "16",
+        "--vocab",
+        "100",
+        "--reps",
+        "1",
+        "--rounds",
+        "1",
+    ]);
     let o = out.to_str().unwrap();
     run(&[
         "train",

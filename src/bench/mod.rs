@@ -18,6 +18,7 @@ mod kernels;
 mod oom;
 mod plugin;
 mod precision;
+mod products;
 mod ranks;
 mod records;
 mod reload;
@@ -132,6 +133,9 @@ pub enum Which {
     /// process, for comparison with benches/torch_step.py (same models and
     /// flags).
     Step(step::StepArgs),
+    /// The matrix products of a GPT-2 small training step alone, as taper
+    /// runs them (benches/torch_products.py: as PyTorch does).
+    Products(products::ProductsArgs),
     /// Data-parallel throughput: scripts/shakespeare.lua on 1, 2 and 4 MPI
     /// ranks (`taper launch`, a build with --features mpi) against one
     /// process, alternating; the global batch is fixed.
@@ -160,6 +164,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             context,
         } => lua_overhead(*steps, *rounds, *width, *layers, *context),
         Which::Step(a) => step::run(a),
+        Which::Products(a) => products::run(a),
         Which::Ranks {
             ranks,
             steps,

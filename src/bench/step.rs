@@ -246,7 +246,7 @@ fn time_steps(trainer: &mut Trainer, batch: &Batch, steps: usize) -> Result<(f64
     Ok((median(&mut times), peak))
 }
 
-fn rate(flops: f64) -> String {
+pub(super) fn rate(flops: f64) -> String {
     if flops >= 1e12 {
         format!("{:.1} TFLOP/s", flops / 1e12)
     } else {

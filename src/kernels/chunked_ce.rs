@@ -91,7 +91,7 @@ fn by_chunks(
         .to_dtype(DType::U32)?
         .to_device(hidden.device())?;
     let (h, live) = (hidden.detach(), head.dim(0)?);
-    let w = padded(&head.detach())?;
+    let w = padded_head(&head.detach())?;
     let wt = w.t()?;
     let grad = RowGrad {
         scale: 1.0 / n as f32,
@@ -162,7 +162,7 @@ impl Grads {
 /// profile (`scripts/gpu-check.sh profile`) the head's products took 23 ms
 /// of 77. The padded logits are ignored by the row kernels ([`RowLoss`]'s
 /// `live`).
-fn padded(head: &Tensor) -> Result<Tensor> {
+pub fn padded_head(head: &Tensor) -> Result<Tensor> {
     let v = head.dim(0)?;
     if head.device().is_cpu() || v % 64 == 0 {
         return Ok(head.clone());
@@ -226,7 +226,7 @@ impl CustomOp3 for Attached {
             let scale = super::ce_rows::scale_by;
             return Ok((Some(scale(dh, &g)?), Some(scale(dw, &g)?), None));
         }
-        let (h, w, live) = (hidden.detach(), padded(&head.detach())?, head.dim(0)?);
+        let (h, w, live) = (hidden.detach(), padded_head(&head.detach())?, head.dim(0)?);
         let n = h.dim(0)?;
         let op = RowGrad {
             scale: 1.0 / n as f32,

@@ -152,21 +152,28 @@ impl CustomOp3 for Dense {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        // Detached: these products record no graph of their own.
-        let (x, w, dy) = (x.detach(), w.detach(), dy.detach());
-        let (k, n) = (x.dim(D::Minus1)?, w.dim(0)?);
-        let g = dy.reshape(((), n))?;
-        let dx = g.matmul(&w)?.reshape(x.shape())?;
-        let x = x.reshape(((), k))?;
-        let dw = if super::weight_grad::applies(&g, &x) {
-            g.contiguous()?
-                .apply_op2_no_bwd(&x.contiguous()?, &super::weight_grad::WeightGrad)?
-        } else {
-            g.t()?.matmul(&x)?
-        };
-        let db = g.contiguous()?.apply_op1_no_bwd(&ColumnSum)?;
+        let (dx, dw, db) = linear_grads(x, w, dy)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
+}
+
+/// The dense layer's backward: `(dx, dw, db)` for `x [.., in]`, `w [out,
+/// in]` and the output's gradient `dy [.., out]`. Two products and a
+/// column sum, recording no graph (`taper bench products` times it).
+pub fn linear_grads(x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let (x, w, dy) = (x.detach(), w.detach(), dy.detach());
+    let (k, n) = (x.dim(D::Minus1)?, w.dim(0)?);
+    let g = dy.reshape(((), n))?;
+    let dx = g.matmul(&w)?.reshape(x.shape())?;
+    let x = x.reshape(((), k))?;
+    let dw = if super::weight_grad::applies(&g, &x) {
+        g.contiguous()?
+            .apply_op2_no_bwd(&x.contiguous()?, &super::weight_grad::WeightGrad)?
+    } else {
+        g.t()?.matmul(&x)?
+    };
+    let db = g.contiguous()?.apply_op1_no_bwd(&ColumnSum)?;
+    Ok((dx, dw, db))
 }
 
 #[cfg(test)]

@@ -46,9 +46,9 @@ mod weight_grad;
 
 pub use attention::{causal_attention, causal_mask, flash_attention};
 pub use bias::bias_add;
-pub use chunked_ce::chunked_cross_entropy;
+pub use chunked_ce::{chunked_cross_entropy, padded_head};
 pub use conv::conv3x3;
-pub use dense::linear;
+pub use dense::{linear, linear_grads};
 pub use embedding::embedding;
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
