@@ -327,45 +327,35 @@ mod cuda {
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 
-    /// The logits in `s1` become their gradient, in place.
+    /// The logits in `s1` become their gradient, in place (`s3`: the
+    /// loss's incoming gradient, one f32).
     pub(super) fn grad<T: CudaDType + DeviceRepr + WithDType>(
         op: &super::RowGrad,
-        (s1, l1): (&mut CudaStorage, &Layout),
-        (s2, l2): (&CudaStorage, &Layout),
-        (s3, l3): (&CudaStorage, &Layout),
+        s1: (&mut CudaStorage, &Layout),
+        s2: (&CudaStorage, &Layout),
+        s3: (&CudaStorage, &Layout),
     ) -> Result<()> {
-        let (rows, cols) = rows_cols(l1);
-        let live = super::live_of(op.live, cols)? as i32;
-        let Some((a, b)) = l1.contiguous_offsets() else {
-            bail!("cross-entropy logits: expected a contiguous tensor")
-        };
-        let y = view::<u32>(s2, l2, "cross-entropy targets")?;
-        let g = view::<f32>(s3, l3, "cross-entropy gradient")?;
-        if y.len() != rows || g.len() != 1 {
-            bail!(
-                "cross-entropy: {rows} rows, {} targets, {} gradients",
-                y.len(),
-                g.len()
-            )
-        }
-        let dev = s1.device.clone();
-        let mut z = s1.as_cuda_slice_mut::<T>()?.slice_mut(a..b);
-        if rows > 0 {
-            let f = kernel!(CE, dev, format!("ce_grad_{}", suffix(T::DTYPE)?));
-            let cols_i = cols as i32;
-            let mut b = f.builder();
-            b.arg(&mut z).arg(&y).arg(&g);
-            b.arg(&cols_i).arg(&live).arg(&op.scale).arg(&op.smoothing);
-            run(&mut b, per_row(rows, cols))
-        } else {
-            Ok(())
-        }
+        in_place::<T>(op, "ce_grad", ("gradients", |_| 1), s1, s2, s3)
     }
 
     /// The logits in `s1` become their gradient for an incoming gradient of
-    /// 1, in place, and each row's loss goes to `s3`.
+    /// 1, in place, and each row's loss goes to `s3` (f32, one per row).
     pub(super) fn loss_grad<T: CudaDType + DeviceRepr + WithDType>(
         op: &super::RowGrad,
+        s1: (&mut CudaStorage, &Layout),
+        s2: (&CudaStorage, &Layout),
+        s3: (&CudaStorage, &Layout),
+    ) -> Result<()> {
+        in_place::<T>(op, "ce_loss_grad", ("losses", |rows| rows), s1, s2, s3)
+    }
+
+    /// `kernel(z, targets, third, cols, live, scale, eps)` over the logits
+    /// in `s1`, a block per row; `third` is an f32 buffer of `len(rows)`
+    /// values.
+    fn in_place<T: CudaDType + DeviceRepr + WithDType>(
+        op: &super::RowGrad,
+        kernel: &str,
+        (what, len): (&str, fn(usize) -> usize),
         (s1, l1): (&mut CudaStorage, &Layout),
         (s2, l2): (&CudaStorage, &Layout),
         (s3, l3): (&CudaStorage, &Layout),
@@ -376,12 +366,12 @@ mod cuda {
             bail!("cross-entropy logits: expected a contiguous tensor")
         };
         let y = view::<u32>(s2, l2, "cross-entropy targets")?;
-        let loss = view::<f32>(s3, l3, "cross-entropy losses")?;
-        if y.len() != rows || loss.len() != rows {
+        let third = view::<f32>(s3, l3, "cross-entropy")?;
+        if y.len() != rows || third.len() != len(rows) {
             bail!(
-                "cross-entropy: {rows} rows, {} targets, {} losses",
+                "cross-entropy: {rows} rows, {} targets, {} {what}",
                 y.len(),
-                loss.len()
+                third.len()
             )
         }
         let dev = s1.device.clone();
@@ -389,10 +379,10 @@ mod cuda {
         if rows == 0 {
             return Ok(());
         }
-        let f = kernel!(CE, dev, format!("ce_loss_grad_{}", suffix(T::DTYPE)?));
+        let f = kernel!(CE, dev, format!("{kernel}_{}", suffix(T::DTYPE)?));
         let cols_i = cols as i32;
         let mut b = f.builder();
-        b.arg(&mut z).arg(&y).arg(&loss);
+        b.arg(&mut z).arg(&y).arg(&third);
         b.arg(&cols_i).arg(&live).arg(&op.scale).arg(&op.smoothing);
         run(&mut b, per_row(rows, cols))
     }
