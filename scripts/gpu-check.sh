@@ -6,10 +6,12 @@
 #   bash scripts/gpu-check.sh pack          # here: build the CUDA binary, the
 #                                           # NCCL one and the GPU tests, xz them
 #                                           # into .gpu/
+#   bash scripts/gpu-check.sh pack-base REV # here: REV's CUDA binary, as the
+#                                           # baseline for `run compare`
 #   bash scripts/gpu-check.sh run [PARTS]   # on the GPU machine, with .gpu
 #                                           # carried; PARTS of: tests drill bench
-#                                           # nccl profile products (default: the
-#                                           # first four)
+#                                           # nccl profile products compare
+#                                           # (default: the first four)
 #
 # `run` writes everything to $OUT/gpu-check.log when OUT is set (the device
 # tool's output folder), else to stdout. The binaries are about 70 MB each,
@@ -42,6 +44,28 @@ for line in sys.stdin:
   strip -o "$pack_dir/taper-nccl" target/cuda/release/taper
   xz -T0 -6 -f "$pack_dir/taper-nccl"
   ls -la "$pack_dir"
+}
+
+# A baseline to measure a change against: the CUDA binary of another
+# revision (the commit before the change), built from a git worktree in
+# target/base-src into .gpu/taper-base.xz; `run compare` alternates it with
+# .gpu/taper in one job. It has a target folder of its own: in this tree's,
+# cargo takes the worktree's build for fresh (the fingerprints name this
+# tree's files) and hands back this tree's binary. The first build there
+# takes as long as a clean one.
+pack_base() {
+  local rev="${1:?usage: bash scripts/gpu-check.sh pack-base REV}"
+  eval "$(bash scripts/cuda-toolchain.sh)"
+  local src="$root/target/base-src"
+  git worktree remove --force "$src" 2>/dev/null || rm -rf "$src"
+  git worktree prune
+  git worktree add --detach "$src" "$rev"
+  (cd "$src" && cargo build --release --features cuda --target-dir "$root/target/cuda-base" -p taper)
+  mkdir -p "$pack_dir"
+  strip -o "$pack_dir/taper-base" target/cuda-base/release/taper
+  xz -T0 -6 -f "$pack_dir/taper-base"
+  git worktree remove --force "$src"
+  echo "gpu-check: .gpu/taper-base.xz is $(git rev-parse --short "$rev")" >&2
 }
 
 # On the GPU machine: torch's CUDA 13 libraries (cudart, cublas, curand),
@@ -253,6 +277,23 @@ bench() {
   return 0
 }
 
+# The GPT-2 step of .gpu/taper-base (see pack-base) and of .gpu/taper,
+# alternating in rounds in one job, at each of COMPARE_BATCHES (default 8):
+# what a change bought, on one machine.
+compare() {
+  [ -x "$bin/taper-base" ] || { echo "gpu-check: no taper-base (bash scripts/gpu-check.sh pack-base REV)" >&2; return 1; }
+  local b round which
+  for b in ${COMPARE_BATCHES:-8}; do
+    for round in $(seq "${BENCH_ROUNDS:-2}"); do
+      for which in taper-base taper; do
+        echo "== $which gpt2 bf16 batch $b (round $round)"
+        timeout 150 "$bin/$which" bench step --model gpt2 --device cuda --precision bf16 \
+          --steps 20 --batch "$b" || echo "$which exit $?"
+      done
+    done
+  done
+}
+
 # The products of a GPT-2 small step alone (`taper bench products`, and
 # benches/torch_products.py for PyTorch's), alternating in rounds: how fast
 # the products run in each, apart from the element-wise work around them.
@@ -299,8 +340,8 @@ PY
 run() {
   bin=/tmp/taper-gpu
   mkdir -p "$bin"
-  for f in taper cuda_kernels taper-nccl; do
-    [ -e "$pack_dir/$f.xz" ] || { echo "gpu-check: no $f in $pack_dir" >&2; continue; }
+  for f in taper cuda_kernels taper-nccl taper-base; do
+    [ -e "$pack_dir/$f.xz" ] || { [ "$f" = taper-base ] || echo "gpu-check: no $f in $pack_dir" >&2; continue; }
     xz -dc "$pack_dir/$f.xz" > "$bin/$f"
     chmod +x "$bin/$f"
   done
@@ -313,14 +354,15 @@ run() {
   [ ${#parts[@]} -gt 0 ] || parts=(tests drill bench nccl)
   for part in "${parts[@]}"; do
     case "$part" in
-      tests|drill|bench|nccl|profile|products) "$part" ;;
-      *) echo "gpu-check: unknown part $part (tests, drill, bench, nccl, profile, products)" >&2; exit 2 ;;
+      tests|drill|bench|nccl|profile|products|compare) "$part" ;;
+      *) echo "gpu-check: unknown part $part (tests, drill, bench, nccl, profile, products, compare)" >&2; exit 2 ;;
     esac
   done
 }
 
 case "${1:-}" in
   pack) pack ;;
+  pack-base) shift; pack_base "$@" ;;
   run)
     shift
     if [ -n "${OUT:-}" ]; then
@@ -329,5 +371,5 @@ case "${1:-}" in
       run "$@"
     fi
     ;;
-  *) echo "usage: bash scripts/gpu-check.sh pack | run [tests] [drill] [bench] [nccl] [profile] [products]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu-check.sh pack | pack-base REV | run [tests] [drill] [bench] [nccl] [profile] [products] [compare]" >&2; exit 2 ;;
 esac
