@@ -171,15 +171,9 @@ impl InplaceOp3 for RowGrad {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<()> {
-        use self::cuda::grad;
-        use candle_core::DType;
-        // by_float! cannot pass the storage on mutably.
-        match candle_core::backend::BackendStorage::dtype(&*s1) {
-            DType::F32 => grad::<f32>(self, (s1, l1), (s2, l2), (s3, l3)),
-            DType::F16 => grad::<half::f16>(self, (s1, l1), (s2, l2), (s3, l3)),
-            DType::BF16 => grad::<half::bf16>(self, (s1, l1), (s2, l2), (s3, l3)),
-            other => bail!("taper's CUDA kernels take f32, f16 or bf16, not {other:?}"),
-        }
+        // s3: the loss's incoming gradient, one f32.
+        let third = ("gradients", (|_| 1) as fn(usize) -> usize);
+        cuda::in_place(self, "ce_grad", third, (s1, l1), (s2, l2), (s3, l3))
     }
 }
 
@@ -239,13 +233,9 @@ impl InplaceOp3 for LossGrad<'_> {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<()> {
-        use self::cuda::loss_grad;
-        match candle_core::backend::BackendStorage::dtype(&*s1) {
-            DType::F32 => loss_grad::<f32>(self.0, (s1, l1), (s2, l2), (s3, l3)),
-            DType::F16 => loss_grad::<half::f16>(self.0, (s1, l1), (s2, l2), (s3, l3)),
-            DType::BF16 => loss_grad::<half::bf16>(self.0, (s1, l1), (s2, l2), (s3, l3)),
-            other => bail!("taper's CUDA kernels take f32, f16 or bf16, not {other:?}"),
-        }
+        // s3: each row's loss, one f32 per row.
+        let third = ("losses", (|rows| rows) as fn(usize) -> usize);
+        cuda::in_place(self.0, "ce_loss_grad", third, (s1, l1), (s2, l2), (s3, l3))
     }
 }
 
@@ -296,7 +286,7 @@ impl CustomOp2 for ScaleBy {
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::{bail, CudaStorage, Layout, Result, WithDType};
+    use candle_core::{bail, CudaStorage, DType, Layout, Result, WithDType};
 
     use super::super::cuda::{
         alloc, elementwise, kernel, per_row, rows_cols, run, suffix, view, CE,
@@ -327,32 +317,28 @@ mod cuda {
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 
-    /// The logits in `s1` become their gradient, in place (`s3`: the
-    /// loss's incoming gradient, one f32).
-    pub(super) fn grad<T: CudaDType + DeviceRepr + WithDType>(
-        op: &super::RowGrad,
-        s1: (&mut CudaStorage, &Layout),
-        s2: (&CudaStorage, &Layout),
-        s3: (&CudaStorage, &Layout),
-    ) -> Result<()> {
-        in_place::<T>(op, "ce_grad", ("gradients", |_| 1), s1, s2, s3)
-    }
-
-    /// The logits in `s1` become their gradient for an incoming gradient of
-    /// 1, in place, and each row's loss goes to `s3` (f32, one per row).
-    pub(super) fn loss_grad<T: CudaDType + DeviceRepr + WithDType>(
-        op: &super::RowGrad,
-        s1: (&mut CudaStorage, &Layout),
-        s2: (&CudaStorage, &Layout),
-        s3: (&CudaStorage, &Layout),
-    ) -> Result<()> {
-        in_place::<T>(op, "ce_loss_grad", ("losses", |rows| rows), s1, s2, s3)
-    }
-
     /// `kernel(z, targets, third, cols, live, scale, eps)` over the logits
-    /// in `s1`, a block per row; `third` is an f32 buffer of `len(rows)`
-    /// values.
-    fn in_place<T: CudaDType + DeviceRepr + WithDType>(
+    /// in `s1`, in place, a block per row; `third` is an f32 buffer of
+    /// `len(rows)` values (`ce_grad`: the loss's incoming gradient;
+    /// `ce_loss_grad`: each row's loss, written).
+    pub(super) fn in_place(
+        op: &super::RowGrad,
+        kernel: &str,
+        third: (&str, fn(usize) -> usize),
+        s1: (&mut CudaStorage, &Layout),
+        s2: (&CudaStorage, &Layout),
+        s3: (&CudaStorage, &Layout),
+    ) -> Result<()> {
+        // by_float! cannot pass the storage on mutably.
+        match candle_core::backend::BackendStorage::dtype(&*s1.0) {
+            DType::F32 => in_place_as::<f32>(op, kernel, third, s1, s2, s3),
+            DType::F16 => in_place_as::<half::f16>(op, kernel, third, s1, s2, s3),
+            DType::BF16 => in_place_as::<half::bf16>(op, kernel, third, s1, s2, s3),
+            other => bail!("taper's CUDA kernels take f32, f16 or bf16, not {other:?}"),
+        }
+    }
+
+    fn in_place_as<T: CudaDType + DeviceRepr + WithDType>(
         op: &super::RowGrad,
         kernel: &str,
         (what, len): (&str, fn(usize) -> usize),
