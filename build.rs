@@ -57,5 +57,31 @@ fn main() {
                 )
             });
         assert!(status.success(), "nvcc failed on {src}");
+        assemble(&nvcc, &ptx, &cap);
+    }
+}
+
+/// Assembles the PTX for the target GPU with ptxas (next to nvcc), output
+/// discarded, so that what only the driver's compiler would find on the GPU
+/// machine fails the build here: a kernel that declares more than 48 KiB of
+/// shared memory, or too many registers. Skipped when the toolchain has no
+/// ptxas.
+fn assemble(nvcc: &Path, ptx: &Path, cap: &str) {
+    let ptxas = nvcc.with_file_name("ptxas");
+    if nvcc.parent().is_some_and(|p| !p.as_os_str().is_empty()) && !ptxas.exists() {
+        return;
+    }
+    let o = Command::new(&ptxas)
+        .arg(format!("-arch=sm_{cap}"))
+        .arg(ptx)
+        .args(["-o", "/dev/null"])
+        .output();
+    if let Ok(o) = o {
+        assert!(
+            o.status.success(),
+            "ptxas failed on {}:\n{}",
+            ptx.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 }
