@@ -26,6 +26,7 @@ fn main() {
     let cap = cap.replace('.', "");
     for name in [
         "gelu",
+        "add",
         "rows",
         "rope",
         "adamw",

@@ -70,6 +70,12 @@ __device__ __forceinline__ float row_max(float v) {
   return blockDim.x == 32 ? warp_max(v) : block_max(v);
 }
 
+// Whether every pointer given is 16-byte aligned, so that a thread may read
+// and write 16 bytes (a uint4) at a time there.
+__device__ __forceinline__ bool aligned16(const void* a, const void* b, const void* c = nullptr) {
+  return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+}
+
 // Grid-stride loop over n elements.
 #define FOR_EACH(i, n)                                                          \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);       \
@@ -77,3 +83,27 @@ __device__ __forceinline__ float row_max(float v) {
 
 // extern "C" entry points for f32, f16 and bf16 (suffixes f32, f16, bf16).
 #define FOR_FLOAT_TYPES(M) M(float, f32) M(__half, f16) M(__nv_bfloat16, bf16)
+
+// The second stage of a column sum: out[k] = the sum over c < chunks of
+// partial[c * m + k], for k < m. A block (32, 16) per 32 values of k: a
+// thread per k (threadIdx.x) and per every 16th chunk (threadIdx.y), whose
+// 16 sums are then added in order. A thread per k alone, walking all the
+// chunks, left the GPU idle waiting on one load after another (a few
+// dozen threads for a bias of 768). The order of additions is fixed, so
+// the result repeats bit for bit.
+#define SUM_CHUNKS_Y 16
+template <typename T>
+__device__ void sum_chunks(const float* partial, T* out, int chunks, int m) {
+  __shared__ float s[SUM_CHUNKS_Y][33];
+  const int k = blockIdx.x * 32 + threadIdx.x;
+  float v = 0.f;
+  if (k < m)
+    for (int c = threadIdx.y; c < chunks; c += SUM_CHUNKS_Y) v += partial[(size_t)c * m + k];
+  s[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && k < m) {
+    float t = 0.f;
+    for (int y = 0; y < SUM_CHUNKS_Y; y++) t += s[y][threadIdx.x];
+    out[k] = from_f<T>(t);
+  }
+}

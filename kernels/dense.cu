@@ -25,14 +25,10 @@ __device__ void column_sum_partial(const T* g, float* partial, int rows, int col
   partial[(size_t)blockIdx.x * cols + col] = s;
 }
 
-// out [cols] = the partial sums added over chunks.
+// out [cols] = the partial sums added over chunks (sum_chunks).
 template <typename T>
 __device__ void column_sum_final(const float* partial, T* out, int chunks, int cols) {
-  FOR_EACH(k, (size_t)cols) {
-    float s = 0.f;
-    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * cols + k];
-    out[k] = from_f<T>(s);
-  }
+  sum_chunks(partial, out, chunks, cols);
 }
 
 #define DENSE(T, S)                                                                         \

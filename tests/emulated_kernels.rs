@@ -13,6 +13,11 @@
 //!   the CPU's, and its clipping factor against the host's formula;
 //! - `kernels/ce.cu`'s fused cross-entropy loss and gradient against
 //!   float64, and its `scale_by` bit for bit.
+//! - `kernels/rows.cu`'s one-pass layer-norm backward and
+//!   `kernels/dense.cu`'s bias gradient, both ending in `sum_chunks`
+//!   (`kernels/common.cuh`), against float64.
+//! - `kernels/gelu.cu` and `kernels/add.cu`, 16 bytes a thread and a
+//!   value at a time, against float64.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,7 +41,13 @@ fn build(name: &str) -> PathBuf {
         // Kernels read tiles of half values as uint4, as CUDA code does;
         // no contraction into FMAs, as the kernels are built (--fmad=false).
         .args(["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror"])
-        .args(["-fno-strict-aliasing", "-ffp-contract=off", "-include"])
+        .args(["-fno-strict-aliasing", "-ffp-contract=off"])
+        // A misaligned 16-byte load works on a CPU but faults on a GPU.
+        .args([
+            "-fsanitize=alignment",
+            "-fno-sanitize-recover=alignment",
+            "-include",
+        ])
         .arg(emulate.join("cuda_emu.hpp"))
         .arg("-I")
         .arg(emulate.join("include"))
@@ -484,6 +495,196 @@ fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
                 assert!(
                     s.to_bits() == want.to_bits() || (s.is_nan() && want.is_nan()),
                     "{what}: scaled value {i}: {s} vs {want}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The layer norm's forward and one-pass backward (`layer_norm_bwd` in
+/// `kernels/rows.cu`, then `sum_chunks` over its blocks) and the dense
+/// layer's bias gradient (`kernels/dense.cu`) against float64 on the same
+/// rounded values: rows that do not fill the last block or warp, rows that
+/// are not a multiple of 32 long, every warp count the launcher picks (8
+/// for rows up to 768, down to 1 for rows of 6144), rows of whole 16-byte
+/// packs and rows that are not (36 bf16 values, 1001 of either), f32 and
+/// bf16.
+#[test]
+fn layer_norm_and_bias_sums_match_float64() -> Result<()> {
+    let exe = build("rows_main");
+    let eps = 1e-5f32;
+    // rows, cols, warps, rows per block (as layer_norm_bwd_plan picks them
+    // for these shapes), rows per chunk of the bias sums.
+    for (rows, cols, warps, per, col_per) in [
+        (70u32, 96u32, 8u32, 32u32, 32u32),
+        (33, 36, 8, 32, 32),
+        (45, 768, 8, 32, 7),
+        (21, 1001, 4, 16, 32),
+        (9, 6144, 1, 4, 4),
+    ] {
+        for bf16 in [false, true] {
+            let round = |x: f32| {
+                if bf16 {
+                    half::bf16::from_f32(x).to_f32()
+                } else {
+                    x
+                }
+            };
+            let (r, c) = (rows as usize, cols as usize);
+            let wave = |i: usize, k: usize, s: f32| round(((i * k % 997) as f32 / 997.0 - 0.4) * s);
+            let x: Vec<f32> = (0..r * c).map(|i| wave(i, 7919, 3.0) + 0.5).collect();
+            let w: Vec<f32> = (0..c).map(|i| wave(i, 613, 2.0)).collect();
+            let g: Vec<f32> = (0..r * c).map(|i| wave(i, 4481, 1.0)).collect();
+            let bias: Vec<f32> = (0..c).map(|i| wave(i, 389, 1.0)).collect();
+            let mut bytes = Vec::new();
+            for v in [bf16 as u32, rows, cols, warps, per, col_per] {
+                bytes.extend(v.to_le_bytes());
+            }
+            bytes.extend(eps.to_le_bytes());
+            for v in [&x, &w, &g, &bias] {
+                bytes.extend(v.iter().flat_map(|v| v.to_le_bytes()));
+            }
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+            std::fs::write(&input, bytes).expect("writing the input");
+            let o = Command::new(&exe)
+                .arg(&input)
+                .arg(&output)
+                .output()
+                .expect("running rows_main");
+            assert!(
+                o.status.success(),
+                "rows_main: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let out: Vec<f32> = std::fs::read(&output)
+                .expect("reading the output")
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            assert_eq!(out.len(), 2 * r * c + 3 * c);
+            let (dx, rest) = out.split_at(r * c);
+            let (dwb, rest) = rest.split_at(2 * c);
+            let (colsum, y) = rest.split_at(c);
+            // float64 reference.
+            let (mut want_dx, mut dw, mut db) = (Vec::new(), vec![0f64; c], vec![0f64; c]);
+            let mut want_y = Vec::new();
+            for i in 0..r {
+                let xr: Vec<f64> = x[i * c..(i + 1) * c].iter().map(|&v| v as f64).collect();
+                let gr: Vec<f64> = g[i * c..(i + 1) * c].iter().map(|&v| v as f64).collect();
+                let mean = xr.iter().sum::<f64>() / c as f64;
+                let var = xr.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / c as f64;
+                let rstd = 1.0 / (var + eps as f64).sqrt();
+                let xh: Vec<f64> = xr.iter().map(|v| (v - mean) * rstd).collect();
+                let gw: Vec<f64> = (0..c).map(|k| gr[k] * w[k] as f64).collect();
+                let a = gw.iter().sum::<f64>() / c as f64;
+                let b = (0..c).map(|k| gw[k] * xh[k]).sum::<f64>() / c as f64;
+                for k in 0..c {
+                    want_y.push((xh[k] * w[k] as f64 + bias[k] as f64) as f32);
+                    want_dx.push((rstd * (gw[k] - a - xh[k] * b)) as f32);
+                    dw[k] += gr[k] * xh[k];
+                    db[k] += gr[k];
+                }
+            }
+            let what = format!("rows {rows} x {cols}, {warps} warps, bf16 {bf16}");
+            let bound = if bf16 { 8e-3 } else { 2e-5 };
+            let as32 = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<_>>();
+            let e = rel(y, &want_y);
+            assert!(e < bound, "{what}: y off by {e:.2e}");
+            let e = rel(dx, &want_dx);
+            assert!(e < bound, "{what}: dx off by {e:.2e}");
+            let e = rel(&dwb[..c], &as32(&dw));
+            assert!(e < bound, "{what}: dw off by {e:.2e}");
+            let e = rel(&dwb[c..], &as32(&db));
+            assert!(e < bound, "{what}: db off by {e:.2e}");
+            let e = rel(colsum, &as32(&db));
+            assert!(e < bound, "{what}: bias sums off by {e:.2e}");
+        }
+    }
+    Ok(())
+}
+
+/// GELU forward and backward (`kernels/gelu.cu`) against float64 on the
+/// same rounded values, and the residual add (`kernels/add.cu`) against
+/// the sum rounded once: 16 bytes a thread where the buffers are aligned,
+/// with a tail that is not a whole pack, and a value at a time where they
+/// are not (the values one element in), f32 and bf16.
+#[test]
+fn gelu_and_add_kernels_match_float64() -> Result<()> {
+    let exe = build("gelu_main");
+    for (n, shift) in [(4103u32, 0u32), (4103, 1), (5, 0)] {
+        for bf16 in [false, true] {
+            let round = |x: f32| {
+                if bf16 {
+                    half::bf16::from_f32(x).to_f32()
+                } else {
+                    x
+                }
+            };
+            let x: Vec<f32> = (0..n)
+                .map(|i| round((i * 7919 % 4001) as f32 / 500.0 - 4.0))
+                .collect();
+            let g: Vec<f32> = (0..n)
+                .map(|i| round((i * 613 % 997) as f32 / 997.0 - 0.5))
+                .collect();
+            let mut bytes = Vec::new();
+            for v in [bf16 as u32, n, shift] {
+                bytes.extend(v.to_le_bytes());
+            }
+            for v in [&x, &g] {
+                bytes.extend(v.iter().flat_map(|v| v.to_le_bytes()));
+            }
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+            std::fs::write(&input, bytes).expect("writing the input");
+            let o = Command::new(&exe)
+                .arg(&input)
+                .arg(&output)
+                .output()
+                .expect("running gelu_main");
+            assert!(
+                o.status.success(),
+                "gelu_main: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let out: Vec<f32> = std::fs::read(&output)
+                .expect("reading the output")
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            let (y, rest) = out.split_at(n as usize);
+            let (d, sum) = rest.split_at(n as usize);
+            for (i, ((&s, &a), &b)) in sum.iter().zip(&x).zip(&g).enumerate() {
+                let want = round(a + b);
+                assert!(
+                    s.to_bits() == want.to_bits(),
+                    "{n} values {shift} in, bf16 {bf16}: sum {i}: {s} vs {want}"
+                );
+            }
+            let (k0, k1) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+            let (mut want_y, mut want_d) = (Vec::new(), Vec::new());
+            for (&v, &gv) in x.iter().zip(&g) {
+                let v = v as f64;
+                let t = (k0 * (v + k1 * v * v * v)).tanh();
+                want_y.push((0.5 * v * (1.0 + t)) as f32);
+                let slope =
+                    0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * v * v);
+                want_d.push((gv as f64 * slope) as f32);
+            }
+            let what = format!("{n} values {shift} in, bf16 {bf16}");
+            let bound = if bf16 { 8e-3 } else { 2e-6 };
+            // Every value, not only the largest error relative to the
+            // largest value: a value the kernel skipped would be 0 here.
+            for (i, (a, b)) in y
+                .iter()
+                .zip(&want_y)
+                .chain(d.iter().zip(&want_d))
+                .enumerate()
+            {
+                assert!(
+                    (a - b).abs() <= bound * (1.0 + b.abs()),
+                    "{what}: value {i}: {a} vs {b}"
                 );
             }
         }

@@ -130,9 +130,10 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = (x + self.attention(&self.ln1.forward(x)?)?)?;
+        use crate::kernels::add;
+        let x = add(x, &self.attention(&self.ln1.forward(x)?)?)?;
         let h = crate::kernels::gelu(&self.fc.forward(&self.ln2.forward(&x)?)?)?;
-        x + self.fc_proj.forward(&h)?
+        add(&x, &self.fc_proj.forward(&h)?)
     }
 }
 

@@ -25,6 +25,7 @@ macro_rules! module {
     };
 }
 module!(GELU, "gelu");
+module!(ADD, "add");
 module!(ROWS, "rows");
 module!(ROPE, "rope");
 module!(ADAMW, "adamw");
@@ -124,6 +125,34 @@ pub(crate) fn column_chunks(rows: usize, cols: usize) -> (usize, usize, LaunchCo
     (per, chunks, cfg)
 }
 
+/// The second stage of a column sum (`sum_chunks` in kernels/common.cuh)
+/// over `m` values: a block of (32, 16) threads per 32 of them.
+pub(crate) fn sum_chunks(m: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (m.div_ceil(32).max(1) as u32, 1, 1),
+        block_dim: (32, 16, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Floats of shared memory the one-pass layer-norm backward
+/// (`layer_norm_bwd` in kernels/rows.cu) declares: `LN_SHARED` there.
+const LN_SHARED: usize = 12_288;
+
+/// The one-pass layer-norm backward's launch for `rows` rows of `cols`:
+/// warps per block (as many as 8 whose accumulators, `2 * cols` floats
+/// each, fit its shared memory), rows per block, and blocks; `None` when
+/// one warp's do not fit (rows longer than 6144).
+pub(crate) fn layer_norm_bwd_plan(rows: usize, cols: usize) -> Option<(usize, usize, usize)> {
+    let warps = [8, 4, 2, 1]
+        .into_iter()
+        .find(|w| w * 2 * cols.max(1) <= LN_SHARED)?;
+    // At most 512 blocks (so the partial sums stay small), of at least
+    // four rows a warp (so the accumulators' set-up is worth it).
+    let per = rows.div_ceil(512).max(4 * warps);
+    Some((warps, per, rows.div_ceil(per).max(1)))
+}
+
 /// Runs a launch whose arguments `args` pushed.
 pub(crate) fn run(b: &mut LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
     // SAFETY: every launcher passes the argument list its kernel declares,
@@ -165,7 +194,14 @@ macro_rules! by_float {
 }
 pub(crate) use by_float;
 
-/// `kernel(x, out, n)` over every element, in a new storage.
+/// A grid-stride launch for kernels that take 16 bytes a thread at a time
+/// (`kernels/gelu.cu`): a thread per 8 values.
+fn packed(n: usize) -> LaunchConfig {
+    elementwise(n.div_ceil(8))
+}
+
+/// `kernel(x, out, n)` over every element, in a new storage; the kernel
+/// takes 16 bytes a thread at a time ([`packed`]).
 pub(crate) fn map1(m: &Module, base: &str, s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
     fn go<T: CudaDType + DeviceRepr + WithDType>(
         m: &Module,
@@ -181,14 +217,15 @@ pub(crate) fn map1(m: &Module, base: &str, s: &CudaStorage, l: &Layout) -> Resul
             let f = kernel!(m, dev, format!("{base}_{}", suffix(T::DTYPE)?));
             let mut b = f.builder();
             b.arg(&x).arg(&out).arg(&n);
-            run(&mut b, elementwise(n))?;
+            run(&mut b, packed(n))?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
     by_float!(s, go(m, base, s, l))
 }
 
-/// `kernel(a, b, out, n)` over two inputs of the same size and dtype.
+/// `kernel(a, b, out, n)` over two inputs of the same size and dtype; the
+/// kernel takes 16 bytes a thread at a time ([`packed`]).
 pub(crate) fn map2(
     m: &Module,
     base: &str,
@@ -212,7 +249,7 @@ pub(crate) fn map2(
             let f = kernel!(m, dev, format!("{base}_{}", suffix(T::DTYPE)?));
             let mut b = f.builder();
             b.arg(&a).arg(&b2).arg(&out).arg(&n);
-            run(&mut b, elementwise(n))?;
+            run(&mut b, packed(n))?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }

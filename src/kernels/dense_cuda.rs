@@ -9,7 +9,7 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaStorage, Layout, Result, WithDType};
 
 use super::blas::{int, product, Mat};
-use super::cuda::{alloc, column_chunks, elementwise, kernel, rows_cols, run, suffix, view, DENSE};
+use super::cuda::{alloc, column_chunks, kernel, rows_cols, run, suffix, sum_chunks, view, DENSE};
 
 /// `x [rows, k] W^T + b` for `w [n, k]`, `b [n]`: `[rows, n]`.
 pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
@@ -93,6 +93,6 @@ pub(super) fn column_sum<T: CudaDType + DeviceRepr + WithDType>(
     let f = kernel!(DENSE, dev, format!("column_sum_final_{sfx}"));
     let mut args = f.builder();
     args.arg(&partial).arg(&out).arg(&chunks_i).arg(&cols_i);
-    run(&mut args, elementwise(cols))?;
+    run(&mut args, sum_chunks(cols))?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }

@@ -4,7 +4,7 @@
 //! column sums. f32 on the CPU (rows split across threads), f32/f16/bf16 on
 //! CUDA (`kernels/rows.cu`); elsewhere the composed differentiable ops.
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
 use super::rows::{fused_ok, last_dim, ROWS};
@@ -109,18 +109,27 @@ impl CustomOp3 for LayerNorm {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = grad.contiguous()?;
-        let dx = x.apply_op3_no_bwd(w, &g, &LayerNormGradX(self.0))?;
-        let dwb = x.apply_op2_no_bwd(&g, &LayerNormGradWB(self.0))?;
+        let n = x.dim(D::Minus1)?;
+        let count = x.elem_count();
+        // [dx; dw; db] in one buffer, as the one kernel writes them.
+        let all = x.apply_op3_no_bwd(w, &g, &LayerNormGrad(self.0))?;
+        let dx = all.narrow(0, 0, count)?.reshape(x.shape())?;
+        // A copy, so that the small weight gradients held until the update
+        // do not keep the whole buffer (dx's part) alive with them.
+        let dwb = all.narrow(0, count, 2 * n)?.reshape((2, n))?.copy()?;
         Ok((Some(dx), Some(dwb.get(0)?), Some(dwb.get(1)?)))
     }
 }
 
-/// dx = rstd * (g*w - mean(g*w) - x̂ * mean(g*w*x̂)), per row.
-struct LayerNormGradX(f32);
+/// The layer norm's backward: `[dx; dw; db]` flat, for the input `x`, the
+/// weight `w` and the incoming gradient `g`, where per row
+/// `dx = rstd * (g*w - mean(g*w) - x̂ * mean(g*w*x̂))`, and over rows
+/// `dw = sum g*x̂`, `db = sum g`.
+struct LayerNormGrad(f32);
 
-impl CustomOp3 for LayerNormGradX {
+impl CustomOp3 for LayerNormGrad {
     fn name(&self) -> &'static str {
-        "taper-layer-norm-grad-x"
+        "taper-layer-norm-grad"
     }
 
     fn cpu_fwd(
@@ -136,26 +145,12 @@ impl CustomOp3 for LayerNormGradX {
         let w = super::f32_slice(s2, l2, "layer_norm backward")?;
         let g = super::f32_slice(s3, l3, "layer_norm backward")?;
         let n = last_dim(l1);
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(n * ROWS)
-            .zip(x.par_chunks(n * ROWS).zip(g.par_chunks(n * ROWS)))
-            .for_each(|(o, (x, g))| {
-                for ((o, x), g) in o.chunks_mut(n).zip(x.chunks(n)).zip(g.chunks(n)) {
-                    let (mean, rstd) = moments(x, self.0);
-                    let (mut a, mut c) = (0f32, 0f32);
-                    for i in 0..n {
-                        let gw = g[i] * w[i];
-                        a += gw;
-                        c += gw * (x[i] - mean) * rstd;
-                    }
-                    let (a, c) = (a / n as f32, c / n as f32);
-                    for i in 0..n {
-                        let xh = (x[i] - mean) * rstd;
-                        o[i] = rstd * (g[i] * w[i] - a - xh * c);
-                    }
-                }
-            });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        let mut out = vec![0f32; x.len() + 2 * n];
+        let (dx, dwb) = out.split_at_mut(x.len());
+        grad_x(x, w, g, n, self.0, dx);
+        dwb.copy_from_slice(&grad_wb(x, g, n, self.0));
+        let len = out.len();
+        Ok((CpuStorage::F32(out), Shape::from(len)))
     }
 
     #[cfg(feature = "cuda")]
@@ -168,134 +163,147 @@ impl CustomOp3 for LayerNormGradX {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use super::cuda::{by_float, rows, ROWS as M};
-        let io = [(s1, l1), (s2, l2), (s3, l3)];
-        let out = by_float!(s1, rows(&M, "layer_norm_bwd_x", &io, &[self.0]))?;
-        Ok((out, l1.shape().clone()))
-    }
-}
-
-/// [dw; db] = [sum over rows of g*x̂; sum over rows of g], as a (2, n) tensor.
-struct LayerNormGradWB(f32);
-
-impl CustomOp2 for LayerNormGradWB {
-    fn name(&self) -> &'static str {
-        "taper-layer-norm-grad-wb"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x = super::f32_slice(s1, l1, "layer_norm backward")?;
-        let g = super::f32_slice(s2, l2, "layer_norm backward")?;
-        let n = last_dim(l1);
-        let sums = x
-            .par_chunks(n * ROWS)
-            .zip(g.par_chunks(n * ROWS))
-            .map(|(x, g)| {
-                let mut acc = vec![0f32; 2 * n];
-                for (x, g) in x.chunks(n).zip(g.chunks(n)) {
-                    let (mean, rstd) = moments(x, self.0);
-                    for i in 0..n {
-                        acc[i] += g[i] * (x[i] - mean) * rstd;
-                        acc[n + i] += g[i];
-                    }
-                }
-                acc
-            })
-            .reduce(
-                || vec![0f32; 2 * n],
-                |mut a, b| {
-                    a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                    a
-                },
-            );
-        Ok((CpuStorage::F32(sums), Shape::from((2, n))))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
         use super::cuda::by_float;
-        let n = last_dim(l1);
-        let out = by_float!(s1, layer_norm_wb_cuda((s1, l1), (s2, l2), self.0))?;
-        Ok((out, Shape::from((2, n))))
+        let len = l1.shape().elem_count() + 2 * last_dim(l1);
+        let io = [(s1, l1), (s2, l2), (s3, l3)];
+        let out = by_float!(s1, layer_norm_grad_cuda(io, self.0))?;
+        Ok((out, Shape::from(len)))
     }
 }
 
-/// The weight and bias gradients on CUDA, in three launches: each row's
-/// mean and 1/std; partial sums over chunks of rows (a thread per column,
-/// so reads are coalesced); the chunks added up. No atomics, so the result
-/// does not depend on scheduling.
+/// dx, rows split across threads.
+fn grad_x(x: &[f32], w: &[f32], g: &[f32], n: usize, eps: f32, out: &mut [f32]) {
+    out.par_chunks_mut(n * ROWS)
+        .zip(x.par_chunks(n * ROWS).zip(g.par_chunks(n * ROWS)))
+        .for_each(|(o, (x, g))| {
+            for ((o, x), g) in o.chunks_mut(n).zip(x.chunks(n)).zip(g.chunks(n)) {
+                let (mean, rstd) = moments(x, eps);
+                let (mut a, mut c) = (0f32, 0f32);
+                for i in 0..n {
+                    let gw = g[i] * w[i];
+                    a += gw;
+                    c += gw * (x[i] - mean) * rstd;
+                }
+                let (a, c) = (a / n as f32, c / n as f32);
+                for i in 0..n {
+                    let xh = (x[i] - mean) * rstd;
+                    o[i] = rstd * (g[i] * w[i] - a - xh * c);
+                }
+            }
+        });
+}
+
+/// `[dw; db]`: sums over rows, in blocks of rows across threads.
+fn grad_wb(x: &[f32], g: &[f32], n: usize, eps: f32) -> Vec<f32> {
+    x.par_chunks(n * ROWS)
+        .zip(g.par_chunks(n * ROWS))
+        .map(|(x, g)| {
+            let mut acc = vec![0f32; 2 * n];
+            for (x, g) in x.chunks(n).zip(g.chunks(n)) {
+                let (mean, rstd) = moments(x, eps);
+                for i in 0..n {
+                    acc[i] += g[i] * (x[i] - mean) * rstd;
+                    acc[n + i] += g[i];
+                }
+            }
+            acc
+        })
+        .reduce(
+            || vec![0f32; 2 * n],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                a
+            },
+        )
+}
+
+/// The backward on CUDA into one buffer `[dx; dw; db]`. Rows of up to 6144
+/// take one kernel (`layer_norm_bwd`: one pass over x and g) and the sum of
+/// its blocks' partial sums; longer rows take dx from one kernel and the
+/// weight gradients from three (each row's mean and 1/std, partial sums over
+/// chunks of rows, the chunks added up). No atomics either way, so the
+/// result does not depend on scheduling.
 #[cfg(feature = "cuda")]
-fn layer_norm_wb_cuda<T>(
-    (s1, l1): (&candle_core::CudaStorage, &Layout),
-    (s2, l2): (&candle_core::CudaStorage, &Layout),
+fn layer_norm_grad_cuda<T>(
+    [(s1, l1), (s2, l2), (s3, l3)]: [(&candle_core::CudaStorage, &Layout); 3],
     eps: f32,
 ) -> Result<candle_core::CudaStorage>
 where
     T: candle_core::cuda_backend::CudaDType
         + candle_core::cuda_backend::cudarc::driver::DeviceRepr
-        + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits
         + candle_core::WithDType,
 {
     use super::cuda::{
-        alloc, column_chunks, elementwise, kernel, row_groups, rows_cols, run, suffix, view,
-        ROWS as M,
+        alloc, column_chunks, kernel, layer_norm_bwd_plan, row_groups, rows_cols, run, suffix,
+        sum_chunks, view, ROWS as M,
     };
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     let (rows, cols) = rows_cols(l1);
-    let (x, g) = (
-        view::<T>(s1, l1, "layer_norm backward")?,
-        view::<T>(s2, l2, "layer_norm backward")?,
+    let what = "layer_norm backward";
+    let (x, w, g) = (
+        view::<T>(s1, l1, what)?,
+        view::<T>(s2, l2, what)?,
+        view::<T>(s3, l3, what)?,
     );
-    if g.len() != x.len() {
+    if g.len() != x.len() || w.len() != cols {
         bail!(
-            "layer_norm backward: {} inputs but {} gradients",
+            "{what}: {} inputs, {} gradients, a weight of {} for rows of {cols}",
             x.len(),
-            g.len()
+            g.len(),
+            w.len()
         )
     }
     let dev = &s1.device;
     let sfx = suffix(T::DTYPE)?;
-    if rows == 0 {
-        let zeros = super::cuda::zeros::<T>(dev, 2 * cols)?;
-        return Ok(candle_core::CudaStorage::wrap_cuda_slice(
-            zeros,
-            dev.clone(),
-        ));
-    }
-    let cols_i = cols as i32;
-    let rows_i = rows as i32;
-    // float2 (mean, rstd) per row.
-    let stats = alloc::<f32>(dev, 2 * rows)?;
-    let f = kernel!(M, dev, format!("layer_norm_stats_{sfx}"));
-    let mut b = f.builder();
-    b.arg(&x).arg(&stats).arg(&cols_i).arg(&rows_i).arg(&eps);
-    run(&mut b, row_groups(rows, cols))?;
-
-    let (per, chunks, cfg) = column_chunks(rows, cols);
-    let (per_i, chunks_i) = (per as i32, chunks as i32);
-    let partial = alloc::<f32>(dev, chunks * 2 * cols)?;
-    let f = kernel!(M, dev, format!("layer_norm_bwd_wb_partial_{sfx}"));
-    let mut b = f.builder();
-    b.arg(&x).arg(&g).arg(&stats).arg(&partial);
-    b.arg(&rows_i).arg(&cols_i).arg(&per_i);
-    run(&mut b, cfg)?;
-
-    let out = alloc::<T>(dev, 2 * cols)?;
+    let n = rows * cols;
+    let mut out = alloc::<T>(dev, n + 2 * cols)?;
+    let (cols_i, rows_i) = (cols as i32, rows as i32);
+    // The partial sums of [dw; db] over chunks of rows, and their count.
+    let (partial, chunks) = if rows == 0 {
+        (super::cuda::zeros::<f32>(dev, 2 * cols)?, 1)
+    } else if let Some((warps, per, blocks)) = layer_norm_bwd_plan(rows, cols) {
+        let partial = alloc::<f32>(dev, blocks * 2 * cols)?;
+        let f = kernel!(M, dev, format!("layer_norm_bwd_{sfx}"));
+        let mut dx = out.slice_mut(0..n);
+        let per_i = per as i32;
+        let mut b = f.builder();
+        b.arg(&x).arg(&w).arg(&g).arg(&mut dx).arg(&partial);
+        b.arg(&cols_i).arg(&rows_i).arg(&per_i).arg(&eps);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (32, warps as u32, 1),
+            shared_mem_bytes: 0,
+        };
+        run(&mut b, cfg)?;
+        (partial, blocks)
+    } else {
+        let f = kernel!(M, dev, format!("layer_norm_bwd_x_{sfx}"));
+        let mut dx = out.slice_mut(0..n);
+        let mut b = f.builder();
+        b.arg(&x).arg(&w).arg(&g).arg(&mut dx);
+        b.arg(&cols_i).arg(&rows_i).arg(&eps);
+        run(&mut b, row_groups(rows, cols))?;
+        // float2 (mean, rstd) per row.
+        let stats = alloc::<f32>(dev, 2 * rows)?;
+        let f = kernel!(M, dev, format!("layer_norm_stats_{sfx}"));
+        let mut b = f.builder();
+        b.arg(&x).arg(&stats).arg(&cols_i).arg(&rows_i).arg(&eps);
+        run(&mut b, row_groups(rows, cols))?;
+        let (per, chunks, cfg) = column_chunks(rows, cols);
+        let partial = alloc::<f32>(dev, chunks * 2 * cols)?;
+        let f = kernel!(M, dev, format!("layer_norm_bwd_wb_partial_{sfx}"));
+        let per_i = per as i32;
+        let mut b = f.builder();
+        b.arg(&x).arg(&g).arg(&stats).arg(&partial);
+        b.arg(&rows_i).arg(&cols_i).arg(&per_i);
+        run(&mut b, cfg)?;
+        (partial, chunks)
+    };
     let f = kernel!(M, dev, format!("layer_norm_bwd_wb_final_{sfx}"));
+    let chunks_i = chunks as i32;
+    let mut dwb = out.slice_mut(n..);
     let mut b = f.builder();
-    b.arg(&partial).arg(&out).arg(&chunks_i).arg(&cols_i);
-    run(&mut b, elementwise(2 * cols))?;
+    b.arg(&partial).arg(&mut dwb).arg(&chunks_i).arg(&cols_i);
+    run(&mut b, sum_chunks(2 * cols))?;
     Ok(candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }

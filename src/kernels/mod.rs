@@ -1,6 +1,7 @@
-//! taper's own kernels: fused operations as candle custom ops (GELU,
-//! softmax, layer norm, bias add, dense layer, causal attention, rotary embedding, chunked cross-entropy,
-//! the CNN's 3x3 convolution and 2x2 max-pool), the fused
+//! taper's own kernels: fused operations as candle custom ops (GELU, the
+//! residual add, softmax, layer norm, bias add, dense layer, causal
+//! attention, rotary embedding, chunked cross-entropy, the CNN's 3x3
+//! convolution and 2x2 max-pool), the fused
 //! AdamW update and blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
 //! for its CUDA kernel in `kernels/*.cu` (built with the `cuda` feature;
@@ -8,6 +9,7 @@
 
 pub mod adamw;
 pub mod adamw_mixed;
+mod add;
 mod attention;
 mod attention_cpu;
 #[cfg(feature = "cuda")]
@@ -44,6 +46,7 @@ mod rows;
 mod vexp;
 mod weight_grad;
 
+pub use add::add;
 pub use attention::{causal_attention, causal_mask, flash_attention};
 pub use bias::bias_add;
 pub use chunked_ce::{chunked_cross_entropy, padded_head};

@@ -1,0 +1,98 @@
+// Runs the layer norm's forward and one-pass backward (kernels/rows.cu) and the dense
+// layer's bias gradient (kernels/dense.cu), both ending in sum_chunks
+// (kernels/common.cuh), on the CPU (cuda_emu.hpp) for
+// tests/emulated_kernels.rs, launched as src/kernels/layer_norm.rs and
+// src/kernels/dense_cuda.rs launch them.
+//   rows_main IN OUT
+// IN: bf16 (u32: 1 for bf16 storage, 0 for f32), rows, cols, warps, per,
+// column_per (u32), eps (f32), then x (f32 x rows*cols), w (f32 x cols),
+// g (f32 x rows*cols) and b (f32 x cols), rounded to the storage type.
+// OUT: dx (rows*cols), dw and db (cols each), the column sums of g (cols),
+// and the forward's output (rows*cols), as f32.
+#include "dense.cu"
+#include "rows.cu"
+
+#include <cstdio>
+#include <vector>
+
+template <typename T> bool get(FILE* f, T* p, size_t n) { return fread(p, sizeof(T), n, f) == n; }
+
+template <typename T>
+std::vector<T> read_as(FILE* in, size_t n, bool* ok) {
+  std::vector<float> f(n);
+  *ok = *ok && get(in, f.data(), n);
+  std::vector<T> out(n);
+  for (size_t i = 0; i < n; i++) out[i] = from_f<T>(f[i]);
+  return out;
+}
+
+template <typename T>
+int run(FILE* in, FILE* out, const uint32_t* h, float eps,
+        void (*fwd)(const T*, const T*, const T*, T*, int, int, float),
+        void (*bwd)(const T*, const T*, const T*, T*, float*, int, int, int, float),
+        void (*wb_final)(const float*, T*, int, int),
+        void (*col_partial)(const T*, float*, int, int, int),
+        void (*col_final)(const float*, T*, int, int)) {
+  const int rows = h[1], cols = h[2], warps = h[3], per = h[4], col_per = h[5];
+  const size_t n = (size_t)rows * cols;
+  bool ok = true;
+  auto x = read_as<T>(in, n, &ok);
+  auto w = read_as<T>(in, cols, &ok);
+  auto g = read_as<T>(in, n, &ok);
+  auto b = read_as<T>(in, cols, &ok);
+  if (!ok) return 2;
+  // The forward, launched as row_groups (src/kernels/cuda.rs) launches it:
+  // a warp per row, eight a block, for rows up to 2048; a block per row
+  // beyond.
+  std::vector<T> y(n);
+  const dim3 fgrid = cols > 2048 ? dim3{(unsigned)rows, 1, 1} : dim3{(unsigned)(rows + 7) / 8, 1, 1};
+  const dim3 fblock = cols > 2048 ? dim3{(unsigned)std::min((cols + 31) / 32 * 32, 1024), 1, 1}
+                                  : dim3{32, 8, 1};
+  emu::launch(fwd, fgrid, fblock, (const T*)x.data(), (const T*)w.data(), (const T*)b.data(),
+              y.data(), cols, rows, eps);
+  // The layer norm: one kernel, then the sum over its blocks.
+  const unsigned blocks = (rows + per - 1) / per;
+  std::vector<T> dx(n), dwb(2 * cols);
+  std::vector<float> partial((size_t)blocks * 2 * cols);
+  emu::launch(bwd, dim3{blocks, 1, 1}, dim3{32, (unsigned)warps, 1}, (const T*)x.data(),
+              (const T*)w.data(), (const T*)g.data(), dx.data(), partial.data(), cols, rows, per,
+              eps);
+  const unsigned tiles = (2 * cols + 31) / 32;
+  emu::launch(wb_final, dim3{tiles, 1, 1}, dim3{32, SUM_CHUNKS_Y, 1}, (const float*)partial.data(),
+              dwb.data(), (int)blocks, cols);
+  // The bias gradient: partial sums over chunks of col_per rows, then theirs.
+  const unsigned chunks = (rows + col_per - 1) / col_per;
+  std::vector<float> cpart((size_t)chunks * cols);
+  std::vector<T> colsum(cols);
+  emu::launch(col_partial, dim3{chunks, (unsigned)(cols + 255) / 256, 1}, dim3{256, 1, 1},
+              (const T*)g.data(), cpart.data(), rows, cols, col_per);
+  emu::launch(col_final, dim3{(unsigned)(cols + 31) / 32, 1, 1}, dim3{32, SUM_CHUNKS_Y, 1},
+              (const float*)cpart.data(), colsum.data(), (int)chunks, cols);
+  std::vector<float> all;
+  for (auto v : dx) all.push_back(to_f(v));
+  for (auto v : dwb) all.push_back(to_f(v));
+  for (auto v : colsum) all.push_back(to_f(v));
+  for (auto v : y) all.push_back(to_f(v));
+  return fwrite(all.data(), 4, all.size(), out) == all.size() ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: rows_main IN OUT\n");
+    return 2;
+  }
+  FILE* in = fopen(argv[1], "rb");
+  uint32_t h[6];
+  float eps = 0.f;
+  if (!in || !get(in, h, 6) || !get(in, &eps, 1)) return 2;
+  FILE* out = fopen(argv[2], "wb");
+  if (!out) return 1;
+  const int rc = h[0] ? run<__nv_bfloat16>(in, out, h, eps, layer_norm_fwd_bf16, layer_norm_bwd_bf16,
+                                           layer_norm_bwd_wb_final_bf16,
+                                           column_sum_partial_bf16, column_sum_final_bf16)
+                      : run<float>(in, out, h, eps, layer_norm_fwd_f32, layer_norm_bwd_f32,
+                                   layer_norm_bwd_wb_final_f32,
+                                   column_sum_partial_f32, column_sum_final_f32);
+  fclose(in);
+  return fclose(out) == 0 ? rc : 1;
+}
