@@ -277,18 +277,21 @@ bench() {
   return 0
 }
 
-# The GPT-2 step of .gpu/taper-base (see pack-base) and of .gpu/taper,
-# alternating in rounds in one job, at each of COMPARE_BATCHES (default 8):
-# what a change bought, on one machine.
+# The GPT-2 step of .gpu/taper-base (see pack-base) and of .gpu/taper
+# (with cuBLASLt's dense forward off, the default, and on), alternating in
+# rounds in one job, at each of COMPARE_BATCHES (default 8): what a change
+# bought, on one machine.
 compare() {
   [ -x "$bin/taper-base" ] || { echo "gpu-check: no taper-base (bash scripts/gpu-check.sh pack-base REV)" >&2; return 1; }
   local b round which
   for b in ${COMPARE_BATCHES:-8}; do
     for round in $(seq "${BENCH_ROUNDS:-2}"); do
-      for which in taper-base taper; do
+      for which in taper-base taper taper+cublaslt; do
         echo "== $which gpt2 bf16 batch $b (round $round)"
-        timeout 150 "$bin/$which" bench step --model gpt2 --device cuda --precision bf16 \
-          --steps 20 --batch "$b" || echo "$which exit $?"
+        # taper+cublaslt: this tree's binary with TAPER_CUBLASLT=1.
+        TAPER_CUBLASLT=$([ "$which" = taper+cublaslt ] && echo 1 || echo 0) \
+          timeout 150 "$bin/${which%+cublaslt}" bench step --model gpt2 --device cuda \
+          --precision bf16 --steps 20 --batch "$b" || echo "$which exit $?"
       done
     done
   done
@@ -302,6 +305,8 @@ products() {
   for round in $(seq "${BENCH_ROUNDS:-2}"); do
     echo "== products, round $round"
     timeout 120 "$bin/taper" bench products --device cuda --precision bf16 || echo "taper products exit $?"
+    TAPER_CUBLASLT=1 timeout 120 "$bin/taper" bench products --device cuda --precision bf16 \
+      || echo "taper (cuBLASLt) products exit $?"
     timeout 120 python3 benches/torch_products.py --device cuda --precision bf16 || echo "torch products exit $?"
   done
 }

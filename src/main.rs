@@ -36,6 +36,14 @@ fn read_switches() {
         Ok("1") => taper::kernels::set_flash(true),
         _ => {}
     }
+    // TAPER_CUBLASLT=1 runs the dense layer's forward on CUDA through
+    // cuBLASLt, the bias in the product's epilogue (=0, the default: cuBLAS
+    // onto the bias rows).
+    match std::env::var("TAPER_CUBLASLT").as_deref() {
+        Ok("0") => taper::kernels::set_cublaslt(false),
+        Ok("1") => taper::kernels::set_cublaslt(true),
+        _ => {}
+    }
     // TAPER_MALLOC_TUNING=0 keeps glibc's defaults (to measure the difference).
     if std::env::var("TAPER_MALLOC_TUNING").as_deref() != Ok("0") {
         taper::memory::tune_malloc();

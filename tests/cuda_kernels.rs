@@ -221,6 +221,22 @@ fn linear_matches_the_cpu() -> Result<()> {
     check_linear()
 }
 
+/// The forward through cuBLASLt, the bias in its epilogue (f16 and bf16;
+/// f32 keeps cuBLAS), switched on for this test alone. A product cuBLASLt
+/// refused would take cuBLAS and pass the comparison, so the test also
+/// fails if cuBLASLt refused one.
+#[test]
+fn linear_through_cublaslt_matches_the_cpu() -> Result<()> {
+    kernels::set_cublaslt(true);
+    kernels::cublaslt_refused();
+    let checked = check_linear();
+    let refused = kernels::cublaslt_refused();
+    kernels::set_cublaslt(false);
+    checked?;
+    assert!(!refused, "cuBLASLt refused a product (printed above)");
+    Ok(())
+}
+
 fn check_linear() -> Result<()> {
     for dt in DTYPES {
         // Rows that are not a multiple of anything; GPT-2's MLP widths.

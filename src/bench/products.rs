@@ -111,7 +111,14 @@ pub fn run(a: &ProductsArgs) -> Result<()> {
         fwd,
     ));
     groups.push(group("head backward (dh, dw)".into(), 1, 2.0 * flops, bwd));
-    report("taper", &dev, dtype, &groups);
+    // TAPER_CUBLASLT=1 (`kernels::set_cublaslt`): the dense forward
+    // through cuBLASLt, the bias in its epilogue.
+    let who = if crate::kernels::cublaslt() {
+        "taper-cublaslt"
+    } else {
+        "taper"
+    };
+    report(who, &dev, dtype, &groups);
     Ok(())
 }
 

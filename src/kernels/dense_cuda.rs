@@ -1,9 +1,11 @@
 //! The CUDA path of the dense layer (`dense.rs` has the CPU reference):
 //! the output starts as the bias rows and one cuBLAS product adds `x W^T`
-//! onto it; the bias gradient is a two-stage column sum
+//! onto it (or, switched on, one cuBLASLt product with the bias in its
+//! epilogue: `lt.rs`); the bias gradient is a two-stage column sum
 //! (`kernels/dense.cu`).
 
 use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, Gemm};
+use candle_core::cuda_backend::cudarc::cublaslt::{CudaBlasLT, Matmul};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaStorage, Layout, Result, WithDType};
@@ -19,6 +21,7 @@ pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
 ) -> Result<CudaStorage>
 where
     CudaBlas: Gemm<T>,
+    CudaBlasLT: Matmul<T>,
 {
     let (n, k) = l2.shape().dims2()?;
     let (x, w, b) = (
@@ -36,6 +39,16 @@ where
     }
     let dev = &s1.device;
     let mut y = alloc::<T>(dev, rows * n)?;
+    if rows * n > 0
+        && k > 0
+        && super::cublaslt()
+        && super::lt::applies::<T>([l1.start_offset(), l2.start_offset(), l3.start_offset()])
+    {
+        match super::lt::linear_bias(dev, (&x, &w, &b), &mut y, (rows, n, k)) {
+            Ok(()) => return Ok(CudaStorage::wrap_cuda_slice(y, dev.clone())),
+            Err(e) => super::lt::note_refusal(&e, (rows, n, k)),
+        }
+    }
     if rows * n > 0 {
         let f = kernel!(DENSE, dev, format!("bias_rows_{}", suffix(T::DTYPE)?));
         let (rows_u, n_i) = (rows as u64, int(n)?);

@@ -36,6 +36,8 @@ mod embedding;
 mod flash;
 mod gelu;
 mod layer_norm;
+#[cfg(feature = "cuda")]
+mod lt;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod mat;
 mod norm;
@@ -186,6 +188,23 @@ pub fn set_flash(on: bool) {
 pub fn flash() -> bool {
     FLASH.load(Ordering::Relaxed)
 }
+
+static CUBLASLT: AtomicBool = AtomicBool::new(false);
+
+/// Whether the dense layer's forward on CUDA (f16, bf16) runs as one
+/// cuBLASLt product with the bias in its epilogue, instead of the bias rows
+/// and a cuBLAS product onto them (`lt.rs`). Off by default until measured
+/// on a GPU; the binary reads `TAPER_CUBLASLT=1` at start to switch it on.
+pub fn set_cublaslt(on: bool) {
+    CUBLASLT.store(on, Ordering::Relaxed);
+}
+
+pub fn cublaslt() -> bool {
+    CUBLASLT.load(Ordering::Relaxed)
+}
+
+#[cfg(feature = "cuda")]
+pub use lt::take_refused as cublaslt_refused;
 
 /// Whether a fused op takes `x`: f32 on the CPU; f32, f16 or bf16 on CUDA
 /// (in a build with the `cuda` feature). Elsewhere the ops fall back to
