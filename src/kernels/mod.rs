@@ -48,7 +48,7 @@ mod rows;
 mod vexp;
 mod weight_grad;
 
-pub use add::add;
+pub use add::{add, install as install_add};
 pub use attention::{causal_attention, causal_mask, flash_attention};
 pub use bias::bias_add;
 pub use chunked_ce::{chunked_cross_entropy, padded_head};

@@ -3,6 +3,20 @@ use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::{Error, Result, Tensor, TensorId};
 use std::collections::{hash_map::Entry, HashMap};
 
+/// How `GradStore::accumulate` adds a second gradient to the first: candle's
+/// `add` unless [`set_accumulate_add`] gave another. (A patch: see
+/// vendor/README.md.)
+static ACCUMULATE_ADD: std::sync::OnceLock<fn(&Tensor, &Tensor) -> Result<Tensor>> =
+    std::sync::OnceLock::new();
+
+/// Sets, once per process, the function that adds a node's second gradient
+/// to its first in the backward pass. It must return `a + b`; taper's adds
+/// the same values with a faster CUDA kernel. Returns false if one was set
+/// already.
+pub fn set_accumulate_add(add: fn(&Tensor, &Tensor) -> Result<Tensor>) -> bool {
+    ACCUMULATE_ADD.set(add).is_ok()
+}
+
 // arg has been reduced to node via reduce_dims, expand it back to arg.
 // This has to handle keepdims.
 fn broadcast_back(arg: &Tensor, node: &Tensor, reduced_dims: &[usize]) -> Result<Tensor> {
@@ -704,7 +718,10 @@ impl GradStore {
     fn accumulate(&mut self, tensor: &Tensor, grad: &Tensor) -> Result<()> {
         match self.0.entry(tensor.id()) {
             Entry::Occupied(mut entry) => {
-                let sum = entry.get().add(grad)?;
+                let sum = match ACCUMULATE_ADD.get() {
+                    Some(add) => add(entry.get(), grad)?,
+                    None => entry.get().add(grad)?,
+                };
                 *entry.get_mut() = sum;
             }
             Entry::Vacant(entry) => {
