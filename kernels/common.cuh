@@ -76,6 +76,31 @@ __device__ __forceinline__ bool aligned16(const void* a, const void* b, const vo
   return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }
 
+// Values V at a time: with V > 1 (16 bytes: 8 f16 or bf16 values, 4 f32),
+// a thread reads and writes a pack of V consecutive values with one
+// access; callers take that path only when rows are a whole number of
+// packs and every pointer is 16-byte aligned (aligned16 above).
+template <typename T, int V> __device__ __forceinline__ void load_f(const T* p, float* out) {
+  if constexpr (V == 1) {
+    out[0] = to_f(*p);
+  } else {
+    static_assert(V * sizeof(T) == 16, "a pack is 16 bytes");
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* t = reinterpret_cast<const T*>(&raw);
+    for (int j = 0; j < V; j++) out[j] = to_f(t[j]);
+  }
+}
+template <typename T, int V> __device__ __forceinline__ void store_f(T* p, const float* in) {
+  if constexpr (V == 1) {
+    *p = from_f<T>(in[0]);
+  } else {
+    uint4 raw;
+    T* t = reinterpret_cast<T*>(&raw);
+    for (int j = 0; j < V; j++) t[j] = from_f<T>(in[j]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  }
+}
+
 // Grid-stride loop over n elements.
 #define FOR_EACH(i, n)                                                          \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);       \

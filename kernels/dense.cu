@@ -13,16 +13,33 @@ template <typename T> __device__ void bias_rows(const T* b, T* y, size_t rows, i
   for (size_t r = blockIdx.y; r < rows; r += gridDim.y) y[r * n + c] = v;
 }
 
-// partial [chunks, cols]: column sums of g over `per` rows each; a block is
-// (chunk, tile of 256 columns), a thread per column.
-template <typename T>
+// partial [chunks, cols]: column sums of g over `per` rows each. A block
+// (32, 8) per chunk and tile of 32 V columns: a lane per V consecutive
+// columns (V = 1, or a 16-byte pack where the launcher found rows of whole
+// packs on an aligned buffer), its block's 8 rows of threads taking every
+// 8th row of the chunk; their 8 sums are added in order. A pack a thread
+// keeps 16 bytes in flight where a value a thread kept 2.
+template <typename T, int V>
 __device__ void column_sum_partial(const T* g, float* partial, int rows, int cols, int per) {
-  const int col = blockIdx.y * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
+  __shared__ float s[8][32 * V + 1];
+  const int c0 = (blockIdx.y * 32 + threadIdx.x) * V;
   const int r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
-  float s = 0.f;
-  for (int r = r0; r < r1; r++) s += to_f(g[(size_t)r * cols + col]);
-  partial[(size_t)blockIdx.x * cols + col] = s;
+  float acc[V];
+  for (int j = 0; j < V; j++) acc[j] = 0.f;
+  if (c0 < cols)
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+      float v[V];
+      load_f<T, V>(g + (size_t)r * cols + c0, v);
+      for (int j = 0; j < V; j++) acc[j] += v[j];
+    }
+  for (int j = 0; j < V; j++) s[threadIdx.y][threadIdx.x * V + j] = acc[j];
+  __syncthreads();
+  if (threadIdx.y == 0 && c0 < cols)
+    for (int j = 0; j < V; j++) {
+      float t = 0.f;
+      for (int y = 0; y < 8; y++) t += s[y][threadIdx.x * V + j];
+      partial[(size_t)blockIdx.x * cols + c0 + j] = t;
+    }
 }
 
 // out [cols] = the partial sums added over chunks (sum_chunks).
@@ -37,7 +54,11 @@ __device__ void column_sum_final(const float* partial, T* out, int chunks, int c
   }                                                                                         \
   extern "C" __global__ void column_sum_partial_##S(const T* g, float* partial, int rows,    \
                                                     int cols, int per) {                    \
-    column_sum_partial(g, partial, rows, cols, per);                                        \
+    column_sum_partial<T, 1>(g, partial, rows, cols, per);                                  \
+  }                                                                                         \
+  extern "C" __global__ void column_sum_partial_packed_##S(const T* g, float* partial,       \
+                                                           int rows, int cols, int per) {   \
+    column_sum_partial<T, 16 / sizeof(T)>(g, partial, rows, cols, per);                     \
   }                                                                                         \
   extern "C" __global__ void column_sum_final_##S(const float* partial, T* out, int chunks,  \
                                                   int cols) {                               \

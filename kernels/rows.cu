@@ -28,31 +28,6 @@ __device__ void softmax_bwd(const T* y, const T* g, T* out, int cols, int rows) 
     out[off + i] = from_f<T>(to_f(y[off + i]) * (to_f(g[off + i]) - dot));
 }
 
-// Values V at a time: with V > 1 (16 bytes: 8 f16 or bf16 values, 4 f32),
-// a thread reads and writes a pack of V consecutive values with one
-// access; callers take that path only when rows are a whole number of
-// packs and every pointer is 16-byte aligned (aligned16 in common.cuh).
-template <typename T, int V> __device__ __forceinline__ void load_f(const T* p, float* out) {
-  if constexpr (V == 1) {
-    out[0] = to_f(*p);
-  } else {
-    static_assert(V * sizeof(T) == 16, "a pack is 16 bytes");
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* t = reinterpret_cast<const T*>(&raw);
-    for (int j = 0; j < V; j++) out[j] = to_f(t[j]);
-  }
-}
-template <typename T, int V> __device__ __forceinline__ void store_f(T* p, const float* in) {
-  if constexpr (V == 1) {
-    *p = from_f<T>(in[0]);
-  } else {
-    uint4 raw;
-    T* t = reinterpret_cast<T*>(&raw);
-    for (int j = 0; j < V; j++) t[j] = from_f<T>(in[j]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  }
-}
-
 // A row's mean and 1 / std, as rows.rs's `moments` (two passes), V values
 // at a time; WARP: the row is a warp's (layer_norm_bwd's), so the kernel
 // does not take block_sum's shared memory along.

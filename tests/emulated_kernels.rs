@@ -194,7 +194,8 @@ fn flash_kernels_match_float64_attention() -> Result<()> {
 /// update (`kernels::adamw_mixed`), bit for bit: weights, moments and the
 /// working copy, over three steps, with and without clipping's factor
 /// (passed by value, or read from memory as the trainer keeps it on
-/// CUDA), including zero and negative-zero gradients.
+/// CUDA), including zero and negative-zero gradients; four values a thread,
+/// and (in the last case, the arrays one value off alignment) one.
 #[test]
 fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
     let exe = build("adamw_main");
@@ -263,6 +264,7 @@ fn mixed_adamw_kernel_matches_the_cpu_bit_for_bit() -> Result<()> {
             let o = Command::new(&exe)
                 .arg(&input)
                 .arg(&output)
+                .args(kept.then_some("misaligned"))
                 .output()
                 .expect("running adamw_main");
             assert!(
@@ -563,10 +565,11 @@ fn layer_norm_and_bias_sums_match_float64() -> Result<()> {
                 .chunks(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
                 .collect();
-            assert_eq!(out.len(), 2 * r * c + 3 * c);
+            assert_eq!(out.len(), 2 * r * c + 4 * c);
             let (dx, rest) = out.split_at(r * c);
             let (dwb, rest) = rest.split_at(2 * c);
-            let (colsum, y) = rest.split_at(c);
+            let (colsum, rest) = rest.split_at(c);
+            let (y, packed_sum) = rest.split_at(r * c);
             // float64 reference.
             let (mut want_dx, mut dw, mut db) = (Vec::new(), vec![0f64; c], vec![0f64; c]);
             let mut want_y = Vec::new();
@@ -600,6 +603,8 @@ fn layer_norm_and_bias_sums_match_float64() -> Result<()> {
             assert!(e < bound, "{what}: db off by {e:.2e}");
             let e = rel(colsum, &as32(&db));
             assert!(e < bound, "{what}: bias sums off by {e:.2e}");
+            let e = rel(packed_sum, &as32(&db));
+            assert!(e < bound, "{what}: bias sums (packed) off by {e:.2e}");
         }
     }
     Ok(())

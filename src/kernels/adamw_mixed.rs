@@ -327,6 +327,7 @@ mod cuda {
             .arg(&work)
             .arg(&n)
             .arg(&hyper);
-        run(&mut args, elementwise(n))
+        // Four values a thread (the kernel's packs).
+        run(&mut args, elementwise(n.div_ceil(4)))
     }
 }

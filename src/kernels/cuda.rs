@@ -112,8 +112,9 @@ pub(crate) fn row_groups(rows: usize, cols: usize) -> LaunchConfig {
 
 /// Two-stage column sums over `rows` rows of `cols` (the dense layer's bias
 /// gradient, the layer norm's weight and bias gradients): rows per chunk,
-/// chunks (at most 1024, of at least 32 rows), and the first stage's launch,
-/// a block per (chunk, tile of 256 columns) and a thread per column.
+/// chunks (at most 1024, of at least 32 rows), and the layer norm's first
+/// stage's launch, a block per (chunk, tile of 256 columns) and a thread per
+/// column (the dense layer's first stage launches its own).
 pub(crate) fn column_chunks(rows: usize, cols: usize) -> (usize, usize, LaunchConfig) {
     let per = rows.div_ceil(1024).max(32);
     let chunks = rows.div_ceil(per).max(1);

@@ -32,6 +32,9 @@
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 struct float2 {
   float x, y;
 };

@@ -8,7 +8,9 @@
 // column_per (u32), eps (f32), then x (f32 x rows*cols), w (f32 x cols),
 // g (f32 x rows*cols) and b (f32 x cols), rounded to the storage type.
 // OUT: dx (rows*cols), dw and db (cols each), the column sums of g (cols),
-// and the forward's output (rows*cols), as f32.
+// the forward's output (rows*cols), and the column sums of g again from the
+// packed first stage where rows are whole packs (else the value-a-thread
+// one again), as f32.
 #include "dense.cu"
 #include "rows.cu"
 
@@ -32,6 +34,7 @@ int run(FILE* in, FILE* out, const uint32_t* h, float eps,
         void (*bwd)(const T*, const T*, const T*, T*, float*, int, int, int, float),
         void (*wb_final)(const float*, T*, int, int),
         void (*col_partial)(const T*, float*, int, int, int),
+        void (*col_partial_packed)(const T*, float*, int, int, int),
         void (*col_final)(const float*, T*, int, int)) {
   const int rows = h[1], cols = h[2], warps = h[3], per = h[4], col_per = h[5];
   const size_t n = (size_t)rows * cols;
@@ -60,19 +63,29 @@ int run(FILE* in, FILE* out, const uint32_t* h, float eps,
   const unsigned tiles = (2 * cols + 31) / 32;
   emu::launch(wb_final, dim3{tiles, 1, 1}, dim3{32, SUM_CHUNKS_Y, 1}, (const float*)partial.data(),
               dwb.data(), (int)blocks, cols);
-  // The bias gradient: partial sums over chunks of col_per rows, then theirs.
+  // The bias gradient: partial sums over chunks of col_per rows, then theirs,
+  // launched as src/kernels/dense_cuda.rs launches them.
   const unsigned chunks = (rows + col_per - 1) / col_per;
-  std::vector<float> cpart((size_t)chunks * cols);
-  std::vector<T> colsum(cols);
-  emu::launch(col_partial, dim3{chunks, (unsigned)(cols + 255) / 256, 1}, dim3{256, 1, 1},
-              (const T*)g.data(), cpart.data(), rows, cols, col_per);
-  emu::launch(col_final, dim3{(unsigned)(cols + 31) / 32, 1, 1}, dim3{32, SUM_CHUNKS_Y, 1},
-              (const float*)cpart.data(), colsum.data(), (int)chunks, cols);
+  auto column_sums = [&](auto partial_kernel, int per_thread) {
+    std::vector<float> cpart((size_t)chunks * cols);
+    std::vector<T> sums(cols);
+    const unsigned tiles = (cols + 32 * per_thread - 1) / (32 * per_thread);
+    emu::launch(partial_kernel, dim3{chunks, tiles, 1}, dim3{32, 8, 1}, (const T*)g.data(),
+                cpart.data(), rows, cols, col_per);
+    emu::launch(col_final, dim3{(unsigned)(cols + 31) / 32, 1, 1}, dim3{32, SUM_CHUNKS_Y, 1},
+                (const float*)cpart.data(), sums.data(), (int)chunks, cols);
+    return sums;
+  };
+  constexpr int V = 16 / sizeof(T);
+  const auto colsum = column_sums(col_partial, 1);
+  const auto colsum_packed =
+      cols % V == 0 ? column_sums(col_partial_packed, V) : column_sums(col_partial, 1);
   std::vector<float> all;
   for (auto v : dx) all.push_back(to_f(v));
   for (auto v : dwb) all.push_back(to_f(v));
   for (auto v : colsum) all.push_back(to_f(v));
   for (auto v : y) all.push_back(to_f(v));
+  for (auto v : colsum_packed) all.push_back(to_f(v));
   return fwrite(all.data(), 4, all.size(), out) == all.size() ? 0 : 1;
 }
 
@@ -89,10 +102,12 @@ int main(int argc, char** argv) {
   if (!out) return 1;
   const int rc = h[0] ? run<__nv_bfloat16>(in, out, h, eps, layer_norm_fwd_bf16, layer_norm_bwd_bf16,
                                            layer_norm_bwd_wb_final_bf16,
-                                           column_sum_partial_bf16, column_sum_final_bf16)
+                                           column_sum_partial_bf16, column_sum_partial_packed_bf16,
+                                           column_sum_final_bf16)
                       : run<float>(in, out, h, eps, layer_norm_fwd_f32, layer_norm_bwd_f32,
                                    layer_norm_bwd_wb_final_f32,
-                                   column_sum_partial_f32, column_sum_final_f32);
+                                   column_sum_partial_f32, column_sum_partial_packed_f32,
+                                   column_sum_final_f32);
   fclose(in);
   return fclose(out) == 0 ? rc : 1;
 }
