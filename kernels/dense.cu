@@ -4,13 +4,16 @@
 // over rows in two coalesced stages.
 #include "common.cuh"
 
-// y [rows, n] = b in every row: a thread per column (blockIdx.x, threadIdx.x)
-// and a row stride (blockIdx.y, gridDim.y), so no index division.
-template <typename T> __device__ void bias_rows(const T* b, T* y, size_t rows, int n) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+// y [rows, n] = b in every row: a thread per V columns (blockIdx.x,
+// threadIdx.x; V = 1, or a 16-byte pack where the launcher found rows of
+// whole packs and an aligned bias) and a row stride (blockIdx.y, gridDim.y),
+// so no index division. The output is a fresh, aligned buffer.
+template <typename T, int V> __device__ void bias_rows(const T* b, T* y, size_t rows, int n) {
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (c >= n) return;
-  const T v = b[c];
-  for (size_t r = blockIdx.y; r < rows; r += gridDim.y) y[r * n + c] = v;
+  float v[V];
+  load_f<T, V>(b + c, v);
+  for (size_t r = blockIdx.y; r < rows; r += gridDim.y) store_f<T, V>(y + r * n + c, v);
 }
 
 // partial [chunks, cols]: column sums of g over `per` rows each. A block
@@ -50,7 +53,10 @@ __device__ void column_sum_final(const float* partial, T* out, int chunks, int c
 
 #define DENSE(T, S)                                                                         \
   extern "C" __global__ void bias_rows_##S(const T* b, T* y, size_t rows, int n) {          \
-    bias_rows(b, y, rows, n);                                                               \
+    bias_rows<T, 1>(b, y, rows, n);                                                         \
+  }                                                                                         \
+  extern "C" __global__ void bias_rows_packed_##S(const T* b, T* y, size_t rows, int n) {   \
+    bias_rows<T, 16 / sizeof(T)>(b, y, rows, n);                                            \
   }                                                                                         \
   extern "C" __global__ void column_sum_partial_##S(const T* g, float* partial, int rows,    \
                                                     int cols, int per) {                    \

@@ -506,12 +506,12 @@ fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
 
 /// The layer norm's forward and one-pass backward (`layer_norm_bwd` in
 /// `kernels/rows.cu`, then `sum_chunks` over its blocks) and the dense
-/// layer's bias gradient (`kernels/dense.cu`) against float64 on the same
-/// rounded values: rows that do not fill the last block or warp, rows that
-/// are not a multiple of 32 long, every warp count the launcher picks (8
-/// for rows up to 768, down to 1 for rows of 6144), rows of whole 16-byte
-/// packs and rows that are not (36 bf16 values, 1001 of either), f32 and
-/// bf16.
+/// layer's bias rows and bias gradient (`kernels/dense.cu`) against
+/// float64 on the same rounded values (the bias rows bit for bit): rows
+/// that do not fill the last block or warp, rows that are not a multiple
+/// of 32 long, every warp count the launcher picks (8 for rows up to 768,
+/// down to 1 for rows of 6144), rows of whole 16-byte packs and rows that
+/// are not (36 bf16 values, 1001 of either), f32 and bf16.
 #[test]
 fn layer_norm_and_bias_sums_match_float64() -> Result<()> {
     let exe = build("rows_main");
@@ -565,11 +565,19 @@ fn layer_norm_and_bias_sums_match_float64() -> Result<()> {
                 .chunks(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
                 .collect();
-            assert_eq!(out.len(), 2 * r * c + 4 * c);
+            assert_eq!(out.len(), 4 * r * c + 4 * c);
             let (dx, rest) = out.split_at(r * c);
             let (dwb, rest) = rest.split_at(2 * c);
             let (colsum, rest) = rest.split_at(c);
-            let (y, packed_sum) = rest.split_at(r * c);
+            let (y, rest) = rest.split_at(r * c);
+            let (packed_sum, bias_rows) = rest.split_at(c);
+            for (i, v) in bias_rows.iter().enumerate() {
+                let want = bias[i % c];
+                assert!(
+                    v.to_bits() == want.to_bits(),
+                    "rows {rows} x {cols}, bf16 {bf16}: bias row value {i}: {v} vs {want}"
+                );
+            }
             // float64 reference.
             let (mut want_dx, mut dw, mut db) = (Vec::new(), vec![0f64; c], vec![0f64; c]);
             let mut want_y = Vec::new();

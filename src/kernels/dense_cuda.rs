@@ -50,13 +50,22 @@ where
         }
     }
     if rows * n > 0 {
-        let f = kernel!(DENSE, dev, format!("bias_rows_{}", suffix(T::DTYPE)?));
+        // 16-byte packs a thread where rows are whole packs and the bias
+        // starts on a 16-byte boundary (the output is a fresh buffer).
+        let size = std::mem::size_of::<T>();
+        let packed = n.is_multiple_of(16 / size) && (l3.start_offset() * size).is_multiple_of(16);
+        let (name, threads) = match packed {
+            true => ("bias_rows_packed", n / (16 / size)),
+            false => ("bias_rows", n),
+        };
+        let f = kernel!(DENSE, dev, format!("{name}_{}", suffix(T::DTYPE)?));
         let (rows_u, n_i) = (rows as u64, int(n)?);
         let mut args = f.builder();
         args.arg(&b).arg(&mut y).arg(&rows_u).arg(&n_i);
+        let block = threads.next_multiple_of(32).min(256);
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(256) as u32, rows.min(1024) as u32, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (threads.div_ceil(block) as u32, rows.min(1024) as u32, 1),
+            block_dim: (block as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         run(&mut args, cfg)?;

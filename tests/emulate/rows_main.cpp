@@ -10,7 +10,9 @@
 // OUT: dx (rows*cols), dw and db (cols each), the column sums of g (cols),
 // the forward's output (rows*cols), and the column sums of g again from the
 // packed first stage where rows are whole packs (else the value-a-thread
-// one again), as f32.
+// one again), and the bias rows of b (rows*cols) from the value-a-thread
+// kernel, then from the packed one where rows are whole packs (else the
+// first again), as f32.
 #include "dense.cu"
 #include "rows.cu"
 
@@ -35,7 +37,9 @@ int run(FILE* in, FILE* out, const uint32_t* h, float eps,
         void (*wb_final)(const float*, T*, int, int),
         void (*col_partial)(const T*, float*, int, int, int),
         void (*col_partial_packed)(const T*, float*, int, int, int),
-        void (*col_final)(const float*, T*, int, int)) {
+        void (*col_final)(const float*, T*, int, int),
+        void (*bias_rows)(const T*, T*, size_t, int),
+        void (*bias_rows_packed)(const T*, T*, size_t, int)) {
   const int rows = h[1], cols = h[2], warps = h[3], per = h[4], col_per = h[5];
   const size_t n = (size_t)rows * cols;
   bool ok = true;
@@ -86,6 +90,19 @@ int run(FILE* in, FILE* out, const uint32_t* h, float eps,
   for (auto v : colsum) all.push_back(to_f(v));
   for (auto v : y) all.push_back(to_f(v));
   for (auto v : colsum_packed) all.push_back(to_f(v));
+  // The bias rows, launched as src/kernels/dense_cuda.rs launches them (a
+  // row stride of at most 1024 rows).
+  auto rows_of = [&](auto kernel, int per_thread) {
+    std::vector<T> out(n);
+    const unsigned threads = cols / per_thread;
+    const unsigned block = std::min((threads + 31) / 32 * 32, 256u);
+    emu::launch(kernel, dim3{(threads + block - 1) / block, (unsigned)std::min(rows, 1024), 1},
+                dim3{block, 1, 1}, (const T*)b.data(), out.data(), (size_t)rows, cols);
+    return out;
+  };
+  for (auto v : rows_of(bias_rows, 1)) all.push_back(to_f(v));
+  for (auto v : cols % V == 0 ? rows_of(bias_rows_packed, V) : rows_of(bias_rows, 1))
+    all.push_back(to_f(v));
   return fwrite(all.data(), 4, all.size(), out) == all.size() ? 0 : 1;
 }
 
@@ -103,11 +120,12 @@ int main(int argc, char** argv) {
   const int rc = h[0] ? run<__nv_bfloat16>(in, out, h, eps, layer_norm_fwd_bf16, layer_norm_bwd_bf16,
                                            layer_norm_bwd_wb_final_bf16,
                                            column_sum_partial_bf16, column_sum_partial_packed_bf16,
-                                           column_sum_final_bf16)
+                                           column_sum_final_bf16, bias_rows_bf16,
+                                           bias_rows_packed_bf16)
                       : run<float>(in, out, h, eps, layer_norm_fwd_f32, layer_norm_bwd_f32,
                                    layer_norm_bwd_wb_final_f32,
                                    column_sum_partial_f32, column_sum_partial_packed_f32,
-                                   column_sum_final_f32);
+                                   column_sum_final_f32, bias_rows_f32, bias_rows_packed_f32);
   fclose(in);
   return fclose(out) == 0 ? rc : 1;
 }
