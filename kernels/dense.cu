@@ -35,12 +35,13 @@ __device__ void column_sum_partial(const T* g, float* partial, int rows, int col
       load_f<T, V>(g + (size_t)r * cols + c0, v);
       for (int j = 0; j < V; j++) acc[j] += v[j];
     }
-  for (int j = 0; j < V; j++) s[threadIdx.y][threadIdx.x * V + j] = acc[j];
+  // A pack's V sums 32 apart, so that the lanes' stores fall on 32 banks.
+  for (int j = 0; j < V; j++) s[threadIdx.y][j * 32 + threadIdx.x] = acc[j];
   __syncthreads();
   if (threadIdx.y == 0 && c0 < cols)
     for (int j = 0; j < V; j++) {
       float t = 0.f;
-      for (int y = 0; y < 8; y++) t += s[y][threadIdx.x * V + j];
+      for (int y = 0; y < 8; y++) t += s[y][j * 32 + threadIdx.x];
       partial[(size_t)blockIdx.x * cols + c0 + j] = t;
     }
 }

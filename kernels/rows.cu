@@ -142,7 +142,9 @@ __device__ void layer_norm_bwd_wb_partial(const T* x, const T* g, const float2* 
 // accumulators, in order, into partial [blockIdx.x, 2, cols], which
 // layer_norm_bwd_wb_final adds over the blocks. The launcher keeps
 // warps * 2 * cols within LN_SHARED. A lane takes 16-byte packs where it
-// can (load_f), and owns each of its packs' columns.
+// can (load_f), and owns each of its packs' columns; a pack's V columns are
+// kept V planes apart (column c at (c % V) * cols / V + c / V), so the 32
+// lanes' adds for one value of the pack fall on 32 different banks.
 #define LN_SHARED 12288  // floats: 48 KiB, the most a block may declare
 template <typename T, int V>
 __device__ void layer_norm_bwd_v(const T* x, const T* w, const T* g, T* dx, float* partial,
@@ -150,6 +152,7 @@ __device__ void layer_norm_bwd_v(const T* x, const T* w, const T* g, T* dx, floa
   const int lane = threadIdx.x, warp = threadIdx.y, warps = blockDim.y;
   float* dw = acc + (size_t)warp * 2 * cols;
   float* db = dw + cols;
+  const int plane = cols / V;  // column i + j of a pack at i / V + j * plane
   for (int i = lane; i < cols; i += 32) {
     dw[i] = 0.f;
     db[i] = 0.f;
@@ -180,16 +183,18 @@ __device__ void layer_norm_bwd_v(const T* x, const T* w, const T* g, T* dx, floa
       for (int j = 0; j < V; j++) {
         const float xh = (xv[j] - mr.x) * mr.y;
         out[j] = mr.y * (gv[j] * wv[j] - a - xh * c);
-        dw[i + j] += gv[j] * xh;
-        db[i + j] += gv[j];
+        dw[i / V + j * plane] += gv[j] * xh;
+        db[i / V + j * plane] += gv[j];
       }
       store_f<T, V>(dx + off + i, out);
     }
   }
   __syncthreads();
   for (int k = warp * 32 + lane; k < 2 * cols; k += 32 * warps) {
+    const int half = k >= cols, c = k - half * cols;
+    const int at = half * cols + c / V + (c % V) * plane;
     float s = 0.f;
-    for (int v = 0; v < warps; v++) s += acc[(size_t)v * 2 * cols + k];
+    for (int v = 0; v < warps; v++) s += acc[(size_t)v * 2 * cols + at];
     partial[((size_t)blockIdx.x * 2) * cols + k] = s;
   }
 }
