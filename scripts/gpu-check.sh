@@ -299,7 +299,9 @@ compare() {
 
 # The products of a GPT-2 small step alone (`taper bench products`, and
 # benches/torch_products.py for PyTorch's), alternating in rounds: how fast
-# the products run in each, apart from the element-wise work around them.
+# the products run in each, apart from the element-wise work around them;
+# then taper's element-wise kernels alone, with the rate each moves memory
+# (`taper bench elementwise`).
 products() {
   local round
   for round in $(seq "${BENCH_ROUNDS:-2}"); do
@@ -307,6 +309,8 @@ products() {
     timeout 120 "$bin/taper" bench products --device cuda --precision bf16 || echo "taper products exit $?"
     TAPER_CUBLASLT=1 timeout 120 "$bin/taper" bench products --device cuda --precision bf16 \
       || echo "taper (cuBLASLt) products exit $?"
+    timeout 120 "$bin/taper" bench elementwise --device cuda --precision bf16 \
+      || echo "taper elementwise exit $?"
     timeout 120 python3 benches/torch_products.py --device cuda --precision bf16 || echo "torch products exit $?"
   done
 }

@@ -346,6 +346,22 @@ fn benchmarks_and_samples_survive_a_closed_stdout() {
         "--rounds",
         "1",
     ]);
+    run(&[
+        "bench",
+        "elementwise",
+        "--device",
+        "cpu",
+        "--precision",
+        "f32",
+        "--rows",
+        "64",
+        "--width",
+        "16",
+        "--reps",
+        "1",
+        "--rounds",
+        "1",
+    ]);
     let o = out.to_str().unwrap();
     run(&[
         "train",

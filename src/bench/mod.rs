@@ -14,6 +14,7 @@ macro_rules! println {
 
 mod checkpoint;
 mod data;
+mod elementwise;
 mod kernels;
 mod oom;
 mod plugin;
@@ -136,6 +137,9 @@ pub enum Which {
     /// The matrix products of a GPT-2 small training step alone, as taper
     /// runs them (benches/torch_products.py: as PyTorch does).
     Products(products::ProductsArgs),
+    /// The element-wise kernels of a GPT-2 small training step alone, each
+    /// with the bytes it must move and the rate it moves them.
+    Elementwise(elementwise::ElementwiseArgs),
     /// Data-parallel throughput: scripts/shakespeare.lua on 1, 2 and 4 MPI
     /// ranks (`taper launch`, a build with --features mpi) against one
     /// process, alternating; the global batch is fixed.
@@ -165,6 +169,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         } => lua_overhead(*steps, *rounds, *width, *layers, *context),
         Which::Step(a) => step::run(a),
         Which::Products(a) => products::run(a),
+        Which::Elementwise(a) => elementwise::run(a),
         Which::Ranks {
             ranks,
             steps,
@@ -250,6 +255,28 @@ fn shakespeare_run(
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Median seconds per call of `f` over `rounds` timings of `reps` calls
+/// each (after one untimed call), with the device synchronized around each
+/// timing: for ops that queue work on a GPU.
+fn time_calls(
+    dev: &candle_core::Device,
+    (reps, rounds): (usize, usize),
+    mut f: impl FnMut() -> candle_core::Result<()>,
+) -> Result<f64> {
+    f()?;
+    dev.synchronize()?;
+    let mut times = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let t = std::time::Instant::now();
+        for _ in 0..reps.max(1) {
+            f()?;
+        }
+        dev.synchronize()?;
+        times.push(t.elapsed().as_secs_f64() / reps.max(1) as f64);
+    }
+    Ok(median(&mut times))
 }
 
 fn adamw() -> OptimSpec {

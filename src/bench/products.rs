@@ -7,11 +7,8 @@
 //! the same lines, so that the products' share of the gap to the card's
 //! peak can be told from the element-wise work around them.
 
-use std::time::Instant;
-
 use candle_core::{DType, Device, Tensor};
 
-use super::median;
 use super::step::rate;
 use crate::engine::parse_device;
 use crate::engine::precision::Precision;
@@ -135,25 +132,9 @@ fn group(name: String, per_step: usize, flops: f64, seconds: f64) -> Group {
     }
 }
 
-/// Median seconds per call of `f` (after one untimed call), with the device
-/// synchronized around each timing.
-fn time(
-    a: &ProductsArgs,
-    dev: &Device,
-    mut f: impl FnMut() -> candle_core::Result<()>,
-) -> Result<f64> {
-    f()?;
-    dev.synchronize()?;
-    let mut times = Vec::new();
-    for _ in 0..a.rounds.max(1) {
-        let t = Instant::now();
-        for _ in 0..a.reps.max(1) {
-            f()?;
-        }
-        dev.synchronize()?;
-        times.push(t.elapsed().as_secs_f64() / a.reps.max(1) as f64);
-    }
-    Ok(median(&mut times))
+/// Median seconds per call of `f` (see [`super::time_calls`]).
+fn time(a: &ProductsArgs, dev: &Device, f: impl FnMut() -> candle_core::Result<()>) -> Result<f64> {
+    super::time_calls(dev, (a.reps, a.rounds), f)
 }
 
 /// One line per group, then the step's total; `benches/torch_products.py`

@@ -50,13 +50,13 @@ mod weight_grad;
 
 pub use add::{add, install as install_add};
 pub use attention::{causal_attention, causal_mask, flash_attention};
-pub use bias::bias_add;
+pub use bias::{bias_add, bias_grad};
 pub use chunked_ce::{chunked_cross_entropy, padded_head};
 pub use conv::conv3x3;
 pub use dense::{linear, linear_grads};
 pub use embedding::embedding;
-pub use gelu::gelu;
-pub use layer_norm::layer_norm;
+pub use gelu::{gelu, gelu_grad};
+pub use layer_norm::{layer_norm, layer_norm_grad};
 pub use norm::{clip_factor, clip_factor_of, sum_squares, sum_squares_all};
 pub use pool::max_pool2x2;
 pub use rope::rope_interleaved;
