@@ -66,6 +66,29 @@ fn build(name: &str) -> PathBuf {
     out
 }
 
+/// Runs an emulation driver on `input` (written to a file, as the drivers
+/// read it) and returns its output, a file of f32 values.
+fn run_f32(exe: &Path, name: &str, input: &[u8]) -> Vec<f32> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (inp, out) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::write(&inp, input).expect("writing the input");
+    let o = Command::new(exe)
+        .arg(&inp)
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
+    assert!(
+        o.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::read(&out)
+        .expect("reading the output")
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect()
+}
+
 fn driver() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| build("flash_main"))
@@ -428,24 +451,7 @@ fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
             }
             bytes.extend(z.iter().flat_map(|v| v.to_le_bytes()));
             bytes.extend(y.iter().flat_map(|v| v.to_le_bytes()));
-            let dir = tempfile::tempdir().expect("temporary directory");
-            let (input, output) = (dir.path().join("in"), dir.path().join("out"));
-            std::fs::write(&input, bytes).expect("writing the input");
-            let o = Command::new(&exe)
-                .arg(&input)
-                .arg(&output)
-                .output()
-                .expect("running ce_main");
-            assert!(
-                o.status.success(),
-                "ce_main: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            let out: Vec<f32> = std::fs::read(&output)
-                .expect("reading the output")
-                .chunks(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
+            let out = run_f32(&exe, "ce_main", &bytes);
             let (rows_u, cols_u, live_u) = (rows as usize, cols as usize, live as usize);
             let n = rows_u * cols_u;
             assert_eq!(out.len(), rows_u + 2 * n);
@@ -547,24 +553,7 @@ fn layer_norm_and_bias_sums_match_float64() -> Result<()> {
             for v in [&x, &w, &g, &bias] {
                 bytes.extend(v.iter().flat_map(|v| v.to_le_bytes()));
             }
-            let dir = tempfile::tempdir().expect("temporary directory");
-            let (input, output) = (dir.path().join("in"), dir.path().join("out"));
-            std::fs::write(&input, bytes).expect("writing the input");
-            let o = Command::new(&exe)
-                .arg(&input)
-                .arg(&output)
-                .output()
-                .expect("running rows_main");
-            assert!(
-                o.status.success(),
-                "rows_main: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            let out: Vec<f32> = std::fs::read(&output)
-                .expect("reading the output")
-                .chunks(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
+            let out = run_f32(&exe, "rows_main", &bytes);
             assert_eq!(out.len(), 4 * r * c + 4 * c);
             let (dx, rest) = out.split_at(r * c);
             let (dwb, rest) = rest.split_at(2 * c);
@@ -648,24 +637,7 @@ fn gelu_and_add_kernels_match_float64() -> Result<()> {
             for v in [&x, &g] {
                 bytes.extend(v.iter().flat_map(|v| v.to_le_bytes()));
             }
-            let dir = tempfile::tempdir().expect("temporary directory");
-            let (input, output) = (dir.path().join("in"), dir.path().join("out"));
-            std::fs::write(&input, bytes).expect("writing the input");
-            let o = Command::new(&exe)
-                .arg(&input)
-                .arg(&output)
-                .output()
-                .expect("running gelu_main");
-            assert!(
-                o.status.success(),
-                "gelu_main: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            let out: Vec<f32> = std::fs::read(&output)
-                .expect("reading the output")
-                .chunks(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
+            let out = run_f32(&exe, "gelu_main", &bytes);
             let (y, rest) = out.split_at(n as usize);
             let (d, sum) = rest.split_at(n as usize);
             for (i, ((&s, &a), &b)) in sum.iter().zip(&x).zip(&g).enumerate() {
