@@ -72,8 +72,8 @@ __device__ __forceinline__ float row_max(float v) {
 
 // Whether every pointer given is 16-byte aligned, so that a thread may read
 // and write 16 bytes (a uint4) at a time there.
-__device__ __forceinline__ bool aligned16(const void* a, const void* b, const void* c = nullptr) {
-  return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+template <typename... P> __device__ __forceinline__ bool aligned16(const P*... p) {
+  return ((((uintptr_t)p) | ...) & 15) == 0;
 }
 
 // Values V at a time: with V > 1 (16 bytes: 8 f16 or bf16 values, 4 f32),
@@ -105,6 +105,44 @@ template <typename T, int V> __device__ __forceinline__ void store_f(T* p, const
 #define FOR_EACH(i, n)                                                          \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);       \
        i += (size_t)blockDim.x * gridDim.x)
+
+// out[i] = f(x[i]) or f(x[i], y[i]) (computed in f32) for i < n, over a
+// grid-stride loop: 16 bytes of each buffer a thread at a time when all are
+// 16-byte aligned (the launcher sizes the grid for 8 values a thread), then
+// the tail a value at a time; a value at a time otherwise. With Y false, y
+// is not read.
+template <bool Y, typename T, typename F>
+__device__ __forceinline__ void map_impl(const T* x, const T* y, T* out, size_t n, F f) {
+  constexpr int V = 16 / sizeof(T);
+  const size_t packs = aligned16(x, Y ? y : x, out) ? n / V : 0;
+  FOR_EACH(p, packs) {
+    float a[V], b[V], c[V];
+    load_f<T, V>(x + p * V, a);
+    if constexpr (Y) load_f<T, V>(y + p * V, b);
+    for (int j = 0; j < V; j++) {
+      if constexpr (Y)
+        c[j] = f(a[j], b[j]);
+      else
+        c[j] = f(a[j]);
+    }
+    store_f<T, V>(out + p * V, c);
+  }
+  FOR_EACH(i, n - packs * V) {
+    const size_t k = packs * V + i;
+    if constexpr (Y)
+      out[k] = from_f<T>(f(to_f(x[k]), to_f(y[k])));
+    else
+      out[k] = from_f<T>(f(to_f(x[k])));
+  }
+}
+template <typename T, typename F>
+__device__ __forceinline__ void map_values(const T* x, T* out, size_t n, F f) {
+  map_impl<false>(x, x, out, n, f);
+}
+template <typename T, typename F>
+__device__ __forceinline__ void map_values(const T* x, const T* y, T* out, size_t n, F f) {
+  map_impl<true>(x, y, out, n, f);
+}
 
 // extern "C" entry points for f32, f16 and bf16 (suffixes f32, f16, bf16).
 #define FOR_FLOAT_TYPES(M) M(float, f32) M(__half, f16) M(__nv_bfloat16, bf16)

@@ -76,7 +76,7 @@ template <typename T>
 __device__ void layer_norm_fwd(const T* x, const T* w, const T* b, T* y, int cols, int rows,
                                float eps) {
   constexpr int V = 16 / sizeof(T);
-  if (cols % V == 0 && aligned16(x, y, w) && aligned16(b, b))
+  if (cols % V == 0 && aligned16(x, y, w, b))
     layer_norm_fwd_v<T, V>(x, w, b, y, cols, rows, eps);
   else
     layer_norm_fwd_v<T, 1>(x, w, b, y, cols, rows, eps);
@@ -206,7 +206,7 @@ __device__ void layer_norm_bwd(const T* x, const T* w, const T* g, T* dx, float*
   // give the kernel both, twice the 48 KiB a block may declare.
   __shared__ float acc[LN_SHARED];
   constexpr int V = 16 / sizeof(T);
-  if (cols % V == 0 && aligned16(x, w, g) && aligned16(dx, dx))
+  if (cols % V == 0 && aligned16(x, w, g, dx))
     layer_norm_bwd_v<T, V>(x, w, g, dx, partial, cols, rows, per, eps, acc);
   else
     layer_norm_bwd_v<T, 1>(x, w, g, dx, partial, cols, rows, per, eps, acc);

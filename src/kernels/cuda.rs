@@ -110,20 +110,27 @@ pub(crate) fn row_groups(rows: usize, cols: usize) -> LaunchConfig {
     }
 }
 
-/// Two-stage column sums over `rows` rows of `cols` (the dense layer's bias
-/// gradient, the layer norm's weight and bias gradients): rows per chunk,
-/// chunks (at most 1024, of at least 32 rows), and the layer norm's first
-/// stage's launch, a block per (chunk, tile of 256 columns) and a thread per
-/// column (the dense layer's first stage launches its own).
-pub(crate) fn column_chunks(rows: usize, cols: usize) -> (usize, usize, LaunchConfig) {
+/// Two-stage column sums over `rows` rows (the dense layer's bias gradient,
+/// the layer norm's weight and bias gradients): rows per chunk, and chunks
+/// (at most 1024, of at least 32 rows). Each first stage launches its own
+/// kernel over them.
+pub(crate) fn column_chunks(rows: usize) -> (usize, usize) {
     let per = rows.div_ceil(1024).max(32);
-    let chunks = rows.div_ceil(per).max(1);
-    let cfg = LaunchConfig {
-        grid_dim: (chunks as u32, cols.div_ceil(256) as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    (per, chunks, cfg)
+    (per, rows.div_ceil(per).max(1))
+}
+
+/// The values of `T` a thread reads and writes at a time (16 bytes) when
+/// rows of `cols` values, starting `offset` values into a buffer, are whole
+/// packs on 16-byte boundaries; 1 otherwise. For launchers whose grid
+/// depends on it (the kernels of `map_values` decide for themselves).
+pub(crate) fn pack_width<T>(cols: usize, offset: usize) -> usize {
+    let size = std::mem::size_of::<T>();
+    let v = 16 / size;
+    if cols.is_multiple_of(v) && (offset * size).is_multiple_of(16) {
+        v
+    } else {
+        1
+    }
 }
 
 /// The second stage of a column sum (`sum_chunks` in kernels/common.cuh)

@@ -11,7 +11,9 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaStorage, Layout, Result, WithDType};
 
 use super::blas::{int, product, Mat};
-use super::cuda::{alloc, column_chunks, kernel, rows_cols, run, suffix, sum_chunks, view, DENSE};
+use super::cuda::{
+    alloc, column_chunks, kernel, pack_width, rows_cols, run, suffix, sum_chunks, view, DENSE,
+};
 
 /// `x [rows, k] W^T + b` for `w [n, k]`, `b [n]`: `[rows, n]`.
 pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
@@ -52,12 +54,13 @@ where
     if rows * n > 0 {
         // 16-byte packs a thread where rows are whole packs and the bias
         // starts on a 16-byte boundary (the output is a fresh buffer).
-        let size = std::mem::size_of::<T>();
-        let packed = n.is_multiple_of(16 / size) && (l3.start_offset() * size).is_multiple_of(16);
-        let (name, threads) = match packed {
-            true => ("bias_rows_packed", n / (16 / size)),
-            false => ("bias_rows", n),
+        let v = pack_width::<T>(n, l3.start_offset());
+        let name = if v > 1 {
+            "bias_rows_packed"
+        } else {
+            "bias_rows"
         };
+        let threads = n / v;
         let f = kernel!(DENSE, dev, format!("{name}_{}", suffix(T::DTYPE)?));
         let (rows_u, n_i) = (rows as u64, int(n)?);
         let mut args = f.builder();
@@ -100,20 +103,18 @@ pub(super) fn column_sum<T: CudaDType + DeviceRepr + WithDType>(
         ));
     }
     let sfx = suffix(T::DTYPE)?;
-    let (per, chunks, _) = column_chunks(rows, cols);
+    let (per, chunks) = column_chunks(rows);
     let partial = alloc::<f32>(dev, chunks * cols)?;
     let (rows_i, cols_i, per_i, chunks_i) = (int(rows)?, int(cols)?, int(per)?, int(chunks)?);
     // 16-byte packs (8 f16 or bf16 values, 4 f32) a thread where rows are
     // whole packs and start on 16-byte boundaries; a value a thread else.
-    let size = std::mem::size_of::<T>();
-    let v = 16 / size;
-    let packed = cols.is_multiple_of(v) && (l.start_offset() * size).is_multiple_of(16);
-    let (name, per_thread) = match packed {
-        true => (format!("column_sum_partial_packed_{sfx}"), v),
-        false => (format!("column_sum_partial_{sfx}"), 1),
+    let v = pack_width::<T>(cols, l.start_offset());
+    let name = match v {
+        1 => format!("column_sum_partial_{sfx}"),
+        _ => format!("column_sum_partial_packed_{sfx}"),
     };
     let cfg = LaunchConfig {
-        grid_dim: (chunks as u32, cols.div_ceil(32 * per_thread) as u32, 1),
+        grid_dim: (chunks as u32, cols.div_ceil(32 * v) as u32, 1),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     };

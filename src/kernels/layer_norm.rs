@@ -302,7 +302,13 @@ where
         let mut b = f.builder();
         b.arg(&x).arg(&stats).arg(&cols_i).arg(&rows_i).arg(&eps);
         run(&mut b, row_groups(rows, cols))?;
-        let (per, chunks, cfg) = column_chunks(rows, cols);
+        let (per, chunks) = column_chunks(rows);
+        // A block per (chunk, tile of 256 columns), a thread per column.
+        let cfg = LaunchConfig {
+            grid_dim: (chunks as u32, cols.div_ceil(256) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let partial = alloc::<f32>(dev, chunks * 2 * cols)?;
         let f = kernel!(M, dev, format!("layer_norm_bwd_wb_partial_{sfx}"));
         let per_i = per as i32;
