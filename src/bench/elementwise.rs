@@ -13,7 +13,6 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::engine::parse_device;
-use crate::engine::precision::Precision;
 use crate::kernels::adamw::AdamWStep;
 use crate::kernels::adamw_mixed::{adamw_mixed, Factor, MixedMoments};
 use crate::kernels::device_state::DeviceMoments;
@@ -45,15 +44,7 @@ pub struct ElementwiseArgs {
 
 pub fn run(a: &ElementwiseArgs) -> Result<()> {
     let dev = parse_device(&a.device)?;
-    let dtype = Precision::parse(&a.precision)
-        .ok_or_else(|| {
-            Error::Config(format!(
-                "bench elementwise: unknown precision {}",
-                a.precision
-            ))
-        })?
-        .low()
-        .unwrap_or(DType::F32);
+    let dtype = super::kernel_dtype(&a.precision, "elementwise")?;
     let (r, w) = (a.rows, a.width);
     let size = dtype.size_in_bytes();
     let t = |shape: &[usize]| -> Result<Tensor> {

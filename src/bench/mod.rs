@@ -257,6 +257,15 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The dtype a `--precision` (f32, bf16, f16) runs its tensors in, for the
+/// benchmarks that time kernels alone (`what` names the one asking).
+fn kernel_dtype(precision: &str, what: &str) -> Result<candle_core::DType> {
+    let p = crate::engine::precision::Precision::parse(precision).ok_or_else(|| {
+        crate::Error::Config(format!("bench {what}: unknown precision {precision}"))
+    })?;
+    Ok(p.low().unwrap_or(candle_core::DType::F32))
+}
+
 /// Median seconds per call of `f` over `rounds` timings of `reps` calls
 /// each (after one untimed call), with the device synchronized around each
 /// timing: for ops that queue work on a GPU.

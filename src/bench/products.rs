@@ -11,8 +11,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::step::rate;
 use crate::engine::parse_device;
-use crate::engine::precision::Precision;
-use crate::{Error, Result};
+use crate::Result;
 
 #[derive(clap::Args, Debug)]
 pub struct ProductsArgs {
@@ -50,10 +49,7 @@ struct Group {
 
 pub fn run(a: &ProductsArgs) -> Result<()> {
     let dev = parse_device(&a.device)?;
-    let dtype = Precision::parse(&a.precision)
-        .ok_or_else(|| Error::Config(format!("bench products: unknown precision {}", a.precision)))?
-        .low()
-        .unwrap_or(DType::F32);
+    let dtype = super::kernel_dtype(&a.precision, "products")?;
     let (r, w) = (a.rows, a.width);
     let mut groups = Vec::new();
     // The block's dense layers: (name, inputs, outputs).
