@@ -416,14 +416,24 @@ fn sum_squares_and_clip_factor_kernels_match_the_cpu() -> Result<()> {
 /// logit gradient in float64 on the same rounded logits: rows longer than a
 /// block (1500 values over 1024 threads) and short ones, padding past the
 /// vocabulary (a zero gradient whatever it holds), label smoothing, and a
-/// target outside the vocabulary (a NaN loss and gradient). Then
+/// target outside the vocabulary (a NaN loss and gradient); `ce_loss`
+/// and `ce_grad` (the loss alone, the gradient for an incoming gradient)
+/// on the same rows. Rows of whole
+/// 16-byte packs (1500 and 100 f32 values, 1504 of either dtype) with the
+/// vocabulary ending inside a pack, rows that are not (1500 and 100 bf16
+/// values), and whole packs off a 16-byte boundary (`shift`). Then
 /// `scale_by` on that gradient, bit for bit against the f32 product
 /// rounded to the storage type.
 #[test]
 fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
     let exe = build("ce_main");
     for bf16 in [false, true] {
-        for (rows, cols, live, eps) in [(3u32, 1500u32, 1500u32, 0.0f32), (6, 100, 77, 0.1)] {
+        for (rows, cols, live, eps, shift) in [
+            (3u32, 1500u32, 1500u32, 0.0f32, 0u32),
+            (6, 100, 77, 0.1, 0),
+            (4, 1504, 1499, 0.1, 0),
+            (4, 1504, 1499, 0.0, 1),
+        ] {
             let round = |x: f32| {
                 if bf16 {
                     half::bf16::from_f32(x).to_f32()
@@ -441,9 +451,10 @@ fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
                 .collect();
             let mut y: Vec<u32> = (0..rows).map(|r| (r * 31 + 5) % live).collect();
             y[1] = live; // outside the vocabulary
+            y[rows as usize - 1] = live - 1; // in the last pack
             let (scale, g) = (1.0 / 4096.0f32, 0.37f32);
             let mut bytes = Vec::new();
-            for v in [bf16 as u32, rows, cols, live] {
+            for v in [bf16 as u32, rows, cols, live, shift] {
                 bytes.extend(v.to_le_bytes());
             }
             for v in [eps, scale, g] {
@@ -454,11 +465,22 @@ fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
             let out = run_f32(&exe, "ce_main", &bytes);
             let (rows_u, cols_u, live_u) = (rows as usize, cols as usize, live as usize);
             let n = rows_u * cols_u;
-            assert_eq!(out.len(), rows_u + 2 * n);
+            assert_eq!(out.len(), 2 * rows_u + 3 * n);
             let (loss, rest) = out.split_at(rows_u);
-            let (dz, scaled) = rest.split_at(n);
-            let what = format!("bf16 {bf16}, rows of {cols} ({live} live), eps {eps}");
-            let (mut want_dz, mut got_dz) = (Vec::new(), Vec::new());
+            let (dz, rest) = rest.split_at(n);
+            let (scaled, rest) = rest.split_at(n);
+            let (loss_only, grad_only) = rest.split_at(rows_u);
+            // ce_loss gives ce_loss_grad's losses bit for bit (the same
+            // pass over the row).
+            for (r, (a, b)) in loss.iter().zip(loss_only).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "row {r}: ce_loss {b} vs ce_loss_grad {a}"
+                );
+            }
+            let what =
+                format!("bf16 {bf16}, rows of {cols} ({live} live), eps {eps}, shift {shift}");
+            let (mut want_dz, mut got_dz, mut got_g) = (Vec::new(), Vec::new(), Vec::new());
             for r in 0..rows_u {
                 let row: Vec<f64> = z[r * cols_u..r * cols_u + live_u]
                     .iter()
@@ -469,13 +491,18 @@ fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
                 let mean = row.iter().sum::<f64>() / live as f64;
                 let target = y[r] as usize;
                 let d = &dz[r * cols_u..(r + 1) * cols_u];
-                if target >= live_u {
-                    assert!(loss[r].is_nan(), "{what}: row {r}'s loss {}", loss[r]);
-                    assert!(d[..live_u].iter().all(|v| v.is_nan()), "{what}: row {r}");
+                let dg = &grad_only[r * cols_u..(r + 1) * cols_u];
+                for d in [d, dg] {
                     assert!(
                         d[live_u..].iter().all(|&v| v == 0.0),
                         "{what}: row {r}'s padding"
                     );
+                }
+                if target >= live_u {
+                    assert!(loss[r].is_nan(), "{what}: row {r}'s loss {}", loss[r]);
+                    for d in [d, dg] {
+                        assert!(d[..live_u].iter().all(|v| v.is_nan()), "{what}: row {r}");
+                    }
                     continue;
                 }
                 let want = lse - (1.0 - eps as f64) * row[target] - eps as f64 * mean;
@@ -489,15 +516,14 @@ fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
                     let w = ((v - lse).exp() - eps as f64 / live as f64 - onehot) * scale as f64;
                     want_dz.push(w as f32);
                     got_dz.push(d[i]);
+                    got_g.push(dg[i] / g);
                 }
-                assert!(
-                    d[live_u..].iter().all(|&v| v == 0.0),
-                    "{what}: row {r}'s padding"
-                );
             }
-            let e = rel(&got_dz, &want_dz);
             let bound = if bf16 { 8e-3 } else { 1e-5 };
+            let e = rel(&got_dz, &want_dz);
             assert!(e < bound, "{what}: gradient off by {e:.2e}");
+            let e = rel(&got_g, &want_dz);
+            assert!(e < bound, "{what}: ce_grad's gradient off by {e:.2e}");
             for (i, (&s, &d)) in scaled.iter().zip(dz).enumerate() {
                 let want = round(d * g);
                 assert!(

@@ -3,8 +3,10 @@
 //! with the bytes it must move at least (its inputs read once and its
 //! outputs written once) and the rate it moves them: layer norm forward
 //! and backward, GELU forward and backward, the residual add, the bias
-//! gradient at each of the block's four widths, and the mixed-precision
-//! AdamW update over all the weights at once. These kernels are bound by
+//! gradient at each of the block's four widths, the cross-entropy's loss
+//! and logit gradient over the head's logits (in place, one pass to read
+//! and one to read and write), and the mixed-precision AdamW update over
+//! all the weights at once. These kernels are bound by
 //! memory, so the rate against the card's (an H100 SXM moves about 3.35
 //! TB/s) says how much each could still gain; the last line weighs each by
 //! how often a step runs it. `taper bench products` does the same for the
@@ -31,6 +33,11 @@ pub struct ElementwiseArgs {
     pub rows: usize,
     #[arg(long, default_value_t = 768)]
     pub width: usize,
+    /// The vocabulary of the cross-entropy's logits (GPT-2's 50257; rows
+    /// are padded to a multiple of 64, as the chunked cross-entropy pads
+    /// them on CUDA)
+    #[arg(long, default_value_t = 50_257)]
+    pub vocab: usize,
     /// Weights the AdamW update covers (GPT-2 small's 124M)
     #[arg(long, default_value_t = 124_439_808)]
     pub params: usize,
@@ -110,6 +117,20 @@ pub fn run(a: &ElementwiseArgs) -> Result<()> {
             12,
         ));
     }
+
+    // The head's logits, turned into their gradient in place: the calls
+    // after the first see gradients, which cost the kernel the same.
+    let cols = a.vocab.next_multiple_of(64);
+    let z = t(&[r, cols])?;
+    let ids: Vec<u32> = (0..r).map(|i| (i * 7919 % a.vocab.max(1)) as u32).collect();
+    let ids = Tensor::new(ids, &dev)?;
+    let s = time(&mut || crate::kernels::rows_loss_and_grad(&z, &ids, a.vocab).map(drop))?;
+    lines.push((
+        format!("cross-entropy loss and gradient [{r}x{cols}]"),
+        s,
+        2 * r * cols * size,
+        1,
+    ));
 
     if let Some(line) = adamw(a, &dev, dtype)? {
         lines.push(line);

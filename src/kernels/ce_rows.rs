@@ -177,6 +177,21 @@ impl InplaceOp3 for RowGrad {
     }
 }
 
+/// The chunked cross-entropy's row work on its own, for `taper bench
+/// elementwise`: each row's loss against `targets` (u32), the logits `z`
+/// (rows of which the first `live` values are the vocabulary) turned in
+/// place into their gradient, as [`loss_and_grad`] does for the mean over
+/// the rows.
+pub fn rows_loss_and_grad(z: &Tensor, targets: &Tensor, live: usize) -> Result<Tensor> {
+    let rows = z.elem_count() / z.dim(D::Minus1)?.max(1);
+    let op = RowGrad {
+        scale: 1.0 / rows.max(1) as f32,
+        smoothing: 0.0,
+        live,
+    };
+    loss_and_grad(z, targets, &op)
+}
+
 /// Each row's loss (`[rows]` f32, as [`RowLoss`]), and the logits `z`
 /// turned in place into their gradient for an incoming gradient of 1 (as
 /// [`RowGrad`] with `g = 1`). On CUDA one kernel does both
@@ -288,9 +303,7 @@ mod cuda {
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{bail, CudaStorage, DType, Layout, Result, WithDType};
 
-    use super::super::cuda::{
-        alloc, elementwise, kernel, per_row, rows_cols, run, suffix, view, CE,
-    };
+    use super::super::cuda::{alloc, kernel, packed, per_row, rows_cols, run, suffix, view, CE};
 
     pub(super) fn loss<T: CudaDType + DeviceRepr + WithDType>(
         op: &super::RowLoss,
@@ -391,7 +404,7 @@ mod cuda {
             let n_u = n as u64;
             let mut b = f.builder();
             b.arg(&x).arg(&s).arg(&mut y).arg(&n_u);
-            run(&mut b, elementwise(n))?;
+            run(&mut b, packed(n))?;
         }
         Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
     }

@@ -204,7 +204,7 @@ pub(crate) use by_float;
 
 /// A grid-stride launch for kernels that take 16 bytes a thread at a time
 /// (`kernels/gelu.cu`): a thread per 8 values.
-fn packed(n: usize) -> LaunchConfig {
+pub(crate) fn packed(n: usize) -> LaunchConfig {
     elementwise(n.div_ceil(8))
 }
 

@@ -51,6 +51,7 @@ mod weight_grad;
 pub use add::{add, install as install_add};
 pub use attention::{causal_attention, causal_mask, flash_attention};
 pub use bias::{bias_add, bias_grad};
+pub use ce_rows::rows_loss_and_grad;
 pub use chunked_ce::{chunked_cross_entropy, padded_head};
 pub use conv::conv3x3;
 pub use dense::{linear, linear_grads};
