@@ -12,7 +12,10 @@
 // (queries, or keys in dK/dV) and keeps their tiles in registers, as
 // kernels/mma.cuh lays them out. Shared memory holds only the bf16/f16
 // tiles of the inputs, 64 rows at a time, rows padded by 8 values (16
-// bytes) so that a fragment's loads fall in different banks.
+// bytes) so that the 8 rows an ldmatrix reads fall in different banks.
+// The products' B operands come from there by ldmatrix (rows_b, and
+// transposed in accumulate), a load per two products: loaded 32 or 16 bits
+// at a time, they took 4 to 8 times the shared-memory instructions.
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -54,32 +57,57 @@ __device__ __forceinline__ void load_rows(uint32_t (&a)[KD][4], const T* m) {
   }
 }
 
+// The B operands of a product against the 8 rows of `tile` from row r, as
+// S = Q K^T takes K: b[kk] holds, for lane (g, t), row r + g's columns
+// 16 kk + 2t and 2t + 1 (b[kk][0]) and 8 further (b[kk][1]), for every
+// 16-column step kk. By ldmatrix: lane l points at row r + l % 8, columns
+// from 8 (l / 8), and one load takes two steps.
+template <typename T, int KD, int LD>
+__device__ __forceinline__ void rows_b(uint32_t (&b)[KD][2], const T* tile, int r) {
+  const int lane = threadIdx.x % 32;
+  const T* p = tile + (r + lane % 8) * LD + 8 * (lane / 8);
+  for (int kk = 0; kk + 1 < KD; kk += 2) {
+    uint32_t x[4];
+    ldsm_x4<false>(x, p + 16 * kk);
+    b[kk][0] = x[0], b[kk][1] = x[1], b[kk + 1][0] = x[2], b[kk + 1][1] = x[3];
+  }
+  if constexpr (KD % 2 == 1) {
+    uint32_t x[2];
+    ldsm_x2(x, tile + (r + lane % 8) * LD + 8 * (lane / 8 % 2) + 16 * (KD - 1));
+    b[KD - 1][0] = x[0], b[KD - 1][1] = x[1];
+  }
+}
+
 // s[half] = a . rows^T for the 16 rows (two 8-row halves) of `tile` from
 // row r: a product over HD, as S = Q K^T.
 template <typename T, int KD, int LD>
 __device__ __forceinline__ void product_t(float (&s)[2][4], const uint32_t (&a)[KD][4], const T* tile,
                                           int r) {
-  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   for (int half = 0; half < 2; half++) {
     for (int i = 0; i < 4; i++) s[half][i] = 0.f;
-    const T* m = tile + (r + 8 * half + g) * LD + 2 * tq;
-    for (int kk = 0; kk < KD; kk++) {
-      const uint32_t b[2] = {load2(m + 16 * kk), load2(m + 16 * kk + 8)};
-      mma16816<T>(s[half], a[kk], b);
-    }
+    uint32_t b[KD][2];
+    rows_b<T, KD, LD>(b, tile, r + 8 * half);
+    for (int kk = 0; kk < KD; kk++) mma16816<T>(s[half], a[kk], b[kk]);
   }
 }
 
 // acc[n] += pa . tile[r..r+16][8n..8n+8] for every n: pa the packed A
-// operand of 16 columns, against 16 rows of `tile`, as O += P V.
+// operand of 16 columns, against 16 rows of `tile`, as O += P V. The B
+// operands (rows r + 2t, r + 2t + 1 and 8 further, column 8n + g) come
+// transposed by ldmatrix, two n at a load: lane l points at row
+// r + 8 (i % 2) + l % 8, columns from 8 (n + i / 2), for i = l / 8.
 template <typename T, int ND, int LD>
 __device__ __forceinline__ void accumulate(float (&acc)[ND][4], const uint32_t (&pa)[4], const T* tile,
                                            int r) {
-  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  const T* m = tile + (r + 2 * tq) * LD + g;
-  for (int n = 0; n < ND; n++) {
-    const uint32_t b[2] = {load2_strided(m + 8 * n, LD), load2_strided(m + 8 * LD + 8 * n, LD)};
-    mma16816<T>(acc[n], pa, b);
+  static_assert(ND % 2 == 0, "two 8-column slices a load");
+  const int lane = threadIdx.x % 32, i = lane / 8;
+  const T* p = tile + (r + 8 * (i % 2) + lane % 8) * LD + 8 * (i / 2);
+  for (int n = 0; n < ND; n += 2) {
+    uint32_t x[4];
+    ldsm_x4<true>(x, p + 8 * n);
+    const uint32_t b0[2] = {x[0], x[1]}, b1[2] = {x[2], x[3]};
+    mma16816<T>(acc[n], pa, b0);
+    mma16816<T>(acc[n + 1], pa, b1);
   }
 }
 
@@ -144,11 +172,9 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
     __syncthreads();
     float s[NC][4] = {};
     for (int j = 0; j < NC; j++) {
-      const T* mk = sk + (8 * j + g) * LD + 2 * tq;
-      for (int kk = 0; kk < KD; kk++) {
-        const uint32_t b[2] = {load2(mk + 16 * kk), load2(mk + 16 * kk + 8)};
-        mma16816<T>(s[j], qa[kk], b);
-      }
+      uint32_t b[KD][2];
+      rows_b<T, KD, LD>(b, sk, 8 * j);
+      for (int kk = 0; kk < KD; kk++) mma16816<T>(s[j], qa[kk], b[kk]);
     }
     // Mask, scale, and each row's max over the tile. Key 0 is in the
     // first tile and every row sees it, so the running max is finite.
@@ -182,11 +208,7 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
         pa[2 * half] = pack2<T>(p0, p1);
         pa[2 * half + 1] = pack2<T>(p2, p3);
       }
-      const T* mv = sv + (16 * kk + 2 * tq) * LD + g;
-      for (int n = 0; n < ND; n++) {
-        const uint32_t b[2] = {load2_strided(mv + 8 * n, LD), load2_strided(mv + 8 * LD + 8 * n, LD)};
-        mma16816<T>(o[n], pa, b);
-      }
+      accumulate<T, ND, LD>(o, pa, sv, 16 * kk);
     }
   }
   T* out = y + (size_t)(bh / heads) * t * c + h * HD;

@@ -12,6 +12,11 @@
 // So a C tile's two 8-column halves, packed, are the A operand of the next
 // product over those 16 columns (FlashAttention-2's P . V).
 //
+// B operands come from shared memory through ldmatrix (ldsm below): one
+// instruction gives a lane its registers of four 8 x 8 matrices, where
+// loading them value by value took up to eight loads and the shifts to
+// pack them for every product.
+//
 // Without a GPU (tests/emulate/), the same product is computed in f32 from
 // the warp's registers, exchanged through shared memory.
 #pragma once
@@ -33,11 +38,6 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
 // Two values that are adjacent in memory (4-byte aligned), as one register.
 template <typename T> __device__ __forceinline__ uint32_t load2(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
-}
-
-// Two values `ld` apart in memory, as one register.
-template <typename T> __device__ __forceinline__ uint32_t load2_strided(const T* p, int ld) {
-  return bits16(p[0]) | bits16(p[ld]) << 16;
 }
 
 template <typename T> __device__ __forceinline__ float half_of(uint32_t w, int high) {
@@ -85,5 +85,54 @@ template <typename T> __device__ __forceinline__ void mma16816(float* c, const u
   }
   __syncwarp();  // everyone has read the table before it is written again
   for (int i = 0; i < 4; i++) c[i] = acc[i];
+#endif
+}
+
+// ldmatrix.x4 (TRANS: .trans): lane l gives the address of row l % 8 of
+// matrix l / 8 (8 values of 16 bits, 16-byte aligned, in shared memory)
+// and gets in r[i] two values of matrix i: row l / 4, columns 2 (l % 4)
+// and 2 (l % 4) + 1; with TRANS the same of the transposed matrix (column
+// l / 4, rows 2 (l % 4) and 2 (l % 4) + 1), the lower index in the low
+// half. Every lane of the warp must call it.
+template <bool TRANS, typename T> __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const T* p) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  if constexpr (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+#else
+  // The rows' addresses from the lanes that hold them.
+  const int lane = threadIdx.x % 32;
+  for (int i = 0; i < 4; i++) {
+    if constexpr (TRANS) {
+      const T* lo = __shfl_sync(0xffffffffu, p, 8 * i + 2 * (lane % 4));
+      const T* hi = __shfl_sync(0xffffffffu, p, 8 * i + 2 * (lane % 4) + 1);
+      r[i] = bits16(lo[lane / 4]) | bits16(hi[lane / 4]) << 16;
+    } else {
+      r[i] = load2(__shfl_sync(0xffffffffu, p, 8 * i + lane / 4) + 2 * (lane % 4));
+    }
+  }
+#endif
+}
+
+// ldmatrix.x2: as ldsm_x4 for two matrices, whose rows' addresses lanes
+// 0 to 15 give (the other lanes' are not read).
+template <typename T> __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const T* p) {
+#if defined(__CUDA_ARCH__)
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(a)
+               : "memory");
+#else
+  const int lane = threadIdx.x % 32;
+  for (int i = 0; i < 2; i++) r[i] = load2(__shfl_sync(0xffffffffu, p, 8 * i + lane / 4) + 2 * (lane % 4));
 #endif
 }
