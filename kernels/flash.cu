@@ -16,25 +16,33 @@
 // The products' B operands come from there by ldmatrix (rows_b, and
 // transposed in accumulate), a load per two products: loaded 32 or 16 bits
 // at a time, they took 4 to 8 times the shared-memory instructions.
+//
+// The loop tiles (K and V in the forward and dQ, Q and dY in dK/dV) are
+// double-buffered: the next tile's copies are queued with cp.async
+// (kernels/cp_async.cuh) before the products on the current one, which
+// used to wait for each tile's loads between two barriers. The tiles read
+// once at the start (Q and dY in dQ, K and V in dK/dV) lie in the second
+// buffer until they are in registers.
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "mma.cuh"
 
 #define WARPS 4
 #define THREADS (WARPS * 32)
 
 // Copies rows [r0, r0 + rows) of one head (HD values at `src`, rows
-// `stride` apart) into `dst` [rows][LD], zeros past row t: 16 bytes a load
-// where the rows are 16-byte aligned (the fused qkv's always are unless a
-// width is odd), one value a load otherwise.
+// `stride` apart) into `dst` [rows][LD], zeros past row t: 16-byte copies
+// queued by cp.async where the rows are 16-byte aligned (the fused qkv's
+// always are unless a width is odd), which the caller commits and waits
+// for; one value a load, done at once, otherwise.
 template <typename T, int HD, int LD>
 __device__ void load_tile(T* dst, const T* src, size_t stride, int r0, int rows, int t) {
   constexpr int V = 16 / sizeof(T);
   if (HD % V == 0 && (size_t)src % 16 == 0 && stride % V == 0) {
     for (int i = threadIdx.x; i < rows * HD / V; i += blockDim.x) {
       const int r = i / (HD / V), d = i % (HD / V) * V;
-      const uint4 zero = {0, 0, 0, 0};
-      *reinterpret_cast<uint4*>(dst + r * LD + d) =
-          r0 + r < t ? *reinterpret_cast<const uint4*>(src + (size_t)(r0 + r) * stride + d) : zero;
+      const bool in = r0 + r < t;
+      cp_async16(dst + r * LD + d, in ? src + (size_t)(r0 + r) * stride + d : src, in);
     }
     return;
   }
@@ -144,8 +152,7 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
   constexpr int BR = WARPS * 16, BC = 64, LD = HD + 8;
   constexpr int KD = HD / 16, NC = BC / 8, ND = HD / 8;
   __shared__ __align__(16) T sq[BR * LD];
-  __shared__ __align__(16) T sk[BC * LD];
-  __shared__ __align__(16) T sv[BC * LD];
+  __shared__ __align__(16) T skv[2][2][BC * LD];  // [buffer][K, V]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int bh = blockIdx.y, h = bh % heads;
@@ -155,8 +162,16 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
   const size_t stride = 3 * (size_t)c;
   const T* base = qkv + (size_t)(bh / heads) * t * stride + h * HD;
   const float scale2 = scale * 1.4426950408889634f;  // log2(e)
+  const auto fetch = [&](int k0, int buf) {
+    load_tile<T, HD, LD>(skv[buf][0], base + c, stride, k0, BC, t);
+    load_tile<T, HD, LD>(skv[buf][1], base + 2 * c, stride, k0, BC, t);
+  };
 
   load_tile<T, HD, LD>(sq, base, stride, r0, BR, t);
+  cp_async_commit();
+  fetch(0, 0);
+  cp_async_commit();
+  cp_async_wait<1>();  // the Q tile
   __syncthreads();
   uint32_t qa[KD][4];
   load_rows<T, KD, LD>(qa, sq + (warp * 16 + g) * LD + 2 * tq);
@@ -165,11 +180,12 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
   const int q[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
 
   const int last = min(t, r0 + BR) - 1;
-  for (int k0 = 0; k0 <= last; k0 += BC) {
-    __syncthreads();  // everyone is done with the previous K and V
-    load_tile<T, HD, LD>(sk, base + c, stride, k0, BC, t);
-    load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BC, t);
+  for (int k0 = 0, buf = 0; k0 <= last; k0 += BC, buf ^= 1) {
+    if (k0 + BC <= last) fetch(k0 + BC, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's K and V
     __syncthreads();
+    const T *sk = skv[buf][0], *sv = skv[buf][1];
     float s[NC][4] = {};
     for (int j = 0; j < NC; j++) {
       uint32_t b[KD][2];
@@ -210,6 +226,7 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
       }
       accumulate<T, ND, LD>(o, pa, sv, 16 * kk);
     }
+    __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   T* out = y + (size_t)(bh / heads) * t * c + h * HD;
   for (int r = 0; r < 2; r++) {
@@ -232,11 +249,10 @@ template <typename T, int HD>
 __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const float* lse,
                                   float* delta, T* dqkv, int t, int heads, float scale) {
   constexpr int BR = WARPS * 16, BC = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8;
-  __shared__ __align__(16) T sq[BR * LD];
-  __shared__ __align__(16) T sdo[BR * LD];
-  __shared__ __align__(16) T sk[BC * LD];
-  __shared__ __align__(16) T sv[BC * LD];
+  static_assert(BR == BC, "the Q and dY tiles lie in the second K and V buffer");
+  __shared__ __align__(16) T skv[2][2][BC * LD];  // [buffer][K, V]
   __shared__ float sl[BR], sd[BR];
+  T *sq = skv[1][0], *sdo = skv[1][1];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int bh = blockIdx.y, h = bh % heads;
@@ -248,9 +264,16 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
   const T* dyb = dy + b0 * c + h * HD;
   const T* yb = y + b0 * c + h * HD;
   const float scale2 = scale * 1.4426950408889634f;  // log2(e)
+  const auto fetch = [&](int k0, int buf) {
+    load_tile<T, HD, LD>(skv[buf][0], base + c, stride, k0, BC, t);
+    load_tile<T, HD, LD>(skv[buf][1], base + 2 * c, stride, k0, BC, t);
+  };
 
   load_tile<T, HD, LD>(sq, base, stride, r0, BR, t);
   load_tile<T, HD, LD>(sdo, dyb, c, r0, BR, t);
+  cp_async_commit();
+  fetch(0, 0);
+  cp_async_commit();
   {
     // Two threads per row: row `me`, every other column.
     const int me = threadIdx.x / 2, half = threadIdx.x % 2, q = r0 + me;
@@ -264,6 +287,7 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
       if (q < t) delta[(size_t)bh * t + q] = dot;
     }
   }
+  cp_async_wait<1>();  // the Q and dY tiles
   __syncthreads();
   const int row = warp * 16 + g;
   uint32_t qa[KD][4], da[KD][4];
@@ -272,13 +296,15 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
   const int q[2] = {r0 + row, r0 + row + 8};
   const float lr[2] = {sl[row], sl[row + 8]}, dr[2] = {sd[row], sd[row + 8]};
   float acc[ND][4] = {};
+  __syncthreads();  // every warp has its rows before their buffer is refilled
 
   const int last = min(t, r0 + BR) - 1;
-  for (int k0 = 0; k0 <= last; k0 += BC) {
+  for (int k0 = 0, buf = 0; k0 <= last; k0 += BC, buf ^= 1) {
+    if (k0 + BC <= last) fetch(k0 + BC, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's K and V
     __syncthreads();
-    load_tile<T, HD, LD>(sk, base + c, stride, k0, BC, t);
-    load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BC, t);
-    __syncthreads();
+    const T *sk = skv[buf][0], *sv = skv[buf][1];
     for (int kk = 0; kk < BC / 16; kk++) {
       float sc[2][4], dp[2][4];
       product_t<T, KD, LD>(sc, qa, sk, 16 * kk);
@@ -293,6 +319,7 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
       pack_rows<T>(pa, sc);
       accumulate<T, ND, LD>(acc, pa, sk, 16 * kk);
     }
+    __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   store_acc<T, ND>(dqkv + b0 * stride + h * HD, stride, acc, scale, r0 + row, t);
 }
@@ -306,11 +333,10 @@ template <typename T, int HD>
 __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
                                    const float* delta, T* dqkv, int t, int heads, float scale) {
   constexpr int BK = WARPS * 16, BQ = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8;
-  __shared__ __align__(16) T sk[BK * LD];
-  __shared__ __align__(16) T sv[BK * LD];
-  __shared__ __align__(16) T sq[BQ * LD];
-  __shared__ __align__(16) T sdo[BQ * LD];
-  __shared__ float sl[BQ], sd[BQ];
+  static_assert(BK == BQ, "the K and V tiles lie in the second Q and dY buffer");
+  __shared__ __align__(16) T sqd[2][2][BQ * LD];  // [buffer][Q, dY]
+  __shared__ __align__(16) float sl[2][BQ], sd[2][BQ];  // each row's lse and delta
+  T *sk = sqd[1][0], *sv = sqd[1][1];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int bh = blockIdx.y, h = bh % heads;
@@ -321,9 +347,23 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
   const T* base = qkv + b0 * stride + h * HD;
   const T* dyb = dy + b0 * c + h * HD;
   const float scale2 = scale * 1.4426950408889634f;  // log2(e)
+  const auto fetch = [&](int q0, int buf) {
+    load_tile<T, HD, LD>(sqd[buf][0], base, stride, q0, BQ, t);
+    load_tile<T, HD, LD>(sqd[buf][1], dyb, c, q0, BQ, t);
+    for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
+      const bool in = q0 + i < t;
+      const size_t at = in ? (size_t)bh * t + q0 + i : 0;
+      cp_async4(&sl[buf][i], lse + at, in);
+      cp_async4(&sd[buf][i], delta + at, in);
+    }
+  };
 
   load_tile<T, HD, LD>(sk, base + c, stride, k0, BK, t);
   load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BK, t);
+  cp_async_commit();
+  fetch(k0, 0);
+  cp_async_commit();
+  cp_async_wait<1>();  // the K and V tiles
   __syncthreads();
   const int row = warp * 16 + g;
   uint32_t ka[KD][4], va[KD][4];
@@ -331,17 +371,15 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
   load_rows<T, KD, LD>(va, sv + row * LD + 2 * tq);
   const int k[2] = {k0 + row, k0 + row + 8};
   float dk[ND][4] = {}, dv[ND][4] = {};
+  __syncthreads();  // every warp has its rows before their buffer is refilled
 
-  for (int q0 = k0; q0 < t; q0 += BQ) {
+  for (int q0 = k0, buf = 0; q0 < t; q0 += BQ, buf ^= 1) {
+    if (q0 + BQ < t) fetch(q0 + BQ, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's Q, dY, lse and delta
     __syncthreads();
-    load_tile<T, HD, LD>(sq, base, stride, q0, BQ, t);
-    load_tile<T, HD, LD>(sdo, dyb, c, q0, BQ, t);
-    for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
-      const bool in = q0 + i < t;
-      sl[i] = in ? lse[(size_t)bh * t + q0 + i] * 1.4426950408889634f : 0.f;
-      sd[i] = in ? delta[(size_t)bh * t + q0 + i] : 0.f;
-    }
-    __syncthreads();
+    const T *sq = sqd[buf][0], *sdo = sqd[buf][1];
+    const float *lb = sl[buf], *db = sd[buf];
     for (int kk = 0; kk < BQ / 16; kk++) {
       float st[2][4], dpt[2][4];
       product_t<T, KD, LD>(st, ka, sq, 16 * kk);
@@ -349,9 +387,10 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
       for (int half = 0; half < 2; half++)
         for (int i = 0; i < 4; i++) {
           const int j = 16 * kk + 8 * half + 2 * tq + (i & 1), q = q0 + j, r = i >> 1;
-          const float p = k[r] <= q && q < t ? exp2f(st[half][i] * scale2 - sl[j]) : 0.f;
+          const float p =
+              k[r] <= q && q < t ? exp2f(st[half][i] * scale2 - lb[j] * 1.4426950408889634f) : 0.f;
           st[half][i] = p;
-          dpt[half][i] = p * (dpt[half][i] - sd[j]);
+          dpt[half][i] = p * (dpt[half][i] - db[j]);
         }
       uint32_t pa[4];
       pack_rows<T>(pa, st);
@@ -359,6 +398,7 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
       pack_rows<T>(pa, dpt);
       accumulate<T, ND, LD>(dk, pa, sq, 16 * kk);
     }
+    __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   T* out = dqkv + b0 * stride + h * HD;
   store_acc<T, ND>(out + 2 * c, stride, dv, 1.f, k0 + row, t);

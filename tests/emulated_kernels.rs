@@ -202,7 +202,11 @@ fn log_sum_exp(qkv: &Tensor, heads: usize) -> Result<Tensor> {
 
 /// Partial last tiles (150 = 2 x 64 + 22, 130, 97), exactly one tile, a
 /// single position; every head width the kernels are built for; both
-/// dtypes; both ways of loading a tile.
+/// dtypes; both ways of loading a tile. The emulated cp.async copies land
+/// only when their thread waits for them (`kernels/cp_async.cuh`), so a
+/// tile read before its wait, or refilled while it is read, fails here; a
+/// missing barrier before a buffer is refilled does not (the late copies
+/// hide it).
 #[test]
 fn flash_kernels_match_float64_attention() -> Result<()> {
     check(2, 150, 3, 16, DType::BF16, false)?;
