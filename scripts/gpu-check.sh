@@ -11,7 +11,7 @@
 #   bash scripts/gpu-check.sh run [PARTS]   # on the GPU machine, with .gpu
 #                                           # carried; PARTS of: tests drill bench
 #                                           # nccl profile products compare
-#                                           # (default: the first four)
+#                                           # attention (default: the first four)
 #
 # `run` writes everything to $OUT/gpu-check.log when OUT is set (the device
 # tool's output folder), else to stdout. The binaries are about 70 MB each,
@@ -297,6 +297,27 @@ compare() {
   done
 }
 
+# The tiled attention's share of a GPT-2 step: the same 8192 tokens a step
+# at context 64 (where attention costs little) and at 1024, each with the
+# tiled kernel and with cuBLAS products over the scores (--compare-attention),
+# for .gpu/taper-base when it is packed and for .gpu/taper, alternating in
+# rounds. The difference between the two contexts is the attention's time;
+# between the binaries, what a change to kernels/flash.cu bought.
+attention() {
+  local round which ctx bins=(taper)
+  [ -x "$bin/taper-base" ] && bins=(taper-base taper)
+  for round in $(seq "${BENCH_ROUNDS:-2}"); do
+    for which in "${bins[@]}"; do
+      for ctx in ${ATTENTION_CONTEXTS:-64 1024}; do
+        echo "== $which gpt2 bf16 context $ctx batch $((8192 / ctx)) (round $round)"
+        timeout 150 "$bin/$which" bench step --model gpt2 --device cuda --precision bf16 \
+          --steps 20 --context "$ctx" --batch $((8192 / ctx)) --compare-attention \
+          || echo "$which exit $?"
+      done
+    done
+  done
+}
+
 # The products of a GPT-2 small step alone (`taper bench products`, and
 # benches/torch_products.py for PyTorch's), alternating in rounds: how fast
 # the products run in each, apart from the element-wise work around them;
@@ -363,8 +384,8 @@ run() {
   [ ${#parts[@]} -gt 0 ] || parts=(tests drill bench nccl)
   for part in "${parts[@]}"; do
     case "$part" in
-      tests|drill|bench|nccl|profile|products|compare) "$part" ;;
-      *) echo "gpu-check: unknown part $part (tests, drill, bench, nccl, profile, products, compare)" >&2; exit 2 ;;
+      tests|drill|bench|nccl|profile|products|compare|attention) "$part" ;;
+      *) echo "gpu-check: unknown part $part (tests, drill, bench, nccl, profile, products, compare, attention)" >&2; exit 2 ;;
     esac
   done
 }
@@ -380,5 +401,5 @@ case "${1:-}" in
       run "$@"
     fi
     ;;
-  *) echo "usage: bash scripts/gpu-check.sh pack | pack-base REV | run [tests] [drill] [bench] [nccl] [profile] [products] [compare]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu-check.sh pack | pack-base REV | run [tests] [drill] [bench] [nccl] [profile] [products] [compare] [attention]" >&2; exit 2 ;;
 esac
