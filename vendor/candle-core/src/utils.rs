@@ -380,6 +380,13 @@ pub fn init_global_threadpool() {
 }
 
 fn default_num_threads() -> usize {
+    // taper: computed once. `num_cpus::get_physical` reads and parses
+    // /proc/cpuinfo, and this runs for every CPU matmul (vendor/README.md).
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(detect_num_threads)
+}
+
+fn detect_num_threads() -> usize {
     let physical = {
         #[cfg(target_os = "macos")]
         {
