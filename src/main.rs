@@ -52,6 +52,16 @@ fn read_switches() {
 
 fn main() -> ExitCode {
     read_switches();
+    // TAPER_CPU_WORKERS=0 runs the command on the main thread instead of a
+    // worker of the CPU thread pool (to measure the difference).
+    if std::env::var("TAPER_CPU_WORKERS").as_deref() == Ok("0") {
+        command()
+    } else {
+        taper::engine::run_on_workers(command)
+    }
+}
+
+fn command() -> ExitCode {
     match Cli::parse().command {
         Command::Train(args) => match train_options(args) {
             Ok((recipe, opts)) => run_recipe(&recipe, opts),

@@ -17,6 +17,7 @@ pub mod recompute;
 pub mod rng;
 pub mod schedule;
 mod trainer;
+mod workers;
 
 pub use cnn::{max_pool_2x2, Cnn};
 pub use device::{describe as describe_device, parse_device};
@@ -25,3 +26,4 @@ pub use mlp::{Activation, Mlp};
 pub use model::ModelSpec;
 pub use params::ParamStore;
 pub use trainer::{Eval, EvalSums, Grads, LossSum, Ready, Trainer, TrainerOptions};
+pub use workers::run_on_workers;

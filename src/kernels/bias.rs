@@ -90,22 +90,14 @@ impl CustomOp1 for ColumnSum {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let g = super::f32_slice(s, l, "bias add backward")?;
         let n = last_dim(l);
-        let sums = g
-            .par_chunks(n * ROWS)
-            .map(|g| {
-                let mut acc = vec![0f32; n];
-                for row in g.chunks(n) {
-                    acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v);
-                }
-                acc
-            })
-            .reduce(
-                || vec![0f32; n],
-                |mut a, b| {
-                    a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                    a
-                },
-            );
+        // Blocks of ROWS rows summed across threads, then in block order.
+        let sums = super::sum_in_order(g.len().div_ceil((n * ROWS).max(1)), n, |block| {
+            let mut acc = vec![0f32; n];
+            for row in g[block * n * ROWS..].chunks(n).take(ROWS) {
+                acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v);
+            }
+            acc
+        });
         Ok((CpuStorage::F32(sums), Shape::from(n)))
     }
 

@@ -225,6 +225,10 @@ impl CustomOp2 for InputGrad {
     }
 }
 
+/// Samples whose weight gradients one thread adds up before the blocks are
+/// summed in order.
+const SAMPLES: usize = 4;
+
 /// `dW = sum_b dy_b col_b^T`, from `x [B, C, H, W]` and `dy [B, O, H, W]`.
 struct WeightGrad;
 
@@ -244,27 +248,20 @@ impl CustomOp2 for WeightGrad {
         let dy = super::f32_slice(s2, l2, "conv output gradient")?;
         let (_, c, o, h, wd) = weight_grad_dims(l1, l2)?;
         let (hw, c9) = (h * wd, c * 9);
-        let dw = x
-            .par_chunks(c * hw)
-            .zip(dy.par_chunks(o * hw))
-            .fold(
-                || vec![0f32; o * c9],
-                |mut acc, (xs, dys)| {
-                    with_scratch(c9 * hw, |col| {
-                        im2col(xs, c, h, wd, col);
-                        // dy_b [O, HW] times col^T [HW, C*9], read from col [C*9, HW].
-                        mm((o, c9, hw), &mut acc, true, dys, (hw, 1), col, (1, hw));
-                    });
-                    acc
-                },
-            )
-            .reduce(
-                || vec![0f32; o * c9],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                    a
-                },
-            );
+        // Blocks of samples across threads, added in block order.
+        let (xs, dys) = (c * hw * SAMPLES, o * hw * SAMPLES);
+        let dw = super::sum_in_order(dy.len().div_ceil(dys.max(1)), o * c9, |block| {
+            let mut acc = vec![0f32; o * c9];
+            let x = x[block * xs..].chunks(c * hw);
+            for (xs, dys) in x.zip(dy[block * dys..].chunks(o * hw)).take(SAMPLES) {
+                with_scratch(c9 * hw, |col| {
+                    im2col(xs, c, h, wd, col);
+                    // dy_b [O, HW] times col^T [HW, C*9], read from col [C*9, HW].
+                    mm((o, c9, hw), &mut acc, true, dys, (hw, 1), col, (1, hw));
+                });
+            }
+            acc
+        });
         Ok((CpuStorage::F32(dw), Shape::from((o, c, 3, 3))))
     }
 

@@ -206,28 +206,21 @@ fn grad_x(x: &[f32], w: &[f32], g: &[f32], n: usize, eps: f32, out: &mut [f32]) 
         });
 }
 
-/// `[dw; db]`: sums over rows, in blocks of rows across threads.
+/// `[dw; db]`: sums over rows, in blocks of rows across threads, added in
+/// block order.
 fn grad_wb(x: &[f32], g: &[f32], n: usize, eps: f32) -> Vec<f32> {
-    x.par_chunks(n * ROWS)
-        .zip(g.par_chunks(n * ROWS))
-        .map(|(x, g)| {
-            let mut acc = vec![0f32; 2 * n];
-            for (x, g) in x.chunks(n).zip(g.chunks(n)) {
-                let (mean, rstd) = moments(x, eps);
-                for i in 0..n {
-                    acc[i] += g[i] * (x[i] - mean) * rstd;
-                    acc[n + i] += g[i];
-                }
+    super::sum_in_order(x.len().div_ceil((n * ROWS).max(1)), 2 * n, |block| {
+        let at = block * n * ROWS;
+        let mut acc = vec![0f32; 2 * n];
+        for (x, g) in x[at..].chunks(n).zip(g[at..].chunks(n)).take(ROWS) {
+            let (mean, rstd) = moments(x, eps);
+            for i in 0..n {
+                acc[i] += g[i] * (x[i] - mean) * rstd;
+                acc[n + i] += g[i];
             }
-            acc
-        })
-        .reduce(
-            || vec![0f32; 2 * n],
-            |mut a, b| {
-                a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                a
-            },
-        )
+        }
+        acc
+    })
 }
 
 /// The backward on CUDA into one buffer `[dx; dw; db]`. Rows of up to 6144

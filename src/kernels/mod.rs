@@ -35,6 +35,7 @@ mod embedding;
 #[cfg(feature = "cuda")]
 mod flash;
 mod gelu;
+mod in_order;
 mod layer_norm;
 #[cfg(feature = "cuda")]
 mod lt;
@@ -57,6 +58,7 @@ pub use conv::conv3x3;
 pub use dense::{linear, linear_grads};
 pub use embedding::embedding;
 pub use gelu::{gelu, gelu_grad};
+use in_order::sum_in_order;
 pub use layer_norm::{layer_norm, layer_norm_grad};
 pub use norm::{clip_factor, clip_factor_of, sum_squares, sum_squares_all};
 pub use pool::max_pool2x2;

@@ -8,7 +8,6 @@
 //! does not depend on how many threads there are.
 
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
 
 /// Rows per partial product.
 const BLOCK_ROWS: usize = 512;
@@ -69,17 +68,7 @@ impl CustomOp2 for WeightGrad {
             );
             out
         };
-        let partials: Vec<Vec<f32>> = (0..rows.div_ceil(BLOCK_ROWS))
-            .into_par_iter()
-            .map(partial)
-            .collect();
-        let mut parts = partials.into_iter();
-        let mut dw = parts.next().unwrap_or_else(|| vec![0f32; n * k]);
-        for p in parts {
-            for (a, b) in dw.iter_mut().zip(&p) {
-                *a += b;
-            }
-        }
+        let dw = super::sum_in_order(rows.div_ceil(BLOCK_ROWS), n * k, partial);
         Ok((CpuStorage::F32(dw), Shape::from((n, k))))
     }
 }
