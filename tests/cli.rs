@@ -427,3 +427,35 @@ fn export_refuses_a_format_the_model_does_not_fit() {
     );
     assert!(String::from_utf8_lossy(&ok.stdout).contains("architecture taper"));
 }
+
+/// Runs started in the same second (a sweep, a loop over seeds) without
+/// `--out`: each gets its own folder, `-2` and `-3` after the first, with
+/// one run's records in each. The second used to be refused ("the folder
+/// holds a run"), or, started at the same moment, to append to the first's.
+#[test]
+fn runs_started_together_get_their_own_default_folders() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/digits.lua");
+    let runs: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_taper"))
+                .args(["train", s(&recipe), "--set", "epochs=1", "--quiet"])
+                .current_dir(dir.path())
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()?;
+    for mut r in runs {
+        assert!(r.wait()?.success());
+    }
+    let mut folders: Vec<PathBuf> = std::fs::read_dir(dir.path().join("runs"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    folders.sort();
+    assert_eq!(folders.len(), 3, "{folders:?}");
+    for f in &folders {
+        let records = std::fs::read_to_string(f.join("metrics.jsonl"))?;
+        let starts = records.lines().filter(|l| l.contains(r#""event":"run""#));
+        assert_eq!(starts.count(), 1, "{}", f.display());
+    }
+    Ok(())
+}

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use taper::{Host, HostOptions};
 
 use super::args::{ExportArgs, PluginCmd, RecipeArgs, SampleArgs};
-use super::train::default_out;
+use super::train::{claim_default_out, default_out};
 
 pub fn plugin(cmd: PluginCmd) -> ExitCode {
     use taper::plugins::scaffold;
@@ -124,10 +124,16 @@ pub fn report(runs: &[PathBuf], out: Option<PathBuf>) -> ExitCode {
 /// `taper launch`: the ranks under mpirun; its exit code is theirs.
 pub fn launch(n: usize, args: &[String]) -> ExitCode {
     let recipe = args.iter().find(|a| !a.starts_with('-'));
-    let out = default_out(Path::new(recipe.map_or("run", |r| r.as_str())));
+    let recipe = Path::new(recipe.map_or("run", |r| r.as_str()));
+    // The ranks' folder, unless the arguments name one.
+    let named = args.iter().any(|a| a == "--out" || a.starts_with("--out="));
+    let out = match named {
+        true => Ok(default_out(recipe)),
+        false => claim_default_out(recipe),
+    };
     let status = std::env::current_exe()
         .map_err(|e| taper::Error::Config(format!("taper launch: {e}")))
-        .and_then(|exe| taper::dist::launch::launch(n, &exe, args, &out));
+        .and_then(|exe| taper::dist::launch::launch(n, &exe, args, &out?));
     match status {
         Ok((s, _)) if s.success() => ExitCode::SUCCESS,
         // Stopped by a signal passed on to the ranks: 128 + its number, as

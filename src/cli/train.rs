@@ -58,11 +58,17 @@ pub fn train_options(a: TrainArgs) -> Result<(PathBuf, HostOptions), ExitCode> {
             }
             path
         });
+    // A new run's own folder (rank 0 of several chose it in join_world).
+    let out = match out {
+        Some(out) => out,
+        None if writer => claim_default_out(&a.recipe.recipe).map_err(told)?,
+        None => default_out(&a.recipe.recipe),
+    };
     let opts = HostOptions {
         device: a.device,
         seed: a.seed,
         // Only rank 0 of a data-parallel run writes records and checkpoints.
-        out_dir: Some(out.unwrap_or_else(|| default_out(&a.recipe.recipe))).filter(|_| writer),
+        out_dir: Some(out).filter(|_| writer),
         resume,
         resume_folder: folder,
         // The other ranks write to their log files, not a terminal.
@@ -164,14 +170,70 @@ pub fn join_world(
             "--watch is not available with several ranks: they would apply an edit at different steps".into(),
         ));
     }
-    let out = taper::dist::launch::agree_out(w, out.unwrap_or_else(|| default_out(recipe)))?;
+    let mine = match out {
+        Some(out) => out,
+        // Only rank 0's name is used, so only rank 0 creates its folder.
+        None if w.rank() == 0 => claim_default_out(recipe)?,
+        None => default_out(recipe),
+    };
+    let out = taper::dist::launch::agree_out(w, mine)?;
     if w.rank() != 0 {
         taper::dist::launch::log_to_rank_file(&out, w.rank())?;
     }
     Ok(out)
 }
 
+/// A new run's folder when `--out` is not given: `runs/<recipe>-<UTC time>`,
+/// not created.
 pub fn default_out(recipe: &Path) -> PathBuf {
     let stem = recipe.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
     PathBuf::from("runs").join(format!("{stem}-{}", taper::host::utc_stamp()))
+}
+
+/// [`default_out`], created here and so this run's alone: a run started in
+/// the same second as another (a sweep, a loop over seeds) takes the name
+/// with `-2`, `-3` and so on, where it used to be refused (or, started at
+/// the same moment, to append its records to the other's).
+pub fn claim_default_out(recipe: &Path) -> taper::Result<PathBuf> {
+    claim(&default_out(recipe))
+}
+
+fn claim(base: &Path) -> taper::Result<PathBuf> {
+    if let Some(parent) = base.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| taper::Error::io(parent, e))?;
+    }
+    let mut name = base.as_os_str().to_owned();
+    for n in 2.. {
+        // create_dir fails if the folder exists, so two runs never both
+        // succeed on one name.
+        match std::fs::create_dir(&name) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                name = base.as_os_str().to_owned();
+                name.push(format!("-{n}"));
+            }
+            Err(e) => return Err(taper::Error::io(Path::new(&name), e)),
+        }
+    }
+    Ok(PathBuf::from(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_default_folder_taken_gets_the_next_number() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let base = dir.path().join("runs").join("digits-20261125-210942");
+        assert_eq!(claim(&base)?, base);
+        let second = claim(&base)?;
+        assert_eq!(second, dir.path().join("runs/digits-20261125-210942-2"));
+        assert_eq!(
+            claim(&base)?,
+            dir.path().join("runs/digits-20261125-210942-3")
+        );
+        assert!(second.is_dir());
+        Ok(())
+    }
 }
