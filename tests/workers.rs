@@ -44,3 +44,33 @@ fn the_command_runs_on_a_pool_worker_and_shares_its_pool() {
         assert_eq!(index, None, "one CPU: runs on the caller");
     }
 }
+
+/// candle's element-wise ops over 64K values or more split their work on
+/// a pool of candle's own, whose threads spin for work on the cores the
+/// command's pool uses. On a worker they take the command's pool instead
+/// (the vendored candle's fourth change): no `candle-bp` thread is made.
+#[test]
+fn candles_element_wise_ops_share_the_pool() -> anyhow::Result<()> {
+    use candle_core::{Device, Tensor};
+    let n = 200_000;
+    let (sum, exp) = taper::engine::run_on_workers(|| -> candle_core::Result<_> {
+        let a = Tensor::arange(0f32, n as f32, &Device::Cpu)?;
+        let b = (a.ones_like()? * 0.5)?;
+        let sum = (&a + &b)?.to_vec1::<f32>()?;
+        let exp = (&b * -1.0)?.exp()?.to_vec1::<f32>()?;
+        Ok((sum, exp))
+    })?;
+    assert!(sum.iter().enumerate().all(|(i, &v)| v == i as f32 + 0.5));
+    assert!(exp.iter().all(|&v| v == (-0.5f32).exp()));
+    if rayon::current_num_threads() >= 2 {
+        let mut names = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task")? {
+            names.push(std::fs::read_to_string(task?.path().join("comm"))?);
+        }
+        assert!(
+            !names.iter().any(|n| n.starts_with("candle-bp")),
+            "{names:?}"
+        );
+    }
+    Ok(())
+}

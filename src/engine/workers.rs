@@ -10,8 +10,12 @@
 //! itself and the process has only as many busy threads as cores. candle
 //! offers the same idea per call (`Device::with_context`, its own pool);
 //! here it covers the whole command, so the Lua recipe, the data threads
-//! and the kernels share one pool. Measured on the 2-core machine:
+//! and the kernels share one pool. candle's element-wise ops, which run
+//! on a pool of candle's own from other threads, run on this one too
+//! (`vendor/README.md`). Measured on the 2-core machine:
 //! `docs/performance.md`.
+
+use std::sync::OnceLock;
 
 /// Stack size of the pool's threads: the command runs on one of them, so
 /// it gets what the main thread would have (Linux's default 8 MiB) and
@@ -28,11 +32,16 @@ const STACK: usize = 32 << 20;
 /// wait on the one worker while that worker waits for the data), or when
 /// the global pool was already built (its stacks may be too small).
 pub fn run_on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    let built = rayon::ThreadPoolBuilder::new()
-        .stack_size(STACK)
-        .thread_name(|i| format!("taper-cpu-{i}"))
-        .build_global();
-    if built.is_err() || rayon::current_num_threads() < 2 {
+    // Whether this process's global pool is the one built here.
+    static OURS: OnceLock<bool> = OnceLock::new();
+    let ours = *OURS.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .stack_size(STACK)
+            .thread_name(|i| format!("taper-cpu-{i}"))
+            .build_global()
+            .is_ok()
+    });
+    if !ours || rayon::current_num_threads() < 2 {
         return f();
     }
     rayon::scope(|_| f())

@@ -305,6 +305,9 @@ impl BarrierPool {
             f(0..n_items);
             return;
         }
+        if on_rayon_worker(n_items, 1, &f) {
+            return;
+        }
         let chunk = n_items.div_ceil(self.threads.len() + 1);
         self.execute(|tid| {
             let start = tid * chunk;
@@ -325,6 +328,9 @@ impl BarrierPool {
             f(0..n_items);
             return;
         }
+        if on_rayon_worker(n_items, 8, &f) {
+            return;
+        }
         let n_threads = self.threads.len() + 1;
         // ~8 grabs per thread amortizes cursor contention while keeping tail imbalance small
         let chunk = n_items.div_ceil(n_threads * 8).max(1);
@@ -337,6 +343,27 @@ impl BarrierPool {
             f(start..n_items.min(start + chunk));
         });
     }
+}
+
+/// taper: when the caller is a worker of a rayon pool (taper runs its whole
+/// command on one), `f` runs over `per_thread` ranges a thread of that pool
+/// instead of on this pool's threads, which would otherwise spin for work on
+/// the cores rayon's workers use: 18% of the Shakespeare GPT step's samples
+/// were this pool's one worker waiting. Returns whether it ran `f`.
+fn on_rayon_worker<F: Fn(std::ops::Range<usize>) + Sync>(
+    n_items: usize,
+    per_thread: usize,
+    f: &F,
+) -> bool {
+    use rayon::prelude::*;
+    if rayon::current_thread_index().is_none() {
+        return false;
+    }
+    let chunk = n_items.div_ceil(rayon::current_num_threads() * per_thread).max(1);
+    (0..n_items.div_ceil(chunk))
+        .into_par_iter()
+        .for_each(|c| f(c * chunk..n_items.min((c + 1) * chunk)));
+    true
 }
 
 impl Drop for BarrierPool {
@@ -364,6 +391,12 @@ static BARRIER_POOL: OnceLock<BarrierPool> = OnceLock::new();
 
 /// Persistent barrier pool
 pub fn barrier_pool() -> &'static BarrierPool {
+    // taper: on a rayon worker the work goes to rayon's pool
+    // (`on_rayon_worker`), so this pool's threads are not started.
+    if rayon::current_thread_index().is_some() {
+        static NO_THREADS: OnceLock<BarrierPool> = OnceLock::new();
+        return NO_THREADS.get_or_init(|| BarrierPool::new(0));
+    }
     BARRIER_POOL.get_or_init(|| BarrierPool::new(candle_num_threads().saturating_sub(1)))
 }
 
