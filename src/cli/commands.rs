@@ -125,11 +125,11 @@ pub fn report(runs: &[PathBuf], out: Option<PathBuf>) -> ExitCode {
 pub fn launch(n: usize, args: &[String]) -> ExitCode {
     let recipe = args.iter().find(|a| !a.starts_with('-'));
     let recipe = Path::new(recipe.map_or("run", |r| r.as_str()));
-    // The ranks' folder, unless the arguments name one.
-    let named = args.iter().any(|a| a == "--out" || a.starts_with("--out="));
-    let out = match named {
-        true => Ok(default_out(recipe)),
-        false => claim_default_out(recipe),
+    // The ranks' folder, created here unless the arguments name one.
+    let out = if taper::dist::launch::names_out(args) {
+        Ok(default_out(recipe))
+    } else {
+        claim_default_out(recipe)
     };
     let status = std::env::current_exe()
         .map_err(|e| taper::Error::Config(format!("taper launch: {e}")))

@@ -55,10 +55,7 @@ pub fn launch(
         cmd.env("RAYON_NUM_THREADS", (cores / n).max(1).to_string());
     }
     cmd.arg(exe).arg("train").args(train_args);
-    if !train_args
-        .iter()
-        .any(|a| a == "--out" || a.starts_with("--out="))
-    {
+    if !names_out(train_args) {
         cmd.arg("--out").arg(out);
     }
     // Its own process group: a Ctrl-C at the terminal reaches the launcher
@@ -126,6 +123,13 @@ fn children(pid: u32) -> Vec<u32> {
         (ppid == pid).then_some(child)
     })
     .collect()
+}
+
+/// Whether `taper train`'s arguments name the output folder (`--out`).
+pub fn names_out(train_args: &[String]) -> bool {
+    train_args
+        .iter()
+        .any(|a| a == "--out" || a.starts_with("--out="))
 }
 
 /// The output folder every rank uses: rank 0's choice.

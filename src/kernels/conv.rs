@@ -249,11 +249,11 @@ impl CustomOp2 for WeightGrad {
         let (_, c, o, h, wd) = weight_grad_dims(l1, l2)?;
         let (hw, c9) = (h * wd, c * 9);
         // Blocks of samples across threads, added in block order.
-        let (xs, dys) = (c * hw * SAMPLES, o * hw * SAMPLES);
-        let dw = super::sum_in_order(dy.len().div_ceil(dys.max(1)), o * c9, |block| {
+        let (x_block, dy_block) = (c * hw * SAMPLES, o * hw * SAMPLES);
+        let dw = super::sum_in_order(dy.len().div_ceil(dy_block.max(1)), o * c9, |block| {
             let mut acc = vec![0f32; o * c9];
-            let x = x[block * xs..].chunks(c * hw);
-            for (xs, dys) in x.zip(dy[block * dys..].chunks(o * hw)).take(SAMPLES) {
+            let x = x[block * x_block..].chunks(c * hw);
+            for (xs, dys) in x.zip(dy[block * dy_block..].chunks(o * hw)).take(SAMPLES) {
                 with_scratch(c9 * hw, |col| {
                     im2col(xs, c, h, wd, col);
                     // dy_b [O, HW] times col^T [HW, C*9], read from col [C*9, HW].
