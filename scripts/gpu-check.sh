@@ -9,9 +9,11 @@
 #   bash scripts/gpu-check.sh pack-base REV # here: REV's CUDA binary, as the
 #                                           # baseline for `run compare`
 #   bash scripts/gpu-check.sh run [PARTS]   # on the GPU machine, with .gpu
-#                                           # carried; PARTS of: tests drill bench
-#                                           # nccl profile products compare
-#                                           # attention (default: the first four)
+#                                           # carried; PARTS of: first tests drill
+#                                           # bench nccl profile products compare
+#                                           # attention (default: tests drill
+#                                           # bench nccl). With 15 minutes of
+#                                           # device time: `run first`, alone.
 #
 # `run` writes everything to $OUT/gpu-check.log when OUT is set (the device
 # tool's output folder), else to stdout. The binaries are about 70 MB each,
@@ -367,6 +369,87 @@ PY
     --precision "${PROFILE_PRECISION:-bf16}" --steps 3 --profile || echo "torch profile exit $?"
 }
 
+# The one call a session makes when its task has about 15 minutes of device
+# time in all (a fresh machine takes one or two of them to start): the checks
+# in order of what a later session needs most, each bounded by what is left of
+# FIRST_BUDGET_S (default 420 s; under 20 s left, a step is skipped and says
+# so). 1. every GPU test; 2. the GPT-2 bf16 step at batch 8 in rounds: this
+# tree, .gpu/taper-base (pack-base), this tree with cuBLASLt's dense forward,
+# PyTorch eager with SDPA and fused AdamW, and once this tree with the command
+# on the main thread; 3. taper's element-wise kernels against the card's memory
+# bandwidth; 4. the products alone, both sides; 5. the attention's share (the
+# step at context 64 and 1024, this tree and the base); 6. torch.compile at
+# batch 8. Then benches/ratios.py's table of step 2. `run profile` (Nsight
+# Compute, about 7 minutes) needs a call of its own.
+first() {
+  local end=$((SECONDS + ${FIRST_BUDGET_S:-420}))
+  local log=/tmp/first.log
+  : > "$log"
+  {
+    echo "== 1. the GPU tests"
+    within 200 "$bin/cuda_kernels" --test-threads=1
+    local b=${FIRST_BATCH:-8} round
+    local step=(bench step --model gpt2 --device cuda --precision bf16 --steps 20 --batch "$b")
+    for round in $(seq "${BENCH_ROUNDS:-2}"); do
+      echo "== bench gpt2 bf16 batch $b"
+      within 90 env TAPER_CUBLASLT=0 "$bin/taper" "${step[@]}"
+      if [ -x "$bin/taper-base" ]; then
+        within 90 env TAPER_CUBLASLT=0 "$bin/taper-base" "${step[@]}" | tagged base
+      fi
+      within 90 env TAPER_CUBLASLT=1 "$bin/taper" "${step[@]}" | tagged cublaslt
+      within 100 python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16 \
+        --steps 20 --batch "$b"
+      if [ "$round" = 1 ]; then
+        within 90 env TAPER_CPU_WORKERS=0 "$bin/taper" "${step[@]}" | tagged main-thread
+      fi
+    done
+    echo "== 3. element-wise kernels"
+    within 90 "$bin/taper" bench elementwise --device cuda --precision bf16
+    echo "== 4. the products alone"
+    within 90 "$bin/taper" bench products --device cuda --precision bf16
+    within 90 env TAPER_CUBLASLT=1 "$bin/taper" bench products --device cuda --precision bf16
+    within 90 python3 benches/torch_products.py --device cuda --precision bf16
+    echo "== 5. the attention's share (8192 tokens a step)"
+    local ctx
+    for ctx in 64 1024; do
+      local at=(bench step --model gpt2 --device cuda --precision bf16 --steps 20
+                --context "$ctx" --batch $((8192 / ctx)) --compare-attention)
+      echo "== bench gpt2@context$ctx bf16 batch $((8192 / ctx))"
+      within 90 "$bin/taper" "${at[@]}"
+      if [ -x "$bin/taper-base" ]; then
+        within 90 "$bin/taper-base" "${at[@]}" | tagged base
+      fi
+    done
+    echo "== bench gpt2 bf16 batch $b"
+    within 240 python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16 \
+      --steps 20 --batch "$b" --compile
+  } 2>&1 | tee -a "$log"
+  python3 benches/ratios.py "$log" --card-peak-tflops 989 || true
+  echo "gpu-check: first took ${SECONDS}s"
+  [ -n "${OUT:-}" ] && cp "$log" "$OUT/first.log"
+  return 0
+}
+
+# within LIMIT CMD...: CMD under LIMIT seconds or what is left of first's
+# budget ($end), whichever is less; skipped when under 20 s are left. A
+# failure is reported and does not stop the next step.
+within() {
+  local limit=$1 left=$((end - SECONDS))
+  shift
+  if [ "$left" -lt 20 ]; then
+    echo "gpu-check: skipped (${left}s of the budget left): $*"
+    return 0
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  timeout "$limit" "$@" || echo "gpu-check: exit $? from $*"
+}
+
+# Marks the step lines of a variant (`... fused: 30.2 ms/step` becomes
+# `... fused[base]: ...`), so benches/ratios.py gives it a row of its own.
+tagged() {
+  sed -u -E "s/^(step .* (un)?fused[^ :]*):/\1[$1]:/"
+}
+
 run() {
   bin=/tmp/taper-gpu
   mkdir -p "$bin"
@@ -384,8 +467,8 @@ run() {
   [ ${#parts[@]} -gt 0 ] || parts=(tests drill bench nccl)
   for part in "${parts[@]}"; do
     case "$part" in
-      tests|drill|bench|nccl|profile|products|compare|attention) "$part" ;;
-      *) echo "gpu-check: unknown part $part (tests, drill, bench, nccl, profile, products, compare, attention)" >&2; exit 2 ;;
+      tests|drill|bench|nccl|profile|products|compare|attention|first) "$part" ;;
+      *) echo "gpu-check: unknown part $part (first, tests, drill, bench, nccl, profile, products, compare, attention)" >&2; exit 2 ;;
     esac
   done
 }
@@ -401,5 +484,5 @@ case "${1:-}" in
       run "$@"
     fi
     ;;
-  *) echo "usage: bash scripts/gpu-check.sh pack | pack-base REV | run [tests] [drill] [bench] [nccl] [profile] [products] [compare] [attention]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/gpu-check.sh pack | pack-base REV | run [first] [tests] [drill] [bench] [nccl] [profile] [products] [compare] [attention]" >&2; exit 2 ;;
 esac
