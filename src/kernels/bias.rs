@@ -8,7 +8,7 @@
 //! reduction is a kernel of its own).
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 use super::rows::{last_dim, ROWS};
 
@@ -47,16 +47,17 @@ impl CustomOp2 for BiasAdd {
         if b.len() != n {
             bail!("bias add: rows of {n} but a bias of {}", b.len())
         }
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(n * ROWS)
-            .zip(x.par_chunks(n * ROWS))
-            .for_each(|(o, x)| {
-                for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
-                    for ((o, &x), &b) in o.iter_mut().zip(x).zip(b) {
-                        *o = x + b;
-                    }
+        let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
+            let x = &x[i * n * ROWS..][..o.len()];
+            for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
+                for ((o, &x), &b) in o.iter_mut().zip(x).zip(b) {
+                    o.write(x + b);
                 }
-            });
+            }
+        };
+        // SAFETY: `fill` writes every value of its rows: each row of `x`
+        // has n values, as does the bias.
+        let out = unsafe { super::par_written(x.len(), n * ROWS, fill) };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 

@@ -10,7 +10,7 @@
 //! candle's `gelu`, which has a backward too.
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 const K0: f32 = 0.797_884_6; // sqrt(2 / pi)
 const K1: f32 = 0.044_715;
@@ -68,14 +68,15 @@ impl CustomOp1 for Gelu {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = super::f32_slice(s, l, "gelu")?;
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK))
-            .for_each(|(o, x)| {
-                for (o, &x) in o.iter_mut().zip(x) {
-                    *o = forward(x);
-                }
-            });
+        let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
+            let x = &x[i * CHUNK..][..o.len()];
+            for (o, &x) in o.iter_mut().zip(x) {
+                o.write(forward(x));
+            }
+        };
+        // SAFETY: `fill` writes every value of its chunk, from the chunk
+        // of `x` of the same length.
+        let out = unsafe { super::par_written(x.len(), CHUNK, fill) };
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 
@@ -125,14 +126,15 @@ impl CustomOp2 for GeluGrad {
                 g.len()
             )
         }
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
-            .for_each(|(o, (x, g))| {
-                for ((o, &x), &g) in o.iter_mut().zip(x).zip(g) {
-                    *o = g * derivative(x);
-                }
-            });
+        let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
+            let (x, g) = (&x[i * CHUNK..][..o.len()], &g[i * CHUNK..][..o.len()]);
+            for ((o, &x), &g) in o.iter_mut().zip(x).zip(g) {
+                o.write(g * derivative(x));
+            }
+        };
+        // SAFETY: `fill` writes every value of its chunk, from the chunks
+        // of `x` and `g` of the same length.
+        let out = unsafe { super::par_written(x.len(), CHUNK, fill) };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 

@@ -6,6 +6,7 @@
 
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 use super::rows::{fused_ok, last_dim, ROWS};
 
@@ -62,17 +63,17 @@ impl CustomOp3 for LayerNorm {
                 b.len()
             )
         }
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(n * ROWS)
-            .zip(x.par_chunks(n * ROWS))
-            .for_each(|(o, x)| {
-                for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
-                    let (mean, rstd) = moments(x, self.0);
-                    for i in 0..n {
-                        o[i] = (x[i] - mean) * rstd * w[i] + b[i];
-                    }
+        let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
+            let x = &x[i * n * ROWS..][..o.len()];
+            for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
+                let (mean, rstd) = moments(x, self.0);
+                for i in 0..n {
+                    o[i].write((x[i] - mean) * rstd * w[i] + b[i]);
                 }
-            });
+            }
+        };
+        // SAFETY: `fill` writes every value of its rows of n.
+        let out = unsafe { super::par_written(x.len(), n * ROWS, fill) };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
