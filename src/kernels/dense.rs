@@ -227,4 +227,60 @@ mod tests {
         }
         Ok(())
     }
+
+    /// candle's CPU matmul no longer zeroes its output before gemm writes
+    /// it (the vendored candle's fifth change, vendor/README.md). Buffers of
+    /// the output's size full of NaN are freed just before each product, so
+    /// the allocator hands one back for its output; a product that read its
+    /// output, or left a value unwritten, would carry a NaN into the result. Shapes: a batch, the
+    /// batch folded into rows (a shared right operand), gemv (one row or one
+    /// column), an inner dimension of 0, and transposed operands, each
+    /// against float64.
+    #[test]
+    fn matmul_writes_its_whole_output_without_reading_it() -> Result<()> {
+        let dev = Device::Cpu;
+        let vals = |n: usize, m: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * m) % 997) as f32 / 498.5 - 1.0)
+                .collect()
+        };
+        let shapes: [(&[usize], &[usize]); 6] = [
+            (&[3, 17, 40], &[3, 40, 23]),
+            (&[4, 33, 19], &[19, 29]),
+            (&[1, 64], &[64, 300]),
+            (&[300, 64], &[64, 1]),
+            (&[2, 9, 0], &[2, 0, 7]),
+            (&[130, 70], &[70, 90]),
+        ];
+        for (i, (a, b)) in shapes.iter().enumerate() {
+            let (na, nb) = (a.iter().product(), b.iter().product());
+            let lhs = Tensor::from_vec(vals(na, 7919 + i), *a, &dev)?;
+            let mut rhs = Tensor::from_vec(vals(nb, 104_729 + i), *b, &dev)?;
+            if i == 5 {
+                // A transposed right operand: strides other than row-major.
+                rhs = Tensor::from_vec(vals(nb, 31), (90, 70), &dev)?.t()?;
+            }
+            let want = lhs
+                .to_dtype(DType::F64)?
+                .broadcast_matmul(&rhs.to_dtype(DType::F64)?)?
+                .flatten_all()?
+                .to_vec1::<f64>()?;
+            for _ in 0..3 {
+                let poison: Vec<Vec<f32>> = (0..8).map(|_| vec![f32::NAN; want.len()]).collect();
+                drop(std::hint::black_box(poison));
+                let got = lhs
+                    .broadcast_matmul(&rhs)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                assert_eq!(got.len(), want.len(), "{a:?} x {b:?}");
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (*g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        "{a:?} x {b:?}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 }

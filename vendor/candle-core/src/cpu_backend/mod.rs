@@ -1478,7 +1478,12 @@ impl Map2 for MatMul {
         let dst_rs = dst_strides[0];
         let dst_cs = dst_strides[1];
 
-        let mut dst = vec![T::zero(); b * m * n];
+        // taper: the destination is not zeroed first. With read_dst false,
+        // gemm sets its alpha to zero and writes every value of each m x n
+        // block without reading it (zeros when k is 0), and the blocks below
+        // cover all b * m * n values.
+        let len = b * m * n;
+        let mut dst: Vec<T> = Vec::with_capacity(len);
         let num_threads = crate::utils::get_num_threads();
         let parallelism = if num_threads > 1 {
             Parallelism::Rayon(num_threads)
@@ -1502,13 +1507,13 @@ impl Map2 for MatMul {
         for step in 0..b {
             let lhs_p = &lhs[step * a_skip..];
             let rhs_p = &rhs[step * b_skip..];
-            let dst_p = &mut dst[step * c_skip..];
+            let dst_p = dst.spare_capacity_mut()[step * c_skip..].as_mut_ptr() as *mut T;
             unsafe {
                 gemm(
                     /* m: usize = */ m,
                     /* n: usize = */ n,
                     /* k: usize = */ k,
-                    /* dst: *mut T = */ dst_p.as_mut_ptr(),
+                    /* dst: *mut T = */ dst_p,
                     /* dst_cs: isize = */ dst_cs as isize,
                     /* dst_rs: isize = */ dst_rs as isize,
                     /* read_dst: bool = */ false,
@@ -1527,6 +1532,8 @@ impl Map2 for MatMul {
                 )
             }
         }
+        // SAFETY: gemm wrote all len values (above).
+        unsafe { dst.set_len(len) };
         Ok(dst)
     }
 
