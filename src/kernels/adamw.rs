@@ -10,6 +10,7 @@
 use std::cell::RefCell;
 
 use candle_core::{bail, CpuStorage, InplaceOp2, Layout, Result, Tensor};
+use multiversion::multiversion;
 use rayon::prelude::*;
 
 /// Elements per task.
@@ -76,14 +77,17 @@ pub fn adamw_slices(theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], 
         .par_chunks_mut(CHUNK)
         .zip(g.par_chunks(CHUNK))
         .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-        .for_each(|((theta, g), (m, v))| {
-            for i in 0..theta.len() {
-                let (mi, vi) = h.moments(m[i], v[i], g[i]);
-                m[i] = mi;
-                v[i] = vi;
-                theta[i] = h.apply(theta[i], mi, vi);
-            }
-        });
+        .for_each(|((theta, g), (m, v))| update_chunk(theta, g, m, v, h));
+}
+
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn update_chunk(theta: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: &AdamWStep) {
+    for i in 0..theta.len() {
+        let (mi, vi) = h.moments(m[i], v[i], g[i]);
+        m[i] = mi;
+        v[i] = vi;
+        theta[i] = h.apply(theta[i], mi, vi);
+    }
 }
 
 /// Runs `f(weights, gradient)` over an f32 CPU tensor's storage in place.

@@ -5,6 +5,7 @@
 
 use candle_core::{bail, Result};
 use gemm::{gemm, Parallelism};
+use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::attention::Dims;
@@ -81,10 +82,40 @@ unsafe fn weights(d: Dims, q: *const f32, k: *const f32, r0: usize, m: usize, p:
         (k, 1, rs),
         d.scale(),
     );
+    causal_softmax(p, n, r0);
+}
+
+/// Rows of `n` scores of the queries from `r0` on: softmax over the keys up
+/// to each query's own, zeros after.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn causal_softmax(p: &mut [f32], n: usize, r0: usize) {
     for (i, row) in p.chunks_mut(n).enumerate() {
         let (live, masked) = row.split_at_mut(r0 + i + 1);
         super::vexp::softmax(live);
         masked.fill(0.0);
+    }
+}
+
+/// `dS = P (dP - rowsum(dY y))` in place of `dp`, rows of `n`; row `i`'s
+/// `y` and `dY` are the `hd` values at `at + i * c`.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn softmax_grad_rows(
+    dp: &mut [f32],
+    p: &[f32],
+    n: usize,
+    (y, dy): (&[f32], &[f32]),
+    (at, c, hd): (usize, usize, usize),
+) {
+    for (i, (dp, p)) in dp.chunks_mut(n).zip(p.chunks(n)).enumerate() {
+        let at = at + i * c;
+        let dot: f32 = y[at..at + hd]
+            .iter()
+            .zip(&dy[at..at + hd])
+            .map(|(a, b)| a * b)
+            .sum();
+        for (g, &w) in dp.iter_mut().zip(p) {
+            *g = w * (*g - dot);
+        }
     }
 }
 
@@ -168,16 +199,7 @@ pub(super) fn backward(
                     (v, 1, 3 * c),
                     1.0,
                 );
-                for i in 0..m {
-                    let at = col + (r0 + i) * c;
-                    let yi = &y[at..at + d.hd];
-                    let gi = &dy[at..at + d.hd];
-                    let dot: f32 = yi.iter().zip(gi).map(|(a, b)| a * b).sum();
-                    let row = i * n..(i + 1) * n;
-                    for (g, &w) in dp[row.clone()].iter_mut().zip(&p[row]) {
-                        *g = w * (*g - dot);
-                    }
-                }
+                softmax_grad_rows(dp, p, n, (y, dy), (col + r0 * c, c, d.hd));
                 let ds = (dp.as_ptr(), n, 1);
                 mm(
                     (m, d.hd, n),

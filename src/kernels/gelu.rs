@@ -10,6 +10,7 @@
 //! candle's `gelu`, which has a backward too.
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use multiversion::multiversion;
 use std::mem::MaybeUninit;
 
 const K0: f32 = 0.797_884_6; // sqrt(2 / pi)
@@ -59,6 +60,22 @@ fn derivative(x: f32) -> f32 {
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * K0 * (1.0 + 3.0 * K1 * x2)
 }
 
+/// `o = gelu(x)`, every value of `o` written.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn forward_into(x: &[f32], o: &mut [MaybeUninit<f32>]) {
+    for (o, &x) in o.iter_mut().zip(x) {
+        o.write(forward(x));
+    }
+}
+
+/// `o = g * gelu'(x)`, every value of `o` written.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn backward_into(x: &[f32], g: &[f32], o: &mut [MaybeUninit<f32>]) {
+    for ((o, &x), &g) in o.iter_mut().zip(x).zip(g) {
+        o.write(g * derivative(x));
+    }
+}
+
 struct Gelu;
 
 impl CustomOp1 for Gelu {
@@ -69,10 +86,7 @@ impl CustomOp1 for Gelu {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = super::f32_slice(s, l, "gelu")?;
         let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
-            let x = &x[i * CHUNK..][..o.len()];
-            for (o, &x) in o.iter_mut().zip(x) {
-                o.write(forward(x));
-            }
+            forward_into(&x[i * CHUNK..][..o.len()], o);
         };
         // SAFETY: `fill` writes every value of its chunk, from the chunk
         // of `x` of the same length.
@@ -128,9 +142,7 @@ impl CustomOp2 for GeluGrad {
         }
         let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
             let (x, g) = (&x[i * CHUNK..][..o.len()], &g[i * CHUNK..][..o.len()]);
-            for ((o, &x), &g) in o.iter_mut().zip(x).zip(g) {
-                o.write(g * derivative(x));
-            }
+            backward_into(x, g, o);
         };
         // SAFETY: `fill` writes every value of its chunk, from the chunks
         // of `x` and `g` of the same length.

@@ -5,6 +5,7 @@
 //! CUDA (`kernels/rows.cu`); elsewhere the composed differentiable ops.
 
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
+use multiversion::multiversion;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -25,7 +26,7 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
 }
 
 /// A row's mean and 1/std.
-#[inline]
+#[inline(always)]
 fn moments(x: &[f32], eps: f32) -> (f32, f32) {
     let n = x.len() as f32;
     let mean = x.iter().sum::<f32>() / n;
@@ -64,13 +65,7 @@ impl CustomOp3 for LayerNorm {
             )
         }
         let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
-            let x = &x[i * n * ROWS..][..o.len()];
-            for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
-                let (mean, rstd) = moments(x, self.0);
-                for i in 0..n {
-                    o[i].write((x[i] - mean) * rstd * w[i] + b[i]);
-                }
-            }
+            norm_rows(&x[i * n * ROWS..][..o.len()], (w, b), self.0, o);
         };
         // SAFETY: `fill` writes every value of its rows of n.
         let out = unsafe { super::par_written(x.len(), n * ROWS, fill) };
@@ -185,26 +180,44 @@ impl CustomOp3 for LayerNormGrad {
     }
 }
 
+/// Rows of `x` (each as long as `w` and `b`) normalized into `o`, every
+/// value written.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn norm_rows(x: &[f32], (w, b): (&[f32], &[f32]), eps: f32, o: &mut [MaybeUninit<f32>]) {
+    let n = w.len();
+    for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
+        let (mean, rstd) = moments(x, eps);
+        for i in 0..n {
+            o[i].write((x[i] - mean) * rstd * w[i] + b[i]);
+        }
+    }
+}
+
 /// dx, rows split across threads.
 fn grad_x(x: &[f32], w: &[f32], g: &[f32], n: usize, eps: f32, out: &mut [f32]) {
     out.par_chunks_mut(n * ROWS)
         .zip(x.par_chunks(n * ROWS).zip(g.par_chunks(n * ROWS)))
-        .for_each(|(o, (x, g))| {
-            for ((o, x), g) in o.chunks_mut(n).zip(x.chunks(n)).zip(g.chunks(n)) {
-                let (mean, rstd) = moments(x, eps);
-                let (mut a, mut c) = (0f32, 0f32);
-                for i in 0..n {
-                    let gw = g[i] * w[i];
-                    a += gw;
-                    c += gw * (x[i] - mean) * rstd;
-                }
-                let (a, c) = (a / n as f32, c / n as f32);
-                for i in 0..n {
-                    let xh = (x[i] - mean) * rstd;
-                    o[i] = rstd * (g[i] * w[i] - a - xh * c);
-                }
-            }
-        });
+        .for_each(|(o, (x, g))| grad_x_rows((x, g), w, eps, o));
+}
+
+/// dx of rows of `x` and `g`, each as long as `w`.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn grad_x_rows((x, g): (&[f32], &[f32]), w: &[f32], eps: f32, o: &mut [f32]) {
+    let n = w.len();
+    for ((o, x), g) in o.chunks_mut(n).zip(x.chunks(n)).zip(g.chunks(n)) {
+        let (mean, rstd) = moments(x, eps);
+        let (mut a, mut c) = (0f32, 0f32);
+        for i in 0..n {
+            let gw = g[i] * w[i];
+            a += gw;
+            c += gw * (x[i] - mean) * rstd;
+        }
+        let (a, c) = (a / n as f32, c / n as f32);
+        for i in 0..n {
+            let xh = (x[i] - mean) * rstd;
+            o[i] = rstd * (g[i] * w[i] - a - xh * c);
+        }
+    }
 }
 
 /// `[dw; db]`: sums over rows, in blocks of rows across threads, added in

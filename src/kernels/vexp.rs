@@ -33,7 +33,7 @@ pub(super) fn exp(x: f32) -> f32 {
 }
 
 /// The largest value of `v` (negative infinity for none).
-#[inline]
+#[inline(always)]
 fn max(v: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let chunks = v.chunks_exact(LANES);
@@ -49,7 +49,7 @@ fn max(v: &[f32]) -> f32 {
 }
 
 /// `v` to `exp(v - max v)` in place; returns their sum.
-#[inline]
+#[inline(always)]
 fn exp_shifted(v: &mut [f32], top: f32) -> f32 {
     let mut acc = [0f32; LANES];
     let mut chunks = v.chunks_exact_mut(LANES);
@@ -68,6 +68,7 @@ fn exp_shifted(v: &mut [f32], top: f32) -> f32 {
 }
 
 /// A softmax row, in place.
+#[inline(always)]
 pub(super) fn softmax(v: &mut [f32]) {
     let top = max(v);
     let r = 1.0 / exp_shifted(v, top);
