@@ -6,6 +6,7 @@
 //! composes it.
 
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use multiversion::multiversion;
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
@@ -39,9 +40,56 @@ fn window_max(a: f32, b: f32, c: f32, d: f32) -> (f32, u32) {
 }
 
 /// Output row `i` of one `[H, W]` plane: the two input rows it pools.
+#[inline(always)]
 fn row_pair(xs: &[f32], w: usize, i: usize) -> (&[f32], &[f32]) {
     let top = &xs[2 * i * w..];
     (&top[..w], &top[w..2 * w])
+}
+
+/// One `[H, W]` plane `xs` (rows of `w`) pooled into `ys` (`H/2` rows of
+/// `w/2`).
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn pool_plane(xs: &[f32], w: usize, ys: &mut [f32]) {
+    for (i, out) in ys.chunks_exact_mut(w / 2).enumerate() {
+        let (r0, r1) = row_pair(xs, w, i);
+        for (j, o) in out.iter_mut().enumerate() {
+            let at = 2 * j;
+            *o = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).0;
+        }
+    }
+}
+
+/// One plane's gradient `dxs` (as `xs`, rows of `w`) from the pooled
+/// gradient `dys`: each value onto its window's maximum, zeros elsewhere;
+/// every value of `dxs` written.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn pool_grad_plane(xs: &[f32], dys: &[f32], w: usize, dxs: &mut [MaybeUninit<f32>]) {
+    let (h2, w2) = (xs.len() / w.max(1) / 2, w / 2);
+    for i in 0..h2 {
+        let g = &dys[i * w2..(i + 1) * w2];
+        let (r0, r1) = row_pair(xs, w, i);
+        let (d0, d1) = dxs[2 * i * w..2 * (i + 1) * w].split_at_mut(w);
+        for (j, &g) in g.iter().enumerate() {
+            let at = 2 * j;
+            let k = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).1;
+            // Every place of the window written: no branch.
+            let pick = |i| if k == i { g } else { 0.0 };
+            d0[at].write(pick(0));
+            d0[at + 1].write(pick(1));
+            d1[at].write(pick(2));
+            d1[at + 1].write(pick(3));
+        }
+        // An odd last column.
+        for d in [d0, d1] {
+            d[2 * w2..].iter_mut().for_each(|v| {
+                v.write(0.0);
+            });
+        }
+    }
+    // An odd last row (or all of a plane too small to pool).
+    dxs[2 * h2 * w..].iter_mut().for_each(|v| {
+        v.write(0.0);
+    });
 }
 
 impl CustomOp1 for MaxPool {
@@ -57,15 +105,7 @@ impl CustomOp1 for MaxPool {
         if h2 > 0 && w2 > 0 {
             y.par_chunks_mut(h2 * w2)
                 .zip(x.par_chunks(h * w))
-                .for_each(|(ys, xs)| {
-                    for (i, out) in ys.chunks_exact_mut(w2).enumerate() {
-                        let (r0, r1) = row_pair(xs, w, i);
-                        for (j, o) in out.iter_mut().enumerate() {
-                            let at = 2 * j;
-                            *o = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).0;
-                        }
-                    }
-                });
+                .for_each(|(ys, xs)| pool_plane(xs, w, ys));
         }
         Ok((CpuStorage::F32(y), Shape::from((b, c, h2, w2))))
     }
@@ -123,31 +163,7 @@ impl CustomOp2 for MaxPoolGrad {
         let fill = |plane: usize, dxs: &mut [MaybeUninit<f32>]| {
             let xs = &x[plane * h * w..(plane + 1) * h * w];
             let dys = &dy[plane * h2 * w2..(plane + 1) * h2 * w2];
-            for i in 0..h2 {
-                let g = &dys[i * w2..(i + 1) * w2];
-                let (r0, r1) = row_pair(xs, w, i);
-                let (d0, d1) = dxs[2 * i * w..2 * (i + 1) * w].split_at_mut(w);
-                for (j, &g) in g.iter().enumerate() {
-                    let at = 2 * j;
-                    let k = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).1;
-                    // Every place of the window written: no branch.
-                    let pick = |i| if k == i { g } else { 0.0 };
-                    d0[at].write(pick(0));
-                    d0[at + 1].write(pick(1));
-                    d1[at].write(pick(2));
-                    d1[at + 1].write(pick(3));
-                }
-                // An odd last column.
-                for d in [d0, d1] {
-                    d[2 * w2..].iter_mut().for_each(|v| {
-                        v.write(0.0);
-                    });
-                }
-            }
-            // An odd last row (or all of a plane too small to pool).
-            dxs[2 * h2 * w..].iter_mut().for_each(|v| {
-                v.write(0.0);
-            });
+            pool_grad_plane(xs, dys, w, dxs);
         };
         // SAFETY: `fill` writes each plane's pooled windows, its odd last
         // column and its rows past the last window: all h * w values.
