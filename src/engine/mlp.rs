@@ -21,7 +21,7 @@ pub enum Activation {
 impl Activation {
     pub fn apply(self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Activation::Relu => x.relu(),
+            Activation::Relu => crate::kernels::relu(x),
             Activation::Gelu => crate::kernels::gelu(x),
             Activation::Tanh => x.tanh(),
             Activation::Silu => x.silu(),

@@ -44,6 +44,7 @@ mod mat;
 mod norm;
 mod pool;
 pub mod quant8;
+mod relu;
 mod rope;
 mod rows;
 mod vexp;
@@ -62,6 +63,7 @@ use in_order::sum_in_order;
 pub use layer_norm::{layer_norm, layer_norm_grad};
 pub use norm::{clip_factor, clip_factor_of, sum_squares, sum_squares_all};
 pub use pool::max_pool2x2;
+pub use relu::relu;
 pub use rope::rope_interleaved;
 pub use rows::softmax_last_dim;
 
