@@ -9,7 +9,7 @@
 //! `kernels/gelu.cu` (f32, f16 and bf16). Other devices and dtypes use
 //! candle's `gelu`, which has a backward too.
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
 use std::mem::MaybeUninit;
 
@@ -85,12 +85,8 @@ impl CustomOp1 for Gelu {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = super::f32_slice(s, l, "gelu")?;
-        let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
-            forward_into(&x[i * CHUNK..][..o.len()], o);
-        };
-        // SAFETY: `fill` writes every value of its chunk, from the chunk
-        // of `x` of the same length.
-        let out = unsafe { super::par_written(x.len(), CHUNK, fill) };
+        // SAFETY: forward_into writes every value of its chunk.
+        let out = unsafe { super::par_map_written(x, CHUNK, forward_into) };
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 
@@ -133,20 +129,8 @@ impl CustomOp2 for GeluGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let x = super::f32_slice(s1, l1, "gelu backward")?;
         let g = super::f32_slice(s2, l2, "gelu backward")?;
-        if x.len() != g.len() {
-            bail!(
-                "gelu backward: {} inputs but {} gradients",
-                x.len(),
-                g.len()
-            )
-        }
-        let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
-            let (x, g) = (&x[i * CHUNK..][..o.len()], &g[i * CHUNK..][..o.len()]);
-            backward_into(x, g, o);
-        };
-        // SAFETY: `fill` writes every value of its chunk, from the chunks
-        // of `x` and `g` of the same length.
-        let out = unsafe { super::par_written(x.len(), CHUNK, fill) };
+        // SAFETY: backward_into writes every value of its chunk.
+        let out = unsafe { super::par_zip_written("gelu backward", (x, g), CHUNK, backward_into)? };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 

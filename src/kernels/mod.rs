@@ -153,6 +153,45 @@ unsafe fn par_written(
     v
 }
 
+/// An element-wise kernel's output: `f(x chunk, output chunk)` over
+/// chunks of `chunk` values, in parallel, with no zero-fill first.
+///
+/// # Safety
+/// `f` must write every value of the output chunk it is given (as long as
+/// its `x` chunk).
+unsafe fn par_map_written(
+    x: &[f32],
+    chunk: usize,
+    f: impl Fn(&[f32], &mut [std::mem::MaybeUninit<f32>]) + Sync,
+) -> Vec<f32> {
+    let chunk = chunk.max(1);
+    let fill = |i: usize, o: &mut [std::mem::MaybeUninit<f32>]| f(&x[i * chunk..][..o.len()], o);
+    // SAFETY: the caller's `f` writes every value of each chunk.
+    unsafe { par_written(x.len(), chunk, fill) }
+}
+
+/// [`par_map_written`] over two inputs of one length (`what` names the op
+/// in the error when they differ).
+///
+/// # Safety
+/// As [`par_map_written`].
+unsafe fn par_zip_written(
+    what: &str,
+    (x, g): (&[f32], &[f32]),
+    chunk: usize,
+    f: impl Fn(&[f32], &[f32], &mut [std::mem::MaybeUninit<f32>]) + Sync,
+) -> candle_core::Result<Vec<f32>> {
+    if x.len() != g.len() {
+        candle_core::bail!("{what}: {} inputs but {} gradients", x.len(), g.len())
+    }
+    let chunk = chunk.max(1);
+    let fill = |i: usize, o: &mut [std::mem::MaybeUninit<f32>]| {
+        f(&x[i * chunk..][..o.len()], &g[i * chunk..][..o.len()], o)
+    };
+    // SAFETY: the caller's `f` writes every value of each chunk.
+    Ok(unsafe { par_written(x.len(), chunk, fill) })
+}
+
 /// A chunk that [`par_written`]'s `fill` has written whole, as floats.
 ///
 /// # Safety

@@ -7,7 +7,7 @@
 //! `x = 0` (and `-0`), a NaN input stops it, and the product keeps the
 //! zeros' signs. Elsewhere (CUDA, other dtypes) candle's `relu`.
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
 use std::mem::MaybeUninit;
 
@@ -48,12 +48,8 @@ impl CustomOp1 for Relu {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = super::f32_slice(s, l, "relu")?;
-        let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
-            forward_into(&x[i * CHUNK..][..o.len()], o);
-        };
-        // SAFETY: `fill` writes every value of its chunk, from the chunk
-        // of `x` of the same length.
-        let out = unsafe { super::par_written(x.len(), CHUNK, fill) };
+        // SAFETY: forward_into writes every value of its chunk.
+        let out = unsafe { super::par_map_written(x, CHUNK, forward_into) };
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 
@@ -80,20 +76,8 @@ impl CustomOp2 for ReluGrad {
     ) -> Result<(CpuStorage, Shape)> {
         let x = super::f32_slice(s1, l1, "relu backward")?;
         let g = super::f32_slice(s2, l2, "relu backward")?;
-        if x.len() != g.len() {
-            bail!(
-                "relu backward: {} inputs but {} gradients",
-                x.len(),
-                g.len()
-            )
-        }
-        let fill = |i: usize, o: &mut [MaybeUninit<f32>]| {
-            let (x, g) = (&x[i * CHUNK..][..o.len()], &g[i * CHUNK..][..o.len()]);
-            backward_into(x, g, o);
-        };
-        // SAFETY: `fill` writes every value of its chunk, from the chunks
-        // of `x` and `g` of the same length.
-        let out = unsafe { super::par_written(x.len(), CHUNK, fill) };
+        // SAFETY: backward_into writes every value of its chunk.
+        let out = unsafe { super::par_zip_written("relu backward", (x, g), CHUNK, backward_into)? };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
