@@ -2,8 +2,10 @@
 # taper vs PyTorch training-step time on the CPU, run alternately in one
 # session (the machines are noisy), then a table of medians and ratios
 # (benches/ratios.py). Each round runs taper, taper with glibc's malloc
-# defaults (TAPER_MALLOC_TUNING=0: what the malloc tuning buys) and PyTorch
-# with SDPA and fused AdamW. Bench-only: PyTorch comes from $PYTHON, else
+# defaults (TAPER_MALLOC_TUNING=0: what the malloc tuning buys), PyTorch
+# with SDPA and fused AdamW, and the same under torch.compile, a labelled
+# variant (COMPILE=0 leaves it out; its warm-up steps include the
+# compilation, so its timed steps do not). Bench-only: PyTorch comes from $PYTHON, else
 # .venv-test (scripts/fetch-data.sh makes it for the tests), else a
 # virtualenv made here with torch from PyPI (a large download) under
 # .venv-bench/, which git ignores.
@@ -13,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
+COMPILE=${COMPILE:-1}
 THREADS=${THREADS:-$(nproc)}
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv-test/bin/python ]; then
@@ -38,6 +41,9 @@ for model in ${MODELS:-mlp cnn gpt shakespeare}; do
     TAPER_MALLOC_TUNING=0 RAYON_NUM_THREADS=$THREADS ./target/release/taper bench step \
       --model "$model" --steps "$steps" | sed -E 's/^(step .* (un)?fused[^ :]*):/\1[glibc-malloc]:/'
     "$PYTHON" benches/torch_step.py --model "$model" --threads "$THREADS" --steps "$steps"
+    if [ "$COMPILE" = 1 ]; then
+      "$PYTHON" benches/torch_step.py --model "$model" --threads "$THREADS" --steps "$steps" --compile
+    fi
   done
 done 2>&1 | tee "$log"
 python3 benches/ratios.py "$log"
