@@ -6,6 +6,15 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+// Unrolls the next loop fully, so that the register arrays it indexes stay
+// in registers (nvcc otherwise may leave a nest of them unrolled in part,
+// and the arrays in local memory). The emulation's g++ ignores it.
+#if defined(__CUDACC__)
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL
+#endif
+
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -8,11 +8,16 @@
 //
 // Layouts are the fused attention's: qkv [b, t, 3c] (q, k and v side by
 // side, head h at columns h*HD of each), y and dy [b, t, c], lse and
-// delta [b * heads, t] in f32. A block is 4 warps; each warp owns 16 rows
-// (queries, or keys in dK/dV) and keeps their tiles in registers, as
-// kernels/mma.cuh lays them out. Shared memory holds only the bf16/f16
-// tiles of the inputs, 64 rows at a time, rows padded by 8 values (16
-// bytes) so that the 8 rows an ldmatrix reads fall in different banks.
+// delta [b * heads, t] in f32. A block owns 64 rows (queries, or keys in
+// dK/dV); each warp owns 16 of them (MT = 1: 4 warps, the `_16` kernels'
+// default) or 32 (MT = 2: 2 warps, the `_r32` kernels) and keeps their
+// tiles in registers, as kernels/mma.cuh lays them out. Shared memory
+// holds only the bf16/f16 tiles of the inputs, 64 rows at a time, rows
+// padded by 8 values (16 bytes) so that the 8 rows an ldmatrix reads fall
+// in different banks. A warp of 32 rows multiplies each B operand it
+// loads from shared memory by two A operands, so it issues half the
+// shared-memory loads per product (FlashAttention-2 gives a warp 32 or
+// more rows for this); it holds twice the registers.
 // The products' B operands come from there by ldmatrix (rows_b, and
 // transposed in accumulate), a load per two products: loaded 32 or 16 bits
 // at a time, they took 4 to 8 times the shared-memory instructions.
@@ -27,8 +32,8 @@
 #include "cp_async.cuh"
 #include "mma.cuh"
 
-#define WARPS 4
-#define THREADS (WARPS * 32)
+// Rows a block owns; a block has 4 / MT warps.
+#define ROWS 64
 
 // Copies rows [r0, r0 + rows) of one head (HD values at `src`, rows
 // `stride` apart) into `dst` [rows][LD], zeros past row t: 16-byte copies
@@ -57,7 +62,7 @@ __device__ void load_tile(T* dst, const T* src, size_t stride, int r0, int rows,
 // 2t of the warp's rows.
 template <typename T, int KD, int LD>
 __device__ __forceinline__ void load_rows(uint32_t (&a)[KD][4], const T* m) {
-  for (int kk = 0; kk < KD; kk++) {
+  UNROLL for (int kk = 0; kk < KD; kk++) {
     a[kk][0] = load2(m + 16 * kk);
     a[kk][1] = load2(m + 8 * LD + 16 * kk);
     a[kk][2] = load2(m + 16 * kk + 8);
@@ -74,7 +79,7 @@ template <typename T, int KD, int LD>
 __device__ __forceinline__ void rows_b(uint32_t (&b)[KD][2], const T* tile, int r) {
   const int lane = threadIdx.x % 32;
   const T* p = tile + (r + lane % 8) * LD + 8 * (lane / 8);
-  for (int kk = 0; kk + 1 < KD; kk += 2) {
+  UNROLL for (int kk = 0; kk + 1 < KD; kk += 2) {
     uint32_t x[4];
     ldsm_x4<false>(x, p + 16 * kk);
     b[kk][0] = x[0], b[kk][1] = x[1], b[kk + 1][0] = x[2], b[kk + 1][1] = x[3];
@@ -86,36 +91,42 @@ __device__ __forceinline__ void rows_b(uint32_t (&b)[KD][2], const T* tile, int 
   }
 }
 
-// s[half] = a . rows^T for the 16 rows (two 8-row halves) of `tile` from
-// row r: a product over HD, as S = Q K^T.
-template <typename T, int KD, int LD>
-__device__ __forceinline__ void product_t(float (&s)[2][4], const uint32_t (&a)[KD][4], const T* tile,
-                                          int r) {
-  for (int half = 0; half < 2; half++) {
-    for (int i = 0; i < 4; i++) s[half][i] = 0.f;
+// s[mt][half] = a[mt] . rows^T for the 16 rows (two 8-row halves) of
+// `tile` from row r, for each of the warp's MT row tiles: a product over
+// HD, as S = Q K^T. Each B operand is loaded once for the MT products.
+template <typename T, int KD, int LD, int MT>
+__device__ __forceinline__ void product_t(float (&s)[MT][2][4], const uint32_t (&a)[MT][KD][4],
+                                          const T* tile, int r) {
+  UNROLL for (int half = 0; half < 2; half++) {
     uint32_t b[KD][2];
     rows_b<T, KD, LD>(b, tile, r + 8 * half);
-    for (int kk = 0; kk < KD; kk++) mma16816<T>(s[half], a[kk], b[kk]);
+    UNROLL for (int mt = 0; mt < MT; mt++) {
+      UNROLL for (int i = 0; i < 4; i++) s[mt][half][i] = 0.f;
+      UNROLL for (int kk = 0; kk < KD; kk++) mma16816<T>(s[mt][half], a[mt][kk], b[kk]);
+    }
   }
 }
 
-// acc[n] += pa . tile[r..r+16][8n..8n+8] for every n: pa the packed A
-// operand of 16 columns, against 16 rows of `tile`, as O += P V. The B
-// operands (rows r + 2t, r + 2t + 1 and 8 further, column 8n + g) come
-// transposed by ldmatrix, two n at a load: lane l points at row
-// r + 8 (i % 2) + l % 8, columns from 8 (n + i / 2), for i = l / 8.
-template <typename T, int ND, int LD>
-__device__ __forceinline__ void accumulate(float (&acc)[ND][4], const uint32_t (&pa)[4], const T* tile,
-                                           int r) {
+// acc[mt][n] += pa[mt] . tile[r..r+16][8n..8n+8] for every n and each of
+// the warp's MT row tiles: pa the packed A operands of 16 columns, against
+// 16 rows of `tile`, as O += P V. The B operands (rows r + 2t, r + 2t + 1
+// and 8 further, column 8n + g) come transposed by ldmatrix, two n at a
+// load: lane l points at row r + 8 (i % 2) + l % 8, columns from
+// 8 (n + i / 2), for i = l / 8.
+template <typename T, int ND, int LD, int MT>
+__device__ __forceinline__ void accumulate(float (&acc)[MT][ND][4], const uint32_t (&pa)[MT][4],
+                                           const T* tile, int r) {
   static_assert(ND % 2 == 0, "two 8-column slices a load");
   const int lane = threadIdx.x % 32, i = lane / 8;
   const T* p = tile + (r + 8 * (i % 2) + lane % 8) * LD + 8 * (i / 2);
-  for (int n = 0; n < ND; n += 2) {
+  UNROLL for (int n = 0; n < ND; n += 2) {
     uint32_t x[4];
     ldsm_x4<true>(x, p + 8 * n);
     const uint32_t b0[2] = {x[0], x[1]}, b1[2] = {x[2], x[3]};
-    mma16816<T>(acc[n], pa, b0);
-    mma16816<T>(acc[n + 1], pa, b1);
+    UNROLL for (int mt = 0; mt < MT; mt++) {
+      mma16816<T>(acc[mt][n], pa[mt], b0);
+      mma16816<T>(acc[mt][n + 1], pa[mt], b1);
+    }
   }
 }
 
@@ -132,24 +143,25 @@ template <typename T, int ND>
 __device__ __forceinline__ void store_acc(T* dst, size_t stride, const float (&acc)[ND][4], float scale,
                                           int row, int t) {
   const int tq = threadIdx.x % 4;
-  for (int r = 0; r < 2; r++) {
+  UNROLL for (int r = 0; r < 2; r++) {
     const int q = row + 8 * r;
     if (q >= t) continue;
-    for (int n = 0; n < ND; n++)
-      for (int i = 0; i < 2; i++) dst[(size_t)q * stride + 8 * n + 2 * tq + i] = from_f<T>(scale * acc[n][2 * r + i]);
+    UNROLL for (int n = 0; n < ND; n++)
+      UNROLL for (int i = 0; i < 2; i++)
+        dst[(size_t)q * stride + 8 * n + 2 * tq + i] = from_f<T>(scale * acc[n][2 * r + i]);
   }
 }
 
 // ---- forward: a block per (64 query rows, batch x head) ----------------
-// Each warp keeps its 16 query rows' scores, weights and output in
-// registers (kernels/mma.cuh's layout): lane (g, t) holds rows g and g + 8
-// of every 8-column slice, columns 2t and 2t + 1. A row's max and sum are
-// reduced over the 4 lanes that share it. Scores are kept in base 2
-// (scaled by log2(e)) for exp2.
+// Each warp keeps its query rows' scores, weights and output in registers
+// (kernels/mma.cuh's layout), 16 rows a tile: lane (g, t) holds rows g and
+// g + 8 of every 8-column slice, columns 2t and 2t + 1. A row's max and
+// sum are reduced over the 4 lanes that share it. Scores are kept in base
+// 2 (scaled by log2(e)) for exp2.
 
-template <typename T, int HD>
+template <typename T, int HD, int MT>
 __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, float scale) {
-  constexpr int BR = WARPS * 16, BC = 64, LD = HD + 8;
+  constexpr int BR = ROWS, BC = 64, LD = HD + 8, RW = 16 * MT;
   constexpr int KD = HD / 16, NC = BC / 8, ND = HD / 8;
   __shared__ __align__(16) T sq[BR * LD];
   __shared__ __align__(16) T skv[2][2][BC * LD];  // [buffer][K, V]
@@ -173,11 +185,15 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
   cp_async_commit();
   cp_async_wait<1>();  // the Q tile
   __syncthreads();
-  uint32_t qa[KD][4];
-  load_rows<T, KD, LD>(qa, sq + (warp * 16 + g) * LD + 2 * tq);
-  float o[ND][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int q[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+  uint32_t qa[MT][KD][4];
+  float o[MT][ND][4] = {};
+  float m[MT][2], l[MT][2];
+  int q[MT][2];
+  UNROLL for (int mt = 0; mt < MT; mt++) {
+    const int row = warp * RW + 16 * mt + g;
+    load_rows<T, KD, LD>(qa[mt], sq + row * LD + 2 * tq);
+    UNROLL for (int r = 0; r < 2; r++) m[mt][r] = -INFINITY, l[mt][r] = 0.f, q[mt][r] = r0 + row + 8 * r;
+  }
 
   const int last = min(t, r0 + BR) - 1;
   for (int k0 = 0, buf = 0; k0 <= last; k0 += BC, buf ^= 1) {
@@ -186,69 +202,76 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
     cp_async_wait<1>();  // this tile's K and V
     __syncthreads();
     const T *sk = skv[buf][0], *sv = skv[buf][1];
-    float s[NC][4] = {};
-    for (int j = 0; j < NC; j++) {
+    float s[MT][NC][4] = {};
+    UNROLL for (int j = 0; j < NC; j++) {
       uint32_t b[KD][2];
       rows_b<T, KD, LD>(b, sk, 8 * j);
-      for (int kk = 0; kk < KD; kk++) mma16816<T>(s[j], qa[kk], b[kk]);
+      UNROLL for (int mt = 0; mt < MT; mt++)
+        UNROLL for (int kk = 0; kk < KD; kk++) mma16816<T>(s[mt][j], qa[mt][kk], b[kk]);
     }
-    // Mask, scale, and each row's max over the tile. Key 0 is in the
-    // first tile and every row sees it, so the running max is finite.
-    float mx[2] = {-INFINITY, -INFINITY};
-    for (int j = 0; j < NC; j++)
-      for (int i = 0; i < 4; i++) {
-        const int k = k0 + 8 * j + 2 * tq + (i & 1), r = i >> 1;
-        const float v = k <= q[r] && k < t ? s[j][i] * scale2 : -INFINITY;
-        s[j][i] = v;
-        mx[r] = fmaxf(mx[r], v);
+    UNROLL for (int mt = 0; mt < MT; mt++) {
+      // Mask, scale, and each row's max over the tile. Key 0 is in the
+      // first tile and every row sees it, so the running max is finite.
+      float mx[2] = {-INFINITY, -INFINITY};
+      UNROLL for (int j = 0; j < NC; j++)
+        UNROLL for (int i = 0; i < 4; i++) {
+          const int k = k0 + 8 * j + 2 * tq + (i & 1), r = i >> 1;
+          const float v = k <= q[mt][r] && k < t ? s[mt][j][i] * scale2 : -INFINITY;
+          s[mt][j][i] = v;
+          mx[r] = fmaxf(mx[r], v);
+        }
+      float alpha[2];
+      UNROLL for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m[mt][r], mx[r]);
+        alpha[r] = exp2f(m[mt][r] - m_new);
+        m[mt][r] = m_new;
+        l[mt][r] *= alpha[r];  // this lane's share of the row's sum
       }
-    float alpha[2];
-    for (int r = 0; r < 2; r++) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
-      alpha[r] = exp2f(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= alpha[r];  // this lane's share of the row's sum
+      UNROLL for (int n = 0; n < ND; n++)
+        UNROLL for (int i = 0; i < 4; i++) o[mt][n][i] *= alpha[i >> 1];
     }
-    for (int n = 0; n < ND; n++)
-      for (int i = 0; i < 4; i++) o[n][i] *= alpha[i >> 1];
-    // The weights, packed as the A operand of P . V, 16 keys at a time.
-    for (int kk = 0; kk < BC / 16; kk++) {
-      uint32_t pa[4];
-      for (int half = 0; half < 2; half++) {
-        float* sj = s[2 * kk + half];
-        const float p0 = exp2f(sj[0] - m[0]), p1 = exp2f(sj[1] - m[0]);
-        const float p2 = exp2f(sj[2] - m[1]), p3 = exp2f(sj[3] - m[1]);
-        l[0] += p0 + p1, l[1] += p2 + p3;
-        pa[2 * half] = pack2<T>(p0, p1);
-        pa[2 * half + 1] = pack2<T>(p2, p3);
-      }
-      accumulate<T, ND, LD>(o, pa, sv, 16 * kk);
+    // The weights, packed as the A operands of P . V, 16 keys at a time.
+    UNROLL for (int kk = 0; kk < BC / 16; kk++) {
+      uint32_t pa[MT][4];
+      UNROLL for (int mt = 0; mt < MT; mt++)
+        UNROLL for (int half = 0; half < 2; half++) {
+          float* sj = s[mt][2 * kk + half];
+          const float p0 = exp2f(sj[0] - m[mt][0]), p1 = exp2f(sj[1] - m[mt][0]);
+          const float p2 = exp2f(sj[2] - m[mt][1]), p3 = exp2f(sj[3] - m[mt][1]);
+          l[mt][0] += p0 + p1, l[mt][1] += p2 + p3;
+          pa[mt][2 * half] = pack2<T>(p0, p1);
+          pa[mt][2 * half + 1] = pack2<T>(p2, p3);
+        }
+      accumulate<T, ND, LD, MT>(o, pa, sv, 16 * kk);
     }
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   T* out = y + (size_t)(bh / heads) * t * c + h * HD;
-  for (int r = 0; r < 2; r++) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    if (q[r] >= t) continue;
-    for (int n = 0; n < ND; n++)
-      for (int i = 0; i < 2; i++)
-        out[(size_t)q[r] * c + 8 * n + 2 * tq + i] = from_f<T>(o[n][2 * r + i] / l[r]);
-    if (tq == 0) lse[(size_t)bh * t + q[r]] = m[r] * 0.6931471805599453f + logf(l[r]);
-  }
+  UNROLL for (int mt = 0; mt < MT; mt++)
+    UNROLL for (int r = 0; r < 2; r++) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int qr = q[mt][r];
+      if (qr >= t) continue;
+      UNROLL for (int n = 0; n < ND; n++)
+        UNROLL for (int i = 0; i < 2; i++)
+          out[(size_t)qr * c + 8 * n + 2 * tq + i] = from_f<T>(o[mt][n][2 * r + i] / sum);
+      if (tq == 0) lse[(size_t)bh * t + qr] = m[mt][r] * 0.6931471805599453f + logf(sum);
+    }
 }
 
 // ---- backward, part 1: dQ, and delta = rowsum(dY * Y) -------------------
 // A block per (64 query rows, batch x head), over the key tiles up to its
-// last row; each warp keeps its 16 rows' dQ in registers. Runs before part
+// last row; each warp keeps its rows' dQ in registers. Runs before part
 // 2, which reads delta.
 
-template <typename T, int HD>
+template <typename T, int HD, int MT>
 __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const float* lse,
                                   float* delta, T* dqkv, int t, int heads, float scale) {
-  constexpr int BR = WARPS * 16, BC = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8;
+  constexpr int BR = ROWS, BC = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8, RW = 16 * MT;
   static_assert(BR == BC, "the Q and dY tiles lie in the second K and V buffer");
   __shared__ __align__(16) T skv[2][2][BC * LD];  // [buffer][K, V]
   __shared__ float sl[BR], sd[BR];
@@ -274,9 +297,10 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
   cp_async_commit();
   fetch(0, 0);
   cp_async_commit();
-  {
-    // Two threads per row: row `me`, every other column.
-    const int me = threadIdx.x / 2, half = threadIdx.x % 2, q = r0 + me;
+  // Two threads per row: row `me`, every other column (every thread runs
+  // the same number of rows, so the shuffle has both of a row's threads).
+  for (int me = threadIdx.x / 2; me < BR; me += blockDim.x / 2) {
+    const int half = threadIdx.x % 2, q = r0 + me;
     float dot = 0.f;
     if (q < t)
       for (int d = half; d < HD; d += 2) dot += to_f(dyb[(size_t)q * c + d]) * to_f(yb[(size_t)q * c + d]);
@@ -289,13 +313,17 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
   }
   cp_async_wait<1>();  // the Q and dY tiles
   __syncthreads();
-  const int row = warp * 16 + g;
-  uint32_t qa[KD][4], da[KD][4];
-  load_rows<T, KD, LD>(qa, sq + row * LD + 2 * tq);
-  load_rows<T, KD, LD>(da, sdo + row * LD + 2 * tq);
-  const int q[2] = {r0 + row, r0 + row + 8};
-  const float lr[2] = {sl[row], sl[row + 8]}, dr[2] = {sd[row], sd[row + 8]};
-  float acc[ND][4] = {};
+  uint32_t qa[MT][KD][4], da[MT][KD][4];
+  int q[MT][2];
+  float lr[MT][2], dr[MT][2];
+  UNROLL for (int mt = 0; mt < MT; mt++) {
+    const int row = warp * RW + 16 * mt + g;
+    load_rows<T, KD, LD>(qa[mt], sq + row * LD + 2 * tq);
+    load_rows<T, KD, LD>(da[mt], sdo + row * LD + 2 * tq);
+    UNROLL for (int r = 0; r < 2; r++)
+      q[mt][r] = r0 + row + 8 * r, lr[mt][r] = sl[row + 8 * r], dr[mt][r] = sd[row + 8 * r];
+  }
+  float acc[MT][ND][4] = {};
   __syncthreads();  // every warp has its rows before their buffer is refilled
 
   const int last = min(t, r0 + BR) - 1;
@@ -305,34 +333,38 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
     cp_async_wait<1>();  // this tile's K and V
     __syncthreads();
     const T *sk = skv[buf][0], *sv = skv[buf][1];
-    for (int kk = 0; kk < BC / 16; kk++) {
-      float sc[2][4], dp[2][4];
-      product_t<T, KD, LD>(sc, qa, sk, 16 * kk);
-      product_t<T, KD, LD>(dp, da, sv, 16 * kk);
-      for (int half = 0; half < 2; half++)
-        for (int i = 0; i < 4; i++) {
-          const int k = k0 + 16 * kk + 8 * half + 2 * tq + (i & 1), r = i >> 1;
-          const float p = k <= q[r] && q[r] < t ? exp2f(sc[half][i] * scale2 - lr[r]) : 0.f;
-          sc[half][i] = p * (dp[half][i] - dr[r]);
-        }
-      uint32_t pa[4];
-      pack_rows<T>(pa, sc);
-      accumulate<T, ND, LD>(acc, pa, sk, 16 * kk);
+    UNROLL for (int kk = 0; kk < BC / 16; kk++) {
+      float sc[MT][2][4], dp[MT][2][4];
+      product_t<T, KD, LD, MT>(sc, qa, sk, 16 * kk);
+      product_t<T, KD, LD, MT>(dp, da, sv, 16 * kk);
+      uint32_t pa[MT][4];
+      UNROLL for (int mt = 0; mt < MT; mt++) {
+        UNROLL for (int half = 0; half < 2; half++)
+          UNROLL for (int i = 0; i < 4; i++) {
+            const int k = k0 + 16 * kk + 8 * half + 2 * tq + (i & 1), r = i >> 1;
+            const float p =
+                k <= q[mt][r] && q[mt][r] < t ? exp2f(sc[mt][half][i] * scale2 - lr[mt][r]) : 0.f;
+            sc[mt][half][i] = p * (dp[mt][half][i] - dr[mt][r]);
+          }
+        pack_rows<T>(pa[mt], sc[mt]);
+      }
+      accumulate<T, ND, LD, MT>(acc, pa, sk, 16 * kk);
     }
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
-  store_acc<T, ND>(dqkv + b0 * stride + h * HD, stride, acc, scale, r0 + row, t);
+  UNROLL for (int mt = 0; mt < MT; mt++)
+    store_acc<T, ND>(dqkv + b0 * stride + h * HD, stride, acc[mt], scale, q[mt][0], t);
 }
 
 // ---- backward, part 2: dK and dV ----------------------------------------
 // A block per (64 keys, batch x head), over the query tiles from its first
-// key on. Each warp owns 16 keys and works on the transposed tiles (keys x
-// queries), keeping its dK and dV in registers.
+// key on. Each warp owns 16 or 32 keys and works on the transposed tiles
+// (keys x queries), keeping its dK and dV in registers.
 
-template <typename T, int HD>
+template <typename T, int HD, int MT>
 __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
                                    const float* delta, T* dqkv, int t, int heads, float scale) {
-  constexpr int BK = WARPS * 16, BQ = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8;
+  constexpr int BK = ROWS, BQ = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8, RW = 16 * MT;
   static_assert(BK == BQ, "the K and V tiles lie in the second Q and dY buffer");
   __shared__ __align__(16) T sqd[2][2][BQ * LD];  // [buffer][Q, dY]
   __shared__ __align__(16) float sl[2][BQ], sd[2][BQ];  // each row's lse and delta
@@ -365,12 +397,15 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
   cp_async_commit();
   cp_async_wait<1>();  // the K and V tiles
   __syncthreads();
-  const int row = warp * 16 + g;
-  uint32_t ka[KD][4], va[KD][4];
-  load_rows<T, KD, LD>(ka, sk + row * LD + 2 * tq);
-  load_rows<T, KD, LD>(va, sv + row * LD + 2 * tq);
-  const int k[2] = {k0 + row, k0 + row + 8};
-  float dk[ND][4] = {}, dv[ND][4] = {};
+  uint32_t ka[MT][KD][4], va[MT][KD][4];
+  int k[MT][2];
+  UNROLL for (int mt = 0; mt < MT; mt++) {
+    const int row = warp * RW + 16 * mt + g;
+    load_rows<T, KD, LD>(ka[mt], sk + row * LD + 2 * tq);
+    load_rows<T, KD, LD>(va[mt], sv + row * LD + 2 * tq);
+    k[mt][0] = k0 + row, k[mt][1] = k0 + row + 8;
+  }
+  float dk[MT][ND][4] = {}, dv[MT][ND][4] = {};
   __syncthreads();  // every warp has its rows before their buffer is refilled
 
   for (int q0 = k0, buf = 0; q0 < t; q0 += BQ, buf ^= 1) {
@@ -380,46 +415,54 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
     __syncthreads();
     const T *sq = sqd[buf][0], *sdo = sqd[buf][1];
     const float *lb = sl[buf], *db = sd[buf];
-    for (int kk = 0; kk < BQ / 16; kk++) {
-      float st[2][4], dpt[2][4];
-      product_t<T, KD, LD>(st, ka, sq, 16 * kk);
-      product_t<T, KD, LD>(dpt, va, sdo, 16 * kk);
-      for (int half = 0; half < 2; half++)
-        for (int i = 0; i < 4; i++) {
-          const int j = 16 * kk + 8 * half + 2 * tq + (i & 1), q = q0 + j, r = i >> 1;
-          const float p =
-              k[r] <= q && q < t ? exp2f(st[half][i] * scale2 - lb[j] * 1.4426950408889634f) : 0.f;
-          st[half][i] = p;
-          dpt[half][i] = p * (dpt[half][i] - db[j]);
-        }
-      uint32_t pa[4];
-      pack_rows<T>(pa, st);
-      accumulate<T, ND, LD>(dv, pa, sdo, 16 * kk);
-      pack_rows<T>(pa, dpt);
-      accumulate<T, ND, LD>(dk, pa, sq, 16 * kk);
+    UNROLL for (int kk = 0; kk < BQ / 16; kk++) {
+      float st[MT][2][4], dpt[MT][2][4];
+      product_t<T, KD, LD, MT>(st, ka, sq, 16 * kk);
+      product_t<T, KD, LD, MT>(dpt, va, sdo, 16 * kk);
+      uint32_t pa[MT][4];
+      UNROLL for (int mt = 0; mt < MT; mt++) {
+        UNROLL for (int half = 0; half < 2; half++)
+          UNROLL for (int i = 0; i < 4; i++) {
+            const int j = 16 * kk + 8 * half + 2 * tq + (i & 1), q = q0 + j, r = i >> 1;
+            const float p = k[mt][r] <= q && q < t
+                                ? exp2f(st[mt][half][i] * scale2 - lb[j] * 1.4426950408889634f)
+                                : 0.f;
+            st[mt][half][i] = p;
+            dpt[mt][half][i] = p * (dpt[mt][half][i] - db[j]);
+          }
+        pack_rows<T>(pa[mt], st[mt]);
+      }
+      accumulate<T, ND, LD, MT>(dv, pa, sdo, 16 * kk);
+      UNROLL for (int mt = 0; mt < MT; mt++) pack_rows<T>(pa[mt], dpt[mt]);
+      accumulate<T, ND, LD, MT>(dk, pa, sq, 16 * kk);
     }
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   T* out = dqkv + b0 * stride + h * HD;
-  store_acc<T, ND>(out + 2 * c, stride, dv, 1.f, k0 + row, t);
-  store_acc<T, ND>(out + c, stride, dk, scale, k0 + row, t);
+  UNROLL for (int mt = 0; mt < MT; mt++) {
+    store_acc<T, ND>(out + 2 * c, stride, dv[mt], 1.f, k[mt][0], t);
+    store_acc<T, ND>(out + c, stride, dk[mt], scale, k[mt][0], t);
+  }
 }
 
-#define FLASH(T, S, HD)                                                                        \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                        \
-      flash_forward_##S##_##HD(const T* qkv, T* y, float* lse, int t, int heads, float scale) { \
-    flash_forward<T, HD>(qkv, y, lse, t, heads, scale);                                       \
-  }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(THREADS) flash_backward_dq_##S##_##HD(          \
-      const T* qkv, const T* y, const T* dy, const float* lse, float* delta, T* dqkv, int t,   \
-      int heads, float scale) {                                                                \
-    flash_backward_dq<T, HD>(qkv, y, dy, lse, delta, dqkv, t, heads, scale);                  \
-  }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(THREADS) flash_backward_dkv_##S##_##HD(         \
-      const T* qkv, const T* dy, const float* lse, const float* delta, T* dqkv, int t,         \
-      int heads, float scale) {                                                                \
-    flash_backward_dkv<T, HD>(qkv, dy, lse, delta, dqkv, t, heads, scale);                    \
+// The kernels for MT row tiles a warp (4 / MT warps a block), named
+// flash_{forward,backward_dq,backward_dkv}_{f16,bf16}_{HD}{SUF}.
+#define FLASH(T, S, HD, MT, SUF)                                                                     \
+  extern "C" __global__ void __launch_bounds__(128 / MT)                                             \
+      flash_forward_##S##_##HD##SUF(const T* qkv, T* y, float* lse, int t, int heads, float scale) { \
+    flash_forward<T, HD, MT>(qkv, y, lse, t, heads, scale);                                         \
+  }                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128 / MT) flash_backward_dq_##S##_##HD##SUF(          \
+      const T* qkv, const T* y, const T* dy, const float* lse, float* delta, T* dqkv, int t,         \
+      int heads, float scale) {                                                                      \
+    flash_backward_dq<T, HD, MT>(qkv, y, dy, lse, delta, dqkv, t, heads, scale);                    \
+  }                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128 / MT) flash_backward_dkv_##S##_##HD##SUF(         \
+      const T* qkv, const T* dy, const float* lse, const float* delta, T* dqkv, int t,               \
+      int heads, float scale) {                                                                      \
+    flash_backward_dkv<T, HD, MT>(qkv, dy, lse, delta, dqkv, t, heads, scale);                      \
   }
-#define FLASH_WIDTHS(T, S) FLASH(T, S, 16) FLASH(T, S, 32) FLASH(T, S, 64)
+#define FLASH_ROWS(T, S, HD) FLASH(T, S, HD, 1, ) FLASH(T, S, HD, 2, _r32)
+#define FLASH_WIDTHS(T, S) FLASH_ROWS(T, S, 16) FLASH_ROWS(T, S, 32) FLASH_ROWS(T, S, 64)
 FLASH_WIDTHS(__half, f16)
 FLASH_WIDTHS(__nv_bfloat16, bf16)

@@ -372,17 +372,19 @@ PY
 # The one call a session makes when its task has about 15 minutes of device
 # time in all (a fresh machine takes one or two of them to start): the checks
 # in order of what a later session needs most, each bounded by what is left of
-# FIRST_BUDGET_S (default 420 s; under 20 s left, a step is skipped and says
+# FIRST_BUDGET_S (default 480 s; under 20 s left, a step is skipped and says
 # so). 1. every GPU test; 2. the GPT-2 bf16 step at batch 8 in rounds: this
-# tree, .gpu/taper-base (pack-base), this tree with cuBLASLt's dense forward,
+# tree, this tree with the tiled attention's warps of 32 rows
+# (TAPER_FLASH_ROWS=32), .gpu/taper-base (pack-base), this tree with cuBLASLt's dense forward,
 # PyTorch eager with SDPA and fused AdamW, and once this tree with the command
 # on the main thread; 3. taper's element-wise kernels against the card's memory
 # bandwidth; 4. the products alone, both sides; 5. the attention's share (the
-# step at context 64 and 1024, this tree and the base); 6. torch.compile at
+# step at context 64 and 1024, this tree with 16 and 32 rows a warp, and the
+# base); 6. torch.compile at
 # batch 8. Then benches/ratios.py's table of step 2. `run profile` (Nsight
 # Compute, about 7 minutes) needs a call of its own.
 first() {
-  local end=$((SECONDS + ${FIRST_BUDGET_S:-420}))
+  local end=$((SECONDS + ${FIRST_BUDGET_S:-480}))
   local log=/tmp/first.log
   : > "$log"
   {
@@ -393,6 +395,7 @@ first() {
     for round in $(seq "${BENCH_ROUNDS:-2}"); do
       echo "== bench gpt2 bf16 batch $b"
       within 90 env TAPER_CUBLASLT=0 "$bin/taper" "${step[@]}"
+      within 90 env TAPER_CUBLASLT=0 TAPER_FLASH_ROWS=32 "$bin/taper" "${step[@]}" | tagged r32
       if [ -x "$bin/taper-base" ]; then
         within 90 env TAPER_CUBLASLT=0 "$bin/taper-base" "${step[@]}" | tagged base
       fi
@@ -416,6 +419,7 @@ first() {
                 --context "$ctx" --batch $((8192 / ctx)) --compare-attention)
       echo "== bench gpt2@context$ctx bf16 batch $((8192 / ctx))"
       within 90 "$bin/taper" "${at[@]}"
+      within 90 env TAPER_FLASH_ROWS=32 "$bin/taper" "${at[@]}" | tagged r32
       if [ -x "$bin/taper-base" ]; then
         within 90 "$bin/taper-base" "${at[@]}" | tagged base
       fi

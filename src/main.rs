@@ -36,6 +36,16 @@ fn read_switches() {
         Ok("1") => taper::kernels::set_flash(true),
         _ => {}
     }
+    // TAPER_FLASH_ROWS=32 gives each warp of the tiled attention 32 rows
+    // instead of 16 (the default).
+    if let Ok(rows) = std::env::var("TAPER_FLASH_ROWS") {
+        let set = rows.parse().map_err(|e| format!("{e}"));
+        if let Err(e) =
+            set.and_then(|r| taper::kernels::set_flash_rows(r).map_err(|e| e.to_string()))
+        {
+            eprintln!("taper: TAPER_FLASH_ROWS={rows}: {e}; keeping 16");
+        }
+    }
     // TAPER_CUBLASLT=1 runs the dense layer's forward on CUDA through
     // cuBLASLt, the bias in the product's epilogue (=0, the default: cuBLAS
     // onto the bias rows).

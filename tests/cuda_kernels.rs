@@ -290,10 +290,14 @@ fn check_causal_attention() -> Result<()> {
 
 /// The tiled kernel of `kernels/flash.cu` (forward, and the two backward
 /// kernels), against the CPU's fused attention in f32; partial tiles, every
-/// head width it is built for, GPT-2's shape at its full context.
+/// head width it is built for, GPT-2's shape at its full context; warps of
+/// 16 rows and of 32.
 #[test]
 fn flash_attention_matches_the_cpu() -> Result<()> {
-    for dt in [DType::F16, DType::BF16] {
+    for (dt, rows) in [DType::F16, DType::BF16]
+        .into_iter()
+        .flat_map(|dt| [(dt, 16), (dt, 32)])
+    {
         for (b, t, heads, hd) in [
             (2, 7, 1, 16),
             (3, 150, 4, 16),
@@ -302,9 +306,10 @@ fn flash_attention_matches_the_cpu() -> Result<()> {
             (1, 1024, 12, 64),
         ] {
             let qkv = randn(&[b, t, 3 * heads * hd], 1.0)?;
-            check("flash attention", dt, &[qkv], |x| {
+            let what = format!("flash attention, {rows} rows a warp");
+            check(&what, dt, &[qkv], |x| {
                 if x[0].device().is_cuda() {
-                    kernels::flash_attention(&x[0], heads)
+                    kernels::flash_attention_rows(&x[0], heads, rows)
                 } else {
                     kernels::causal_attention(&x[0], heads)
                 }
@@ -315,7 +320,8 @@ fn flash_attention_matches_the_cpu() -> Result<()> {
 }
 
 /// No two blocks add into one value, so the flash gradients repeat bit for
-/// bit (resumed and uninterrupted GPU runs depend on it).
+/// bit (resumed and uninterrupted GPU runs depend on it), with warps of 16
+/// rows and of 32.
 #[test]
 fn flash_attention_gradients_repeat_bit_for_bit() -> Result<()> {
     let gpu = gpu();
@@ -325,9 +331,9 @@ fn flash_attention_gradients_repeat_bit_for_bit() -> Result<()> {
     let probe = randn(&[2, 300, 4 * 64], 1.0)?
         .to_dtype(DType::BF16)?
         .to_device(&gpu)?;
-    let grad = || -> Result<Vec<f32>> {
+    let grad = |rows| -> Result<Vec<f32>> {
         let v = Var::from_tensor(&x)?;
-        let y = kernels::flash_attention(v.as_tensor(), 4)?;
+        let y = kernels::flash_attention_rows(v.as_tensor(), 4, rows)?;
         let g = (y * &probe)?.sum_all()?.backward()?;
         g.get(v.as_tensor())
             .expect("a gradient")
@@ -335,8 +341,10 @@ fn flash_attention_gradients_repeat_bit_for_bit() -> Result<()> {
             .flatten_all()?
             .to_vec1()
     };
-    let (a, b) = (grad()?, grad()?);
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    for rows in [16, 32] {
+        let (a, b) = (grad(rows)?, grad(rows)?);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
     Ok(())
 }
 

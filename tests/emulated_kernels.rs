@@ -120,6 +120,7 @@ fn check(
     hd: usize,
     dtype: DType,
     misaligned: bool,
+    warp_rows: usize,
 ) -> Result<()> {
     let c = heads * hd;
     let round = |x: Tensor| x.to_dtype(dtype)?.to_dtype(DType::F64);
@@ -141,6 +142,7 @@ fn check(
         .arg(&input)
         .arg(&output)
         .args(misaligned.then_some("misaligned"))
+        .args((warp_rows == 32).then_some("r32"))
         .output()
         .expect("running flash_main");
     assert!(
@@ -172,7 +174,9 @@ fn check(
         rel(lse, &f32s(&lse64)?),
         rel(dqkv, &f32s(dx)?),
     );
-    let what = format!("b {b}, t {t}, {heads} heads of {hd}, {dtype:?}, misaligned {misaligned}");
+    let what = format!(
+        "b {b}, t {t}, {heads} heads of {hd}, {dtype:?}, misaligned {misaligned}, {warp_rows} rows a warp"
+    );
     assert!(ey <= bound, "{what}: output off by {ey:.2e}");
     assert!(el <= 1e-5, "{what}: log-sum-exp off by {el:.2e}");
     assert!(ed <= 2.0 * bound, "{what}: gradient off by {ed:.2e}");
@@ -202,19 +206,23 @@ fn log_sum_exp(qkv: &Tensor, heads: usize) -> Result<Tensor> {
 
 /// Partial last tiles (150 = 2 x 64 + 22, 130, 97), exactly one tile, a
 /// single position; every head width the kernels are built for; both
-/// dtypes; both ways of loading a tile. The emulated cp.async copies land
+/// dtypes; both ways of loading a tile; warps of 16 rows and of 32 (each
+/// test case runs both). The emulated cp.async copies land
 /// only when their thread waits for them (`kernels/cp_async.cuh`), so a
 /// tile read before its wait, or refilled while it is read, fails here; a
 /// missing barrier before a buffer is refilled does not (the late copies
 /// hide it).
 #[test]
 fn flash_kernels_match_float64_attention() -> Result<()> {
-    check(2, 150, 3, 16, DType::BF16, false)?;
-    check(1, 130, 2, 64, DType::BF16, false)?;
-    check(2, 64, 2, 32, DType::F16, false)?;
-    check(1, 97, 1, 64, DType::F16, false)?;
-    check(1, 1, 1, 16, DType::BF16, false)?;
-    check(1, 100, 2, 32, DType::BF16, true)
+    for warp_rows in [16, 32] {
+        check(2, 150, 3, 16, DType::BF16, false, warp_rows)?;
+        check(1, 130, 2, 64, DType::BF16, false, warp_rows)?;
+        check(2, 64, 2, 32, DType::F16, false, warp_rows)?;
+        check(1, 97, 1, 64, DType::F16, false, warp_rows)?;
+        check(1, 1, 1, 16, DType::BF16, false, warp_rows)?;
+        check(1, 100, 2, 32, DType::BF16, true, warp_rows)?;
+    }
+    Ok(())
 }
 
 /// `adamw_mixed_bf16` as the GPU runs it, against the CPU's one-pass

@@ -30,7 +30,8 @@ pub fn causal_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
     }
     if super::covers(qkv) {
         let flash = super::flash() && flash_takes(qkv, heads);
-        qkv.contiguous()?.apply_op1(Attention::new(heads, flash))
+        let op = Attention::new(heads, flash, super::flash_rows());
+        qkv.contiguous()?.apply_op1(op)
     } else {
         composed(qkv, heads)
     }
@@ -40,6 +41,15 @@ pub fn causal_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
 /// whatever [`super::set_flash`] says: CUDA, f16 or bf16, heads of 16, 32
 /// or 64; an error elsewhere.
 pub fn flash_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    flash_attention_rows(qkv, heads, super::flash_rows())
+}
+
+/// [`flash_attention`] with warps of `rows` rows (16 or 32), whatever
+/// [`super::set_flash_rows`] says.
+pub fn flash_attention_rows(qkv: &Tensor, heads: usize, rows: usize) -> Result<Tensor> {
+    if !matches!(rows, 16 | 32) {
+        bail!("flash attention: warps take 16 or 32 rows, not {rows}")
+    }
     let (_, _, c3) = qkv.dims3()?;
     if !flash_takes(qkv, heads) {
         bail!(
@@ -49,7 +59,8 @@ pub fn flash_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
             qkv.device().location()
         )
     }
-    qkv.contiguous()?.apply_op1(Attention::new(heads, true))
+    qkv.contiguous()?
+        .apply_op1(Attention::new(heads, true, rows))
 }
 
 #[cfg(feature = "cuda")]
@@ -145,16 +156,20 @@ struct Attention {
     /// On CUDA, the tiled kernels (`flash.rs`) rather than cuBLAS.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     flash: bool,
+    /// Rows a warp of the tiled kernels owns (16 or 32).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    rows: usize,
     /// What the flash forward leaves for the backward.
     #[cfg(feature = "cuda")]
     lse: super::flash::Lse,
 }
 
 impl Attention {
-    fn new(heads: usize, flash: bool) -> Self {
+    fn new(heads: usize, flash: bool, rows: usize) -> Self {
         Attention {
             heads,
             flash,
+            rows,
             #[cfg(feature = "cuda")]
             lse: Default::default(),
         }
@@ -182,7 +197,7 @@ impl CustomOp1 for Attention {
         use super::flash::forward as flash;
         let (b, d) = Dims::of(l, self.heads)?;
         let y = if self.flash {
-            super::cuda::by_float!(s, flash(s, l, self.heads, &self.lse))?
+            super::cuda::by_float!(s, flash(s, l, (self.heads, self.rows), &self.lse))?
         } else {
             super::cuda::by_float!(s, forward(s, l, self.heads))?
         };
@@ -192,6 +207,8 @@ impl CustomOp1 for Attention {
     fn bwd(&self, qkv: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         let grad = AttentionGrad {
             heads: self.heads,
+            #[cfg(feature = "cuda")]
+            rows: self.rows,
             #[cfg(feature = "cuda")]
             lse: self.lse.clone(),
         };
@@ -204,6 +221,8 @@ impl CustomOp1 for Attention {
 /// `dQ = scale dS K`, `dK += scale dS^T Q`.
 struct AttentionGrad {
     heads: usize,
+    #[cfg(feature = "cuda")]
+    rows: usize,
     #[cfg(feature = "cuda")]
     lse: super::flash::Lse,
 }
@@ -247,7 +266,8 @@ impl CustomOp3 for AttentionGrad {
         use super::flash::backward as flash;
         let dqkv = match self.lse.take() {
             Some(lse) => {
-                super::cuda::by_float!(s1, flash((s1, l1), (s2, l2), (s3, l3), &lse, self.heads))?
+                let hr = (self.heads, self.rows);
+                super::cuda::by_float!(s1, flash((s1, l1), (s2, l2), (s3, l3), &lse, hr))?
             }
             None => super::cuda::by_float!(s1, backward((s1, l1), (s3, l3), self.heads))?,
         };

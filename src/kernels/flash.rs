@@ -38,24 +38,28 @@ impl Lse {
     }
 }
 
-/// A block of 4 warps per (64 rows, batch x head), as `flash.cu` expects.
-fn blocks(t: usize, bh: usize) -> Result<LaunchConfig> {
+/// A block per (64 rows, batch x head), as `flash.cu` expects: 4 warps of
+/// 16 rows, or 2 of 32 (`rows`, [`super::set_flash_rows`]).
+fn blocks(t: usize, bh: usize, rows: usize) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (int(t.div_ceil(64))? as u32, int(bh)? as u32, 1),
-        block_dim: (128, 1, 1),
+        block_dim: (if rows == 32 { 64 } else { 128 }, 1, 1),
         shared_mem_bytes: 0,
     })
 }
 
-fn name<T: WithDType>(base: &str, d: Dims) -> Result<String> {
-    Ok(format!("{base}_{}_{}", suffix(T::DTYPE)?, d.hd))
+/// The kernel for this dtype, head width and rows a warp: `_r32` for 32.
+fn name<T: WithDType>(base: &str, d: Dims, rows: usize) -> Result<String> {
+    let r32 = if rows == 32 { "_r32" } else { "" };
+    Ok(format!("{base}_{}_{}{r32}", suffix(T::DTYPE)?, d.hd))
 }
 
-/// `qkv [b, t, 3c]` to `y [b, t, c]`, leaving the log-sum-exp in `lse`.
+/// `qkv [b, t, 3c]` to `y [b, t, c]`, leaving the log-sum-exp in `lse`;
+/// warps of `rows` (16 or 32) query rows.
 pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
     s: &CudaStorage,
     l: &Layout,
-    heads: usize,
+    (heads, rows): (usize, usize),
     lse: &Lse,
 ) -> Result<CudaStorage> {
     let (b, d) = Dims::of(l, heads)?;
@@ -72,7 +76,7 @@ pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
     let y = alloc::<T>(dev, b * t * c)?;
     let m = alloc::<f32>(dev, b * heads * t)?;
     if b * t > 0 {
-        let f = kernel!(FLASH, dev, name::<T>("flash_forward", d)?);
+        let f = kernel!(FLASH, dev, name::<T>("flash_forward", d, rows)?);
         let (t_i, heads_i, scale) = (int(t)?, int(heads)?, d.scale());
         let mut a = f.builder();
         a.arg(&qkv)
@@ -81,19 +85,20 @@ pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
             .arg(&t_i)
             .arg(&heads_i)
             .arg(&scale);
-        run(&mut a, blocks(t, b * heads)?)?;
+        run(&mut a, blocks(t, b * heads, rows)?)?;
     }
     *lse.slot() = Some(m);
     Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
 }
 
-/// `(qkv, y, dy)` and the forward's log-sum-exp to `dqkv`.
+/// `(qkv, y, dy)` and the forward's log-sum-exp to `dqkv`; warps of
+/// `rows` (16 or 32) queries, then keys.
 pub(super) fn backward<T: CudaDType + DeviceRepr + WithDType>(
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
     (s3, l3): (&CudaStorage, &Layout),
     lse: &CudaSlice<f32>,
-    heads: usize,
+    (heads, rows): (usize, usize),
 ) -> Result<CudaStorage> {
     let (b, d) = Dims::of(l1, heads)?;
     let (t, c) = (d.t, d.c());
@@ -113,13 +118,13 @@ pub(super) fn backward<T: CudaDType + DeviceRepr + WithDType>(
     if b * t > 0 {
         let delta = alloc::<f32>(dev, b * heads * t)?;
         let (t_i, heads_i, scale) = (int(t)?, int(heads)?, d.scale());
-        let cfg = blocks(t, b * heads)?;
-        let f = kernel!(FLASH, dev, name::<T>("flash_backward_dq", d)?);
+        let cfg = blocks(t, b * heads, rows)?;
+        let f = kernel!(FLASH, dev, name::<T>("flash_backward_dq", d, rows)?);
         let mut a = f.builder();
         a.arg(&qkv).arg(&y).arg(&dy).arg(lse).arg(&delta).arg(&dqkv);
         a.arg(&t_i).arg(&heads_i).arg(&scale);
         run(&mut a, cfg)?;
-        let f = kernel!(FLASH, dev, name::<T>("flash_backward_dkv", d)?);
+        let f = kernel!(FLASH, dev, name::<T>("flash_backward_dkv", d, rows)?);
         let mut a = f.builder();
         a.arg(&qkv).arg(&dy).arg(lse).arg(&delta).arg(&dqkv);
         a.arg(&t_i).arg(&heads_i).arg(&scale);

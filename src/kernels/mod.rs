@@ -51,7 +51,7 @@ mod vexp;
 mod weight_grad;
 
 pub use add::{add, install as install_add};
-pub use attention::{causal_attention, causal_mask, flash_attention};
+pub use attention::{causal_attention, causal_mask, flash_attention, flash_attention_rows};
 pub use bias::{bias_add, bias_grad};
 pub use ce_rows::rows_loss_and_grad;
 pub use chunked_ce::{chunked_cross_entropy, padded_head};
@@ -202,7 +202,7 @@ unsafe fn written(s: &mut [std::mem::MaybeUninit<f32>]) -> &mut [f32] {
     unsafe { &mut *(s as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }
 }
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static FUSED: AtomicBool = AtomicBool::new(true);
 
@@ -231,6 +231,27 @@ pub fn set_flash(on: bool) {
 
 pub fn flash() -> bool {
     FLASH.load(Ordering::Relaxed)
+}
+
+static FLASH_ROWS: AtomicUsize = AtomicUsize::new(16);
+
+/// Rows a warp of the tiled attention kernel owns: 16 (the default: 4
+/// warps a block) or 32 (2 warps, each B operand loaded from shared memory
+/// once for twice the products, FlashAttention-2's arrangement; more
+/// registers a thread). Both are checked against float64 under emulation
+/// (`tests/emulated_kernels.rs`) and against the CPU on a GPU; which is
+/// faster has not yet been measured. The binary reads `TAPER_FLASH_ROWS=32`
+/// at start. Other values are refused.
+pub fn set_flash_rows(rows: usize) -> candle_core::Result<()> {
+    if !matches!(rows, 16 | 32) {
+        candle_core::bail!("flash attention: warps take 16 or 32 rows, not {rows}")
+    }
+    FLASH_ROWS.store(rows, Ordering::Relaxed);
+    Ok(())
+}
+
+pub fn flash_rows() -> usize {
+    FLASH_ROWS.load(Ordering::Relaxed)
 }
 
 static CUBLASLT: AtomicBool = AtomicBool::new(false);
