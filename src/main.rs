@@ -39,11 +39,10 @@ fn read_switches() {
     // TAPER_FLASH_ROWS=32 gives each warp of the tiled attention 32 rows
     // instead of 16 (the default).
     if let Ok(rows) = std::env::var("TAPER_FLASH_ROWS") {
-        let set = rows.parse().map_err(|e| format!("{e}"));
-        if let Err(e) =
-            set.and_then(|r| taper::kernels::set_flash_rows(r).map_err(|e| e.to_string()))
-        {
-            eprintln!("taper: TAPER_FLASH_ROWS={rows}: {e}; keeping 16");
+        match rows.as_str() {
+            "16" => taper::kernels::set_flash_rows(16).expect("16 is taken"),
+            "32" => taper::kernels::set_flash_rows(32).expect("32 is taken"),
+            _ => eprintln!("taper: TAPER_FLASH_ROWS={rows}: warps take 16 or 32 rows; keeping 16"),
         }
     }
     // TAPER_CUBLASLT=1 runs the dense layer's forward on CUDA through
