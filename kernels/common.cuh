@@ -11,8 +11,10 @@
 // and the arrays in local memory). The emulation's g++ ignores it.
 #if defined(__CUDACC__)
 #define UNROLL _Pragma("unroll")
+#define NO_UNROLL _Pragma("unroll 1")
 #else
 #define UNROLL
+#define NO_UNROLL
 #endif
 
 __device__ __forceinline__ float to_f(float x) { return x; }

@@ -32,26 +32,54 @@
 #include "cp_async.cuh"
 #include "mma.cuh"
 
+#include <type_traits>
+
 // Rows a block owns; a block has 4 / MT warps.
 #define ROWS 64
 
-// Copies rows [r0, r0 + rows) of one head (HD values at `src`, rows
-// `stride` apart) into `dst` [rows][LD], zeros past row t: 16-byte copies
+// 2^x as the hardware approximates it (PTX ex2.approx.ftz.f32: within
+// 2 ulp, results under 2^-126 flushed to zero): one MUFU instruction,
+// where exp2f wraps it in a compare and two multiplies for subnormal
+// results. A weight that small adds nothing to a row whose sum is at least
+// 1 (its maximum's weight). 2^-inf is 0 either way. The emulation uses
+// exp2f.
+__device__ __forceinline__ float exp2_fast(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+// Copies rows [r0, r0 + ROWS) of one head (HD values at `src`, rows
+// `stride` apart) into `dst` [ROWS][LD], zeros past row t: 16-byte copies
 // queued by cp.async where the rows are 16-byte aligned (the fused qkv's
 // always are unless a width is odd), which the caller commits and waits
-// for; one value a load, done at once, otherwise.
-template <typename T, int HD, int LD>
-__device__ void load_tile(T* dst, const T* src, size_t stride, int r0, int rows, int t) {
-  constexpr int V = 16 / sizeof(T);
+// for; one value a load, done at once, otherwise. NT is the block's
+// thread count. A round of NT copies covers NT / (HD / V) whole rows, so a
+// thread keeps its column and steps its row by that much: its addresses
+// are worked out once, where a division and a 64-bit product per copy
+// took about 30 instructions.
+template <typename T, int HD, int LD, int NT>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, size_t stride, int r0, int t) {
+  constexpr int V = 16 / sizeof(T), PER_ROW = HD / V;
   if (HD % V == 0 && (size_t)src % 16 == 0 && stride % V == 0) {
-    for (int i = threadIdx.x; i < rows * HD / V; i += blockDim.x) {
-      const int r = i / (HD / V), d = i % (HD / V) * V;
-      const bool in = r0 + r < t;
-      cp_async16(dst + r * LD + d, in ? src + (size_t)(r0 + r) * stride + d : src, in);
+    static_assert(NT % PER_ROW == 0 && ROWS % (NT / PER_ROW) == 0, "whole rows a round");
+    constexpr int STEP = NT / PER_ROW;  // rows a round
+    const int r = threadIdx.x / PER_ROW, d = threadIdx.x % PER_ROW * V;
+    const T* from = src + (size_t)(r0 + r) * stride + d;
+    T* to = dst + r * LD + d;
+    NO_UNROLL for (int n = r; n < ROWS; n += STEP) {
+      const bool in = r0 + n < t;
+      cp_async16(to, in ? from : src, in);
+      from += STEP * stride;
+      to += STEP * LD;
     }
     return;
   }
-  for (int i = threadIdx.x; i < rows * HD; i += blockDim.x) {
+  for (int i = threadIdx.x; i < ROWS * HD; i += NT) {
     const int r = i / HD, d = i % HD;
     dst[r * LD + d] = r0 + r < t ? src[(size_t)(r0 + r) * stride + d] : from_f<T>(0.f);
   }
@@ -156,12 +184,17 @@ __device__ __forceinline__ void store_acc(T* dst, size_t stride, const float (&a
 // Each warp keeps its query rows' scores, weights and output in registers
 // (kernels/mma.cuh's layout), 16 rows a tile: lane (g, t) holds rows g and
 // g + 8 of every 8-column slice, columns 2t and 2t + 1. A row's max and
-// sum are reduced over the 4 lanes that share it. Scores are kept in base
-// 2 (scaled by log2(e)) for exp2.
+// sum are reduced over the 4 lanes that share it. Row maxima are kept in
+// base 2 (scaled by scale x log2(e)) for exp2; each score is scaled in the
+// fused multiply-add that subtracts its row's max. Tiles with no masked
+// score (below the diagonal, inside t) skip the mask (`all_visible`), as
+// do the backward's: the comparisons and selects per score were as many
+// instructions as the exp2 and the scaling, on units the products do not
+// use but which FlashAttention-2 found can bound the kernel.
 
 template <typename T, int HD, int MT>
 __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, float scale) {
-  constexpr int BR = ROWS, BC = 64, LD = HD + 8, RW = 16 * MT;
+  constexpr int BR = ROWS, BC = 64, LD = HD + 8, RW = 16 * MT, NT = 128 / MT;
   constexpr int KD = HD / 16, NC = BC / 8, ND = HD / 8;
   __shared__ __align__(16) T sq[BR * LD];
   __shared__ __align__(16) T skv[2][2][BC * LD];  // [buffer][K, V]
@@ -175,11 +208,11 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
   const T* base = qkv + (size_t)(bh / heads) * t * stride + h * HD;
   const float scale2 = scale * 1.4426950408889634f;  // log2(e)
   const auto fetch = [&](int k0, int buf) {
-    load_tile<T, HD, LD>(skv[buf][0], base + c, stride, k0, BC, t);
-    load_tile<T, HD, LD>(skv[buf][1], base + 2 * c, stride, k0, BC, t);
+    load_tile<T, HD, LD, NT>(skv[buf][0], base + c, stride, k0, t);
+    load_tile<T, HD, LD, NT>(skv[buf][1], base + 2 * c, stride, k0, t);
   };
 
-  load_tile<T, HD, LD>(sq, base, stride, r0, BR, t);
+  load_tile<T, HD, LD, NT>(sq, base, stride, r0, t);
   cp_async_commit();
   fetch(0, 0);
   cp_async_commit();
@@ -202,50 +235,63 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
     cp_async_wait<1>();  // this tile's K and V
     __syncthreads();
     const T *sk = skv[buf][0], *sv = skv[buf][1];
-    float s[MT][NC][4] = {};
-    UNROLL for (int j = 0; j < NC; j++) {
-      uint32_t b[KD][2];
-      rows_b<T, KD, LD>(b, sk, 8 * j);
-      UNROLL for (int mt = 0; mt < MT; mt++)
-        UNROLL for (int kk = 0; kk < KD; kk++) mma16816<T>(s[mt][j], qa[mt][kk], b[kk]);
-    }
-    UNROLL for (int mt = 0; mt < MT; mt++) {
-      // Mask, scale, and each row's max over the tile. Key 0 is in the
-      // first tile and every row sees it, so the running max is finite.
-      float mx[2] = {-INFINITY, -INFINITY};
-      UNROLL for (int j = 0; j < NC; j++)
-        UNROLL for (int i = 0; i < 4; i++) {
-          const int k = k0 + 8 * j + 2 * tq + (i & 1), r = i >> 1;
-          const float v = k <= q[mt][r] && k < t ? s[mt][j][i] * scale2 : -INFINITY;
-          s[mt][j][i] = v;
-          mx[r] = fmaxf(mx[r], v);
-        }
-      float alpha[2];
-      UNROLL for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m[mt][r], mx[r]);
-        alpha[r] = exp2f(m[mt][r] - m_new);
-        m[mt][r] = m_new;
-        l[mt][r] *= alpha[r];  // this lane's share of the row's sum
+    // The tile's products, then (`all_visible`: every key of the tile is
+    // at or before every row of the block, and inside t, so nothing is
+    // masked) the masked scores' maxima, the rescaled sums and outputs, and
+    // the weights times V. Scores stay unscaled: one fused multiply-add
+    // scales each and subtracts the row's max before exp2.
+    const auto tile = [&](auto all_visible) {
+      float s[MT][NC][4] = {};
+      UNROLL for (int j = 0; j < NC; j++) {
+        uint32_t b[KD][2];
+        rows_b<T, KD, LD>(b, sk, 8 * j);
+        UNROLL for (int mt = 0; mt < MT; mt++)
+          UNROLL for (int kk = 0; kk < KD; kk++) mma16816<T>(s[mt][j], qa[mt][kk], b[kk]);
       }
-      UNROLL for (int n = 0; n < ND; n++)
-        UNROLL for (int i = 0; i < 4; i++) o[mt][n][i] *= alpha[i >> 1];
-    }
-    // The weights, packed as the A operands of P . V, 16 keys at a time.
-    UNROLL for (int kk = 0; kk < BC / 16; kk++) {
-      uint32_t pa[MT][4];
-      UNROLL for (int mt = 0; mt < MT; mt++)
-        UNROLL for (int half = 0; half < 2; half++) {
-          float* sj = s[mt][2 * kk + half];
-          const float p0 = exp2f(sj[0] - m[mt][0]), p1 = exp2f(sj[1] - m[mt][0]);
-          const float p2 = exp2f(sj[2] - m[mt][1]), p3 = exp2f(sj[3] - m[mt][1]);
-          l[mt][0] += p0 + p1, l[mt][1] += p2 + p3;
-          pa[mt][2 * half] = pack2<T>(p0, p1);
-          pa[mt][2 * half + 1] = pack2<T>(p2, p3);
+      UNROLL for (int mt = 0; mt < MT; mt++) {
+        // Key 0 is in the first tile and every row sees it, so the running
+        // max is finite.
+        float mx[2] = {-INFINITY, -INFINITY};
+        UNROLL for (int j = 0; j < NC; j++)
+          UNROLL for (int i = 0; i < 4; i++) {
+            const int k = k0 + 8 * j + 2 * tq + (i & 1), r = i >> 1;
+            if (!decltype(all_visible)::value && !(k <= q[mt][r] && k < t)) s[mt][j][i] = -INFINITY;
+            mx[r] = fmaxf(mx[r], s[mt][j][i]);
+          }
+        float alpha[2];
+        UNROLL for (int r = 0; r < 2; r++) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          const float m_new = fmaxf(m[mt][r], mx[r] * scale2);
+          alpha[r] = exp2_fast(m[mt][r] - m_new);
+          m[mt][r] = m_new;
+          l[mt][r] *= alpha[r];  // this lane's share of the row's sum
         }
-      accumulate<T, ND, LD, MT>(o, pa, sv, 16 * kk);
-    }
+        UNROLL for (int n = 0; n < ND; n++)
+          UNROLL for (int i = 0; i < 4; i++) o[mt][n][i] *= alpha[i >> 1];
+      }
+      // The weights, packed as the A operands of P . V, 16 keys at a time.
+      UNROLL for (int kk = 0; kk < BC / 16; kk++) {
+        uint32_t pa[MT][4];
+        UNROLL for (int mt = 0; mt < MT; mt++)
+          UNROLL for (int half = 0; half < 2; half++) {
+            float* sj = s[mt][2 * kk + half];
+            const float m0 = -m[mt][0], m1 = -m[mt][1];
+            const float p0 = exp2_fast(fmaf(sj[0], scale2, m0));
+            const float p1 = exp2_fast(fmaf(sj[1], scale2, m0));
+            const float p2 = exp2_fast(fmaf(sj[2], scale2, m1));
+            const float p3 = exp2_fast(fmaf(sj[3], scale2, m1));
+            l[mt][0] += p0 + p1, l[mt][1] += p2 + p3;
+            pa[mt][2 * half] = pack2<T>(p0, p1);
+            pa[mt][2 * half + 1] = pack2<T>(p2, p3);
+          }
+        accumulate<T, ND, LD, MT>(o, pa, sv, 16 * kk);
+      }
+    };
+    if (k0 + BC <= min(r0 + 1, t))
+      tile(std::true_type{});
+    else
+      tile(std::false_type{});
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   T* out = y + (size_t)(bh / heads) * t * c + h * HD;
@@ -272,6 +318,7 @@ template <typename T, int HD, int MT>
 __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const float* lse,
                                   float* delta, T* dqkv, int t, int heads, float scale) {
   constexpr int BR = ROWS, BC = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8, RW = 16 * MT;
+  constexpr int NT = 128 / MT;  // threads a block
   static_assert(BR == BC, "the Q and dY tiles lie in the second K and V buffer");
   __shared__ __align__(16) T skv[2][2][BC * LD];  // [buffer][K, V]
   __shared__ float sl[BR], sd[BR];
@@ -288,18 +335,18 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
   const T* yb = y + b0 * c + h * HD;
   const float scale2 = scale * 1.4426950408889634f;  // log2(e)
   const auto fetch = [&](int k0, int buf) {
-    load_tile<T, HD, LD>(skv[buf][0], base + c, stride, k0, BC, t);
-    load_tile<T, HD, LD>(skv[buf][1], base + 2 * c, stride, k0, BC, t);
+    load_tile<T, HD, LD, NT>(skv[buf][0], base + c, stride, k0, t);
+    load_tile<T, HD, LD, NT>(skv[buf][1], base + 2 * c, stride, k0, t);
   };
 
-  load_tile<T, HD, LD>(sq, base, stride, r0, BR, t);
-  load_tile<T, HD, LD>(sdo, dyb, c, r0, BR, t);
+  load_tile<T, HD, LD, NT>(sq, base, stride, r0, t);
+  load_tile<T, HD, LD, NT>(sdo, dyb, c, r0, t);
   cp_async_commit();
   fetch(0, 0);
   cp_async_commit();
   // Two threads per row: row `me`, every other column (every thread runs
   // the same number of rows, so the shuffle has both of a row's threads).
-  for (int me = threadIdx.x / 2; me < BR; me += blockDim.x / 2) {
+  for (int me = threadIdx.x / 2; me < BR; me += NT / 2) {
     const int half = threadIdx.x % 2, q = r0 + me;
     float dot = 0.f;
     if (q < t)
@@ -333,23 +380,32 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
     cp_async_wait<1>();  // this tile's K and V
     __syncthreads();
     const T *sk = skv[buf][0], *sv = skv[buf][1];
-    UNROLL for (int kk = 0; kk < BC / 16; kk++) {
-      float sc[MT][2][4], dp[MT][2][4];
-      product_t<T, KD, LD, MT>(sc, qa, sk, 16 * kk);
-      product_t<T, KD, LD, MT>(dp, da, sv, 16 * kk);
-      uint32_t pa[MT][4];
-      UNROLL for (int mt = 0; mt < MT; mt++) {
-        UNROLL for (int half = 0; half < 2; half++)
-          UNROLL for (int i = 0; i < 4; i++) {
-            const int k = k0 + 16 * kk + 8 * half + 2 * tq + (i & 1), r = i >> 1;
-            const float p =
-                k <= q[mt][r] && q[mt][r] < t ? exp2f(sc[mt][half][i] * scale2 - lr[mt][r]) : 0.f;
-            sc[mt][half][i] = p * (dp[mt][half][i] - dr[mt][r]);
-          }
-        pack_rows<T>(pa[mt], sc[mt]);
+    // `all_visible`: every key of the tile is at or before every row of
+    // the block, so nothing is masked. (Rows past t, in the last block,
+    // read zeros and are never stored; masked or not, they stay finite.)
+    const auto tile = [&](auto all_visible) {
+      UNROLL for (int kk = 0; kk < BC / 16; kk++) {
+        float sc[MT][2][4], dp[MT][2][4];
+        product_t<T, KD, LD, MT>(sc, qa, sk, 16 * kk);
+        product_t<T, KD, LD, MT>(dp, da, sv, 16 * kk);
+        uint32_t pa[MT][4];
+        UNROLL for (int mt = 0; mt < MT; mt++) {
+          UNROLL for (int half = 0; half < 2; half++)
+            UNROLL for (int i = 0; i < 4; i++) {
+              const int k = k0 + 16 * kk + 8 * half + 2 * tq + (i & 1), r = i >> 1;
+              const bool in = decltype(all_visible)::value || (k <= q[mt][r] && q[mt][r] < t);
+              const float p = in ? exp2_fast(fmaf(sc[mt][half][i], scale2, -lr[mt][r])) : 0.f;
+              sc[mt][half][i] = p * (dp[mt][half][i] - dr[mt][r]);
+            }
+          pack_rows<T>(pa[mt], sc[mt]);
+        }
+        accumulate<T, ND, LD, MT>(acc, pa, sk, 16 * kk);
       }
-      accumulate<T, ND, LD, MT>(acc, pa, sk, 16 * kk);
-    }
+    };
+    if (k0 + BC <= r0 + 1)
+      tile(std::true_type{});
+    else
+      tile(std::false_type{});
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   UNROLL for (int mt = 0; mt < MT; mt++)
@@ -365,6 +421,7 @@ template <typename T, int HD, int MT>
 __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
                                    const float* delta, T* dqkv, int t, int heads, float scale) {
   constexpr int BK = ROWS, BQ = 64, LD = HD + 8, KD = HD / 16, ND = HD / 8, RW = 16 * MT;
+  constexpr int NT = 128 / MT;  // threads a block
   static_assert(BK == BQ, "the K and V tiles lie in the second Q and dY buffer");
   __shared__ __align__(16) T sqd[2][2][BQ * LD];  // [buffer][Q, dY]
   __shared__ __align__(16) float sl[2][BQ], sd[2][BQ];  // each row's lse and delta
@@ -380,9 +437,9 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
   const T* dyb = dy + b0 * c + h * HD;
   const float scale2 = scale * 1.4426950408889634f;  // log2(e)
   const auto fetch = [&](int q0, int buf) {
-    load_tile<T, HD, LD>(sqd[buf][0], base, stride, q0, BQ, t);
-    load_tile<T, HD, LD>(sqd[buf][1], dyb, c, q0, BQ, t);
-    for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
+    load_tile<T, HD, LD, NT>(sqd[buf][0], base, stride, q0, t);
+    load_tile<T, HD, LD, NT>(sqd[buf][1], dyb, c, q0, t);
+    for (int i = threadIdx.x; i < BQ; i += NT) {
       const bool in = q0 + i < t;
       const size_t at = in ? (size_t)bh * t + q0 + i : 0;
       cp_async4(&sl[buf][i], lse + at, in);
@@ -390,8 +447,8 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
     }
   };
 
-  load_tile<T, HD, LD>(sk, base + c, stride, k0, BK, t);
-  load_tile<T, HD, LD>(sv, base + 2 * c, stride, k0, BK, t);
+  load_tile<T, HD, LD, NT>(sk, base + c, stride, k0, t);
+  load_tile<T, HD, LD, NT>(sv, base + 2 * c, stride, k0, t);
   cp_async_commit();
   fetch(k0, 0);
   cp_async_commit();
@@ -415,27 +472,35 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
     __syncthreads();
     const T *sq = sqd[buf][0], *sdo = sqd[buf][1];
     const float *lb = sl[buf], *db = sd[buf];
-    UNROLL for (int kk = 0; kk < BQ / 16; kk++) {
-      float st[MT][2][4], dpt[MT][2][4];
-      product_t<T, KD, LD, MT>(st, ka, sq, 16 * kk);
-      product_t<T, KD, LD, MT>(dpt, va, sdo, 16 * kk);
-      uint32_t pa[MT][4];
-      UNROLL for (int mt = 0; mt < MT; mt++) {
-        UNROLL for (int half = 0; half < 2; half++)
-          UNROLL for (int i = 0; i < 4; i++) {
-            const int j = 16 * kk + 8 * half + 2 * tq + (i & 1), q = q0 + j, r = i >> 1;
-            const float p = k[mt][r] <= q && q < t
-                                ? exp2f(st[mt][half][i] * scale2 - lb[j] * 1.4426950408889634f)
-                                : 0.f;
-            st[mt][half][i] = p;
-            dpt[mt][half][i] = p * (dpt[mt][half][i] - db[j]);
-          }
-        pack_rows<T>(pa[mt], st[mt]);
+    // `all_visible`: every query of the tile is at or after every key of
+    // the block, and inside t: nothing is masked.
+    const auto tile = [&](auto all_visible) {
+      UNROLL for (int kk = 0; kk < BQ / 16; kk++) {
+        float st[MT][2][4], dpt[MT][2][4];
+        product_t<T, KD, LD, MT>(st, ka, sq, 16 * kk);
+        product_t<T, KD, LD, MT>(dpt, va, sdo, 16 * kk);
+        uint32_t pa[MT][4];
+        UNROLL for (int mt = 0; mt < MT; mt++) {
+          UNROLL for (int half = 0; half < 2; half++)
+            UNROLL for (int i = 0; i < 4; i++) {
+              const int j = 16 * kk + 8 * half + 2 * tq + (i & 1), q = q0 + j, r = i >> 1;
+              const bool in = decltype(all_visible)::value || (k[mt][r] <= q && q < t);
+              const float lse2 = lb[j] * 1.4426950408889634f;  // log2(e)
+              const float p = in ? exp2_fast(fmaf(st[mt][half][i], scale2, -lse2)) : 0.f;
+              st[mt][half][i] = p;
+              dpt[mt][half][i] = p * (dpt[mt][half][i] - db[j]);
+            }
+          pack_rows<T>(pa[mt], st[mt]);
+        }
+        accumulate<T, ND, LD, MT>(dv, pa, sdo, 16 * kk);
+        UNROLL for (int mt = 0; mt < MT; mt++) pack_rows<T>(pa[mt], dpt[mt]);
+        accumulate<T, ND, LD, MT>(dk, pa, sq, 16 * kk);
       }
-      accumulate<T, ND, LD, MT>(dv, pa, sdo, 16 * kk);
-      UNROLL for (int mt = 0; mt < MT; mt++) pack_rows<T>(pa[mt], dpt[mt]);
-      accumulate<T, ND, LD, MT>(dk, pa, sq, 16 * kk);
-    }
+    };
+    if (q0 >= k0 + BK - 1 && q0 + BQ <= t)
+      tile(std::true_type{});
+    else
+      tile(std::false_type{});
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   T* out = dqkv + b0 * stride + h * HD;
