@@ -37,6 +37,16 @@
 // Rows a block owns; a block has 4 / MT warps.
 #define ROWS 64
 
+// Runs a tile's work `f` as one of its two copies: without the causal mask
+// (`f(std::true_type)`) when `all_visible`, else with it. The choice is one
+// branch a tile, the same for the whole block.
+template <typename F> __device__ __forceinline__ void by_mask(bool all_visible, F&& f) {
+  if (all_visible)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 // 2^x as the hardware approximates it (PTX ex2.approx.ftz.f32: within
 // 2 ulp, results under 2^-126 flushed to zero): one MUFU instruction,
 // where exp2f wraps it in a compare and two multiplies for subnormal
@@ -288,10 +298,7 @@ __device__ void flash_forward(const T* qkv, T* y, float* lse, int t, int heads, 
         accumulate<T, ND, LD, MT>(o, pa, sv, 16 * kk);
       }
     };
-    if (k0 + BC <= min(r0 + 1, t))
-      tile(std::true_type{});
-    else
-      tile(std::false_type{});
+    by_mask(k0 + BC <= min(r0 + 1, t), tile);
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   T* out = y + (size_t)(bh / heads) * t * c + h * HD;
@@ -402,10 +409,7 @@ __device__ void flash_backward_dq(const T* qkv, const T* y, const T* dy, const f
         accumulate<T, ND, LD, MT>(acc, pa, sk, 16 * kk);
       }
     };
-    if (k0 + BC <= r0 + 1)
-      tile(std::true_type{});
-    else
-      tile(std::false_type{});
+    by_mask(k0 + BC <= r0 + 1, tile);
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   UNROLL for (int mt = 0; mt < MT; mt++)
@@ -497,10 +501,7 @@ __device__ void flash_backward_dkv(const T* qkv, const T* dy, const float* lse,
         accumulate<T, ND, LD, MT>(dk, pa, sq, 16 * kk);
       }
     };
-    if (q0 >= k0 + BK - 1 && q0 + BQ <= t)
-      tile(std::true_type{});
-    else
-      tile(std::false_type{});
+    by_mask(q0 >= k0 + BK - 1 && q0 + BQ <= t, tile);
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
   T* out = dqkv + b0 * stride + h * HD;
