@@ -8,6 +8,7 @@
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
 use std::mem::MaybeUninit;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
@@ -18,10 +19,18 @@ pub fn max_pool2x2(x: &Tensor) -> Result<Option<Tensor>> {
     if !(super::covers(x) && x.rank() == 4) {
         return Ok(None);
     }
-    x.contiguous()?.apply_op1(MaxPool).map(Some)
+    x.contiguous()?.apply_op1(MaxPool::default()).map(Some)
 }
 
-struct MaxPool;
+#[derive(Default)]
+struct MaxPool {
+    /// Where each window's maximum is (0..4, a byte a window), from the CPU
+    /// forward: the backward reads these instead of the window's four
+    /// inputs. `pool_grad_plane` rereading the input, long after the
+    /// forward and past the caches (conv1's output is 3.2 MB in
+    /// `scripts/fashion_mnist.lua`), was 14% of that recipe's samples.
+    places: Mutex<Option<Arc<Vec<u8>>>>,
+}
 
 /// The maximum of a 2x2 window `[a, b; c, d]` and its place in it (0..4):
 /// the first of equal maxima, row by row, and a NaN kept where it comes
@@ -47,31 +56,32 @@ fn row_pair(xs: &[f32], w: usize, i: usize) -> (&[f32], &[f32]) {
 }
 
 /// One `[H, W]` plane `xs` (rows of `w`) pooled into `ys` (`H/2` rows of
-/// `w/2`).
+/// `w/2`), with each window's place of its maximum in `ks` (as `ys`).
 #[multiversion(targets("x86_64+avx2+fma"))]
-fn pool_plane(xs: &[f32], w: usize, ys: &mut [f32]) {
-    for (i, out) in ys.chunks_exact_mut(w / 2).enumerate() {
+fn pool_plane(xs: &[f32], w: usize, ys: &mut [f32], ks: &mut [u8]) {
+    let rows = ys.chunks_exact_mut(w / 2).zip(ks.chunks_exact_mut(w / 2));
+    for (i, (out, places)) in rows.enumerate() {
         let (r0, r1) = row_pair(xs, w, i);
-        for (j, o) in out.iter_mut().enumerate() {
+        for (j, (o, k)) in out.iter_mut().zip(places).enumerate() {
             let at = 2 * j;
-            *o = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).0;
+            let (m, at_max) = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]);
+            (*o, *k) = (m, at_max as u8);
         }
     }
 }
 
-/// One plane's gradient `dxs` (as `xs`, rows of `w`) from the pooled
-/// gradient `dys`: each value onto its window's maximum, zeros elsewhere;
-/// every value of `dxs` written.
+/// One plane's gradient `dxs` (`h` rows of `w`) from the pooled gradient
+/// `dys` and the places of the maxima `ks` (both `h/2` rows of `w/2`): each
+/// value onto its window's maximum, zeros elsewhere; every value of `dxs`
+/// written.
 #[multiversion(targets("x86_64+avx2+fma"))]
-fn pool_grad_plane(xs: &[f32], dys: &[f32], w: usize, dxs: &mut [MaybeUninit<f32>]) {
-    let (h2, w2) = (xs.len() / w.max(1) / 2, w / 2);
+fn grad_plane_at(ks: &[u8], dys: &[f32], (h, w): (usize, usize), dxs: &mut [MaybeUninit<f32>]) {
+    let (h2, w2) = (h / 2, w / 2);
     for i in 0..h2 {
-        let g = &dys[i * w2..(i + 1) * w2];
-        let (r0, r1) = row_pair(xs, w, i);
+        let (g, k) = (&dys[i * w2..(i + 1) * w2], &ks[i * w2..(i + 1) * w2]);
         let (d0, d1) = dxs[2 * i * w..2 * (i + 1) * w].split_at_mut(w);
-        for (j, &g) in g.iter().enumerate() {
+        for (j, (&g, &k)) in g.iter().zip(k).enumerate() {
             let at = 2 * j;
-            let k = window_max(r0[at], r0[at + 1], r1[at], r1[at + 1]).1;
             // Every place of the window written: no branch.
             let pick = |i| if k == i { g } else { 0.0 };
             d0[at].write(pick(0));
@@ -102,11 +112,14 @@ impl CustomOp1 for MaxPool {
         let (b, c, h, w) = l.shape().dims4()?;
         let (h2, w2) = (h / 2, w / 2);
         let mut y = vec![0f32; b * c * h2 * w2];
+        let mut places = vec![0u8; y.len()];
         if h2 > 0 && w2 > 0 {
             y.par_chunks_mut(h2 * w2)
+                .zip(places.par_chunks_mut(h2 * w2))
                 .zip(x.par_chunks(h * w))
-                .for_each(|(ys, xs)| pool_plane(xs, w, ys));
+                .for_each(|((ys, ks), xs)| pool_plane(xs, w, ys, ks));
         }
+        *self.places.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(places));
         Ok((CpuStorage::F32(y), Shape::from((b, c, h2, w2))))
     }
 
@@ -124,11 +137,59 @@ impl CustomOp1 for MaxPool {
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         let dy = dy.detach().contiguous()?;
+        let places = self
+            .places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let (Some(places), true) = (places, dy.device().is_cpu()) {
+            let op = GradAt {
+                places,
+                dims: x.dims4()?,
+            };
+            return Ok(Some(dy.apply_op1_no_bwd(&op)?));
+        }
         Ok(Some(x.detach().apply_op2_no_bwd(&dy, &MaxPoolGrad)?))
     }
 }
 
+/// The CPU backward from the forward's places of the maxima: each output
+/// gradient onto its window's maximum.
+struct GradAt {
+    places: Arc<Vec<u8>>,
+    /// The input's `[B, C, H, W]`.
+    dims: (usize, usize, usize, usize),
+}
+
+impl CustomOp1 for GradAt {
+    fn name(&self) -> &'static str {
+        "taper-max-pool-2x2-grad-at"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let dy = super::f32_slice(s, l, "max-pool gradient")?;
+        let (b, c, h, w) = self.dims;
+        let (h2, w2) = (h / 2, w / 2);
+        if l.dims() != [b, c, h2, w2] || self.places.len() != dy.len() {
+            bail!(
+                "max-pool backward: input {:?}, gradient {:?}",
+                self.dims,
+                l.dims()
+            )
+        }
+        let fill = |plane: usize, dxs: &mut [MaybeUninit<f32>]| {
+            let win = plane * h2 * w2..(plane + 1) * h2 * w2;
+            grad_plane_at(&self.places[win.clone()], &dy[win], (h, w), dxs);
+        };
+        // SAFETY: `grad_plane_at` writes each plane's pooled windows, its
+        // odd last column and its rows past the last window: all h * w values.
+        let dx = unsafe { super::par_written(b * c * h * w, h * w, fill) };
+        Ok((CpuStorage::F32(dx), Shape::from(self.dims)))
+    }
+}
+
 /// The backward's shapes from `x [B, C, H, W]` and `dy [B, C, H/2, W/2]`.
+#[cfg(feature = "cuda")]
 pub(super) fn grad_dims(x: &Layout, dy: &Layout) -> Result<(usize, usize, usize, usize)> {
     let (b, c, h, w) = x.shape().dims4()?;
     if dy.dims() != [b, c, h / 2, w / 2] {
@@ -141,7 +202,7 @@ pub(super) fn grad_dims(x: &Layout, dy: &Layout) -> Result<(usize, usize, usize,
     Ok((b, c, h, w))
 }
 
-/// Each output gradient onto its window's maximum in `x`.
+/// Each output gradient onto its window's maximum in `x` (CUDA).
 struct MaxPoolGrad;
 
 impl CustomOp2 for MaxPoolGrad {
@@ -149,26 +210,16 @@ impl CustomOp2 for MaxPoolGrad {
         "taper-max-pool-2x2-grad"
     }
 
+    /// The CPU forward keeps the places of the maxima, and its backward
+    /// reads them ([`GradAt`]).
     fn cpu_fwd(
         &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let x = super::f32_slice(s1, l1, "max-pool input")?;
-        let dy = super::f32_slice(s2, l2, "max-pool gradient")?;
-        let (b, c, h, w) = grad_dims(l1, l2)?;
-        let (h2, w2) = (h / 2, w / 2);
-        let fill = |plane: usize, dxs: &mut [MaybeUninit<f32>]| {
-            let xs = &x[plane * h * w..(plane + 1) * h * w];
-            let dys = &dy[plane * h2 * w2..(plane + 1) * h2 * w2];
-            pool_grad_plane(xs, dys, w, dxs);
-        };
-        // SAFETY: `fill` writes each plane's pooled windows, its odd last
-        // column and its rows past the last window: all h * w values.
-        let dx = unsafe { super::par_written(b * c * h * w, h * w, fill) };
-        Ok((CpuStorage::F32(dx), l1.shape().clone()))
+        bail!("max-pool backward: on the CPU it reads the forward's places of the maxima")
     }
 
     #[cfg(feature = "cuda")]
