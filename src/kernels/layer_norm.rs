@@ -25,13 +25,63 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
     }
 }
 
+/// Accumulators a row's sums keep: one would be a serial chain of
+/// dependent adds (floating-point adds are not reordered for it), which for
+/// the Shakespeare GPT's rows of 64 made the layer norm a tenth of its CPU
+/// step; eight, added in a fixed order, make a loop the compiler vectorizes.
+const LANES: usize = 8;
+
+/// `Σ f(v)` over `x`, in [`LANES`] accumulators.
+#[inline(always)]
+fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder().iter().fold(0f32, |s, &v| s + f(v));
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    acc.iter().fold(tail, |s, &a| s + a)
+}
+
 /// A row's mean and 1/std.
 #[inline(always)]
 fn moments(x: &[f32], eps: f32) -> (f32, f32) {
     let n = x.len() as f32;
-    let mean = x.iter().sum::<f32>() / n;
-    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let mean = lane_sum(x, |v| v) / n;
+    let var = lane_sum(x, |v| (v - mean) * (v - mean)) / n;
     (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// `(Σ g w, Σ g w (x - mean))` over a row, in [`LANES`] accumulators each.
+#[inline(always)]
+fn grad_sums(x: &[f32], g: &[f32], w: &[f32], mean: f32) -> (f32, f32) {
+    let (mut a, mut c) = ([0f32; LANES], [0f32; LANES]);
+    let (xs, gs, ws) = (
+        x.chunks_exact(LANES),
+        g.chunks_exact(LANES),
+        w.chunks_exact(LANES),
+    );
+    let (mut sa, mut sc) = (0f32, 0f32);
+    for ((&x, &g), &w) in xs
+        .remainder()
+        .iter()
+        .zip(gs.remainder())
+        .zip(ws.remainder())
+    {
+        sa += g * w;
+        sc += g * w * (x - mean);
+    }
+    for ((x, g), w) in xs.zip(gs).zip(ws) {
+        for l in 0..LANES {
+            let gw = g[l] * w[l];
+            a[l] += gw;
+            c[l] += gw * (x[l] - mean);
+        }
+    }
+    let add = |s: f32, v: &[f32; LANES]| v.iter().fold(s, |s, &v| s + v);
+    (add(sa, &a), add(sc, &c))
 }
 
 #[derive(Clone, Copy)]
@@ -206,13 +256,8 @@ fn grad_x_rows((x, g): (&[f32], &[f32]), w: &[f32], eps: f32, o: &mut [f32]) {
     let n = w.len();
     for ((o, x), g) in o.chunks_mut(n).zip(x.chunks(n)).zip(g.chunks(n)) {
         let (mean, rstd) = moments(x, eps);
-        let (mut a, mut c) = (0f32, 0f32);
-        for i in 0..n {
-            let gw = g[i] * w[i];
-            a += gw;
-            c += gw * (x[i] - mean) * rstd;
-        }
-        let (a, c) = (a / n as f32, c / n as f32);
+        let (a, c) = grad_sums(x, g, w, mean);
+        let (a, c) = (a / n as f32, c * rstd / n as f32);
         for i in 0..n {
             let xh = (x[i] - mean) * rstd;
             o[i] = rstd * (g[i] * w[i] - a - xh * c);
