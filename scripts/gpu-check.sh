@@ -128,12 +128,25 @@ tests() {
   echo "== kernels against their CPU references, AdamW, digits on the GPU"
   # Each step is bounded and a failure does not stop the next: a device
   # call is short and every answer counts.
-  timeout 300 "$bin/cuda_kernels" --test-threads=1 --nocapture || echo "cuda_kernels exit $?"
+  gpu_tests 300 timeout
   echo "== the main job on the GPU"
   for p in f32 bf16; do
     (time timeout 120 "$bin/taper" train scripts/digits.lua --device cuda --set precision=$p \
       --out /tmp/digits-$p) 2>&1 | tail -8 || echo "digits $p failed"
   done
+}
+
+# The GPU tests in three processes: the tiled attention's (whose 32-row
+# kernels have never run on a GPU) and cuBLASLt's apart from the rest. A
+# kernel that faults leaves its process's CUDA context unusable, and every
+# later test of that process would fail with it. gpu_tests LIMIT RUNNER:
+# RUNNER is timeout or within; the rest gets LIMIT seconds.
+gpu_tests() {
+  local limit=$1 runner=$2
+  "$runner" "$limit" "$bin/cuda_kernels" --test-threads=1 --skip flash_attention --skip cublaslt \
+    || echo "cuda_kernels exit $?"
+  "$runner" 120 "$bin/cuda_kernels" --test-threads=1 flash_attention || echo "cuda_kernels (flash) exit $?"
+  "$runner" 60 "$bin/cuda_kernels" --test-threads=1 cublaslt || echo "cuda_kernels (cuBLASLt) exit $?"
 }
 
 # A real CUDA OOM, recovered: the same short Shakespeare run without a limit,
@@ -389,7 +402,7 @@ first() {
   : > "$log"
   {
     echo "== 1. the GPU tests"
-    within 200 "$bin/cuda_kernels" --test-threads=1
+    gpu_tests 200 within
     local b=${FIRST_BATCH:-8} round
     local step=(bench step --model gpt2 --device cuda --precision bf16 --steps 20 --batch "$b")
     for round in $(seq "${BENCH_ROUNDS:-2}"); do
