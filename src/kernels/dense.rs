@@ -88,7 +88,40 @@ impl CustomOp3 for Dense {
         for _ in 0..rows {
             y.extend_from_slice(b);
         }
-        x_wt(x, w, (rows, n, k), &mut y, true);
+        if rows > 0 && n > 0 && k > 0 {
+            let threads = candle_core::utils::get_num_threads();
+            let par = if threads > 1 {
+                Parallelism::Rayon(threads)
+            } else {
+                Parallelism::None
+            };
+            // SAFETY: y is rows x n (row stride n), x rows x k (row stride
+            // k), and W^T is read from w [n, k] as k x n with row stride 1
+            // and column stride k; all three slices have exactly those sizes.
+            unsafe {
+                gemm(
+                    rows,
+                    n,
+                    k,
+                    y.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    true,
+                    x.as_ptr(),
+                    1,
+                    k as isize,
+                    w.as_ptr(),
+                    k as isize,
+                    1,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            }
+        }
         let mut out = l1.dims().to_vec();
         *out.last_mut().expect("checked rank") = n;
         Ok((CpuStorage::F32(y), Shape::from(out)))
@@ -121,59 +154,6 @@ impl CustomOp3 for Dense {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (dx, dw, db) = linear_grads(x, w, dy)?;
         Ok((Some(dx), Some(dw), Some(db)))
-    }
-}
-
-/// `y [rows, n] = x [rows, k] W^T` for `w [n, k]`, all row-major f32: one
-/// `gemm` across the CPU's threads; with `add`, onto what `y` holds.
-pub(crate) fn x_wt(
-    x: &[f32],
-    w: &[f32],
-    (rows, n, k): (usize, usize, usize),
-    y: &mut [f32],
-    add: bool,
-) {
-    assert!(x.len() == rows * k && w.len() == n * k && y.len() == rows * n);
-    if rows == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !add {
-            y.fill(0.0);
-        }
-        return;
-    }
-    let threads = candle_core::utils::get_num_threads();
-    let par = if threads > 1 {
-        Parallelism::Rayon(threads)
-    } else {
-        Parallelism::None
-    };
-    // SAFETY: y is rows x n (row stride n), x rows x k (row stride k), and
-    // W^T is read from w [n, k] as k x n with row stride 1 and column
-    // stride k; the assert above checked all three slices' sizes.
-    unsafe {
-        gemm(
-            rows,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n as isize,
-            add,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        )
     }
 }
 

@@ -56,7 +56,6 @@ pub use bias::{bias_add, bias_grad};
 pub use ce_rows::rows_loss_and_grad;
 pub use chunked_ce::{chunked_cross_entropy, padded_head};
 pub use conv::conv3x3;
-pub(crate) use dense::x_wt;
 pub use dense::{linear, linear_grads};
 pub use embedding::embedding;
 pub use gelu::{gelu, gelu_grad};
