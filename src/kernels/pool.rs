@@ -26,8 +26,8 @@ pub fn max_pool2x2(x: &Tensor) -> Result<Option<Tensor>> {
 struct MaxPool {
     /// Where each window's maximum is (0..4, a byte a window), from the CPU
     /// forward: the backward reads these instead of the window's four
-    /// inputs. `pool_grad_plane` rereading the input, long after the
-    /// forward and past the caches (conv1's output is 3.2 MB in
+    /// inputs. A backward that reread the input, long after the forward
+    /// and past the caches (conv1's output is 3.2 MB in
     /// `scripts/fashion_mnist.lua`), was 14% of that recipe's samples.
     places: Mutex<Option<Arc<Vec<u8>>>>,
 }
