@@ -10,7 +10,9 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
     python interop_check.py llama MODEL.gguf IDS_JSON [--lora ADAPTER.gguf] [--text TEXT] [--kv f32]
         llama.cpp (PyPI llama-cpp-python, built from its sdist) loads the model (and the
         adapter) and gives the mean cross-entropy of each next id, the
-        per-position cross-entropies, and its tokenization of TEXT
+        per-position cross-entropies, each position's log-probabilities of
+        the sequence's ids (`logprobs`, a row per position), and its
+        tokenization of TEXT
 """
 import ctypes
 import json
@@ -89,15 +91,17 @@ def llama(model, ids, lora=None, text=None, kv="f16"):
         batch.logits[i] = 1
     if L.llama_decode(ctx, batch) != 0:
         raise SystemExit("llama_decode failed")
-    ces = []
-    for i in range(n - 1):
+    ces, logprobs = [], []
+    for i in range(n):
         row = L.llama_get_logits_ith(ctx, i)
         logits = [row[j] for j in range(n_vocab)]
         top = max(logits)
         lse = top + math.log(sum(math.exp(x - top) for x in logits))
-        ces.append(lse - logits[ids[i + 1]])
+        logprobs.append([logits[t] - lse for t in ids])
+        if i + 1 < n:
+            ces.append(lse - logits[ids[i + 1]])
     L.llama_batch_free(batch)
-    out = {"ce": sum(ces) / len(ces), "ces": ces, "n_vocab": n_vocab}
+    out = {"ce": sum(ces) / len(ces), "ces": ces, "logprobs": logprobs, "n_vocab": n_vocab}
     if text is not None:
         raw = text.encode()
         buf = (L.llama_token * (len(raw) + 8))()

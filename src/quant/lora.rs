@@ -84,6 +84,46 @@ mod tests {
         Tensor::from_vec(v, shape, &Device::Cpu)
     }
 
+    /// Q4_1's dot product with its 8-bit input (Q8_1), which the vendored
+    /// candle runs with AVX2 where the CPU has it, against its scalar
+    /// version and against a float64 sum over the dequantized blocks.
+    #[test]
+    fn q4_1_dot_product_matches_its_scalar_version_and_float64() {
+        use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ8_1, GgmlType};
+        for (blocks, step) in [(2, 0.377f32), (18, 0.0731), (48, 1.913)] {
+            let n = blocks * 32;
+            let w: Vec<f32> = (0..n)
+                .map(|k| 0.3 * (k as f32 * step).sin() + 0.05)
+                .collect();
+            let x: Vec<f32> = (0..n).map(|k| 2.0 * (k as f32 * 0.519).cos()).collect();
+            let mut wq = vec![BlockQ4_1::zeros(); blocks];
+            let mut xq = vec![BlockQ8_1::zeros(); blocks];
+            BlockQ4_1::from_float(&w, &mut wq);
+            BlockQ8_1::from_float(&x, &mut xq);
+            let (mut wd, mut xd) = (vec![0f32; n], vec![0f32; n]);
+            BlockQ4_1::to_float(&wq, &mut wd);
+            BlockQ8_1::to_float(&xq, &mut xd);
+            let exact: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let scale: f64 = wd
+                .iter()
+                .zip(&xd)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum();
+            let fast = BlockQ4_1::vec_dot(n, &wq, &xq) as f64;
+            let slow = BlockQ4_1::vec_dot_unopt(n, &wq, &xq) as f64;
+            // Both take the minimum's term through Q8_1's sum stored in f16.
+            for (name, v) in [("vec_dot", fast), ("vec_dot_unopt", slow)] {
+                let e = (v - exact).abs() / scale;
+                assert!(e < 1e-3, "{blocks} blocks: {name} {v} against {exact}: {e}");
+            }
+            let e = (fast - slow).abs() / scale;
+            assert!(
+                e < 1e-6,
+                "{blocks} blocks: {fast} against the scalar {slow}: {e}"
+            );
+        }
+    }
+
     /// Forward, input gradient and adapter gradients against the same layer
     /// computed in float64 from the dequantized weight.
     #[test]

@@ -1,5 +1,6 @@
 use super::k_quants::{
-    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0, QK8_0, QK_K,
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0,
+    BlockQ8_1, QK8_0, QK8_1, QK_K,
 };
 use byteorder::{ByteOrder, LittleEndian};
 use half::f16;
@@ -66,6 +67,29 @@ pub(crate) fn vec_dot_q4_0_q8_0(n: usize, xs: &[BlockQ4_0], ys: &[BlockQ8_0]) ->
             acc = _mm256_fmadd_ps(d, q, acc);
         }
         hsum_float_8(acc)
+    }
+}
+
+// ggml_vec_dot_q4_1_q8_1's AVX2 path: the nibbles are unsigned (0..15) and
+// the block's minimum `m` enters through y's precomputed `s = d * sum(qs)`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn vec_dot_q4_1_q8_1(n: usize, xs: &[BlockQ4_1], ys: &[BlockQ8_1]) -> f32 {
+    debug_assert!(
+        n.is_multiple_of(QK8_1),
+        "vec_dot_q4_1_q8_1: {n} is not divisible by {QK8_1}"
+    );
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = 0f32;
+        for (x, y) in xs.iter().zip(ys.iter()) {
+            summs += f16::to_f32(x.m) * f16::to_f32(y.s);
+            let d = _mm256_set1_ps(f16::to_f32(x.d) * f16::to_f32(y.d));
+            let bx = bytes_from_nibbles_32(x.qs.as_ptr());
+            let by = _mm256_loadu_si256(y.qs.as_ptr() as *const __m256i);
+            let q = mul_sum_us8_pairs_float(bx, by);
+            acc = _mm256_fmadd_ps(d, q, acc);
+        }
+        hsum_float_8(acc) + summs
     }
 }
 

@@ -307,6 +307,10 @@ impl GgmlType for BlockQ4_1 {
     type VecDotType = BlockQ8_1;
 
     fn vec_dot(n: usize, xs: &[Self], ys: &[Self::VecDotType]) -> f32 {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if has_avx2_fma() {
+            return unsafe { super::avx::vec_dot_q4_1_q8_1(n, xs, ys) };
+        }
         Self::vec_dot_unopt(n, xs, ys)
     }
 
