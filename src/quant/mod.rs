@@ -6,6 +6,7 @@ mod gguf;
 pub mod llama;
 mod llama_net;
 pub mod lora;
+mod tiled;
 
 pub use gguf::{export_gguf, ExportFormat, ExportSummary};
 pub use llama::LlamaGguf;
