@@ -16,6 +16,7 @@ local cfg = taper.config{
   base = "file", -- or q8_0, q4_0, q4_1, f16: requantize the frozen projections
   export = "", -- a folder: write the adapters for llama.cpp, and a merged model
   recompute = false, -- true: recompute each block in the backward (less memory, more time)
+  chunk = 256, -- the loss takes this many positions at a time through the head (0: all at once)
 }
 
 local dir = "data/smollm2/"
@@ -35,6 +36,7 @@ local run = taper.run{
     train = cfg.train, base = cfg.base ~= "file" and cfg.base or nil,
   },
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0 },
+  loss = taper.loss.cross_entropy{ chunk = cfg.chunk },
   data = train,
   seed = cfg.seed,
   recompute = cfg.recompute,

@@ -422,7 +422,8 @@ function taper.policy.chain(policies) end
 taper.loss = {}
 
 ---Cross-entropy over the last dimension, with optional label smoothing. `chunk = n`
----(GPT models) fuses the head with the loss, n positions at a time (no full logits).
+---(GPT models; a GGUF llama on the CPU) fuses the head with the loss, n positions at a time
+---(no full logits).
 ---@param opts? {label_smoothing?: number, chunk?: integer}
 ---@return taper.Loss
 function taper.loss.cross_entropy(opts) end

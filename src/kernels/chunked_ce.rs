@@ -99,7 +99,7 @@ fn by_chunks(
         live,
     };
     let mut total: Option<Tensor> = None;
-    let mut sums = Grads::default();
+    let mut sums = Grads::new(head.track_op());
     for start in (0..n).step_by(chunk) {
         let len = chunk.min(n - start);
         let hc = h.narrow(0, start, len)?;
@@ -128,18 +128,31 @@ fn by_chunks(
     hidden.apply_op3(head, &loss, op)
 }
 
-/// The gradients of the hidden states and of the head, chunk by chunk.
-#[derive(Default)]
+/// The gradients of the hidden states and of the head, chunk by chunk; the
+/// head's only where something upstream wants it (not for a frozen head,
+/// such as a QLoRA model's dequantized embedding).
 struct Grads {
     dh: Vec<Tensor>,
     dw: Option<Tensor>,
+    head: bool,
 }
 
 impl Grads {
+    fn new(head: bool) -> Grads {
+        Grads {
+            dh: Vec::new(),
+            dw: None,
+            head,
+        }
+    }
+
     /// A chunk's: `dz [len, V]` (the logits' gradient), `hc [len, d]`, and
     /// the (padded) head `w [V, d]`.
     fn add(&mut self, dz: &Tensor, hc: &Tensor, w: &Tensor) -> Result<()> {
         self.dh.push(dz.matmul(w)?);
+        if !self.head {
+            return Ok(());
+        }
         let part = dz.t()?.matmul(hc)?;
         self.dw = Some(match self.dw.take() {
             Some(acc) => (acc + part)?,
@@ -150,8 +163,12 @@ impl Grads {
 
     /// `(dh [N, d], dw [live, d])`: the padding's rows of the head gradient
     /// dropped.
-    fn done(self, live: usize) -> Result<(Tensor, Tensor)> {
-        let dw = self.dw.expect("at least one chunk").narrow(0, 0, live)?;
+    fn done(self, live: usize) -> Result<(Tensor, Option<Tensor>)> {
+        let dw = match self.dw {
+            Some(dw) => Some(dw.narrow(0, 0, live)?),
+            None if self.head => bail!("chunked cross-entropy: no chunks"),
+            None => None,
+        };
         Ok((Tensor::cat(&self.dh, 0)?, dw))
     }
 }
@@ -180,7 +197,7 @@ struct Attached {
     chunk: usize,
     smoothing: f32,
     /// `(dh, dw)` for an incoming gradient of 1.
-    early: Option<(Tensor, Tensor)>,
+    early: Option<(Tensor, Option<Tensor>)>,
 }
 
 impl CustomOp3 for Attached {
@@ -224,7 +241,8 @@ impl CustomOp3 for Attached {
         let g = grad.to_dtype(DType::F32)?.reshape(1)?;
         if let Some((dh, dw)) = &self.early {
             let scale = super::ce_rows::scale_by;
-            return Ok((Some(scale(dh, &g)?), Some(scale(dw, &g)?), None));
+            let dw = dw.as_ref().map(|dw| scale(dw, &g)).transpose()?;
+            return Ok((Some(scale(dh, &g)?), dw, None));
         }
         let (h, w, live) = (hidden.detach(), padded_head(&head.detach())?, head.dim(0)?);
         let n = h.dim(0)?;
@@ -234,7 +252,7 @@ impl CustomOp3 for Attached {
             live,
         };
         let wt = w.t()?;
-        let mut sums = Grads::default();
+        let mut sums = Grads::new(head.track_op());
         for start in (0..n).step_by(self.chunk) {
             let len = self.chunk.min(n - start);
             let hc = h.narrow(0, start, len)?;
@@ -244,7 +262,7 @@ impl CustomOp3 for Attached {
             sums.add(&dz, &hc, &w)?;
         }
         let (dh, dw) = sums.done(live)?;
-        Ok((Some(dh), Some(dw), None))
+        Ok((Some(dh), dw, None))
     }
 }
 

@@ -161,12 +161,29 @@ impl Module for LlamaNet {
     }
 }
 
-/// The head is frozen and quantized: the chunked loss does not apply, so
-/// the default (no separable head) stands.
 impl TrainModule for LlamaNet {
     fn set_recompute(&self, every: usize) -> bool {
         self.recompute.store(every, Ordering::Relaxed);
         true
+    }
+
+    /// For the chunked loss (`cross_entropy{ chunk = n }`), on the CPU: a
+    /// trained head as it is; a frozen head tied to the embedding (SmolLM2's)
+    /// as the embedding's dequantized copy, which the lookups keep anyway,
+    /// so the full logits and a per-step dequantized head never exist. Its
+    /// products are then f32, without the 8-bit rounding of the hidden
+    /// states that the quantized head (and llama.cpp) makes. A separate
+    /// frozen head, or CUDA: none, and the loss takes the full logits.
+    fn hidden_and_head(&self, idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        if !idx.device().is_cpu() {
+            return Ok(None);
+        }
+        let head = match &self.head {
+            Proj::Full(w) => w.clone(),
+            Proj::Frozen(_) if !self.w.tensors.contains_key("output.weight") => self.embed.clone(),
+            _ => return Ok(None),
+        };
+        Ok(Some((self.hidden(idx)?, head)))
     }
 }
 
