@@ -181,17 +181,7 @@ fn a_gpt2_variant_taper_cannot_run_is_refused_by_name() -> Result<()> {
 fn cross_entropy(logits: &[Vec<f32>], ids: &[u32]) -> f64 {
     let n = ids.len() - 1;
     (0..n)
-        .map(|i| {
-            let row = &logits[i];
-            let top = row.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
-            let lse = top
-                + row
-                    .iter()
-                    .map(|&x| (x as f64 - top).exp())
-                    .sum::<f64>()
-                    .ln();
-            lse - row[ids[i + 1] as usize] as f64
-        })
+        .map(|i| log_sum_exp(&logits[i]) - logits[i][ids[i + 1] as usize] as f64)
         .sum::<f64>()
         / n as f64
 }
@@ -354,16 +344,20 @@ fn log_probs(logits: &[Vec<f32>], ids: &[u32]) -> Vec<f64> {
     logits
         .iter()
         .flat_map(|row| {
-            let top = row.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
-            let lse = top
-                + row
-                    .iter()
-                    .map(|&x| (x as f64 - top).exp())
-                    .sum::<f64>()
-                    .ln();
+            let lse = log_sum_exp(row);
             ids.iter().map(move |&t| row[t as usize] as f64 - lse)
         })
         .collect()
+}
+
+/// `log Σ exp` of a row of logits, in f64.
+fn log_sum_exp(row: &[f32]) -> f64 {
+    let top = row.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
+    top + row
+        .iter()
+        .map(|&x| (x as f64 - top).exp())
+        .sum::<f64>()
+        .ln()
 }
 
 /// A GPT on BPE-tokenized text (SmolLM2's tokenizer.json): the GGUF file

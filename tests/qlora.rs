@@ -177,24 +177,8 @@ fn the_base_can_be_requantized_to_8_or_4_bits() -> Result<()> {
 /// of the plain backward.
 #[test]
 fn recomputed_llama_blocks_give_the_adapters_the_same_gradients() -> Result<()> {
-    use candle_core::{DType, Tensor};
     use taper::engine::loss::CrossEntropy;
-    use taper::engine::ParamStore;
-    common::fetched("data/smollm2/tokenizer.json")?;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
-    let spec: LlamaGguf = serde_json::from_value(serde_json::json!({
-        "path": path, "layers": 2, "context": 16,
-    }))?;
-    let store = ParamStore::new(3);
-    let model = spec.build_train(store.var_builder(DType::F32, &Device::Cpu))?;
-    // B starts at zero; give it values so that A's gradient is not zero.
-    for (name, v) in store.vars() {
-        if name.ends_with("lora_b") {
-            v.set(&(Tensor::randn(0f32, 0.05, v.shape(), &Device::Cpu)?))?;
-        }
-    }
-    let x = Tensor::new(&[[1u32, 504, 2030, 28, 339, 9, 77, 1860]], &Device::Cpu)?;
-    let y = Tensor::new(&[[504u32, 2030, 28, 339, 9, 77, 1860, 11]], &Device::Cpu)?;
+    let (store, model, x, y) = two_blocks()?;
     let grads = |every: usize| -> Result<Vec<Vec<f32>>> {
         assert!(model.set_recompute(every));
         let loss = CrossEntropy::default().loss(&model.forward(&x)?, &y)?;
@@ -228,23 +212,9 @@ fn recomputed_llama_blocks_give_the_adapters_the_same_gradients() -> Result<()> 
 /// quantized head's (the forward's) loss.
 #[test]
 fn the_chunked_loss_takes_the_tied_frozen_head_dequantized() -> Result<()> {
-    use candle_core::{DType, Tensor};
+    use candle_core::Tensor;
     use taper::engine::loss::CrossEntropy;
-    use taper::engine::ParamStore;
-    common::fetched("data/smollm2/tokenizer.json")?;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
-    let spec: LlamaGguf = serde_json::from_value(serde_json::json!({
-        "path": path, "layers": 2, "context": 16,
-    }))?;
-    let store = ParamStore::new(3);
-    let model = spec.build_train(store.var_builder(DType::F32, &Device::Cpu))?;
-    for (name, v) in store.vars() {
-        if name.ends_with("lora_b") {
-            v.set(&(Tensor::randn(0f32, 0.05, v.shape(), &Device::Cpu)?))?;
-        }
-    }
-    let x = Tensor::new(&[[1u32, 504, 2030, 28, 339, 9, 77, 1860]], &Device::Cpu)?;
-    let y = Tensor::new(&[[504u32, 2030, 28, 339, 9, 77, 1860, 11]], &Device::Cpu)?;
+    let (store, model, x, y) = two_blocks()?;
     let (hidden, head) = model
         .hidden_and_head(&x)?
         .expect("a tied frozen head is separable on the CPU");
@@ -290,4 +260,31 @@ fn the_chunked_loss_takes_the_tied_frozen_head_dequantized() -> Result<()> {
         "quantized head: loss {dl}, gradients {dg}"
     );
     Ok(())
+}
+
+/// The first two blocks of SmolLM2 with adapters whose B is random (it
+/// starts at zero, which would give A no gradient), and 8 tokens with their
+/// next ones.
+fn two_blocks() -> Result<(
+    taper::engine::ParamStore,
+    Box<dyn taper::engine::model::TrainModule>,
+    candle_core::Tensor,
+    candle_core::Tensor,
+)> {
+    use candle_core::{DType, Tensor};
+    common::fetched("data/smollm2/tokenizer.json")?;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
+    let spec: LlamaGguf = serde_json::from_value(serde_json::json!({
+        "path": path, "layers": 2, "context": 16,
+    }))?;
+    let store = taper::engine::ParamStore::new(3);
+    let model = spec.build_train(store.var_builder(DType::F32, &Device::Cpu))?;
+    for (name, v) in store.vars() {
+        if name.ends_with("lora_b") {
+            v.set(&(Tensor::randn(0f32, 0.05, v.shape(), &Device::Cpu)?))?;
+        }
+    }
+    let x = Tensor::new(&[[1u32, 504, 2030, 28, 339, 9, 77, 1860]], &Device::Cpu)?;
+    let y = Tensor::new(&[[504u32, 2030, 28, 339, 9, 77, 1860, 11]], &Device::Cpu)?;
+    Ok((store, model, x, y))
 }
