@@ -25,6 +25,8 @@ impl CustomOp1 for Op {
         "taper-qlinear"
     }
 
+    /// Q4_1 and Q8_0 weights through taper's tiles (`super::tiled`), which
+    /// give candle's bits faster; anything else through candle's product.
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (n, k) = self.0.shape().dims2()?;
         if let (CpuStorage::F32(x), Some((start, end)), Some(&last)) =
