@@ -20,6 +20,7 @@ mod oom;
 mod plugin;
 mod precision;
 mod products;
+mod quant;
 mod ranks;
 mod records;
 mod reload;
@@ -137,6 +138,10 @@ pub enum Which {
     /// The matrix products of a GPT-2 small training step alone, as taper
     /// runs them (benches/torch_products.py: as PyTorch does).
     Products(products::ProductsArgs),
+    /// The frozen products of a QLoRA step on the CPU (SmolLM2-135M's
+    /// shapes): taper's tiles, candle's quantized matmul and an f32 product
+    /// with the dequantized weight, alternating.
+    Quant(quant::QuantArgs),
     /// The element-wise kernels of a GPT-2 small training step alone, each
     /// with the bytes it must move and the rate it moves them.
     Elementwise(elementwise::ElementwiseArgs),
@@ -169,6 +174,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         } => lua_overhead(*steps, *rounds, *width, *layers, *context),
         Which::Step(a) => step::run(a),
         Which::Products(a) => products::run(a),
+        Which::Quant(a) => quant::run(a),
         Which::Elementwise(a) => elementwise::run(a),
         Which::Ranks {
             ranks,

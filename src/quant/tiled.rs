@@ -24,6 +24,16 @@ use candle_core::Result;
 /// candle's matmul should run instead.
 pub fn x_wt(x: &[f32], rows: usize, w: &QTensor) -> Result<Option<Vec<f32>>> {
     #[cfg(target_arch = "x86_64")]
+    let vnni = is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vnni = false;
+    x_wt_by(x, rows, w, vnni)
+}
+
+/// [`x_wt`], with AVX512-VNNI's sums (`vnni`, which the CPU must have) or
+/// AVX2's.
+fn x_wt_by(x: &[f32], rows: usize, w: &QTensor, vnni: bool) -> Result<Option<Vec<f32>>> {
+    #[cfg(target_arch = "x86_64")]
     if matches!(w.dtype(), GgmlDType::Q4_1 | GgmlDType::Q8_0)
         && rows >= 4
         && is_x86_feature_detected!("avx2")
@@ -33,13 +43,13 @@ pub fn x_wt(x: &[f32], rows: usize, w: &QTensor) -> Result<Option<Vec<f32>>> {
         if k % x86::BLOCK == 0 && x.len() == rows * k {
             let data = w.data()?;
             return Ok(Some(match w.dtype() {
-                GgmlDType::Q4_1 => x86::x_wt::<x86::Q4_1>(x, rows, (n, k), &data),
-                _ => x86::x_wt::<x86::Q8_0>(x, rows, (n, k), &data),
+                GgmlDType::Q4_1 => x86::x_wt::<x86::Q4_1>(x, rows, (n, k), &data, vnni),
+                _ => x86::x_wt::<x86::Q8_0>(x, rows, (n, k), &data, vnni),
             }));
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (x, rows, w, GgmlDType::Q4_1);
+    let _ = (x, rows, w, vnni, GgmlDType::Q4_1);
     Ok(None)
 }
 
@@ -68,11 +78,51 @@ mod x86 {
         type X: GgmlType;
         const X_BYTES: usize;
         const X_QS: usize;
-        /// A weight block's 32 values as bytes.
-        fn load(w: &[u8]) -> __m256i;
-        /// The 32 products with the input's bytes, summed in pairs and then
-        /// in pairs of pairs, as 8 floats.
-        fn products(w: __m256i, x: __m256i) -> __m256;
+        /// A weight block's 32 values as bytes, from its values at `q`.
+        ///
+        /// # Safety
+        /// `q` points at the block's values; the CPU has AVX2.
+        unsafe fn load(q: *const u8) -> __m256i;
+        /// The 32 products with the input's bytes, summed in fours, as 8
+        /// floats.
+        ///
+        /// # Safety
+        /// The CPU has what `D` needs.
+        unsafe fn products<D: Dot>(w: __m256i, x: __m256i) -> __m256;
+    }
+
+    /// How 32 unsigned bytes times 32 signed bytes become 8 sums of four:
+    /// the integers are exact either way, so both give candle's bits.
+    pub trait Dot {
+        /// Input rows a tile takes: as many as the registers hold
+        /// accumulators for four weight rows.
+        const ROWS: usize;
+        /// # Safety
+        /// The CPU has this way's instructions.
+        unsafe fn sums(w: __m256i, x: __m256i) -> __m256i;
+    }
+
+    /// AVX2's pairs, then pairs of pairs (candle's `mul_sum_us8_pairs_float`;
+    /// no pair can saturate: the unsigned side is at most 127).
+    pub struct Avx2;
+    /// AVX512-VNNI's fused four-product sum on 256-bit registers, where
+    /// AVX512-VL also gives 32 of them.
+    pub struct Vnni;
+
+    impl Dot for Avx2 {
+        const ROWS: usize = 2;
+        #[inline(always)]
+        unsafe fn sums(w: __m256i, x: __m256i) -> __m256i {
+            _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(w, x))
+        }
+    }
+
+    impl Dot for Vnni {
+        const ROWS: usize = 4;
+        #[inline(always)]
+        unsafe fn sums(w: __m256i, x: __m256i) -> __m256i {
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+        }
     }
 
     pub struct Q4_1;
@@ -89,26 +139,18 @@ mod x86 {
         const X_BYTES: usize = 36;
         const X_QS: usize = 4;
         /// 16 bytes of nibbles as 32 bytes: the low nibbles, then the high
-        /// ones (candle's `bytes_from_nibbles_32`).
+        /// ones (candle's `bytes_from_nibbles_32`), from one broadcast load
+        /// and a shift of the upper half.
         #[inline(always)]
-        fn load(w: &[u8]) -> __m256i {
-            let q = &w[..16];
-            // SAFETY: q is 16 bytes, loadu has no alignment needs, and the
-            // caller (tile) runs only where the CPU has AVX2.
-            unsafe {
-                let tmp = _mm_loadu_si128(q.as_ptr() as *const __m128i);
-                let bytes = _mm256_insertf128_si256::<1>(
-                    _mm256_castsi128_si256(tmp),
-                    _mm_srli_epi16(tmp, 4),
-                );
-                _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
-            }
+        unsafe fn load(q: *const u8) -> __m256i {
+            let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(q as *const __m128i));
+            let v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
+            _mm256_and_si256(v, _mm256_set1_epi8(0xF))
         }
-        /// Unsigned nibbles times signed bytes (`mul_sum_us8_pairs_float`).
+        /// Unsigned nibbles times signed bytes.
         #[inline(always)]
-        fn products(w: __m256i, x: __m256i) -> __m256 {
-            // SAFETY: AVX2, as above.
-            unsafe { us8_pairs(w, x) }
+        unsafe fn products<D: Dot>(w: __m256i, x: __m256i) -> __m256 {
+            _mm256_cvtepi32_ps(D::sums(w, x))
         }
     }
 
@@ -120,24 +162,15 @@ mod x86 {
         const X_BYTES: usize = 34;
         const X_QS: usize = 2;
         #[inline(always)]
-        fn load(w: &[u8]) -> __m256i {
-            let q = &w[..32];
-            // SAFETY: q is 32 bytes; AVX2, as above.
-            unsafe { _mm256_loadu_si256(q.as_ptr() as *const __m256i) }
+        unsafe fn load(q: *const u8) -> __m256i {
+            _mm256_loadu_si256(q as *const __m256i)
         }
         /// Signed times signed through the sign trick
         /// (`mul_sum_i8_pairs_float`).
         #[inline(always)]
-        fn products(w: __m256i, x: __m256i) -> __m256 {
-            // SAFETY: AVX2, as above.
-            unsafe { us8_pairs(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) }
+        unsafe fn products<D: Dot>(w: __m256i, x: __m256i) -> __m256 {
+            _mm256_cvtepi32_ps(D::sums(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)))
         }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn us8_pairs(w: __m256i, x: __m256i) -> __m256 {
-        let pairs = _mm256_maddubs_epi16(w, x);
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), pairs))
     }
 
     fn f16_at(bytes: &[u8], at: usize) -> f32 {
@@ -181,7 +214,15 @@ mod x86 {
         xs: &'a [f32],
     }
 
-    pub fn x_wt<F: Format>(x: &[f32], rows: usize, (n, k): (usize, usize), w: &[u8]) -> Vec<f32> {
+    /// With `vnni`, AVX512-VNNI's sums, which the caller checked the CPU
+    /// has (with AVX512-VL); without, AVX2's.
+    pub fn x_wt<F: Format>(
+        x: &[f32],
+        rows: usize,
+        (n, k): (usize, usize),
+        w: &[u8],
+        vnni: bool,
+    ) -> Vec<f32> {
         let nb = k / BLOCK;
         assert_eq!(w.len(), n * nb * F::W_BYTES, "a weight [{n}, {k}]");
         assert_eq!(std::mem::size_of::<F::X>(), F::X_BYTES);
@@ -213,88 +254,145 @@ mod x86 {
                     xd: &xd,
                     xs: &xs,
                 };
-                task::<F>(&o, y);
+                // SAFETY: x_wt's caller checked AVX2 and FMA, and VNNI and
+                // VL where `vnni`.
+                unsafe {
+                    if vnni {
+                        task_vnni::<F>(&o, y)
+                    } else {
+                        task_avx2::<F>(&o, y)
+                    }
+                }
             });
         y
     }
 
-    fn task<F: Format>(o: &Operands, y: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma")]
+    fn task_avx2<F: Format>(o: &Operands, y: &mut [f32]) {
+        // SAFETY: this function's features are Avx2's.
+        unsafe { task::<F, Avx2>(o, y) }
+    }
+
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+    fn task_vnni<F: Format>(o: &Operands, y: &mut [f32]) {
+        // SAFETY: this function's features are Vnni's.
+        unsafe { task::<F, Vnni>(o, y) }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, FMA and what `D` needs.
+    #[inline(always)]
+    unsafe fn task<F: Format, D: Dot>(o: &Operands, y: &mut [f32]) {
+        // Each block's products of scales for one tile, `[block][row][col]`.
+        let mut dd = vec![0f32; o.nb * D::ROWS * 4];
         for c0 in (0..o.n).step_by(PASS_COLS) {
             let c1 = (c0 + PASS_COLS).min(o.n);
-            for r0 in (0..o.rows).step_by(2) {
-                let two = r0 + 1 < o.rows;
+            let mut r0 = 0;
+            while r0 < o.rows {
+                let rm = (o.rows - r0).min(D::ROWS);
                 let mut j0 = c0;
                 while j0 < c1 {
-                    let four = j0 + 4 <= c1;
-                    // SAFETY: x_wt runs only where the CPU has AVX2 and FMA.
+                    let rn = if j0 + 4 <= c1 { 4 } else { 1 };
+                    let t = (o, &mut *y, &mut dd[..], r0, j0);
+                    // SAFETY: the caller's.
                     unsafe {
-                        match (two, four) {
-                            (true, true) => tile::<F, 2, 4>(o, y, r0, j0),
-                            (false, true) => tile::<F, 1, 4>(o, y, r0, j0),
-                            (true, false) => tile::<F, 2, 1>(o, y, r0, j0),
-                            (false, false) => tile::<F, 1, 1>(o, y, r0, j0),
+                        match (rm, rn) {
+                            (1, 1) => tile::<F, D, 1, 1>(t),
+                            (1, _) => tile::<F, D, 1, 4>(t),
+                            (2, 1) => tile::<F, D, 2, 1>(t),
+                            (2, _) => tile::<F, D, 2, 4>(t),
+                            (3, 1) => tile::<F, D, 3, 1>(t),
+                            (3, _) => tile::<F, D, 3, 4>(t),
+                            (_, 1) => tile::<F, D, 4, 1>(t),
+                            _ => tile::<F, D, 4, 4>(t),
                         }
                     }
-                    j0 += if four { 4 } else { 1 };
+                    j0 += rn;
                 }
+                r0 += rm;
             }
         }
     }
 
     /// Outputs `y[r0..r0+RM, j0..j0+RN]`.
-    #[target_feature(enable = "avx2,fma")]
-    fn tile<F: Format, const RM: usize, const RN: usize>(
-        o: &Operands,
-        y: &mut [f32],
-        r0: usize,
-        j0: usize,
+    ///
+    /// # Safety
+    /// As [`task`]'s.
+    #[inline(always)]
+    unsafe fn tile<F: Format, D: Dot, const RM: usize, const RN: usize>(
+        (o, y, dd, r0, j0): (&Operands, &mut [f32], &mut [f32], usize, usize),
     ) {
-        assert!(r0 + RM <= o.rows && j0 + RN <= o.n);
-        let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+        assert!(r0 + RM <= o.rows && j0 + RN <= o.n && dd.len() >= o.nb * RM * RN);
+        // candle's order: the weight's scale times the input's, then
+        // fmadd(d, products, acc). The products of scales first, so that the
+        // main loop only loads them.
         for b in 0..o.nb {
-            let mut wq = [_mm256_setzero_si256(); RN];
-            for (j, wq) in wq.iter_mut().enumerate() {
-                *wq = F::load(&o.w[((j0 + j) * o.nb + b) * F::W_BYTES + F::W_QS..]);
-            }
             let wd = &o.wd[b * o.n + j0..][..RN];
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let xq = &o.x[((r0 + r) * o.nb + b) * F::X_BYTES + F::X_QS..][..32];
-                // SAFETY: xq is 32 bytes; loadu has no alignment needs.
-                let xq = unsafe { _mm256_loadu_si256(xq.as_ptr() as *const __m256i) };
-                let xd = o.xd[b * o.rows + r0 + r];
-                for j in 0..RN {
-                    // candle: the weight's scale times the input's, then
-                    // fmadd(d, products, acc).
-                    let d = _mm256_set1_ps(wd[j] * xd);
-                    acc[j] = _mm256_fmadd_ps(d, F::products(wq[j], xq), acc[j]);
-                }
-            }
-        }
-        // Q4_1's minimum term, each output's in block order (a multiply,
-        // then an add, as candle's `summs += m * s`).
-        let mut summs = [[0f32; RN]; RM];
-        if F::MIN {
-            for b in 0..o.nb {
-                let wm = &o.wm[b * o.n + j0..][..RN];
-                for (r, summs) in summs.iter_mut().enumerate() {
-                    let xs = o.xs[b * o.rows + r0 + r];
-                    for (s, m) in summs.iter_mut().zip(wm) {
-                        *s += m * xs;
+            let xd = &o.xd[b * o.rows + r0..][..RM];
+            let dd = &mut dd[b * RM * RN..][..RM * RN];
+            for (dd, xd) in dd.chunks_exact_mut(RN).zip(xd) {
+                if RN == 4 {
+                    // SAFETY: wd and dd are 4 floats; SSE is x86-64's.
+                    unsafe {
+                        let p = _mm_mul_ps(_mm_loadu_ps(wd.as_ptr()), _mm_set1_ps(*xd));
+                        _mm_storeu_ps(dd.as_mut_ptr(), p);
+                    }
+                } else {
+                    for (dd, wd) in dd.iter_mut().zip(wd) {
+                        *dd = wd * xd;
                     }
                 }
             }
         }
-        for r in 0..RM {
-            for j in 0..RN {
-                let sum = hsum(acc[r][j]);
-                y[(r0 + r) * o.n + j0 + j] = if F::MIN { sum + summs[r][j] } else { sum };
+        let (w_row, x_row) = (o.nb * F::W_BYTES, o.nb * F::X_BYTES);
+        // SAFETY: x_wt asserted the weight's length, n * nb blocks, and the
+        // task's input holds rows * nb blocks; the tile's rows and blocks
+        // lie inside both (asserted above), as its products of scales do.
+        unsafe {
+            let wp = o.w.as_ptr().add(j0 * w_row + F::W_QS);
+            let xp = o.x.as_ptr().add(r0 * x_row + F::X_QS);
+            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+            for b in 0..o.nb {
+                let mut wq = [_mm256_setzero_si256(); RN];
+                for (j, wq) in wq.iter_mut().enumerate() {
+                    *wq = F::load(wp.add(j * w_row + b * F::W_BYTES));
+                }
+                let ddb = dd.as_ptr().add(b * RM * RN);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let xq = xp.add(r * x_row + b * F::X_BYTES);
+                    let xq = _mm256_loadu_si256(xq as *const __m256i);
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let d = _mm256_broadcast_ss(&*ddb.add(r * RN + j));
+                        *acc = _mm256_fmadd_ps(d, F::products::<D>(wq[j], xq), *acc);
+                    }
+                }
+            }
+            // Q4_1's minimum term, each output's in block order (a
+            // multiply, then an add, as candle's `summs += m * s`).
+            let mut summs = [[0f32; RN]; RM];
+            if F::MIN {
+                for b in 0..o.nb {
+                    let wm = &o.wm[b * o.n + j0..][..RN];
+                    for (r, summs) in summs.iter_mut().enumerate() {
+                        let xs = o.xs[b * o.rows + r0 + r];
+                        for (s, m) in summs.iter_mut().zip(wm) {
+                            *s += m * xs;
+                        }
+                    }
+                }
+            }
+            for r in 0..RM {
+                for j in 0..RN {
+                    let sum = hsum(acc[r][j]);
+                    y[(r0 + r) * o.n + j0 + j] = if F::MIN { sum + summs[r][j] } else { sum };
+                }
             }
         }
     }
 
     /// candle's `hsum_float_8`, in its order.
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(x: __m256) -> f32 {
+    #[inline(always)]
+    unsafe fn hsum(x: __m256) -> f32 {
         let res = _mm256_extractf128_ps(x, 1);
         let res = _mm_add_ps(res, _mm256_castps256_ps128(x));
         let res = _mm_add_ps(res, _mm_movehl_ps(res, res));
@@ -314,20 +412,33 @@ mod tests {
         (0..len).map(|i| (i as f32 * step).sin() + shift).collect()
     }
 
-    /// The same bits as candle's own quantized matmul, over shapes with odd
-    /// rows and weight rows outside the 2 x 4 tiles and the 16-row tasks.
+    /// The same bits as candle's own quantized matmul, with AVX2's sums
+    /// and, where the CPU has them, AVX512-VNNI's, over shapes whose rows
+    /// and weight rows leave every kind of partial tile (1 to 3 rows, 1 to
+    /// 3 weight rows) and a partial 16-row task.
     #[test]
     fn same_bits_as_candles_quantized_matmul() -> Result<()> {
         let dev = Device::Cpu;
-        let shapes = [(4, 4, 32), (5, 7, 64), (37, 130, 96), (64, 192, 576)];
-        for ((rows, n, k), dtype) in shapes
+        let shapes = [
+            (4, 4, 32),
+            (5, 7, 64),
+            (23, 66, 64),
+            (37, 130, 96),
+            (64, 192, 576),
+        ];
+        let vnni = cfg!(target_arch = "x86_64")
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vl");
+        let sums: &[bool] = if vnni { &[false, true] } else { &[false] };
+        for (((rows, n, k), dtype), &vnni) in shapes
             .into_iter()
             .flat_map(|s| [(s, GgmlDType::Q4_1), (s, GgmlDType::Q8_0)])
+            .flat_map(|c| sums.iter().map(move |v| (c, v)))
         {
             let w = Tensor::from_vec(fixed(n * k, 0.377, 0.1), (n, k), &dev)?;
             let q = Arc::new(QTensor::quantize(&w, dtype)?);
             let x = fixed(rows * k, 0.519, -0.2);
-            let ours = x_wt(&x, rows, &q)?;
+            let ours = x_wt_by(&x, rows, &q, vnni)?;
             if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
                 assert!(ours.is_none());
                 return Ok(());
@@ -340,7 +451,7 @@ mod tests {
                 assert_eq!(
                     a.to_bits(),
                     b.to_bits(),
-                    "{dtype:?} [{rows}, {n}, {k}] at {i}: {a} against {b}"
+                    "{dtype:?} [{rows}, {n}, {k}] (vnni {vnni}) at {i}: {a} against {b}"
                 );
             }
         }
