@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
-use candle_core::{CpuStorage, CustomOp1, Layout, Module, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Module, Result, Shape, Storage, Tensor};
 
 /// `x @ W^T` with a frozen quantized `W [out, in]`, differentiable in `x`.
 #[derive(Clone)]
@@ -52,10 +52,38 @@ impl CustomOp1 for Op {
         self.0.cuda_fwd(s, l)
     }
 
+    /// On the CPU, the weight dequantized a block of rows at a time into a
+    /// kept buffer (`super::dequant`); elsewhere, whole for the call.
     fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        if let Some(dx) = cpu_dy_w(&self.0, grad)? {
+            return Ok(Some(dx));
+        }
         let w = self.0.dequantize(grad.device())?.to_dtype(grad.dtype())?;
         Ok(Some(grad.broadcast_matmul(&w)?))
     }
+}
+
+/// `grad W` through [`super::dequant::dy_w`], for an f32 gradient on the
+/// CPU; None where that does not apply.
+fn cpu_dy_w(q: &QTensor, grad: &Tensor) -> Result<Option<Tensor>> {
+    let (n, k) = q.shape().dims2()?;
+    if !grad.device().is_cpu() || grad.dtype() != DType::F32 || grad.dims().last() != Some(&n) {
+        return Ok(None);
+    }
+    let grad = grad.contiguous()?;
+    let rows = grad.elem_count() / n.max(1);
+    let (storage, layout) = grad.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(dy)), Some((start, end))) =
+        (&*storage, layout.contiguous_offsets())
+    else {
+        return Ok(None);
+    };
+    let Some(dx) = super::dequant::dy_w(q, &dy[start..end], rows)? else {
+        return Ok(None);
+    };
+    let mut dims = grad.dims().to_vec();
+    *dims.last_mut().expect("checked rank") = k;
+    Ok(Some(Tensor::from_vec(dx, dims, grad.device())?))
 }
 
 impl Module for QLinear {

@@ -2,6 +2,7 @@
 //! (`run:export{}`), the format llama.cpp and its tools read, and frozen
 //! quantized layers with low-rank adapters (QLoRA).
 
+mod dequant;
 mod gguf;
 pub mod llama;
 mod llama_net;
