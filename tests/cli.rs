@@ -362,6 +362,9 @@ fn benchmarks_and_samples_survive_a_closed_stdout() {
         "--rounds",
         "1",
     ]);
+    run(&[
+        "bench", "quant", "--rows", "4", "--reps", "1", "--rounds", "1",
+    ]);
     let o = out.to_str().unwrap();
     run(&[
         "train",

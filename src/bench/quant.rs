@@ -24,7 +24,8 @@ pub struct QuantArgs {
     /// Input rows of every product: the step's tokens (the recipe's 4 x 64)
     #[arg(long, default_value_t = 256)]
     pub rows: usize,
-    /// The weights' type: q4_1 (SmolLM2's file), q8_0, q4_0, q4k, ...
+    /// The weights' type: q4_1 (SmolLM2's file), q4_0, q5_0, q5_1 or q8_0
+    /// (the k-quants' 256-value blocks do not divide SmolLM2's width, 576)
     #[arg(long, default_value = "q4_1")]
     pub dtype: String,
     /// Calls per timing
@@ -112,11 +113,9 @@ fn parse_dtype(s: &str) -> Result<GgmlDType> {
         "q5_0" => GgmlDType::Q5_0,
         "q5_1" => GgmlDType::Q5_1,
         "q8_0" => GgmlDType::Q8_0,
-        "q4k" | "q4_k" => GgmlDType::Q4K,
-        "q6k" | "q6_k" => GgmlDType::Q6K,
         other => {
             return Err(Error::Config(format!(
-                "--dtype {other}: expected q4_0, q4_1, q5_0, q5_1, q8_0, q4k or q6k"
+                "--dtype {other}: expected q4_0, q4_1, q5_0, q5_1 or q8_0"
             )))
         }
     })
