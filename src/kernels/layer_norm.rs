@@ -33,7 +33,7 @@ const LANES: usize = 8;
 
 /// `Σ f(v)` over `x`, in [`LANES`] accumulators.
 #[inline(always)]
-fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+pub(super) fn lane_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = x.chunks_exact(LANES);
     let tail = chunks.remainder().iter().fold(0f32, |s, &v| s + f(v));
@@ -56,7 +56,7 @@ fn moments(x: &[f32], eps: f32) -> (f32, f32) {
 
 /// `(Σ g w, Σ g w (x - mean))` over a row, in [`LANES`] accumulators each.
 #[inline(always)]
-fn grad_sums(x: &[f32], g: &[f32], w: &[f32], mean: f32) -> (f32, f32) {
+pub(super) fn grad_sums(x: &[f32], g: &[f32], w: &[f32], mean: f32) -> (f32, f32) {
     let (mut a, mut c) = ([0f32; LANES], [0f32; LANES]);
     let (xs, gs, ws) = (
         x.chunks_exact(LANES),

@@ -45,6 +45,7 @@ mod norm;
 mod pool;
 pub mod quant8;
 mod relu;
+mod rms_norm;
 mod rope;
 mod rows;
 mod vexp;
@@ -64,6 +65,7 @@ pub use layer_norm::{layer_norm, layer_norm_grad};
 pub use norm::{clip_factor, clip_factor_of, sum_squares, sum_squares_all};
 pub use pool::max_pool2x2;
 pub use relu::relu;
+pub use rms_norm::rms_norm;
 pub use rope::rope_interleaved;
 pub use rows::softmax_last_dim;
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use candle_core::{Device, Module, Result, Tensor, D};
+use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use super::llama::{LlamaGguf, Weights, PROJECTIONS};
@@ -48,11 +48,6 @@ pub struct LlamaNet {
     recompute: AtomicUsize,
 }
 
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
-}
-
 impl Block {
     /// The tensors the block reads whose gradients a step needs.
     fn params(&self) -> Vec<Tensor> {
@@ -69,9 +64,9 @@ impl Block {
 
     /// `x` through the block: attention and MLP, each with its residual.
     fn forward(&self, w: &Weights, x: &Tensor, rope: &Rope) -> Result<Tensor> {
-        let h = rms_norm(x, &self.attn_norm, w.eps)?;
+        let h = crate::kernels::rms_norm(x, &self.attn_norm, w.eps)?;
         let x = (x + attention(w, self, &h, rope)?)?;
-        let h = rms_norm(&x, &self.ffn_norm, w.eps)?;
+        let h = crate::kernels::rms_norm(&x, &self.ffn_norm, w.eps)?;
         let gate = candle_nn::ops::silu(&self.p["ffn_gate"].forward(&h)?)?;
         let up = self.p["ffn_up"].forward(&h)?;
         x + self.p["ffn_down"].forward(&(gate * up)?)?
@@ -151,7 +146,7 @@ impl LlamaNet {
                 blk.forward(&self.w, &x, &rope)?
             };
         }
-        rms_norm(&x, &self.norm, self.w.eps)
+        crate::kernels::rms_norm(&x, &self.norm, self.w.eps)
     }
 }
 
