@@ -48,6 +48,7 @@ mod relu;
 mod rms_norm;
 mod rope;
 mod rows;
+mod swiglu;
 mod vexp;
 mod weight_grad;
 
@@ -68,6 +69,7 @@ pub use relu::relu;
 pub use rms_norm::rms_norm;
 pub use rope::rope_interleaved;
 pub use rows::softmax_last_dim;
+pub use swiglu::swiglu;
 
 /// Row-major `dst [m, n] = a(m x k) b(k x n) + (keep ? dst : 0)`, where each
 /// operand is given with its (row stride, column stride); one thread. The

@@ -75,9 +75,9 @@ impl Block {
             rope,
         )?)?;
         let h = crate::kernels::rms_norm(&x, &self.ffn_norm, w.eps)?;
-        let gate = candle_nn::ops::silu(&self.p["ffn_gate"].forward(&h)?)?;
+        let gate = self.p["ffn_gate"].forward(&h)?;
         let up = self.p["ffn_up"].forward(&h)?;
-        x + self.p["ffn_down"].forward(&(gate * up)?)?
+        x + self.p["ffn_down"].forward(&crate::kernels::swiglu(&gate, &up)?)?
     }
 }
 
