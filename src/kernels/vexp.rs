@@ -32,9 +32,10 @@ pub(super) fn exp(x: f32) -> f32 {
     e * f32::from_bits(k << 23)
 }
 
-/// The largest value of `v` (negative infinity for none).
+/// The largest value of `v` (negative infinity for none; NaNs are
+/// skipped, as `f32::max` does).
 #[inline(always)]
-fn max(v: &[f32]) -> f32 {
+pub(super) fn max(v: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let chunks = v.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -65,6 +66,29 @@ fn exp_shifted(v: &mut [f32], top: f32) -> f32 {
         sum += *x;
     }
     acc.iter().fold(sum, |s, &a| s + a)
+}
+
+/// `Σ exp(v - top)` and `Σ v`, each in eight lanes.
+#[inline(always)]
+pub(super) fn sum_exp_and_sum(v: &[f32], top: f32) -> (f32, f32) {
+    let (mut e, mut p) = ([0f32; LANES], [0f32; LANES]);
+    let chunks = v.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for ((e, p), &x) in e.iter_mut().zip(p.iter_mut()).zip(c) {
+            *e += exp(x - top);
+            *p += x;
+        }
+    }
+    let (mut se, mut sp) = (0f32, 0f32);
+    for &x in tail {
+        se += exp(x - top);
+        sp += x;
+    }
+    (
+        e.iter().fold(se, |s, &a| s + a),
+        p.iter().fold(sp, |s, &a| s + a),
+    )
 }
 
 /// A softmax row, in place.
