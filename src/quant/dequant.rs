@@ -19,9 +19,13 @@ use candle_core::quantized::k_quants::{
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Result;
 use gemm::{gemm, Parallelism};
+use rayon::prelude::*;
 
 /// Values a block of dequantized rows may hold.
 const CHUNK: usize = 1 << 20;
+
+/// Values a task dequantizes (whole rows, at least one).
+const TASK: usize = 1 << 15;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -47,10 +51,12 @@ fn dy_w_by(q: &QTensor, dy: &[f32], rows: usize, chunk: usize) -> Result<Option<
     if n == 0 || k == 0 || !to_rows(data, k, (0, 0), &mut []) {
         return Ok(None);
     }
-    let mut dx = vec![0f32; rows * k];
     if rows == 0 {
-        return Ok(Some(dx));
+        return Ok(Some(Vec::new()));
     }
+    // Not zeroed: the first block's product writes every value without
+    // reading it (gemm's `read_dst` false), and the others add to it.
+    let mut dx: Vec<f32> = Vec::with_capacity(rows * k);
     let per = (chunk / k).clamp(1, n);
     let threads = match candle_core::utils::get_num_threads() {
         0 | 1 => Parallelism::None,
@@ -72,8 +78,10 @@ fn dy_w_by(q: &QTensor, dy: &[f32], rows: usize, chunk: usize) -> Result<Option<
             if !to_rows(data, k, (r0, r0 + m), w) {
                 candle_core::bail!("quantized linear: rows {r0}..{} of {:?}", r0 + m, q.shape())
             }
-            // SAFETY: dx is rows x k (row stride k); dy[:, r0..r0 + m] (row
-            // stride n) lies in dy, which is rows x n (asserted); w is m x k.
+            // SAFETY: dx's capacity is rows x k (row stride k), written by
+            // the first block before any block reads it; dy[:, r0..r0 + m]
+            // (row stride n) lies in dy, which is rows x n (asserted); w is
+            // m x k.
             unsafe {
                 gemm(
                     rows,
@@ -100,6 +108,8 @@ fn dy_w_by(q: &QTensor, dy: &[f32], rows: usize, chunk: usize) -> Result<Option<
         }
         Ok(())
     })?;
+    // SAFETY: the block at r0 = 0 wrote all rows * k values (n > 0).
+    unsafe { dx.set_len(rows * k) };
     Ok(Some(dx))
 }
 
@@ -141,7 +151,12 @@ fn blocks<B: GgmlType>(bytes: &[u8], k: usize, (r0, r1): (usize, usize), out: &m
     let per_row = k / B::BLCK_SIZE;
     match all.get(r0 * per_row..r1 * per_row) {
         Some(rows) if out.len() == (r1 - r0) * k => {
-            B::to_float(rows, out);
+            // Across the pool: candle's to_float is one thread's loop, and
+            // the product that follows waits for it.
+            let per = (TASK / k).max(1);
+            rows.par_chunks(per * per_row)
+                .zip(out.par_chunks_mut(per * k))
+                .for_each(|(b, o)| B::to_float(b, o));
             true
         }
         _ => false,
@@ -155,11 +170,12 @@ mod tests {
 
     /// The input's gradient against a float64 product with the whole
     /// dequantized weight, in blocks of 5 rows (the last of 2), of 1 row,
-    /// and whole; for the 4- and 8-bit types and a k-quant.
+    /// and whole (dequantized by three tasks, the last of 41 rows); for the
+    /// 4- and 8-bit types and a k-quant.
     #[test]
     fn the_gradient_by_blocks_matches_the_whole_weight_in_float64() -> Result<()> {
         let dev = Device::Cpu;
-        let (n, k, rows) = (37, 256, 19);
+        let (n, k, rows) = (297, 256, 19);
         let wave = |len: usize, step: f32| -> Vec<f32> {
             (0..len).map(|i| (i as f32 * step).sin()).collect()
         };
