@@ -65,15 +65,11 @@ impl Block {
     /// `x` through the block: attention and MLP, each with its residual.
     fn forward(&self, w: &Weights, x: &Tensor, rope: &Rope) -> Result<Tensor> {
         let h = crate::kernels::rms_norm(x, &self.attn_norm, w.eps)?;
-        let x = (x + attention(
-            Heads {
-                nh: w.heads,
-                nkv: w.kv_heads,
-            },
-            self,
-            &h,
-            rope,
-        )?)?;
+        let heads = Heads {
+            nh: w.heads,
+            nkv: w.kv_heads,
+        };
+        let x = (x + attention(heads, self, &h, rope)?)?;
         let h = crate::kernels::rms_norm(&x, &self.ffn_norm, w.eps)?;
         let gate = self.p["ffn_gate"].forward(&h)?;
         let up = self.p["ffn_up"].forward(&h)?;
