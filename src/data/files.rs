@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use super::{CharText, Source, Vocab};
+use super::{tokenized, CharText, Source, Vocab};
 use crate::{Error, Result};
 
 fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
@@ -307,21 +307,30 @@ pub fn text(
             format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
         )
     })?;
-    let vocab = match tokenizer {
-        Some(t) => Vocab::from_tokenizer_file(t)?,
-        None => Vocab::from_text(&text),
+    let tokenize = || {
+        let vocab = match tokenizer {
+            Some(t) => Vocab::from_tokenizer_file(t)?,
+            None => Vocab::from_text(&text),
+        };
+        Ok((vocab.encode(&text)?, vocab))
     };
-    let tokens = vocab.encode(&text)?;
+    // A tokenizer file that cannot be read skips the cache, and
+    // `from_tokenizer_file` says what is wrong with it.
+    let key = match tokenizer {
+        None => Some(tokenized::Key::new(text.as_bytes(), None)),
+        Some(t) => std::fs::read(t)
+            .ok()
+            .map(|b| tokenized::Key::new(text.as_bytes(), Some(&b))),
+    };
+    let (tokens, vocab) = match key {
+        Some(key) => tokenized::shared(key, tokenize)?,
+        None => {
+            let (tokens, vocab) = tokenize()?;
+            (Arc::new(tokens), Arc::new(vocab))
+        }
+    };
     let name = PathBuf::from(path.file_name().unwrap_or_default())
         .display()
         .to_string();
-    CharText::new(
-        &name,
-        split,
-        Arc::new(tokens),
-        Arc::new(vocab),
-        context,
-        stride,
-        val_fraction,
-    )
+    CharText::new(&name, split, tokens, vocab, context, stride, val_fraction)
 }

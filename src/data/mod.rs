@@ -8,6 +8,7 @@ mod files;
 mod permutation;
 mod pipeline;
 mod samples;
+mod tokenized;
 mod tokens;
 mod vocab;
 
