@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use candle_core::{Device, Module, Result, Tensor};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use super::llama::{LlamaGguf, Weights, PROJECTIONS};
@@ -172,17 +172,14 @@ impl TrainModule for LlamaNet {
         true
     }
 
-    /// For the chunked loss (`cross_entropy{ chunk = n }`), on the CPU: a
-    /// trained head as it is; a frozen head tied to the embedding (SmolLM2's)
-    /// as the embedding's dequantized copy, which the lookups keep anyway,
-    /// so the full logits and a per-step dequantized head never exist. Its
+    /// For the chunked loss (`cross_entropy{ chunk = n }`): a trained head
+    /// as it is; a frozen head tied to the embedding (SmolLM2's) as the
+    /// embedding's dequantized copy, which the lookups keep anyway, so the
+    /// full logits and a per-step dequantized head never exist. Its
     /// products are then f32, without the 8-bit rounding of the hidden
     /// states that the quantized head (and llama.cpp) makes. A separate
-    /// frozen head, or CUDA: none, and the loss takes the full logits.
+    /// frozen head: none, and the loss takes the full logits.
     fn hidden_and_head(&self, idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-        if !idx.device().is_cpu() {
-            return Ok(None);
-        }
         let head = match &self.head {
             Proj::Full(w) => w.clone(),
             Proj::Frozen(_) if !self.w.tensors.contains_key("output.weight") => self.embed.clone(),
@@ -205,13 +202,16 @@ impl LlamaGguf {
         let w = self.weights()?;
         let full = self.full()?;
         let layers = self.used_layers(&w);
+        // The file's weights are cached on the CPU; the run's device gets
+        // its own copies of those it uses.
+        let dev = vb.device().clone();
         // Frozen f32 tensors (norms) come from the file, trained ones from vb.
         let f32t = |name: &str| -> Result<Tensor> {
             if full {
                 let shape = w.get(name)?.shape().clone();
                 vb.get_with_hints(shape, name, Init::Const(0.0))
             } else {
-                w.get(name)?.dequantize(&Device::Cpu)
+                w.get(name)?.dequantize(&dev)
             }
         };
         let mut blocks = Vec::with_capacity(layers);
@@ -219,7 +219,6 @@ impl LlamaGguf {
             let mut p = HashMap::new();
             for name in PROJECTIONS {
                 let q = w.get(&format!("blk.{i}.{name}.weight"))?;
-                let base = QLinear { weight: q.clone() };
                 let proj = if full {
                     Proj::Full(f32t(&format!("blk.{i}.{name}.weight"))?)
                 } else if self.lora_targets.iter().any(|t| t == name) {
@@ -228,7 +227,7 @@ impl LlamaGguf {
                     let bound = 1.0 / (inp as f64).sqrt();
                     let vb = vb.pp(format!("blk.{i}.{name}"));
                     Proj::Lora(LoraLinear {
-                        base,
+                        base: QLinear::on(q, &dev)?,
                         a: vb.get_with_hints(
                             (r, inp),
                             "lora_a",
@@ -241,7 +240,7 @@ impl LlamaGguf {
                         scale: self.lora_alpha / r as f64,
                     })
                 } else {
-                    Proj::Frozen(base)
+                    Proj::Frozen(QLinear::on(q, &dev)?)
                 };
                 p.insert(name, proj);
             }
@@ -263,7 +262,10 @@ impl LlamaGguf {
                 Some(q) => q.clone(),
                 None => w.get("token_embd.weight")?,
             };
-            (w.embed.clone(), Proj::Frozen(QLinear { weight: head }))
+            (
+                w.embed.to_device(&dev)?,
+                Proj::Frozen(QLinear::on(head, &dev)?),
+            )
         };
         Ok(LlamaNet {
             embed,
@@ -280,7 +282,7 @@ impl LlamaGguf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Var};
+    use candle_core::{DType, Device, Var};
 
     /// The attention as the separate candle ops this file used before:
     /// heads transposed, keys and values repeated, scores masked.

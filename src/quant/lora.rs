@@ -9,13 +9,30 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::QTensor;
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Module, Result, Shape, Storage, Tensor};
+use candle_core::quantized::{QStorage, QTensor};
+use candle_core::{
+    CpuStorage, CustomOp1, DType, Device, Layout, Module, Result, Shape, Storage, Tensor,
+};
 
 /// `x @ W^T` with a frozen quantized `W [out, in]`, differentiable in `x`.
 #[derive(Clone)]
 pub struct QLinear {
     pub weight: Arc<QTensor>,
+}
+
+impl QLinear {
+    /// The frozen `weight` on `dev`: shared as it is where it already lives
+    /// (the file's weights are read onto the CPU, and cached there), its
+    /// blocks copied as they are elsewhere, so that candle's CUDA kernels
+    /// multiply by the file's own values.
+    pub fn on(weight: Arc<QTensor>, dev: &Device) -> Result<QLinear> {
+        if weight.device().same_device(dev) {
+            return Ok(QLinear { weight });
+        }
+        let storage = QStorage::from_data(weight.data()?, dev, weight.dtype())?;
+        let weight = Arc::new(QTensor::new(storage, weight.shape())?);
+        Ok(QLinear { weight })
+    }
 }
 
 struct Op(Arc<QTensor>);
