@@ -738,25 +738,28 @@ fn train_on_the_gpu(recipe: &str, precision: &str) -> anyhow::Result<f64> {
 
 /// QLoRA on the GPU: a small llama written by the test (Q4_1 projections, a
 /// Q8_0 head tied to the embedding, grouped-query heads) trains through a
-/// recipe with the chunked loss as on the CPU. On CUDA candle's kernels
-/// multiply by the file's blocks, rounding the input to 8 bits as the CPU's
-/// tiles do, and the backward multiplies by the dequantized weight.
+/// recipe with the chunked loss as on the CPU, in f32 and bf16. On CUDA
+/// candle's kernels multiply by the file's blocks, rounding the input to 8
+/// bits as the CPU's tiles do, and the backward multiplies by the
+/// dequantized weight.
 #[test]
 fn a_written_llama_trains_on_the_gpu_as_on_the_cpu() -> anyhow::Result<()> {
-    let cpu = tiny_llama::train("cpu")?;
-    let gpu = tiny_llama::train("cuda")?;
-    println!("tiny llama QLoRA, held-out loss before -> after: cpu {cpu:?}, cuda {gpu:?}");
-    assert!(
-        (gpu.0 - cpu.0).abs() < 5e-3 * cpu.0,
-        "before training: {} on the GPU, {} on the CPU",
-        gpu.0,
-        cpu.0
-    );
-    assert!(
-        (gpu.1 - cpu.1).abs() < 2e-2 * cpu.1,
-        "after 64 steps: {} on the GPU, {} on the CPU",
-        gpu.1,
-        cpu.1
-    );
+    let cpu = tiny_llama::train("cpu", "f32")?;
+    for (precision, bound) in [("f32", 2e-2), ("bf16", 3e-2)] {
+        let gpu = tiny_llama::train("cuda", precision)?;
+        println!("tiny llama QLoRA, held-out loss before -> after: cpu f32 {cpu:?}, cuda {precision} {gpu:?}");
+        assert!(
+            (gpu.0 - cpu.0).abs() < 1e-2 * cpu.0,
+            "{precision}, before training: {} on the GPU, {} on the CPU",
+            gpu.0,
+            cpu.0
+        );
+        assert!(
+            (gpu.1 - cpu.1).abs() < bound * cpu.1,
+            "{precision}, after 64 steps: {} on the GPU, {} on the CPU",
+            gpu.1,
+            cpu.1
+        );
+    }
     Ok(())
 }

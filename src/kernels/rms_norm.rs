@@ -8,21 +8,27 @@
 
 use std::mem::MaybeUninit;
 
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
+use candle_core::{
+    bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
+};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::layer_norm::{grad_sums, lane_sum};
 use super::rows::{last_dim, ROWS};
 
-/// `x / sqrt(mean(x²) + eps) * w` over the last dimension.
+/// `x / sqrt(mean(x²) + eps) * w` over the last dimension. In f16 and
+/// bf16 the mean and the division are in f32, as transformers' Llama
+/// computes them, and the weight multiplies the result in the input's dtype.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     if super::covers(x) && x.device().is_cpu() && w.dtype() == x.dtype() && w.rank() == 1 {
         x.contiguous()?
             .apply_op2(&w.contiguous()?, RmsNorm(eps as f32))
     } else {
-        let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-        x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
+        let x32 = x.to_dtype(DType::F32)?;
+        let ms = x32.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = x32.broadcast_div(&(ms + eps)?.sqrt()?)?;
+        normed.to_dtype(x.dtype())?.broadcast_mul(w)
     }
 }
 

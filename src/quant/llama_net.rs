@@ -142,8 +142,8 @@ impl LlamaNet {
             .collect();
         let ang = Tensor::from_vec(pos, (t, hd / 2), x.device())?;
         let rope = Rope {
-            cos: ang.cos()?,
-            sin: ang.sin()?,
+            cos: ang.cos()?.to_dtype(x.dtype())?,
+            sin: ang.sin()?.to_dtype(x.dtype())?,
         };
         let every = self.recompute.load(Ordering::Relaxed);
         for (i, blk) in self.blocks.iter().enumerate() {
@@ -204,14 +204,15 @@ impl LlamaGguf {
         let layers = self.used_layers(&w);
         // The file's weights are cached on the CPU; the run's device gets
         // its own copies of those it uses.
-        let dev = vb.device().clone();
+        // The frozen ones in the working dtype (f32, or the low precision's).
+        let (dev, dtype) = (vb.device().clone(), vb.dtype());
         // Frozen f32 tensors (norms) come from the file, trained ones from vb.
         let f32t = |name: &str| -> Result<Tensor> {
             if full {
                 let shape = w.get(name)?.shape().clone();
                 vb.get_with_hints(shape, name, Init::Const(0.0))
             } else {
-                w.get(name)?.dequantize(&dev)
+                w.get(name)?.dequantize(&dev)?.to_dtype(dtype)
             }
         };
         let mut blocks = Vec::with_capacity(layers);
@@ -262,10 +263,8 @@ impl LlamaGguf {
                 Some(q) => q.clone(),
                 None => w.get("token_embd.weight")?,
             };
-            (
-                w.embed.to_device(&dev)?,
-                Proj::Frozen(QLinear::on(head, &dev)?),
-            )
+            let embed = w.embed.to_device(&dev)?.to_dtype(dtype)?;
+            (embed, Proj::Frozen(QLinear::on(head, &dev)?))
         };
         Ok(LlamaNet {
             embed,

@@ -104,8 +104,16 @@ fn cpu_dy_w(q: &QTensor, grad: &Tensor) -> Result<Option<Tensor>> {
 }
 
 impl Module for QLinear {
+    /// In f32; an f16 or bf16 input is widened for the product and the
+    /// output narrowed back, each step with its backward. On CUDA candle's
+    /// quantized product gives f32 whatever it takes; on the CPU the wide
+    /// input takes taper's tiles.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.contiguous()?.apply_op1(Op(self.weight.clone()))
+        let op = Op(self.weight.clone());
+        match x.dtype() {
+            DType::F32 => x.contiguous()?.apply_op1(op),
+            dt => x.to_dtype(DType::F32)?.apply_op1(op)?.to_dtype(dt),
+        }
     }
 }
 

@@ -93,8 +93,8 @@ pub fn write(path: &Path) -> Result<()> {
 /// QLoRA over the file at `path` on built-in Shakespeare (its 65
 /// characters are ids below [`VOCAB`]), 64 steps of 4 x 16 tokens with the
 /// chunked loss; `results.before` and `results.after` are the held-out
-/// losses.
-pub fn recipe(path: &Path) -> String {
+/// losses. `precision` is the run's (`f32`, `bf16`, `f16`).
+pub fn recipe(path: &Path, precision: &str) -> String {
     format!(
         r#"
 local function text(split, n)
@@ -111,6 +111,7 @@ local run = taper.run{{
   loss = taper.loss.cross_entropy{{ chunk = 24 }},
   data = train,
   seed = 1,
+  precision = "{precision}",
 }}
 local before = run:evaluate(val).loss
 for _ in run:epochs(1) do
@@ -123,7 +124,7 @@ results = {{ before = before, after = run:evaluate(val).loss }}
 }
 
 /// Runs [`recipe`] on `device`: the held-out loss before and after.
-pub fn train(device: &str) -> Result<(f64, f64)> {
+pub fn train(device: &str, precision: &str) -> Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let model = dir.path().join("tiny-llama.gguf");
     write(&model)?;
@@ -133,7 +134,7 @@ pub fn train(device: &str) -> Result<(f64, f64)> {
         quiet: true,
         ..taper::HostOptions::default()
     })?;
-    host.run_source("tiny_llama.lua", &recipe(&model))?;
+    host.run_source("tiny_llama.lua", &recipe(&model, precision))?;
     let results: mlua::Table = host.globals()?.get("results")?;
     Ok((results.get("before")?, results.get("after")?))
 }
