@@ -70,11 +70,11 @@ fn adapters_train_and_the_quantized_base_stays_as_stored() -> Result<()> {
 }
 
 /// A llama written by the test (no fetched data) trains its adapters
-/// through a recipe on the CPU, in f32 and in bf16 (f32 masters; the frozen
-/// products widen their input to f32). `tests/cuda_kernels.rs` trains the
+/// through a recipe on the CPU, in f32, bf16 and f16 (f32 masters; the
+/// frozen products widen their input to f32). `tests/cuda_kernels.rs` trains the
 /// same on a GPU and compares.
 #[test]
-fn a_written_llama_trains_its_adapters_in_f32_and_bf16() -> Result<()> {
+fn a_written_llama_trains_its_adapters_in_f32_bf16_and_f16() -> Result<()> {
     let (before, after) = tiny_llama::train("cpu", "f32")?;
     eprintln!("held-out cross-entropy {before:.4} -> {after:.4}");
     // Better than guessing uniformly (ln 96 = 4.56) by 0.4 nats at least.
@@ -82,12 +82,14 @@ fn a_written_llama_trains_its_adapters_in_f32_and_bf16() -> Result<()> {
         after < before - 0.5 && after < 4.16,
         "held-out loss {before} -> {after}"
     );
-    let (b16, a16) = tiny_llama::train("cpu", "bf16")?;
-    eprintln!("bf16: {b16:.4} -> {a16:.4}");
-    assert!(
-        (b16 - before).abs() < 1e-2 * before && (a16 - after).abs() < 2e-2 * after,
-        "bf16 {b16} -> {a16} against f32 {before} -> {after}"
-    );
+    for precision in ["bf16", "f16"] {
+        let (b16, a16) = tiny_llama::train("cpu", precision)?;
+        eprintln!("{precision}: {b16:.4} -> {a16:.4}");
+        assert!(
+            (b16 - before).abs() < 1e-2 * before && (a16 - after).abs() < 2e-2 * after,
+            "{precision} {b16} -> {a16} against f32 {before} -> {after}"
+        );
+    }
     Ok(())
 }
 
