@@ -93,6 +93,65 @@ fn a_written_llama_trains_its_adapters_in_f32_bf16_and_f16() -> Result<()> {
     Ok(())
 }
 
+/// `format = "gguf"` on a llama run writes the llama file with the training
+/// in it (LoRA: the base with the adapters merged; `full`: the trained
+/// weights), as llama.cpp reads it. Loaded back as a `llama_gguf`, it gives
+/// the held-out loss the run ended with, not the base's.
+#[test]
+fn a_llama_run_exports_a_llama_file_with_its_training_in_it() -> Result<()> {
+    for train in ["lora", "full"] {
+        let dir = tempfile::tempdir()?;
+        let (base, out) = (dir.path().join("tiny.gguf"), dir.path().join("out.gguf"));
+        tiny_llama::write(&base)?;
+        let src = format!(
+            r#"
+local val = taper.data.shakespeare{{ split = "val", context = 16 }}:take(32):batch(16)
+local function llama(path, train)
+  return taper.model.llama_gguf{{ path = path, context = 16, lora_rank = 4, train = train }}
+end
+local run = taper.run{{
+  model = llama({base:?}, "{train}"),
+  optim = taper.optim.adamw{{ lr = 1e-2, weight_decay = 0 }},
+  data = taper.data.shakespeare{{ split = "train", context = 16 }}:take(64):batch(4),
+  seed = 1,
+}}
+local before = run:evaluate(val).loss
+for _ in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+end
+local trained = run:evaluate(val).loss
+run:export{{ path = {out:?}, type = "f32" }}
+local again = taper.run{{ model = llama({out:?}, "lora"), optim = taper.optim.adamw{{}}, data = val }}
+results = {{ before = before, trained = trained, exported = again:evaluate(val).loss }}
+"#,
+            base = base.display().to_string(),
+            out = out.display().to_string(),
+        );
+        let mut host = Host::new(HostOptions {
+            out_dir: Some(dir.path().join("run")),
+            quiet: true,
+            ..HostOptions::default()
+        })?;
+        host.run_source("export.lua", &src)?;
+        let r: mlua::Table = host.globals()?.get("results")?;
+        let (before, trained, exported): (f64, f64, f64) =
+            (r.get("before")?, r.get("trained")?, r.get("exported")?);
+        eprintln!("{train}: held-out {before:.4} -> {trained:.4}; exported {exported:.4}");
+        assert!(trained < before - 0.3, "{train}: {before} -> {trained}");
+        // The run's products round their input to 8 bits (Q4_1); the
+        // exported f32 weights' do not.
+        assert!(
+            (exported - trained).abs() < 1e-2 * trained,
+            "{train}: the exported model's loss {exported}, the run's {trained}"
+        );
+        let mut f = std::fs::File::open(&out)?;
+        let content = gguf_file::Content::read(&mut f)?;
+        let arch = content.metadata["general.architecture"].to_string()?;
+        assert_eq!(arch, "llama");
+    }
+    Ok(())
+}
+
 /// `train = "full"`: the comparison QLoRA is measured against. Every weight
 /// of the used blocks (and the embedding, norms) is an f32 parameter that
 /// starts at the file's dequantized values and trains.

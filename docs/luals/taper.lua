@@ -122,11 +122,12 @@ function Run:inject_oom(opts) end
 function Run:prune(opts) end
 
 ---Writes the model for other tools, atomically. `format = "gguf"` (default): a GPT as
----llama.cpp's `gpt2` architecture with its tokenizer, other models as architecture
+---llama.cpp's `gpt2` architecture with its tokenizer, a GGUF llama as its base file
+---with the training merged in (`merge = true` says so), other models as architecture
 ---`taper`; weight matrices in `type` (post-training quantization), vectors f32.
 ---`format = "hf"`: a GPT as a transformers GPT-2 folder (model.safetensors,
 ---config.json, tokenizer.json). `format = "gguf-lora"`: a QLoRA run's adapters as a
----llama.cpp LoRA adapter; `merge = true` (with gguf) merges them into the base.
+---llama.cpp LoRA adapter.
 ---`format = "q8_0"` (a type) is the older spelling of `format = "gguf", type = "q8_0"`.
 ---@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"f32"|"f16"|"q8_0"|"q4_0", type?: "f32"|"f16"|"q8_0"|"q4_0", merge?: boolean}
 ---@return {bytes: integer, f32_bytes?: integer, quantized?: integer, kept_f32?: integer}

@@ -153,6 +153,7 @@ pub struct ExportArgs {
     #[arg(long = "type", default_value = "q8_0")]
     pub ty: String,
     /// With --format gguf on a QLoRA run: the base with the adapters merged in
+    /// (what gguf means for a llama run in any case; only a llama takes it)
     #[arg(long)]
     pub merge: bool,
     /// The file (gguf) or folder (hf) to write

@@ -33,8 +33,9 @@ pub struct Written {
 }
 
 /// Writes `model` to `path` as `format` ("gguf", "hf" or "gguf-lora"),
-/// GGUF weight matrices in `ty`; `merge` (with "gguf") merges a QLoRA
-/// run's adapters into its base.
+/// GGUF weight matrices in `ty`. A `taper.model.llama_gguf` as "gguf" is
+/// its base file with the training merged in (`merge`, which only a llama
+/// takes, says so explicitly).
 pub fn export(
     model: &Model,
     path: &Path,
@@ -48,7 +49,9 @@ pub fn export(
     match format {
         "hf" => hf(model, path),
         "gguf-lora" => lora_adapter(model, path),
-        "gguf" if merge => merged(model, path, ty),
+        // A llama's file is only useful to llama.cpp with the training in
+        // it: merging is what `gguf` means for one.
+        "gguf" if merge || as_llama(model, "gguf").is_ok() => merged(model, path, ty),
         "gguf" => gguf_file(model, path, ty),
         other => Err(Error::Config(format!(
             "unknown format `{other}` (gguf, hf, gguf-lora)"
@@ -145,5 +148,9 @@ fn lora_adapter(model: &Model, path: &Path) -> Result<Written> {
 fn merged(model: &Model, path: &Path, ty: ExportFormat) -> Result<Written> {
     let spec = as_llama(model, "merge = true")?;
     let s = super::lora::export_merged(path, &spec, &model.params, ty)?;
-    Ok(summary(s, ty, "llama, adapters merged"))
+    let what = match spec.train.as_str() {
+        "full" => "llama, its trained weights",
+        _ => "llama, adapters merged",
+    };
+    Ok(summary(s, ty, what))
 }

@@ -100,44 +100,43 @@ pub fn export_adapter(
     })
 }
 
-/// Writes the base model with each adapted projection replaced by
-/// `W + (alpha / r) B A` in `format`; every other tensor and all metadata
-/// (the tokenizer included) as the base file holds them.
+/// Writes the base model with what the run trained in it, each trained
+/// matrix in `format` (vectors, and rows that are not whole blocks, in f32):
+/// with LoRA each adapted projection as `W + (alpha / r) B A`; with
+/// `train = "full"` every trained tensor as it is. Every other tensor and
+/// all metadata (the tokenizer included) are as the base file holds them.
 pub fn export_merged(
     path: &Path,
     spec: &LlamaGguf,
     params: &HashMap<String, Tensor>,
     format: ExportFormat,
 ) -> Result<ExportSummary> {
-    let list = adapters(spec, params)?;
-    let weights = spec.weights()?;
+    let trained = trained_weights(spec, params)?;
     let mut f = std::fs::File::open(&spec.path).map_err(|e| Error::io(&spec.path, e))?;
     let content = gguf_file::Content::read(&mut f)?;
-    let dtype = match format {
-        ExportFormat::F32 => GgmlDType::F32,
-        ExportFormat::F16 => GgmlDType::F16,
-        ExportFormat::Q8_0 => GgmlDType::Q8_0,
-        ExportFormat::Q4_0 => GgmlDType::Q4_0,
-    };
-    let scale = spec.lora_alpha / spec.lora_rank as f64;
+    let dtype = format.ggml();
+    let mut summary = ExportSummary::default();
     let mut merged: HashMap<&str, QTensor> = HashMap::new();
-    let (mut quantized, mut f32_bytes) = (0, 0u64);
-    for a in &list {
-        let base = weights.tensors.get(&a.weight).ok_or_else(|| {
-            Error::Config(format!("{}: no tensor {}", spec.path.display(), a.weight))
-        })?;
-        let w = base.dequantize(&Device::Cpu)?;
-        let w = (w + (a.b.matmul(&a.a)? * scale)?)?;
-        f32_bytes += 4 * w.elem_count() as u64;
-        merged.insert(a.weight.as_str(), QTensor::quantize(&w, dtype)?);
-        quantized += 1;
+    for (name, w) in &trained {
+        summary.f32_bytes += 4 * w.elem_count() as u64;
+        let whole_blocks = w.dims().last().is_some_and(|d| d % dtype.block_size() == 0);
+        let q = if w.rank() == 2 && whole_blocks {
+            summary.quantized += 1;
+            QTensor::quantize(w, dtype)?
+        } else {
+            summary.kept_f32 += 1;
+            QTensor::quantize(w, GgmlDType::F32)?
+        };
+        merged.insert(name.as_str(), q);
     }
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort();
     let mut kept = Vec::new();
-    for name in &names {
+    for name in names {
         if !merged.contains_key(name.as_str()) {
-            kept.push((name.as_str(), content.tensor(&mut f, name, &Device::Cpu)?));
+            let t = content.tensor(&mut f, name, &Device::Cpu)?;
+            summary.f32_bytes += 4 * t.shape().elem_count() as u64;
+            kept.push((name.as_str(), t));
         }
     }
     let mut tensors: Vec<(&str, &QTensor)> = kept.iter().map(|(n, q)| (*n, q)).collect();
@@ -148,15 +147,39 @@ pub fn export_merged(
         .map(|(k, v)| (k.as_str(), v))
         .collect();
     write_gguf_refs(path, &meta, &tensors)?;
-    let bytes = std::fs::metadata(path)
+    summary.bytes = std::fs::metadata(path)
         .map_err(|e| Error::io(path, e))?
         .len();
-    Ok(ExportSummary {
-        quantized,
-        kept_f32: 0,
-        bytes,
-        f32_bytes,
-    })
+    Ok(summary)
+}
+
+/// The tensors a run changed, by the base file's names, in f32 on the CPU:
+/// the merged projections (LoRA), or every trained tensor (`full`).
+fn trained_weights(
+    spec: &LlamaGguf,
+    params: &HashMap<String, Tensor>,
+) -> Result<Vec<(String, Tensor)>> {
+    let f32_cpu = |t: &Tensor| t.to_dtype(DType::F32)?.to_device(&Device::Cpu);
+    if spec.train == "full" {
+        let mut out = params
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), f32_cpu(t)?)))
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_by(|x, y| x.0.cmp(&y.0));
+        return Ok(out);
+    }
+    let weights = spec.weights()?;
+    let scale = spec.lora_alpha / spec.lora_rank as f64;
+    adapters(spec, params)?
+        .into_iter()
+        .map(|a| {
+            let base = weights.tensors.get(&a.weight).ok_or_else(|| {
+                Error::Config(format!("{}: no tensor {}", spec.path.display(), a.weight))
+            })?;
+            let w = (base.dequantize(&Device::Cpu)? + (a.b.matmul(&a.a)? * scale)?)?;
+            Ok((a.weight, w))
+        })
+        .collect()
 }
 
 fn write_gguf(

@@ -43,7 +43,7 @@ impl ExportFormat {
         })
     }
 
-    fn ggml(self) -> GgmlDType {
+    pub(crate) fn ggml(self) -> GgmlDType {
         match self {
             ExportFormat::F32 => GgmlDType::F32,
             ExportFormat::F16 => GgmlDType::F16,
@@ -54,7 +54,7 @@ impl ExportFormat {
 }
 
 /// What an export wrote.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExportSummary {
     /// Tensors stored in the chosen type, and those kept in f32.
     pub quantized: usize,
