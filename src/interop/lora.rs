@@ -100,11 +100,13 @@ pub fn export_adapter(
     })
 }
 
-/// Writes the base model with what the run trained in it, each trained
-/// matrix in `format` (vectors, and rows that are not whole blocks, in f32):
-/// with LoRA each adapted projection as `W + (alpha / r) B A`; with
-/// `train = "full"` every trained tensor as it is. Every other tensor and
-/// all metadata (the tokenizer included) are as the base file holds them.
+/// Writes the model the run trained as a llama file: the base with each
+/// trained matrix in `format` (vectors, and rows that are not whole blocks,
+/// in f32): with LoRA each adapted projection as `W + (alpha / r) B A`;
+/// with `train = "full"` every trained tensor as it is. Every other tensor
+/// is as the run used it (`base` requantizes the file's projections), and
+/// the metadata (the tokenizer included) as the file holds it, but for the
+/// block count of a run that used only its first `layers` blocks.
 pub fn export_merged(
     path: &Path,
     spec: &LlamaGguf,
@@ -112,6 +114,8 @@ pub fn export_merged(
     format: ExportFormat,
 ) -> Result<ExportSummary> {
     let trained = trained_weights(spec, params)?;
+    let weights = spec.weights()?;
+    let layers = spec.layers.unwrap_or(weights.layers).min(weights.layers);
     let mut f = std::fs::File::open(&spec.path).map_err(|e| Error::io(&spec.path, e))?;
     let content = gguf_file::Content::read(&mut f)?;
     let dtype = format.ggml();
@@ -129,22 +133,29 @@ pub fn export_merged(
         };
         merged.insert(name.as_str(), q);
     }
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    let unused_block = |name: &str| {
+        let block = name.strip_prefix("blk.").and_then(|r| r.split('.').next());
+        block.and_then(|b| b.parse::<usize>().ok()) >= Some(layers)
+    };
+    let mut names: Vec<&String> = weights.tensors.keys().collect();
     names.sort();
-    let mut kept = Vec::new();
+    let mut tensors: Vec<(&str, &QTensor)> = Vec::new();
     for name in names {
-        if !merged.contains_key(name.as_str()) {
-            let t = content.tensor(&mut f, name, &Device::Cpu)?;
+        if !merged.contains_key(name.as_str()) && !unused_block(name) {
+            let t = &weights.tensors[name];
             summary.f32_bytes += 4 * t.shape().elem_count() as u64;
-            kept.push((name.as_str(), t));
+            tensors.push((name.as_str(), t));
         }
     }
-    let mut tensors: Vec<(&str, &QTensor)> = kept.iter().map(|(n, q)| (*n, q)).collect();
     tensors.extend(merged.iter().map(|(n, q)| (*n, q)));
+    let block_count = gguf_file::Value::U32(layers as u32);
     let meta: Vec<(&str, &gguf_file::Value)> = content
         .metadata
         .iter()
-        .map(|(k, v)| (k.as_str(), v))
+        .map(|(k, v)| match k.as_str() {
+            "llama.block_count" => (k.as_str(), &block_count),
+            _ => (k.as_str(), v),
+        })
         .collect();
     write_gguf_refs(path, &meta, &tensors)?;
     summary.bytes = std::fs::metadata(path)
