@@ -203,8 +203,8 @@ impl LlamaGguf {
         let full = self.full()?;
         let layers = self.used_layers(&w);
         // The file's weights are cached on the CPU; the run's device gets
-        // its own copies of those it uses.
-        // The frozen ones in the working dtype (f32, or the low precision's).
+        // its own copies of those it uses, the dequantized ones in the
+        // working dtype (f32, or the low precision's).
         let (dev, dtype) = (vb.device().clone(), vb.dtype());
         // Frozen f32 tensors (norms) come from the file, trained ones from vb.
         let f32t = |name: &str| -> Result<Tensor> {
