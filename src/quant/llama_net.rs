@@ -39,7 +39,8 @@ struct Block {
 
 pub struct LlamaNet {
     w: Arc<Weights>,
-    embed: Tensor,
+    /// Shared with the other models built from the file on this device.
+    embed: Arc<Tensor>,
     head: Proj,
     norm: Tensor,
     blocks: Vec<Arc<Block>>,
@@ -182,7 +183,9 @@ impl TrainModule for LlamaNet {
     fn hidden_and_head(&self, idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
         let head = match &self.head {
             Proj::Full(w) => w.clone(),
-            Proj::Frozen(_) if !self.w.tensors.contains_key("output.weight") => self.embed.clone(),
+            Proj::Frozen(_) if !self.w.tensors.contains_key("output.weight") => {
+                (*self.embed).clone()
+            }
             _ => return Ok(None),
         };
         Ok(Some((self.hidden(idx)?, head)))
@@ -257,13 +260,16 @@ impl LlamaGguf {
                 true => f32t("output.weight")?,
                 false => embed.clone(),
             };
-            (embed, Proj::Full(head))
+            (Arc::new(embed), Proj::Full(head))
         } else {
             let head = match w.tensors.get("output.weight") {
                 Some(q) => q.clone(),
                 None => w.get("token_embd.weight")?,
             };
-            let embed = w.embed.to_device(&dev)?.to_dtype(dtype)?;
+            let target = format!("{:?} {dtype:?}", dev.location());
+            let embed = super::device_copies::shared(&w.embed, &target, || {
+                w.embed.to_device(&dev)?.to_dtype(dtype)
+            })?;
             (embed, Proj::Frozen(QLinear::on(head, &dev)?))
         };
         Ok(LlamaNet {

@@ -24,13 +24,17 @@ impl QLinear {
     /// The frozen `weight` on `dev`: shared as it is where it already lives
     /// (the file's weights are read onto the CPU, and cached there), its
     /// blocks copied as they are elsewhere, so that candle's CUDA kernels
-    /// multiply by the file's own values.
+    /// multiply by the file's own values; one copy a device, which every
+    /// model built from the file shares (`super::device_copies`).
     pub fn on(weight: Arc<QTensor>, dev: &Device) -> Result<QLinear> {
         if weight.device().same_device(dev) {
             return Ok(QLinear { weight });
         }
-        let storage = QStorage::from_data(weight.data()?, dev, weight.dtype())?;
-        let weight = Arc::new(QTensor::new(storage, weight.shape())?);
+        let target = format!("{:?}", dev.location());
+        let weight = super::device_copies::shared(&*weight, &target, || {
+            let storage = QStorage::from_data(weight.data()?, dev, weight.dtype())?;
+            QTensor::new(storage, weight.shape())
+        })?;
         Ok(QLinear { weight })
     }
 }

@@ -3,6 +3,7 @@
 //! quantized layers with low-rank adapters (QLoRA).
 
 mod dequant;
+mod device_copies;
 mod gguf;
 pub mod llama;
 mod llama_net;
