@@ -8,7 +8,8 @@
 --   taper train scripts/smollm2_qlora.lua --set train=full   (full fine-tuning of the
 --     dequantized model, for comparison: every weight in f32 with AdamW state)
 --   taper train scripts/smollm2_qlora.lua --set export=out/   (then, for llama.cpp:
---     out/adapter.gguf over the original file, or out/merged-q8_0.gguf alone)
+--     out/adapter.gguf over the original file, or out/merged-q8_0.gguf alone; with
+--     layers > 0 or train=full, only the merged model, the one the run trained)
 local cfg = taper.config{
   steps = 40, batch = 4, context = 64, lr = 1e-3, rank = 8, alpha = 16,
   layers = 0, -- > 0: only the first n blocks (a smaller, quicker model)
@@ -60,7 +61,11 @@ print(("held-out cross-entropy: %.4f before, %.4f after %d steps"):format(run.st
 -- llama.cpp loads the adapters over the original GGUF file
 -- (llama-cli -m SmolLM2-135M-Instruct.Q4_1.gguf --lora adapter.gguf), or runs
 -- the merged model alone.
-if cfg.export ~= "" and cfg.train == "lora" then
-  run:export{ path = cfg.export .. "/adapter.gguf", format = "gguf-lora" }
-  run:export{ path = cfg.export .. "/merged-q8_0.gguf", format = "gguf", type = "q8_0", merge = true }
+-- An adapter is only for a run over all the file's blocks: llama.cpp applies
+-- it over the whole file.
+if cfg.export ~= "" then
+  if cfg.train == "lora" and cfg.layers == 0 then
+    run:export{ path = cfg.export .. "/adapter.gguf", format = "gguf-lora" }
+  end
+  run:export{ path = cfg.export .. "/merged-q8_0.gguf", format = "gguf", type = "q8_0" }
 end

@@ -98,7 +98,7 @@ fn a_written_llama_trains_its_adapters_in_f32_bf16_and_f16() -> Result<()> {
 /// weights), as llama.cpp reads it: the model the run trained, also when it
 /// used only the first blocks or requantized the base. Loaded back as a
 /// `llama_gguf`, it gives the held-out loss the run ended with, not the
-/// base's.
+/// base's. An adapter (`gguf-lora`) of the first blocks only is refused.
 #[test]
 fn a_llama_run_exports_a_llama_file_with_its_training_in_it() -> Result<()> {
     for (train, more) in [
@@ -108,6 +108,7 @@ fn a_llama_run_exports_a_llama_file_with_its_training_in_it() -> Result<()> {
     ] {
         let dir = tempfile::tempdir()?;
         let (base, out) = (dir.path().join("tiny.gguf"), dir.path().join("out.gguf"));
+        let adapter = dir.path().join("adapter.gguf");
         tiny_llama::write(&base)?;
         let src = format!(
             r#"
@@ -129,11 +130,15 @@ for _ in run:epochs(1) do
 end
 local trained = run:evaluate(val).loss
 run:export{{ path = {out:?}, type = "f32" }}
+-- An adapter of the first blocks would run over all the file's in llama.cpp.
+local adapter_ok, adapter_err = pcall(run.export, run, {{ path = {adapter:?}, format = "gguf-lora" }})
 local again = taper.run{{ model = llama({out:?}, "lora"), optim = taper.optim.adamw{{}}, data = val }}
-results = {{ before = before, trained = trained, exported = again:evaluate(val).loss }}
+results = {{ before = before, trained = trained, exported = again:evaluate(val).loss,
+  adapter_ok = adapter_ok, adapter_err = tostring(adapter_err) }}
 "#,
             base = base.display().to_string(),
             out = out.display().to_string(),
+            adapter = adapter.display().to_string(),
         );
         let mut host = Host::new(HostOptions {
             out_dir: Some(dir.path().join("run")),
@@ -160,6 +165,19 @@ results = {{ before = before, trained = trained, exported = again:evaluate(val).
         let content = gguf_file::Content::read(&mut f)?;
         let arch = content.metadata["general.architecture"].to_string()?;
         assert_eq!(arch, "llama");
+        let (adapter_ok, adapter_err): (bool, String) =
+            (r.get("adapter_ok")?, r.get("adapter_err")?);
+        match (train, more.is_empty()) {
+            ("lora", true) => assert!(adapter_ok && adapter.exists(), "{adapter_err}"),
+            ("lora", false) => {
+                assert!(
+                    !adapter_ok && adapter_err.contains("first 1 of the 2 blocks"),
+                    "an adapter of 1 of 2 blocks: {adapter_err}"
+                );
+                assert!(!adapter.exists(), "a refused adapter was written");
+            }
+            _ => assert!(adapter_err.contains("not LoRA adapters"), "{adapter_err}"),
+        }
     }
     Ok(())
 }

@@ -138,9 +138,15 @@ fn gguf_file(model: &Model, path: &Path, ty: ExportFormat) -> Result<Written> {
 fn lora_adapter(model: &Model, path: &Path) -> Result<Written> {
     let spec = as_llama(model, "gguf-lora")?;
     let s = super::lora::export_adapter(path, &spec, &model.params)?;
+    let mut detail = format!(", {} adapter tensors, alpha {}", s.tensors, spec.lora_alpha);
+    if let Some(base) = &spec.base {
+        detail.push_str(&format!(
+            "; trained over the projections requantized to {base} (llama.cpp applies it over the file's own)"
+        ));
+    }
     Ok(Written {
         bytes: s.bytes,
-        detail: format!(", {} adapter tensors, alpha {}", s.tensors, spec.lora_alpha),
+        detail,
         ..Written::default()
     })
 }

@@ -62,13 +62,25 @@ pub struct AdapterSummary {
     pub bytes: u64,
 }
 
-/// Writes the adapters as a llama.cpp LoRA adapter (f32).
+/// Writes the adapters as a llama.cpp LoRA adapter (f32). Refused for a
+/// run that used only the file's first blocks: llama.cpp applies an
+/// adapter over the whole base file, which would run blocks the run never
+/// saw (the merged `gguf` export writes the model it trained).
 pub fn export_adapter(
     path: &Path,
     spec: &LlamaGguf,
     params: &HashMap<String, Tensor>,
 ) -> Result<AdapterSummary> {
     use gguf_file::Value as G;
+    let blocks = spec.weights()?.layers;
+    if let Some(n) = spec.layers.filter(|&n| n < blocks) {
+        return Err(Error::Config(format!(
+            "gguf-lora: the run used the first {n} of the {blocks} blocks of {}; llama.cpp \
+             applies an adapter over all {blocks}, a model the run never trained. Export \
+             `gguf` instead: the {n} blocks it trained, with the adapters merged",
+            spec.path.display()
+        )));
+    }
     let list = adapters(spec, params)?;
     let mut qs = Vec::new();
     for a in &list {
