@@ -56,6 +56,25 @@ pub(crate) struct Output {
     tensorboard: RefCell<Option<EventWriter>>,
 }
 
+/// Why a new run may not write into `dir`, whose `metrics.jsonl` holds an
+/// earlier run's records, and what to do instead: a run that stopped before
+/// its first checkpoint (a recipe error, say) has nothing to resume from.
+fn held_folder(dir: &Path) -> String {
+    let checkpointed = std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("checkpoint") && name.ends_with(".safetensors")
+        })
+    });
+    let d = dir.display();
+    if checkpointed {
+        format!("--out {d}: the folder holds a run (metrics.jsonl); continue it with --resume {d} (or --resume auto), or choose another folder")
+    } else {
+        format!("--out {d}: the folder holds an earlier run's records (metrics.jsonl) but no checkpoint; choose another folder, remove this one, or add --resume auto to start over in it (the records go on after the earlier ones)")
+    }
+}
+
 impl Output {
     /// Writes into `out_dir`: a new run's folder, or, when `resuming`, a run
     /// folder whose `metrics.jsonl` the records are appended to. A new run
@@ -73,11 +92,7 @@ impl Output {
                 let path = dir.join("metrics.jsonl");
                 let held = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
                 if held && !resuming {
-                    return Err(Error::Config(format!(
-                        "--out {}: the folder holds a run (metrics.jsonl); continue it with --resume {} (or --resume auto), or choose another folder",
-                        dir.display(),
-                        dir.display()
-                    )));
+                    return Err(Error::Config(held_folder(dir)));
                 }
                 let f = std::fs::OpenOptions::new()
                     .create(true)

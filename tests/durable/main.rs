@@ -303,6 +303,25 @@ fn resume_arguments_and_run_folders_get_clear_errors() {
     .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(records(&job, "config").len(), 2, "appended");
+
+    // A recipe error after its config record leaves records and no
+    // checkpoint: the same command, fixed, is told how to go on, not to
+    // resume what cannot be resumed.
+    let typo = dir.path().join("typo");
+    let o = cmd(&train_args(&typo, &["--set", "lr=-1"]))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let o = cmd(&train_args(&typo, &["--set", "epochs=1"]))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("an earlier run's records (metrics.jsonl) but no checkpoint")
+            && err.contains("--resume auto"),
+        "{err}"
+    );
 }
 
 /// `os.exit` in a recipe ends the run through the same path as a signal:
