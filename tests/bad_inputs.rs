@@ -84,6 +84,34 @@ end
 fn cases() -> Vec<Case> {
     vec![
         Case {
+            name: "a hidden layer of width 0",
+            recipe: "local m = taper.model.mlp{ inputs = 64, hidden = { 0 }, outputs = 10 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.mlp: each hidden width must be at least 1"],
+        },
+        Case {
+            name: "a width the heads do not divide",
+            recipe: "local m = taper.model.gpt{ vocab = 65, context = 8, width = 100, heads = 3 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.gpt: width 100 is not divisible by heads 3"],
+        },
+        Case {
+            name: "more pooling stages than the image has pixels",
+            recipe: "local m = taper.model.cnn{ input = { 1, 8, 8 }, channels = { 4, 4, 4, 4 }, outputs = 10 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.cnn: 4 conv stages", "shrink a 8x8 input to nothing"],
+        },
+        Case {
+            name: "a word in a CSV of numbers",
+            recipe: "local data = taper.data.csv{ path = \"data.csv\" }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.csv: data.csv: line 2, column 2: `x` is not a number"],
+        },
+        Case {
             name: "a negative label in a safetensors file",
             recipe: MLP_ON_FILE,
             args: &[],
@@ -224,6 +252,7 @@ fn prepare(dir: &Path, case: &Case) -> String {
     let ids: Vec<u32> = (0..16).map(|i| if i == 9 { 20 } else { i % 16 }).collect();
     let next: Vec<u32> = ids.iter().map(|i| (i + 1) % 16).collect();
     tokens(&dir.join("tokens.safetensors"), &ids, &next, 4);
+    std::fs::write(dir.join("data.csv"), "1,2,3\n4,x,6\n").unwrap();
     let policy = match case.name {
         "error(nil) in an OOM policy" => "error(nil)",
         "a policy that skips every batch" => "\"skip\"",

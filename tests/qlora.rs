@@ -93,6 +93,102 @@ fn a_written_llama_trains_its_adapters_in_f32_bf16_and_f16() -> Result<()> {
     Ok(())
 }
 
+/// What cannot work is refused where the recipe asks for it: each bad
+/// option, and a file that is missing, truncated, not GGUF or not a llama,
+/// is an error at the recipe's line naming the option or the file (and the
+/// tensor a truncated file lacks), with exit code 2, before any run starts.
+#[test]
+fn bad_llama_options_and_files_are_refused_at_the_recipe_line() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let good = dir.path().join("tiny.gguf");
+    tiny_llama::write(&good)?;
+    let bytes = std::fs::read(&good)?;
+    let truncated = dir.path().join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() * 3 / 4])?;
+    let noise = dir.path().join("noise.gguf");
+    std::fs::write(
+        &noise,
+        (0..4096u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect::<Vec<u8>>(),
+    )?;
+    let other = dir.path().join("other.gguf");
+    let t = candle_core::Tensor::zeros((32, 32), candle_core::DType::F32, &Device::Cpu)?;
+    let meta = [(
+        "general.architecture".to_string(),
+        gguf_file::Value::String("gpt2".into()),
+    )];
+    taper::quant::export_gguf(
+        &other,
+        &[("w".into(), t)],
+        &meta,
+        taper::quant::ExportFormat::F32,
+    )?;
+    let p = |f: &Path| f.display().to_string();
+    let cases: Vec<(String, String, &str)> = vec![
+        (
+            p(&good),
+            "lora_rank = 0".into(),
+            "lora_rank must be at least 1",
+        ),
+        (
+            p(&good),
+            "lora_alpha = 0".into(),
+            "lora_alpha must be positive",
+        ),
+        (
+            p(&good),
+            "lora_targets = {}".into(),
+            "lora_targets is empty",
+        ),
+        (
+            p(&good),
+            r#"lora_targets = { "attn_x" }"#.into(),
+            "unknown lora target `attn_x`",
+        ),
+        (
+            p(&good),
+            "layers = 0".into(),
+            "layers must be 1 to the file's 2 blocks",
+        ),
+        (p(&good), "layers = 3".into(), "has 2 blocks"),
+        (p(&good), "context = 0".into(), "context must be at least 1"),
+        (p(&good), r#"train = "half""#.into(), "unknown train `half`"),
+        (p(&good), r#"base = "q5_k""#.into(), "unknown base `q5_k`"),
+        (
+            p(&dir.path().join("absent.gguf")),
+            String::new(),
+            "absent.gguf does not exist",
+        ),
+        (p(&truncated), String::new(), "truncated.gguf: tensor "),
+        (p(&noise), String::new(), "noise.gguf: not a GGUF file"),
+        (p(&other), String::new(), "its architecture is `gpt2`"),
+    ];
+    for (path, opt, says) in cases {
+        let src = format!(
+            "local n = 1\nlocal m = taper.model.llama_gguf{{ path = {path:?}, context = 16, {opt} }}\nresults = {{}}\n"
+        );
+        let mut host = Host::new(HostOptions {
+            quiet: true,
+            ..HostOptions::default()
+        })?;
+        let e = host
+            .run_source("bad.lua", &src)
+            .expect_err(&format!("{path} with `{opt}` was accepted"));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("bad.lua:2: taper.model.llama_gguf: ") && msg.contains(says),
+            "{path} with `{opt}`: {msg}"
+        );
+        assert_eq!(e.exit_code(), 2, "{msg}");
+        assert!(
+            !msg.contains("candle_core::"),
+            "a backtrace in the message: {msg}"
+        );
+    }
+    Ok(())
+}
+
 /// `format = "gguf"` on a llama run writes the llama file with the training
 /// in it (LoRA: the base with the adapters merged; `full`: the trained
 /// weights), as llama.cpp reads it: the model the run trained, also when it

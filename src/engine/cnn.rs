@@ -67,6 +67,25 @@ impl Cnn {
 }
 
 impl ModelSpec for Cnn {
+    fn check(&self) -> crate::Result<()> {
+        let [c, h, w] = self.input;
+        let mut sizes = vec![
+            ("input's channels", c),
+            ("input's height", h),
+            ("input's width", w),
+            ("outputs", self.outputs),
+        ];
+        sizes.extend(self.channels.iter().map(|&n| ("each of channels", n)));
+        sizes.extend(self.hidden.iter().map(|&n| ("each hidden width", n)));
+        super::model::sizes_at_least_one(&sizes)?;
+        if h >> self.channels.len() == 0 || w >> self.channels.len() == 0 {
+            return Err(crate::Error::Config(format!(
+                "{} conv stages, each halving the size by its 2x2 pool, shrink a {h}x{w} input to nothing",
+                self.channels.len()
+            )));
+        }
+        Ok(())
+    }
     fn interface(&self) -> Interface {
         Interface {
             features: Some(self.input.iter().product()),

@@ -196,6 +196,24 @@ impl TrainModule for GptNet {
 }
 
 impl ModelSpec for Gpt {
+    fn check(&self) -> crate::Result<()> {
+        super::model::sizes_at_least_one(&[
+            ("vocab", self.vocab),
+            ("context", self.context),
+            ("width", self.width),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("mlp", self.mlp),
+        ])?;
+        if !self.width.is_multiple_of(self.heads) {
+            return Err(crate::Error::Config(format!(
+                "width {} is not divisible by heads {}",
+                self.width, self.heads
+            )));
+        }
+        Ok(())
+    }
+
     fn describe(&self) -> String {
         format!(
             "gpt vocab {} context {} width {} layers {} heads {}",

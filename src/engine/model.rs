@@ -43,6 +43,22 @@ pub trait ModelSpec: Send + Sync {
     fn config(&self) -> Option<serde_json::Value> {
         None
     }
+    /// Whether the options make a model: a size of 0, heads that do not
+    /// divide the width, ... as a [`crate::Error::Config`] naming the
+    /// option (a model read from a file may also give a
+    /// [`crate::Error::Data`]). `taper.model.*{}` calls it, so that the
+    /// error points at the recipe's line, not at the first step.
+    fn check(&self) -> crate::Result<()> {
+        Ok(())
+    }
+}
+
+/// `Err(Config)` naming the first of `sizes` (option, value) that is 0.
+pub fn sizes_at_least_one(sizes: &[(&str, usize)]) -> crate::Result<()> {
+    match sizes.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(crate::Error::Config(format!("{name} must be at least 1"))),
+        None => Ok(()),
+    }
 }
 
 /// `{ kind: options }` for a serializable spec.
@@ -61,6 +77,14 @@ pub struct Interface {
     pub vocab: Option<usize>,
     /// Integer targets: every one is below this (classes, or the vocabulary).
     pub classes: Option<usize>,
+}
+
+/// ` (0 to n-1)`, or nothing for none.
+fn from_zero(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        n => format!(" (0 to {})", n - 1),
+    }
 }
 
 /// Checks a batch (inputs `x`, targets `y`, batch first) against a model's
@@ -105,8 +129,8 @@ pub fn check_batch(
             return Ok(Err((
                 Some(at / per.max(1)),
                 format!(
-                    "token id {id} is out of range: the model's vocabulary has {v} ids (0 to {})",
-                    v - 1
+                    "token id {id} is out of range: the model's vocabulary has {v} ids{}",
+                    from_zero(v)
                 ),
             )));
         }
@@ -117,8 +141,8 @@ pub fn check_batch(
             return Ok(Err((
                 Some(at / per_y.max(1)),
                 format!(
-                    "target {t} is out of range: the model has {c} outputs (0 to {})",
-                    c - 1
+                    "target {t} is out of range: the model has {c} outputs{}",
+                    from_zero(c)
                 ),
             )));
         }

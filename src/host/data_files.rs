@@ -7,13 +7,12 @@ use mlua::{Lua, Table, Value};
 use serde::Deserialize;
 
 use super::data::DataHandle;
-use super::options::{config_error, decode};
+use super::options::{at_caller, config_error, decode};
 use crate::data::{self, Pipeline, Source};
-use crate::error::lua_err;
 
 /// A missing input file is a usage error (exit 2) that says where data comes
 /// from; a file that exists but is corrupt is a data error (exit 1).
-fn check_files(lua: &Lua, what: &str, paths: &[&std::path::Path]) -> mlua::Result<()> {
+pub(super) fn check_files(lua: &Lua, what: &str, paths: &[&std::path::Path]) -> mlua::Result<()> {
     for p in paths {
         if !p.exists() {
             return Err(config_error(
@@ -130,7 +129,8 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             let o: IdxOpts = decode(lua, "taper.data.idx", opts)?;
             check_files(lua, "taper.data.idx", &[&o.images, &o.labels])?;
             Ok(source(
-                data::idx(&o.images, &o.labels, &o.split, o.scale).map_err(lua_err)?,
+                data::idx(&o.images, &o.labels, &o.split, o.scale)
+                    .map_err(|e| at_caller(lua, "taper.data.idx", e))?,
             ))
         })?,
     )?;
@@ -140,7 +140,8 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             let o: CsvOpts = decode(lua, "taper.data.csv", opts)?;
             check_files(lua, "taper.data.csv", &[&o.path])?;
             Ok(source(
-                data::csv(&o.path, o.label, o.header, o.scale, &o.split).map_err(lua_err)?,
+                data::csv(&o.path, o.label, o.header, o.scale, &o.split)
+                    .map_err(|e| at_caller(lua, "taper.data.csv", e))?,
             ))
         })?,
     )?;
@@ -160,7 +161,7 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
                 o.stride,
                 o.val_fraction,
             )
-            .map_err(lua_err)?;
+            .map_err(|e| at_caller(lua, "taper.data.text", e))?;
             if let Some(v) = crate::data::Source::vocab(&src) {
                 for n in v.notes() {
                     super::state(lua).out.warn(n);
@@ -175,7 +176,8 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             let o: SafetensorsOpts = decode(lua, "taper.data.safetensors", opts)?;
             check_files(lua, "taper.data.safetensors", &[&o.path])?;
             Ok(source(
-                data::samples(&o.path, &o.x, &o.y, o.scale, &o.split).map_err(lua_err)?,
+                data::samples(&o.path, &o.x, &o.y, o.scale, &o.split)
+                    .map_err(|e| at_caller(lua, "taper.data.safetensors", e))?,
             ))
         })?,
     )?;
@@ -185,7 +187,8 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             let o: TokenOpts = decode(lua, "taper.data.tokens", opts)?;
             check_files(lua, "taper.data.tokens", &[&o.path])?;
             Ok(source(
-                data::tokens(&o.path, o.dtype, o.context, o.stride, &o.split).map_err(lua_err)?,
+                data::tokens(&o.path, o.dtype, o.context, o.stride, &o.split)
+                    .map_err(|e| at_caller(lua, "taper.data.tokens", e))?,
             ))
         })?,
     )

@@ -124,7 +124,7 @@ fn model<T: ModelSpec + serde::de::DeserializeOwned + 'static>(
 ) -> mlua::Result<mlua::Function> {
     lua.create_function(move |lua, opts: Value| {
         let spec: T = decode(lua, name, opts)?;
-        Ok(ModelHandle(Arc::new(spec)))
+        checked(lua, name, spec)
     })
 }
 
@@ -139,7 +139,7 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
         _ => Value::Nil,
     };
     let from = match from {
-        Value::Nil => return Ok(ModelHandle(Arc::new(decode::<Gpt>(lua, WHAT, opts)?))),
+        Value::Nil => return checked(lua, WHAT, decode::<Gpt>(lua, WHAT, opts)?),
         Value::String(s) => s.to_str()?.to_string(),
         other => {
             return Err(config_error(
@@ -169,7 +169,25 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
     };
     let spec = crate::interop::hf::import(std::path::Path::new(&from), context)
         .map_err(|e| config_error(lua, format!("{WHAT}: {e}")))?;
+    checked(lua, WHAT, spec)
+}
+
+/// A model handle, once its options are checked ([`ModelSpec::check`]):
+/// a wrong value is reported at the recipe's line rather than when the run
+/// first builds the model.
+fn checked(lua: &Lua, what: &str, spec: impl ModelSpec + 'static) -> mlua::Result<ModelHandle> {
+    spec.check()
+        .map_err(|e| super::options::at_caller(lua, what, e))?;
     Ok(ModelHandle(Arc::new(spec)))
+}
+
+/// `taper.model.llama_gguf{ path, ... }`: a missing file is named with
+/// where the recipe's data comes from; checking reads the file.
+fn llama_gguf(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
+    const WHAT: &str = "taper.model.llama_gguf";
+    let spec: crate::quant::LlamaGguf = decode(lua, WHAT, opts)?;
+    super::data_files::check_files(lua, WHAT, &[&spec.path])?;
+    checked(lua, WHAT, spec)
 }
 
 pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
@@ -177,10 +195,7 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     models.set("mlp", model::<Mlp>(lua, "taper.model.mlp")?)?;
     models.set("cnn", model::<Cnn>(lua, "taper.model.cnn")?)?;
     models.set("gpt", lua.create_function(gpt)?)?;
-    models.set(
-        "llama_gguf",
-        model::<crate::quant::LlamaGguf>(lua, "taper.model.llama_gguf")?,
-    )?;
+    models.set("llama_gguf", lua.create_function(llama_gguf)?)?;
     taper.set("model", models)?;
 
     let optim = lua.create_table()?;

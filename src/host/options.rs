@@ -65,6 +65,16 @@ pub(crate) fn config_error(lua: &Lua, msg: impl Display) -> mlua::Error {
     lua_err(Error::Config(format!("{}{msg}", location(lua))))
 }
 
+/// An error of `what` (a constructor such as `taper.data.csv`) raised while
+/// it ran: a config or data error gets the caller's `file:line: what: `.
+pub(crate) fn at_caller(lua: &Lua, what: &str, e: Error) -> mlua::Error {
+    match e {
+        Error::Config(m) => config_error(lua, format!("{what}: {m}")),
+        Error::Data(m) => lua_err(Error::Data(format!("{}{what}: {m}", location(lua)))),
+        other => lua_err(other),
+    }
+}
+
 /// Decodes an options table (or nil, meaning all defaults) into `T`.
 /// `T` should use `#[serde(deny_unknown_fields)]` so that a typo is an error.
 pub(crate) fn decode<T: DeserializeOwned>(lua: &Lua, what: &str, value: Value) -> mlua::Result<T> {

@@ -82,6 +82,62 @@ impl LlamaGguf {
         }
     }
 
+    /// Checks the options against each other and the file, reading it (the
+    /// read is cached, so the run's build costs nothing more): what the
+    /// recipe asked for that cannot work is a [`Error::Config`], a file that
+    /// cannot be read as a llama is an [`Error::Data`].
+    fn check_options(&self) -> crate::Result<()> {
+        use crate::Error;
+        let bad = |msg: String| Err(Error::Config(msg));
+        if !["lora", "full"].contains(&self.train.as_str()) {
+            return bad(format!("unknown train `{}` (lora, full)", self.train));
+        }
+        let lora = self.train == "lora";
+        if let Some(t) = self
+            .lora_targets
+            .iter()
+            .find(|t| !PROJECTIONS.contains(&t.as_str()))
+        {
+            return bad(format!(
+                "unknown lora target `{t}` ({})",
+                PROJECTIONS.join(", ")
+            ));
+        }
+        if lora && self.lora_targets.is_empty() {
+            return bad("lora_targets is empty: no adapters, nothing to train".into());
+        }
+        if lora && self.lora_rank == 0 {
+            return bad("lora_rank must be at least 1".into());
+        }
+        if !(self.lora_alpha.is_finite() && self.lora_alpha > 0.0) {
+            return bad(format!(
+                "lora_alpha must be positive, got {}",
+                self.lora_alpha
+            ));
+        }
+        if self.context == 0 {
+            return bad("context must be at least 1".into());
+        }
+        if let Some(b) = self.base.as_deref().filter(|b| base_type(b).is_none()) {
+            return bad(format!("unknown base `{b}` (q8_0, q4_0, q4_1, f16)"));
+        }
+        let w = self
+            .weights()
+            .map_err(|e| Error::Data(crate::error::candle_message(&e)))?;
+        match self.layers {
+            Some(0) => bad(format!(
+                "layers must be 1 to the file's {} blocks (leave it out for all)",
+                w.layers
+            )),
+            Some(n) if n > w.layers => bad(format!(
+                "layers = {n}, but {} has {} blocks",
+                self.path.display(),
+                w.layers
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub(super) fn used_layers(&self, w: &Weights) -> usize {
         self.layers.unwrap_or(w.layers).min(w.layers)
     }
@@ -115,14 +171,8 @@ impl LlamaGguf {
         }
         let mut w = Weights::read(&self.path)?;
         if let Some(b) = &self.base {
-            let dtype = match b.as_str() {
-                "q8_0" => GgmlDType::Q8_0,
-                "q4_0" => GgmlDType::Q4_0,
-                "q4_1" => GgmlDType::Q4_1,
-                "f16" => GgmlDType::F16,
-                other => {
-                    candle_core::bail!("llama_gguf: unknown base `{other}` (q8_0, q4_0, q4_1, f16)")
-                }
+            let Some(dtype) = base_type(b) else {
+                candle_core::bail!("llama_gguf: unknown base `{b}` (q8_0, q4_0, q4_1, f16)")
             };
             for (name, t) in w.tensors.iter_mut() {
                 let proj = PROJECTIONS
@@ -136,6 +186,17 @@ impl LlamaGguf {
         let w = Arc::new(w);
         cache.push((key, w.clone()));
         Ok(w)
+    }
+}
+
+/// The GGML type a `base` option names.
+fn base_type(name: &str) -> Option<GgmlDType> {
+    match name {
+        "q8_0" => Some(GgmlDType::Q8_0),
+        "q4_0" => Some(GgmlDType::Q4_0),
+        "q4_1" => Some(GgmlDType::Q4_1),
+        "f16" => Some(GgmlDType::F16),
+        _ => None,
     }
 }
 
@@ -155,18 +216,26 @@ pub struct Weights {
 
 impl Weights {
     fn read(path: &Path) -> Result<Weights> {
+        use crate::error::candle_message as said;
         let mut f = std::fs::File::open(path)
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
         let c = gguf_file::Content::read(&mut f).map_err(|e| {
-            candle_core::Error::Msg(format!("{}: not a GGUF file ({e})", path.display()))
+            candle_core::Error::Msg(format!(
+                "{}: not a GGUF file ({})",
+                path.display(),
+                said(&e)
+            ))
         })?;
         let arch = c
             .metadata
             .get("general.architecture")
-            .map(|v| v.to_string())
-            .transpose()?;
+            .and_then(|v| v.to_string().ok());
         if arch.map(String::as_str) != Some("llama") {
-            candle_core::bail!("{}: architecture {arch:?}, expected llama", path.display());
+            candle_core::bail!(
+                "{}: its architecture is {}; taper.model.llama_gguf reads llama.cpp's `llama`",
+                path.display(),
+                arch.map_or("not given".to_string(), |a| format!("`{a}`"))
+            );
         }
         let u = |k: &str| -> Result<usize> {
             match c.metadata.get(&format!("llama.{k}")) {
@@ -181,10 +250,15 @@ impl Weights {
         };
         let mut tensors = HashMap::new();
         for name in c.tensor_infos.keys() {
-            tensors.insert(
-                name.clone(),
-                Arc::new(c.tensor(&mut f, name, &Device::Cpu)?),
-            );
+            let t = c.tensor(&mut f, name, &Device::Cpu).map_err(|e| {
+                let size = std::fs::metadata(path).map_or(0, |m| m.len());
+                candle_core::Error::Msg(format!(
+                    "{}: tensor {name}: {} (the file is {size} bytes; truncated?)",
+                    path.display(),
+                    said(&e)
+                ))
+            })?;
+            tensors.insert(name.clone(), Arc::new(t));
         }
         let embed = match tensors.get("token_embd.weight") {
             Some(t) => t.dequantize(&Device::Cpu)?,
@@ -220,6 +294,10 @@ impl Weights {
 }
 
 impl ModelSpec for LlamaGguf {
+    fn check(&self) -> crate::Result<()> {
+        self.check_options()
+    }
+
     fn config(&self) -> Option<serde_json::Value> {
         crate::engine::model::tagged_config("llama_gguf", self)
     }
