@@ -81,8 +81,48 @@ for _ in run:epochs(cfg.epochs) do
 end
 "#;
 
+/// `taper.run{}` over digits with `OPTS` added (an optimizer, an option).
+const DIGITS_WITH: &str = r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, outputs = 10 },
+  data = taper.data.digits{}:batch(8),
+  OPTS
+}
+"#;
+
 fn cases() -> Vec<Case> {
+    let optim = |name: &'static str, opts: &'static str, says: &'static str| Case {
+        name,
+        recipe: Box::leak(DIGITS_WITH.replace("OPTS", opts).into_boxed_str()),
+        args: &[],
+        code: 2,
+        says: Box::leak(Box::new([says])),
+    };
     vec![
+        optim(
+            "a beta of 1 or more",
+            "optim = taper.optim.adamw{ betas = { 0.9, 1.0 } },",
+            "recipe.lua:4: taper.optim.adamw: option `betas[2]` must be in [0, 1), got 1",
+        ),
+        optim(
+            "a negative weight decay",
+            "optim = taper.optim.adamw{ weight_decay = -0.1 },",
+            "taper.optim.adamw: option `weight_decay` must be in [0, inf), got -0.1",
+        ),
+        optim(
+            "a momentum that never decays",
+            "optim = taper.optim.sgd{ momentum = 1 },",
+            "taper.optim.sgd: option `momentum` must be in [0, 1), got 1",
+        ),
+        optim(
+            "Nesterov without momentum",
+            "optim = taper.optim.sgd{ nesterov = true },",
+            "taper.optim.sgd: nesterov needs a momentum and zero dampening",
+        ),
+        optim(
+            "an offload folder that does not exist",
+            "offload = \"no-such-folder\",",
+            "recipe.lua:1: taper.run: option `offload`: no-such-folder is not a folder",
+        ),
         Case {
             name: "a hidden layer of width 0",
             recipe: "local m = taper.model.mlp{ inputs = 64, hidden = { 0 }, outputs = 10 }\n",

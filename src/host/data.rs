@@ -103,8 +103,9 @@ impl UserData for DataHandle {
                     return Err(config_error(
                         lua,
                         format!(
-                        "data:batch: expected a positive integer or {{size = n}}, got {other:?}"
-                    ),
+                            "data:batch: expected a positive integer or {{size = n}}, got {}",
+                            super::options::brief(&other)
+                        ),
                     ))
                 }
             };

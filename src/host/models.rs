@@ -163,7 +163,10 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
         other => {
             return Err(config_error(
                 lua,
-                format!("{WHAT}: option `context` must be a positive whole number, got {other:?}"),
+                format!(
+                    "{WHAT}: option `context` must be a positive whole number, got {}",
+                    super::options::brief(&other)
+                ),
             ))
         }
     };
@@ -204,6 +207,8 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         lua.create_function(|lua, opts: Value| {
             let c: AdamWConfig = decode(lua, "taper.optim.adamw", opts)?;
             check_lr(lua, "taper.optim.adamw", c.lr)?;
+            c.check()
+                .map_err(|e| config_error(lua, format!("taper.optim.adamw: {e}")))?;
             Ok(OptimHandle(OptimSpec::AdamW(c)))
         })?,
     )?;
@@ -212,6 +217,8 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         lua.create_function(|lua, opts: Value| {
             let c: SgdConfig = decode(lua, "taper.optim.sgd", opts)?;
             check_lr(lua, "taper.optim.sgd", c.lr)?;
+            c.check()
+                .map_err(|e| config_error(lua, format!("taper.optim.sgd: {e}")))?;
             Ok(OptimHandle(OptimSpec::Sgd(c)))
         })?,
     )?;

@@ -243,6 +243,17 @@ fn run_memory_savers(
             _ => None,
         })
     })?;
+    if let Some(Place::Dir(d)) = &offload {
+        if !d.is_dir() {
+            return Err(config_error(
+                lua,
+                format!(
+                    "taper.run: option `offload`: {} is not a folder (true keeps the moments in host memory; a string names the folder for their file)",
+                    d.display()
+                ),
+            ));
+        }
+    }
     Ok((recompute, offload))
 }
 
@@ -291,7 +302,8 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Rec
             return Err(config_error(
                 lua,
                 format!(
-                    "taper.run: option `mem_limit` must be a size like \"512MiB\", got {other:?}"
+                    "taper.run: option `mem_limit` must be a size like \"512MiB\", got {}",
+                    super::options::brief(&other)
                 ),
             ))
         }

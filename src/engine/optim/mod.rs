@@ -107,6 +107,51 @@ impl Default for AdamWConfig {
     }
 }
 
+/// `Err(why)` unless `v` is finite and in `lo..hi` (`hi` itself when
+/// `closed`): the optimizers' hyperparameter checks.
+fn in_range(name: &str, v: f64, lo: f64, hi: f64, closed: bool) -> std::result::Result<(), String> {
+    let ok = v.is_finite() && v >= lo && (v < hi || (closed && v == hi));
+    if ok {
+        return Ok(());
+    }
+    let bound = |x: f64| {
+        if x.is_infinite() {
+            "inf".to_string()
+        } else {
+            x.to_string()
+        }
+    };
+    Err(format!(
+        "option `{name}` must be in [{}, {}{}, got {v}",
+        bound(lo),
+        bound(hi),
+        if closed { "]" } else { ")" }
+    ))
+}
+
+/// A gradient-norm bound must be a positive finite number.
+fn check_clip(clip: Option<f64>) -> std::result::Result<(), String> {
+    match clip {
+        Some(c) if !(c.is_finite() && c > 0.0) => Err(format!(
+            "option `clip_grad_norm` must be a positive number, got {c}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl AdamWConfig {
+    /// The hyperparameters PyTorch's AdamW refuses, refused here too
+    /// (`lr` has its own check, shared with `--lr`): betas in [0, 1), eps
+    /// and weight decay not negative.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        in_range("betas[1]", self.betas.0, 0.0, 1.0, false)?;
+        in_range("betas[2]", self.betas.1, 0.0, 1.0, false)?;
+        in_range("eps", self.eps, 0.0, f64::INFINITY, false)?;
+        in_range("weight_decay", self.weight_decay, 0.0, f64::INFINITY, false)?;
+        check_clip(self.clip_grad_norm)
+    }
+}
+
 /// `torch.optim.SGD` defaults (lr 1e-3).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -129,6 +174,21 @@ impl Default for SgdConfig {
             weight_decay: 0.0,
             clip_grad_norm: None,
         }
+    }
+}
+
+impl SgdConfig {
+    /// Momentum in [0, 1) (at 1 or more the velocity never decays),
+    /// dampening in [0, 1], weight decay not negative, and Nesterov only
+    /// with a momentum and no dampening, as PyTorch's SGD.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        in_range("momentum", self.momentum, 0.0, 1.0, false)?;
+        in_range("dampening", self.dampening, 0.0, 1.0, true)?;
+        in_range("weight_decay", self.weight_decay, 0.0, f64::INFINITY, false)?;
+        if self.nesterov && (self.momentum == 0.0 || self.dampening != 0.0) {
+            return Err("nesterov needs a momentum and zero dampening".into());
+        }
+        check_clip(self.clip_grad_norm)
     }
 }
 
