@@ -21,11 +21,9 @@ local cfg = taper.config{
 }
 
 local dir = "data/smollm2/"
+-- The built-in Shakespeare, in the model's tokens.
 local function text(split)
-  return taper.data.text{
-    path = "src/data/builtin/shakespeare.txt.gz", tokenizer = dir .. "tokenizer.json",
-    context = cfg.context, split = split,
-  }
+  return taper.data.shakespeare{ tokenizer = dir .. "tokenizer.json", context = cfg.context, split = split }
 end
 local train = text("train"):take(cfg.steps * cfg.batch):shuffle{ seed = cfg.seed }:batch(cfg.batch)
 local val = text("val"):take(cfg.val_windows):batch(8)

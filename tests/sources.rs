@@ -224,6 +224,34 @@ fn text_with_a_tokenizer_json() -> Result<()> {
     Ok(())
 }
 
+/// The built-in Shakespeare with a tokenizer is the same data as its file
+/// read by `text` with that tokenizer: a recipe needs no path into the
+/// source tree to fine-tune a tokenized model on it.
+#[test]
+fn built_in_shakespeare_in_a_tokenizers_tokens_is_its_file_read_as_text() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tok = write(dir.path(), "tokenizer.json", TOKENIZER.as_bytes());
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/data/builtin/shakespeare.txt.gz");
+    for split in ["train", "val"] {
+        let built_in = taper::data::shakespeare_tokens(split, 8, Some(5), &tok)?;
+        let read = text(&file, Some(&tok), split, 8, Some(5), 0.1)?;
+        assert_eq!(built_in.len(), read.len(), "{split}");
+        assert!(built_in.len() > 1000, "{split}: {} windows", built_in.len());
+        let rows: Vec<usize> = (0..built_in.len()).collect();
+        let (bx, by) = built_in.gather(&rows)?;
+        let (rx, ry) = read.gather(&rows)?;
+        let words = bx.flatten_all()?.to_vec1::<u32>()?;
+        assert!(
+            words.iter().filter(|&&id| id > 0).count() > 20,
+            "{split}: all unknown"
+        );
+        assert_eq!(bx.to_vec2::<u32>()?, rx.to_vec2::<u32>()?, "{split}");
+        assert_eq!(by.to_vec2::<u32>()?, ry.to_vec2::<u32>()?, "{split}");
+        assert_eq!(built_in.vocab().map(|v| v.len()), Some(6));
+    }
+    Ok(())
+}
+
 /// `cat a.gz b.gz` (and bgzip, which writes many members) is one stream:
 /// every member is read, not only the first.
 #[test]

@@ -233,8 +233,9 @@ taper.data = {}
 function taper.data.digits(opts) end
 
 ---1 MB of Shakespeare, built in, as character windows of `context` tokens
----(targets shifted by one), `stride` apart (default: `context`).
----@param opts? {split?: "train"|"val", context?: integer, stride?: integer}
+---(targets shifted by one), `stride` apart (default: `context`). With
+---`tokenizer` (a `tokenizer.json`), windows of its tokens instead.
+---@param opts? {split?: "train"|"val", context?: integer, stride?: integer, tokenizer?: string}
 ---@return taper.Data
 function taper.data.shakespeare(opts) end
 

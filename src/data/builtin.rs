@@ -163,6 +163,26 @@ impl CharText {
     }
 }
 
+/// The built-in Shakespeare in a tokenizer's tokens (a `tokenizer.json`,
+/// as [`super::text`] reads a file), split as [`shakespeare`].
+pub fn shakespeare_tokens(
+    split: &str,
+    context: usize,
+    stride: Option<usize>,
+    tokenizer: &std::path::Path,
+) -> Result<CharText> {
+    let text = gunzip(SHAKESPEARE_GZ, "shakespeare")?;
+    super::files::text_windows(
+        "shakespeare",
+        &text,
+        Some(tokenizer),
+        split,
+        context,
+        stride,
+        0.1,
+    )
+}
+
 /// The built-in Shakespeare: the first 90% of the corpus is `train`, the
 /// last 10% `val`.
 pub fn shakespeare(split: &str, context: usize, stride: Option<usize>) -> Result<CharText> {

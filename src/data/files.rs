@@ -307,12 +307,37 @@ pub fn text(
             format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
         )
     })?;
+    let name = PathBuf::from(path.file_name().unwrap_or_default())
+        .display()
+        .to_string();
+    text_windows(
+        &name,
+        &text,
+        tokenizer,
+        split,
+        context,
+        stride,
+        val_fraction,
+    )
+}
+
+/// `text` cut into windows as [`text`] does, its tokenization shared with
+/// other sources of the same text and tokenizer (`name` names the source).
+pub(crate) fn text_windows(
+    name: &str,
+    text: &str,
+    tokenizer: Option<&Path>,
+    split: &str,
+    context: usize,
+    stride: Option<usize>,
+    val_fraction: f64,
+) -> Result<CharText> {
     let tokenize = || {
         let vocab = match tokenizer {
             Some(t) => Vocab::from_tokenizer_file(t)?,
-            None => Vocab::from_text(&text),
+            None => Vocab::from_text(text),
         };
-        Ok((vocab.encode(&text)?, vocab))
+        Ok((vocab.encode(text)?, vocab))
     };
     // A tokenizer file that cannot be read skips the cache, and
     // `from_tokenizer_file` says what is wrong with it.
@@ -329,8 +354,5 @@ pub fn text(
             (Arc::new(tokens), Arc::new(vocab))
         }
     };
-    let name = PathBuf::from(path.file_name().unwrap_or_default())
-        .display()
-        .to_string();
-    CharText::new(&name, split, tokens, vocab, context, stride, val_fraction)
+    CharText::new(name, split, tokens, vocab, context, stride, val_fraction)
 }

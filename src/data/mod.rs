@@ -12,7 +12,7 @@ mod tokenized;
 mod tokens;
 mod vocab;
 
-pub use builtin::{digits, shakespeare, CharText, Digits};
+pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use epoch::Epoch;
 pub use files::{csv, idx, parse_csv, text, Csv, Idx};
 pub use permutation::Permutation;

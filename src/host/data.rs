@@ -248,6 +248,8 @@ struct TextOpts {
     #[serde(default = "context")]
     context: usize,
     stride: Option<usize>,
+    /// A `tokenizer.json`: tokens instead of characters.
+    tokenizer: Option<std::path::PathBuf>,
 }
 
 /// The data in a Lua value: a pipeline (`taper.data.*`) or a generator.
@@ -291,9 +293,21 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     t.set(
         "shakespeare",
         lua.create_function(|lua, opts: Value| {
-            let o: TextOpts = decode(lua, "taper.data.shakespeare", opts)?;
-            let src = data::shakespeare(&o.split, o.context, o.stride)
-                .map_err(|e| config_error(lua, e))?;
+            const WHAT: &str = "taper.data.shakespeare";
+            let o: TextOpts = decode(lua, WHAT, opts)?;
+            if let Some(t) = &o.tokenizer {
+                super::data_files::check_files(lua, WHAT, &[t])?;
+            }
+            let src = match &o.tokenizer {
+                Some(t) => data::shakespeare_tokens(&o.split, o.context, o.stride, t),
+                None => data::shakespeare(&o.split, o.context, o.stride),
+            }
+            .map_err(|e| super::options::at_caller(lua, WHAT, e))?;
+            if let Some(v) = crate::data::Source::vocab(&src) {
+                for n in v.notes() {
+                    super::state(lua).out.warn(n);
+                }
+            }
             Ok(DataHandle(Pipeline::new(Arc::new(src))))
         })?,
     )?;
