@@ -25,6 +25,10 @@ pub enum Error {
     /// A checkpoint could not be written or read.
     #[error("checkpoint {}: {msg}", path.display())]
     Checkpoint { path: PathBuf, msg: String },
+    /// The model's weights hold NaN or infinity: not saved over the last
+    /// good checkpoint, and the run stops (it would not recover).
+    #[error("checkpoint {}: {msg}", path.display())]
+    Diverged { path: PathBuf, msg: String },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

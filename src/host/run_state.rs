@@ -229,13 +229,32 @@ pub(crate) fn checkpoint(host: &HostState, r: &RunState, why: &str) -> Result<Op
     Ok(Some(path))
 }
 
-/// After a step: the periodic checkpoint, when one is due.
+/// After a step: the periodic checkpoint, when one is due. One that cannot
+/// be written (a full disk, an I/O error) does not end a healthy run: it is
+/// a warning and a `checkpoint` record with `ok: false`, the checkpoints
+/// before it stay, and the next period tries again. A diverged model still
+/// stops the run.
 pub(crate) fn checkpoint_if_due(host: &HostState, r: &mut RunState) -> Result<()> {
     let step = r.core.trainer.step;
     if !r.periodic.is_some_and(|p| p.due(step)) {
         return Ok(());
     }
-    checkpoint(host, r, "periodic")?;
+    match checkpoint(host, r, "periodic") {
+        Err(e) if !e.find(|e| matches!(e, crate::Error::Diverged { .. })) => {
+            host.out.warn(&format!(
+                "step {step}: the periodic checkpoint failed, training goes on and tries again at the next: {e}"
+            ));
+            let mut f = Map::new();
+            f.insert("reason".into(), "periodic".into());
+            f.insert("ok".into(), false.into());
+            f.insert("error".into(), e.to_string().into());
+            // The records may share the full disk: the warning said it.
+            let _ = host.out.record("checkpoint", step, r.core.cursor.epoch, f);
+        }
+        other => {
+            other?;
+        }
+    }
     if let Some(p) = r.periodic.as_mut() {
         p.done(step);
     }

@@ -279,3 +279,77 @@ fn a_learning_rate_set_on_resume_is_used() {
     ));
     assert!(!String::from_utf8_lossy(&o.stderr).contains("note: learning rate"));
 }
+
+/// A periodic checkpoint that meets a full disk does not end the run: the
+/// sidecar's temporary file is `/dev/full` (a real ENOSPC, no mount
+/// needed), so the save at step 10 fails; the run warns, records it with
+/// `ok: false`, trains on, and the saves at 20, 30, 40 and the end succeed.
+/// A diverged model still stops the run at its periodic checkpoint.
+#[test]
+fn a_periodic_checkpoint_on_a_full_disk_is_a_warning_and_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let recipe = dir.path().join("full.lua");
+    std::fs::write(
+        &recipe,
+        r#"local cfg = taper.config{ out = "", lr = 1e-3 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = cfg.lr },
+  data = taper.data.digits{}:batch(32), checkpoint_every = 10, seed = 1,
+}
+assert(os.execute("ln -s /dev/full " .. cfg.out .. "/checkpoint.json.tmp"))
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+"#,
+    )
+    .unwrap();
+    let set_out = format!("out={}", s(&out));
+    let args = [
+        "train",
+        s(&recipe),
+        "--quiet",
+        "--out",
+        s(&out),
+        "--set",
+        &set_out,
+    ];
+    let o = run_ok(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("step 10: the periodic checkpoint failed, training goes on")
+            && err.contains("No space left on device"),
+        "{err}"
+    );
+    let saves: Vec<(u64, bool)> = records(&out, "checkpoint")
+        .iter()
+        .map(|r| {
+            (
+                r["step"].as_u64().unwrap(),
+                r["ok"].as_bool().unwrap_or(true),
+            )
+        })
+        .collect();
+    assert_eq!(
+        saves,
+        [(10, false), (20, true), (30, true), (40, true), (45, true)]
+    );
+    let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.step, 45);
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tmp"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+
+    let diverged = dir.path().join("diverged");
+    let set_out = format!("out={}", s(&diverged));
+    let mut args = vec!["train", s(&recipe), "--quiet", "--out", s(&diverged)];
+    args.extend(["--set", &set_out, "--set", "lr=1e30"]);
+    run_fails(
+        &args,
+        1,
+        "holds NaN or infinite values (the training diverged",
+    );
+    assert!(records(&diverged, "checkpoint").is_empty());
+}
