@@ -9,6 +9,7 @@ pub mod periodic;
 mod policy;
 pub mod ranks;
 mod recovery;
+mod resume_notes;
 mod state;
 pub mod window;
 

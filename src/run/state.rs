@@ -325,6 +325,10 @@ impl Run {
                 meta.lr
             ));
         }
+        notes.extend(super::resume_notes::optimizer_note(
+            &meta.optimizer,
+            self.trainer.optimizer_description(),
+        ));
         let notice = (!notes.is_empty()).then(|| notes.join("\n"));
         if meta.epoch_complete {
             self.cursor.epoch = meta.epoch;

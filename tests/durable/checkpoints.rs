@@ -353,3 +353,36 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
     );
     assert!(records(&diverged, "checkpoint").is_empty());
 }
+
+/// Resuming under other optimizer settings says so (the learning rate has
+/// its own note, tested in `tests/cli.rs`).
+#[test]
+fn resuming_under_other_optimizer_settings_is_noted() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    run_ok(&[
+        "train",
+        "scripts/digits.lua",
+        "--quiet",
+        "--set",
+        "epochs=1",
+        "--out",
+        s(&out),
+    ]);
+    let o = run_ok(&[
+        "train",
+        "scripts/digits.lua",
+        "--quiet",
+        "--set",
+        "epochs=2",
+        "--set",
+        "weight_decay=0.5",
+        "--resume",
+        s(&out),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("weight_decay 0.5` replaces the checkpoint's `adamw"),
+        "{err}"
+    );
+}
