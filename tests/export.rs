@@ -1,4 +1,4 @@
-//! GGUF export: a trained digits MLP written as f32, Q8_0 and Q4_0 is read
+//! GGUF export: a trained digits MLP written as f32, Q8_0, Q4_0 and Q4_1 is read
 //! back by llama.cpp's own reader (PyPI `gguf`, in the test virtualenv that
 //! scripts/fetch-data.sh makes) within each type's quantization error, and
 //! the dequantized model keeps its accuracy.
@@ -28,7 +28,7 @@ local run = taper.run{
 }
 for _ in run:epochs(20) do for b in run:batches() do run:step(b) end end
 run:evaluate(taper.data.digits{ split = "test" })
-for _, f in ipairs{ "f32", "q8_0", "q4_0" } do
+for _, f in ipairs{ "f32", "q8_0", "q4_0", "q4_1" } do
   run:export{ path = "OUT/digits-" .. f .. ".gguf", format = f }
 end
 "#;
@@ -84,6 +84,8 @@ fn gguf_exports_read_back_independently_and_keep_accuracy() -> Result<()> {
         ("f32", "F32", 0.0, 0.0),
         ("q8_0", "Q8_0", 1.0 / 254.0, 0.01),
         ("q4_0", "Q4_0", 1.0 / 8.0, 0.03),
+        // A minimum and a step of (max - min) / 15: at most half a step off.
+        ("q4_1", "Q4_1", 1.0 / 15.0, 0.03),
     ] {
         let file = dir.path().join(format!("digits-{fmt}.gguf"));
         let back = read_independently(&file)?;

@@ -129,7 +129,7 @@ function Run:prune(opts) end
 ---config.json, tokenizer.json). `format = "gguf-lora"`: a QLoRA run's adapters as a
 ---llama.cpp LoRA adapter.
 ---`format = "q8_0"` (a type) is the older spelling of `format = "gguf", type = "q8_0"`.
----@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"f32"|"f16"|"q8_0"|"q4_0", type?: "f32"|"f16"|"q8_0"|"q4_0", merge?: boolean}
+---@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"f32"|"f16"|"q8_0"|"q4_0"|"q4_1", type?: "f32"|"f16"|"q8_0"|"q4_0"|"q4_1", merge?: boolean}
 ---@return {bytes: integer, f32_bytes?: integer, quantized?: integer, kept_f32?: integer}
 function Run:export(opts) end
 

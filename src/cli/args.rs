@@ -149,7 +149,7 @@ pub struct ExportArgs {
     /// gguf, hf or gguf-lora
     #[arg(long, default_value = "gguf")]
     pub format: String,
-    /// GGUF weight type: f32, f16, q8_0 or q4_0
+    /// GGUF weight type: f32, f16, q8_0, q4_0 or q4_1
     #[arg(long = "type", default_value = "q8_0")]
     pub ty: String,
     /// With --format gguf on a QLoRA run: the base with the adapters merged in

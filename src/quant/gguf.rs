@@ -19,10 +19,11 @@ pub enum ExportFormat {
     F16,
     Q8_0,
     Q4_0,
+    Q4_1,
 }
 
 impl ExportFormat {
-    pub const NAMES: &'static str = "f32, f16, q8_0, q4_0";
+    pub const NAMES: &'static str = "f32, f16, q8_0, q4_0, q4_1";
 
     pub fn name(self) -> &'static str {
         match self {
@@ -30,6 +31,7 @@ impl ExportFormat {
             ExportFormat::F16 => "f16",
             ExportFormat::Q8_0 => "q8_0",
             ExportFormat::Q4_0 => "q4_0",
+            ExportFormat::Q4_1 => "q4_1",
         }
     }
 
@@ -39,6 +41,7 @@ impl ExportFormat {
             "f16" => ExportFormat::F16,
             "q8_0" => ExportFormat::Q8_0,
             "q4_0" => ExportFormat::Q4_0,
+            "q4_1" => ExportFormat::Q4_1,
             _ => return None,
         })
     }
@@ -49,6 +52,7 @@ impl ExportFormat {
             ExportFormat::F16 => GgmlDType::F16,
             ExportFormat::Q8_0 => GgmlDType::Q8_0,
             ExportFormat::Q4_0 => GgmlDType::Q4_0,
+            ExportFormat::Q4_1 => GgmlDType::Q4_1,
         }
     }
 }
