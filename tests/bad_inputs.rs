@@ -98,6 +98,24 @@ fn cases() -> Vec<Case> {
         says: Box::leak(Box::new([says])),
     };
     vec![
+        Case {
+            name: "a negative sampling temperature",
+            recipe: r#"local run = taper.run{ model = taper.model.gpt{ vocab = 67, context = 8 } }
+print(run:generate{ prompt = { 1, 2 }, temperature = -1 })
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:2: run:generate: temperature -1: it must be 0"],
+        },
+        Case {
+            name: "a prompt id beyond the vocabulary",
+            recipe: r#"local run = taper.run{ model = taper.model.gpt{ vocab = 67, context = 8 } }
+print(run:generate{ prompt = { 1, 999 } })
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:2: run:generate: prompt id 999 is out of range: the model's vocabulary has 67 ids"],
+        },
         optim(
             "a beta of 1 or more",
             "optim = taper.optim.adamw{ betas = { 0.9, 1.0 } },",

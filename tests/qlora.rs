@@ -189,6 +189,48 @@ fn bad_llama_options_and_files_are_refused_at_the_recipe_line() -> Result<()> {
     Ok(())
 }
 
+/// A checkpoint names its GGUF file by an absolute path: a run whose recipe
+/// gave a relative one is sampled and exported from another folder.
+#[test]
+fn a_llama_checkpoint_finds_its_file_from_any_folder() -> Result<()> {
+    use std::process::Command;
+    let (dir, elsewhere) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    tiny_llama::write(&dir.path().join("tiny.gguf"))?;
+    std::fs::write(
+        dir.path().join("recipe.lua"),
+        tiny_llama::recipe(Path::new("tiny.gguf"), "f32"),
+    )?;
+    let taper = |args: &[&str], cwd: &Path| -> Result<String> {
+        let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+            .args(args)
+            .current_dir(cwd)
+            .output()?;
+        let err = String::from_utf8_lossy(&o.stderr);
+        anyhow::ensure!(o.status.success(), "taper {args:?}: {err}");
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    taper(
+        &["train", "recipe.lua", "--quiet", "--out", "run"],
+        dir.path(),
+    )?;
+    let run = dir.path().join("run");
+    let run = run.to_str().unwrap();
+    let said = taper(
+        &["sample", run, "--prompt", "ROMEO:", "--tokens", "8"],
+        elsewhere.path(),
+    )?;
+    assert!(
+        said.starts_with("ROMEO:") && said.len() > "ROMEO:".len(),
+        "{said}"
+    );
+    taper(
+        &["export", run, "--format", "gguf", "--out", "m.gguf"],
+        elsewhere.path(),
+    )?;
+    assert!(elsewhere.path().join("m.gguf").is_file());
+    Ok(())
+}
+
 /// `format = "gguf"` on a llama run writes the llama file with the training
 /// in it (LoRA: the base with the adapters merged; `full`: the trained
 /// weights), as llama.cpp reads it: the model the run trained, also when it

@@ -188,8 +188,13 @@ fn checked(lua: &Lua, what: &str, spec: impl ModelSpec + 'static) -> mlua::Resul
 /// where the recipe's data comes from; checking reads the file.
 fn llama_gguf(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
     const WHAT: &str = "taper.model.llama_gguf";
-    let spec: crate::quant::LlamaGguf = decode(lua, WHAT, opts)?;
+    let mut spec: crate::quant::LlamaGguf = decode(lua, WHAT, opts)?;
     super::data_files::check_files(lua, WHAT, &[&spec.path])?;
+    // Checkpoints name the file the frozen weights come from: absolute, so
+    // that `taper sample`/`export`/`--resume` find it from any folder.
+    if let Ok(p) = std::path::absolute(&spec.path) {
+        spec.path = p;
+    }
     checked(lua, WHAT, spec)
 }
 

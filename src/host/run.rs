@@ -288,7 +288,10 @@ fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
         .core
         .trainer
         .generate(&ids, tokens, o.temperature, o.seed)
-        .map_err(lua_err)?;
+        .map_err(|e| match e {
+            crate::Error::Config(m) => config_error(lua, format!("run:{m}")),
+            other => lua_err(other),
+        })?;
     match (&o.prompt, vocab) {
         (Prompt::Text(_), Some(v)) => Ok(Value::String(lua.create_string(v.decode(&out))?)),
         _ => mlua::LuaSerdeExt::to_value(lua, &out),

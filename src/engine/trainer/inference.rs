@@ -124,6 +124,19 @@ impl Trainer {
         if prompt.is_empty() {
             return Err(Error::Config("generate: the prompt is empty".into()));
         }
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(Error::Config(format!(
+                "generate: temperature {temperature}: it must be 0 (the likeliest token) or more"
+            )));
+        }
+        if let Some(v) = self.spec.interface().vocab {
+            if let Some(id) = prompt.iter().find(|&&id| id as usize >= v) {
+                return Err(Error::Config(format!(
+                    "generate: prompt id {id} is out of range: the model's vocabulary has {v} ids (0 to {})",
+                    v - 1
+                )));
+            }
+        }
         let model = self.frozen()?;
         let mut rng = Rng::new(seed);
         let mut ids = prompt.to_vec();
