@@ -172,15 +172,13 @@ pub fn shakespeare_tokens(
     tokenizer: &std::path::Path,
 ) -> Result<CharText> {
     let text = gunzip(SHAKESPEARE_GZ, "shakespeare")?;
-    super::files::text_windows(
-        "shakespeare",
-        &text,
-        Some(tokenizer),
+    let cut = super::files::Windows {
         split,
         context,
         stride,
-        0.1,
-    )
+        val_fraction: 0.1,
+    };
+    super::files::text_windows("shakespeare", &text, Some(tokenizer), cut)
 }
 
 /// The built-in Shakespeare: the first 90% of the corpus is `train`, the

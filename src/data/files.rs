@@ -310,15 +310,22 @@ pub fn text(
     let name = PathBuf::from(path.file_name().unwrap_or_default())
         .display()
         .to_string();
-    text_windows(
-        &name,
-        &text,
-        tokenizer,
+    let cut = Windows {
         split,
         context,
         stride,
         val_fraction,
-    )
+    };
+    text_windows(&name, &text, tokenizer, cut)
+}
+
+/// How [`text_windows`] cuts a text: which split, windows of `context`
+/// tokens `stride` apart, the last `val_fraction` of it for `val`.
+pub(crate) struct Windows<'a> {
+    pub split: &'a str,
+    pub context: usize,
+    pub stride: Option<usize>,
+    pub val_fraction: f64,
 }
 
 /// `text` cut into windows as [`text`] does, its tokenization shared with
@@ -327,11 +334,14 @@ pub(crate) fn text_windows(
     name: &str,
     text: &str,
     tokenizer: Option<&Path>,
-    split: &str,
-    context: usize,
-    stride: Option<usize>,
-    val_fraction: f64,
+    cut: Windows,
 ) -> Result<CharText> {
+    let Windows {
+        split,
+        context,
+        stride,
+        val_fraction,
+    } = cut;
     let tokenize = || {
         let vocab = match tokenizer {
             Some(t) => Vocab::from_tokenizer_file(t)?,
