@@ -1,4 +1,4 @@
-//! `taper report` on a real run with OOMs, a hot reload and checkpoints,
+//! `taper report` on a real run with OOMs, a hot reload and checkpoints (one failed),
 //! opened in headless Chromium (Debian's `chromium`, which `.ci/run`
 //! installs): the page runs with no script error, draws its five charts with
 //! data, lists the events, and a screenshot is taken
@@ -14,7 +14,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 /// Digits with the learning rate in its config: the test edits it while the
 /// run waits at a reload point after epoch 2.
-const RECIPE: &str = r#"local cfg = taper.config{ lr = 0.003 }
+const RECIPE: &str = r#"local cfg = taper.config{ lr = 0.003, full = "" }
 local run = taper.run{
   model = taper.model.mlp{ inputs = 64, hidden = { 64 }, outputs = 10 },
   optim = taper.optim.adamw{ lr = cfg.lr },
@@ -22,6 +22,12 @@ local run = taper.run{
   watch = true,
 }
 local test = taper.data.digits{ split = "test" }:batch(120)
+-- `full`: a temporary file of the checkpoint's that is /dev/full, so that
+-- the first periodic save fails (a real ENOSPC) and the report marks it.
+if cfg.full ~= "" and not run.state.full then
+  run.state.full = true
+  assert(os.execute("ln -s /dev/full " .. cfg.full))
+end
 for epoch in run:epochs(6) do
   for batch in run:batches() do run:step(batch) end
   if epoch % 2 == 0 then run:evaluate(test) end
@@ -52,8 +58,9 @@ fn records(out: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// The run: two injected OOMs, a checkpoint every 50 steps, a memory limit,
-/// and the recipe's lr edited on disk while it waits at its reload point.
+/// The run: two injected OOMs, a checkpoint every 50 steps (the first on a
+/// full disk), a memory limit, and the recipe's lr edited on disk while it
+/// waits at its reload point.
 fn run_with_events(dir: &Path) -> PathBuf {
     let recipe = dir.join("recipe.lua");
     std::fs::write(&recipe, RECIPE).unwrap();
@@ -63,6 +70,7 @@ fn run_with_events(dir: &Path) -> PathBuf {
         .args(["--inject-oom", "step=30,phase=backward"])
         .args(["--inject-oom", "step=150,phase=forward,times=2"])
         .args(["--checkpoint-every", "50", "--mem-limit", "3MiB"])
+        .args(["--set", "full=out/checkpoint.json.tmp"])
         .current_dir(dir)
         .stderr(Stdio::piped())
         .spawn()
@@ -88,6 +96,12 @@ fn run_with_events(dir: &Path) -> PathBuf {
         "a reload applied"
     );
     assert!(count("checkpoint") >= 4);
+    assert!(
+        events
+            .iter()
+            .any(|r| r["event"] == "checkpoint" && r["ok"] == false && r["step"] == 50),
+        "the first periodic save failed"
+    );
     out
 }
 
@@ -176,7 +190,7 @@ fn a_report_of_a_run_with_ooms_and_a_reload_renders_in_chromium() {
             .unwrap();
         assert!(points >= least, "`{title}` has {points} points");
     }
-    for kind in ["oom", "reload", "checkpoint"] {
+    for kind in ["oom", "reload", "checkpoint", "checkpoint-failed"] {
         assert!(
             dom.contains(&format!("data-kind=\"{kind}\"")),
             "no {kind} event listed"

@@ -245,6 +245,10 @@ pub(crate) fn checkpoint_if_due(host: &HostState, r: &mut RunState) -> Result<()
                 "step {step}: the periodic checkpoint failed, training goes on and tries again at the next: {e}"
             ));
             let mut f = Map::new();
+            if let Some(dir) = host.opts.out_dir.as_ref() {
+                let path = dir.join(checkpoint::file_name(r.id));
+                f.insert("path".into(), path.display().to_string().into());
+            }
             f.insert("reason".into(), "periodic".into());
             f.insert("ok".into(), false.into());
             f.insert("error".into(), e.to_string().into());

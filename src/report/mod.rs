@@ -148,10 +148,22 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
             Some(p) => crate::engine::checkpoint::file_name(run as usize) == file_part(p),
             None => run == 1,
         };
-        if mine {
+        let reason = r["reason"].as_str().unwrap_or("?");
+        if mine && r["ok"] == false {
+            let why = r["error"]
+                .as_str()
+                .unwrap_or("")
+                .lines()
+                .next()
+                .unwrap_or("");
+            markers.push(json!({
+                "step": r["step"], "kind": "checkpoint-failed",
+                "label": format!("checkpoint ({reason}) failed: {why}"),
+            }));
+        } else if mine {
             markers.push(json!({
                 "step": r["step"], "kind": "checkpoint",
-                "label": format!("checkpoint ({})", r["reason"].as_str().unwrap_or("?")),
+                "label": format!("checkpoint ({reason})"),
             }));
         }
     }
