@@ -45,7 +45,7 @@ pub struct ElementwiseArgs {
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
     /// Timings per kernel (the median is printed)
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = super::at_least_one)]
     pub rounds: usize,
 }
 

@@ -46,10 +46,10 @@ pub enum Which {
     /// steps driven from Rust, on the Shakespeare GPT (scripts/shakespeare.lua's shape).
     LuaOverhead {
         /// Steps per measurement
-        #[arg(long, default_value_t = 40)]
+        #[arg(long, default_value_t = 40, value_parser = at_least_one)]
         steps: usize,
         /// Alternating Rust/Lua measurements
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = at_least_one)]
         rounds: usize,
         #[arg(long, default_value_t = 64)]
         width: usize,
@@ -62,38 +62,38 @@ pub enum Which {
     /// waiting for data with and without prefetch.
     Data {
         /// Training steps for the data-wait measurement
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = at_least_one)]
         steps: usize,
     },
     /// What OOM recovery costs: time to the next successful step, and
     /// throughput under a memory limit that forces micro-batching.
     Oom {
-        #[arg(long, default_value_t = 9)]
+        #[arg(long, default_value_t = 9, value_parser = at_least_one)]
         rounds: usize,
     },
     /// What periodic checkpoints cost on scripts/shakespeare.lua: a run with a
     /// checkpoint after every step against one without, alternating.
     Checkpoint {
         /// Training steps per run
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = at_least_one)]
         steps: usize,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = at_least_one)]
         rounds: usize,
     },
     /// What the per-step `step` records cost: one record timed directly, and
     /// scripts/shakespeare.lua with a record every step against none.
     Records {
         /// Training steps per run
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = at_least_one)]
         steps: usize,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = at_least_one)]
         rounds: usize,
     },
     /// Hot reload: milliseconds from saving a watched module to the run using
     /// it, and how long applying it pauses the run.
     Reload {
         /// Saves of the schedule module
-        #[arg(long, default_value_t = 9)]
+        #[arg(long, default_value_t = 9, value_parser = at_least_one)]
         edits: usize,
         /// Milliseconds between saves
         #[arg(long, default_value_t = 400)]
@@ -107,22 +107,22 @@ pub enum Which {
         path: std::path::PathBuf,
         #[arg(long, default_value_t = 200_000)]
         calls: u64,
-        #[arg(long, default_value_t = 7)]
+        #[arg(long, default_value_t = 7, value_parser = at_least_one)]
         rounds: usize,
     },
     /// taper's fused kernels vs candle's ops: GELU alone and whole GPT
     /// training steps, alternating in one process.
     Kernels {
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = at_least_one)]
         rounds: usize,
         /// Training steps per round
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = at_least_one)]
         steps: usize,
     },
     /// Step time, peak memory and bytes per parameter for each precision
     /// (f32, bf16, f16) and AdamW state format (f32, 8bit).
     Precision {
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = at_least_one)]
         steps: usize,
         /// Width of the second, wider GPT
         #[arg(long, default_value_t = 256)]
@@ -153,9 +153,9 @@ pub enum Which {
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         ranks: Vec<usize>,
         /// Training steps per run
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = at_least_one)]
         steps: usize,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = at_least_one)]
         rounds: usize,
         /// The global batch (windows of 64 characters)
         #[arg(long, default_value_t = 32)]
@@ -256,6 +256,15 @@ fn shakespeare_run(
         .and_then(|r| r["seconds"].as_f64())
         .unwrap_or(total);
     Ok((total, epoch))
+}
+
+/// A count of steps, rounds or edits: 0 would leave nothing to time.
+fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn median(v: &mut [f64]) -> f64 {

@@ -34,7 +34,7 @@ pub struct ProductsArgs {
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
     /// Timings per product (the median is printed)
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = super::at_least_one)]
     pub rounds: usize,
 }
 

@@ -32,7 +32,7 @@ pub struct QuantArgs {
     #[arg(long, default_value_t = 10)]
     pub reps: usize,
     /// Rounds, each timing every way once (the median is printed)
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = super::at_least_one)]
     pub rounds: usize,
 }
 

@@ -27,7 +27,7 @@ pub struct StepArgs {
     /// parameters, context 1024, batch 8)
     #[arg(long, default_value = "mlp")]
     pub model: String,
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = super::at_least_one)]
     pub steps: usize,
     /// cpu, cuda, cuda:N or auto
     #[arg(long, default_value = "cpu")]
