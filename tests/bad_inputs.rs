@@ -117,6 +117,16 @@ print(run:generate{ prompt = { 1, 999 } })
             says: &["recipe.lua:2: run:generate: prompt id 999 is out of range: the model's vocabulary has 67 ids"],
         },
         optim(
+            "a step decay every 0 steps",
+            "schedule = taper.schedule.step{ lr = 0.1, every = 0, gamma = 0.5 },",
+            "recipe.lua:4: taper.schedule.step: option `every` must be at least 1",
+        ),
+        optim(
+            "a batch ramp over 0 steps",
+            "schedule = taper.schedule.batch_ramp{ from = 8, to = 32, steps = 0 },",
+            "taper.schedule.batch_ramp: option `steps` must be at least 1",
+        ),
+        optim(
             "a beta of 1 or more",
             "optim = taper.optim.adamw{ betas = { 0.9, 1.0 } },",
             "recipe.lua:4: taper.optim.adamw: option `betas[2]` must be in [0, 1), got 1",

@@ -21,6 +21,36 @@ pub struct StepPlan {
 pub trait Schedule {
     fn plan(&mut self, step: u64, epoch: u64) -> crate::Result<StepPlan>;
     fn describe(&self) -> String;
+    /// Whether the options make a schedule (`Err`: which option, and why),
+    /// checked where the recipe declares it rather than at the step that
+    /// would first use a bad value.
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A learning rate must be finite and not negative.
+fn lr_ok(name: &str, lr: f64) -> Result<(), String> {
+    if lr.is_finite() && lr >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "option `{name}` must be a finite number >= 0, got {lr}"
+        ))
+    }
+}
+
+/// `Err` naming the first of `counts` that is 0.
+fn counts_ok(counts: &[(&str, Option<u64>)]) -> Result<(), String> {
+    match counts.iter().find(|(_, v)| *v == Some(0)) {
+        Some((name, _)) => Err(format!("option `{name}` must be at least 1")),
+        None => Ok(()),
+    }
+}
+
+/// `Some(v)` as `v`, `None` as `-` (unchanged), for descriptions.
+fn or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or("-".into(), |v| v.to_string())
 }
 
 /// The same plan every step.
@@ -41,9 +71,14 @@ impl Schedule for Constant {
     }
     fn describe(&self) -> String {
         format!(
-            "constant lr {:?} micro_batch {:?}",
-            self.lr, self.micro_batch
+            "constant lr {} micro_batch {}",
+            or_dash(self.lr),
+            or_dash(self.micro_batch)
         )
+    }
+    fn check(&self) -> Result<(), String> {
+        self.lr.map_or(Ok(()), |lr| lr_ok("lr", lr))?;
+        counts_ok(&[("micro_batch", self.micro_batch.map(|m| m as u64))])
     }
 }
 
@@ -86,6 +121,14 @@ impl Schedule for WarmupCosine {
             self.lr, self.warmup, self.total, self.min_lr
         )
     }
+    fn check(&self) -> Result<(), String> {
+        lr_ok("lr", self.lr)?;
+        lr_ok("min_lr", self.min_lr)?;
+        counts_ok(&[
+            ("total", Some(self.total)),
+            ("micro_batch", self.micro_batch.map(|m| m as u64)),
+        ])
+    }
 }
 
 /// `lr * gamma^(epoch_or_step / every)`: step decay, counted in optimizer
@@ -120,6 +163,14 @@ impl Schedule for StepDecay {
             "step lr {} every {} gamma {}",
             self.lr, self.every, self.gamma
         )
+    }
+    fn check(&self) -> Result<(), String> {
+        lr_ok("lr", self.lr)?;
+        lr_ok("gamma", self.gamma)?;
+        counts_ok(&[
+            ("every", Some(self.every)),
+            ("micro_batch", self.micro_batch.map(|m| m as u64)),
+        ])
     }
 }
 
@@ -166,6 +217,16 @@ impl Schedule for BatchRamp {
             "batch_ramp from {} to {} over {} steps",
             self.from, self.to, self.steps
         )
+    }
+    fn check(&self) -> Result<(), String> {
+        self.lr.map_or(Ok(()), |lr| lr_ok("lr", lr))?;
+        counts_ok(&[
+            ("from", Some(self.from as u64)),
+            ("to", Some(self.to as u64)),
+            ("steps", Some(self.steps)),
+            ("multiple", Some(self.multiple as u64)),
+            ("micro_batch", self.micro_batch.map(|m| m as u64)),
+        ])
     }
 }
 

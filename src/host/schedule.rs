@@ -103,6 +103,8 @@ fn builtin<T: Schedule + serde::de::DeserializeOwned + 'static>(
 ) -> mlua::Result<Function> {
     lua.create_function(move |lua, opts: Value| {
         let s: T = decode(lua, name, opts)?;
+        s.check()
+            .map_err(|e| super::options::config_error(lua, format!("{name}: {e}")))?;
         Ok(ScheduleHandle(Rc::new(RefCell::new(s))))
     })
 }
