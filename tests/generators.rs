@@ -100,7 +100,7 @@ fn malformed_generator_batches_name_the_generator() {
             "unknown batch key `z`",
         ),
         ("{ x = { {1, 'a'} }, y = { 0 } }", "x: unexpected string"),
-        ("42", "expected a batch table or nil, got a integer"),
+        ("42", "expected a batch table or nil, got an integer"),
     ];
     for (batch, expected) in cases {
         let src = format!(

@@ -115,7 +115,7 @@ fn run_options_are_checked() {
     );
     let msg = recipe_error(run("taper.run{ model = 3 }"));
     assert!(
-        msg.contains("option `model` must be a taper.model, got a integer"),
+        msg.contains("option `model` must be a taper.model, got an integer"),
         "{msg}"
     );
     let msg = recipe_error(run(

@@ -67,8 +67,8 @@ fn install_print(lua: &Lua) -> mlua::Result<()> {
             Value::Number(n) => n as i32,
             other => {
                 return Err(crate::error::lua_err(Error::Script(format!(
-                    "os.exit: expected an exit code, got a {}",
-                    other.type_name()
+                    "os.exit: expected an exit code, got {}",
+                    super::options::a_type(&other)
                 ))))
             }
         };

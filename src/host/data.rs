@@ -176,8 +176,8 @@ impl UserData for DataHandle {
                 None => Err(config_error(
                     lua,
                     format!(
-                        "data:map: expected a function(x, y) or a transform plugin, got a {}",
-                        v.type_name()
+                        "data:map: expected a function(x, y) or a transform plugin, got {}",
+                        super::options::a_type(&v)
                     ),
                 )),
             },
@@ -265,8 +265,8 @@ pub(crate) fn feed_of(lua: &Lua, what: &str, v: &Value) -> mlua::Result<Option<F
         other => Err(config_error(
             lua,
             format!(
-                "{what}: expected data (taper.data.*), got a {}",
-                other.type_name()
+                "{what}: expected data (taper.data.*), got {}",
+                super::options::a_type(other)
             ),
         )),
     }

@@ -233,9 +233,9 @@ impl Iterator for LuaEpoch {
                     .map_err(|e| Error::Data(format!("generator at {}: {e}", self.place))),
             ),
             other => Some(Err(Error::Data(format!(
-                "generator at {}: expected a batch table or nil, got a {}",
+                "generator at {}: expected a batch table or nil, got {}",
                 self.place,
-                other.type_name()
+                super::options::a_type(&other)
             )))),
         }
     }

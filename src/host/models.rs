@@ -78,8 +78,8 @@ fn distill(lua: &Lua, opts: Table) -> mlua::Result<LossHandle> {
             other => Err(config_error(
                 lua,
                 format!(
-                    "{what}: option `{key}` must be a number, got a {}",
-                    other.type_name()
+                    "{what}: option `{key}` must be a number, got {}",
+                    super::options::a_type(&other)
                 ),
             )),
         }
@@ -145,8 +145,8 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
             return Err(config_error(
                 lua,
                 format!(
-                    "{WHAT}: option `from` must be a path, got a {}",
-                    other.type_name()
+                    "{WHAT}: option `from` must be a path, got {}",
+                    super::options::a_type(&other)
                 ),
             ))
         }

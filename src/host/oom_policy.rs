@@ -56,8 +56,8 @@ pub(crate) fn parse_action(v: Value, at: &str) -> Result<Option<Action>> {
         }
         other => {
             return Err(bad(format!(
-                "returned a {}, expected an action",
-                other.type_name()
+                "returned {}, expected an action",
+                super::options::a_type(other)
             )))
         }
     };
@@ -300,8 +300,8 @@ impl OomPolicy for LuaPolicy {
                 }
             }
             other => Err(Error::Script(format!(
-                "on_step at {at}: returned a {}, expected nil or {{ micro_batch = n }}",
-                other.type_name()
+                "on_step at {at}: returned {}, expected nil or {{ micro_batch = n }}",
+                super::options::a_type(&other)
             ))),
         }
     }
@@ -370,7 +370,7 @@ mod tests {
             .to_string();
         assert!(err.contains("unknown precision `fp8`"), "{err}");
         let err = parse_action(v("42"), "p.lua:3").unwrap_err().to_string();
-        assert!(err.contains("returned a integer"), "{err}");
+        assert!(err.contains("returned an integer"), "{err}");
         let err = parse_action(v("{ micro_batch = 2 }"), "p.lua:3")
             .unwrap_err()
             .to_string();

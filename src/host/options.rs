@@ -49,6 +49,18 @@ pub(crate) fn defined_at(f: &mlua::Function) -> String {
     )
 }
 
+/// A value's type with its article, as messages name it: `a table`,
+/// `an integer`.
+pub(crate) fn a_type(v: &Value) -> String {
+    let t = v.type_name();
+    let article = if t.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
+    format!("{article} {t}")
+}
+
 /// A value as an error message names it: `-1`, `"ten"`, `a table`.
 pub(crate) fn brief(v: &Value) -> String {
     match v {
@@ -56,7 +68,7 @@ pub(crate) fn brief(v: &Value) -> String {
         Value::Number(n) => n.to_string(),
         Value::Boolean(b) => b.to_string(),
         Value::String(s) => format!("{:?}", s.to_string_lossy()),
-        v => format!("a {}", v.type_name()),
+        v => a_type(v),
     }
 }
 
@@ -141,8 +153,8 @@ pub(crate) fn handle<T: UserData + Clone + 'static>(
         other => Err(config_error(
             lua,
             format!(
-                "{what}: option `{key}` must be {expected}, got a {}",
-                other.type_name()
+                "{what}: option `{key}` must be {expected}, got {}",
+                a_type(&other)
             ),
         )),
     }

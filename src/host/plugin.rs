@@ -35,8 +35,8 @@ fn load(lua: &Lua, (path, opts): (String, Value)) -> mlua::Result<PluginHandle> 
             return Err(config_error(
                 lua,
                 format!(
-                    "taper.plugin.load: options must be a table, got a {}",
-                    other.type_name()
+                    "taper.plugin.load: options must be a table, got {}",
+                    super::options::a_type(&other)
                 ),
             ))
         }

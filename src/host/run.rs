@@ -325,7 +325,10 @@ impl UserData for RunHandle {
             }
             other => Err(config_error(
                 lua,
-                format!("run.state must be a table, got a {}", other.type_name()),
+                format!(
+                    "run.state must be a table, got {}",
+                    super::options::a_type(&other)
+                ),
             )),
         });
     }

@@ -276,9 +276,9 @@ fn run_precision(lua: &Lua, opts: &Table) -> mlua::Result<Precision> {
         other => Err(config_error(
             lua,
             format!(
-                "taper.run: option `precision` must be a string ({}), got a {}",
+                "taper.run: option `precision` must be a string ({}), got {}",
                 Precision::NAMES,
-                other.type_name()
+                super::options::a_type(&other)
             ),
         )),
     }
@@ -344,8 +344,8 @@ fn policy_of(lua: &Lua, v: Value) -> std::result::Result<Option<Box<dyn OomPolic
                 Ok(Some(Box::new(PluginPolicy(p))))
             }
             None => Err(format!(
-                "must be a function(event), a policy table or a plugin, got a {}",
-                v.type_name()
+                "must be a function(event), a policy table or a plugin, got {}",
+                super::options::a_type(&v)
             )),
         },
     }
@@ -387,8 +387,8 @@ fn run_schedule(lua: &Lua, opts: &Table) -> mlua::Result<Option<Rc<RefCell<dyn S
         other => Err(config_error(
             lua,
             format!(
-                "taper.run: option `schedule` must be a taper.schedule, a function(step, epoch, state) or a plugin, got a {}",
-                other.type_name()
+                "taper.run: option `schedule` must be a taper.schedule, a function(step, epoch, state) or a plugin, got {}",
+                super::options::a_type(&other)
             ),
         )),
     }

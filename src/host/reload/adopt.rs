@@ -153,8 +153,8 @@ pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<(), String> {
                 Ok(Value::Table(t)) => t,
                 Ok(other) => {
                     return Err(format!(
-                        "on_reload must return the new state table (or nil), got a {}",
-                        other.type_name()
+                        "on_reload must return the new state table (or nil), got {}",
+                        crate::host::options::a_type(&other)
                     ))
                 }
                 Err(e) => return Err(crate::host::render::message(&e.into())),
