@@ -80,7 +80,7 @@ pub struct Interface {
 }
 
 /// ` (0 to n-1)`, or nothing for none.
-fn from_zero(n: usize) -> String {
+pub(crate) fn from_zero(n: usize) -> String {
     match n {
         0 => String::new(),
         n => format!(" (0 to {})", n - 1),

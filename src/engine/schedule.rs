@@ -29,15 +29,9 @@ pub trait Schedule {
     }
 }
 
-/// A learning rate must be finite and not negative.
+/// The learning rate option `name` as the optimizers check theirs.
 fn lr_ok(name: &str, lr: f64) -> Result<(), String> {
-    if lr.is_finite() && lr >= 0.0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "option `{name}` must be a finite number >= 0, got {lr}"
-        ))
-    }
+    super::optim::check_lr(lr).map_err(|why| format!("option `{name}`: {why}"))
 }
 
 /// `Err` naming the first of `counts` that is 0.
@@ -166,7 +160,7 @@ impl Schedule for StepDecay {
     }
     fn check(&self) -> Result<(), String> {
         lr_ok("lr", self.lr)?;
-        lr_ok("gamma", self.gamma)?;
+        super::optim::in_range("gamma", self.gamma, 0.0, f64::INFINITY, false)?;
         counts_ok(&[
             ("every", Some(self.every)),
             ("micro_batch", self.micro_batch.map(|m| m as u64)),

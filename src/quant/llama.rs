@@ -82,62 +82,6 @@ impl LlamaGguf {
         }
     }
 
-    /// Checks the options against each other and the file, reading it (the
-    /// read is cached, so the run's build costs nothing more): what the
-    /// recipe asked for that cannot work is a [`Error::Config`], a file that
-    /// cannot be read as a llama is an [`Error::Data`].
-    fn check_options(&self) -> crate::Result<()> {
-        use crate::Error;
-        let bad = |msg: String| Err(Error::Config(msg));
-        if !["lora", "full"].contains(&self.train.as_str()) {
-            return bad(format!("unknown train `{}` (lora, full)", self.train));
-        }
-        let lora = self.train == "lora";
-        if let Some(t) = self
-            .lora_targets
-            .iter()
-            .find(|t| !PROJECTIONS.contains(&t.as_str()))
-        {
-            return bad(format!(
-                "unknown lora target `{t}` ({})",
-                PROJECTIONS.join(", ")
-            ));
-        }
-        if lora && self.lora_targets.is_empty() {
-            return bad("lora_targets is empty: no adapters, nothing to train".into());
-        }
-        if lora && self.lora_rank == 0 {
-            return bad("lora_rank must be at least 1".into());
-        }
-        if !(self.lora_alpha.is_finite() && self.lora_alpha > 0.0) {
-            return bad(format!(
-                "lora_alpha must be positive, got {}",
-                self.lora_alpha
-            ));
-        }
-        if self.context == 0 {
-            return bad("context must be at least 1".into());
-        }
-        if let Some(b) = self.base.as_deref().filter(|b| base_type(b).is_none()) {
-            return bad(format!("unknown base `{b}` (q8_0, q4_0, q4_1, f16)"));
-        }
-        let w = self
-            .weights()
-            .map_err(|e| Error::Data(crate::error::candle_message(&e)))?;
-        match self.layers {
-            Some(0) => bad(format!(
-                "layers must be 1 to the file's {} blocks (leave it out for all)",
-                w.layers
-            )),
-            Some(n) if n > w.layers => bad(format!(
-                "layers = {n}, but {} has {} blocks",
-                self.path.display(),
-                w.layers
-            )),
-            _ => Ok(()),
-        }
-    }
-
     pub(super) fn used_layers(&self, w: &Weights) -> usize {
         self.layers.unwrap_or(w.layers).min(w.layers)
     }
@@ -294,8 +238,60 @@ impl Weights {
 }
 
 impl ModelSpec for LlamaGguf {
+    /// Checks the options against each other and the file, reading it (the
+    /// read is cached, so the run's build costs nothing more): what the
+    /// recipe asked for that cannot work is a [`Error::Config`], a file that
+    /// cannot be read as a llama is an [`Error::Data`].
     fn check(&self) -> crate::Result<()> {
-        self.check_options()
+        use crate::Error;
+        let bad = |msg: String| Err(Error::Config(msg));
+        if !["lora", "full"].contains(&self.train.as_str()) {
+            return bad(format!("unknown train `{}` (lora, full)", self.train));
+        }
+        let lora = self.train == "lora";
+        if let Some(t) = self
+            .lora_targets
+            .iter()
+            .find(|t| !PROJECTIONS.contains(&t.as_str()))
+        {
+            return bad(format!(
+                "unknown lora target `{t}` ({})",
+                PROJECTIONS.join(", ")
+            ));
+        }
+        if lora && self.lora_targets.is_empty() {
+            return bad("lora_targets is empty: no adapters, nothing to train".into());
+        }
+        if lora && self.lora_rank == 0 {
+            return bad("lora_rank must be at least 1".into());
+        }
+        if !(self.lora_alpha.is_finite() && self.lora_alpha > 0.0) {
+            return bad(format!(
+                "lora_alpha must be positive, got {}",
+                self.lora_alpha
+            ));
+        }
+        if self.context == 0 {
+            return bad("context must be at least 1".into());
+        }
+        if let Some(b) = self.base.as_deref().filter(|b| base_type(b).is_none()) {
+            return bad(format!("unknown base `{b}` (q8_0, q4_0, q4_1, f16)"));
+        }
+        let w = self
+            .weights()
+            .map_err(|e| Error::Data(crate::error::candle_message(&e)))?;
+        match self.layers {
+            Some(0) => bad(format!(
+                "layers must be 1 to the file's {} blocks (leave it out for all)",
+                w.layers
+            )),
+            Some(n) if n > w.layers => bad(format!(
+                "layers = {n}, but {} has {} blocks",
+                self.path.display(),
+                w.layers
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn config(&self) -> Option<serde_json::Value> {

@@ -20,13 +20,4 @@ pub use policy::{
 pub use recovery::{memory_figures, Observer, Recovered, Recovery, StepOutcome, MAX_ATTEMPTS};
 pub use state::{Cursor, EpochStats, EpochSummary, Run};
 
-/// Whether `lr` can be a learning rate: a finite number >= 0.
-pub fn check_lr(lr: f64) -> std::result::Result<(), String> {
-    if lr.is_finite() && lr >= 0.0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "bad learning rate {lr}: it must be a finite number >= 0"
-        ))
-    }
-}
+pub use crate::engine::optim::check_lr;

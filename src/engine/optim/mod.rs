@@ -107,9 +107,27 @@ impl Default for AdamWConfig {
     }
 }
 
+/// Whether `lr` can be a learning rate: a finite number >= 0 (optimizers,
+/// schedules, `--lr` and `run:set_lr` all ask this).
+pub fn check_lr(lr: f64) -> std::result::Result<(), String> {
+    if lr.is_finite() && lr >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "bad learning rate {lr}: it must be a finite number >= 0"
+        ))
+    }
+}
+
 /// `Err(why)` unless `v` is finite and in `lo..hi` (`hi` itself when
-/// `closed`): the optimizers' hyperparameter checks.
-fn in_range(name: &str, v: f64, lo: f64, hi: f64, closed: bool) -> std::result::Result<(), String> {
+/// `closed`): the optimizers' and schedules' hyperparameter checks.
+pub(crate) fn in_range(
+    name: &str,
+    v: f64,
+    lo: f64,
+    hi: f64,
+    closed: bool,
+) -> std::result::Result<(), String> {
     let ok = v.is_finite() && v >= lo && (v < hi || (closed && v == hi));
     if ok {
         return Ok(());

@@ -132,8 +132,8 @@ impl Trainer {
         if let Some(v) = self.spec.interface().vocab {
             if let Some(id) = prompt.iter().find(|&&id| id as usize >= v) {
                 return Err(Error::Config(format!(
-                    "generate: prompt id {id} is out of range: the model's vocabulary has {v} ids (0 to {})",
-                    v - 1
+                    "generate: prompt id {id} is out of range: the model's vocabulary has {v} ids{}",
+                    crate::engine::model::from_zero(v)
                 )));
             }
         }
