@@ -25,10 +25,12 @@ pub enum Error {
     /// A checkpoint could not be written or read.
     #[error("checkpoint {}: {msg}", path.display())]
     Checkpoint { path: PathBuf, msg: String },
-    /// The model's weights hold NaN or infinity: not saved over the last
-    /// good checkpoint, and the run stops (it would not recover).
-    #[error("checkpoint {}: {msg}", path.display())]
-    Diverged { path: PathBuf, msg: String },
+    /// The training diverged: a step's loss was NaN or infinite after its
+    /// update went in, or a checkpoint's weights hold NaN or infinity. The
+    /// run stops (it would not recover), and the diverged model is not
+    /// saved over the last good checkpoint.
+    #[error("{0}")]
+    Diverged(String),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

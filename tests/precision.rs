@@ -10,6 +10,7 @@ use taper::data::{digits, Batch, Pipeline};
 use taper::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
 use taper::engine::precision::Precision;
 use taper::engine::{Activation, Mlp, ModelSpec, Trainer, TrainerOptions};
+use taper::run::Run;
 
 fn mlp() -> Arc<dyn ModelSpec> {
     Arc::new(Mlp {
@@ -87,6 +88,74 @@ fn f16_loss_scaling_skips_exactly_the_poisoned_step() -> Result<()> {
     assert_eq!(skipped, [12]);
     assert_eq!(t.loss_scale(), Some(32768.0));
     assert_eq!(t.step, 30);
+    Ok(())
+}
+
+/// In a run, a step whose loss is NaN stops the run there, and a NaN that
+/// spoiled the weights without showing in the loss (the ReLU maps NaN to
+/// 0, as candle's does) stops it at the next weights check; an f16 step
+/// that the loss scaler skipped changed nothing, and the run goes on.
+#[test]
+fn a_run_stops_where_it_diverges_unless_the_loss_scaler_skipped_the_step() -> Result<()> {
+    let data = Pipeline::new(Arc::new(digits("train")?)).batch(32, false);
+    let nan_input = |_: &mut Run, b: Batch| -> Result<Batch> {
+        let mut x: Vec<f32> = b.x.flatten_all()?.to_vec1()?;
+        x[3] = f32::NAN;
+        Ok(Batch {
+            x: Tensor::from_vec(x, b.x.shape(), b.x.device())?,
+            ..b
+        })
+    };
+    // Trains 25 steps; at the 13th, `poison` changes the batch or the run.
+    // Returns where the run stopped and why.
+    type Poison<'a> = &'a dyn Fn(&mut Run, Batch) -> Result<Batch>;
+    // Returns where the run stopped and why, or the 13th step's loss.
+    let ends =
+        |p: Precision, poison: Poison| -> Result<std::result::Result<f64, (usize, String)>> {
+            let mut run = Run::new(trainer(p)?, 3);
+            let mut poisoned_loss = None;
+            for (i, batch) in data.epoch(1, 32, 0).take(25).enumerate() {
+                let batch = if i == 12 {
+                    poison(&mut run, batch?)?
+                } else {
+                    batch?
+                };
+                match run.step(&batch, &mut |_| Ok(())) {
+                    Ok(loss) if i == 12 => poisoned_loss = loss,
+                    Ok(_) => {}
+                    Err(e) => return Ok(Err((i, e.to_string()))),
+                }
+            }
+            assert_eq!(run.trainer.step, 25);
+            assert!(weights(&run.trainer)?.iter().all(|w| w.is_finite()));
+            Ok(Ok(poisoned_loss.unwrap()))
+        };
+    let high_lr = |run: &mut Run, b: Batch| -> Result<Batch> {
+        run.trainer.set_learning_rate(1e30);
+        Ok(b)
+    };
+    let why = ": the training diverged (lower the learning rate, now";
+    // f16: the scaler skips both updates, the second with a loss that is
+    // not finite either (1e6 is inf in f16), and the run goes on.
+    let (nan, inf) = (&nan_input as Poison, &|_: &mut Run, b: Batch| poisoned(&b));
+    assert!(ends(Precision::F16, nan)?.unwrap().is_finite());
+    assert!(!ends(Precision::F16, inf)?.unwrap().is_finite());
+    for p in [Precision::F32, Precision::Bf16] {
+        let (i, e) = ends(p, nan)?.expect_err("NaN weights went on");
+        assert_eq!(i, 19, "{p:?}: {e}");
+        let says = "the weights hold NaN or infinite values after step 20 (epoch 0, batch 20), whose loss was";
+        assert!(e.starts_with(says) && e.contains(why), "{p:?}: {e}");
+        let (i, e) = ends(p, &high_lr)?.expect_err("a NaN loss went on");
+        assert!(e.starts_with(&format!(
+            "the loss of step {} (epoch 0, batch {0}) is NaN",
+            i + 1
+        )));
+        assert!(
+            e.contains(": the training diverged (lower the learning rate, now 1e30,"),
+            "{e}"
+        );
+        assert!((13..19).contains(&i), "{p:?}: {e}");
+    }
     Ok(())
 }
 

@@ -77,9 +77,12 @@ function Run:reload_point(opts) end
 ---@return fun(): taper.Batch?
 function Run:batches(data) end
 
----Forward, loss, backward and one optimizer update.
+---Forward, loss, backward and one optimizer update. A step whose loss is NaN or
+---infinite (or, checked every 10 steps, weights that hold one) is an error: the
+---training diverged, the run stops there, and its model is not saved over the
+---last good checkpoint (an f16 step that the loss scaler skipped is not one).
 ---@param batch taper.Batch
----@return number loss the batch's mean loss
+---@return number? loss the batch's mean loss (nil when the OOM policy skipped it)
 ---@return integer step the step count after this update
 function Run:step(batch) end
 

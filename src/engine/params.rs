@@ -71,6 +71,28 @@ impl ParamStore {
             .collect()
     }
 
+    /// Whether every value of every floating-point variable is finite:
+    /// `0 * x` is NaN exactly for NaN and infinite `x`, so one product and
+    /// one sum per variable, added up on the device, and one read tell.
+    pub fn all_finite(&self) -> candle_core::Result<bool> {
+        let mut probe: Option<Tensor> = None;
+        for (_, v) in self.lock().iter() {
+            let t = v.as_tensor();
+            if !t.dtype().is_float() {
+                continue;
+            }
+            let z = (t * 0.0)?.sum_all()?.to_dtype(DType::F32)?;
+            probe = Some(match probe {
+                Some(p) => (p + z)?,
+                None => z,
+            });
+        }
+        match probe {
+            Some(p) => Ok(p.to_scalar::<f32>()?.is_finite()),
+            None => Ok(true),
+        }
+    }
+
     /// The variables' current values by name (sharing their storage): what
     /// an export writes.
     pub fn tensors(&self) -> HashMap<String, Tensor> {

@@ -5,6 +5,7 @@ mod config;
 mod data;
 mod data_files;
 mod export;
+mod generate;
 mod generator;
 mod host_options;
 mod models;
@@ -230,8 +231,14 @@ impl Host {
                     "failed"
                 };
                 // A checkpoint that cannot be written either (a full disk)
-                // must not hide why the run failed: both are told.
-                if let Err(save) = self.save_all(why) {
+                // must not hide why the run failed: both are told. A run
+                // whose step diverged said already that its model is not
+                // saved.
+                let diverged = e.find(|e| matches!(e, Error::Diverged(_)));
+                for save in self.try_save_all(why) {
+                    if diverged && save.find(|e| matches!(e, Error::Diverged(_))) {
+                        continue;
+                    }
                     self.state.out.finish_bar();
                     eprintln!("taper: the {why} run's checkpoint could not be written: {save}");
                 }
@@ -280,12 +287,25 @@ impl Host {
     /// Writes a checkpoint of every run that has trained, into the output
     /// folder: `checkpoint.safetensors`, `checkpoint-2.safetensors`, ...
     fn save_all(&mut self, why: &str) -> Result<()> {
+        match self.try_save_all(why).into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::save_all`], trying every run whatever the others' outcome
+    /// (one diverged model does not keep the others from being saved);
+    /// returns the errors.
+    fn try_save_all(&mut self, why: &str) -> Vec<Error> {
+        let mut errors = Vec::new();
         for r in self.state.runs.borrow().iter() {
-            if let Some(path) = run_state::checkpoint(&self.state, &r.borrow(), why)? {
-                self.checkpoints.push(path);
+            match run_state::checkpoint(&self.state, &mut r.borrow_mut(), why) {
+                Ok(Some(path)) => self.checkpoints.push(path),
+                Ok(None) => {}
+                Err(e) => errors.push(e),
             }
         }
-        Ok(())
+        errors
     }
 
     /// Checkpoints written at the end of the last recipe, or after its failure.

@@ -15,8 +15,10 @@ fn render_lua(e: &mlua::Error) -> String {
     match e {
         mlua::Error::CallbackError { traceback, cause } => {
             let head = render_lua(cause);
-            // A config error is one line that names its place: no traceback.
-            if Error::Lua((**cause).clone()).find(|e| matches!(e, Error::Config(_))) {
+            // A config error, or a step that diverged, is one line that
+            // names its place: no traceback.
+            let placed = |e: &Error| matches!(e, Error::Config(_) | Error::Diverged(_));
+            if Error::Lua((**cause).clone()).find(placed) {
                 head
             } else {
                 format!("{head}\n{traceback}")

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
-use serde::Deserialize;
 use serde_json::{json, Map};
 
 use super::data::{BatchHandle, BatchIssuer};
@@ -107,10 +106,14 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     let mut r = run.get_mut()?;
     let id = r.id;
     let data = r.data.as_ref().map(Feed::describe);
-    let loss = r
+    let loss = match r
         .core
         .step(&batch, &mut |rec| super::oom::record(&host.out, id, rec))
-        .map_err(|e| in_data(lua, "run:step", data, e))?;
+    {
+        Ok(loss) => loss,
+        Err(crate::Error::Diverged(why)) => return Err(diverged(lua, &host, &r, why)),
+        Err(e) => return Err(in_data(lua, "run:step", data, e)),
+    };
     let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
     if let Some(scale) = r.core.trainer.take_overflow() {
         // f16 loss scaling skipped this update (non-finite gradients).
@@ -131,6 +134,39 @@ fn step(lua: &Lua, run: &RunHandle, batch: &BatchHandle) -> mlua::Result<(Option
     }
     super::run_state::checkpoint_if_due(&host, &mut r).map_err(lua_err)?;
     Ok((loss, step))
+}
+
+/// A step that diverged (see `Run::step`): a `diverged` record, and the
+/// error, which names the recipe line and the checkpoint to go back to.
+/// The run stops there; its model is not saved.
+fn diverged(lua: &Lua, host: &super::HostState, r: &RunState, why: String) -> mlua::Error {
+    let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    f.insert("batch".into(), r.core.cursor.steps.into());
+    f.insert("lr".into(), json!(r.core.trainer.learning_rate()));
+    f.insert("error".into(), why.clone().into());
+    let back = match &r.last_good {
+        Some((path, at)) => {
+            f.insert("checkpoint".into(), path.display().to_string().into());
+            f.insert("checkpoint_step".into(), (*at).into());
+            let folder = path
+                .parent()
+                .filter(|d| host.opts.out_dir.as_deref() == Some(*d));
+            let from = folder.unwrap_or(path).display();
+            format!(
+                "the last good checkpoint, {} (step {at}), is kept: continue from it with --resume {from}",
+                path.display()
+            )
+        }
+        None => "no checkpoint was written before it: start again".into(),
+    };
+    // The error below says what happened, whether or not the record is written.
+    let _ = host.out.record("diverged", step, epoch, f);
+    lua_err(crate::Error::Diverged(format!(
+        "{}run:step: {why}; its model is not saved, and {back}",
+        super::options::location(lua)
+    )))
 }
 
 /// A data error of a step or an evaluation (a sample that does not fit the
@@ -238,66 +274,6 @@ fn log(lua: &Lua, run: &RunHandle, fields: Table) -> mlua::Result<()> {
         .map_err(lua_err)
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Prompt {
-    Text(String),
-    Ids(Vec<u32>),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GenerateOpts {
-    prompt: Prompt,
-    #[serde(default = "default_tokens")]
-    tokens: usize,
-    #[serde(default = "default_temperature")]
-    temperature: f64,
-    #[serde(default)]
-    seed: u64,
-}
-
-fn default_tokens() -> usize {
-    200
-}
-fn default_temperature() -> f64 {
-    1.0
-}
-
-fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
-    let o: GenerateOpts = decode(lua, "run:generate", opts)?;
-    let r = run.get()?;
-    let check_only = state(lua).opts.check_only;
-    let vocab = match &r.data {
-        Some(Feed::Pipeline(p)) => p.source().vocab().cloned(),
-        _ => None,
-    };
-    let ids = match (&o.prompt, &vocab) {
-        (Prompt::Ids(ids), _) => ids.clone(),
-        (Prompt::Text(s), Some(v)) => v.encode(s).map_err(|e| config_error(lua, e))?,
-        (Prompt::Text(_), None) => {
-            return Err(config_error(
-                lua,
-                "run:generate: a text prompt needs a run whose data is text",
-            ))
-        }
-    };
-    // `taper check` validates the call without sampling from an untrained model.
-    let tokens = if check_only { 0 } else { o.tokens };
-    let out = r
-        .core
-        .trainer
-        .generate(&ids, tokens, o.temperature, o.seed)
-        .map_err(|e| match e {
-            crate::Error::Config(m) => config_error(lua, format!("run:{m}")),
-            other => lua_err(other),
-        })?;
-    match (&o.prompt, vocab) {
-        (Prompt::Text(_), Some(v)) => Ok(Value::String(lua.create_string(v.decode(&out))?)),
-        _ => mlua::LuaSerdeExt::to_value(lua, &out),
-    }
-}
-
 impl UserData for RunHandle {
     fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
         f.add_field_method_get("steps", |_, this| Ok(this.get()?.core.trainer.step));
@@ -351,7 +327,9 @@ impl UserData for RunHandle {
             evaluate(lua, this, d, o)
         });
         m.add_method("log", |lua, this, t: Table| log(lua, this, t));
-        m.add_method("generate", |lua, this, o: Value| generate(lua, this, o));
+        m.add_method("generate", |lua, this, o: Value| {
+            super::generate::generate(lua, this, o)
+        });
         m.add_method("inject_oom", |lua, this, o: Value| {
             let o: super::run_options::InjectOpts = decode(lua, "run:inject_oom", o)?;
             if o.step == 0 {
@@ -385,7 +363,7 @@ impl UserData for RunHandle {
             Ok(())
         });
         m.add_method("save", |lua, this, path: String| {
-            let r = this.get()?;
+            let mut r = this.get_mut()?;
             r.save(&PathBuf::from(&path)).map_err(lua_err)?;
             state(lua).out.line(&format!("saved {path}"));
             Ok(())

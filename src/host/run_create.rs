@@ -73,6 +73,7 @@ fn create(
             .unwrap_or(crate::run::periodic::DEFAULT_KEEP),
         plan: None,
         declared,
+        last_good: None,
     };
     // Under a budget, the planner's prediction goes next to each epoch's
     // measured peak (`taper plan`'s estimate, checked as the run goes).

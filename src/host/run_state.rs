@@ -36,6 +36,9 @@ pub(crate) struct RunState {
     /// new version declares it differently, so that a policy's choice
     /// outlives reloads that do not touch it.
     pub declared: Declared,
+    /// The newest checkpoint this run wrote or resumed from, and its step:
+    /// where a diverged run is told to go back to.
+    pub last_good: Option<(PathBuf, u64)>,
 }
 
 /// A recipe's `precision`, `recompute` and `offload`, as declared.
@@ -91,15 +94,19 @@ impl RunState {
         }
     }
 
-    pub fn save(&self, path: &Path) -> Result<()> {
+    pub fn save(&mut self, path: &Path) -> Result<()> {
         // Plain values only: a table holding functions is not saved.
-        self.core.save(path, serde_json::to_value(&self.state).ok())
+        self.core
+            .save(path, serde_json::to_value(&self.state).ok())?;
+        self.last_good = Some((path.to_path_buf(), self.core.trainer.step));
+        Ok(())
     }
 
     /// Restores from a checkpoint; returns a notice when the checkpoint was
     /// written by a different version of the recipe.
     pub fn resume(&mut self, lua: &mlua::Lua, path: &Path) -> Result<Option<String>> {
         let (meta, notice) = self.core.resume(path)?;
+        self.last_good = Some((path.to_path_buf(), meta.step));
         if let Some(state) = &meta.state {
             if let mlua::Value::Table(t) = mlua::LuaSerdeExt::to_value(lua, state)? {
                 self.state = t;
@@ -208,7 +215,7 @@ pub(crate) fn pool_peak(host: &HostState, device: &candle_core::Device) -> Optio
 /// Writes the run's checkpoint into the output folder (`checkpoint.safetensors`
 /// for the first run, `checkpoint-2.safetensors`, ...) with a `checkpoint`
 /// record; nothing without a folder or before the first step.
-pub(crate) fn checkpoint(host: &HostState, r: &RunState, why: &str) -> Result<Option<PathBuf>> {
+pub(crate) fn checkpoint(host: &HostState, r: &mut RunState, why: &str) -> Result<Option<PathBuf>> {
     let Some(dir) = host.opts.out_dir.as_ref() else {
         return Ok(None);
     };
@@ -240,7 +247,7 @@ pub(crate) fn checkpoint_if_due(host: &HostState, r: &mut RunState) -> Result<()
         return Ok(());
     }
     match checkpoint(host, r, "periodic") {
-        Err(e) if !e.find(|e| matches!(e, crate::Error::Diverged { .. })) => {
+        Err(e) if !e.find(|e| matches!(e, crate::Error::Diverged(_))) => {
             host.out.warn(&format!(
                 "step {step}: the periodic checkpoint failed, training goes on and tries again at the next: {e}"
             ));

@@ -129,6 +129,14 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
             limit = num(r, "memory_limit");
         }
     }
+    for r in of("diverged") {
+        let error = r["error"].as_str().unwrap_or("");
+        let what = error.split(": the training diverged").next().unwrap_or("");
+        markers.push(json!({
+            "step": r["step"], "kind": "diverged",
+            "label": format!("diverged: {what}"),
+        }));
+    }
     // Reloads and checkpoints are the folder's, not one run's.
     let folder_wide =
         |event: &'static str| folder.records.iter().filter(move |r| r["event"] == event);

@@ -19,6 +19,9 @@ use crate::engine::{Eval, Trainer};
 use crate::memory::HostMemory;
 use crate::Result;
 
+/// How often a run checks that its weights are finite (see `Run::step`).
+pub const CHECK_WEIGHTS_EVERY: u64 = 10;
+
 /// A run's place in its data: which epoch, and how far into it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Cursor {
@@ -201,6 +204,7 @@ impl Run {
                 w.tokens += batch.y.elem_count() as u64;
                 w.mem_peak = w.mem_peak.max(peak);
                 w.micro_batch = micro_batch;
+                self.check_finite(loss)?;
                 Ok(Some(loss))
             }
             StepOutcome::Skipped => {
@@ -210,6 +214,35 @@ impl Run {
                 Ok(None)
             }
         }
+    }
+
+    /// A step whose update went in with a NaN or infinite loss has spoiled
+    /// the weights (the gradients were not finite either): the run stops
+    /// there instead of training on to the next checkpoint, which would
+    /// refuse to save them. An f16 step that the loss scaler skipped
+    /// changed nothing, and is not divergence.
+    /// A NaN can also spoil weights whose outputs hide it (a ReLU maps NaN
+    /// to 0, as candle's does), so every [`CHECK_WEIGHTS_EVERY`] steps the
+    /// weights themselves are checked: one pass over them and one read.
+    fn check_finite(&self, loss: f64) -> Result<()> {
+        let step = self.trainer.step;
+        let at = format!(
+            "step {step} (epoch {}, batch {})",
+            self.cursor.epoch, self.cursor.steps
+        );
+        let what = if self.trainer.overflowed() {
+            return Ok(());
+        } else if !loss.is_finite() {
+            format!("the loss of {at} is {loss}")
+        } else if step.is_multiple_of(CHECK_WEIGHTS_EVERY) && !self.trainer.params().all_finite()? {
+            format!("the weights hold NaN or infinite values after {at}, whose loss was {loss}")
+        } else {
+            return Ok(());
+        };
+        Err(crate::Error::Diverged(format!(
+            "{what}: the training diverged (lower the learning rate, now {}, clip gradients with clip_grad_norm, or look for NaN or infinite values in the data)",
+            short(self.trainer.learning_rate())
+        )))
     }
 
     /// Checks `batch` against the model (see [`check_batch`]).
@@ -352,5 +385,16 @@ fn check(interface: &Interface, batch: &Batch) -> Result<()> {
             Some(i) => format!("sample {i} (row {row} of the batch): {why}"),
             None => format!("row {row} of the batch: {why}"),
         })),
+    }
+}
+
+/// A number as a person writes it: 0.003 and 1e30, not
+/// 1000000000000000000000000000000.
+fn short(x: f64) -> String {
+    let a = x.abs();
+    if a != 0.0 && !(1e-4..1e6).contains(&a) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
     }
 }

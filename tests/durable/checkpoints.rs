@@ -341,17 +341,94 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
         .filter(|n| n.contains("tmp"))
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
+}
 
-    let diverged = dir.path().join("diverged");
-    let set_out = format!("out={}", s(&diverged));
-    let mut args = vec!["train", s(&recipe), "--quiet", "--out", s(&diverged)];
-    args.extend(["--set", &set_out, "--set", "lr=1e30"]);
+/// A run whose loss turns NaN stops at that step (exit 1), naming the
+/// recipe line and the checkpoint to go back to, with a `diverged` record;
+/// the diverged model is saved over nothing. `--resume` from that
+/// checkpoint, with the cause removed, ends with the same weights as a run
+/// that never diverged. A recipe that catches the error and saves anyway is
+/// refused: the weights hold NaN.
+#[test]
+fn a_run_that_diverges_stops_there_and_resumes_from_its_last_good_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("blow.lua");
+    std::fs::write(
+        &recipe,
+        r#"local cfg = taper.config{ blow_at = 25, catch = "" }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{}:batch(32), checkpoint_every = 10, seed = 1,
+}
+for _ in run:epochs(2) do
+  for b in run:batches() do
+    if run.steps + 1 == cfg.blow_at then run:set_lr(1e30) end
+    local ok, e = pcall(run.step, run, b)
+    if not ok and cfg.catch ~= "" then run:save(cfg.catch) elseif not ok then error(e, 0) end
+  end
+end
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = cmd(&["train", s(&recipe), "--quiet", "--out", s(&out)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let says = format!(
+        "blow.lua:9: run:step: the loss of step 26 (epoch 1, batch 26) is NaN: the training diverged (lower the learning rate, now 1e30, clip gradients with clip_grad_norm, or look for NaN or infinite values in the data); its model is not saved, and the last good checkpoint, {0}/checkpoint.safetensors (step 20), is kept: continue from it with --resume {0}",
+        s(&out)
+    );
+    assert!(err.contains(&says), "expected `{says}` in: {err}");
+    assert!(!err.contains("traceback"), "{err}");
+    let saved: Vec<u64> = records(&out, "checkpoint")
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(saved, [10, 20]);
+    let d = records(&out, "diverged");
+    assert_eq!(d.len(), 1);
+    assert_eq!((&d[0]["step"], &d[0]["batch"]), (&json!(26), &json!(26)));
+    assert_eq!(d[0]["checkpoint_step"], 20);
+    let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.step, 20);
+    // The report marks it.
+    run_ok(&["report", s(&out)]);
+    let page = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let marked = r#""kind":"diverged","label":"diverged: the loss of step 26 (epoch 1, batch 26) is NaN","step":26"#;
+    assert!(page.contains(marked), "no diverged marker");
+
+    let fixed = ["--set", "blow_at=0"];
+    let mut args = vec!["train", s(&recipe), "--quiet", "--resume", s(&out)];
+    args.extend(fixed);
+    run_ok(&args);
+    let straight = dir.path().join("straight");
+    let mut args = vec!["train", s(&recipe), "--quiet", "--out", s(&straight)];
+    args.extend(fixed);
+    run_ok(&args);
+    assert_eq!(
+        weights(&out.join("checkpoint.safetensors")),
+        weights(&straight.join("checkpoint.safetensors"))
+    );
+
+    let caught = dir.path().join("caught");
+    let set_catch = format!("catch={}", s(&caught.join("x.safetensors")));
+    let args = [
+        "train",
+        s(&recipe),
+        "--quiet",
+        "--out",
+        s(&caught),
+        "--set",
+        &set_catch,
+    ];
     run_fails(
         &args,
         1,
-        "holds NaN or infinite values (the training diverged",
+        "x.safetensors: `model.fc0.bias` holds NaN or infinite values (the training diverged",
     );
-    assert!(records(&diverged, "checkpoint").is_empty());
+    assert!(!caught.join("x.safetensors").exists());
 }
 
 /// Resuming under other optimizer settings says so (the learning rate has

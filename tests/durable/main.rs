@@ -16,7 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
-use serde_json::Value;
+use serde_json::{json, Value};
 use taper::engine::checkpoint;
 
 const DEADLINE: Duration = Duration::from_secs(120);

@@ -208,12 +208,10 @@ pub fn save(path: &Path, tensors: Vec<(String, Tensor)>, meta: &CheckpointMeta) 
     // A diverged model is not saved over the last good checkpoint.
     for (k, t) in tensors.iter().filter(|(k, _)| k.starts_with("model.")) {
         if t.dtype().is_float() && !all_finite(t)? {
-            return Err(Error::Diverged {
-                path: path.to_path_buf(),
-                msg: format!(
-                    "`{k}` holds NaN or infinite values (the training diverged: lower the learning rate?); not saved, so the last good checkpoint is kept"
-                ),
-            });
+            return Err(Error::Diverged(format!(
+                "checkpoint {}: `{k}` holds NaN or infinite values (the training diverged: lower the learning rate?); not saved, so the last good checkpoint is kept",
+                path.display()
+            )));
         }
     }
     let raw = tensors

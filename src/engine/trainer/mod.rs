@@ -213,6 +213,12 @@ impl Trainer {
         self.overflow.take()
     }
 
+    /// Whether the last step's update was skipped for non-finite
+    /// gradients (f16 loss scaling), without clearing it.
+    pub fn overflowed(&self) -> bool {
+        self.overflow.is_some()
+    }
+
     /// The current f16 loss scale, if any.
     pub fn loss_scale(&self) -> Option<f64> {
         self.mixed.as_ref()?.scaler.as_ref().map(|s| s.scale)

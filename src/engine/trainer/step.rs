@@ -124,6 +124,8 @@ impl Trainer {
     /// retryable.
     pub fn prepare_update(&mut self, grads: Grads) -> Result<Ready> {
         let Grads { acc, loss_sum } = grads;
+        // "The last step skipped its update" is this step's to say.
+        self.overflow = None;
         let masters = self.store.vars();
         // Without loss scaling or masks, the optimizer reads the working
         // copy's gradients as they are and may write the working copy in
