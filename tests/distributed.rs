@@ -395,12 +395,50 @@ fn a_stopped_data_parallel_run_resumes_on_every_rank_to_the_same_weights() {
     let stopped_at = records(&out, "checkpoint")[0]["step"].as_u64().unwrap();
     assert!(stopped_at < 60 * 45, "stopped at {stopped_at}");
 
-    train(2, recipe, &out, &["--resume", "auto"]);
+    // `--resume RUN_DIR` continues in that folder, as `taper train` does.
+    let mut args = vec!["launch", "-n", "2"];
+    args.extend_from_slice(recipe);
+    args.extend(["--quiet", "--resume", s(&out)]);
+    let o = taper(&args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(
         weights(&out),
         weights(&straight),
         "two ranks resume bitwise where they stopped"
     );
+}
+
+/// Every rank sees the same summed loss, so a diverged step stops them all
+/// at that step, together (exit 1); rank 0 names the checkpoint, and the
+/// diverged model is saved by none.
+#[test]
+fn a_data_parallel_run_that_diverges_stops_on_every_rank_at_that_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = ["launch", "-n", "2", "scripts/digits.lua", "--quiet"];
+    let child = taper(&args)
+        .args(["--set", "lr=1e30", "--out", s(&out)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (o, secs) = wait(child, Instant::now());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(secs < 30.0, "the ranks took {secs:.1}s to stop");
+    let says = "digits.lua:26: run:step: the loss of step 2 (epoch 1, batch 2) is NaN: the training diverged";
+    assert!(
+        stderr.contains(&format!("{says} (lower the learning rate, now 1e30,"))
+            && stderr.contains("no checkpoint was written before it: start again"),
+        "{stderr}"
+    );
+    let log = std::fs::read_to_string(out.join("rank1.log")).unwrap();
+    assert!(
+        log.contains(says) && log.contains("rank 0 names the checkpoint to go back to"),
+        "{log}"
+    );
+    assert_eq!(records(&out, "diverged").len(), 1);
+    assert!(records(&out, "checkpoint").is_empty());
 }
 
 #[test]

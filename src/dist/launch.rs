@@ -125,11 +125,25 @@ fn children(pid: u32) -> Vec<u32> {
     .collect()
 }
 
-/// Whether `taper train`'s arguments name the output folder (`--out`).
+/// Whether `taper train`'s arguments choose the output folder: `--out`, or
+/// `--resume RUN_DIR`, which continues in that folder (as `taper train`
+/// does). Otherwise the launcher gives the ranks a new one.
 pub fn names_out(train_args: &[String]) -> bool {
-    train_args
-        .iter()
-        .any(|a| a == "--out" || a.starts_with("--out="))
+    let value = |flag: &str| {
+        let eq = format!("{flag}=");
+        let mut args = train_args.iter();
+        std::iter::from_fn(move || loop {
+            let a = args.next()?;
+            if a == flag {
+                return args.next().cloned();
+            }
+            if let Some(v) = a.strip_prefix(&eq) {
+                return Some(v.to_string());
+            }
+        })
+        .last()
+    };
+    value("--out").is_some() || value("--resume").is_some_and(|r| Path::new(&r).is_dir())
 }
 
 /// The output folder every rank uses: rank 0's choice.
@@ -158,4 +172,32 @@ pub fn log_to_rank_file(out: &Path, rank: usize) -> Result<PathBuf> {
         }
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_out;
+
+    #[test]
+    fn the_arguments_choose_the_folder_with_out_or_a_run_folder_to_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = dir.path().display().to_string();
+        let file = dir.path().join("checkpoint.safetensors");
+        std::fs::write(&file, b"").unwrap();
+        let file = file.display().to_string();
+        let cases: &[(&[&str], bool)] = &[
+            (&["r.lua", "--out", "x"], true),
+            (&["r.lua", "--out=x", "--quiet"], true),
+            (&["r.lua", "--resume", &run_dir], true),
+            (&["r.lua", &format!("--resume={run_dir}")], true),
+            (&["r.lua", "--resume", &file], false),
+            (&["r.lua", "--resume", "auto"], false),
+            (&["r.lua", "--set", "out=x"], false),
+            (&["r.lua"], false),
+        ];
+        for (args, names) in cases {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            assert_eq!(names_out(&args), *names, "{args:?}");
+        }
+    }
 }

@@ -159,6 +159,8 @@ fn diverged(lua: &Lua, host: &super::HostState, r: &RunState, why: String) -> ml
                 path.display()
             )
         }
+        // Rank 0 writes a data-parallel run's checkpoints, and says which.
+        None if crate::dist::rank() > 0 => "rank 0 names the checkpoint to go back to".into(),
         None => "no checkpoint was written before it: start again".into(),
     };
     // The error below says what happened, whether or not the record is written.
