@@ -1,6 +1,7 @@
 //! The Lua host: the `taper` module a recipe sees, and running a recipe.
 
 mod api;
+mod append;
 mod config;
 mod data;
 mod data_files;
@@ -242,6 +243,9 @@ impl Host {
                     self.state.out.finish_bar();
                     eprintln!("taper: the {why} run's checkpoint could not be written: {save}");
                 }
+                if let Err(records) = self.state.out.finish_records() {
+                    eprintln!("taper: the {why} run's records: {records}");
+                }
                 Err(e)
             }
         }
@@ -261,7 +265,15 @@ impl Host {
             run_state::finish_epoch(&self.state, &mut r.borrow_mut())?;
         }
         self.state.out.finish_bar();
-        self.save_all("final")?;
+        let saved = self.save_all("final");
+        // Records that waited for room on the disk are written now, or the
+        // run ends with an error that says how many could not be.
+        let written = self.state.out.finish_records();
+        if let (Err(_), Err(records)) = (&saved, &written) {
+            eprintln!("taper: the final records: {records}");
+        }
+        saved?;
+        written?;
         for r in self.state.runs.borrow().iter() {
             let r = r.borrow();
             if r.core.trainer.step == 0 && !r.core.skipped.is_empty() {

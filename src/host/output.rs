@@ -3,13 +3,14 @@
 
 use std::cell::RefCell;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value};
 
+use super::append::{Appender, Outage, MAX_WAITING};
 use super::progress::{duration, Progress, PLAIN_EVERY};
 use super::tensorboard::EventWriter;
 use crate::run::window::WindowSummary;
@@ -23,16 +24,22 @@ fn say(s: &str) {
 }
 
 /// The `time` of the last whole record in a metrics file (0 if none): read
-/// from its tail, skipping a line a kill cut short.
+/// from its tail, skipping a line a kill cut short. Only a regular file is
+/// read (a link to `/dev/null` or `/dev/full` would never end).
 fn last_time(path: &Path) -> f64 {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = File::open(path) else {
         return 0.0;
     };
-    let len = f.metadata().map_or(0, |m| m.len());
+    let len = match f.metadata() {
+        Ok(m) if m.is_file() => m.len(),
+        _ => return 0.0,
+    };
     let from = len.saturating_sub(1 << 16);
     let mut tail = String::new();
-    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_string(&mut tail).is_err() {
+    if f.seek(SeekFrom::Start(from)).is_err()
+        || f.take(len - from).read_to_string(&mut tail).is_err()
+    {
         return 0.0;
     }
     tail.lines()
@@ -43,7 +50,7 @@ fn last_time(path: &Path) -> f64 {
 }
 
 pub(crate) struct Output {
-    metrics: RefCell<Option<(PathBuf, BufWriter<File>)>>,
+    metrics: RefCell<Option<Appender>>,
     bar: RefCell<Option<ProgressBar>>,
     quiet: bool,
     start: Instant,
@@ -94,15 +101,10 @@ impl Output {
                 if held && !resuming {
                     return Err(Error::Config(held_folder(dir)));
                 }
-                let f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(|e| Error::io(&path, e))?;
-                Some((path, BufWriter::new(f)))
+                Some(Appender::open(&path)?)
             }
         };
-        let before = metrics.as_ref().map_or(0.0, |(p, _)| last_time(p));
+        let before = metrics.as_ref().map_or(0.0, |a| last_time(a.path()));
         let tensorboard = match out_dir.filter(|_| tensorboard) {
             Some(dir) => Some(EventWriter::create(dir)?),
             None => None,
@@ -125,7 +127,7 @@ impl Output {
     pub fn dir(&self) -> Option<PathBuf> {
         let m = self.metrics.borrow();
         m.as_ref()
-            .and_then(|(path, _)| path.parent().map(Path::to_path_buf))
+            .and_then(|a| a.path().parent().map(Path::to_path_buf))
     }
 
     pub fn record(
@@ -136,7 +138,7 @@ impl Output {
         fields: Map<String, Value>,
     ) -> Result<()> {
         let mut m = self.metrics.borrow_mut();
-        let Some((path, w)) = m.as_mut() else {
+        let Some(records) = m.as_mut() else {
             return Ok(());
         };
         let mut rec = Map::new();
@@ -148,16 +150,52 @@ impl Output {
         for (k, v) in fields {
             rec.entry(k).or_insert(v);
         }
-        if let Some(tb) = self.tensorboard.borrow_mut().as_mut() {
-            tb.record(event, step, &rec)?;
-        }
-        let line =
+        let events = match self.tensorboard.borrow_mut().as_mut() {
+            Some(tb) => tb.record(event, step, &rec)?,
+            None => Outage::None,
+        };
+        let mut line =
             serde_json::to_string(&Value::Object(rec)).map_err(|e| Error::Data(e.to_string()))?;
-        // Flushed per record (one write; `taper bench records` measures
-        // it): a crash must not lose them.
-        writeln!(w, "{line}")
-            .and_then(|_| w.flush())
-            .map_err(|e| Error::io(path.clone(), e))
+        line.push('\n');
+        // One write per record (`taper bench records` measures it): a
+        // crash must not lose them.
+        let outage = records.append(line.into_bytes())?;
+        let path = records.path().to_path_buf();
+        drop(m);
+        self.tell_outage("the records", &path, outage);
+        if let Some(tb) = self.tensorboard.borrow().as_ref() {
+            self.tell_outage("the TensorBoard events", tb.path(), events);
+        }
+        Ok(())
+    }
+
+    /// Warns when `what` (written to `path`) starts waiting for room on
+    /// the disk, and when it is written again.
+    fn tell_outage(&self, what: &str, path: &Path, outage: Outage) {
+        match outage {
+            Outage::None | Outage::Goes => {}
+            Outage::Began(why) => self.warn(&format!(
+                "{what} cannot be written to {}: {why}; training goes on, and they wait in memory (up to {} MiB) until the disk has room",
+                path.display(),
+                MAX_WAITING >> 20
+            )),
+            Outage::Ended(late) => self.warn(&format!(
+                "{what} are written to {} again ({late} waited)",
+                path.display()
+            )),
+        }
+    }
+
+    /// Writes what still waits for room on the disk (at the end of a
+    /// run); an error when it cannot be written.
+    pub fn finish_records(&self) -> Result<()> {
+        if let Some(tb) = self.tensorboard.borrow_mut().as_mut() {
+            tb.finish()?;
+        }
+        match self.metrics.borrow_mut().as_mut() {
+            Some(records) => records.finish(),
+            None => Ok(()),
+        }
     }
 
     /// Prints a line to stdout above the progress bar.
@@ -261,6 +299,9 @@ impl Output {
     }
 
     pub fn metrics_path(&self) -> Option<PathBuf> {
-        self.metrics.borrow().as_ref().map(|(p, _)| p.clone())
+        self.metrics
+            .borrow()
+            .as_ref()
+            .map(|a| a.path().to_path_buf())
     }
 }

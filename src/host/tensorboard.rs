@@ -6,13 +6,12 @@
 //! `eval/<split>/...`, `memory/...` (MiB), `oom/micro_batch`; runs after a
 //! recipe's first are prefixed `run2/`, ...
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use prost::Message;
 use serde_json::{Map, Value};
 
+use super::append::{Appender, Outage};
 use crate::{Error, Result};
 
 #[derive(Clone, PartialEq, Message)]
@@ -54,8 +53,8 @@ fn masked_crc(bytes: &[u8]) -> u32 {
 }
 
 pub(crate) struct EventWriter {
-    path: PathBuf,
-    file: BufWriter<File>,
+    /// Waits out a full disk, as the records do.
+    file: Appender,
 }
 
 fn now() -> f64 {
@@ -132,20 +131,29 @@ impl EventWriter {
             now() as u64,
             std::process::id()
         ));
-        let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
         let mut w = EventWriter {
-            path,
-            file: BufWriter::new(f),
+            file: Appender::open(&path)?,
         };
         w.write(&Event {
             wall_time: now(),
             step: 0,
             what: Some(What::FileVersion("brain.Event:2".into())),
         })?;
+        // A disk with no room at the start is an error now, not a warning.
+        w.file.finish()?;
         Ok(w)
     }
 
-    fn write(&mut self, e: &Event) -> Result<()> {
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// Writes the events still waiting for room on the disk.
+    pub fn finish(&mut self) -> Result<()> {
+        self.file.finish()
+    }
+
+    fn write(&mut self, e: &Event) -> Result<Outage> {
         let data = e.encode_to_vec();
         let len = (data.len() as u64).to_le_bytes();
         let mut rec = Vec::with_capacity(data.len() + 16);
@@ -153,14 +161,11 @@ impl EventWriter {
         rec.extend_from_slice(&masked_crc(&len).to_le_bytes());
         rec.extend_from_slice(&data);
         rec.extend_from_slice(&masked_crc(&data).to_le_bytes());
-        self.file
-            .write_all(&rec)
-            .and_then(|_| self.file.flush())
-            .map_err(|e| Error::io(&self.path, e))
+        self.file.append(rec)
     }
 
     /// Writes a record's scalars (none for events without any).
-    pub fn record(&mut self, event: &str, step: u64, rec: &Map<String, Value>) -> Result<()> {
+    pub fn record(&mut self, event: &str, step: u64, rec: &Map<String, Value>) -> Result<Outage> {
         let run = rec.get("run").and_then(Value::as_u64).unwrap_or(1);
         let prefix = if run > 1 {
             format!("run{run}/")
@@ -175,7 +180,7 @@ impl EventWriter {
             })
             .collect();
         if value.is_empty() {
-            return Ok(());
+            return Ok(Outage::None);
         }
         self.write(&Event {
             wall_time: now(),
