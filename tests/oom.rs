@@ -833,3 +833,42 @@ fn offloaded_moments_lower_the_peak_by_their_bytes_and_train_the_same() -> Resul
     assert!(state(&plain)? == state(&esc)?, "weights and moments differ");
     Ok(())
 }
+
+/// An OOM whose snapshot cannot be written (here the run folder's `oom` is
+/// a file, so its folder cannot be made; a full disk fails the same way)
+/// is still recovered: a warning, and the record says why the snapshot is
+/// missing.
+#[test]
+fn an_oom_whose_snapshot_cannot_be_written_is_still_recovered() -> Result<()> {
+    let out = tempfile::tempdir()?;
+    std::fs::write(out.path().join("oom"), "in the way")?;
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args([
+            "train",
+            "scripts/digits.lua",
+            "--set",
+            "epochs=1",
+            "--quiet",
+        ])
+        .args(["--inject-oom", "step=5,phase=backward", "--out"])
+        .arg(out.path())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("taper: warning: step 5: the OOM's snapshot was not written: "),
+        "{err}"
+    );
+    let ooms = records(out.path(), "oom")?;
+    assert_eq!(ooms.len(), 1);
+    assert_eq!(
+        (&ooms[0]["action"], &ooms[0]["snapshot"]),
+        (&"split".into(), &Value::Null)
+    );
+    assert!(ooms[0]["snapshot_error"]
+        .as_str()
+        .is_some_and(|e| e.contains("oom")));
+    assert_eq!(records(out.path(), "epoch")?.len(), 1);
+    Ok(())
+}

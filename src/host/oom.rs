@@ -97,8 +97,19 @@ pub fn record(out: &Output, run: usize, rec: &Recovered<'_>) -> Result<()> {
     if !e.ranks.is_empty() {
         f.insert("ranks".into(), json!(e.ranks));
     }
+    // A snapshot that cannot be written (a full disk) is not a reason to
+    // give up a recovery: the record says why it is missing.
     if let Some(dir) = out.dir() {
-        f.insert("snapshot".into(), snapshot(&dir, run, e, &f)?.into());
+        match snapshot(&dir, run, e, &f) {
+            Ok(name) => f.insert("snapshot".into(), name.into()),
+            Err(err) => {
+                out.warn(&format!(
+                    "step {}: the OOM's snapshot was not written: {err}",
+                    e.step
+                ));
+                f.insert("snapshot_error".into(), err.to_string().into())
+            }
+        };
     }
     out.record("oom", e.step, e.epoch, f)?;
     let detail = match action {
