@@ -173,6 +173,20 @@ print(run:generate{ prompt = { 1, 999 } })
             says: &["recipe.lua:1: taper.model.cnn: 4 conv stages", "shrink a 8x8 input to nothing"],
         },
         Case {
+            name: "split fractions that do not sum to 1",
+            recipe: "local d = taper.data.digits{}\nlocal train, val = d:split{ 0.8, 0.1 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:2: split: the proportions [0.8, 0.1] are fractions that sum to 0.9, not 1; give fractions that sum to 1 ({ 0.9, 0.1 }) or weights ({ 9, 1 })"],
+        },
+        Case {
+            name: "an infinite split proportion",
+            recipe: "local d = taper.data.digits{}\nlocal train, val = d:split{ 1/0, 1 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:2: split: bad proportions [inf, 1.0]"],
+        },
+        Case {
             name: "a word in a CSV of numbers",
             recipe: "local data = taper.data.csv{ path = \"data.csv\" }\n",
             args: &[],

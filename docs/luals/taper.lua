@@ -178,7 +178,8 @@ function Data:take(n) end
 function Data:skip(n) end
 
 ---Parts in these proportions: `local train, val = data:split{ 0.9, 0.1 }`; contiguous, or
----with `seed = n`, drawn through a fixed seeded permutation.
+---with `seed = n`, drawn through a fixed seeded permutation. Fractions (each below 1)
+---must sum to 1; weights such as `{ 9, 1 }` are normalised.
 ---@param parts table proportions, and optionally `seed`
 ---@return taper.Data ...
 function Data:split(parts) end

@@ -78,8 +78,8 @@ impl Pipeline {
         self
     }
 
-    /// Parts in the given proportions (normalised to sum to 1; the last part
-    /// takes the rounding remainder). Contiguous, or with `seed`, drawn through
+    /// Parts in the given proportions: fractions that sum to 1, or weights
+    /// (normalised to sum to 1; the last part takes the rounding remainder). Contiguous, or with `seed`, drawn through
     /// a fixed seeded permutation (for files sorted by class).
     pub fn split(&self, parts: &[f64], seed: Option<u64>) -> Result<Vec<Pipeline>> {
         let contiguous = self.split_ranges(parts)?;
@@ -109,8 +109,15 @@ impl Pipeline {
 
     fn split_ranges(&self, parts: &[f64]) -> Result<Vec<Pipeline>> {
         let total: f64 = parts.iter().sum();
-        if parts.is_empty() || parts.iter().any(|p| p.is_nan() || *p < 0.0) || total <= 0.0 {
+        if parts.is_empty() || parts.iter().any(|p| !p.is_finite() || *p < 0.0) || total <= 0.0 {
             return Err(Error::Config(format!("split: bad proportions {parts:?}")));
+        }
+        // Fractions that do not sum to 1 are a slip (`{ 0.8, 0.1 }`: a
+        // part forgotten), not weights: PyTorch's random_split refuses them.
+        if parts.iter().all(|p| *p < 1.0) && (total - 1.0).abs() > 1e-6 {
+            return Err(Error::Config(format!(
+                "split: the proportions {parts:?} are fractions that sum to {total}, not 1; give fractions that sum to 1 ({{ 0.9, 0.1 }}) or weights ({{ 9, 1 }})"
+            )));
         }
         let r = self.range();
         let mut out = Vec::new();
