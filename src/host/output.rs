@@ -51,6 +51,9 @@ fn last_time(path: &Path) -> f64 {
 
 pub(crate) struct Output {
     metrics: RefCell<Option<Appender>>,
+    /// The run folder's lock, held while the process lives (see
+    /// [`lock_folder`]).
+    _lock: Option<File>,
     bar: RefCell<Option<ProgressBar>>,
     quiet: bool,
     start: Instant,
@@ -82,6 +85,27 @@ fn held_folder(dir: &Path) -> String {
     }
 }
 
+/// Only one taper writes into a run folder at a time: a second (a job
+/// started twice, a requeued job whose first copy still runs) would append
+/// to the same records and save over the same checkpoints. The lock is the
+/// kernel's (`flock` on `metrics.jsonl`), so it goes when the process ends,
+/// however it ends; it is taken before anything in the folder changes.
+fn lock_folder(dir: &Path, metrics: &Path) -> Result<File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(metrics)
+        .map_err(|e| Error::io(metrics, e))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Config(format!(
+            "--out {}: another taper is running in this folder (it holds a lock on metrics.jsonl); let it end or stop it, or choose another folder",
+            dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(metrics, e)),
+    }
+}
+
 impl Output {
     /// Writes into `out_dir`: a new run's folder, or, when `resuming`, a run
     /// folder whose `metrics.jsonl` the records are appended to. A new run
@@ -97,19 +121,22 @@ impl Output {
             Some(dir) => {
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
                 let path = dir.join("metrics.jsonl");
+                let lock = lock_folder(dir, &path)?;
                 let held = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
                 if held && !resuming {
                     return Err(Error::Config(held_folder(dir)));
                 }
-                Some(Appender::open(&path)?)
+                Some((Appender::open(&path)?, lock))
             }
         };
+        let (metrics, lock) = metrics.unzip();
         let before = metrics.as_ref().map_or(0.0, |a| last_time(a.path()));
         let tensorboard = match out_dir.filter(|_| tensorboard) {
             Some(dir) => Some(EventWriter::create(dir)?),
             None => None,
         };
         Ok(Output {
+            _lock: lock,
             tensorboard: RefCell::new(tensorboard),
             metrics: RefCell::new(metrics),
             bar: RefCell::new(None),

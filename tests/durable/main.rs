@@ -389,3 +389,39 @@ fn a_pruning_run_stopped_in_a_later_phase_resumes_to_the_same_weights() {
     let prunes = records(&out, "prune");
     assert_eq!(prunes.len(), 2, "each phase prunes once: {prunes:?}");
 }
+
+/// One taper at a time in a run folder: the same command started again
+/// while the first still trains (a requeued job whose first copy lives) is
+/// refused before it changes anything, and the first goes on; once the
+/// first has stopped, the same command continues the run.
+#[test]
+fn a_second_taper_in_a_live_run_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let again = train_args(&out, &["--resume", "auto"]);
+    let mut first = cmd(&again).stderr(Stdio::piped()).spawn().unwrap();
+    wait_for_epochs(&mut first, &out, 2);
+    let before = std::fs::read_dir(&out).unwrap().count();
+    for args in [again.clone(), train_args(&out, &[])] {
+        let o = cmd(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        let says = format!(
+            "taper: --out {}: another taper is running in this folder (it holds a lock on metrics.jsonl); let it end or stop it, or choose another folder",
+            s(&out)
+        );
+        assert_eq!(err.trim(), says);
+    }
+    assert!(first.try_wait().unwrap().is_none(), "the first run went on");
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), before);
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(first.id() as i32, libc::SIGINT) }, 0);
+    assert_eq!(wait(first).status.code(), Some(130));
+    let o = cmd(&again).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let epochs: Vec<u64> = records(&out, "epoch")
+        .iter()
+        .map(|r| r["epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, (1..=120).collect::<Vec<_>>());
+}
