@@ -90,19 +90,27 @@ fn held_folder(dir: &Path) -> String {
 /// to the same records and save over the same checkpoints. The lock is the
 /// kernel's (`flock` on `metrics.jsonl`), so it goes when the process ends,
 /// however it ends; it is taken before anything in the folder changes.
-fn lock_folder(dir: &Path, metrics: &Path) -> Result<File> {
+/// A file system that cannot lock (some network mounts) is told, not
+/// refused.
+fn lock_folder(dir: &Path, metrics: &Path) -> Result<Option<File>> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(metrics)
         .map_err(|e| Error::io(metrics, e))?;
     match f.try_lock() {
-        Ok(()) => Ok(f),
+        Ok(()) => Ok(Some(f)),
         Err(std::fs::TryLockError::WouldBlock) => Err(Error::Config(format!(
             "--out {}: another taper is running in this folder (it holds a lock on metrics.jsonl); let it end or stop it, or choose another folder",
             dir.display()
         ))),
-        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(metrics, e)),
+        Err(std::fs::TryLockError::Error(e)) => {
+            eprintln!(
+                "taper: warning: cannot lock {}: {e}; nothing keeps a second taper out of this folder",
+                metrics.display()
+            );
+            Ok(None)
+        }
     }
 }
 
@@ -130,6 +138,7 @@ impl Output {
             }
         };
         let (metrics, lock) = metrics.unzip();
+        let lock = lock.flatten();
         let before = metrics.as_ref().map_or(0.0, |a| last_time(a.path()));
         let tensorboard = match out_dir.filter(|_| tensorboard) {
             Some(dir) => Some(EventWriter::create(dir)?),
