@@ -708,16 +708,41 @@ fn digits_trains_on_the_gpu_in_f32_and_bf16() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A run on the GPU stops at the step where it diverges, as on the CPU:
+/// the loss is read every step there too, and the weights check (every 10
+/// steps) runs on the device.
+#[test]
+fn a_diverging_run_stops_on_the_gpu_at_that_step() -> anyhow::Result<()> {
+    for precision in ["f32", "bf16"] {
+        let e =
+            train_with("digits.lua", precision, &[("lr", "1e30")]).expect_err("lr 1e30 diverges");
+        let msg = taper::host::render_error(&e);
+        println!("digits on cuda, {precision}, lr 1e30: {msg}");
+        assert!(
+            msg.contains("is NaN: the training diverged"),
+            "{precision}: {msg}"
+        );
+        assert_eq!(e.exit_code(), 1);
+    }
+    Ok(())
+}
+
 /// Trains `scripts/<recipe>` on the GPU; its last held-out accuracy.
 fn train_on_the_gpu(recipe: &str, precision: &str) -> anyhow::Result<f64> {
-    let dir = tempfile::tempdir()?;
+    Ok(train_with(recipe, precision, &[])?)
+}
+
+fn train_with(recipe: &str, precision: &str, set: &[(&str, &str)]) -> taper::Result<f64> {
+    let dir = tempfile::tempdir().map_err(|e| taper::Error::io("tempdir", e))?;
+    let mut overrides = vec![
+        ("epochs".into(), "10".into()),
+        ("precision".into(), precision.into()),
+    ];
+    overrides.extend(set.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let opts = taper::HostOptions {
         device: "cuda".into(),
         out_dir: Some(dir.path().to_path_buf()),
-        overrides: vec![
-            ("epochs".into(), "10".into()),
-            ("precision".into(), precision.into()),
-        ],
+        overrides,
         ..taper::HostOptions::default()
     };
     let mut host = taper::Host::new(opts)?;
