@@ -309,3 +309,97 @@ fn a_tokenizer_with_truncation_and_padding_tokenizes_the_whole_text() -> Result<
     assert!(notes.contains("its padding is turned off"), "{notes}");
     Ok(())
 }
+
+/// A data file written in place while a run reads it (a data script run
+/// again on the same path) is an error at the next batch, naming the file,
+/// where a truncated mapping used to end the process with SIGBUS and
+/// nothing saved. The run stops with its checkpoint (exit 2).
+#[test]
+fn a_data_file_truncated_while_the_run_reads_it_stops_the_run_with_a_checkpoint() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ids: Vec<u8> = (0..20_000u32)
+        .flat_map(|i| ((i * 7 % 50) as u16).to_le_bytes())
+        .collect();
+    let data = write(dir.path(), "train.bin", &ids);
+    let recipe = write(
+        dir.path(),
+        "cut.lua",
+        format!(
+            r#"local path = "{}"
+local run = taper.run{{
+  model = taper.model.gpt{{ vocab = 50, context = 8, width = 16, heads = 2, layers = 1 }},
+  data = taper.data.tokens{{ path = path, context = 8 }}:shuffle{{ seed = 1 }}:batch(4),
+}}
+for _ in run:epochs(1) do
+  for b in run:batches() do
+    run:step(b)
+    if run.steps == 3 then io.open(path, "w"):close() end
+  end
+end
+"#,
+            data.display()
+        )
+        .as_bytes(),
+    );
+    let out = dir.path().join("out");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(["train", recipe.to_str().unwrap(), "--quiet", "--out"])
+        .arg(&out)
+        .output()?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{:?}: {err}", o.status);
+    let says = format!(
+        "{}: the file was written while the run read it (0 bytes where it had 40000): the run stops here; rerun with --resume to go on with the file as it is now",
+        data.display()
+    );
+    assert!(err.contains(&says), "{err}");
+    let saved: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?;
+    let saved: Vec<_> = saved
+        .iter()
+        .filter(|r| r["event"] == "checkpoint")
+        .collect();
+    assert_eq!(saved.len(), 1);
+    assert_eq!(
+        (&saved[0]["step"], &saved[0]["reason"]),
+        (&3.into(), &"failed".into())
+    );
+    Ok(())
+}
+
+/// Written over in place with the same size, the file is caught by its
+/// modification time: the run would otherwise mix two data sets.
+#[test]
+fn a_data_file_written_over_in_place_is_caught_at_the_next_read() -> Result<()> {
+    use candle_core::{Device, Tensor};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("s.safetensors");
+    let x = Tensor::from_vec((0u8..20).collect::<Vec<_>>(), (5, 4), &Device::Cpu)?;
+    let y = Tensor::from_vec(vec![4u8, 3, 2, 1, 0], 5, &Device::Cpu)?;
+    let tensors = std::collections::HashMap::from([("x", x), ("y", y)]);
+    candle_core::safetensors::save(&tensors, &path)?;
+    let ids: Vec<u8> = (0u16..100).flat_map(|t| t.to_le_bytes()).collect();
+    let bin = write(dir.path(), "train.bin", &ids);
+    let src = samples(&path, "x", "y", 1.0, "train")?;
+    let toks = tokens(&bin, TokenType::U16, 8, None, "train")?;
+    src.gather(&[0, 1])?;
+    toks.gather(&[0, 1])?;
+    for p in [&path, &bin] {
+        let f = std::fs::OpenOptions::new().write(true).open(p)?;
+        f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))?;
+    }
+    for (msg, p) in [
+        (err_text(src.gather(&[2])), &path),
+        (err_text(toks.gather(&[2])), &bin),
+    ] {
+        let bytes = std::fs::metadata(p)?.len();
+        let says = format!(
+            "{}: the file was written while the run read it ({bytes} bytes, as before)",
+            p.display()
+        );
+        assert!(msg.contains(&says), "{msg}");
+    }
+    Ok(())
+}

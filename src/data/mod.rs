@@ -5,6 +5,7 @@
 mod builtin;
 mod epoch;
 mod files;
+mod mapped;
 mod permutation;
 mod pipeline;
 mod samples;

@@ -3,13 +3,12 @@
 //! by row. Inputs of a float or u8 type become f32 (u8 divided by `scale`);
 //! integer inputs (token ids) and all targets become u32.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
+use super::mapped::Mapped;
 use super::Source;
 use crate::{Error, Result};
 
@@ -24,7 +23,7 @@ struct Column {
 pub struct Samples {
     path: PathBuf,
     split: String,
-    map: Mmap,
+    map: Mapped,
     x: Column,
     y: Column,
     scale: f32,
@@ -91,9 +90,7 @@ fn column(
 }
 
 pub fn samples(path: &Path, x: &str, y: &str, scale: f32, split: &str) -> Result<Samples> {
-    let file = File::open(path).map_err(|e| err(path, e))?;
-    // SAFETY: read-only mapping of a file taper does not write.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| err(path, format!("mmap: {e}")))?;
+    let map = Mapped::open(path)?;
     let (header, meta) = SafeTensors::read_metadata(&map)
         .map_err(|e| err(path, format!("offset 0: not a safetensors file: {e}")))?;
     let xc = column(path, &map, header, &meta, x)?;
@@ -240,6 +237,7 @@ impl Source for Samples {
         )
     }
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        self.map.check()?;
         let b = indices.len();
         let mut xs = vec![b];
         xs.extend(&self.x.shape[1..]);

@@ -12,12 +12,11 @@
 //! `RELEASE_WINDOWS` windows: the pages stay in the page cache, and the next
 //! read maps them again.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use memmap2::Mmap;
 
+use super::mapped::Mapped;
 use super::Source;
 use crate::{Error, Result};
 
@@ -42,7 +41,7 @@ impl TokenType {
 pub struct Tokens {
     path: PathBuf,
     split: String,
-    map: Mmap,
+    map: Mapped,
     dtype: TokenType,
     context: usize,
     stride: usize,
@@ -56,11 +55,7 @@ pub fn tokens(
     stride: Option<usize>,
     split: &str,
 ) -> Result<Tokens> {
-    let file = File::open(path).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
-    // SAFETY: the mapping is read-only. If another process truncates the file
-    // while it is mapped, reads fault (SIGBUS); taper never writes it.
-    let map = unsafe { Mmap::map(&file) }
-        .map_err(|e| Error::Data(format!("{}: mmap: {e}", path.display())))?;
+    let map = Mapped::open(path)?;
     let size = dtype.size();
     if map.len() % size != 0 {
         return Err(Error::Data(format!(
@@ -105,6 +100,7 @@ impl Tokens {
         // later reads fault them back in from the file.
         let _ = unsafe {
             self.map
+                .mmap()
                 .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
         };
     }
@@ -128,6 +124,7 @@ impl Source for Tokens {
         )
     }
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        self.map.check()?;
         let t = self.context;
         let mut x = Vec::with_capacity(indices.len() * t);
         let mut y = Vec::with_capacity(indices.len() * t);
