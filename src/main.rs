@@ -73,7 +73,7 @@ fn main() -> ExitCode {
 fn command() -> ExitCode {
     match Cli::parse().command {
         Command::Train(args) => match train_options(args) {
-            Ok((recipe, opts)) => run_recipe(&recipe, opts),
+            Ok((recipe, opts, _lock)) => run_recipe(&recipe, opts),
             Err(code) => code,
         },
         Command::Check { recipe } => {

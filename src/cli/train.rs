@@ -11,7 +11,11 @@ use super::args::TrainArgs;
 /// `taper train`'s host options: the output folder (a data-parallel rank
 /// joins rank 0's), what to resume from, and the flags. Bad input is told
 /// here, before anything runs, as the exit code to leave with.
-pub fn train_options(a: TrainArgs) -> Result<(PathBuf, HostOptions), ExitCode> {
+/// With them, the folder's lock when the folder exists (see
+/// `taper::host::FolderLock`): to be held until the host has taken it too.
+pub fn train_options(
+    a: TrainArgs,
+) -> Result<(PathBuf, HostOptions, Option<taper::host::FolderLock>), ExitCode> {
     let told = |e: taper::Error| {
         eprintln!("taper: {e}");
         ExitCode::from(e.exit_code())
@@ -40,6 +44,13 @@ pub fn train_options(a: TrainArgs) -> Result<(PathBuf, HostOptions), ExitCode> {
         Some(_) if auto => out.clone(),
         Some(r) if r.is_dir() => Some(r.to_path_buf()),
         _ => None,
+    };
+    // The folder is this run's before its checkpoints are looked at (a
+    // resume sets a damaged one aside): another taper running in it is
+    // refused here.
+    let lock = match out.as_deref().filter(|d| writer && d.is_dir()) {
+        Some(dir) => taper::host::FolderLock::take(dir).map_err(told)?,
+        None => None,
     };
     // A checkpoint that cannot be resumed from is bad input: said before
     // anything runs.
@@ -84,7 +95,7 @@ pub fn train_options(a: TrainArgs) -> Result<(PathBuf, HostOptions), ExitCode> {
         tensorboard: a.tensorboard && writer,
         reuse_out: auto,
     };
-    Ok((a.recipe.recipe, opts))
+    Ok((a.recipe.recipe, opts, lock))
 }
 
 /// Runs a recipe (`train` or `check`) and says how it ended.

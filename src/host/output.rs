@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value};
 
 use super::append::{Appender, Outage, MAX_WAITING};
+use super::folder_lock::FolderLock;
 use super::progress::{duration, Progress, PLAIN_EVERY};
 use super::tensorboard::EventWriter;
 use crate::run::window::WindowSummary;
@@ -51,9 +52,8 @@ fn last_time(path: &Path) -> f64 {
 
 pub(crate) struct Output {
     metrics: RefCell<Option<Appender>>,
-    /// The run folder's lock, held while the process lives (see
-    /// [`lock_folder`]).
-    _lock: Option<File>,
+    /// The run folder's lock (see [`FolderLock`]).
+    _lock: Option<FolderLock>,
     bar: RefCell<Option<ProgressBar>>,
     quiet: bool,
     start: Instant,
@@ -85,35 +85,6 @@ fn held_folder(dir: &Path) -> String {
     }
 }
 
-/// Only one taper writes into a run folder at a time: a second (a job
-/// started twice, a requeued job whose first copy still runs) would append
-/// to the same records and save over the same checkpoints. The lock is the
-/// kernel's (`flock` on `metrics.jsonl`), so it goes when the process ends,
-/// however it ends; it is taken before anything in the folder changes.
-/// A file system that cannot lock (some network mounts) is told, not
-/// refused.
-fn lock_folder(dir: &Path, metrics: &Path) -> Result<Option<File>> {
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(metrics)
-        .map_err(|e| Error::io(metrics, e))?;
-    match f.try_lock() {
-        Ok(()) => Ok(Some(f)),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Config(format!(
-            "--out {}: another taper is running in this folder (it holds a lock on metrics.jsonl); let it end or stop it, or choose another folder",
-            dir.display()
-        ))),
-        Err(std::fs::TryLockError::Error(e)) => {
-            eprintln!(
-                "taper: warning: cannot lock {}: {e}; nothing keeps a second taper out of this folder",
-                metrics.display()
-            );
-            Ok(None)
-        }
-    }
-}
-
 impl Output {
     /// Writes into `out_dir`: a new run's folder, or, when `resuming`, a run
     /// folder whose `metrics.jsonl` the records are appended to. A new run
@@ -129,7 +100,7 @@ impl Output {
             Some(dir) => {
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
                 let path = dir.join("metrics.jsonl");
-                let lock = lock_folder(dir, &path)?;
+                let lock = FolderLock::take(dir)?;
                 let held = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
                 if held && !resuming {
                     return Err(Error::Config(held_folder(dir)));

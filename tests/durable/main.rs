@@ -392,8 +392,9 @@ fn a_pruning_run_stopped_in_a_later_phase_resumes_to_the_same_weights() {
 
 /// One taper at a time in a run folder: the same command started again
 /// while the first still trains (a requeued job whose first copy lives) is
-/// refused before it changes anything, and the first goes on; once the
-/// first has stopped, the same command continues the run.
+/// refused before it looks at the folder's checkpoints or changes anything,
+/// and the first goes on; once the first has stopped, the same command
+/// continues the run.
 #[test]
 fn a_second_taper_in_a_live_run_folder_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -401,6 +402,10 @@ fn a_second_taper_in_a_live_run_folder_is_refused() {
     let again = train_args(&out, &["--resume", "auto"]);
     let mut first = cmd(&again).stderr(Stdio::piped()).spawn().unwrap();
     wait_for_epochs(&mut first, &out, 2);
+    // A damaged checkpoint, newer than any: a second taper must not look
+    // at the folder's checkpoints (a resume sets damaged ones aside).
+    let junk = out.join("checkpoint.step999.safetensors");
+    std::fs::write(&junk, b"not a checkpoint").unwrap();
     let before = std::fs::read_dir(&out).unwrap().count();
     for args in [again.clone(), train_args(&out, &[])] {
         let o = cmd(&args).output().unwrap();
@@ -414,6 +419,7 @@ fn a_second_taper_in_a_live_run_folder_is_refused() {
     }
     assert!(first.try_wait().unwrap().is_none(), "the first run went on");
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), before);
+    std::fs::remove_file(&junk).unwrap();
     // SAFETY: a plain kill(2) of our own child.
     assert_eq!(unsafe { libc::kill(first.id() as i32, libc::SIGINT) }, 0);
     assert_eq!(wait(first).status.code(), Some(130));
