@@ -196,13 +196,16 @@ impl Output {
     /// Writes what still waits for room on the disk (at the end of a
     /// run); an error when it cannot be written.
     pub fn finish_records(&self) -> Result<()> {
-        if let Some(tb) = self.tensorboard.borrow_mut().as_mut() {
-            tb.finish()?;
-        }
-        match self.metrics.borrow_mut().as_mut() {
+        // Both are tried; the records' error is the one told.
+        let records = match self.metrics.borrow_mut().as_mut() {
             Some(records) => records.finish(),
             None => Ok(()),
-        }
+        };
+        let events = match self.tensorboard.borrow_mut().as_mut() {
+            Some(tb) => tb.finish(),
+            None => Ok(()),
+        };
+        records.and(events)
     }
 
     /// Prints a line to stdout above the progress bar.
