@@ -39,6 +39,11 @@ impl Mapped {
         })
     }
 
+    /// The mapping itself (for advice such as `MADV_DONTNEED`).
+    pub fn mmap(&self) -> &Mmap {
+        &self.map
+    }
+
     /// Whether the file is still as it was mapped (one `fstat`): an error
     /// that says how it changed when not.
     pub fn check(&self) -> Result<()> {
@@ -65,13 +70,6 @@ impl Mapped {
 impl std::ops::Deref for Mapped {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.map
-    }
-}
-
-impl Mapped {
-    /// The mapping itself (for advice such as `MADV_DONTNEED`).
-    pub fn mmap(&self) -> &Mmap {
         &self.map
     }
 }

@@ -95,21 +95,20 @@ impl Output {
         resuming: bool,
         tensorboard: bool,
     ) -> Result<Self> {
+        let mut lock = None;
         let metrics = match out_dir {
             None => None,
             Some(dir) => {
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
                 let path = dir.join("metrics.jsonl");
-                let lock = FolderLock::take(dir)?;
+                lock = FolderLock::take(dir)?;
                 let held = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
                 if held && !resuming {
                     return Err(Error::Config(held_folder(dir)));
                 }
-                Some((Appender::open(&path)?, lock))
+                Some(Appender::open(&path)?)
             }
         };
-        let (metrics, lock) = metrics.unzip();
-        let lock = lock.flatten();
         let before = metrics.as_ref().map_or(0.0, |a| last_time(a.path()));
         let tensorboard = match out_dir.filter(|_| tensorboard) {
             Some(dir) => Some(EventWriter::create(dir)?),
