@@ -81,6 +81,23 @@ for _ in run:epochs(cfg.epochs) do
 end
 "#;
 
+/// A generator of 4 batches of 2 samples; the third batch's second sample
+/// has input `x` and label `y` (given as Lua expressions by `--set`).
+const GENERATOR: &str = r#"local cfg = taper.config{ x = "0.5", y = "1" }
+local gen = taper.data.generator(function(epoch)
+  return coroutine.wrap(function()
+    for i = 1, 4 do
+      local third = i == 3
+      local x = third and load("return " .. cfg.x)() or 0.5
+      local y = third and load("return " .. cfg.y)() or 1
+      coroutine.yield{ x = { { 0.1, 0.2 }, { x, 0.4 } }, y = { 0, y } }
+    end
+  end)
+end)
+local run = taper.run{ model = taper.model.mlp{ inputs = 2, outputs = 3 }, data = gen }
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+"#;
+
 /// `taper.run{}` over digits with `OPTS` added (an optimizer, an option).
 const DIGITS_WITH: &str = r#"local run = taper.run{
   model = taper.model.mlp{ inputs = 64, outputs = 10 },
@@ -192,6 +209,51 @@ print(run:generate{ prompt = { 1, 999 } })
             args: &[],
             code: 2,
             says: &["recipe.lua:1: taper.data.csv: data.csv: line 2, column 2: `x` is not a number"],
+        },
+        Case {
+            name: "NaN in a CSV of numbers",
+            recipe: "local data = taper.data.csv{ path = \"nan.csv\" }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.csv: nan.csv: line 2, column 1: `nan` is not a finite number (a missing value?)"],
+        },
+        Case {
+            name: "a scale of 0",
+            recipe: "local data = taper.data.csv{ path = \"data.csv\", scale = 0 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.csv: option `scale` must be a positive number, got 0"],
+        },
+        Case {
+            name: "a NaN input in a safetensors file",
+            recipe: MLP_ON_FILE,
+            args: &[],
+            code: 2,
+            says: &[
+                "recipe.lua:6: run:step: safetensors ",
+                "epoch 1, batch 2: sample 2 (row 0 of the batch): input value 1 of the sample is NaN: the data holds a number that is not finite",
+            ],
+        },
+        Case {
+            name: "an infinite input from a generator",
+            recipe: GENERATOR,
+            args: &["--set", "x=1/0"],
+            code: 2,
+            says: &["recipe.lua:13: run:step: the generator at recipe.lua:2: epoch 1, batch 3: sample 1 (row 1 of the batch): input value 0 of the sample is inf"],
+        },
+        Case {
+            name: "a negative label from a generator",
+            recipe: GENERATOR,
+            args: &["--set", "y=-1"],
+            code: 2,
+            says: &["generator at recipe.lua:2: y: -1 (sample 1) is not a class index or token id"],
+        },
+        Case {
+            name: "a fractional label from a generator",
+            recipe: GENERATOR,
+            args: &["--set", "y=2.5"],
+            code: 2,
+            says: &["generator at recipe.lua:2: y: 2.5 (sample 1) is not a class index or token id"],
         },
         Case {
             name: "a negative label in a safetensors file",
@@ -322,6 +384,11 @@ fn prepare(dir: &Path, case: &Case) -> String {
         "a negative label in a safetensors file" => {
             samples(&file, &x, 2, &le(&[1, -3, 2, 0]), Dtype::I64)
         }
+        "a NaN input in a safetensors file" => {
+            let mut x = x.clone();
+            x[5] = f32::NAN;
+            samples(&file, &x, 2, &[1, 2, 3, 0], Dtype::U8)
+        }
         "a NaN label in a safetensors file" => {
             let y: Vec<u8> = [1.0f32, 2.0, f32::NAN, 0.0]
                 .iter()
@@ -335,6 +402,7 @@ fn prepare(dir: &Path, case: &Case) -> String {
     let next: Vec<u32> = ids.iter().map(|i| (i + 1) % 16).collect();
     tokens(&dir.join("tokens.safetensors"), &ids, &next, 4);
     std::fs::write(dir.join("data.csv"), "1,2,3\n4,x,6\n").unwrap();
+    std::fs::write(dir.join("nan.csv"), "1,2,3\nnan,5,6\n").unwrap();
     let policy = match case.name {
         "error(nil) in an OOM policy" => "error(nil)",
         "a policy that skips every batch" => "\"skip\"",

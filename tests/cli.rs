@@ -237,7 +237,7 @@ fn bad_learning_rates_and_diverged_weights_are_clear_errors() {
         (
             "lr=1e30",
             1,
-            "digits.lua:26: run:step: the loss of step 2 (epoch 1, batch 2) is NaN: the training diverged (lower the learning rate, now 1e30, clip gradients with clip_grad_norm, or look for NaN or infinite values in the data); its model is not saved, and no checkpoint was written before it: start again",
+            "digits.lua:26: run:step: the loss of step 2 (epoch 1, batch 2) is NaN: the training diverged (lower the learning rate, now 1e30, clip gradients with clip_grad_norm, or look for extreme values in the data); its model is not saved, and no checkpoint was written before it: start again",
         ),
     ];
     for (i, (set, code, says)) in cases.iter().enumerate() {

@@ -94,7 +94,8 @@ fn f16_loss_scaling_skips_exactly_the_poisoned_step() -> Result<()> {
 /// In a run, a step whose loss is NaN stops the run there, and a NaN that
 /// spoiled the weights without showing in the loss (the ReLU maps NaN to
 /// 0, as candle's does) stops it at the next weights check; an f16 step
-/// that the loss scaler skipped changed nothing, and the run goes on.
+/// that the loss scaler skipped changed nothing, and the run goes on. A NaN
+/// input never gets that far: the step refuses its batch.
 #[test]
 fn a_run_stops_where_it_diverges_unless_the_loss_scaler_skipped_the_step() -> Result<()> {
     let data = Pipeline::new(Arc::new(digits("train")?)).batch(32, false);
@@ -105,6 +106,19 @@ fn a_run_stops_where_it_diverges_unless_the_loss_scaler_skipped_the_step() -> Re
             x: Tensor::from_vec(x, b.x.shape(), b.x.device())?,
             ..b
         })
+    };
+    // One weight of the first layer made NaN (as a bad gradient would): its
+    // unit's output is NaN for every sample, and the ReLU hides it.
+    let nan_weight = |run: &mut Run, b: Batch| -> Result<Batch> {
+        let vars = run.trainer.params().vars();
+        let (_, v) = vars
+            .iter()
+            .find(|(n, _)| n.ends_with("fc0.weight"))
+            .unwrap();
+        let mut w: Vec<f32> = v.as_tensor().flatten_all()?.to_vec1()?;
+        w[3] = f32::NAN;
+        v.set(&Tensor::from_vec(w, v.shape(), v.device())?)?;
+        Ok(b)
     };
     // Trains 25 steps; at the 13th, `poison` changes the batch or the run.
     // Returns where the run stopped and why.
@@ -135,13 +149,18 @@ fn a_run_stops_where_it_diverges_unless_the_loss_scaler_skipped_the_step() -> Re
         Ok(b)
     };
     let why = ": the training diverged (lower the learning rate, now";
-    // f16: the scaler skips both updates, the second with a loss that is
-    // not finite either (1e6 is inf in f16), and the run goes on.
-    let (nan, inf) = (&nan_input as Poison, &|_: &mut Run, b: Batch| poisoned(&b));
-    assert!(ends(Precision::F16, nan)?.unwrap().is_finite());
+    // f16: the scaler skips the update of a loss that is not finite (1e6
+    // is inf in f16), and the run goes on.
+    let inf = &|_: &mut Run, b: Batch| poisoned(&b);
     assert!(!ends(Precision::F16, inf)?.unwrap().is_finite());
+    for p in [Precision::F32, Precision::Bf16, Precision::F16] {
+        let (i, e) = ends(p, &nan_input)?.expect_err("a NaN input was trained on");
+        assert_eq!(i, 12);
+        let says = "epoch 0, batch 13: sample 384 (row 0 of the batch): input value 3 of the sample is NaN";
+        assert!(e.contains(says), "{p:?}: {e}");
+    }
     for p in [Precision::F32, Precision::Bf16] {
-        let (i, e) = ends(p, nan)?.expect_err("NaN weights went on");
+        let (i, e) = ends(p, &nan_weight)?.expect_err("NaN weights went on");
         assert_eq!(i, 19, "{p:?}: {e}");
         let says = "the weights hold NaN or infinite values after step 20 (epoch 0, batch 20), whose loss was";
         assert!(e.starts_with(says) && e.contains(why), "{p:?}: {e}");

@@ -106,6 +106,12 @@ fn csv_reads_and_reports_lines() -> Result<()> {
     let word = write(dir.path(), "word.csv", b"1,2,0\n3,x4,1\n");
     assert!(err_text(csv(&word, -1, false, 1.0, "all"))
         .contains("word.csv: line 2, column 2: `x4` is not a number"));
+    for (cell, file) in [("NaN", "nan.csv"), ("inf", "inf.csv"), ("1e39", "big.csv")] {
+        let path = write(dir.path(), file, format!("1,2,0\n3,{cell},1\n").as_bytes());
+        let msg = err_text(csv(&path, -1, false, 1.0, "all"));
+        let says = format!("{file}: line 2, column 2: `{cell}` is not a finite number");
+        assert!(msg.contains(&says), "{msg}");
+    }
     let frac = write(dir.path(), "frac.csv", b"1,2,0.5\n");
     assert!(err_text(csv(&frac, -1, false, 1.0, "all"))
         .contains("frac.csv: line 1: label `0.5` is not a class index"));

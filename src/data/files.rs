@@ -216,6 +216,15 @@ pub fn parse_csv(
                     format!("line {line_no}, column {}: `{cell}` is not a number", c + 1),
                 )
             })?;
+            if c as i64 != li && !v.is_finite() {
+                return Err(data_err(
+                    what,
+                    format!(
+                        "line {line_no}, column {}: `{cell}` is not a finite number (a missing value?)",
+                        c + 1
+                    ),
+                ));
+            }
             if c as i64 == li {
                 if v < 0.0 || v.fract() != 0.0 {
                     return Err(data_err(

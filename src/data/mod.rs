@@ -44,7 +44,6 @@ pub trait Source: Send + Sync {
     }
 }
 
-/// One batch: inputs, targets and the sample indices they came from.
 /// A native per-batch transform in a pipeline (`data:map(plugin)`), run
 /// where the batch is built (on the prefetch thread, with prefetch).
 pub trait Transform: Send + Sync {
@@ -52,6 +51,7 @@ pub trait Transform: Send + Sync {
     fn describe(&self) -> String;
 }
 
+/// One batch: inputs, targets and the sample indices they came from.
 #[derive(Debug, Clone)]
 pub struct Batch {
     pub x: Tensor,

@@ -88,8 +88,8 @@ pub(crate) fn from_zero(n: usize) -> String {
 }
 
 /// Checks a batch (inputs `x`, targets `y`, batch first) against a model's
-/// interface. Returns the first row that does not fit (None: no row fits,
-/// a shape or type), and why.
+/// interface, and float inputs for NaN and infinity. Returns the first row
+/// that does not fit (None: no row fits, a shape or type), and why.
 pub fn check_batch(
     i: &Interface,
     x: &Tensor,
@@ -135,6 +135,17 @@ pub fn check_batch(
             )));
         }
     }
+    if floats {
+        if let Some((at, v)) = first_not_finite(x)? {
+            return Ok(Err((
+                Some(at / per.max(1)),
+                format!(
+                    "input value {} of the sample is {v}: the data holds a number that is not finite (a missing value?), and training on it would spoil the weights",
+                    at % per.max(1)
+                ),
+            )));
+        }
+    }
     if let (Some(c), false) = (i.classes, y.dtype().is_float()) {
         let per_y = y.elem_count() / y.dim(0)?.max(1);
         if let Some((at, t)) = first_at_or_above(y, c)? {
@@ -148,6 +159,15 @@ pub fn check_batch(
         }
     }
     Ok(Ok(()))
+}
+
+/// The first NaN or infinite element of a float tensor: (flat index, value).
+fn first_not_finite(t: &Tensor) -> Result<Option<(usize, f32)>> {
+    let v = t
+        .flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?;
+    Ok(v.iter().position(|e| !e.is_finite()).map(|p| (p, v[p])))
 }
 
 /// The first element of an integer tensor at or above `limit`: (flat index, value).

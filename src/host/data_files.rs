@@ -27,6 +27,17 @@ pub(super) fn check_files(lua: &Lua, what: &str, paths: &[&std::path::Path]) -> 
     Ok(())
 }
 
+/// Inputs are divided by `scale`: 0 or infinity would make NaN of them.
+fn check_scale(lua: &Lua, what: &str, scale: f32) -> mlua::Result<()> {
+    if scale.is_finite() && scale > 0.0 {
+        return Ok(());
+    }
+    Err(config_error(
+        lua,
+        format!("{what}: option `scale` must be a positive number, got {scale}"),
+    ))
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct IdxOpts {
@@ -127,6 +138,7 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
         "idx",
         lua.create_function(|lua, opts: Value| {
             let o: IdxOpts = decode(lua, "taper.data.idx", opts)?;
+            check_scale(lua, "taper.data.idx", o.scale)?;
             check_files(lua, "taper.data.idx", &[&o.images, &o.labels])?;
             Ok(source(
                 data::idx(&o.images, &o.labels, &o.split, o.scale)
@@ -138,6 +150,7 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
         "csv",
         lua.create_function(|lua, opts: Value| {
             let o: CsvOpts = decode(lua, "taper.data.csv", opts)?;
+            check_scale(lua, "taper.data.csv", o.scale)?;
             check_files(lua, "taper.data.csv", &[&o.path])?;
             Ok(source(
                 data::csv(&o.path, o.label, o.header, o.scale, &o.split)
@@ -174,6 +187,7 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
         "safetensors",
         lua.create_function(|lua, opts: Value| {
             let o: SafetensorsOpts = decode(lua, "taper.data.safetensors", opts)?;
+            check_scale(lua, "taper.data.safetensors", o.scale)?;
             check_files(lua, "taper.data.safetensors", &[&o.path])?;
             Ok(source(
                 data::samples(&o.path, &o.x, &o.y, o.scale, &o.split)

@@ -321,6 +321,16 @@ fn to_tensor(v: &Value, dtype: DType, name: &str) -> std::result::Result<Tensor,
     }
     let mut flat = Vec::with_capacity(shape.iter().product());
     flatten(v, &shape, 0, name, &mut flat)?;
+    // A cast would make -1 a 0 and 2.5 a 2: a wrong label, silently.
+    let whole = |e: &f64| *e >= 0.0 && e.fract() == 0.0 && *e <= u32::MAX as f64;
+    if let (DType::U32, Some(p)) = (dtype, flat.iter().position(|e| !whole(e))) {
+        let per = flat.len() / shape[0];
+        return Err(format!(
+            "{name}: {} (sample {}) is not a class index or token id: those are whole numbers, 0 or more",
+            flat[p],
+            p / per.max(1)
+        ));
+    }
     let t = Tensor::from_vec(flat, shape, &Device::Cpu).map_err(|e| e.to_string())?;
     t.to_dtype(dtype).map_err(|e| e.to_string())
 }

@@ -240,14 +240,23 @@ impl Run {
             return Ok(());
         };
         Err(crate::Error::Diverged(format!(
-            "{what}: the training diverged (lower the learning rate, now {}, clip gradients with clip_grad_norm, or look for NaN or infinite values in the data)",
+            "{what}: the training diverged (lower the learning rate, now {}, clip gradients with clip_grad_norm, or look for extreme values in the data)",
             short(self.trainer.learning_rate())
         )))
     }
 
-    /// Checks `batch` against the model (see [`check_batch`]).
+    /// Checks `batch` against the model (see [`check_batch`]); an error
+    /// says which batch of the epoch it is (a generator's samples are
+    /// numbered within their batch).
     fn check(&self, batch: &Batch) -> Result<()> {
-        check(&self.trainer.spec().interface(), batch)
+        check(&self.trainer.spec().interface(), batch).map_err(|e| match e {
+            crate::Error::Data(why) => crate::Error::Data(format!(
+                "epoch {}, batch {}: {why}",
+                self.cursor.epoch,
+                self.cursor.steps + 1
+            )),
+            other => other,
+        })
     }
 
     /// Mean loss and accuracy over `batches` with OOM recovery; `objective`

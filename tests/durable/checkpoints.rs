@@ -377,7 +377,7 @@ end
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     let says = format!(
-        "blow.lua:9: run:step: the loss of step 26 (epoch 1, batch 26) is NaN: the training diverged (lower the learning rate, now 1e30, clip gradients with clip_grad_norm, or look for NaN or infinite values in the data); its model is not saved, and the last good checkpoint, {0}/checkpoint.safetensors (step 20), is kept: continue from it with --resume {0}",
+        "blow.lua:9: run:step: the loss of step 26 (epoch 1, batch 26) is NaN: the training diverged (lower the learning rate, now 1e30, clip gradients with clip_grad_norm, or look for extreme values in the data); its model is not saved, and the last good checkpoint, {0}/checkpoint.safetensors (step 20), is kept: continue from it with --resume {0}",
         s(&out)
     );
     assert!(err.contains(&says), "expected `{says}` in: {err}");

@@ -111,8 +111,6 @@ fn written(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathB
     }
 }
 
-/// Renames a synced temporary file into place, then syncs the folder: the
-/// rename is durable once the folder is synced too.
 /// Writes a file through `write(tmp)`, synced, then renamed into place: a
 /// reader never sees half of it (exports use it too).
 pub fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
@@ -120,6 +118,8 @@ pub fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<()>) ->
     publish(&tmp, path)
 }
 
+/// Renames a synced temporary file into place, then syncs the folder: the
+/// rename is durable once the folder is synced too.
 fn publish(tmp: &Path, path: &Path) -> Result<()> {
     std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
     sync_folder(path)
