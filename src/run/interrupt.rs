@@ -4,7 +4,8 @@
 //! 128 + the signal's number (130, 143, 129). A second signal exits at once.
 //!
 //! The request is a process-wide flag: [`Run::step`](super::Run::step)
-//! checks it before each step, and the Lua bindings check it from a hook
+//! checks it before each step, an evaluation before each of its batches,
+//! and the Lua bindings check it from a hook
 //! every few thousand Lua instructions, so a recipe stuck in a loop that
 //! never steps is stopped too.
 

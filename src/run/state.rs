@@ -274,7 +274,10 @@ impl Run {
         let objective = objective.or(own.as_ref());
         let epoch = self.cursor.epoch;
         let interface = self.trainer.spec().interface();
+        // A signal stops a long evaluation between its batches: its result
+        // would be partial, and the run's state is at a step boundary.
         let batches = batches.map(|b| {
+            super::interrupt::check()?;
             let b = b?;
             check(&interface, &b)?;
             Ok(b)

@@ -228,6 +228,68 @@ while true do end
     assert_eq!(meta.step, 3);
 }
 
+/// A signal during a long evaluation stops it between its batches (Slurm
+/// gives a job 30 s after SIGTERM, and an evaluation can take minutes):
+/// the checkpoint of the steps taken is written and no partial `eval`
+/// record is. The whole evaluation takes over a minute here.
+#[test]
+fn a_signal_stops_a_long_evaluation_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("eval.lua");
+    std::fs::write(
+        &recipe,
+        r#"local run = taper.run{
+  model = taper.model.gpt{ vocab = 67, context = 64 },
+  data = taper.data.shakespeare{ split = "train" }:batch(16),
+}
+local val = taper.data.shakespeare{ split = "val", stride = 1 }:batch(64)
+for _ in run:epochs(1) do
+  local n = 0
+  for batch in run:batches() do
+    run:step(batch)
+    n = n + 1
+    if n == 3 then break end
+  end
+  run:log{ evaluating = #val }
+  run:evaluate(val)
+end
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let mut child = cmd(&["train", s(&recipe), "--quiet", "--out", s(&out)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while records(&out, "log").is_empty() {
+        assert!(child.try_wait().unwrap().is_none(), "ended early");
+        assert!(start.elapsed() < DEADLINE, "no log record");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let signalled = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if signalled.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            panic!("the evaluation went on for 10 s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(records(&out, "eval").is_empty());
+    let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.step, 3);
+}
+
 #[test]
 fn resume_arguments_and_run_folders_get_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
