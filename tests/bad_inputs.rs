@@ -256,6 +256,34 @@ print(run:generate{ prompt = { 1, 999 } })
             says: &["generator at recipe.lua:2: y: 2.5 (sample 1) is not a class index or token id"],
         },
         Case {
+            name: "an image folder of 2 channels",
+            recipe: "local data = taper.data.images{ path = \"images\", channels = 2 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.images: option `channels` must be 1 (grey) or 3 (RGB), got 2"],
+        },
+        Case {
+            name: "an image size of 0",
+            recipe: "local data = taper.data.images{ path = \"images\", size = { 0, 4 } }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.images: option `size` must be { height, width }, both at least 1, got [0, 4]"],
+        },
+        Case {
+            name: "an image folder that does not exist",
+            recipe: "local data = taper.data.images{ path = \"no-such\" }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.images: no-such does not exist"],
+        },
+        Case {
+            name: "a file in an image folder that is not an image",
+            recipe: "local data = taper.data.images{ path = \"broken\" }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.images: broken/cls/b.png: not a readable image"],
+        },
+        Case {
             name: "a negative label in a safetensors file",
             recipe: MLP_ON_FILE,
             args: &[],
@@ -403,6 +431,13 @@ fn prepare(dir: &Path, case: &Case) -> String {
     tokens(&dir.join("tokens.safetensors"), &ids, &next, 4);
     std::fs::write(dir.join("data.csv"), "1,2,3\n4,x,6\n").unwrap();
     std::fs::write(dir.join("nan.csv"), "1,2,3\nnan,5,6\n").unwrap();
+    for folder in ["images", "broken"] {
+        std::fs::create_dir_all(dir.join(folder).join("cls")).unwrap();
+        image::GrayImage::new(2, 2)
+            .save(dir.join(folder).join("cls/a.png"))
+            .unwrap();
+    }
+    std::fs::write(dir.join("broken/cls/b.png"), "not a PNG").unwrap();
     let policy = match case.name {
         "error(nil) in an OOM policy" => "error(nil)",
         "a policy that skips every batch" => "\"skip\"",

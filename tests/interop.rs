@@ -411,3 +411,58 @@ run:export{{ path = "{}", type = "f32" }}
     assert!((ratio - 1.0).abs() < 0.01, "perplexity ratio {ratio}");
     Ok(())
 }
+
+/// An image folder as torchvision's `ImageFolder` reads it, with
+/// `Resize((16, 16))` and `ToTensor()`, and with `Grayscale()` after the
+/// resize (scripts/tools/image_folder.py, with Pillow): the same classes,
+/// order and labels; the pixels within 1/255 of Pillow's (resizing rounds
+/// differently), and within 8/255 for JPEG, whose decoders differ (libjpeg
+/// and zune-jpeg; 5/255 at most here, 0.42/255 on average).
+#[test]
+fn an_image_folder_reads_as_torchvision_imagefolder() -> Result<()> {
+    use taper::data::Source;
+    let dir = tempfile::tempdir()?;
+    let python = common::test_python("PIL")?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python)
+        .arg(root.join("scripts/tools/image_folder.py"))
+        .args([dir.path().to_str().unwrap(), "16", "16"])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "image_folder.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want: Value = serde_json::from_slice(&out.stdout)?;
+    let samples = want["samples"].as_array().unwrap();
+    for channels in [3, 1] {
+        let src = taper::data::images(dir.path(), Some((16, 16)), channels, 255.0, "all")?;
+        let classes: Vec<String> = serde_json::from_value(want["classes"].clone())?;
+        assert_eq!(src.classes(), classes);
+        assert_eq!(src.len(), samples.len());
+        let (x, y) = src.gather(&(0..src.len()).collect::<Vec<_>>())?;
+        let (x, y) = (x.to_vec2::<f32>()?, y.to_vec1::<u32>()?);
+        for (i, s) in samples.iter().enumerate() {
+            let path = s["path"].as_str().unwrap();
+            assert_eq!(y[i] as u64, s["label"].as_u64().unwrap(), "{path}");
+            let key = if channels == 3 { "rgb" } else { "grey" };
+            let want: Vec<f64> = serde_json::from_value(s[key].clone())?;
+            let diffs: Vec<f64> = x[i]
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (*a as f64 - b).abs() * 255.0)
+                .collect();
+            let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
+            let max = diffs.iter().cloned().fold(0.0, f64::max);
+            // Measured: PNG and BMP at most 1/255 (rounding; 0 for the
+            // 16x16 BMP, not resized), mean 0.2/255; JPEG 5/255, mean 0.42/255.
+            let jpeg = path.ends_with(".jpg") || path.ends_with(".jpeg");
+            let (max_ok, mean_ok) = if jpeg { (8.0, 0.6) } else { (1.0001, 0.25) };
+            assert!(
+                max <= max_ok && mean < mean_ok,
+                "{path} {key}: max {max:.2}/255, mean {mean:.3}/255 from Pillow's"
+            );
+        }
+    }
+    Ok(())
+}

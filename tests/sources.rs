@@ -409,3 +409,100 @@ fn a_data_file_written_over_in_place_is_caught_at_the_next_read() -> Result<()> 
     }
     Ok(())
 }
+
+/// A PNG of `h x w` RGB pixels, each `f(y, x)`.
+fn png(path: &Path, h: u32, w: u32, f: impl Fn(u32, u32) -> [u8; 3]) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    image::RgbImage::from_fn(w, h, |x, y| image::Rgb(f(y, x)))
+        .save(path)
+        .unwrap();
+}
+
+/// An image folder: classes in sorted order, images in `ImageFolder`'s
+/// order (folder, then name), hidden folders and other files passed over;
+/// PNG pixels exact, channel first, divided by `scale`; grey as PIL's
+/// luma. (tests/interop.rs compares it with Pillow and ImageFolder's code.)
+#[test]
+fn an_image_folder_reads_classes_in_order_with_exact_pixels() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let px = |i: u8| move |y: u32, x: u32| [i, (y * 4 + x) as u8, 200 - i];
+    png(&root.join("b/x.png"), 3, 4, px(4));
+    png(&root.join("a/2.png"), 3, 4, px(2));
+    png(&root.join("a/10.png"), 3, 4, px(1));
+    png(&root.join("a/sub/0.png"), 3, 4, px(3));
+    png(&root.join(".ipynb_checkpoints/y.png"), 9, 9, px(9));
+    png(&root.join("a/.hidden.png"), 9, 9, px(9));
+    write(&root.join("b"), "notes.txt", b"not an image");
+    let src = taper::data::images(root, None, 3, 2.0, "train")?;
+    assert_eq!(src.classes(), ["a", "b"]);
+    assert_eq!((src.len(), src.split()), (4, "train"));
+    let (x, y) = src.gather(&[0, 1, 2, 3])?;
+    assert_eq!(y.to_vec1::<u32>()?, [0, 0, 0, 1]);
+    let x = x.to_vec2::<f32>()?;
+    for (row, i) in x.iter().zip([1u8, 2, 3, 4]) {
+        // Channel first: 12 red values, 12 green, 12 blue.
+        let mut want = vec![i as f32 / 2.0; 12];
+        want.extend((0..12).map(|g| g as f32 / 2.0));
+        want.extend(vec![(200 - i) as f32 / 2.0; 12]);
+        assert_eq!(row, &want);
+    }
+    let grey = taper::data::images(root, None, 1, 1.0, "train")?;
+    let (g, _) = grey.gather(&[3])?;
+    let luma = |r: u32, g: u32, b: u32| ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as f32;
+    let want: Vec<f32> = (0..12).map(|v| luma(4, v, 196)).collect();
+    assert_eq!(g.to_vec2::<f32>()?[0], want);
+    let resized = taper::data::images(root, Some((2, 5)), 3, 255.0, "train")?;
+    assert_eq!(resized.gather(&[0])?.0.dims(), [1, 30]);
+    Ok(())
+}
+
+/// What an image folder can get wrong is an error naming the folder or the
+/// file: no class folders, a class without images, images of several sizes
+/// without `size`, a file that is not an image, one that changed since.
+#[test]
+fn image_folder_errors_name_the_file() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let msg = err_text(taper::data::images(root, None, 3, 255.0, "x"));
+    assert!(msg.contains("holds no class folders"), "{msg}");
+    std::fs::create_dir(root.join("empty"))?;
+    png(&root.join("full/a.png"), 4, 4, |_, _| [1, 2, 3]);
+    let msg = err_text(taper::data::images(root, None, 3, 255.0, "x"));
+    assert!(
+        msg.contains("empty: class `empty` holds no image (.jpg, .jpeg, .png"),
+        "{msg}"
+    );
+    std::fs::remove_dir(root.join("empty"))?;
+    png(&root.join("full/b.png"), 5, 4, |_, _| [1, 2, 3]);
+    let msg = err_text(taper::data::images(root, None, 3, 255.0, "x"));
+    assert!(
+        msg.contains("b.png: 5x4 pixels, where ")
+            && msg.contains("a.png has 4x4 (height x width): give `size`"),
+        "{msg}"
+    );
+    let src = taper::data::images(root, Some((4, 4)), 3, 255.0, "x")?;
+    png(&root.join("full/a.png"), 2, 2, |_, _| [1, 2, 3]);
+    assert_eq!(src.gather(&[0])?.0.dims(), [1, 48], "resized again");
+    write(&root.join("full"), "c.jpg", b"\xff\xd8 not really a JPEG");
+    let msg = err_text(taper::data::images(root, Some((4, 4)), 3, 255.0, "x"));
+    assert!(msg.contains("c.jpg: not a readable image"), "{msg}");
+    write(&root.join("full"), "c.jpg", b"GIF89a");
+    let msg = err_text(taper::data::images(root, Some((4, 4)), 3, 255.0, "x"));
+    assert!(
+        msg.contains("c.jpg: ") && msg.contains("taper reads PNG, JPEG"),
+        "{msg}"
+    );
+    std::fs::remove_file(root.join("full/c.jpg"))?;
+    let fixed = taper::data::images(root, None, 3, 255.0, "x");
+    assert!(err_text(fixed).contains("give `size`"));
+    std::fs::remove_file(root.join("full/b.png"))?;
+    let src = taper::data::images(root, None, 3, 255.0, "x")?;
+    png(&root.join("full/a.png"), 3, 3, |_, _| [1, 2, 3]);
+    let msg = err_text(src.gather(&[0]));
+    assert!(
+        msg.contains("a.png: now 3x3 pixels, where the data's images are 2x2"),
+        "{msg}"
+    );
+    Ok(())
+}

@@ -228,6 +228,11 @@ function Data:encode(text) end
 ---@return string
 function Data:decode(ids) end
 
+---Class names, label 0 first (`classes[label + 1]`), for data that knows them
+---(an image folder); nil otherwise.
+---@return string[]?
+function Data:classes() end
+
 taper.data = {}
 
 ---scikit-learn's 8x8 handwritten digits, built in: 64 features in [0, 1], 10 classes.
@@ -271,6 +276,14 @@ function taper.data.csv(opts) end
 ---@param opts {path: string, tokenizer?: string, split?: "train"|"val"|"all", context?: integer, stride?: integer, val_fraction?: number}
 ---@return taper.Data
 function taper.data.text(opts) end
+
+---A folder of images, one subfolder per class (torchvision's ImageFolder layout):
+---classes in sorted order, pixels channel first divided by `scale` (default 255).
+---`size` ({height, width}) resizes every image (bilinear, as PIL); `channels` is 3
+---(RGB) or 1 (grey); `split` defaults to the folder's name.
+---@param opts {path: string, size?: integer[], channels?: 1|3, scale?: number, split?: string}
+---@return taper.Data
+function taper.data.images(opts) end
 
 ---A safetensors file of samples: tensors `x` and `y` (default names), sample first.
 ---@param opts {path: string, x?: string, y?: string, scale?: number, split?: string}

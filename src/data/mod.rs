@@ -5,6 +5,7 @@
 mod builtin;
 mod epoch;
 mod files;
+mod images;
 mod mapped;
 mod permutation;
 mod pipeline;
@@ -16,6 +17,7 @@ mod vocab;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use epoch::Epoch;
 pub use files::{csv, idx, parse_csv, text, Csv, Idx};
+pub use images::{images, Images};
 pub use permutation::Permutation;
 pub use pipeline::Pipeline;
 pub use samples::{samples, Samples};
@@ -40,6 +42,11 @@ pub trait Source: Send + Sync {
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)>;
     /// Text sources: their vocabulary, for encoding prompts and decoding output.
     fn vocab(&self) -> Option<&Vocab> {
+        None
+    }
+    /// Class names, label 0 first, where the source knows them (an image
+    /// folder's).
+    fn classes(&self) -> Option<&[String]> {
         None
     }
 }

@@ -259,6 +259,9 @@ impl Source for Subset {
     fn vocab(&self) -> Option<&super::Vocab> {
         self.inner.vocab()
     }
+    fn classes(&self) -> Option<&[String]> {
+        self.inner.classes()
+    }
 }
 
 #[cfg(test)]

@@ -214,6 +214,10 @@ impl UserData for DataHandle {
         m.add_method("decode", |lua, this, ids: Vec<u32>| {
             Ok(vocab_of(lua, this, "data:decode")?.decode(&ids))
         });
+        // Class names, label 0 first (an image folder's); nil when unknown.
+        m.add_method("classes", |_, this, ()| {
+            Ok(this.0.source().classes().map(<[String]>::to_vec))
+        });
     }
 }
 

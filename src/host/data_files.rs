@@ -79,6 +79,18 @@ struct TextFileOpts {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ImagesOpts {
+    path: std::path::PathBuf,
+    size: Option<Vec<u32>>,
+    #[serde(default = "rgb")]
+    channels: usize,
+    #[serde(default = "pixel_scale")]
+    scale: f32,
+    split: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TokenOpts {
     path: std::path::PathBuf,
     #[serde(default = "u16_tokens")]
@@ -115,6 +127,9 @@ fn all() -> String {
 }
 fn pixel_scale() -> f32 {
     255.0
+}
+fn rgb() -> usize {
+    3
 }
 fn one() -> f32 {
     1.0
@@ -192,6 +207,41 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             Ok(source(
                 data::samples(&o.path, &o.x, &o.y, o.scale, &o.split)
                     .map_err(|e| at_caller(lua, "taper.data.safetensors", e))?,
+            ))
+        })?,
+    )?;
+    t.set(
+        "images",
+        lua.create_function(|lua, opts: Value| {
+            const WHAT: &str = "taper.data.images";
+            let o: ImagesOpts = decode(lua, WHAT, opts)?;
+            check_files(lua, WHAT, &[&o.path])?;
+            check_scale(lua, WHAT, o.scale)?;
+            let size = match o.size.as_deref() {
+                None => None,
+                Some(&[h, w]) if h > 0 && w > 0 => Some((h, w)),
+                Some(other) => {
+                    return Err(config_error(
+                        lua,
+                        format!("{WHAT}: option `size` must be {{ height, width }}, both at least 1, got {other:?}"),
+                    ))
+                }
+            };
+            if ![1, 3].contains(&o.channels) {
+                return Err(config_error(
+                    lua,
+                    format!("{WHAT}: option `channels` must be 1 (grey) or 3 (RGB), got {}", o.channels),
+                ));
+            }
+            // The folder's own name (`train`, `val`) names it in records.
+            let split = o.split.unwrap_or_else(|| {
+                o.path
+                    .file_name()
+                    .map_or("all".into(), |n| n.to_string_lossy().into_owned())
+            });
+            Ok(source(
+                data::images(&o.path, size, o.channels, o.scale, &split)
+                    .map_err(|e| at_caller(lua, WHAT, e))?,
             ))
         })?,
     )?;

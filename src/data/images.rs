@@ -1,0 +1,268 @@
+//! A folder of images, one subfolder per class, as torchvision's
+//! `ImageFolder` reads it: `ROOT/CLASS/.../IMAGE`, the classes in sorted
+//! order (label 0 is the first), the images of each class in sorted order
+//! of their folder, then their name, and only files with an image
+//! extension. Hidden folders and files (a name starting with a dot) are
+//! passed over. Each sample is the image's pixels, channel first (as
+//! `ToTensor`), divided by `scale`; the label is its class.
+//!
+//! The headers are read when the source is made (every file is an image
+//! taper can decode, and of one size unless `size` resizes them); the
+//! pixels are decoded when a batch is gathered, the batch's images in
+//! parallel, so memory does not grow with the folder.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use image::imageops::FilterType;
+use rayon::prelude::*;
+
+use super::Source;
+use crate::{Error, Result};
+
+/// torchvision's `IMG_EXTENSIONS`, compared without case.
+const EXTENSIONS: [&str; 9] = [
+    "jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp",
+];
+
+/// The image folder source.
+pub struct Images {
+    root: PathBuf,
+    split: String,
+    classes: Vec<String>,
+    /// Each image and its class.
+    files: Vec<(PathBuf, u32)>,
+    channels: usize,
+    /// Height and width of every sample.
+    size: (u32, u32),
+    /// Resize each image to `size` (bilinear, antialiased, as PIL's).
+    resize: bool,
+    scale: f32,
+}
+
+fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
+    Error::Data(format!("{}: {msg}", path.display()))
+}
+
+/// How an image's decoding failed, for a person.
+fn image_err(path: &Path, e: image::ImageError) -> Error {
+    match e {
+        image::ImageError::Unsupported(u) => data_err(
+            path,
+            format!("{u} (taper reads PNG, JPEG, BMP, PPM/PGM and WebP)"),
+        ),
+        e => data_err(path, format!("not a readable image: {e}")),
+    }
+}
+
+fn is_image(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
+/// A name starting with a dot: `.ipynb_checkpoints`, `.DS_Store`. Unlike
+/// `ImageFolder`, which makes a class of a hidden folder, they are passed
+/// over.
+fn hidden(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+}
+
+/// The image files under `dir`, in `ImageFolder`'s order: folders sorted
+/// by their path, names sorted within each (links followed, as it does).
+fn image_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut folders = vec![dir.to_path_buf()];
+    let mut found: Vec<(String, String, PathBuf)> = Vec::new();
+    while let Some(d) = folders.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| data_err(&d, e))?;
+        for entry in entries {
+            let path = entry.map_err(|e| data_err(&d, e))?.path();
+            if hidden(&path) {
+                continue;
+            } else if path.is_dir() {
+                folders.push(path);
+            } else if is_image(&path) {
+                let name = path.file_name().unwrap_or_default();
+                found.push((
+                    d.to_string_lossy().into_owned(),
+                    name.to_string_lossy().into_owned(),
+                    path,
+                ));
+            }
+        }
+    }
+    found.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    Ok(found.into_iter().map(|(_, _, p)| p).collect())
+}
+
+/// The image folder at `root`. `size` (height, width) resizes every image
+/// to it; without it, every image must have the first one's size.
+/// `channels` is 1 (grey, as PIL's `convert("L")`) or 3 (RGB; an alpha
+/// channel is dropped). `split` names it in records.
+pub fn images(
+    root: &Path,
+    size: Option<(u32, u32)>,
+    channels: usize,
+    scale: f32,
+    split: &str,
+) -> Result<Images> {
+    let entries = std::fs::read_dir(root).map_err(|e| data_err(root, e))?;
+    let mut classes = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| data_err(root, e))?;
+        if entry.path().is_dir() && !hidden(&entry.path()) {
+            classes.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    classes.sort();
+    if classes.is_empty() {
+        return Err(data_err(
+            root,
+            "holds no class folders: an image folder is ROOT/CLASS/IMAGE, one folder per class",
+        ));
+    }
+    let mut files = Vec::new();
+    for (label, class) in classes.iter().enumerate() {
+        let dir = root.join(class);
+        let found = image_files(&dir)?;
+        if found.is_empty() {
+            return Err(data_err(
+                &dir,
+                format!(
+                    "class `{class}` holds no image ({})",
+                    EXTENSIONS.map(|e| format!(".{e}")).join(", ")
+                ),
+            ));
+        }
+        files.extend(found.into_iter().map(|p| (p, label as u32)));
+    }
+    let dims: Vec<(u32, u32)> = files
+        .par_iter()
+        .map(|(p, _)| {
+            let reader = image::ImageReader::open(p)
+                .map_err(|e| data_err(p, e))?
+                .with_guessed_format()
+                .map_err(|e| data_err(p, e))?;
+            let (w, h) = reader.into_dimensions().map_err(|e| image_err(p, e))?;
+            Ok((h, w))
+        })
+        .collect::<Result<_>>()?;
+    let first = dims[0];
+    if size.is_none() {
+        if let Some(i) = dims.iter().position(|d| *d != first) {
+            return Err(data_err(
+                &files[i].0,
+                format!(
+                    "{}x{} pixels, where {} has {}x{} (height x width): give `size` to resize every image to one size",
+                    dims[i].0,
+                    dims[i].1,
+                    files[0].0.display(),
+                    first.0,
+                    first.1
+                ),
+            ));
+        }
+    }
+    Ok(Images {
+        root: root.to_path_buf(),
+        split: split.to_string(),
+        classes,
+        files,
+        channels,
+        size: size.unwrap_or(first),
+        resize: size.is_some(),
+        scale,
+    })
+}
+
+impl Images {
+    /// The class names, label 0 first.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    /// Values per sample: channels x height x width.
+    pub fn sample_len(&self) -> usize {
+        self.channels * (self.size.0 * self.size.1) as usize
+    }
+
+    /// One image's pixels, channel first, divided by `scale`.
+    fn pixels(&self, path: &Path) -> Result<Vec<f32>> {
+        let decoded = image::ImageReader::open(path)
+            .map_err(|e| data_err(path, e))?
+            .with_guessed_format()
+            .map_err(|e| data_err(path, e))?
+            .decode()
+            .map_err(|e| image_err(path, e))?;
+        let (h, w) = self.size;
+        let rgb = if self.resize && (decoded.height(), decoded.width()) != (h, w) {
+            image::imageops::resize(&decoded.to_rgb8(), w, h, FilterType::Triangle)
+        } else {
+            decoded.to_rgb8()
+        };
+        if (rgb.height(), rgb.width()) != (h, w) {
+            // The file changed since the source read its header.
+            return Err(data_err(
+                path,
+                format!(
+                    "now {}x{} pixels, where the data's images are {h}x{w}",
+                    rgb.height(),
+                    rgb.width()
+                ),
+            ));
+        }
+        let scale = self.scale;
+        let px = rgb.as_raw();
+        Ok(if self.channels == 1 {
+            // PIL's convert("L"): ITU-R 601-2 luma in 16-bit fixed point.
+            px.chunks_exact(3)
+                .map(|p| {
+                    let l =
+                        (p[0] as u32 * 19595 + p[1] as u32 * 38470 + p[2] as u32 * 7471 + 0x8000)
+                            >> 16;
+                    l as f32 / scale
+                })
+                .collect()
+        } else {
+            (0..3)
+                .flat_map(|c| px.iter().skip(c).step_by(3).map(|&v| v as f32 / scale))
+                .collect()
+        })
+    }
+}
+
+impl Source for Images {
+    fn len(&self) -> usize {
+        self.files.len()
+    }
+    fn split(&self) -> &str {
+        &self.split
+    }
+    fn describe(&self) -> String {
+        format!(
+            "images {} ({} of {}x{}x{}, {} classes)",
+            self.root.display(),
+            self.files.len(),
+            self.channels,
+            self.size.0,
+            self.size.1,
+            self.classes.len()
+        )
+    }
+    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        let rows: Vec<Vec<f32>> = indices
+            .par_iter()
+            .map(|&i| self.pixels(&self.files[i].0))
+            .collect::<Result<_>>()?;
+        let x: Vec<f32> = rows.concat();
+        let y: Vec<u32> = indices.iter().map(|&i| self.files[i].1).collect();
+        Ok((
+            Tensor::from_vec(x, (indices.len(), self.sample_len()), &Device::Cpu)?,
+            Tensor::from_vec(y, indices.len(), &Device::Cpu)?,
+        ))
+    }
+    fn classes(&self) -> Option<&[String]> {
+        Some(&self.classes)
+    }
+}
