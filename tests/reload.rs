@@ -572,6 +572,12 @@ fn shipped_fashion_mnist_reloads() {
 }
 
 #[test]
+fn shipped_image_folder_reloads() {
+    common::fetched("data/fashion-mnist-png/val/bag").unwrap();
+    shipped_recipe_reloads("image_folder.lua", &["epochs=100000", "train_samples=256"]);
+}
+
+#[test]
 fn shipped_mnist_csv_reloads() {
     common::fetched("data/mnist/mnist_5k.csv.gz").unwrap();
     shipped_recipe_reloads("mnist_csv.lua", &["epochs=100000"]);

@@ -290,6 +290,26 @@ end
     assert_eq!(meta.step, 3);
 }
 
+/// The image folder recipe (images decoded on the prefetch thread, a
+/// seeded subset, a cosine schedule), stopped by SIGTERM after its first
+/// epoch and resumed: the same weights as a run never stopped.
+#[test]
+fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/fashion-mnist-png/val/bag").unwrap();
+    let recipe = &[
+        "scripts/image_folder.lua",
+        "--set",
+        "epochs=3",
+        "--set",
+        "train_samples=640",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight_run(recipe, dir.path()));
+    let out = dir.path().join("stopped");
+    let end = stop_and_resume(recipe, &out, libc::SIGTERM, 1, &[]);
+    assert!(weights(&end) == reference, "weights differ");
+}
+
 #[test]
 fn resume_arguments_and_run_folders_get_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
