@@ -10,17 +10,23 @@ local cfg = taper.config{
   size = 28, -- every image is resized to size x size
   channels = 1, -- 1: grey, 3: RGB
   train_samples = 0, -- when > 0: train on that many images only (a shortened run)
+  augment = false, -- true: random flips and shifts of the training images
 }
 
-local function folder(split)
+local function folder(split, augment)
   return taper.data.images{
     path = cfg.data .. "/" .. split,
     size = { cfg.size, cfg.size },
     channels = cfg.channels,
+    augment = augment,
   }
 end
 
-local train, val = folder("train"), folder("val")
+-- torchvision's RandomHorizontalFlip and RandomCrop(size, padding = 2), drawn
+-- anew each epoch for each image; for photos, `resized_crop = {}` is
+-- RandomResizedCrop.
+local train = folder("train", cfg.augment and { flip = true, pad_crop = 2, seed = cfg.seed } or nil)
+local val = folder("val")
 local classes = train:classes()
 if cfg.train_samples > 0 then
   -- The folder is in class order: a seeded split draws the images at random.

@@ -506,3 +506,100 @@ fn image_folder_errors_name_the_file() -> Result<()> {
     );
     Ok(())
 }
+
+/// An image folder's augmentation, as torchvision's transforms: a flip
+/// mirrors about half the images, a padded crop shifts each by at most the
+/// padding with zeros shifted in (every shift drawn), and a resized crop of
+/// the whole image is the plain resize. Each draw depends on the epoch and
+/// the sample alone: the same again, whatever else is in the batch.
+#[test]
+fn image_folder_augmentation_draws_per_epoch_and_sample() -> Result<()> {
+    use taper::data::Augment;
+    let dir = tempfile::tempdir()?;
+    let (h, w) = (6u32, 8u32);
+    for i in 0..4u32 {
+        png(&dir.path().join(format!("c/{i}.png")), h, w, |y, x| {
+            [(i * 50 + y * 8 + x) as u8, 1 + x as u8, 1 + y as u8]
+        });
+    }
+    let plain = taper::data::images(dir.path(), None, 3, 1.0, "train")?;
+    let (x, _) = plain.gather(&[0, 1, 2, 3])?;
+    let originals = x.to_vec2::<f32>()?;
+    let at = |img: &[f32], c: u32, y: i64, x: i64| -> f32 {
+        if (0..h as i64).contains(&y) && (0..w as i64).contains(&x) {
+            img[(c * h * w) as usize + (y as u32 * w + x as u32) as usize]
+        } else {
+            0.0
+        }
+    };
+    // The image shifted by (dy, dx), and mirrored when `flip`.
+    let moved = |img: &[f32], dy: i64, dx: i64, flip: bool| -> Vec<f32> {
+        let mut out = Vec::new();
+        for c in 0..3 {
+            for y in 0..h as i64 {
+                for x in 0..w as i64 {
+                    let sx = if flip { w as i64 - 1 - x } else { x };
+                    out.push(at(img, c, y + dy, sx + dx));
+                }
+            }
+        }
+        out
+    };
+    let read =
+        |a: Augment| taper::data::images(dir.path(), None, 3, 1.0, "train").map(|s| s.augmented(a));
+    let flips = read(Augment {
+        seed: 3,
+        flip: true,
+        ..Augment::default()
+    })?;
+    let shifts = read(Augment {
+        seed: 3,
+        pad_crop: 2,
+        ..Augment::default()
+    })?;
+    let (mut flipped, mut offsets) = (0, std::collections::HashSet::new());
+    for epoch in 1..=60 {
+        let (fx, _) = flips.gather_epoch(&[0, 1, 2, 3], epoch)?;
+        let (sx, _) = shifts.gather_epoch(&[0, 1, 2, 3], epoch)?;
+        for (i, (f, s)) in fx
+            .to_vec2::<f32>()?
+            .iter()
+            .zip(sx.to_vec2::<f32>()?)
+            .enumerate()
+        {
+            let o = &originals[i];
+            if *f == moved(o, 0, 0, true) {
+                flipped += 1;
+            } else {
+                assert_eq!(
+                    f, o,
+                    "epoch {epoch}, image {i}: neither the image nor its mirror"
+                );
+            }
+            let shift = (-2..=2)
+                .flat_map(|dy| (-2..=2).map(move |dx| (dy, dx)))
+                .find(|&(dy, dx)| s == moved(o, dy, dx, false));
+            offsets.insert(shift.expect("not a shift of the image by at most 2"));
+        }
+        // The same draws again, and whatever else the batch holds.
+        let (again, _) = flips.gather_epoch(&[3, 1], epoch)?;
+        assert_eq!(again.to_vec2::<f32>()?[0], fx.to_vec2::<f32>()?[3]);
+    }
+    assert!((80..=160).contains(&flipped), "{flipped} of 240 flipped");
+    assert_eq!(offsets.len(), 25, "shifts drawn: {offsets:?}");
+
+    let whole = Augment {
+        resized_crop: Some(((1.0, 1.0), (w as f64 / h as f64, w as f64 / h as f64))),
+        ..Augment::default()
+    };
+    let sized = |a: Option<Augment>| -> Result<Vec<Vec<f32>>> {
+        let s = taper::data::images(dir.path(), Some((5, 7)), 3, 1.0, "train")?;
+        let s = match a {
+            Some(a) => s.augmented(a),
+            None => s,
+        };
+        Ok(s.gather_epoch(&[0, 1, 2, 3], 9)?.0.to_vec2::<f32>()?)
+    };
+    assert_eq!(sized(Some(whole))?, sized(None)?);
+    Ok(())
+}

@@ -280,8 +280,10 @@ function taper.data.text(opts) end
 ---A folder of images, one subfolder per class (torchvision's ImageFolder layout):
 ---classes in sorted order, pixels channel first divided by `scale` (default 255).
 ---`size` ({height, width}) resizes every image (bilinear, as PIL); `channels` is 3
----(RGB) or 1 (grey); `split` defaults to the folder's name.
----@param opts {path: string, size?: integer[], channels?: 1|3, scale?: number, split?: string}
+---(RGB) or 1 (grey); `split` defaults to the folder's name. `augment` draws, per
+---epoch and image, torchvision's RandomResizedCrop (`resized_crop`, needs `size`),
+---RandomCrop with zero padding (`pad_crop = n`) and RandomHorizontalFlip (`flip`).
+---@param opts {path: string, size?: integer[], channels?: 1|3, scale?: number, split?: string, augment?: {flip?: boolean, pad_crop?: integer, resized_crop?: {scale?: number[], ratio?: number[]}, seed?: integer}}
 ---@return taper.Data
 function taper.data.images(opts) end
 

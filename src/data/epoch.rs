@@ -56,7 +56,7 @@ impl Direct {
         self.pos = end;
         let batch = self
             .source
-            .gather(&indices)
+            .gather_epoch(&indices, self.epoch)
             .map(|(x, y)| Batch { x, y, indices });
         let epoch = self.epoch;
         Some(batch.and_then(|b| self.transforms.iter().try_fold(b, |b, t| t.apply(b, epoch))))

@@ -17,6 +17,7 @@ use candle_core::{Device, Tensor};
 use image::imageops::FilterType;
 use rayon::prelude::*;
 
+use super::augment::Augment;
 use super::Source;
 use crate::{Error, Result};
 
@@ -38,6 +39,8 @@ pub struct Images {
     /// Resize each image to `size` (bilinear, antialiased, as PIL's).
     resize: bool,
     scale: f32,
+    /// Random crops and flips, drawn per epoch and sample.
+    augment: Option<Augment>,
 }
 
 fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
@@ -173,10 +176,18 @@ pub fn images(
         size: size.unwrap_or(first),
         resize: size.is_some(),
         scale,
+        augment: None,
     })
 }
 
 impl Images {
+    /// Augments every image read (training data): `RandomResizedCrop`
+    /// needs the images resized (`size`), the other draws do not.
+    pub fn augmented(mut self, augment: Augment) -> Images {
+        self.augment = Some(augment);
+        self
+    }
+
     /// The class names, label 0 first.
     pub fn classes(&self) -> &[String] {
         &self.classes
@@ -187,8 +198,10 @@ impl Images {
         self.channels * (self.size.0 * self.size.1) as usize
     }
 
-    /// One image's pixels, channel first, divided by `scale`.
-    fn pixels(&self, path: &Path) -> Result<Vec<f32>> {
+    /// One image's pixels as sample `index` of `epoch` sees them, channel
+    /// first, divided by `scale`.
+    fn pixels(&self, index: usize, epoch: u64) -> Result<Vec<f32>> {
+        let path = &self.files[index].0;
         let decoded = image::ImageReader::open(path)
             .map_err(|e| data_err(path, e))?
             .with_guessed_format()
@@ -196,10 +209,14 @@ impl Images {
             .decode()
             .map_err(|e| image_err(path, e))?;
         let (h, w) = self.size;
-        let rgb = if self.resize && (decoded.height(), decoded.width()) != (h, w) {
-            image::imageops::resize(&decoded.to_rgb8(), w, h, FilterType::Triangle)
-        } else {
-            decoded.to_rgb8()
+        let rgb = match &self.augment {
+            Some(a) if self.resize || (decoded.height(), decoded.width()) == (h, w) => {
+                a.apply(decoded.to_rgb8(), self.size, epoch, index as u64)
+            }
+            None if self.resize && (decoded.height(), decoded.width()) != (h, w) => {
+                image::imageops::resize(&decoded.to_rgb8(), w, h, FilterType::Triangle)
+            }
+            _ => decoded.to_rgb8(),
         };
         if (rgb.height(), rgb.width()) != (h, w) {
             // The file changed since the source read its header.
@@ -240,8 +257,12 @@ impl Source for Images {
         &self.split
     }
     fn describe(&self) -> String {
+        let augmented = match &self.augment {
+            Some(a) => format!(", augmented: {a}"),
+            None => String::new(),
+        };
         format!(
-            "images {} ({} of {}x{}x{}, {} classes)",
+            "images {} ({} of {}x{}x{}, {} classes{augmented})",
             self.root.display(),
             self.files.len(),
             self.channels,
@@ -251,9 +272,12 @@ impl Source for Images {
         )
     }
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        self.gather_epoch(indices, 0)
+    }
+    fn gather_epoch(&self, indices: &[usize], epoch: u64) -> Result<(Tensor, Tensor)> {
         let rows: Vec<Vec<f32>> = indices
             .par_iter()
-            .map(|&i| self.pixels(&self.files[i].0))
+            .map(|&i| self.pixels(i, epoch))
             .collect::<Result<_>>()?;
         let x: Vec<f32> = rows.concat();
         let y: Vec<u32> = indices.iter().map(|&i| self.files[i].1).collect();

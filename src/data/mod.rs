@@ -2,6 +2,7 @@
 //! builds over them. Batches are built natively on the host; Lua only holds
 //! handles.
 
+mod augment;
 mod builtin;
 mod epoch;
 mod files;
@@ -14,6 +15,7 @@ mod tokenized;
 mod tokens;
 mod vocab;
 
+pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use epoch::Epoch;
 pub use files::{csv, idx, parse_csv, text, Csv, Idx};
@@ -40,6 +42,11 @@ pub trait Source: Send + Sync {
     fn describe(&self) -> String;
     /// Inputs and targets for these samples, on the CPU, batch first.
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)>;
+    /// The samples as `epoch` sees them: as [`Source::gather`], unless the
+    /// source draws anew each epoch (an image folder's augmentation).
+    fn gather_epoch(&self, indices: &[usize], _epoch: u64) -> Result<(Tensor, Tensor)> {
+        self.gather(indices)
+    }
     /// Text sources: their vocabulary, for encoding prompts and decoding output.
     fn vocab(&self) -> Option<&Vocab> {
         None

@@ -256,6 +256,14 @@ impl Source for Subset {
         let mapped: Vec<usize> = indices.iter().map(|&i| self.indices[i]).collect();
         self.inner.gather(&mapped)
     }
+    fn gather_epoch(
+        &self,
+        indices: &[usize],
+        epoch: u64,
+    ) -> Result<(candle_core::Tensor, candle_core::Tensor)> {
+        let mapped: Vec<usize> = indices.iter().map(|&i| self.indices[i]).collect();
+        self.inner.gather_epoch(&mapped, epoch)
+    }
     fn vocab(&self) -> Option<&super::Vocab> {
         self.inner.vocab()
     }

@@ -290,9 +290,9 @@ end
     assert_eq!(meta.step, 3);
 }
 
-/// The image folder recipe (images decoded on the prefetch thread, a
-/// seeded subset, a cosine schedule), stopped by SIGTERM after its first
-/// epoch and resumed: the same weights as a run never stopped.
+/// The image folder recipe (images decoded and augmented on the prefetch
+/// thread, a seeded subset, a cosine schedule), stopped by SIGTERM after
+/// its first epoch and resumed: the same weights as a run never stopped.
 #[test]
 fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
     common::fetched("data/fashion-mnist-png/val/bag").unwrap();
@@ -302,6 +302,8 @@ fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
         "epochs=3",
         "--set",
         "train_samples=640",
+        "--set",
+        "augment=true",
     ];
     let dir = tempfile::tempdir().unwrap();
     let reference = weights(&straight_run(recipe, dir.path()));
