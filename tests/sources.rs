@@ -419,7 +419,8 @@ fn png(path: &Path, h: u32, w: u32, f: impl Fn(u32, u32) -> [u8; 3]) {
 }
 
 /// An image folder: classes in sorted order, images in `ImageFolder`'s
-/// order (folder, then name), hidden folders and other files passed over;
+/// order (folder, then name), hidden folders and other files passed over,
+/// a link that loops followed once;
 /// PNG pixels exact, channel first, divided by `scale`; grey as PIL's
 /// luma. (tests/interop.rs compares it with Pillow and ImageFolder's code.)
 #[test]
@@ -434,6 +435,8 @@ fn an_image_folder_reads_classes_in_order_with_exact_pixels() -> Result<()> {
     png(&root.join(".ipynb_checkpoints/y.png"), 9, 9, px(9));
     png(&root.join("a/.hidden.png"), 9, 9, px(9));
     write(&root.join("b"), "notes.txt", b"not an image");
+    // A link back up the tree is followed once, not for ever.
+    std::os::unix::fs::symlink("..", root.join("a/sub/up"))?;
     let src = taper::data::images(root, None, 3, 2.0, "train")?;
     assert_eq!(src.classes(), ["a", "b"]);
     assert_eq!((src.len(), src.split()), (4, "train"));

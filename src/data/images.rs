@@ -73,11 +73,17 @@ fn hidden(path: &Path) -> bool {
 }
 
 /// The image files under `dir`, in `ImageFolder`'s order: folders sorted
-/// by their path, names sorted within each (links followed, as it does).
+/// by their path, names sorted within each (links followed, as it does,
+/// each folder once).
 fn image_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut folders = vec![dir.to_path_buf()];
     let mut found: Vec<(String, String, PathBuf)> = Vec::new();
+    // A link back up the tree (`ln -s .. loop`) would be walked for ever.
+    let mut seen = std::collections::HashSet::new();
     while let Some(d) = folders.pop() {
+        if !seen.insert(std::fs::canonicalize(&d).map_err(|e| data_err(&d, e))?) {
+            continue;
+        }
         let entries = std::fs::read_dir(&d).map_err(|e| data_err(&d, e))?;
         for entry in entries {
             let path = entry.map_err(|e| data_err(&d, e))?.path();
@@ -110,21 +116,7 @@ pub fn images(
     scale: f32,
     split: &str,
 ) -> Result<Images> {
-    let entries = std::fs::read_dir(root).map_err(|e| data_err(root, e))?;
-    let mut classes = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| data_err(root, e))?;
-        if entry.path().is_dir() && !hidden(&entry.path()) {
-            classes.push(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    classes.sort();
-    if classes.is_empty() {
-        return Err(data_err(
-            root,
-            "holds no class folders: an image folder is ROOT/CLASS/IMAGE, one folder per class",
-        ));
-    }
+    let classes = class_folders(root)?;
     let mut files = Vec::new();
     for (label, class) in classes.iter().enumerate() {
         let dir = root.join(class);
@@ -140,6 +132,48 @@ pub fn images(
         }
         files.extend(found.into_iter().map(|p| (p, label as u32)));
     }
+    let first = one_size(&files, size.is_none())?;
+    Ok(Images {
+        root: root.to_path_buf(),
+        split: split.to_string(),
+        classes,
+        files,
+        channels,
+        size: size.unwrap_or(first),
+        resize: size.is_some(),
+        scale,
+        augment: None,
+    })
+}
+
+/// The class folders of `root`, sorted (hidden ones passed over).
+fn class_folders(root: &Path) -> Result<Vec<String>> {
+    let mut classes = Vec::new();
+    for entry in std::fs::read_dir(root).map_err(|e| data_err(root, e))? {
+        let path = entry.map_err(|e| data_err(root, e))?.path();
+        if path.is_dir() && !hidden(&path) {
+            classes.push(
+                path.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+    classes.sort();
+    if classes.is_empty() {
+        return Err(data_err(
+            root,
+            "holds no class folders: an image folder is ROOT/CLASS/IMAGE, one folder per class",
+        ));
+    }
+    Ok(classes)
+}
+
+/// Reads every image's header (in parallel): each is an image taper can
+/// decode, and with `same`, all have the first one's size, which it returns
+/// as (height, width).
+fn one_size(files: &[(PathBuf, u32)], same: bool) -> Result<(u32, u32)> {
     let dims: Vec<(u32, u32)> = files
         .par_iter()
         .map(|(p, _)| {
@@ -152,32 +186,20 @@ pub fn images(
         })
         .collect::<Result<_>>()?;
     let first = dims[0];
-    if size.is_none() {
-        if let Some(i) = dims.iter().position(|d| *d != first) {
-            return Err(data_err(
-                &files[i].0,
-                format!(
-                    "{}x{} pixels, where {} has {}x{} (height x width): give `size` to resize every image to one size",
-                    dims[i].0,
-                    dims[i].1,
-                    files[0].0.display(),
-                    first.0,
-                    first.1
-                ),
-            ));
-        }
+    match dims.iter().position(|d| *d != first) {
+        Some(i) if same => Err(data_err(
+            &files[i].0,
+            format!(
+                "{}x{} pixels, where {} has {}x{} (height x width): give `size` to resize every image to one size",
+                dims[i].0,
+                dims[i].1,
+                files[0].0.display(),
+                first.0,
+                first.1
+            ),
+        )),
+        _ => Ok(first),
     }
-    Ok(Images {
-        root: root.to_path_buf(),
-        split: split.to_string(),
-        classes,
-        files,
-        channels,
-        size: size.unwrap_or(first),
-        resize: size.is_some(),
-        scale,
-        augment: None,
-    })
 }
 
 impl Images {
