@@ -183,6 +183,21 @@ fn sigkill_loses_at_most_the_checkpoint_period_and_resumes_to_the_same_weights()
     assert_eq!(resumed_at % 30, 0);
 }
 
+/// Starts `recipe` into `out` and waits for its first `log` record.
+fn started_until_it_logs(recipe: &Path, out: &Path) -> Child {
+    let mut child = cmd(&["train", s(recipe), "--quiet", "--out", s(out)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while records(out, "log").is_empty() {
+        assert!(child.try_wait().unwrap().is_none(), "ended early");
+        assert!(start.elapsed() < DEADLINE, "no log record");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
 #[test]
 fn a_recipe_stuck_in_a_loop_stops_on_sigint_with_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
@@ -205,16 +220,7 @@ while true do end
     )
     .unwrap();
     let out = dir.path().join("out");
-    let mut child = cmd(&["train", s(&recipe), "--quiet", "--out", s(&out)])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while records(&out, "log").is_empty() {
-        assert!(child.try_wait().unwrap().is_none(), "ended early");
-        assert!(start.elapsed() < DEADLINE, "no log record");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let child = started_until_it_logs(&recipe, &out);
     // SAFETY: a plain kill(2) of our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let o = wait(child);
@@ -257,16 +263,7 @@ end
     )
     .unwrap();
     let out = dir.path().join("out");
-    let mut child = cmd(&["train", s(&recipe), "--quiet", "--out", s(&out)])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while records(&out, "log").is_empty() {
-        assert!(child.try_wait().unwrap().is_none(), "ended early");
-        assert!(start.elapsed() < DEADLINE, "no log record");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut child = started_until_it_logs(&recipe, &out);
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: a plain kill(2) of our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
