@@ -309,6 +309,33 @@ fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
     assert!(weights(&end) == reference, "weights differ");
 }
 
+/// A run resumed (or reloaded) with fewer epochs than it has trained says
+/// so, instead of ending at once without a word; with as many, it is a
+/// finished run and says nothing.
+#[test]
+fn resuming_with_fewer_epochs_than_trained_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = |epochs: &'static str, resume: bool| {
+        let mut a = recipe_args(&["scripts/digits.lua", "--set", epochs], &out, &[]);
+        if resume {
+            a.extend(["--resume", "auto"]);
+        }
+        cmd(&a).output().unwrap()
+    };
+    assert!(args("epochs=3", false).status.success());
+    let fewer = args("epochs=2", true);
+    let err = String::from_utf8_lossy(&fewer.stderr);
+    assert!(fewer.status.success(), "{err}");
+    assert!(
+        err.contains("note: run 1 has trained 3 epochs, more than the 2 this loop asks for: it trains no more"),
+        "{err}"
+    );
+    let same = args("epochs=3", true);
+    assert!(!String::from_utf8_lossy(&same.stderr).contains("note: run 1 has trained"));
+    assert_eq!(records(&out, "epoch").len(), 3);
+}
+
 #[test]
 fn resume_arguments_and_run_folders_get_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -110,6 +110,14 @@ fn epoch_begin(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Option<u64>> 
     }
     let next = r.core.cursor.epoch + 1;
     if host.opts.check_only || next > n {
+        if !host.opts.check_only && r.core.cursor.epoch > n {
+            // Resumed, or reloaded, with fewer epochs than it has trained:
+            // the loop ends at once, which would otherwise say nothing.
+            host.out.tell(&format!(
+                "note: run {} has trained {} epochs, more than the {n} this loop asks for: it trains no more",
+                r.id, r.core.cursor.epoch
+            ));
+        }
         return Ok(None);
     }
     r.core.begin_epoch();
