@@ -60,11 +60,14 @@ fi
 #   pillow 13.0.0 (MIT-CMU)         torchvision's image reader: tests/interop.rs
 #                                   reads an image folder as ImageFolder does
 #                                   (tensorboard needs it too)
+#   onnx 1.23.2, onnxruntime 1.32.0 (Apache-2.0, MIT): tests/interop.rs checks
+#                                   taper's ONNX exports and runs them
 venv=.venv-test
-if ! "$venv/bin/python" -c "import gguf, tbparse, torch, transformers, llama_cpp, PIL" 2>/dev/null; then
-  echo "creating $venv with PyPI gguf, tbparse, torch, transformers, pillow and llama-cpp-python (for tests/export.rs, tests/tensorboard.rs, tests/interop.rs)"
+if ! "$venv/bin/python" -c "import gguf, tbparse, torch, transformers, llama_cpp, PIL, onnx, onnxruntime" 2>/dev/null; then
+  echo "creating $venv with PyPI gguf, tbparse, torch, transformers, pillow, onnx, onnxruntime and llama-cpp-python (for tests/export.rs, tests/tensorboard.rs, tests/interop.rs)"
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  "$venv/bin/pip" install -q gguf==0.19.0 tbparse==0.0.9 torch==2.15.0 transformers==5.23.0 pillow==13.0.0
+  "$venv/bin/pip" install -q gguf==0.19.0 tbparse==0.0.9 torch==2.15.0 transformers==5.23.0 pillow==13.0.0 \
+    onnx==1.23.2 onnxruntime==1.32.0
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" \
     "$venv/bin/pip" install -q llama-cpp-python==0.3.36
 fi

@@ -4,6 +4,8 @@
 -- that scripts/fetch-data.sh writes out as PNG files; point `data` at your own.
 --   bash scripts/fetch-data.sh && taper train scripts/image_folder.lua
 --   taper train scripts/image_folder.lua --set data=pets --set size=64 --set channels=3
+--   taper train scripts/image_folder.lua --set export=fashion.onnx   (for onnxruntime:
+--     input [batch, channels, size, size], pixels / 255; class names in its metadata)
 local cfg = taper.config{
   epochs = 3, batch = 64, lr = 2e-3, seed = 1,
   data = "data/fashion-mnist-png",
@@ -11,6 +13,7 @@ local cfg = taper.config{
   channels = 1, -- 1: grey, 3: RGB
   train_samples = 0, -- when > 0: train on that many images only (a shortened run)
   augment = false, -- true: random flips and shifts of the training images
+  export = "", -- a file: write the trained model there as ONNX, for onnxruntime
 }
 
 local function folder(split, augment)
@@ -54,4 +57,8 @@ for epoch in run:epochs(cfg.epochs) do
     run:step(batch)
   end
   run:evaluate(val:batch(500))
+end
+
+if cfg.export ~= "" then
+  run:export{ path = cfg.export, format = "onnx" }
 end

@@ -429,6 +429,55 @@ fn export_refuses_a_format_the_model_does_not_fit() {
         String::from_utf8_lossy(&ok.stderr)
     );
     assert!(String::from_utf8_lossy(&ok.stdout).contains("architecture taper"));
+    // ONNX takes the MLP; a GGUF `--type` with it is refused, writing nothing.
+    let onnx = dir.path().join("m.onnx");
+    let o_onnx = onnx.to_str().unwrap();
+    let e = taper(&[
+        "export", o, "--format", "onnx", "--type", "f16", "--out", o_onnx,
+    ]);
+    assert_eq!(e.status.code(), Some(2));
+    let msg = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        msg.contains("format onnx writes f32 weights; --type is for gguf"),
+        "{msg}"
+    );
+    assert!(!onnx.exists());
+    let ok = taper(&["export", o, "--format", "onnx", "--out", o_onnx]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let said = String::from_utf8_lossy(&ok.stdout);
+    assert!(said.contains("input [batch, 64], output logits"), "{said}");
+    assert!(onnx.metadata().unwrap().len() > 4 * (64 * 128 + 128 * 64 + 64 * 10));
+    // A GPT is not an ONNX classifier: refused by name, from a recipe too.
+    let recipe = dir.path().join("gpt.lua");
+    std::fs::write(
+        &recipe,
+        r#"local train = taper.data.shakespeare{ split = "train", context = 16 }:take(32):batch(16)
+local run = taper.run{
+  model = taper.model.gpt{ vocab = train:vocab_size(), context = 16, width = 16, layers = 1, heads = 2 },
+  optim = taper.optim.adamw{ lr = 1e-3 }, data = train,
+}
+run:export{ path = "gpt.onnx", format = "onnx" }
+"#,
+    )
+    .unwrap();
+    let gpt_out = dir.path().join("gpt");
+    let e = taper(&[
+        "train",
+        recipe.to_str().unwrap(),
+        "--quiet",
+        "--out",
+        gpt_out.to_str().unwrap(),
+    ]);
+    assert_eq!(e.status.code(), Some(2));
+    let msg = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        msg.contains("gpt.lua:6: run:export: format onnx is for taper.model.mlp and taper.model.cnn; this model is gpt"),
+        "{msg}"
+    );
 }
 
 /// Runs started in the same second (a sweep, a loop over seeds) without

@@ -2,8 +2,9 @@
 //! scripts/fetch-data.sh makes (scripts/tools/interop_check.py drives them):
 //! transformers loads taper's Hugging Face export with the same logits and
 //! tokenization, taper starts from a transformers-saved GPT-2 with the same
-//! logits, and llama.cpp runs taper's GGUF GPT and QLoRA adapters to the
-//! same cross-entropy.
+//! logits, llama.cpp runs taper's GGUF GPT and QLoRA adapters to the
+//! same cross-entropy, and onnxruntime runs taper's ONNX classifiers to the
+//! same logits and accuracy.
 
 mod common;
 
@@ -30,8 +31,13 @@ run:export{ path = "OUT/gpt-q8_0.gguf", format = "gguf", type = "q8_0" }
 "#;
 
 fn check(args: &[&str]) -> Result<Value> {
+    check_with("torch, transformers, llama_cpp", args)
+}
+
+/// interop_check.py in the test virtualenv, once it can import `modules`.
+fn check_with(modules: &str, args: &[&str]) -> Result<Value> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = common::test_python("torch, transformers, llama_cpp")?;
+    let python = common::test_python(modules)?;
     let out = Command::new(python)
         .arg(root.join("scripts/tools/interop_check.py"))
         .args(args)
@@ -464,5 +470,187 @@ fn an_image_folder_reads_as_torchvision_imagefolder() -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// onnx's checker and onnxruntime on an ONNX export (interop_check.py
+/// onnx-logits): the logits of `x` and the model's metadata.
+fn onnx_logits(model: &Path, x: &Tensor) -> Result<Value> {
+    let input = tempfile::NamedTempFile::new()?;
+    let data: Vec<f32> = x.flatten_all()?.to_vec1()?;
+    std::fs::write(
+        input.path(),
+        serde_json::to_string(&serde_json::json!({ "shape": x.dims(), "data": data }))?,
+    )?;
+    check_with(
+        "onnx, onnxruntime",
+        &[
+            "onnx-logits",
+            model.to_str().unwrap(),
+            input.path().to_str().unwrap(),
+        ],
+    )
+}
+
+/// MLPs and CNNs with each activation, exported as ONNX: onnx's full check
+/// (with shape inference) passes each, and onnxruntime's logits are
+/// taper's within 1e-5 (relative to the largest), for a CNN input as
+/// `[batch, channels, height, width]`, odd sizes included (a pool drops
+/// the last row or column, as taper's does).
+#[test]
+fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
+    use std::sync::Arc;
+    use taper::engine::optim::OptimSpec;
+    use taper::engine::{Activation, Cnn, Mlp, ModelSpec, Trainer, TrainerOptions};
+    let dir = tempfile::tempdir()?;
+    let mut nets: Vec<(Arc<dyn ModelSpec>, Vec<usize>)> = vec![(
+        Arc::new(Cnn {
+            input: [2, 5, 3],
+            channels: vec![],
+            hidden: vec![],
+            outputs: 3,
+            activation: Activation::Relu,
+        }),
+        vec![4, 2, 5, 3],
+    )];
+    for activation in [
+        Activation::Relu,
+        Activation::Gelu,
+        Activation::Tanh,
+        Activation::Silu,
+    ] {
+        nets.push((
+            Arc::new(Mlp {
+                inputs: 12,
+                hidden: vec![10, 7],
+                outputs: 5,
+                activation,
+            }),
+            vec![3, 12],
+        ));
+        nets.push((
+            Arc::new(Cnn {
+                input: [3, 9, 7],
+                channels: vec![4, 6],
+                hidden: vec![8],
+                outputs: 5,
+                activation,
+            }),
+            vec![3, 3, 9, 7],
+        ));
+    }
+    for (i, (spec, shape)) in nets.into_iter().enumerate() {
+        let describe = spec.describe();
+        let trainer = Trainer::new(
+            spec.clone(),
+            &OptimSpec::AdamW(Default::default()),
+            TrainerOptions::default(),
+        )?;
+        let x = Tensor::randn(0f32, 1.0, shape, &Device::Cpu)?;
+        let ours = trainer.frozen()?.forward(&x)?.to_vec2::<f32>()?;
+        let path = dir.path().join(format!("m{i}.onnx"));
+        let model = taper::interop::Model {
+            spec: spec.as_ref(),
+            params: trainer.params().tensors(),
+            vocab: None,
+            classes: None,
+            step: 7,
+        };
+        let ty = taper::quant::ExportFormat::parse("f32").unwrap();
+        taper::interop::export(&model, &path, "onnx", ty, false)?;
+        let theirs = onnx_logits(&path, &x)?;
+        let largest = ours.iter().flatten().fold(1f32, |m, v| m.max(v.abs())) as f64;
+        let diff = max_diff(&ours, &theirs["logits"]) / largest;
+        eprintln!(
+            "{describe}: opset {}, logits differ by {diff:.1e} (relative)",
+            theirs["opset"]
+        );
+        assert!(diff < 1e-5, "{describe}: logits differ by {diff}");
+        assert_eq!(theirs["metadata"]["taper.model"], describe.as_str());
+        assert_eq!(theirs["metadata"]["taper.step"], "7");
+    }
+    Ok(())
+}
+
+/// The image folder recipe, trained briefly, exporting ONNX at its end;
+/// `taper export --format onnx` of its checkpoint writes the same bytes.
+/// onnxruntime, fed the val PNGs as a user reads them with Pillow and
+/// naming classes from the model's metadata, scores the accuracy taper's
+/// evaluation recorded.
+#[test]
+fn onnxruntime_classifies_an_image_folder_as_the_run_did() -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    common::fetched("data/fashion-mnist-png/val/bag")?;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("run");
+    let taper = |args: &[&str]| -> Result<()> {
+        let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+            .args(args)
+            .current_dir(root)
+            .output()?;
+        ensure!(
+            o.status.success(),
+            "taper {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Ok(())
+    };
+    taper(&[
+        "train",
+        "scripts/image_folder.lua",
+        "--quiet",
+        "--set",
+        "epochs=1",
+        "--set",
+        "train_samples=2000",
+        "--set",
+        &format!("export={}", dir.path().join("recipe.onnx").display()),
+        "--out",
+        out.to_str().unwrap(),
+    ])?;
+    let eval = common::records(&out, "eval");
+    let accuracy = eval.last().expect("the recipe evaluates")["accuracy"]
+        .as_f64()
+        .unwrap();
+    let model = dir.path().join("fashion.onnx");
+    taper(&[
+        "export",
+        out.to_str().unwrap(),
+        "--format",
+        "onnx",
+        "--out",
+        model.to_str().unwrap(),
+    ])?;
+    ensure!(
+        std::fs::read(&model)? == std::fs::read(dir.path().join("recipe.onnx"))?,
+        "the recipe's export and the checkpoint's differ"
+    );
+    let val = root.join("data/fashion-mnist-png/val");
+    let theirs = check_with(
+        "onnx, onnxruntime, PIL",
+        &[
+            "onnx-classify",
+            model.to_str().unwrap(),
+            val.to_str().unwrap(),
+            "1",
+        ],
+    )?;
+    eprintln!(
+        "val accuracy: taper {accuracy}, onnxruntime {}",
+        theirs["accuracy"]
+    );
+    assert_eq!(theirs["images"], 2000);
+    assert_eq!(theirs["classes"][0], "ankle-boot");
+    // One image in 2,000 may fall the other way on a rounding difference.
+    let diff = (theirs["accuracy"].as_f64().unwrap() - accuracy).abs();
+    assert!(
+        diff <= 0.0005 + 1e-9,
+        "accuracy {accuracy} against {}",
+        theirs["accuracy"]
+    );
+    assert!(
+        accuracy > 0.5,
+        "{accuracy}: the run did not learn (measured 0.643)"
+    );
     Ok(())
 }

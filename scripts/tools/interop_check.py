@@ -13,6 +13,15 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         per-position cross-entropies, each position's log-probabilities of
         the sequence's ids (`logprobs`, a row per position), and its
         tokenization of TEXT
+    python interop_check.py onnx-logits MODEL.onnx INPUT_JSON
+        onnx's checker passes the model (full check, with shape inference) and
+        onnxruntime gives the logits of the input (a file holding
+        {"shape": [...], "data": [...]}), with the model's metadata
+    python interop_check.py onnx-classify MODEL.onnx FOLDER CHANNELS
+        onnxruntime classifies an image folder as a user would: each image read
+        with Pillow (grey or RGB by CHANNELS, bytes / 255), the classes from the
+        model's `taper.classes`; prints the accuracy against the folder's
+        labels and the number of images
 """
 import ctypes
 import json
@@ -110,6 +119,46 @@ def llama(model, ids, lora=None, text=None, kv="f16"):
     print(json.dumps(out))
 
 
+def onnx_logits(model, input_json):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.load(model)
+    onnx.checker.check_model(m, full_check=True)
+    with open(input_json) as f:
+        x = json.load(f)
+    x = np.asarray(x["data"], dtype=np.float32).reshape(x["shape"])
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    logits = s.run(["logits"], {"input": x})[0]
+    meta = {p.key: p.value for p in m.metadata_props}
+    print(json.dumps({"logits": logits.tolist(), "metadata": meta, "opset": m.opset_import[0].version}))
+
+
+def onnx_classify(model, folder, channels):
+    import os
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from PIL import Image
+
+    meta = {p.key: p.value for p in onnx.load(model).metadata_props}
+    classes = json.loads(meta["taper.classes"])
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    mode = "L" if channels == 1 else "RGB"
+    xs, ys = [], []
+    for label, name in enumerate(classes):
+        d = os.path.join(folder, name)
+        for f in sorted(os.listdir(d)):
+            img = np.asarray(Image.open(os.path.join(d, f)).convert(mode), dtype=np.float32) / 255
+            xs.append(img[None] if channels == 1 else img.transpose(2, 0, 1))
+            ys.append(label)
+    logits = s.run(["logits"], {"input": np.stack(xs)})[0]
+    right = int((logits.argmax(1) == np.asarray(ys)).sum())
+    print(json.dumps({"accuracy": right / len(ys), "images": len(ys), "classes": classes}))
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "hf-random":
@@ -122,6 +171,10 @@ def main():
         opts = dict(zip(args[2::2], args[3::2]))
         llama(args[0], json.loads(args[1]), opts.get("--lora"), opts.get("--text"),
               opts.get("--kv", "f16"))
+    elif cmd == "onnx-logits":
+        onnx_logits(args[0], args[1])
+    elif cmd == "onnx-classify":
+        onnx_classify(args[0], args[1], int(args[2]))
     else:
         raise SystemExit(f"unknown command {cmd}")
 

@@ -146,17 +146,17 @@ pub struct TrainArgs {
 pub struct ExportArgs {
     /// A checkpoint, or a run folder (its newest valid checkpoint)
     pub checkpoint: PathBuf,
-    /// gguf, hf or gguf-lora
+    /// gguf, hf, gguf-lora or onnx (an MLP or CNN classifier, for onnxruntime)
     #[arg(long, default_value = "gguf")]
     pub format: String,
-    /// GGUF weight type: f32, f16, q8_0, q4_0 or q4_1
-    #[arg(long = "type", default_value = "q8_0")]
-    pub ty: String,
+    /// GGUF weight type: f32, f16, q8_0, q4_0 or q4_1 [default: q8_0]
+    #[arg(long = "type")]
+    pub ty: Option<String>,
     /// With --format gguf on a QLoRA run: the base with the adapters merged in
     /// (what gguf means for a llama run in any case; only a llama takes it)
     #[arg(long)]
     pub merge: bool,
-    /// The file (gguf) or folder (hf) to write
+    /// The file (gguf, onnx) or folder (hf) to write
     #[arg(long)]
     pub out: PathBuf,
 }

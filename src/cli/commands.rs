@@ -150,7 +150,7 @@ pub fn launch(n: usize, args: &[String]) -> ExitCode {
 /// `taper export`.
 pub fn export(a: ExportArgs) -> ExitCode {
     use taper::interop::saved::export_checkpoint;
-    match export_checkpoint(&a.checkpoint, &a.out, &a.format, &a.ty, a.merge) {
+    match export_checkpoint(&a.checkpoint, &a.out, &a.format, a.ty.as_deref(), a.merge) {
         Ok(w) => {
             say!(
                 "exported {} ({}{}): {} bytes",

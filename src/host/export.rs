@@ -8,6 +8,8 @@
 //!   `merge = true` with `format = "gguf"` writes the base with the adapters
 //!   merged in.
 //!
+//! - `format = "onnx"`: an MLP or CNN classifier as an ONNX model.
+//!
 //! `format = "f32" | "f16" | "q8_0" | "q4_0"` is the older spelling of
 //! `format = "gguf", type = ...`.
 
@@ -28,7 +30,7 @@ use crate::quant::ExportFormat;
 #[serde(deny_unknown_fields)]
 struct ExportOpts {
     path: String,
-    /// gguf, hf or gguf-lora (or a GGUF type, the older spelling).
+    /// gguf, hf, gguf-lora or onnx (or a GGUF type, the older spelling).
     #[serde(default = "gguf")]
     format: String,
     /// GGUF weight type: f32, f16, q8_0 or q4_0.
@@ -56,11 +58,13 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
                 ),
             ))
         }
-        (f @ ("gguf" | "hf" | "gguf-lora"), t) => (f, t.clone().unwrap_or_else(|| "q8_0".into())),
+        (f @ ("gguf" | "hf" | "gguf-lora" | "onnx"), t) => {
+            (f, t.clone().unwrap_or_else(|| "q8_0".into()))
+        }
         (f, _) => {
             return Err(config_error(
                 lua,
-                format!("run:export: unknown format `{f}` (gguf, hf, gguf-lora)"),
+                format!("run:export: unknown format `{f}` (gguf, hf, gguf-lora, onnx)"),
             ))
         }
     };
@@ -70,6 +74,12 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
             format!("run:export: unknown type `{ty}` ({})", ExportFormat::NAMES),
         ));
     };
+    if o.ty.is_some() && matches!(format, "hf" | "onnx") {
+        return Err(config_error(
+            lua,
+            format!("run:export: format `{format}` writes f32 weights; `type` is for gguf"),
+        ));
+    }
     if o.merge && format != "gguf" {
         return Err(config_error(
             lua,
@@ -82,6 +92,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
         spec: r.core.trainer.spec().as_ref(),
         params: r.core.trainer.params().tensors(),
         vocab: r.core.vocab.as_deref(),
+        classes: r.core.classes.as_deref(),
         step: r.core.trainer.step,
     };
     let w = crate::interop::export(&model, &path, format, gguf_type, o.merge)
@@ -92,7 +103,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
     f.insert("run".into(), r.id.into());
     f.insert("path".into(), o.path.clone().into());
     f.insert("format".into(), format.into());
-    if format != "hf" {
+    if !matches!(format, "hf" | "onnx") {
         f.insert("type".into(), ty.clone().into());
     }
     f.insert("bytes".into(), w.bytes.into());

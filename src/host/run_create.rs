@@ -56,6 +56,10 @@ fn create(
         Some(super::generator::Feed::Pipeline(p)) => p.source().vocab().cloned().map(Arc::new),
         _ => None,
     };
+    core.classes = match &o.data {
+        Some(super::generator::Feed::Pipeline(p)) => p.source().classes().map(<[_]>::to_vec),
+        _ => None,
+    };
     let mut run = RunState {
         id,
         core,

@@ -18,6 +18,8 @@ pub struct Model<'a> {
     pub spec: &'a dyn ModelSpec,
     pub params: HashMap<String, Tensor>,
     pub vocab: Option<&'a Vocab>,
+    /// Class names, label 0 first, where the run's data knew them.
+    pub classes: Option<&'a [String]>,
     pub step: u64,
 }
 
@@ -32,7 +34,7 @@ pub struct Written {
     pub detail: String,
 }
 
-/// Writes `model` to `path` as `format` ("gguf", "hf" or "gguf-lora"),
+/// Writes `model` to `path` as `format` ("gguf", "hf", "gguf-lora" or "onnx"),
 /// GGUF weight matrices in `ty`. A `taper.model.llama_gguf` as "gguf" is
 /// its base file with the training merged in (`merge`, which only a llama
 /// takes, says so explicitly).
@@ -49,12 +51,13 @@ pub fn export(
     match format {
         "hf" => hf(model, path),
         "gguf-lora" => lora_adapter(model, path),
+        "onnx" => onnx(model, path),
         // A llama's file is only useful to llama.cpp with the training in
         // it: merging is what `gguf` means for one.
         "gguf" if merge || as_llama(model, "gguf").is_ok() => merged(model, path, ty),
         "gguf" => gguf_file(model, path, ty),
         other => Err(Error::Config(format!(
-            "unknown format `{other}` (gguf, hf, gguf-lora)"
+            "unknown format `{other}` (gguf, hf, gguf-lora, onnx)"
         ))),
     }
 }
@@ -93,6 +96,43 @@ fn hf(model: &Model, path: &Path) -> Result<Written> {
     Ok(Written {
         bytes: out.bytes,
         detail,
+        ..Written::default()
+    })
+}
+
+fn onnx(model: &Model, path: &Path) -> Result<Written> {
+    use super::onnx::{Classifier, Meta};
+    let (mlp, cnn) = (
+        spec_as::<crate::engine::Mlp>(model, "mlp", "format onnx"),
+        spec_as::<crate::engine::Cnn>(model, "cnn", "format onnx"),
+    );
+    let net = match (&mlp, &cnn) {
+        (Ok(m), _) => Classifier::Mlp(m),
+        (_, Ok(c)) => Classifier::Cnn(c),
+        _ => {
+            return Err(Error::Config(format!(
+                "format onnx is for taper.model.mlp and taper.model.cnn; this model is {}",
+                model.spec.describe()
+            )))
+        }
+    };
+    let meta = Meta {
+        describe: model.spec.describe(),
+        step: model.step,
+        classes: model.classes,
+    };
+    let bytes = super::onnx::export(path, net, &model.params, &meta)?;
+    let input = match net {
+        Classifier::Mlp(m) => format!("[batch, {}]", m.inputs),
+        Classifier::Cnn(c) => format!("[batch, {}, {}, {}]", c.input[0], c.input[1], c.input[2]),
+    };
+    let classes = match model.classes {
+        Some(c) => format!(", {} class names", c.len()),
+        None => String::new(),
+    };
+    Ok(Written {
+        bytes,
+        detail: format!(", input {input}, output logits{classes}"),
         ..Written::default()
     })
 }

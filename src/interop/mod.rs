@@ -9,6 +9,7 @@ mod export;
 pub mod gguf_gpt2;
 pub mod hf;
 pub mod lora;
+pub mod onnx;
 pub mod saved;
 
 use std::sync::Arc;

@@ -61,6 +61,7 @@ impl Saved {
             spec: self.trainer.spec().as_ref(),
             params: self.trainer.params().tensors(),
             vocab: self.vocab.as_ref(),
+            classes: self.meta.classes.as_deref(),
             step: self.meta.step,
         }
     }
@@ -86,9 +87,15 @@ pub fn export_checkpoint(
     arg: &Path,
     out: &Path,
     format: &str,
-    ty: &str,
+    ty: Option<&str>,
     merge: bool,
 ) -> Result<super::Written> {
+    if let (Some(_), "hf" | "onnx") = (ty, format) {
+        return Err(Error::Config(format!(
+            "format {format} writes f32 weights; --type is for gguf"
+        )));
+    }
+    let ty = ty.unwrap_or("q8_0");
     let ty = crate::quant::ExportFormat::parse(ty).ok_or_else(|| {
         Error::Config(format!(
             "unknown type `{ty}` ({})",

@@ -108,6 +108,9 @@ pub struct Run {
     pub pending: Option<(u64, u64, StepPlan)>,
     /// The vocabulary of a text run's data, saved with its checkpoints.
     pub vocab: Option<std::sync::Arc<crate::data::Vocab>>,
+    /// The class names of a classifier's data (an image folder's), saved
+    /// with its checkpoints and exports.
+    pub classes: Option<Vec<String>>,
 }
 
 impl Run {
@@ -127,6 +130,7 @@ impl Run {
             skipped: Vec::new(),
             pending: None,
             vocab: None,
+            classes: None,
         }
     }
 
@@ -333,6 +337,7 @@ impl Run {
             model: self.trainer.spec().describe(),
             model_config: self.trainer.spec().config(),
             vocab: self.vocab.as_ref().map(|v| v.record()),
+            classes: self.classes.clone(),
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
             configured_lr: Some(self.trainer.optim_spec().lr()),

@@ -46,6 +46,10 @@ pub struct CheckpointMeta {
     /// `{ "tokenizer": <tokenizer.json> }` (see `data::Vocab::record`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab: Option<serde_json::Value>,
+    /// The class names of a classifier's data, label 0 first, where the
+    /// data knew them (an image folder's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Vec<String>>,
     pub optimizer: String,
     /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
@@ -311,6 +315,7 @@ mod tests {
             model: "m".into(),
             model_config: None,
             vocab: None,
+            classes: None,
             optimizer: "o".into(),
             lr: 0.1,
             configured_lr: None,

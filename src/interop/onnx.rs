@@ -1,0 +1,408 @@
+//! The classifiers (`taper.model.mlp`, `taper.model.cnn`) as ONNX models,
+//! for onnxruntime and everything that reads ONNX. The graph is the one the
+//! model computes: `Conv` (3x3, padding 1), the activation and `MaxPool`
+//! (2x2, stride 2) per stage, then `Flatten` and one `Gemm` per dense layer.
+//! The input is `input`, `[batch, features]` for an MLP and
+//! `[batch, channels, height, width]` for a CNN; the output is `logits`,
+//! `[batch, classes]`; the batch size is free. Weights are f32 initializers
+//! under taper's parameter names. The messages are ONNX's (onnx.proto,
+//! IR version 8/9), written with prost's derive as the TensorBoard records are.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Tensor};
+use prost::Message;
+
+use crate::engine::{Activation, Cnn, Mlp};
+use crate::{Error, Result};
+
+mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ModelProto {
+        #[prost(int64, tag = "1")]
+        pub ir_version: i64,
+        #[prost(string, tag = "2")]
+        pub producer_name: String,
+        #[prost(string, tag = "3")]
+        pub producer_version: String,
+        #[prost(string, tag = "6")]
+        pub doc_string: String,
+        #[prost(message, optional, tag = "7")]
+        pub graph: Option<GraphProto>,
+        #[prost(message, repeated, tag = "8")]
+        pub opset_import: Vec<OperatorSetIdProto>,
+        #[prost(message, repeated, tag = "14")]
+        pub metadata_props: Vec<StringStringEntryProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct OperatorSetIdProto {
+        #[prost(string, tag = "1")]
+        pub domain: String,
+        #[prost(int64, tag = "2")]
+        pub version: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct StringStringEntryProto {
+        #[prost(string, tag = "1")]
+        pub key: String,
+        #[prost(string, tag = "2")]
+        pub value: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GraphProto {
+        #[prost(message, repeated, tag = "1")]
+        pub node: Vec<NodeProto>,
+        #[prost(string, tag = "2")]
+        pub name: String,
+        #[prost(message, repeated, tag = "5")]
+        pub initializer: Vec<TensorProto>,
+        #[prost(message, repeated, tag = "11")]
+        pub input: Vec<ValueInfoProto>,
+        #[prost(message, repeated, tag = "12")]
+        pub output: Vec<ValueInfoProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct NodeProto {
+        #[prost(string, repeated, tag = "1")]
+        pub input: Vec<String>,
+        #[prost(string, repeated, tag = "2")]
+        pub output: Vec<String>,
+        #[prost(string, tag = "3")]
+        pub name: String,
+        #[prost(string, tag = "4")]
+        pub op_type: String,
+        #[prost(message, repeated, tag = "5")]
+        pub attribute: Vec<AttributeProto>,
+    }
+
+    /// `type` is AttributeProto.AttributeType: 2 INT, 3 STRING, 7 INTS.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct AttributeProto {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(int64, tag = "3")]
+        pub i: i64,
+        #[prost(bytes = "vec", tag = "4")]
+        pub s: Vec<u8>,
+        #[prost(int64, repeated, tag = "8")]
+        pub ints: Vec<i64>,
+        #[prost(int32, tag = "20")]
+        pub r#type: i32,
+    }
+
+    /// `data_type` 1 is FLOAT; `raw_data` little-endian.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TensorProto {
+        #[prost(int64, repeated, tag = "1")]
+        pub dims: Vec<i64>,
+        #[prost(int32, tag = "2")]
+        pub data_type: i32,
+        #[prost(string, tag = "8")]
+        pub name: String,
+        #[prost(bytes = "vec", tag = "9")]
+        pub raw_data: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueInfoProto {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(message, optional, tag = "2")]
+        pub r#type: Option<TypeProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TypeProto {
+        #[prost(message, optional, tag = "1")]
+        pub tensor_type: Option<TensorType>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TensorType {
+        #[prost(int32, tag = "1")]
+        pub elem_type: i32,
+        #[prost(message, optional, tag = "2")]
+        pub shape: Option<TensorShapeProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TensorShapeProto {
+        #[prost(message, repeated, tag = "1")]
+        pub dim: Vec<Dimension>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Dimension {
+        #[prost(oneof = "Dim", tags = "1, 2")]
+        pub value: Option<Dim>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Dim {
+        #[prost(int64, tag = "1")]
+        Value(i64),
+        #[prost(string, tag = "2")]
+        Param(String),
+    }
+}
+
+use proto::*;
+
+const FLOAT: i32 = 1;
+const INT: i32 = 2;
+const STRING: i32 = 3;
+const INTS: i32 = 7;
+
+/// A classifier to write: its architecture, as the model builds it.
+#[derive(Clone, Copy)]
+pub enum Classifier<'a> {
+    Mlp(&'a Mlp),
+    Cnn(&'a Cnn),
+}
+
+/// What goes in the model's `metadata_props` besides taper's own keys.
+pub struct Meta<'a> {
+    pub describe: String,
+    pub step: u64,
+    /// Class names, label 0 first, where the run's data knew them.
+    pub classes: Option<&'a [String]>,
+}
+
+/// Writes `net` with its weights (`params`, by taper's names) to `path`
+/// (synced, then renamed into place). Returns the bytes written.
+pub fn export(
+    path: &Path,
+    net: Classifier,
+    params: &HashMap<String, Tensor>,
+    meta: &Meta,
+) -> Result<u64> {
+    let model = model(net, params, meta)?;
+    let bytes = model.encode_to_vec();
+    crate::engine::checkpoint::write_atomically(path, |tmp| {
+        std::fs::write(tmp, &bytes).map_err(|e| Error::io(tmp, e))
+    })?;
+    Ok(bytes.len() as u64)
+}
+
+fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Result<ModelProto> {
+    let mut g = Builder {
+        params,
+        graph: GraphProto {
+            name: "taper".into(),
+            ..GraphProto::default()
+        },
+        gelu: false,
+    };
+    let (input_shape, outputs) = match net {
+        Classifier::Mlp(m) => {
+            let mut sizes = vec![m.inputs];
+            sizes.extend(&m.hidden);
+            sizes.push(m.outputs);
+            let y = g.dense("input".into(), &sizes, m.activation)?;
+            g.rename_output(y);
+            (vec![m.inputs], m.outputs)
+        }
+        Classifier::Cnn(c) => {
+            let y = g.cnn(c)?;
+            g.rename_output(y);
+            (c.input.to_vec(), c.outputs)
+        }
+    };
+    let free_batch = || Dimension {
+        value: Some(Dim::Param("batch".into())),
+    };
+    let value_info = |name: &str, dims: &[usize]| ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            tensor_type: Some(TensorType {
+                elem_type: FLOAT,
+                shape: Some(TensorShapeProto {
+                    dim: std::iter::once(free_batch())
+                        .chain(dims.iter().map(|&d| Dimension {
+                            value: Some(Dim::Value(d as i64)),
+                        }))
+                        .collect(),
+                }),
+            }),
+        }),
+    };
+    g.graph.input.push(value_info("input", &input_shape));
+    g.graph.output.push(value_info("logits", &[outputs]));
+    // Gelu(approximate = "tanh") came with opset 20 (IR 9); the other ops
+    // are all in opset 17, which older runtimes read.
+    let (opset, ir) = if g.gelu { (20, 9) } else { (17, 8) };
+    let mut props = vec![
+        entry("taper.model", &meta.describe),
+        entry("taper.step", &meta.step.to_string()),
+    ];
+    if let Some(classes) = meta.classes {
+        let json = serde_json::to_string(classes).map_err(|e| Error::Config(e.to_string()))?;
+        props.push(entry("taper.classes", &json));
+    }
+    Ok(ModelProto {
+        ir_version: ir,
+        producer_name: "taper".into(),
+        producer_version: env!("CARGO_PKG_VERSION").into(),
+        doc_string: meta.describe.clone(),
+        graph: Some(g.graph),
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+        metadata_props: props,
+    })
+}
+
+fn entry(key: &str, value: &str) -> StringStringEntryProto {
+    StringStringEntryProto {
+        key: key.into(),
+        value: value.into(),
+    }
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        ints: v.to_vec(),
+        r#type: INTS,
+        ..AttributeProto::default()
+    }
+}
+
+fn int(name: &str, i: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        i,
+        r#type: INT,
+        ..AttributeProto::default()
+    }
+}
+
+struct Builder<'a> {
+    params: &'a HashMap<String, Tensor>,
+    graph: GraphProto,
+    gelu: bool,
+}
+
+impl Builder<'_> {
+    /// Adds `op` on `inputs`; returns its output's name.
+    fn node(&mut self, op: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> String {
+        let name = format!("{}_{}", op.to_lowercase(), self.graph.node.len());
+        self.graph.node.push(NodeProto {
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: vec![name.clone()],
+            name: name.clone(),
+            op_type: op.into(),
+            attribute,
+        });
+        name
+    }
+
+    /// The last node's output becomes the graph's `logits`.
+    fn rename_output(&mut self, last: String) {
+        if let Some(n) = self
+            .graph
+            .node
+            .iter_mut()
+            .rev()
+            .find(|n| n.output[0] == last)
+        {
+            n.output[0] = "logits".into();
+        }
+    }
+
+    /// Adds the parameter `name` as an f32 initializer, checking its shape.
+    fn weight(&mut self, name: &str, shape: &[usize]) -> Result<String> {
+        let t = self.params.get(name).ok_or_else(|| {
+            Error::Config(format!("format onnx: the model has no parameter `{name}`"))
+        })?;
+        if t.dims() != shape {
+            return Err(Error::Config(format!(
+                "format onnx: parameter `{name}` is {:?}, the architecture says {shape:?}",
+                t.dims()
+            )));
+        }
+        let values = t
+            .to_dtype(DType::F32)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| Error::Config(format!("format onnx: reading `{name}`: {e}")))?;
+        self.graph.initializer.push(TensorProto {
+            dims: shape.iter().map(|&d| d as i64).collect(),
+            data_type: FLOAT,
+            name: name.into(),
+            raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        });
+        Ok(name.into())
+    }
+
+    fn activation(&mut self, x: &str, act: Activation) -> String {
+        match act {
+            Activation::Relu => self.node("Relu", &[x], vec![]),
+            Activation::Tanh => self.node("Tanh", &[x], vec![]),
+            Activation::Gelu => {
+                // candle's gelu, and taper's kernel, are the tanh form.
+                self.gelu = true;
+                let approximate = AttributeProto {
+                    name: "approximate".into(),
+                    s: b"tanh".to_vec(),
+                    r#type: STRING,
+                    ..AttributeProto::default()
+                };
+                self.node("Gelu", &[x], vec![approximate])
+            }
+            Activation::Silu => {
+                let s = self.node("Sigmoid", &[x], vec![]);
+                self.node("Mul", &[x, &s], vec![])
+            }
+        }
+    }
+
+    /// `sizes[0] -> ... -> sizes[n]` dense layers `fc0, fc1, ...` with the
+    /// activation between them (none after the last), as `Dense` computes.
+    fn dense(&mut self, mut x: String, sizes: &[usize], act: Activation) -> Result<String> {
+        for (i, w) in sizes.windows(2).enumerate() {
+            let weight = self.weight(&format!("fc{i}.weight"), &[w[1], w[0]])?;
+            let bias = self.weight(&format!("fc{i}.bias"), &[w[1]])?;
+            x = self.node("Gemm", &[&x, &weight, &bias], vec![int("transB", 1)]);
+            if i + 2 < sizes.len() {
+                x = self.activation(&x, act);
+            }
+        }
+        Ok(x)
+    }
+
+    /// The convolution stages, then the activation on the flattened
+    /// features (as `CnnNet::forward` applies it), then the dense head.
+    fn cnn(&mut self, c: &Cnn) -> Result<String> {
+        let [mut in_c, mut h, mut w] = c.input;
+        let mut x = "input".to_string();
+        for (i, &out_c) in c.channels.iter().enumerate() {
+            let weight = self.weight(&format!("conv{i}.weight"), &[out_c, in_c, 3, 3])?;
+            let bias = self.weight(&format!("conv{i}.bias"), &[out_c])?;
+            let conv = vec![
+                ints("kernel_shape", &[3, 3]),
+                ints("pads", &[1, 1, 1, 1]),
+                ints("strides", &[1, 1]),
+            ];
+            x = self.node("Conv", &[&x, &weight, &bias], conv);
+            x = self.activation(&x, c.activation);
+            // Floor mode (ONNX's default) drops an odd last row or column,
+            // as taper's pool does.
+            let pool = vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])];
+            x = self.node("MaxPool", &[&x], pool);
+            (in_c, h, w) = (out_c, h / 2, w / 2);
+        }
+        x = self.node("Flatten", &[&x], vec![int("axis", 1)]);
+        x = self.activation(&x, c.activation);
+        let mut sizes = vec![in_c * h * w];
+        sizes.extend(&c.hidden);
+        sizes.push(c.outputs);
+        self.dense(x, &sizes, c.activation)
+    }
+}
