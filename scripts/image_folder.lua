@@ -16,21 +16,21 @@ local cfg = taper.config{
   export = "", -- a file: write the trained model there as ONNX, for onnxruntime
 }
 
-local function folder(split, augment)
-  return taper.data.images{
-    path = cfg.data .. "/" .. split,
-    size = { cfg.size, cfg.size },
-    channels = cfg.channels,
-    augment = augment,
-  }
+local function folder(split, opts)
+  opts.path = cfg.data .. "/" .. split
+  opts.size = { cfg.size, cfg.size }
+  opts.channels = cfg.channels
+  return taper.data.images(opts)
 end
 
 -- torchvision's RandomHorizontalFlip and RandomCrop(size, padding = 2), drawn
 -- anew each epoch for each image; for photos, `resized_crop = {}` is
 -- RandomResizedCrop.
-local train = folder("train", cfg.augment and { flip = true, pad_crop = 2, seed = cfg.seed } or nil)
-local val = folder("val")
+local train = folder("train", { augment = cfg.augment and { flip = true, pad_crop = 2, seed = cfg.seed } or nil })
 local classes = train:classes()
+-- Labelled by the training classes: a val folder that lacks a class still
+-- means by label 3 what training did.
+local val = folder("val", { classes = classes })
 if cfg.train_samples > 0 then
   -- The folder is in class order: a seeded split draws the images at random.
   train = train:split{ cfg.train_samples, #train - cfg.train_samples, seed = cfg.seed }

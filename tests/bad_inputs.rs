@@ -380,6 +380,21 @@ run:evaluate(taper.data.safetensors{ path = "data.safetensors", scale = 1 }:batc
             says: &["recipe.lua:5: error() was given nil, not a message"],
         },
         Case {
+            name: "a val folder that lacks a class",
+            recipe: r#"local train = taper.data.images{ path = "train", channels = 1 }
+local val = taper.data.images{ path = "val", channels = 1 }
+local run = taper.run{ model = taper.model.mlp{ inputs = 4, outputs = 2 }, data = train:batch(2) }
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+run:evaluate(val)
+"#,
+            args: &[],
+            code: 2,
+            says: &[
+                "recipe.lua:5: run:evaluate: images val (1 of 1x2x2, 1 class): val's classes (1) are not the run's (2): without `a`; label 0 is `b` in val's and `a` in the run's, so its labels would mean other classes; label it by the run's classes: taper.data.images{ path = ..., classes = train:classes() }",
+                "checkpoint written",
+            ],
+        },
+        Case {
             name: "a negative number of epochs",
             recipe: DIGITS_MLP,
             args: &["--set", "epochs=-1"],
@@ -438,6 +453,12 @@ fn prepare(dir: &Path, case: &Case) -> String {
             .unwrap();
     }
     std::fs::write(dir.join("broken/cls/b.png"), "not a PNG").unwrap();
+    for class in ["train/a", "train/b", "val/b"] {
+        std::fs::create_dir_all(dir.join(class)).unwrap();
+        image::GrayImage::new(2, 2)
+            .save(dir.join(class).join("1.png"))
+            .unwrap();
+    }
     let policy = match case.name {
         "error(nil) in an OOM policy" => "error(nil)",
         "a policy that skips every batch" => "\"skip\"",

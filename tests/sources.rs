@@ -510,6 +510,55 @@ fn image_folder_errors_name_the_file() -> Result<()> {
     Ok(())
 }
 
+/// An image folder labelled by another's classes (`classes =
+/// train:classes()`): a class without a folder has no images and keeps its
+/// label, the others keep theirs; a folder not among the classes, a class
+/// named twice, or none, is an error naming the folder.
+#[test]
+fn an_image_folder_labelled_by_given_classes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    png(&root.join("cat/1.png"), 2, 2, |_, _| [1, 1, 1]);
+    png(&root.join("dog/1.png"), 2, 2, |_, _| [2, 2, 2]);
+    let names = |s: &str| -> Vec<String> { s.split(' ').map(String::from).collect() };
+    let src = taper::data::images_of(root, &names("bird cat dog"), None, 1, 1.0, "val")?;
+    assert_eq!(src.classes(), ["bird", "cat", "dog"]);
+    assert_eq!(src.len(), 2);
+    let (x, y) = src.gather(&[0, 1])?;
+    assert_eq!(y.to_vec1::<u32>()?, [1, 2]);
+    assert_eq!(x.to_vec2::<f32>()?[1], [2.0; 4]);
+    // The given order is the labels' order (and the samples'), not the
+    // folder's: label 0 is dog.
+    let src = taper::data::images_of(root, &names("dog cat"), None, 1, 1.0, "val")?;
+    let (x, y) = src.gather(&[0, 1])?;
+    assert_eq!(y.to_vec1::<u32>()?, [0, 1]);
+    assert_eq!(x.to_vec2::<f32>()?[0], [2.0; 4]);
+    let msg = err_text(taper::data::images_of(
+        root,
+        &names("cat"),
+        None,
+        1,
+        1.0,
+        "val",
+    ));
+    assert!(
+        msg.contains("dog: a class folder that is not one of the 1 `classes` given (`cat`)"),
+        "{msg}"
+    );
+    let msg = err_text(taper::data::images_of(
+        root,
+        &names("cat dog cat"),
+        None,
+        1,
+        1.0,
+        "val",
+    ));
+    assert!(msg.contains("`classes` names `cat` twice"), "{msg}");
+    let msg = err_text(taper::data::images_of(root, &[], None, 1, 1.0, "val"));
+    assert!(msg.contains("`classes` is empty"), "{msg}");
+    Ok(())
+}
+
 /// An image folder's augmentation, as torchvision's transforms: a flip
 /// mirrors about half the images, a padded crop shifts each by at most the
 /// padding with zeros shifted in (every shift drawn), and a resized crop of

@@ -285,7 +285,9 @@ function taper.data.text(opts) end
 ---(RGB) or 1 (grey); `split` defaults to the folder's name. `augment` draws, per
 ---epoch and image, torchvision's RandomResizedCrop (`resized_crop`, needs `size`),
 ---RandomCrop with zero padding (`pad_crop = n`) and RandomHorizontalFlip (`flip`).
----@param opts {path: string, size?: integer[], channels?: 1|3, scale?: number, split?: string, augment?: {flip?: boolean, pad_crop?: integer, resized_crop?: {scale?: number[], ratio?: number[]}, seed?: integer}}
+---`classes` (as `train:classes()`) labels the folder by those names: a validation
+---folder that lacks a class keeps the training labels.
+---@param opts {path: string, size?: integer[], channels?: 1|3, scale?: number, split?: string, classes?: string[], augment?: {flip?: boolean, pad_crop?: integer, resized_crop?: {scale?: number[], ratio?: number[]}, seed?: integer}}
 ---@return taper.Data
 function taper.data.images(opts) end
 

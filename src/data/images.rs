@@ -117,6 +117,64 @@ pub fn images(
     split: &str,
 ) -> Result<Images> {
     let classes = class_folders(root)?;
+    read(root, classes, size, channels, scale, split)
+}
+
+/// The image folder at `root` labelled by `classes` (another folder's, as
+/// `train:classes()`), not by its own folders: a class without a folder
+/// here has no images (a validation set that lacks one), and a folder that
+/// is not one of `classes` is an error. Otherwise as [`images`].
+pub fn images_of(
+    root: &Path,
+    classes: &[String],
+    size: Option<(u32, u32)>,
+    channels: usize,
+    scale: f32,
+    split: &str,
+) -> Result<Images> {
+    if classes.is_empty() {
+        return Err(data_err(root, "`classes` is empty"));
+    }
+    for (i, c) in classes.iter().enumerate() {
+        if classes[..i].contains(c) {
+            return Err(data_err(root, format!("`classes` names `{c}` twice")));
+        }
+    }
+    let folders = class_folders(root)?;
+    if let Some(extra) = folders.iter().find(|f| !classes.contains(f)) {
+        return Err(data_err(
+            &root.join(extra),
+            format!(
+                "a class folder that is not one of the {} `classes` given ({})",
+                classes.len(),
+                super::class_list(classes)
+            ),
+        ));
+    }
+    let present: Vec<String> = classes
+        .iter()
+        .filter(|c| folders.contains(c))
+        .cloned()
+        .collect();
+    let mut src = read(root, present, size, channels, scale, split)?;
+    // Relabel by the given order.
+    let index = |name: &str| classes.iter().position(|c| c == name).unwrap() as u32;
+    let found = src.classes.clone();
+    for (_, label) in &mut src.files {
+        *label = index(&found[*label as usize]);
+    }
+    src.classes = classes.to_vec();
+    Ok(src)
+}
+
+fn read(
+    root: &Path,
+    classes: Vec<String>,
+    size: Option<(u32, u32)>,
+    channels: usize,
+    scale: f32,
+    split: &str,
+) -> Result<Images> {
     let mut files = Vec::new();
     for (label, class) in classes.iter().enumerate() {
         let dir = root.join(class);
@@ -283,14 +341,17 @@ impl Source for Images {
             Some(a) => format!(", augmented: {a}"),
             None => String::new(),
         };
+        let classes = match self.classes.len() {
+            1 => "1 class".to_string(),
+            n => format!("{n} classes"),
+        };
         format!(
-            "images {} ({} of {}x{}x{}, {} classes{augmented})",
+            "images {} ({} of {}x{}x{}, {classes}{augmented})",
             self.root.display(),
             self.files.len(),
             self.channels,
             self.size.0,
             self.size.1,
-            self.classes.len()
         )
     }
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {

@@ -19,7 +19,7 @@ pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use epoch::Epoch;
 pub use files::{csv, idx, parse_csv, text, Csv, Idx};
-pub use images::{images, Images};
+pub use images::{images, images_of, Images};
 pub use permutation::Permutation;
 pub use pipeline::Pipeline;
 pub use samples::{samples, Samples};
@@ -87,5 +87,87 @@ impl Batch {
             y: self.y.narrow(0, start, len)?,
             indices: self.indices[start..start + len].to_vec(),
         })
+    }
+}
+
+/// Class names as a person reads a list: the first eight, then a count.
+pub fn class_list(classes: &[String]) -> String {
+    let shown: Vec<String> = classes.iter().take(8).map(|c| format!("`{c}`")).collect();
+    match classes.len() {
+        n if n > 8 => format!("{}, and {} more", shown.join(", "), n - 8),
+        _ => shown.join(", "),
+    }
+}
+
+/// How the class names of `theirs` (a name, its classes) differ from those
+/// of `ours`, label 0 first, for a person; `None` when they are the same.
+/// Where they differ, a label means another class in each:
+/// "val's classes (9) are not the run's (10): without `bag`; label 1 is
+/// `coat` in val's and `bag` in the run's".
+pub fn class_difference(ours: (&str, &[String]), theirs: (&str, &[String])) -> Option<String> {
+    let ((on, o), (tn, t)) = (ours, theirs);
+    if o == t {
+        return None;
+    }
+    let missing: Vec<String> = o.iter().filter(|c| !t.contains(c)).cloned().collect();
+    let extra: Vec<String> = t.iter().filter(|c| !o.contains(c)).cloned().collect();
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("without {}", class_list(&missing)));
+    }
+    if !extra.is_empty() {
+        parts.push(format!("with {} besides", class_list(&extra)));
+    }
+    if parts.is_empty() {
+        parts.push("the same names in another order".into());
+    }
+    let at = o
+        .iter()
+        .zip(t)
+        .position(|(a, b)| a != b)
+        .unwrap_or(o.len().min(t.len()));
+    let label = match (o.get(at), t.get(at)) {
+        (Some(a), Some(b)) => format!("label {at} is `{b}` in {tn} and `{a}` in {on}"),
+        (Some(a), None) => format!("{tn} has no label {at} (`{a}` in {on})"),
+        (None, Some(b)) => format!("{on} has no label {at} (`{b}` in {tn})"),
+        (None, None) => unreachable!("equal lists return early"),
+    };
+    Some(format!(
+        "{tn} classes ({}) are not {on} ({}): {}; {label}",
+        t.len(),
+        o.len(),
+        parts.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(s: &str) -> Vec<String> {
+        s.split(' ').map(String::from).collect()
+    }
+
+    #[test]
+    fn class_differences_name_what_is_missing_and_the_first_label_that_moves() {
+        let run = names("ankle bag coat");
+        assert_eq!(class_difference(("the run's", &run), ("val's", &run)), None);
+        assert_eq!(
+            class_difference(("the run's", &run), ("val's", &names("ankle coat"))).unwrap(),
+            "val's classes (2) are not the run's (3): without `bag`; label 1 is `coat` in val's and `bag` in the run's"
+        );
+        assert_eq!(
+            class_difference(("the run's", &run), ("val's", &names("ankle bag coat hat"))).unwrap(),
+            "val's classes (4) are not the run's (3): with `hat` besides; the run's has no label 3 (`hat` in val's)"
+        );
+        assert_eq!(
+            class_difference(("the run's", &run), ("val's", &names("bag ankle coat"))).unwrap(),
+            "val's classes (3) are not the run's (3): the same names in another order; label 0 is `bag` in val's and `ankle` in the run's"
+        );
+        let many: Vec<String> = (0..11).map(|i| format!("c{i}")).collect();
+        assert_eq!(
+            class_list(&many),
+            "`c0`, `c1`, `c2`, `c3`, `c4`, `c5`, `c6`, `c7`, and 3 more"
+        );
     }
 }

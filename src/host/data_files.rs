@@ -88,6 +88,9 @@ struct ImagesOpts {
     scale: f32,
     split: Option<String>,
     augment: Option<AugmentOpts>,
+    /// Label by these class names (another folder's), not by the folder's
+    /// own subfolders.
+    classes: Option<Vec<String>>,
 }
 
 /// `augment = { flip?, pad_crop?, resized_crop?, seed? }` (torchvision's
@@ -310,8 +313,11 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
                 Some(a) => Some(augment(lua, a, size.is_some())?),
                 None => None,
             };
-            let mut images = data::images(&o.path, size, o.channels, o.scale, &split)
-                .map_err(|e| at_caller(lua, WHAT, e))?;
+            let mut images = match &o.classes {
+                Some(c) => data::images_of(&o.path, c, size, o.channels, o.scale, &split),
+                None => data::images(&o.path, size, o.channels, o.scale, &split),
+            }
+            .map_err(|e| at_caller(lua, WHAT, e))?;
             if let Some(a) = augment {
                 images = images.augmented(a);
             }

@@ -203,6 +203,13 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
             .map(|h| h.0)
         }
     };
+    if let super::generator::Feed::Pipeline(p) = &feed {
+        let whose = format!("{}'s", feed.split_name());
+        run.get()?
+            .core
+            .check_classes(&whose, p.source().classes())
+            .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
+    }
     let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
     let mut r = run.get_mut()?;
     let id = r.id;

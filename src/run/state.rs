@@ -263,6 +263,22 @@ impl Run {
         })
     }
 
+    /// Whether data whose class names are `classes` (`name` says whose, as
+    /// "val's") is labelled as the run's training data: an error naming the
+    /// difference when both know their classes and they differ (its labels
+    /// would mean other classes).
+    pub fn check_classes(&self, name: &str, classes: Option<&[String]>) -> Result<()> {
+        let (Some(ours), Some(theirs)) = (&self.classes, classes) else {
+            return Ok(());
+        };
+        match crate::data::class_difference(("the run's", ours), (name, theirs)) {
+            None => Ok(()),
+            Some(why) => Err(crate::Error::Data(format!(
+                "{why}, so its labels would mean other classes; label it by the run's classes: taper.data.images{{ path = ..., classes = train:classes() }}"
+            ))),
+        }
+    }
+
     /// Mean loss and accuracy over `batches` with OOM recovery; `objective`
     /// defaults to the run's own loss when that is not plain cross-entropy.
     pub fn evaluate(
@@ -358,6 +374,17 @@ impl Run {
     /// the checkpoint was written by another version of the recipe.
     pub fn resume(&mut self, path: &Path) -> Result<(CheckpointMeta, Option<String>)> {
         let meta = self.trainer.load(path)?;
+        if let (Some(saved), Some(data)) = (&meta.classes, &self.classes) {
+            if let Some(why) =
+                crate::data::class_difference(("the checkpoint's", saved), ("the data's", data))
+            {
+                // Bad input (exit 2): the checkpoint itself is sound.
+                return Err(crate::Error::Data(format!(
+                    "resuming {}: {why}; its model's outputs are the checkpoint's classes, so training on this data would teach it other ones. Resume with the data it was trained on, or label this data by the checkpoint's classes (taper.data.images{{ classes = {{...}} }})",
+                    path.display()
+                )));
+            }
+        }
         let mut notes = Vec::new();
         if !meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash {
             notes.push(format!(

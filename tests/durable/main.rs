@@ -336,6 +336,59 @@ fn resuming_with_fewer_epochs_than_trained_says_so() {
     assert_eq!(records(&out, "epoch").len(), 3);
 }
 
+/// A checkpoint of a classifier keeps its class names: resuming on data
+/// whose classes differ (a class folder renamed, so label 0 means another
+/// class) is refused, naming the difference, and the checkpoint is kept;
+/// on the data it was trained on, the run goes on.
+#[test]
+fn resuming_on_data_with_other_classes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("pets");
+    for (split, class, n) in [
+        ("train", "cat", 6),
+        ("train", "dog", 6),
+        ("val", "cat", 2),
+        ("val", "dog", 2),
+    ] {
+        let folder = data.join(split).join(class);
+        std::fs::create_dir_all(&folder).unwrap();
+        for i in 0..n {
+            let v = if class == "cat" { 40 } else { 200 } + i as u8;
+            image::GrayImage::from_pixel(6, 6, image::Luma([v]))
+                .save(folder.join(format!("{i}.png")))
+                .unwrap();
+        }
+    }
+    let out = dir.path().join("out");
+    let set = format!("data={}", s(&data));
+    let train = |epochs: &'static str| {
+        let recipe = ["scripts/image_folder.lua", "--set", &set, "--set", "size=4"];
+        let mut a = recipe_args(&recipe, &out, &["--set", epochs]);
+        a.extend(["--resume", "auto"]);
+        cmd(&a).output().unwrap()
+    };
+    assert!(train("epochs=1").status.success());
+    let meta = checkpoint::read_meta(&out.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(meta.classes.unwrap(), ["cat", "dog"]);
+    for split in ["train", "val"] {
+        std::fs::rename(data.join(split).join("cat"), data.join(split).join("bird")).unwrap();
+    }
+    let o = train("epochs=2");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("the data's classes (2) are not the checkpoint's (2): without `cat`, with `bird` besides; label 0 is `bird` in the data's and `cat` in the checkpoint's"),
+        "{err}"
+    );
+    assert_eq!(records(&out, "epoch").len(), 1);
+    for split in ["train", "val"] {
+        std::fs::rename(data.join(split).join("bird"), data.join(split).join("cat")).unwrap();
+    }
+    let o = train("epochs=2");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(records(&out, "epoch").len(), 2);
+}
+
 #[test]
 fn resume_arguments_and_run_folders_get_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
