@@ -2,8 +2,11 @@
 -- ImageFolder reads it: DATA/train/CLASS/*.png and DATA/val/CLASS/*.png (PNG,
 -- JPEG, BMP, PPM or WebP). The default folder is 12,000 Fashion-MNIST images
 -- that scripts/fetch-data.sh writes out as PNG files; point `data` at your own.
+-- A folder of classes without train/ and val/ takes `holdout`: that share of
+-- it, drawn at random, is the validation set.
 --   bash scripts/fetch-data.sh && taper train scripts/image_folder.lua
 --   taper train scripts/image_folder.lua --set data=pets --set size=64 --set channels=3
+--   taper train scripts/image_folder.lua --set data=pets --set holdout=0.1   (pets/CLASS/*.jpg)
 --   taper train scripts/image_folder.lua --set export=fashion.onnx   (for onnxruntime:
 --     input [batch, channels, size, size], pixels / 255; class names in its metadata)
 local cfg = taper.config{
@@ -14,10 +17,11 @@ local cfg = taper.config{
   train_samples = 0, -- when > 0: train on that many images only (a shortened run)
   augment = false, -- true: random flips and shifts of the training images
   export = "", -- a file: write the trained model there as ONNX, for onnxruntime
+  holdout = 0.0, -- when > 0: DATA is one folder of classes; this share of it is the val set
 }
 
-local function folder(split, opts)
-  opts.path = cfg.data .. "/" .. split
+local function folder(path, opts)
+  opts.path = path
   opts.size = { cfg.size, cfg.size }
   opts.channels = cfg.channels
   return taper.data.images(opts)
@@ -26,11 +30,22 @@ end
 -- torchvision's RandomHorizontalFlip and RandomCrop(size, padding = 2), drawn
 -- anew each epoch for each image; for photos, `resized_crop = {}` is
 -- RandomResizedCrop.
-local train = folder("train", { augment = cfg.augment and { flip = true, pad_crop = 2, seed = cfg.seed } or nil })
+local augment = cfg.augment and { flip = true, pad_crop = 2, seed = cfg.seed } or nil
+local train, val
+if cfg.holdout > 0 then
+  -- The same seeded draw splits the folder twice: training images from the
+  -- augmented reading, the held-out ones from the plain one, none in both.
+  local parts = { 1 - cfg.holdout, cfg.holdout, seed = cfg.seed }
+  train = folder(cfg.data, { split = "train", augment = augment }):split(parts)
+  val = select(2, folder(cfg.data, { split = "val" }):split(parts))
+else
+  -- DATA/train/CLASS and DATA/val/CLASS (for DATA/CLASS alone: --set holdout=0.1).
+  train = folder(cfg.data .. "/train", { augment = augment })
+  -- Labelled by the training classes: a val folder that lacks a class still
+  -- means by label 3 what training did.
+  val = folder(cfg.data .. "/val", { classes = train:classes() })
+end
 local classes = train:classes()
--- Labelled by the training classes: a val folder that lacks a class still
--- means by label 3 what training did.
-local val = folder("val", { classes = classes })
 if cfg.train_samples > 0 then
   -- The folder is in class order: a seeded split draws the images at random.
   train = train:split{ cfg.train_samples, #train - cfg.train_samples, seed = cfg.seed }

@@ -201,7 +201,7 @@ print(run:generate{ prompt = { 1, 999 } })
             recipe: "local d = taper.data.digits{}\nlocal train, val = d:split{ 1/0, 1 }\n",
             args: &[],
             code: 2,
-            says: &["recipe.lua:2: split: bad proportions [inf, 1.0]"],
+            says: &["recipe.lua:2: split: the proportions [inf, 1.0] must be numbers of 0 or more, not all 0"],
         },
         Case {
             name: "a word in a CSV of numbers",
@@ -378,6 +378,14 @@ run:evaluate(taper.data.safetensors{ path = "data.safetensors", scale = 1 }:batc
             args: &["--inject-oom", "step=2,phase=forward"],
             code: 1,
             says: &["recipe.lua:5: error() was given nil, not a message"],
+        },
+        Case {
+            name: "an image folder that is not there",
+            recipe: r#"local train = taper.data.images{ path = "images/train" }
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.images: images/train does not exist; images holds `cls`"],
         },
         Case {
             name: "a val folder that lacks a class",

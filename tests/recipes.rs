@@ -344,6 +344,41 @@ fn image_folder_cnn_learns_from_pngs_that_hold_the_idx_images() -> Result<()> {
     Ok(())
 }
 
+/// The image folder recipe on one folder of classes, without train/ and
+/// val/ (`holdout`): a fifth of it, drawn at random, is the val set, and
+/// three epochs on the other 1,600 images reach 70% (measured 79.25%).
+#[test]
+fn image_folder_holds_out_part_of_a_folder_of_classes() -> Result<()> {
+    let val = common::fetched("data/fashion-mnist-png/val/bag")?;
+    let dir = tempfile::tempdir()?;
+    let pets = dir.path().join("pets");
+    std::fs::create_dir(&pets)?;
+    for class in std::fs::read_dir(val.parent().unwrap())? {
+        let class = class?.path();
+        std::os::unix::fs::symlink(&class, pets.join(class.file_name().unwrap()))?;
+    }
+    let out = dir.path().join("run");
+    let report = train(
+        "scripts/image_folder.lua",
+        &out,
+        &[
+            ("epochs", "3"),
+            ("holdout", "0.2"),
+            ("data", pets.to_str().unwrap()),
+        ],
+    )?;
+    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    assert_eq!(ev.samples, 400);
+    eprintln!("val accuracy {}", ev.accuracy);
+    assert!(ev.accuracy >= 0.7, "val accuracy {}", ev.accuracy);
+    let epoch = records(&out)?
+        .into_iter()
+        .find(|r| r["event"] == "epoch")
+        .unwrap();
+    assert_eq!(epoch["samples"], 1600);
+    Ok(())
+}
+
 #[test]
 fn mnist_csv_mlp_learns() -> Result<()> {
     common::fetched("data/mnist/mnist_5k.csv.gz")?;

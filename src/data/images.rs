@@ -147,7 +147,7 @@ pub fn images_of(
             format!(
                 "a class folder that is not one of the {} `classes` given ({})",
                 classes.len(),
-                super::class_list(classes)
+                super::name_list(classes)
             ),
         ));
     }

@@ -90,8 +90,8 @@ impl Batch {
     }
 }
 
-/// Class names as a person reads a list: the first eight, then a count.
-pub fn class_list(classes: &[String]) -> String {
+/// Names as a person reads a list: the first eight, then a count.
+pub fn name_list(classes: &[String]) -> String {
     let shown: Vec<String> = classes.iter().take(8).map(|c| format!("`{c}`")).collect();
     match classes.len() {
         n if n > 8 => format!("{}, and {} more", shown.join(", "), n - 8),
@@ -113,10 +113,10 @@ pub fn class_difference(ours: (&str, &[String]), theirs: (&str, &[String])) -> O
     let extra: Vec<String> = t.iter().filter(|c| !o.contains(c)).cloned().collect();
     let mut parts = Vec::new();
     if !missing.is_empty() {
-        parts.push(format!("without {}", class_list(&missing)));
+        parts.push(format!("without {}", name_list(&missing)));
     }
     if !extra.is_empty() {
-        parts.push(format!("with {} besides", class_list(&extra)));
+        parts.push(format!("with {} besides", name_list(&extra)));
     }
     if parts.is_empty() {
         parts.push("the same names in another order".into());
@@ -166,7 +166,7 @@ mod tests {
         );
         let many: Vec<String> = (0..11).map(|i| format!("c{i}")).collect();
         assert_eq!(
-            class_list(&many),
+            name_list(&many),
             "`c0`, `c1`, `c2`, `c3`, `c4`, `c5`, `c6`, `c7`, and 3 more"
         );
     }

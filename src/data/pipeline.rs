@@ -110,7 +110,9 @@ impl Pipeline {
     fn split_ranges(&self, parts: &[f64]) -> Result<Vec<Pipeline>> {
         let total: f64 = parts.iter().sum();
         if parts.is_empty() || parts.iter().any(|p| !p.is_finite() || *p < 0.0) || total <= 0.0 {
-            return Err(Error::Config(format!("split: bad proportions {parts:?}")));
+            return Err(Error::Config(format!(
+                "split: the proportions {parts:?} must be numbers of 0 or more, not all 0"
+            )));
         }
         // Fractions that do not sum to 1 are a slip (`{ 0.8, 0.1 }`: a
         // part forgotten), not weights: PyTorch's random_split refuses them.

@@ -17,14 +17,38 @@ pub(super) fn check_files(lua: &Lua, what: &str, paths: &[&std::path::Path]) -> 
         if !p.exists() {
             return Err(config_error(
                 lua,
-                format!(
-                    "{what}: {} does not exist (for the data sets the recipes use, run `bash scripts/fetch-data.sh`)",
-                    p.display()
-                ),
+                format!("{what}: {} does not exist{}", p.display(), missing_hint(p)),
             ));
         }
     }
     Ok(())
+}
+
+/// What is there instead of a missing `path`: its folder's entries (the
+/// first eight, sorted), or, for the recipes' own `data/`, how to fetch it.
+fn missing_hint(path: &std::path::Path) -> String {
+    if path.starts_with("data") {
+        return " (for the data sets the recipes use, run `bash scripts/fetch-data.sh`)".into();
+    }
+    let Some(dir) = path.parent().filter(|d| d.is_dir()) else {
+        return String::new();
+    };
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    match names.len() {
+        0 => format!("; {} is empty", dir.display()),
+        _ => format!(
+            "; {} holds {}",
+            dir.display(),
+            crate::data::name_list(&names)
+        ),
+    }
 }
 
 /// Inputs are divided by `scale`: 0 or infinity would make NaN of them.
