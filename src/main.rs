@@ -20,7 +20,7 @@ macro_rules! say {
 mod cli;
 
 use cli::args::{Cli, Command};
-use cli::commands::{export, launch, plan, plugin, report, sample};
+use cli::commands::{classify, export, launch, plan, plugin, report, sample};
 use cli::train::{run_recipe, train_options};
 
 /// Switches read from the environment, for measuring one change at a time.
@@ -95,6 +95,7 @@ fn command() -> ExitCode {
         Command::Report { runs, out } => report(&runs, out),
         Command::Export(args) => export(args),
         Command::Sample(args) => sample(args),
+        Command::Classify(args) => classify(args),
         Command::Launch { n, args } => launch(n, &args),
         Command::Bench(args) => match taper::bench::run(&args) {
             Ok(()) => ExitCode::SUCCESS,

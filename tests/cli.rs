@@ -451,6 +451,17 @@ fn export_refuses_a_format_the_model_does_not_fit() {
     let said = String::from_utf8_lossy(&ok.stdout);
     assert!(said.contains("input [batch, 64], output logits"), "{said}");
     assert!(onnx.metadata().unwrap().len() > 4 * (64 * 128 + 128 * 64 + 64 * 10));
+    // `taper classify` needs a run on images: it would not know how to
+    // read one for the digits MLP.
+    let png = dir.path().join("a.png");
+    image::GrayImage::new(8, 8).save(&png).unwrap();
+    let e = taper(&["classify", o, png.to_str().unwrap()]);
+    assert_eq!(e.status.code(), Some(2));
+    let msg = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        msg.contains("its run did not train on an image folder (taper.data.images)"),
+        "{msg}"
+    );
     // A GPT is not an ONNX classifier: refused by name, from a recipe too.
     let recipe = dir.path().join("gpt.lua");
     std::fs::write(

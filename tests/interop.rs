@@ -554,6 +554,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             params: trainer.params().tensors(),
             vocab: None,
             classes: None,
+            image_input: None,
             step: 7,
         };
         let ty = taper::quant::ExportFormat::parse("f32").unwrap();
@@ -632,7 +633,6 @@ fn onnxruntime_classifies_an_image_folder_as_the_run_did() -> Result<()> {
             "onnx-classify",
             model.to_str().unwrap(),
             val.to_str().unwrap(),
-            "1",
         ],
     )?;
     eprintln!(
@@ -651,6 +651,28 @@ fn onnxruntime_classifies_an_image_folder_as_the_run_did() -> Result<()> {
     assert!(
         accuracy > 0.5,
         "{accuracy}: the run did not learn (measured 0.643)"
+    );
+
+    // `taper classify` reads the files as the run did: its answers score
+    // the same accuracy, to the image.
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(["classify", out.to_str().unwrap(), val.to_str().unwrap()])
+        .output()?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines = String::from_utf8(o.stdout)?;
+    let right = lines
+        .lines()
+        .filter(|l| {
+            let (file, answer) = l.rsplit_once(": ").unwrap();
+            let class = Path::new(file).parent().unwrap().file_name().unwrap();
+            answer.split(' ').next() == class.to_str()
+        })
+        .count();
+    assert_eq!(lines.lines().count(), 2000);
+    assert_eq!(
+        right as f64 / 2000.0,
+        accuracy,
+        "taper classify against the run's eval"
     );
     Ok(())
 }

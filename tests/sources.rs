@@ -559,6 +559,34 @@ fn an_image_folder_labelled_by_given_classes() -> Result<()> {
     Ok(())
 }
 
+/// `ImageInput` (saved with a checkpoint, for `taper classify`) reads a
+/// file as the folder read it for training, resize included; a file that
+/// is not an image is named.
+#[test]
+fn an_image_input_reads_a_file_as_its_folder_did() -> Result<()> {
+    use taper::data::Source;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    png(&root.join("a/1.png"), 7, 5, |y, x| {
+        [(y * 30) as u8, (x * 40) as u8, 9]
+    });
+    for channels in [1, 3] {
+        let src = taper::data::images(root, Some((4, 3)), channels, 2.0, "x")?;
+        let input = src.image_input().unwrap();
+        assert_eq!(
+            (input.size, input.channels, input.scale),
+            ([4, 3], channels, 2.0)
+        );
+        let (x, _) = src.gather(&[0])?;
+        assert_eq!(input.read(&root.join("a/1.png"))?, x.to_vec2::<f32>()?[0]);
+    }
+    write(root, "b.png", b"not a PNG");
+    let input = taper::data::images(root, None, 1, 1.0, "x")?.input();
+    let msg = err_text(input.read(&root.join("b.png")));
+    assert!(msg.contains("b.png: not a readable image"), "{msg}");
+    Ok(())
+}
+
 /// An image folder's augmentation, as torchvision's transforms: a flip
 /// mirrors about half the images, a padded crop shifts each by at most the
 /// padding with zeros shifted in (every shift drawn), and a resized crop of

@@ -17,11 +17,12 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         onnx's checker passes the model (full check, with shape inference) and
         onnxruntime gives the logits of the input (a file holding
         {"shape": [...], "data": [...]}), with the model's metadata
-    python interop_check.py onnx-classify MODEL.onnx FOLDER CHANNELS
+    python interop_check.py onnx-classify MODEL.onnx FOLDER
         onnxruntime classifies an image folder as a user would: each image read
-        with Pillow (grey or RGB by CHANNELS, bytes / 255), the classes from the
-        model's `taper.classes`; prints the accuracy against the folder's
-        labels and the number of images
+        with Pillow as the model's `taper.image_input` says (resized to its
+        size, grey or RGB, bytes / scale), the classes from its
+        `taper.classes`; prints the accuracy against the folder's labels and
+        the number of images
 """
 import ctypes
 import json
@@ -135,7 +136,7 @@ def onnx_logits(model, input_json):
     print(json.dumps({"logits": logits.tolist(), "metadata": meta, "opset": m.opset_import[0].version}))
 
 
-def onnx_classify(model, folder, channels):
+def onnx_classify(model, folder):
     import os
 
     import numpy as np
@@ -145,13 +146,19 @@ def onnx_classify(model, folder, channels):
 
     meta = {p.key: p.value for p in onnx.load(model).metadata_props}
     classes = json.loads(meta["taper.classes"])
+    read = json.loads(meta["taper.image_input"])
+    (h, w), channels, scale = read["size"], read["channels"], read["scale"]
     s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    mode = "L" if channels == 1 else "RGB"
     xs, ys = [], []
     for label, name in enumerate(classes):
         d = os.path.join(folder, name)
         for f in sorted(os.listdir(d)):
-            img = np.asarray(Image.open(os.path.join(d, f)).convert(mode), dtype=np.float32) / 255
+            img = Image.open(os.path.join(d, f)).convert("RGB")
+            if img.size != (w, h):
+                img = img.resize((w, h), Image.BILINEAR)
+            if channels == 1:
+                img = img.convert("L")
+            img = np.asarray(img, dtype=np.float32) / scale
             xs.append(img[None] if channels == 1 else img.transpose(2, 0, 1))
             ys.append(label)
     logits = s.run(["logits"], {"input": np.stack(xs)})[0]
@@ -174,7 +181,7 @@ def main():
     elif cmd == "onnx-logits":
         onnx_logits(args[0], args[1])
     elif cmd == "onnx-classify":
-        onnx_classify(args[0], args[1], int(args[2]))
+        onnx_classify(args[0], args[1])
     else:
         raise SystemExit(f"unknown command {cmd}")
 

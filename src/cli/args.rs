@@ -75,6 +75,9 @@ pub enum Command {
     /// Generate text from a checkpoint of a sequence model (its vocabulary
     /// is in the checkpoint).
     Sample(SampleArgs),
+    /// Classify image files with a checkpoint of a classifier trained on an
+    /// image folder (its class names and image size are in the checkpoint).
+    Classify(ClassifyArgs),
     /// Benchmarks that print figures; see `taper bench --help`.
     Bench(taper::bench::BenchArgs),
     /// Native strategy plugins: inspect one, or start a new one.
@@ -159,6 +162,18 @@ pub struct ExportArgs {
     /// The file (gguf, onnx) or folder (hf) to write
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct ClassifyArgs {
+    /// A checkpoint, or a run folder (its newest valid checkpoint)
+    pub checkpoint: PathBuf,
+    /// Image files, or folders (the images in them)
+    #[arg(required = true)]
+    pub images: Vec<PathBuf>,
+    /// How many classes to print for each image, most likely first
+    #[arg(long, default_value_t = 1)]
+    pub top: usize,
 }
 
 #[derive(clap::Args)]

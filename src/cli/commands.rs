@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use taper::{Host, HostOptions};
 
-use super::args::{ExportArgs, PluginCmd, RecipeArgs, SampleArgs};
+use super::args::{ClassifyArgs, ExportArgs, PluginCmd, RecipeArgs, SampleArgs};
 use super::train::{claim_default_out, default_out};
 
 pub fn plugin(cmd: PluginCmd) -> ExitCode {
@@ -163,6 +163,29 @@ pub fn export(a: ExportArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("taper export: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `taper classify`: a line per image, `FILE: CLASS 93.1%[, CLASS 5.2%...]`.
+pub fn classify(a: ClassifyArgs) -> ExitCode {
+    use taper::interop::saved::classify_checkpoint;
+    let mut emit = |file: &std::path::Path, best: &[taper::interop::saved::Guess]| {
+        let ranked: Vec<String> = best
+            .iter()
+            .map(|g| format!("{} {:.1}%", g.class, g.probability * 100.0))
+            .collect();
+        say!("{}: {}", file.display(), ranked.join(", "));
+    };
+    match classify_checkpoint(&a.checkpoint, &a.images, a.top, &mut emit) {
+        Ok(0) => {
+            eprintln!("taper classify: no image files in the folders given");
+            ExitCode::from(2)
+        }
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("taper classify: {e}");
             ExitCode::from(2)
         }
     }

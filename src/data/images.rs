@@ -74,8 +74,8 @@ fn hidden(path: &Path) -> bool {
 
 /// The image files under `dir`, in `ImageFolder`'s order: folders sorted
 /// by their path, names sorted within each (links followed, as it does,
-/// each folder once).
-fn image_files(dir: &Path) -> Result<Vec<PathBuf>> {
+/// each folder once); hidden ones and other files passed over.
+pub fn image_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut folders = vec![dir.to_path_buf()];
     let mut found: Vec<(String, String, PathBuf)> = Vec::new();
     // A link back up the tree (`ln -s .. loop`) would be walked for ever.
@@ -309,23 +309,71 @@ impl Images {
                 ),
             ));
         }
-        let scale = self.scale;
-        let px = rgb.as_raw();
-        Ok(if self.channels == 1 {
-            // PIL's convert("L"): ITU-R 601-2 luma in 16-bit fixed point.
-            px.chunks_exact(3)
-                .map(|p| {
-                    let l =
-                        (p[0] as u32 * 19595 + p[1] as u32 * 38470 + p[2] as u32 * 7471 + 0x8000)
-                            >> 16;
-                    l as f32 / scale
-                })
-                .collect()
+        Ok(values(&rgb, self.channels, self.scale))
+    }
+
+    /// How a file becomes one of this folder's samples, without the
+    /// augmentation: what a trained model's inputs are.
+    pub fn input(&self) -> ImageInput {
+        ImageInput {
+            size: [self.size.0, self.size.1],
+            channels: self.channels,
+            scale: self.scale,
+        }
+    }
+}
+
+/// An RGB image as a sample: channel first (or PIL's grey), divided by
+/// `scale`.
+fn values(rgb: &image::RgbImage, channels: usize, scale: f32) -> Vec<f32> {
+    let px = rgb.as_raw();
+    if channels == 1 {
+        // PIL's convert("L"): ITU-R 601-2 luma in 16-bit fixed point.
+        px.chunks_exact(3)
+            .map(|p| {
+                let l =
+                    (p[0] as u32 * 19595 + p[1] as u32 * 38470 + p[2] as u32 * 7471 + 0x8000) >> 16;
+                l as f32 / scale
+            })
+            .collect()
+    } else {
+        (0..3)
+            .flat_map(|c| px.iter().skip(c).step_by(3).map(|&v| v as f32 / scale))
+            .collect()
+    }
+}
+
+/// How an image file becomes a model's input, as an image folder read it
+/// for training (saved with a classifier's checkpoints, so that
+/// `taper classify` and an ONNX export's users read files the same way).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ImageInput {
+    /// Height and width.
+    pub size: [u32; 2],
+    /// 1 (grey) or 3 (RGB).
+    pub channels: usize,
+    /// Pixel bytes are divided by it.
+    pub scale: f32,
+}
+
+impl ImageInput {
+    /// The file's pixels, resized to `size` (bilinear, antialiased, as
+    /// PIL's) where it has another size, channel first, divided by `scale`.
+    pub fn read(&self, path: &Path) -> Result<Vec<f32>> {
+        let decoded = image::ImageReader::open(path)
+            .map_err(|e| data_err(path, e))?
+            .with_guessed_format()
+            .map_err(|e| data_err(path, e))?
+            .decode()
+            .map_err(|e| image_err(path, e))?;
+        let [h, w] = self.size;
+        let rgb = decoded.to_rgb8();
+        let rgb = if (rgb.height(), rgb.width()) == (h, w) {
+            rgb
         } else {
-            (0..3)
-                .flat_map(|c| px.iter().skip(c).step_by(3).map(|&v| v as f32 / scale))
-                .collect()
-        })
+            image::imageops::resize(&rgb, w, h, FilterType::Triangle)
+        };
+        Ok(values(&rgb, self.channels, self.scale))
     }
 }
 
@@ -371,5 +419,8 @@ impl Source for Images {
     }
     fn classes(&self) -> Option<&[String]> {
         Some(&self.classes)
+    }
+    fn image_input(&self) -> Option<ImageInput> {
+        Some(self.input())
     }
 }

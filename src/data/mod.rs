@@ -19,7 +19,7 @@ pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use epoch::Epoch;
 pub use files::{csv, idx, parse_csv, text, Csv, Idx};
-pub use images::{images, images_of, Images};
+pub use images::{image_files, images, images_of, ImageInput, Images};
 pub use permutation::Permutation;
 pub use pipeline::Pipeline;
 pub use samples::{samples, Samples};
@@ -54,6 +54,10 @@ pub trait Source: Send + Sync {
     /// Class names, label 0 first, where the source knows them (an image
     /// folder's).
     fn classes(&self) -> Option<&[String]> {
+        None
+    }
+    /// How an image file becomes a sample, for an image folder.
+    fn image_input(&self) -> Option<ImageInput> {
         None
     }
 }

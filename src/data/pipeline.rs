@@ -57,6 +57,15 @@ impl Pipeline {
         &self.source
     }
 
+    /// How an image file becomes one of this pipeline's samples, when its
+    /// source is an image folder and no transform changes the samples.
+    pub fn image_input(&self) -> Option<super::ImageInput> {
+        match self.transforms.is_empty() {
+            true => self.source.image_input(),
+            false => None,
+        }
+    }
+
     /// The source indices this pipeline reads.
     pub fn range(&self) -> Range<usize> {
         let end = self.end.unwrap_or(usize::MAX).min(self.source.len());
@@ -271,6 +280,9 @@ impl Source for Subset {
     }
     fn classes(&self) -> Option<&[String]> {
         self.inner.classes()
+    }
+    fn image_input(&self) -> Option<super::ImageInput> {
+        self.inner.image_input()
     }
 }
 

@@ -56,10 +56,10 @@ fn create(
         Some(super::generator::Feed::Pipeline(p)) => p.source().vocab().cloned().map(Arc::new),
         _ => None,
     };
-    core.classes = match &o.data {
-        Some(super::generator::Feed::Pipeline(p)) => p.source().classes().map(<[_]>::to_vec),
-        _ => None,
-    };
+    if let Some(super::generator::Feed::Pipeline(p)) = &o.data {
+        core.classes = p.source().classes().map(<[_]>::to_vec);
+        core.image_input = p.image_input();
+    }
     let mut run = RunState {
         id,
         core,

@@ -20,6 +20,8 @@ pub struct Model<'a> {
     pub vocab: Option<&'a Vocab>,
     /// Class names, label 0 first, where the run's data knew them.
     pub classes: Option<&'a [String]>,
+    /// How an image file becomes the model's input, for a run on images.
+    pub image_input: Option<&'a crate::data::ImageInput>,
     pub step: u64,
 }
 
@@ -120,6 +122,7 @@ fn onnx(model: &Model, path: &Path) -> Result<Written> {
         describe: model.spec.describe(),
         step: model.step,
         classes: model.classes,
+        image_input: model.image_input,
     };
     let bytes = super::onnx::export(path, net, &model.params, &meta)?;
     let input = match net {

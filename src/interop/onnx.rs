@@ -171,6 +171,8 @@ pub struct Meta<'a> {
     pub step: u64,
     /// Class names, label 0 first, where the run's data knew them.
     pub classes: Option<&'a [String]>,
+    /// How an image file becomes the input, for a run on an image folder.
+    pub image_input: Option<&'a crate::data::ImageInput>,
 }
 
 /// Writes `net` with its weights (`params`, by taper's names) to `path`
@@ -241,8 +243,10 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
         entry("taper.step", &meta.step.to_string()),
     ];
     if let Some(classes) = meta.classes {
-        let json = serde_json::to_string(classes).map_err(|e| Error::Config(e.to_string()))?;
-        props.push(entry("taper.classes", &json));
+        props.push(entry("taper.classes", &json(&classes)?));
+    }
+    if let Some(input) = meta.image_input {
+        props.push(entry("taper.image_input", &json(input)?));
     }
     Ok(ModelProto {
         ir_version: ir,
@@ -256,6 +260,10 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
         }],
         metadata_props: props,
     })
+}
+
+fn json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| Error::Config(format!("format onnx: metadata: {e}")))
 }
 
 fn entry(key: &str, value: &str) -> StringStringEntryProto {

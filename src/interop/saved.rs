@@ -62,6 +62,7 @@ impl Saved {
             params: self.trainer.params().tensors(),
             vocab: self.vocab.as_ref(),
             classes: self.meta.classes.as_deref(),
+            image_input: self.meta.image_input.as_ref(),
             step: self.meta.step,
         }
     }
@@ -124,4 +125,69 @@ pub fn sample_checkpoint(
     let ids = vocab.encode(prompt)?;
     let out = saved.trainer.generate(&ids, tokens, temperature, seed)?;
     Ok(format!("{prompt}{}", vocab.decode(&out)))
+}
+
+/// One of a classifier's answers for an input.
+pub struct Guess {
+    pub class: String,
+    pub probability: f32,
+}
+
+/// `taper classify CHECKPOINT FILE...`: each image file's `top` most likely
+/// classes with their probabilities, as `emit(file, guesses)`, read
+/// as the checkpoint's run read its image folder (size, channels, scale).
+/// A folder stands for the images in it, in an image folder's order.
+pub fn classify_checkpoint(
+    arg: &Path,
+    files: &[std::path::PathBuf],
+    top: usize,
+    emit: &mut dyn FnMut(&Path, &[Guess]),
+) -> Result<usize> {
+    use rayon::prelude::*;
+    let path = locate(arg)?;
+    let saved = open(&path, &Device::Cpu)?;
+    let input = saved.meta.image_input.clone().ok_or_else(|| Error::Checkpoint {
+        path: path.clone(),
+        msg: "its run did not train on an image folder (taper.data.images), so taper classify does not know how to read an image for it".into(),
+    })?;
+    let mut images = Vec::new();
+    for f in files {
+        match f.is_dir() {
+            true => images.extend(crate::data::image_files(f)?),
+            false => images.push(f.clone()),
+        }
+    }
+    let classes = saved.meta.classes.clone().unwrap_or_default();
+    let name = |i: usize| {
+        classes
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| format!("class {i}"))
+    };
+    let model = saved.trainer.frozen()?;
+    let features = input.channels * (input.size[0] * input.size[1]) as usize;
+    for chunk in images.chunks(64) {
+        let rows = chunk
+            .par_iter()
+            .map(|f| input.read(f))
+            .collect::<Result<Vec<_>>>()?;
+        let x =
+            candle_core::Tensor::from_vec(rows.concat(), (chunk.len(), features), &Device::Cpu)?;
+        let logits = model.forward(&x)?;
+        let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
+        for (file, p) in chunk.iter().zip(probs) {
+            let mut ranked: Vec<(usize, f32)> = p.into_iter().enumerate().collect();
+            ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let best: Vec<Guess> = ranked
+                .into_iter()
+                .take(top.max(1))
+                .map(|(i, probability)| Guess {
+                    class: name(i),
+                    probability,
+                })
+                .collect();
+            emit(file, &best);
+        }
+    }
+    Ok(images.len())
 }

@@ -111,6 +111,9 @@ pub struct Run {
     /// The class names of a classifier's data (an image folder's), saved
     /// with its checkpoints and exports.
     pub classes: Option<Vec<String>>,
+    /// How an image file becomes the model's input (an image folder's
+    /// reading), saved with checkpoints and exports.
+    pub image_input: Option<crate::data::ImageInput>,
 }
 
 impl Run {
@@ -131,6 +134,7 @@ impl Run {
             pending: None,
             vocab: None,
             classes: None,
+            image_input: None,
         }
     }
 
@@ -354,6 +358,7 @@ impl Run {
             model_config: self.trainer.spec().config(),
             vocab: self.vocab.as_ref().map(|v| v.record()),
             classes: self.classes.clone(),
+            image_input: self.image_input.clone(),
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
             configured_lr: Some(self.trainer.optim_spec().lr()),

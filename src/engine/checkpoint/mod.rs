@@ -50,6 +50,10 @@ pub struct CheckpointMeta {
     /// data knew them (an image folder's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub classes: Option<Vec<String>>,
+    /// How an image file becomes the model's input, for a run on an image
+    /// folder: `{ "size": [h, w], "channels": c, "scale": s }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_input: Option<crate::data::ImageInput>,
     pub optimizer: String,
     /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
@@ -316,6 +320,7 @@ mod tests {
             model_config: None,
             vocab: None,
             classes: None,
+            image_input: None,
             optimizer: "o".into(),
             lr: 0.1,
             configured_lr: None,
