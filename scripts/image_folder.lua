@@ -1,6 +1,6 @@
 -- A CNN on a folder of images, one subfolder per class, as torchvision's
 -- ImageFolder reads it: DATA/train/CLASS/*.png and DATA/val/CLASS/*.png (PNG,
--- JPEG, BMP, PPM or WebP). The default folder is 12,000 Fashion-MNIST images
+-- JPEG, BMP, PPM, WebP or TIFF). The default folder is 12,000 Fashion-MNIST images
 -- that scripts/fetch-data.sh writes out as PNG files; point `data` at your own.
 -- A folder of classes without train/ and val/ takes `holdout`: that share of
 -- it, drawn at random, is the validation set.

@@ -1,6 +1,6 @@
 """An image folder and what torchvision's ImageFolder makes of it, for
 tests/interop.rs: `python image_folder.py ROOT HEIGHT WIDTH` writes images
-with Pillow (PNG in RGB, grey and RGBA, JPEG, BMP, of several sizes; a nested
+with Pillow (PNG in RGB, grey and RGBA, JPEG, BMP, TIFF plain and LZW, of several sizes; a nested
 folder; a file that is not an image), then prints one JSON line: the classes,
 and for each sample its path, label and pixels as
 `Compose([Resize((HEIGHT, WIDTH)), ToTensor()])` gives them (RGB), and with
@@ -56,6 +56,8 @@ def write(root):
         ("cat/sub/1.PNG", 12, 20, "RGBA"),
         ("dog/x.jpeg", 64, 48, "RGB"),
         ("dog/y.png", 9, 30, "RGB"),
+        ("dog/z.tif", 18, 14, "RGB"),
+        ("dog/z2.tiff", 15, 11, "L"),
     ]
     for i, (name, w, h, mode) in enumerate(files):
         path = os.path.join(root, name)
@@ -63,6 +65,8 @@ def write(root):
         img = pattern(w, h, mode, i)
         if name.endswith((".jpg", ".jpeg")):
             img.save(path, quality=95)
+        elif name.endswith(".tif"):
+            img.save(path, compression="tiff_lzw")
         else:
             img.save(path)
     with open(os.path.join(root, "dog", "notes.txt"), "w") as f:

@@ -52,7 +52,7 @@ fn image_err(path: &Path, e: image::ImageError) -> Error {
     match e {
         image::ImageError::Unsupported(u) => data_err(
             path,
-            format!("{u} (taper reads PNG, JPEG, BMP, PPM/PGM and WebP)"),
+            format!("{u} (taper reads PNG, JPEG, BMP, PPM/PGM, WebP and TIFF)"),
         ),
         e => data_err(path, format!("not a readable image: {e}")),
     }
