@@ -7,6 +7,7 @@
 --   bash scripts/fetch-data.sh && taper train scripts/image_folder.lua
 --   taper train scripts/image_folder.lua --set data=pets --set size=64 --set channels=3
 --   taper train scripts/image_folder.lua --set data=pets --set holdout=0.1   (pets/CLASS/*.jpg)
+--   taper train scripts/image_folder.lua --set data=pets --set from=runs/fashion   (fine-tuning)
 --   taper train scripts/image_folder.lua --set export=fashion.onnx   (for onnxruntime:
 --     input [batch, channels, size, size], pixels / 255; class names in its metadata)
 local cfg = taper.config{
@@ -18,6 +19,7 @@ local cfg = taper.config{
   augment = false, -- true: random flips and shifts of the training images
   export = "", -- a file: write the trained model there as ONNX, for onnxruntime
   holdout = 0.0, -- when > 0: DATA is one folder of classes; this share of it is the val set
+  from = "", -- a run folder: start from its trained model (fine-tuning)
 }
 
 local function folder(path, opts)
@@ -53,10 +55,18 @@ end
 -- The images are decoded as batches are built: prefetch decodes ahead.
 train = train:shuffle{ seed = cfg.seed }:batch(cfg.batch):prefetch(4)
 
-local run = taper.run{
+-- `from`: start from a model trained before (a run folder), with a new head
+-- for these classes when their number differs: fine-tuning.
+local model
+if cfg.from ~= "" then
+  model = taper.model.cnn{ from = cfg.from, outputs = #classes }
+else
   model = taper.model.cnn{
     input = { cfg.channels, cfg.size, cfg.size }, channels = { 16, 32 }, hidden = { 128 }, outputs = #classes,
-  },
+  }
+end
+local run = taper.run{
+  model = model,
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 1e-4 },
   data = train,
   schedule = taper.schedule.warmup_cosine{

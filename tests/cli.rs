@@ -462,6 +462,42 @@ fn export_refuses_a_format_the_model_does_not_fit() {
         msg.contains("its run did not train on an image folder (taper.data.images)"),
         "{msg}"
     );
+    // `from` starts a model of the checkpoint's kind, from its options alone.
+    let from = dir.path().join("from.lua");
+    let from_run = dir.path().join("from-run");
+    for (model, says) in [
+        (
+            format!("taper.model.cnn{{ from = {o:?} }}"),
+            "it holds a mlp model, not a cnn".to_string(),
+        ),
+        (
+            format!("taper.model.mlp{{ from = {o:?}, hidden = {{ 3 }} }}"),
+            "taper.model.mlp with `from`: unknown option `hidden`".to_string(),
+        ),
+        (
+            format!("taper.model.mlp{{ from = {o:?}, outputs = 0 }}"),
+            "option `outputs` must be a positive whole number, got 0".to_string(),
+        ),
+    ] {
+        std::fs::write(
+            &from,
+            format!(
+                "local m = {model}
+"
+            ),
+        )
+        .unwrap();
+        let e = taper(&[
+            "train",
+            from.to_str().unwrap(),
+            "--quiet",
+            "--out",
+            from_run.to_str().unwrap(),
+        ]);
+        assert_eq!(e.status.code(), Some(2));
+        let msg = String::from_utf8_lossy(&e.stderr);
+        assert!(msg.contains("from.lua:1: ") && msg.contains(&says), "{msg}");
+    }
     // A GPT is not an ONNX classifier: refused by name, from a recipe too.
     let recipe = dir.path().join("gpt.lua");
     std::fs::write(

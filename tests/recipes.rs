@@ -416,3 +416,81 @@ fn missing_data_says_to_fetch() {
         "{msg}"
     );
 }
+
+/// `from`: the image folder recipe starts from a run it trained before.
+/// On the same classes, ten steps on 640 images reach 80% (measured
+/// 84.65%; from scratch the same ten steps reach 12.75%). On a folder of two
+/// of those classes, the head starts afresh with two outputs and every
+/// other weight is the first run's.
+#[test]
+fn image_folder_fine_tunes_from_a_trained_run() -> Result<()> {
+    let val = common::fetched("data/fashion-mnist-png/val/bag")?;
+    let dir = tempfile::tempdir()?;
+    let first = dir.path().join("first");
+    train("scripts/image_folder.lua", &first, &[("epochs", "1")])?;
+    let from = first.to_str().unwrap();
+
+    let tuned = dir.path().join("tuned");
+    let set = [("epochs", "1"), ("train_samples", "640"), ("from", from)];
+    let report = train("scripts/image_folder.lua", &tuned, &set)?;
+    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    assert!(ev.accuracy >= 0.8, "val accuracy {}", ev.accuracy);
+
+    let two = dir.path().join("two");
+    std::fs::create_dir(&two)?;
+    for class in ["bag", "coat"] {
+        std::os::unix::fs::symlink(val.parent().unwrap().join(class), two.join(class))?;
+    }
+    let out = dir.path().join("two-run");
+    let set = [
+        ("epochs", "1"),
+        ("holdout", "0.2"),
+        ("data", two.to_str().unwrap()),
+        ("from", from),
+    ];
+    train("scripts/image_folder.lua", &out, &set)?;
+    let ckpt = |d: &Path| d.join("checkpoint.safetensors");
+    let meta = taper::engine::checkpoint::read_meta(&ckpt(&out))?;
+    assert_eq!(meta.model_config.unwrap()["cnn"]["outputs"], 2);
+    assert_eq!(meta.classes.unwrap(), ["bag", "coat"]);
+    // The convolutions started from the first run's: a few steps later
+    // they are still near them (a fresh start would be as far as they are
+    // large).
+    let conv0 = |d: &Path| -> Result<candle_core::Tensor> {
+        let (t, _) = taper::engine::checkpoint::load(&ckpt(d), &candle_core::Device::Cpu)?;
+        Ok(t["model.conv0.weight"].clone())
+    };
+    let (a, b) = (conv0(&first)?, conv0(&out)?);
+    let moved = ((&b - &a)?.sqr()?.sum_all()?.to_scalar::<f32>()?
+        / a.sqr()?.sum_all()?.to_scalar::<f32>()?)
+    .sqrt();
+    eprintln!("conv0 moved {moved:.4} of its size");
+    assert!(moved < 0.2, "conv0 moved {moved} of its size");
+    // The head is new, every other weight from the first run.
+    let started = taper::engine::warm_start::start_from(
+        &ckpt(&first),
+        "cnn",
+        taper::engine::checkpoint::read_meta(&ckpt(&first))?
+            .model_config
+            .as_ref(),
+        taper::engine::checkpoint::load(&ckpt(&first), &candle_core::Device::Cpu)?.0,
+        Some(2),
+    )?;
+    assert_eq!(started.new_head, Some(("fc1".to_string(), 10)));
+    let initial: Vec<String> = taper::engine::ModelSpec::initial_params(&started.spec)?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        initial,
+        [
+            "conv0.bias",
+            "conv0.weight",
+            "conv1.bias",
+            "conv1.weight",
+            "fc0.bias",
+            "fc0.weight"
+        ]
+    );
+    Ok(())
+}

@@ -17,6 +17,7 @@ pub mod recompute;
 pub mod rng;
 pub mod schedule;
 mod trainer;
+pub mod warm_start;
 mod workers;
 
 pub use cnn::{max_pool_2x2, Cnn};

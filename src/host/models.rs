@@ -118,14 +118,76 @@ fn distill(lua: &Lua, opts: Table) -> mlua::Result<LossHandle> {
     })))
 }
 
+/// `taper.model.mlp{...}` / `taper.model.cnn{...}` (`kind`), or, with
+/// `from`, the model another run trained (see [`warm_start`]).
 fn model<T: ModelSpec + serde::de::DeserializeOwned + 'static>(
     lua: &Lua,
     name: &'static str,
+    kind: &'static str,
 ) -> mlua::Result<mlua::Function> {
-    lua.create_function(move |lua, opts: Value| {
-        let spec: T = decode(lua, name, opts)?;
-        checked(lua, name, spec)
+    lua.create_function(move |lua, opts: Value| match &opts {
+        Value::Table(t) if t.contains_key("from")? => warm_start(lua, name, kind, t),
+        _ => {
+            let spec: T = decode(lua, name, opts)?;
+            checked(lua, name, spec)
+        }
     })
+}
+
+/// `taper.model.cnn{ from = "runs/pets", outputs = 5 }`: the architecture
+/// and trained weights of a checkpoint (or a run folder's newest), with a
+/// new head when `outputs` differs from the checkpoint's.
+fn warm_start(lua: &Lua, what: &str, kind: &str, t: &Table) -> mlua::Result<ModelHandle> {
+    super::options::check_keys(lua, &format!("{what} with `from`"), t, &["from", "outputs"])?;
+    let from: String = match t.get::<Value>("from")? {
+        Value::String(s) => s.to_str()?.to_string(),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: option `from` must be a checkpoint or a run folder, got {}",
+                    super::options::a_type(&other)
+                ),
+            ))
+        }
+    };
+    let outputs = match t.get::<Value>("outputs")? {
+        Value::Nil => None,
+        Value::Integer(n) if n > 0 => Some(n as usize),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: option `outputs` must be a positive whole number, got {}",
+                    super::options::brief(&other)
+                ),
+            ))
+        }
+    };
+    let fail = |e: crate::Error| config_error(lua, format!("{what}: {e}"));
+    super::data_files::check_files(lua, what, &[std::path::Path::new(&from)])?;
+    let path = crate::interop::saved::locate(std::path::Path::new(&from)).map_err(fail)?;
+    let (tensors, meta) =
+        crate::engine::checkpoint::load(&path, &candle_core::Device::Cpu).map_err(fail)?;
+    let started = crate::engine::warm_start::start_from(
+        &path,
+        kind,
+        meta.model_config.as_ref(),
+        tensors,
+        outputs,
+    )
+    .map_err(fail)?;
+    let host = super::state(lua);
+    // A run about to resume takes its own checkpoint's weights instead.
+    let resuming = host.resume.borrow().is_some();
+    if let (Some((head, trained)), false) = (&started.new_head, resuming) {
+        host.out.tell(&format!(
+            "note: {what}: `{head}`, the head, starts afresh with {} outputs (the checkpoint's has {trained}); every other weight from {}",
+            outputs.unwrap_or(*trained),
+            path.display()
+        ));
+    }
+    checked(lua, what, started.spec)
 }
 
 /// `taper.model.gpt{ vocab, context, width, layers, heads, mlp }`, or
@@ -200,8 +262,8 @@ fn llama_gguf(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
 
 pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     let models = lua.create_table()?;
-    models.set("mlp", model::<Mlp>(lua, "taper.model.mlp")?)?;
-    models.set("cnn", model::<Cnn>(lua, "taper.model.cnn")?)?;
+    models.set("mlp", model::<Mlp>(lua, "taper.model.mlp", "mlp")?)?;
+    models.set("cnn", model::<Cnn>(lua, "taper.model.cnn", "cnn")?)?;
     models.set("gpt", lua.create_function(gpt)?)?;
     models.set("llama_gguf", lua.create_function(llama_gguf)?)?;
     taper.set("model", models)?;
