@@ -399,20 +399,33 @@ fn mnist_csv_mlp_learns() -> Result<()> {
     Ok(())
 }
 
+/// Data missing under `data/`, where scripts/fetch-data.sh puts the
+/// recipes' data sets, says to fetch it; elsewhere (a user's own folder),
+/// what its folder holds instead.
 #[test]
 fn missing_data_says_to_fetch() {
     let dir = tempfile::tempdir().unwrap();
-    let e = train(
-        "scripts/fashion_mnist.lua",
-        dir.path(),
-        &[("data", "/nonexistent/fashion")],
-    )
-    .expect_err("no data there");
-    let e = e.downcast::<taper::Error>().expect("a taper error");
-    assert_eq!(e.exit_code(), 2);
-    let msg = taper::host::render_error(&e);
+    let error = |data: &str| {
+        let out = tempfile::tempdir().unwrap();
+        let e = train("scripts/fashion_mnist.lua", out.path(), &[("data", data)])
+            .expect_err("no data there");
+        let e = e.downcast::<taper::Error>().expect("a taper error");
+        assert_eq!(e.exit_code(), 2);
+        taper::host::render_error(&e)
+    };
+    let msg = error("data/not-fetched");
     assert!(
-        msg.contains("does not exist") && msg.contains("scripts/fetch-data.sh"),
+        msg.contains("data/not-fetched/train-images-idx3-ubyte.gz does not exist")
+            && msg.contains("scripts/fetch-data.sh"),
+        "{msg}"
+    );
+    let mine = dir.path().join("mine");
+    std::fs::create_dir_all(mine.join("images")).unwrap();
+    let msg = error(mine.to_str().unwrap());
+    assert!(
+        msg.contains("train-images-idx3-ubyte.gz does not exist; ")
+            && msg.contains("mine holds `images`")
+            && !msg.contains("fetch-data"),
         "{msg}"
     );
 }
