@@ -43,12 +43,12 @@ pub struct Images {
     augment: Option<Augment>,
 }
 
-fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
+pub(super) fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Data(format!("{}: {msg}", path.display()))
 }
 
 /// How an image's decoding failed, for a person.
-fn image_err(path: &Path, e: image::ImageError) -> Error {
+pub(super) fn image_err(path: &Path, e: image::ImageError) -> Error {
     match e {
         image::ImageError::Unsupported(u) => data_err(
             path,
@@ -309,71 +309,17 @@ impl Images {
                 ),
             ));
         }
-        Ok(values(&rgb, self.channels, self.scale))
+        Ok(super::image_input::values(&rgb, self.channels, self.scale))
     }
 
     /// How a file becomes one of this folder's samples, without the
     /// augmentation: what a trained model's inputs are.
-    pub fn input(&self) -> ImageInput {
-        ImageInput {
+    pub fn input(&self) -> super::ImageInput {
+        super::ImageInput {
             size: [self.size.0, self.size.1],
             channels: self.channels,
             scale: self.scale,
         }
-    }
-}
-
-/// An RGB image as a sample: channel first (or PIL's grey), divided by
-/// `scale`.
-fn values(rgb: &image::RgbImage, channels: usize, scale: f32) -> Vec<f32> {
-    let px = rgb.as_raw();
-    if channels == 1 {
-        // PIL's convert("L"): ITU-R 601-2 luma in 16-bit fixed point.
-        px.chunks_exact(3)
-            .map(|p| {
-                let l =
-                    (p[0] as u32 * 19595 + p[1] as u32 * 38470 + p[2] as u32 * 7471 + 0x8000) >> 16;
-                l as f32 / scale
-            })
-            .collect()
-    } else {
-        (0..3)
-            .flat_map(|c| px.iter().skip(c).step_by(3).map(|&v| v as f32 / scale))
-            .collect()
-    }
-}
-
-/// How an image file becomes a model's input, as an image folder read it
-/// for training (saved with a classifier's checkpoints, so that
-/// `taper classify` and an ONNX export's users read files the same way).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ImageInput {
-    /// Height and width.
-    pub size: [u32; 2],
-    /// 1 (grey) or 3 (RGB).
-    pub channels: usize,
-    /// Pixel bytes are divided by it.
-    pub scale: f32,
-}
-
-impl ImageInput {
-    /// The file's pixels, resized to `size` (bilinear, antialiased, as
-    /// PIL's) where it has another size, channel first, divided by `scale`.
-    pub fn read(&self, path: &Path) -> Result<Vec<f32>> {
-        let decoded = image::ImageReader::open(path)
-            .map_err(|e| data_err(path, e))?
-            .with_guessed_format()
-            .map_err(|e| data_err(path, e))?
-            .decode()
-            .map_err(|e| image_err(path, e))?;
-        let [h, w] = self.size;
-        let rgb = decoded.to_rgb8();
-        let rgb = if (rgb.height(), rgb.width()) == (h, w) {
-            rgb
-        } else {
-            image::imageops::resize(&rgb, w, h, FilterType::Triangle)
-        };
-        Ok(values(&rgb, self.channels, self.scale))
     }
 }
 
@@ -420,7 +366,7 @@ impl Source for Images {
     fn classes(&self) -> Option<&[String]> {
         Some(&self.classes)
     }
-    fn image_input(&self) -> Option<ImageInput> {
+    fn image_input(&self) -> Option<super::ImageInput> {
         Some(self.input())
     }
 }

@@ -1,5 +1,27 @@
 //! What a resumed run is told about how it differs from its checkpoint,
-//! besides the learning rate (`Run::resume`).
+//! besides the learning rate (`Run::resume`), and the difference it is
+//! refused for: data of other classes.
+
+/// Whether the data's class names (`data`) are those the checkpoint's model
+/// learned (`saved`), when both are known: a renamed class folder would
+/// make its labels mean other classes. Bad input (exit 2): the checkpoint
+/// itself is sound.
+pub(super) fn same_classes(
+    path: &std::path::Path,
+    saved: Option<&[String]>,
+    data: Option<&[String]>,
+) -> crate::Result<()> {
+    let (Some(saved), Some(data)) = (saved, data) else {
+        return Ok(());
+    };
+    match crate::data::class_difference(("the checkpoint's", saved), ("the data's", data)) {
+        None => Ok(()),
+        Some(why) => Err(crate::Error::Data(format!(
+            "resuming {}: {why}; its model's outputs are the checkpoint's classes, so training on this data would teach it other ones. Resume with the data it was trained on, or label this data by the checkpoint's classes (taper.data.images{{ classes = {{...}} }})",
+            path.display()
+        ))),
+    }
+}
 
 /// What a resume under another optimizer means, from the two descriptions
 /// (`adamw lr 0.001 betas (0.9, 0.999) ...`; the learning rate has its own

@@ -379,17 +379,7 @@ impl Run {
     /// the checkpoint was written by another version of the recipe.
     pub fn resume(&mut self, path: &Path) -> Result<(CheckpointMeta, Option<String>)> {
         let meta = self.trainer.load(path)?;
-        if let (Some(saved), Some(data)) = (&meta.classes, &self.classes) {
-            if let Some(why) =
-                crate::data::class_difference(("the checkpoint's", saved), ("the data's", data))
-            {
-                // Bad input (exit 2): the checkpoint itself is sound.
-                return Err(crate::Error::Data(format!(
-                    "resuming {}: {why}; its model's outputs are the checkpoint's classes, so training on this data would teach it other ones. Resume with the data it was trained on, or label this data by the checkpoint's classes (taper.data.images{{ classes = {{...}} }})",
-                    path.display()
-                )));
-            }
-        }
+        super::resume_notes::same_classes(path, meta.classes.as_deref(), self.classes.as_deref())?;
         let mut notes = Vec::new();
         if !meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash {
             notes.push(format!(
