@@ -9,6 +9,17 @@ use image::imageops::FilterType;
 use super::images::{data_err, image_err};
 use crate::Result;
 
+/// The image in a file, by its content (not its extension), or an error
+/// naming the file.
+pub(super) fn decode(path: &Path) -> Result<image::DynamicImage> {
+    image::ImageReader::open(path)
+        .map_err(|e| data_err(path, e))?
+        .with_guessed_format()
+        .map_err(|e| data_err(path, e))?
+        .decode()
+        .map_err(|e| image_err(path, e))
+}
+
 /// An RGB image as a sample: channel first (or PIL's grey), divided by
 /// `scale`.
 pub(super) fn values(rgb: &image::RgbImage, channels: usize, scale: f32) -> Vec<f32> {
@@ -46,12 +57,7 @@ impl ImageInput {
     /// The file's pixels, resized to `size` (bilinear, antialiased, as
     /// PIL's) where it has another size, channel first, divided by `scale`.
     pub fn read(&self, path: &Path) -> Result<Vec<f32>> {
-        let decoded = image::ImageReader::open(path)
-            .map_err(|e| data_err(path, e))?
-            .with_guessed_format()
-            .map_err(|e| data_err(path, e))?
-            .decode()
-            .map_err(|e| image_err(path, e))?;
+        let decoded = decode(path)?;
         let [h, w] = self.size;
         let rgb = decoded.to_rgb8();
         let rgb = if (rgb.height(), rgb.width()) == (h, w) {

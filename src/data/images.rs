@@ -282,12 +282,7 @@ impl Images {
     /// first, divided by `scale`.
     fn pixels(&self, index: usize, epoch: u64) -> Result<Vec<f32>> {
         let path = &self.files[index].0;
-        let decoded = image::ImageReader::open(path)
-            .map_err(|e| data_err(path, e))?
-            .with_guessed_format()
-            .map_err(|e| data_err(path, e))?
-            .decode()
-            .map_err(|e| image_err(path, e))?;
+        let decoded = super::image_input::decode(path)?;
         let (h, w) = self.size;
         let rgb = match &self.augment {
             Some(a) if self.resize || (decoded.height(), decoded.width()) == (h, w) => {

@@ -151,19 +151,7 @@ fn warm_start(lua: &Lua, what: &str, kind: &str, t: &Table) -> mlua::Result<Mode
             ))
         }
     };
-    let outputs = match t.get::<Value>("outputs")? {
-        Value::Nil => None,
-        Value::Integer(n) if n > 0 => Some(n as usize),
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                    "{what}: option `outputs` must be a positive whole number, got {}",
-                    super::options::brief(&other)
-                ),
-            ))
-        }
-    };
+    let outputs = positive(lua, what, t, "outputs")?;
     let fail = |e: crate::Error| config_error(lua, format!("{what}: {e}"));
     super::data_files::check_files(lua, what, &[std::path::Path::new(&from)])?;
     let path = crate::interop::saved::locate(std::path::Path::new(&from)).map_err(fail)?;
@@ -219,22 +207,25 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
     // The file's config says what the model is; only the context may be
     // shortened.
     super::options::check_keys(lua, &format!("{WHAT} with `from`"), t, &["from", "context"])?;
-    let context = match t.get::<Value>("context")? {
-        Value::Nil => None,
-        Value::Integer(n) if n > 0 => Some(n as usize),
-        other => {
-            return Err(config_error(
-                lua,
-                format!(
-                    "{WHAT}: option `context` must be a positive whole number, got {}",
-                    super::options::brief(&other)
-                ),
-            ))
-        }
-    };
+    let context = positive(lua, WHAT, t, "context")?;
     let spec = crate::interop::hf::import(std::path::Path::new(&from), context)
         .map_err(|e| config_error(lua, format!("{WHAT}: {e}")))?;
     checked(lua, WHAT, spec)
+}
+
+/// Option `key` of `t`: absent, or a whole number of 1 or more.
+fn positive(lua: &Lua, what: &str, t: &Table, key: &str) -> mlua::Result<Option<usize>> {
+    match t.get::<Value>(key)? {
+        Value::Nil => Ok(None),
+        Value::Integer(n) if n > 0 => Ok(Some(n as usize)),
+        other => Err(config_error(
+            lua,
+            format!(
+                "{what}: option `{key}` must be a positive whole number, got {}",
+                super::options::brief(&other)
+            ),
+        )),
+    }
 }
 
 /// A model handle, once its options are checked ([`ModelSpec::check`]):
