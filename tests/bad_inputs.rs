@@ -215,7 +215,7 @@ print(run:generate{ prompt = { 1, 999 } })
             recipe: "local data = taper.data.csv{ path = \"nan.csv\" }\n",
             args: &[],
             code: 2,
-            says: &["recipe.lua:1: taper.data.csv: nan.csv: line 2, column 1: `nan` is not a finite number (a missing value?)"],
+            says: &["recipe.lua:1: taper.data.csv: nan.csv: line 2, column 1: a missing value (`nan`); `missing = \"drop\"` leaves such rows out"],
         },
         Case {
             name: "a scale of 0",

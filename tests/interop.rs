@@ -3,8 +3,8 @@
 //! transformers loads taper's Hugging Face export with the same logits and
 //! tokenization, taper starts from a transformers-saved GPT-2 with the same
 //! logits, llama.cpp runs taper's GGUF GPT and QLoRA adapters to the
-//! same cross-entropy, and onnxruntime runs taper's ONNX classifiers to the
-//! same logits and accuracy.
+//! same cross-entropy, onnxruntime runs taper's ONNX classifiers to the
+//! same logits and accuracy, and pandas reads a CSV file as taper does.
 
 mod common;
 
@@ -674,5 +674,63 @@ fn onnxruntime_classifies_an_image_folder_as_the_run_did() -> Result<()> {
         accuracy,
         "taper classify against the run's eval"
     );
+    Ok(())
+}
+
+/// The penguins CSV as pandas reads it (`dropna` over the columns used,
+/// labels coded by sorted class name) and NumPy standardizes it in f64: the
+/// same rows, labels and classes, and features within 1e-5.
+#[test]
+fn a_csv_file_reads_and_standardizes_as_pandas_and_numpy_do() -> Result<()> {
+    use std::sync::Arc;
+    use taper::data::{csv, Column, CsvOptions, Missing, Pipeline, Source};
+
+    let path = common::fetched("data/penguins/penguins.csv")?;
+    let features = [
+        "bill_length_mm",
+        "bill_depth_mm",
+        "flipper_length_mm",
+        "body_mass_g",
+    ];
+    let table = csv(
+        &path,
+        &CsvOptions {
+            label: Column::Name("species".into()),
+            features: Some(features.map(|f| Column::Name(f.into())).to_vec()),
+            missing: Missing::Drop,
+            ..CsvOptions::default()
+        },
+    )?;
+    let theirs = check_with(
+        "pandas, numpy",
+        &[
+            "csv-standardize",
+            path.to_str().unwrap(),
+            "species",
+            &serde_json::to_string(&features)?,
+        ],
+    )?;
+    assert_eq!(theirs["dropped"], table.dropped().len());
+    let classes: Vec<String> = serde_json::from_value(theirs["classes"].clone())?;
+    assert_eq!(table.classes(), Some(&classes[..]));
+    let data = Pipeline::new(Arc::new(table)).standardize(None)?;
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for b in data.epoch(1, 100, 0) {
+        let b = b?;
+        xs.extend(b.x.to_vec2::<f32>()?);
+        ys.extend(b.y.to_vec1::<u32>()?);
+    }
+    let labels: Vec<u32> = serde_json::from_value(theirs["labels"].clone())?;
+    assert_eq!(ys, labels);
+    let want: Vec<Vec<f64>> = serde_json::from_value(theirs["x"].clone())?;
+    assert_eq!(xs.len(), want.len());
+    let worst = xs
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .map(|(a, b)| (*a as f64 - b).abs())
+        .fold(0.0, f64::max);
+    eprintln!("{} rows, largest difference {worst:e}", xs.len());
+    assert!(worst < 1e-5, "{worst}");
     Ok(())
 }

@@ -399,6 +399,28 @@ fn mnist_csv_mlp_learns() -> Result<()> {
     Ok(())
 }
 
+/// The Palmer penguins CSV as pandas writes it: named columns, species
+/// names for labels, two rows of missing measurements left out, features
+/// standardized with the training part's statistics.
+#[test]
+fn penguins_mlp_learns_from_a_table_with_names_and_missing_values() -> Result<()> {
+    common::fetched("data/penguins/penguins.csv")?;
+    let dir = tempfile::tempdir()?;
+    let report = train("scripts/penguins.lua", dir.path(), &[])?;
+    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    // 344 rows less the 2 with missing values, a fifth of them held out.
+    assert_eq!(ev.samples, 68);
+    // Measured 98.5-100% over five seeds; without standardization 45-70%.
+    assert!(ev.accuracy >= 0.95, "test accuracy {}", ev.accuracy);
+    let (_, meta) = taper::engine::checkpoint::load(
+        &dir.path().join("checkpoint.safetensors"),
+        &candle_core::Device::Cpu,
+    )?;
+    let classes = ["Adelie", "Chinstrap", "Gentoo"].map(String::from);
+    assert_eq!(meta.classes.as_deref(), Some(&classes[..]));
+    Ok(())
+}
+
 /// Data missing under `data/`, where scripts/fetch-data.sh puts the
 /// recipes' data sets, says to fetch it; elsewhere (a user's own folder),
 /// what its folder holds instead.

@@ -584,6 +584,12 @@ fn shipped_mnist_csv_reloads() {
 }
 
 #[test]
+fn shipped_penguins_reloads() {
+    common::fetched("data/penguins/penguins.csv").unwrap();
+    shipped_recipe_reloads("penguins.lua", &["epochs=100000"]);
+}
+
+#[test]
 fn shipped_shakespeare_reloads() {
     shipped_recipe_reloads("shakespeare.lua", &["epochs=100000", "steps=4", "sample=0"]);
 }

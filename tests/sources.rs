@@ -5,7 +5,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use taper::data::{csv, idx, samples, text, tokens, Source, TokenType};
+use std::sync::Arc;
+
+use taper::data::{
+    csv, idx, samples, text, tokens, Column, CsvOptions, Missing, Pipeline, Source, TokenType,
+};
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let p = dir.join(name);
@@ -87,34 +91,258 @@ fn corrupt_idx_names_file_and_offset() -> Result<()> {
     Ok(())
 }
 
+/// CSV options: the label column by index, whether the first row is a
+/// header, and the divisor of the features.
+fn by_index(label: i64, header: bool, scale: f32) -> CsvOptions {
+    CsvOptions {
+        label: Column::Index(label),
+        header: Some(header),
+        scale,
+        ..CsvOptions::default()
+    }
+}
+
 #[test]
 fn csv_reads_and_reports_lines() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ok = write(dir.path(), "ok.csv", b"a,b,label\n1,2,0\n3,4,2\n");
-    let src = csv(&ok, -1, true, 2.0, "all")?;
+    let src = csv(&ok, &by_index(-1, true, 2.0))?;
     let (x, y) = src.gather(&[1])?;
     assert_eq!(
         (x.to_vec2::<f32>()?, y.to_vec1::<u32>()?),
         (vec![vec![1.5, 2.0]], vec![2])
     );
-    let first = csv(&ok, 0, true, 1.0, "all")?;
+    assert_eq!(src.classes(), None);
+    let first = csv(&ok, &by_index(0, true, 1.0))?;
     assert_eq!(first.gather(&[1])?.1.to_vec1::<u32>()?, vec![3]);
 
+    let plain = CsvOptions::default();
     let ragged = write(dir.path(), "ragged.csv", b"1,2,0\n3,0\n");
-    assert!(err_text(csv(&ragged, -1, false, 1.0, "all"))
-        .contains("ragged.csv: line 2: 2 columns, expected 3"));
+    assert!(err_text(csv(&ragged, &plain)).contains("ragged.csv: line 2: 2 columns, expected 3"));
     let word = write(dir.path(), "word.csv", b"1,2,0\n3,x4,1\n");
-    assert!(err_text(csv(&word, -1, false, 1.0, "all"))
-        .contains("word.csv: line 2, column 2: `x4` is not a number"));
-    for (cell, file) in [("NaN", "nan.csv"), ("inf", "inf.csv"), ("1e39", "big.csv")] {
+    assert!(
+        err_text(csv(&word, &plain)).contains("word.csv: line 2, column 2: `x4` is not a number")
+    );
+    for (cell, file) in [("inf", "inf.csv"), ("1e39", "big.csv")] {
         let path = write(dir.path(), file, format!("1,2,0\n3,{cell},1\n").as_bytes());
-        let msg = err_text(csv(&path, -1, false, 1.0, "all"));
+        let msg = err_text(csv(&path, &plain));
         let says = format!("{file}: line 2, column 2: `{cell}` is not a finite number");
         assert!(msg.contains(&says), "{msg}");
     }
+    for (cell, file) in [("NaN", "nan.csv"), ("NA", "na.csv"), ("", "empty.csv")] {
+        let path = write(dir.path(), file, format!("1,2,0\n3,{cell},1\n").as_bytes());
+        let msg = err_text(csv(&path, &plain));
+        let says = format!("{file}: line 2, column 2: a missing value (`{cell}`); `missing = \"drop\"` leaves such rows out");
+        assert!(msg.contains(&says), "{msg}");
+    }
     let frac = write(dir.path(), "frac.csv", b"1,2,0.5\n");
-    assert!(err_text(csv(&frac, -1, false, 1.0, "all"))
-        .contains("frac.csv: line 1: label `0.5` is not a class index"));
+    assert!(err_text(csv(&frac, &plain))
+        .contains("frac.csv: line 1, column 3: label `0.5` is not a class index"));
+    Ok(())
+}
+
+/// A CSV file as pandas or a spreadsheet writes it: a byte-order mark, a
+/// header, CRLF line ends, quoted cells holding the delimiter, class names
+/// for labels and missing values.
+#[test]
+fn csv_reads_named_columns_class_names_and_missing_values() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let text = "\u{feff}name,species,\"mass, g\",wing,note\r\n\
+                \"Smith, J\",heron,1.5,30,\"a \"\"quoted\"\" word\"\r\n\
+                B,crane,NA,40,x\r\n\
+                C,albatross,3.5,,x\r\n\
+                D,crane,4.5,50,x\r\n";
+    let path = write(dir.path(), "birds.csv", text.as_bytes());
+    let named = |features: &[&str]| CsvOptions {
+        label: Column::Name("species".into()),
+        features: Some(
+            features
+                .iter()
+                .map(|f| Column::Name(f.to_string()))
+                .collect(),
+        ),
+        ..CsvOptions::default()
+    };
+    // Missing values stop reading, naming the line and the column.
+    let msg = err_text(csv(&path, &named(&["wing", "mass, g"])));
+    assert!(
+        msg.contains("birds.csv: line 3, column 3 (`mass, g`): a missing value (`NA`)"),
+        "{msg}"
+    );
+    // Or are left out, and counted by line.
+    let src = csv(
+        &path,
+        &CsvOptions {
+            missing: Missing::Drop,
+            ..named(&["wing", "mass, g"])
+        },
+    )?;
+    assert_eq!(src.dropped(), &[3, 4]);
+    assert_eq!(src.len(), 2);
+    let names = ["crane", "heron"].map(String::from);
+    assert_eq!(src.classes(), Some(&names[..]), "sorted class names");
+    let (x, y) = src.gather(&[0, 1])?;
+    assert_eq!(x.to_vec2::<f32>()?, vec![vec![30.0, 1.5], vec![50.0, 4.5]]);
+    assert_eq!(y.to_vec1::<u32>()?, vec![1, 0]);
+    assert!(src
+        .describe()
+        .contains("2 rows with a missing value left out"));
+
+    // Every other column by default: `name` is a word, and the message
+    // says how to choose columns.
+    let msg = err_text(csv(
+        &path,
+        &CsvOptions {
+            label: Column::Name("species".into()),
+            ..CsvOptions::default()
+        },
+    ));
+    assert!(
+        msg.contains("line 2, column 1 (`name`): `Smith, J` is not a number; choose the numeric columns with `features = { ... }`"),
+        "{msg}"
+    );
+    let msg = err_text(csv(&path, &named(&["wings"])));
+    assert!(
+        msg.contains("feature column `wings` is not in the header, which names `name`, `species`, `mass, g`, `wing`, `note`"),
+        "{msg}"
+    );
+    let msg = err_text(csv(&path, &named(&["wing", "species"])));
+    assert!(msg.contains("column 2 (`species`) is the label"), "{msg}");
+    let msg = err_text(csv(&path, &named(&["wing", "wing"])));
+    assert!(
+        msg.contains("column 4 (`wing`) is among the features twice"),
+        "{msg}"
+    );
+    let msg = err_text(csv(
+        &path,
+        &CsvOptions {
+            header: Some(false),
+            ..named(&["wing"])
+        },
+    ));
+    assert!(
+        msg.contains("columns are named but `header` is false"),
+        "{msg}"
+    );
+
+    // Given classes label by those names, in that order; a name outside them
+    // is an error.
+    let given = |classes: &[&str]| CsvOptions {
+        classes: Some(classes.iter().map(|c| c.to_string()).collect()),
+        missing: Missing::Drop,
+        ..named(&["wing"])
+    };
+    let src = csv(&path, &given(&["heron", "crane", "stork"]))?;
+    assert_eq!(src.gather(&[0, 1])?.1.to_vec1::<u32>()?, vec![0, 1]);
+    assert_eq!(src.classes().map(|c| c.len()), Some(3));
+    let msg = err_text(csv(&path, &given(&["heron"])));
+    assert!(
+        msg.contains(
+            "line 3, column 2 (`species`): label `crane` is not one of the classes (`heron`)"
+        ),
+        "{msg}"
+    );
+
+    // Tab-separated, by the delimiter.
+    let tsv = write(dir.path(), "t.tsv", b"a\tb\tlabel\n1\t2\tcat\n");
+    let src = csv(
+        &tsv,
+        &CsvOptions {
+            delimiter: b'\t',
+            header: Some(true),
+            ..CsvOptions::default()
+        },
+    )?;
+    assert_eq!(src.gather(&[0])?.0.to_vec2::<f32>()?, vec![vec![1.0, 2.0]]);
+    Ok(())
+}
+
+/// `standardize` shifts and scales each feature by the mean and population
+/// deviation of the data it is given (computed here in f64), and data
+/// standardized like another uses that data's statistics.
+#[test]
+fn standardize_uses_the_statistics_of_the_data_given() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let rows: Vec<[f64; 3]> = (0..50)
+        .map(|i| {
+            let i = i as f64;
+            [1000.0 + 37.0 * (i * 0.7).sin(), 0.01 * i, 5.0]
+        })
+        .collect();
+    let mut text = String::from("a,b,c,label\n");
+    for (i, r) in rows.iter().enumerate() {
+        text += &format!("{},{},{},{}\n", r[0] as f32, r[1] as f32, r[2], i % 3);
+    }
+    let path = write(dir.path(), "t.csv", text.as_bytes());
+    let all = Pipeline::new(Arc::new(csv(&path, &by_index(-1, true, 1.0))?));
+    let parts = all.split(&[0.8, 0.2], None)?;
+    let (train, test) = (parts[0].clone(), parts[1].clone());
+    let train = train.standardize(None)?;
+    let test = test.standardize(Some(&train))?;
+
+    let f32s = |r: &[f64; 3]| r.map(|v| v as f32 as f64);
+    let n = 40.0;
+    let mean: Vec<f64> = (0..3)
+        .map(|c| rows[..40].iter().map(|r| f32s(r)[c]).sum::<f64>() / n)
+        .collect();
+    let std: Vec<f64> = (0..3)
+        .map(|c| {
+            (rows[..40]
+                .iter()
+                .map(|r| (f32s(r)[c] - mean[c]).powi(2))
+                .sum::<f64>()
+                / n)
+                .sqrt()
+        })
+        .collect();
+    let stats = train.standardized().unwrap();
+    for c in 0..2 {
+        assert!((stats.mean()[c] as f64 - mean[c]).abs() <= 1e-6 * mean[c].abs().max(1.0));
+        assert!(
+            (stats.std()[c] as f64 - std[c]).abs() <= 1e-5 * std[c],
+            "{c}"
+        );
+    }
+    assert_eq!(stats.std()[2], 1.0, "a constant feature is only shifted");
+    let check = |p: &Pipeline| -> Result<()> {
+        for b in p.epoch(1, 7, 0) {
+            let b = b?;
+            for (row, &i) in b.x.to_vec2::<f32>()?.iter().zip(&b.indices) {
+                let want = [0, 1, 2].map(|c| match std[c] {
+                    0.0 => f32s(&rows[i])[c] - mean[c],
+                    s => (f32s(&rows[i])[c] - mean[c]) / s,
+                });
+                for c in 0..3 {
+                    assert!(
+                        (row[c] as f64 - want[c]).abs() < 1e-5,
+                        "{i} {c}: {} {}",
+                        row[c],
+                        want[c]
+                    );
+                }
+            }
+        }
+        Ok(())
+    };
+    check(&train)?;
+    check(&test)?;
+    // Standardizing standardized data changes nothing (mean 0, deviation 1).
+    let again = train.clone().standardize(None)?;
+    assert!(again
+        .standardized()
+        .unwrap()
+        .mean()
+        .iter()
+        .all(|m| m.abs() < 1e-5));
+
+    let ids = Pipeline::new(Arc::new(tokens(
+        &write(dir.path(), "t.bin", &[1, 0, 2, 0, 3, 0, 4, 0]),
+        TokenType::U16,
+        2,
+        None,
+        "train",
+    )?));
+    assert!(err_text(ids.standardize(None)).contains("not float features"));
     Ok(())
 }
 

@@ -193,6 +193,15 @@ function Data:split(parts) end
 ---@return taper.Data
 function Data:map(fn) end
 
+---Each feature shifted and scaled to mean 0 and deviation 1 (population, as
+---scikit-learn's StandardScaler; a constant feature is only shifted), with
+---the statistics of `like` (what it applies, when standardized itself), or
+---else of this data's own samples: `train = train:standardize()`, then
+---`test = test:standardize(train)`.
+---@param like? taper.Data
+---@return taper.Data
+function Data:standardize(like) end
+
 ---Sets the split name reported in `eval` records.
 ---@param name string
 ---@return taper.Data
@@ -231,7 +240,7 @@ function Data:encode(text) end
 function Data:decode(ids) end
 
 ---Class names, label 0 first (`classes[label + 1]`), for data that knows them
----(an image folder); nil otherwise.
+---(an image folder, a CSV file with class names); nil otherwise.
 ---@return string[]?
 function Data:classes() end
 
@@ -267,9 +276,16 @@ function taper.data.generator(fn, opts) end
 ---@return taper.Data
 function taper.data.idx(opts) end
 
----A numeric CSV file: features divided by `scale`, an integer label column
----(`label`, default -1: the last).
----@param opts {path: string, label?: integer, header?: boolean, scale?: number, split?: string}
+---A CSV file (gzipped or plain; quoted cells, CRLF, a byte-order mark), one
+---sample per row. `label` is the label column: an index (0 the first, -1 the
+---last, the default) or a header name; `features` the feature columns, in
+---order (default: every other). Naming a column implies `header = true`.
+---Labels are class indices, or, when any is not a number, class names
+---(sorted; `data:classes()`), or the names of `classes`. Features are numbers,
+---divided by `scale`. A missing value (empty, `NA`, `NaN`, `null`, ...) is an
+---error naming its line and column; `missing = "drop"` leaves its row out and
+---counts it. `delimiter` defaults to "," (a tab for `.tsv`).
+---@param opts {path: string, label?: integer|string, features?: (integer|string)[], header?: boolean, delimiter?: string, scale?: number, split?: string, classes?: string[], missing?: "error"|"drop"}
 ---@return taper.Data
 function taper.data.csv(opts) end
 

@@ -166,6 +166,25 @@ def onnx_classify(model, folder):
     print(json.dumps({"accuracy": right / len(ys), "images": len(ys), "classes": classes}))
 
 
+def csv_standardize(path, label, features):
+    """pandas reads the CSV, drops rows missing a used value, codes the labels
+    by sorted class name, and NumPy standardizes (population deviation, as
+    scikit-learn's StandardScaler) the features as taper reads them (f32)."""
+    import numpy as np
+    import pandas as pd
+
+    features = json.loads(features)
+    df = pd.read_csv(path)
+    total = len(df)
+    df = df.dropna(subset=[label] + features)
+    classes = sorted(df[label].unique())
+    y = df[label].map({c: i for i, c in enumerate(classes)})
+    x = df[features].to_numpy(np.float32).astype(np.float64)
+    z = (x - x.mean(0)) / x.std(0)
+    print(json.dumps({"classes": classes, "labels": y.tolist(), "dropped": total - len(df),
+                      "x": z.tolist()}))
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "hf-random":
@@ -182,6 +201,8 @@ def main():
         onnx_logits(args[0], args[1])
     elif cmd == "onnx-classify":
         onnx_classify(args[0], args[1])
+    elif cmd == "csv-standardize":
+        csv_standardize(args[0], args[1], args[2])
     else:
         raise SystemExit(f"unknown command {cmd}")
 

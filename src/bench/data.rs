@@ -90,7 +90,13 @@ pub fn run(steps: usize) -> Result<()> {
     if mnist.exists() {
         throughput(
             "mnist csv",
-            Arc::new(data::csv(mnist, -1, false, 255.0, "all")?),
+            Arc::new(data::csv(
+                mnist,
+                &data::CsvOptions {
+                    scale: 255.0,
+                    ..Default::default()
+                },
+            )?),
         )?;
     }
     let dir = std::env::temp_dir().join(format!("taper-bench-{}", std::process::id()));

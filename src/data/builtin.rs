@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor};
 
 use std::path::Path;
 
-use super::files::{parse_csv, Csv};
+use super::csv::{parse_csv, Csv, CsvOptions};
 use super::vocab::Vocab;
 use super::Source;
 use crate::{Error, Result};
@@ -34,10 +34,10 @@ fn digits_table() -> Result<&'static Csv> {
     let table = parse_csv(
         Path::new("built-in digits.csv"),
         &text,
-        -1,
-        false,
-        16.0,
-        "all",
+        &CsvOptions {
+            scale: 16.0,
+            ..CsvOptions::default()
+        },
     )?;
     if table.len() != 1797 || table.width() != 64 {
         return Err(Error::Data(format!(

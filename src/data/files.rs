@@ -1,4 +1,5 @@
-//! Sources read from files: IDX (MNIST's format), CSV and plain text. Each
+//! Sources read from files: IDX (MNIST's format) and plain text (CSV is
+//! in `csv.rs`). Each
 //! error names the file and the offset or line where reading failed.
 
 use std::io::Read;
@@ -10,7 +11,7 @@ use candle_core::{Device, Tensor};
 use super::{tokenized, CharText, Source, Vocab};
 use crate::{Error, Result};
 
-fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
+pub(crate) fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Data(format!("{}: {msg}", path.display()))
 }
 
@@ -162,137 +163,6 @@ impl Source for Idx {
         }
         Ok((
             Tensor::from_vec(x, (indices.len(), s), &Device::Cpu)?,
-            Tensor::from_vec(y, indices.len(), &Device::Cpu)?,
-        ))
-    }
-}
-
-/// Numeric CSV rows: feature columns and one integer label column.
-pub struct Csv {
-    name: String,
-    split: String,
-    features: Vec<f32>,
-    labels: Vec<u32>,
-    width: usize,
-}
-
-/// Parses CSV text. `label` is the label column (negative: from the end);
-/// features are divided by `scale`. `what` names the file in errors.
-pub fn parse_csv(
-    what: &Path,
-    text: &str,
-    label: i64,
-    header: bool,
-    scale: f32,
-    split: &str,
-) -> Result<Csv> {
-    let mut features = Vec::new();
-    let mut labels = Vec::new();
-    let mut columns = None;
-    for (i, line) in text.lines().enumerate().skip(usize::from(header)) {
-        let line_no = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        let n = *columns.get_or_insert(cells.len());
-        if cells.len() != n {
-            return Err(data_err(
-                what,
-                format!("line {line_no}: {} columns, expected {n}", cells.len()),
-            ));
-        }
-        let li = if label < 0 { n as i64 + label } else { label };
-        if li < 0 || li >= n as i64 {
-            return Err(data_err(
-                what,
-                format!("label column {label} is outside the {n} columns"),
-            ));
-        }
-        for (c, cell) in cells.iter().enumerate() {
-            let v: f32 = cell.parse().map_err(|_| {
-                data_err(
-                    what,
-                    format!("line {line_no}, column {}: `{cell}` is not a number", c + 1),
-                )
-            })?;
-            if c as i64 != li && !v.is_finite() {
-                return Err(data_err(
-                    what,
-                    format!(
-                        "line {line_no}, column {}: `{cell}` is not a finite number (a missing value?)",
-                        c + 1
-                    ),
-                ));
-            }
-            if c as i64 == li {
-                if v < 0.0 || v.fract() != 0.0 {
-                    return Err(data_err(
-                        what,
-                        format!("line {line_no}: label `{cell}` is not a class index"),
-                    ));
-                }
-                labels.push(v as u32);
-            } else {
-                features.push(v / scale);
-            }
-        }
-    }
-    let width = columns.unwrap_or(1) - 1;
-    Ok(Csv {
-        name: what
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        split: split.to_string(),
-        features,
-        labels,
-        width,
-    })
-}
-
-pub fn csv(path: &Path, label: i64, header: bool, scale: f32, split: &str) -> Result<Csv> {
-    let bytes = read_maybe_gz(path)?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        data_err(
-            path,
-            format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
-        )
-    })?;
-    parse_csv(path, &text, label, header, scale, split)
-}
-
-impl Csv {
-    pub fn width(&self) -> usize {
-        self.width
-    }
-}
-
-impl Source for Csv {
-    fn len(&self) -> usize {
-        self.labels.len()
-    }
-    fn split(&self) -> &str {
-        &self.split
-    }
-    fn describe(&self) -> String {
-        format!(
-            "csv {} ({} rows of {} features)",
-            self.name,
-            self.labels.len(),
-            self.width
-        )
-    }
-    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
-        let w = self.width;
-        let mut x = Vec::with_capacity(indices.len() * w);
-        let mut y = Vec::with_capacity(indices.len());
-        for &i in indices {
-            x.extend_from_slice(&self.features[i * w..(i + 1) * w]);
-            y.push(self.labels[i]);
-        }
-        Ok((
-            Tensor::from_vec(x, (indices.len(), w), &Device::Cpu)?,
             Tensor::from_vec(y, indices.len(), &Device::Cpu)?,
         ))
     }

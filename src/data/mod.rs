@@ -4,6 +4,7 @@
 
 mod augment;
 mod builtin;
+mod csv;
 mod epoch;
 mod files;
 mod image_input;
@@ -12,19 +13,22 @@ mod mapped;
 mod permutation;
 mod pipeline;
 mod samples;
+mod standardize;
 mod tokenized;
 mod tokens;
 mod vocab;
 
 pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
+pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing};
 pub use epoch::Epoch;
-pub use files::{csv, idx, parse_csv, text, Csv, Idx};
+pub use files::{idx, text, Idx};
 pub use image_input::ImageInput;
 pub use images::{image_files, images, images_of, Images};
 pub use permutation::Permutation;
 pub use pipeline::Pipeline;
 pub use samples::{samples, Samples};
+pub use standardize::Standardize;
 pub use tokens::{tokens, TokenType, Tokens};
 pub use vocab::Vocab;
 

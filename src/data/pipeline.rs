@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::epoch::{Direct, Epoch, Order};
 use super::permutation::Permutation;
+use super::standardize::Standardize;
 use super::{Source, Transform};
 use crate::{Error, Result};
 
@@ -20,6 +21,8 @@ pub struct Pipeline {
     prefetch: usize,
     name: Option<String>,
     transforms: Vec<Arc<dyn Transform>>,
+    /// The statistics `standardize` applies, for data standardized like it.
+    standardized: Option<Arc<Standardize>>,
 }
 
 impl Pipeline {
@@ -34,7 +37,39 @@ impl Pipeline {
             prefetch: 0,
             name: None,
             transforms: Vec::new(),
+            standardized: None,
         }
+    }
+
+    /// Each feature shifted and scaled by the mean and deviation of `like`'s
+    /// samples (the statistics it applies, when it is standardized itself),
+    /// or of this data's own.
+    pub fn standardize(self, like: Option<&Pipeline>) -> Result<Self> {
+        let stats = match like {
+            Some(Pipeline {
+                standardized: Some(s),
+                ..
+            }) => s.clone(),
+            Some(other) => Arc::new(Standardize::of(other)?),
+            None => Arc::new(Standardize::of(&self)?),
+        };
+        let mut p = self.transform(stats.clone());
+        p.standardized = Some(stats);
+        Ok(p)
+    }
+
+    /// The standardization this data applies, if any.
+    pub fn standardized(&self) -> Option<&Standardize> {
+        self.standardized.as_deref()
+    }
+
+    /// The batches of epoch 1 in source order, `size` samples each, with
+    /// this data's transforms, built here.
+    pub(super) fn in_order(&self, size: usize) -> Epoch {
+        let mut p = self.clone();
+        p.shuffle = None;
+        p.prefetch = 0;
+        p.batch(size, false).epoch(1, size, 0)
     }
 
     /// Runs `t` over every batch, after it is built.

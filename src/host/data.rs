@@ -182,6 +182,28 @@ impl UserData for DataHandle {
                 )),
             },
         });
+        // data:standardize() or, for data evaluated against it, data:standardize(train).
+        m.add_method("standardize", |lua, this, like: Value| {
+            let like = match &like {
+                Value::Nil => None,
+                Value::UserData(ud) if ud.is::<DataHandle>() => Some(ud.borrow::<DataHandle>()?.0.clone()),
+                v => {
+                    return Err(config_error(
+                        lua,
+                        format!(
+                            "data:standardize: expected nothing or the data whose statistics to use (`test:standardize(train)`), got {}",
+                            super::options::a_type(v)
+                        ),
+                    ))
+                }
+            };
+            let p = this
+                .0
+                .clone()
+                .standardize(like.as_ref())
+                .map_err(|e| config_error(lua, format!("data:{e}")))?;
+            Ok(DataHandle(p))
+        });
         m.add_method("named", |_, this, name: String| {
             Ok(DataHandle(this.0.clone().named(&name)))
         });

@@ -1,5 +1,5 @@
-//! `taper.data` sources read from files: IDX, CSV, text, safetensors samples
-//! and token files.
+//! `taper.data` sources read from files: IDX, text, safetensors samples
+//! and token files (CSV options are in `data_csv.rs`).
 
 use std::sync::Arc;
 
@@ -52,7 +52,7 @@ fn missing_hint(path: &std::path::Path) -> String {
 }
 
 /// Inputs are divided by `scale`: 0 or infinity would make NaN of them.
-fn check_scale(lua: &Lua, what: &str, scale: f32) -> mlua::Result<()> {
+pub(super) fn check_scale(lua: &Lua, what: &str, scale: f32) -> mlua::Result<()> {
     if scale.is_finite() && scale > 0.0 {
         return Ok(());
     }
@@ -71,20 +71,6 @@ struct IdxOpts {
     split: String,
     #[serde(default = "pixel_scale")]
     scale: f32,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CsvOpts {
-    path: std::path::PathBuf,
-    #[serde(default = "last")]
-    label: i64,
-    #[serde(default)]
-    header: bool,
-    #[serde(default = "one")]
-    scale: f32,
-    #[serde(default = "all")]
-    split: String,
 }
 
 #[derive(Deserialize)]
@@ -225,12 +211,6 @@ fn pixel_scale() -> f32 {
 fn rgb() -> usize {
     3
 }
-fn one() -> f32 {
-    1.0
-}
-fn last() -> i64 {
-    -1
-}
 fn val_fraction() -> f64 {
     0.1
 }
@@ -238,7 +218,7 @@ fn u16_tokens() -> data::TokenType {
     data::TokenType::U16
 }
 
-fn source(s: impl Source + 'static) -> DataHandle {
+pub(super) fn source(s: impl Source + 'static) -> DataHandle {
     DataHandle(Pipeline::new(Arc::new(s)))
 }
 
@@ -255,18 +235,7 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             ))
         })?,
     )?;
-    t.set(
-        "csv",
-        lua.create_function(|lua, opts: Value| {
-            let o: CsvOpts = decode(lua, "taper.data.csv", opts)?;
-            check_scale(lua, "taper.data.csv", o.scale)?;
-            check_files(lua, "taper.data.csv", &[&o.path])?;
-            Ok(source(
-                data::csv(&o.path, o.label, o.header, o.scale, &o.split)
-                    .map_err(|e| at_caller(lua, "taper.data.csv", e))?,
-            ))
-        })?,
-    )?;
+    super::data_csv::register(lua, t)?;
     t.set(
         "text",
         lua.create_function(|lua, opts: Value| {

@@ -4,6 +4,7 @@ mod api;
 mod append;
 mod config;
 mod data;
+mod data_csv;
 mod data_files;
 mod export;
 mod folder_lock;

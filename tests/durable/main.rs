@@ -309,6 +309,20 @@ fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
     assert!(weights(&end) == reference, "weights differ");
 }
 
+/// The penguins recipe (a CSV split by a seeded permutation, standardized
+/// with its training part's statistics), stopped by SIGINT and resumed: the
+/// statistics are computed again to the same bits, and so are the weights.
+#[test]
+fn the_penguins_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/penguins/penguins.csv").unwrap();
+    let recipe = &["scripts/penguins.lua", "--set", "epochs=2000"];
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight_run(recipe, dir.path()));
+    let out = dir.path().join("stopped");
+    let end = stop_and_resume(recipe, &out, libc::SIGINT, 50, &[]);
+    assert!(weights(&end) == reference, "weights differ");
+}
+
 /// A run resumed (or reloaded) with fewer epochs than it has trained says
 /// so, instead of ending at once without a word; with as many, it is a
 /// finished run and says nothing.
