@@ -558,3 +558,60 @@ fn runs_started_together_get_their_own_default_folders() -> Result<()> {
     }
     Ok(())
 }
+
+/// `taper classify` on a run on a CSV file reads new rows by the run's
+/// column names, wherever they are in the file and whatever other columns
+/// it has; a file without one of them is refused, naming it.
+#[test]
+fn classify_reads_csv_rows_by_the_runs_column_names() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut train = String::from("id,a,b,kind\n");
+    for i in 0..200 {
+        let (a, b) = ((i * 37 % 101) as f32, (i * 53 % 97) as f32 * 10.0);
+        let kind = if a * 10.0 > b { "over" } else { "under" };
+        train += &format!("{i},{a},{b},{kind}\n");
+    }
+    let data = write(dir.path(), "train.csv", &train);
+    let recipe = format!(
+        r#"
+local d = taper.data.csv{{ path = {data:?}, label = "kind", features = {{ "a", "b" }} }}:standardize()
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 2, hidden = {{ 16 }}, outputs = 2 }},
+  optim = taper.optim.adamw{{ lr = 1e-2 }}, data = d:shuffle{{ seed = 1 }}:batch(20), seed = 1,
+}}
+for _ in run:epochs(5) do for b in run:batches() do run:step(b) end end
+"#
+    );
+    let r = write(dir.path(), "t.lua", &recipe);
+    let out = dir.path().join("out");
+    let o = taper(&["train", s(&r), "--out", s(&out), "--quiet"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+
+    let same = write(dir.path(), "same.csv", "a,b\n10,5\n1,900\n");
+    let moved = write(dir.path(), "moved.csv", "b,note,a\n5,x,10\n900,y,1\n");
+    let answers = |file: &Path| {
+        let o = taper(&["classify", s(&out), s(file), "--top", "2"]);
+        assert!(o.status.success(), "{}", text(&o).1);
+        let (said, _) = text(&o);
+        said.lines()
+            .map(|l| l.split_once(": ").unwrap().1.to_string())
+            .collect::<Vec<_>>()
+    };
+    let first = answers(&same);
+    assert_eq!(first.len(), 2);
+    assert!(
+        first[0].starts_with("over ") && first[1].starts_with("under "),
+        "{first:?}"
+    );
+    assert_eq!(answers(&moved), first);
+
+    let lacking = write(dir.path(), "lacking.csv", "a,c\n1,2\n");
+    let o = taper(&["classify", s(&out), s(&lacking)]);
+    assert_eq!(o.status.code(), Some(2));
+    let (_, err) = text(&o);
+    assert!(
+        err.contains("lacking.csv: feature column `b` is not in the header, which names `a`, `c`"),
+        "{err}"
+    );
+    Ok(())
+}

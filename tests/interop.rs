@@ -555,6 +555,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             vocab: None,
             classes: None,
             image_input: None,
+            table_input: None,
             step: 7,
         };
         let ty = taper::quant::ExportFormat::parse("f32").unwrap();
@@ -732,5 +733,90 @@ fn a_csv_file_reads_and_standardizes_as_pandas_and_numpy_do() -> Result<()> {
         .fold(0.0, f64::max);
     eprintln!("{} rows, largest difference {worst:e}", xs.len());
     assert!(worst < 1e-5, "{worst}");
+    Ok(())
+}
+
+/// The penguins recipe's MLP, exported as ONNX, takes raw CSV values: its
+/// graph divides and standardizes them as the run did. onnxruntime, on the
+/// rows pandas reads (`dropna` over the feature columns), gives taper's
+/// logits for the same rows, and `taper classify` names the same classes.
+#[test]
+fn an_onnx_export_of_a_csv_run_takes_raw_values() -> Result<()> {
+    let csv = common::fetched("data/penguins/penguins.csv")?;
+    let dir = tempfile::tempdir()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut host = Host::new(HostOptions {
+        out_dir: Some(dir.path().to_path_buf()),
+        quiet: true,
+        overrides: vec![
+            ("epochs".into(), "20".into()),
+            ("path".into(), csv.display().to_string()),
+        ],
+        ..HostOptions::default()
+    })?;
+    host.run_file(&root.join("scripts/penguins.lua"))?;
+    drop(host);
+    let model = dir.path().join("penguins.onnx");
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args([
+            "export",
+            dir.path().to_str().unwrap(),
+            "--format",
+            "onnx",
+            "--out",
+        ])
+        .arg(&model)
+        .output()?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let theirs = check_with(
+        "onnx, onnxruntime, pandas",
+        &["onnx-table", model.to_str().unwrap(), csv.to_str().unwrap()],
+    )?;
+
+    // taper's own logits, on the rows as `taper classify` reads them.
+    let saved = saved::open(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
+    let input = saved
+        .meta
+        .table_input
+        .clone()
+        .expect("a CSV run keeps its reading");
+    let rows = input.read(&csv)?;
+    assert_eq!(
+        rows.missing.iter().map(|m| m.0).collect::<Vec<_>>(),
+        vec![5, 273]
+    );
+    let lines: Vec<usize> = serde_json::from_value(theirs["lines"].clone())?;
+    assert_eq!(rows.lines, lines, "the rows pandas keeps");
+    let x = Tensor::from_vec(rows.values, (lines.len(), input.width()), &Device::Cpu)?;
+    let ours = saved.trainer.frozen()?.forward(&x)?.to_vec2::<f32>()?;
+    let largest = ours.iter().flatten().fold(1f32, |m, v| m.max(v.abs())) as f64;
+    let diff = max_diff(&ours, &theirs["logits"]) / largest;
+    eprintln!("{} rows, logits within {diff:e} relative", lines.len());
+    assert!(diff < 1e-6, "{diff}");
+
+    // `taper classify`: a line per row, the class of the largest logit.
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args([
+            "classify",
+            dir.path().to_str().unwrap(),
+            csv.to_str().unwrap(),
+        ])
+        .output()?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8(o.stderr)?;
+    assert!(
+        err.contains(":5: passed over: a missing value (`NA`) in column 3 (`bill_length_mm`)"),
+        "{err}"
+    );
+    let classes: Vec<String> = serde_json::from_value(theirs["classes"].clone())?;
+    let printed = String::from_utf8(o.stdout)?;
+    assert_eq!(printed.lines().count(), lines.len());
+    for ((line, text), logits) in lines.iter().zip(printed.lines()).zip(&ours) {
+        let best = (0..logits.len())
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap();
+        let want = format!("{}:{line}: {} ", csv.display(), classes[best]);
+        assert!(text.starts_with(&want), "{text} against {want}");
+    }
     Ok(())
 }

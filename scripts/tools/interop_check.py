@@ -166,6 +166,26 @@ def onnx_classify(model, folder):
     print(json.dumps({"accuracy": right / len(ys), "images": len(ys), "classes": classes}))
 
 
+def onnx_table(model, path):
+    """onnxruntime on a CSV file's raw feature values, as pandas reads them."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import pandas as pd
+
+    m = onnx.load(model)
+    onnx.checker.check_model(m, full_check=True)
+    meta = {p.key: p.value for p in m.metadata_props}
+    table = json.loads(meta["taper.table_input"])
+    cols = table["columns"]
+    df = pd.read_csv(path, sep=table["delimiter"]).dropna(subset=cols)
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    logits = s.run(["logits"], {"input": df[cols].to_numpy(np.float32)})[0]
+    # Line numbers: the header is line 1.
+    print(json.dumps({"logits": logits.tolist(), "lines": (df.index + 2).tolist(),
+                      "classes": json.loads(meta["taper.classes"])}))
+
+
 def csv_standardize(path, label, features):
     """pandas reads the CSV, drops rows missing a used value, codes the labels
     by sorted class name, and NumPy standardizes (population deviation, as
@@ -201,6 +221,8 @@ def main():
         onnx_logits(args[0], args[1])
     elif cmd == "onnx-classify":
         onnx_classify(args[0], args[1])
+    elif cmd == "onnx-table":
+        onnx_table(args[0], args[1])
     elif cmd == "csv-standardize":
         csv_standardize(args[0], args[1], args[2])
     else:

@@ -75,8 +75,9 @@ pub enum Command {
     /// Generate text from a checkpoint of a sequence model (its vocabulary
     /// is in the checkpoint).
     Sample(SampleArgs),
-    /// Classify image files with a checkpoint of a classifier trained on an
-    /// image folder (its class names and image size are in the checkpoint).
+    /// Classify image files or CSV rows with a checkpoint of a classifier
+    /// trained on an image folder or a CSV file (its class names, and how it
+    /// read its inputs, are in the checkpoint).
     Classify(ClassifyArgs),
     /// Benchmarks that print figures; see `taper bench --help`.
     Bench(taper::bench::BenchArgs),
@@ -168,7 +169,8 @@ pub struct ExportArgs {
 pub struct ClassifyArgs {
     /// A checkpoint, or a run folder (its newest valid checkpoint)
     pub checkpoint: PathBuf,
-    /// Image files, or folders (the images in them)
+    /// Image files, or folders (the images in them), for a run on an image
+    /// folder; CSV files (a line per row), for a run on a CSV file
     #[arg(required = true)]
     pub images: Vec<PathBuf>,
     /// How many classes to print for each image, most likely first

@@ -168,19 +168,23 @@ pub fn export(a: ExportArgs) -> ExitCode {
     }
 }
 
-/// `taper classify`: a line per image, `FILE: CLASS 93.1%[, CLASS 5.2%...]`.
+/// `taper classify`: a line per image or CSV row, `FILE: CLASS 93.1%[, CLASS
+/// 5.2%...]` or `FILE:LINE: ...`.
 pub fn classify(a: ClassifyArgs) -> ExitCode {
     use taper::interop::saved::classify_checkpoint;
-    let mut emit = |file: &std::path::Path, best: &[taper::interop::saved::Guess]| {
+    let mut emit = |what: &str, best: &[taper::interop::saved::Guess]| {
         let ranked: Vec<String> = best
             .iter()
             .map(|g| format!("{} {:.1}%", g.class, g.probability * 100.0))
             .collect();
-        say!("{}: {}", file.display(), ranked.join(", "));
+        say!("{what}: {}", ranked.join(", "));
     };
-    match classify_checkpoint(&a.checkpoint, &a.images, a.top, &mut emit) {
+    let mut skip = |what: &str, why: &str| eprintln!("taper classify: {what}: passed over: {why}");
+    match classify_checkpoint(&a.checkpoint, &a.images, a.top, &mut emit, &mut skip) {
         Ok(0) => {
-            eprintln!("taper classify: no image files in the folders given");
+            eprintln!(
+                "taper classify: no image files in the folders given, or no rows in the CSV files"
+            );
             ExitCode::from(2)
         }
         Ok(_) => ExitCode::SUCCESS,

@@ -20,7 +20,7 @@ mod vocab;
 
 pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
-pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing};
+pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing, Moments, TableInput, TableRows};
 pub use epoch::Epoch;
 pub use files::{idx, text, Idx};
 pub use image_input::ImageInput;
@@ -64,6 +64,10 @@ pub trait Source: Send + Sync {
     }
     /// How an image file becomes a sample, for an image folder.
     fn image_input(&self) -> Option<ImageInput> {
+        None
+    }
+    /// How a table row becomes a sample, for a CSV file.
+    fn table_input(&self) -> Option<TableInput> {
         None
     }
 }

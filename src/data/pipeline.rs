@@ -101,6 +101,24 @@ impl Pipeline {
         }
     }
 
+    /// How a table row becomes one of this pipeline's samples, when its
+    /// source is a CSV file and no transform but a standardization changes
+    /// the samples.
+    pub fn table_input(&self) -> Option<super::TableInput> {
+        let mut input = self.source.table_input()?;
+        match (self.transforms.len(), &self.standardized) {
+            (0, _) => Some(input),
+            (1, Some(s)) => {
+                input.standardize = Some(super::Moments {
+                    mean: s.mean().to_vec(),
+                    std: s.std().to_vec(),
+                });
+                Some(input)
+            }
+            _ => None,
+        }
+    }
+
     /// The source indices this pipeline reads.
     pub fn range(&self) -> Range<usize> {
         let end = self.end.unwrap_or(usize::MAX).min(self.source.len());
@@ -318,6 +336,9 @@ impl Source for Subset {
     }
     fn image_input(&self) -> Option<super::ImageInput> {
         self.inner.image_input()
+    }
+    fn table_input(&self) -> Option<super::TableInput> {
+        self.inner.table_input()
     }
 }
 

@@ -59,6 +59,7 @@ fn create(
     if let Some(super::generator::Feed::Pipeline(p)) = &o.data {
         core.classes = p.source().classes().map(<[_]>::to_vec);
         core.image_input = p.image_input();
+        core.table_input = p.table_input();
     }
     let mut run = RunState {
         id,

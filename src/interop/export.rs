@@ -22,6 +22,8 @@ pub struct Model<'a> {
     pub classes: Option<&'a [String]>,
     /// How an image file becomes the model's input, for a run on images.
     pub image_input: Option<&'a crate::data::ImageInput>,
+    /// How a CSV row becomes the model's input, for a run on a CSV file.
+    pub table_input: Option<&'a crate::data::TableInput>,
     pub step: u64,
 }
 
@@ -123,6 +125,7 @@ fn onnx(model: &Model, path: &Path) -> Result<Written> {
         step: model.step,
         classes: model.classes,
         image_input: model.image_input,
+        table_input: model.table_input,
     };
     let bytes = super::onnx::export(path, net, &model.params, &meta)?;
     let input = match net {

@@ -63,6 +63,7 @@ impl Saved {
             vocab: self.vocab.as_ref(),
             classes: self.meta.classes.as_deref(),
             image_input: self.meta.image_input.as_ref(),
+            table_input: self.meta.table_input.as_ref(),
             step: self.meta.step,
         }
     }
@@ -133,22 +134,67 @@ pub struct Guess {
     pub probability: f32,
 }
 
-/// `taper classify CHECKPOINT FILE...`: each image file's `top` most likely
-/// classes with their probabilities, as `emit(file, guesses)`, read
-/// as the checkpoint's run read its image folder (size, channels, scale).
-/// A folder stands for the images in it, in an image folder's order.
+/// `taper classify CHECKPOINT FILE...`: the `top` most likely classes with
+/// their probabilities, as `emit(what, guesses)`, for each image file (read
+/// as the checkpoint's run read its image folder: size, channels, scale; a
+/// folder stands for the images in it, in an image folder's order), or for
+/// each row of a CSV file (`FILE:LINE`, read as the run read its CSV file:
+/// the feature columns, scale and standardization; a row with a missing
+/// value is passed to `skip(what, why)`). Returns the count classified.
 pub fn classify_checkpoint(
     arg: &Path,
     files: &[std::path::PathBuf],
     top: usize,
-    emit: &mut dyn FnMut(&Path, &[Guess]),
+    emit: &mut dyn FnMut(&str, &[Guess]),
+    skip: &mut dyn FnMut(&str, &str),
 ) -> Result<usize> {
-    use rayon::prelude::*;
     let path = locate(arg)?;
     let saved = open(&path, &Device::Cpu)?;
+    let classes = saved.meta.classes.clone().unwrap_or_default();
+    let model = saved.trainer.frozen()?;
+    // The `top` classes of each of `n` rows of `width` inputs.
+    let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Vec<Guess>>> {
+        let x = candle_core::Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
+        let probs = candle_nn::ops::softmax_last_dim(&model.forward(&x)?)?.to_vec2::<f32>()?;
+        Ok(probs
+            .into_iter()
+            .map(|p| {
+                let mut ranked: Vec<(usize, f32)> = p.into_iter().enumerate().collect();
+                ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+                ranked
+                    .into_iter()
+                    .take(top.max(1))
+                    .map(|(i, probability)| Guess {
+                        class: classes
+                            .get(i)
+                            .cloned()
+                            .unwrap_or_else(|| format!("class {i}")),
+                        probability,
+                    })
+                    .collect()
+            })
+            .collect())
+    };
+    if let Some(table) = &saved.meta.table_input {
+        let mut count = 0;
+        for f in files {
+            let rows = table.read(f)?;
+            let w = table.width();
+            for (values, at) in rows.values.chunks(1024 * w).zip(rows.lines.chunks(1024)) {
+                for (line, best) in at.iter().zip(guess(values.to_vec(), at.len(), w)?) {
+                    emit(&format!("{}:{line}", f.display()), &best);
+                }
+            }
+            for (line, why) in &rows.missing {
+                skip(&format!("{}:{line}", f.display()), why);
+            }
+            count += rows.lines.len();
+        }
+        return Ok(count);
+    }
     let input = saved.meta.image_input.clone().ok_or_else(|| Error::Checkpoint {
         path: path.clone(),
-        msg: "its run did not train on an image folder (taper.data.images), so taper classify does not know how to read an image for it".into(),
+        msg: "its run did not train on an image folder (taper.data.images) or a CSV file (taper.data.csv), so taper classify does not know how to read an input for it".into(),
     })?;
     let mut images = Vec::new();
     for f in files {
@@ -157,36 +203,18 @@ pub fn classify_checkpoint(
             false => images.push(f.clone()),
         }
     }
-    let classes = saved.meta.classes.clone().unwrap_or_default();
-    let name = |i: usize| {
-        classes
-            .get(i)
-            .cloned()
-            .unwrap_or_else(|| format!("class {i}"))
-    };
-    let model = saved.trainer.frozen()?;
     let features = input.channels * (input.size[0] * input.size[1]) as usize;
     for chunk in images.chunks(64) {
+        use rayon::prelude::*;
         let rows = chunk
             .par_iter()
             .map(|f| input.read(f))
             .collect::<Result<Vec<_>>>()?;
-        let x =
-            candle_core::Tensor::from_vec(rows.concat(), (chunk.len(), features), &Device::Cpu)?;
-        let logits = model.forward(&x)?;
-        let probs = candle_nn::ops::softmax_last_dim(&logits)?.to_vec2::<f32>()?;
-        for (file, p) in chunk.iter().zip(probs) {
-            let mut ranked: Vec<(usize, f32)> = p.into_iter().enumerate().collect();
-            ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-            let best: Vec<Guess> = ranked
-                .into_iter()
-                .take(top.max(1))
-                .map(|(i, probability)| Guess {
-                    class: name(i),
-                    probability,
-                })
-                .collect();
-            emit(file, &best);
+        for (file, best) in chunk
+            .iter()
+            .zip(guess(rows.concat(), chunk.len(), features)?)
+        {
+            emit(&file.display().to_string(), &best);
         }
     }
     Ok(images.len())

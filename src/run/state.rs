@@ -114,6 +114,8 @@ pub struct Run {
     /// How an image file becomes the model's input (an image folder's
     /// reading), saved with checkpoints and exports.
     pub image_input: Option<crate::data::ImageInput>,
+    /// How a CSV row becomes the model's input, saved likewise.
+    pub table_input: Option<crate::data::TableInput>,
 }
 
 impl Run {
@@ -135,6 +137,7 @@ impl Run {
             vocab: None,
             classes: None,
             image_input: None,
+            table_input: None,
         }
     }
 
@@ -359,6 +362,7 @@ impl Run {
             vocab: self.vocab.as_ref().map(|v| v.record()),
             classes: self.classes.clone(),
             image_input: self.image_input.clone(),
+            table_input: self.table_input.clone(),
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
             configured_lr: Some(self.trainer.optim_spec().lr()),

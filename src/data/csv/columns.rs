@@ -3,23 +3,27 @@
 
 use std::path::Path;
 
-use super::{Column, CsvOptions};
+use csv::StringRecord;
+
+use super::{Column, MISSING};
 use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::Result;
 
-/// Where the columns are: the label's index, the features', and the names
-/// for messages (empty without a header).
+/// Where the columns are: the label's index (none when only features are
+/// read), the features', and the names for messages (empty without a
+/// header).
 pub(super) struct Layout {
-    pub(super) label: usize,
+    pub(super) label: Option<usize>,
     pub(super) features: Vec<usize>,
-    names: Vec<String>,
+    pub(super) names: Vec<String>,
 }
 
 impl Layout {
     pub(super) fn resolve(
         what: &Path,
-        opts: &CsvOptions,
+        label: Option<&Column>,
+        features: Option<&[Column]>,
         n: usize,
         names: Vec<String>,
     ) -> Result<Layout> {
@@ -46,15 +50,15 @@ impl Layout {
                 }),
             }
         };
-        let label = find(&opts.label, "label")?;
-        let features = match &opts.features {
-            None => (0..n).filter(|&c| c != label).collect(),
+        let label = label.map(|l| find(l, "label")).transpose()?;
+        let features = match features {
+            None => (0..n).filter(|&c| Some(c) != label).collect(),
             Some(cols) => {
                 let mut out: Vec<usize> = Vec::with_capacity(cols.len());
                 for c in cols {
                     let at = find(c, "feature")?;
                     let named = |at: usize| names.get(at).map(|s| format!(" (`{s}`)"));
-                    if at == label {
+                    if Some(at) == label {
                         return Err(data_err(
                             what,
                             format!(
@@ -95,6 +99,51 @@ impl Layout {
             Some(name) => format!("column {} (`{name}`)", c + 1),
             None => format!("column {}", c + 1),
         }
+    }
+}
+
+impl Layout {
+    /// The first used column whose cell is a missing value.
+    pub(super) fn missing(&self, record: &StringRecord) -> Option<usize> {
+        self.label
+            .into_iter()
+            .chain(self.features.iter().copied())
+            .find(|&c| MISSING.contains(&&record[c]))
+    }
+
+    /// Appends the record's features, divided by `scale`; a cell that is
+    /// not a finite number is an error naming it (with `hint` after it).
+    pub(super) fn features_into(
+        &self,
+        (what, line): (&Path, usize),
+        record: &StringRecord,
+        scale: f32,
+        hint: &str,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        for &c in &self.features {
+            let cell = &record[c];
+            let v: f32 = cell.parse().map_err(|_| {
+                data_err(
+                    what,
+                    format!(
+                        "line {line}, {}: `{cell}` is not a number{hint}",
+                        self.column(c)
+                    ),
+                )
+            })?;
+            if !v.is_finite() {
+                return Err(data_err(
+                    what,
+                    format!(
+                        "line {line}, {}: `{cell}` is not a finite number",
+                        self.column(c)
+                    ),
+                ));
+            }
+            out.push(v / scale);
+        }
+        Ok(())
     }
 }
 

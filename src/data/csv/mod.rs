@@ -10,8 +10,10 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 
 mod columns;
+mod input;
 
 use columns::{named, Layout, Lines};
+pub use input::{Moments, TableInput, TableRows};
 
 use super::files::{data_err, read_maybe_gz};
 use super::{name_list, Source};
@@ -19,7 +21,8 @@ use crate::{Error, Result};
 
 /// A column, by its 0-based index (negative: counted from the end) or by its
 /// header name.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
 pub enum Column {
     Index(i64),
     Name(String),
@@ -71,7 +74,7 @@ impl Default for CsvOptions {
 }
 
 /// The cells pandas' `read_csv` reads as missing (its default `na_values`).
-const MISSING: [&str; 19] = [
+pub(super) const MISSING: [&str; 19] = [
     "", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
     "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null",
 ];
@@ -86,18 +89,83 @@ pub struct Csv {
     classes: Option<Vec<String>>,
     /// Lines of the rows left out for a missing value.
     dropped: Vec<usize>,
+    input: TableInput,
 }
 
 /// Reads a CSV file, gzipped or plain.
 pub fn csv(path: &Path, opts: &CsvOptions) -> Result<Csv> {
-    let bytes = read_maybe_gz(path)?;
-    let text = String::from_utf8(bytes).map_err(|e| {
+    parse_csv(path, &read_text(path)?, opts)
+}
+
+/// A file's text, gunzipped, or an error at the first byte that is not UTF-8.
+fn read_text(path: &Path) -> Result<String> {
+    String::from_utf8(read_maybe_gz(path)?).map_err(|e| {
         data_err(
             path,
             format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
         )
-    })?;
-    parse_csv(path, &text, opts)
+    })
+}
+
+/// How a CSV text is read: whether its first row names the columns, and
+/// the delimiter.
+#[derive(Clone, Copy)]
+struct Shape {
+    pub header: bool,
+    pub delimiter: u8,
+}
+
+/// Reads the records of `text`: `layout` is called with the number of
+/// columns and the header's names (empty without one), then `row` with each
+/// data record and its line. Returns the layout (none for a text without
+/// rows).
+fn each_row(
+    what: &Path,
+    text: &str,
+    shape: Shape,
+    layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
+    mut row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
+) -> Result<Option<Layout>> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .delimiter(shape.delimiter)
+        .from_reader(text.as_bytes());
+    let mut lines = Lines::new(text.as_bytes());
+    let mut layout = Some(layout);
+    let mut resolved: Option<Layout> = None;
+    let mut n = 0;
+    for record in reader.records() {
+        let record = record.map_err(|e| data_err(what, e))?;
+        let line = lines.of(record.position().map_or(0, |p| p.byte() as usize));
+        if record.len() == 1 && record[0].is_empty() {
+            continue;
+        }
+        if let Some(make) = layout.take() {
+            n = record.len();
+            let names = match shape.header {
+                true => record.iter().map(str::to_string).collect(),
+                false => Vec::new(),
+            };
+            resolved = Some(make(n, names)?);
+            if shape.header {
+                continue;
+            }
+        }
+        if record.len() != n {
+            return Err(data_err(
+                what,
+                format!("line {line}: {} columns, expected {n}", record.len()),
+            ));
+        }
+        row(
+            resolved.as_ref().expect("resolved at the first row"),
+            line,
+            &record,
+        )?;
+    }
+    Ok(resolved)
 }
 
 /// Parses CSV text as [`csv`] reads a file; `what` names it in errors.
@@ -113,93 +181,65 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         Some(h) => h,
         None => by_name,
     };
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .delimiter(opts.delimiter)
-        .from_reader(text.as_bytes());
-    let mut layout: Option<Layout> = None;
-    let mut n = 0;
+    let shape = Shape {
+        header,
+        delimiter: opts.delimiter,
+    };
+    let hint = match opts.features {
+        None => "; choose the numeric columns with `features = { ... }`",
+        Some(_) => "",
+    };
     let (mut features, mut labels) = (Vec::new(), Vec::new());
     let mut label_lines = Vec::new();
     let mut dropped = Vec::new();
-    let mut lines = Lines::new(text.as_bytes());
-    for record in reader.records() {
-        let record = record.map_err(|e| data_err(what, e))?;
-        let line = lines.of(record.position().map_or(0, |p| p.byte() as usize));
-        if record.len() == 1 && record[0].is_empty() {
-            continue;
-        }
-        if layout.is_none() {
-            n = record.len();
-            let names = match header {
-                true => record.iter().map(str::to_string).collect(),
-                false => Vec::new(),
-            };
-            layout = Some(Layout::resolve(what, opts, n, names)?);
-            if header {
-                continue;
-            }
-        }
-        let l = layout.as_ref().expect("resolved at the first row");
-        if record.len() != n {
-            return Err(data_err(
-                what,
-                format!("line {line}: {} columns, expected {n}", record.len()),
-            ));
-        }
-        let missing = |c: usize| MISSING.contains(&&record[c]);
-        if let Some(c) = std::iter::once(l.label)
-            .chain(l.features.iter().copied())
-            .find(|&c| missing(c))
-        {
-            if opts.missing == Missing::Drop {
-                dropped.push(line);
-                continue;
-            }
-            return Err(data_err(
-                what,
-                format!(
-                    "line {line}, {}: a missing value (`{}`); `missing = \"drop\"` leaves such rows out",
-                    l.column(c),
-                    &record[c]
-                ),
-            ));
-        }
-        for &c in &l.features {
-            let cell = &record[c];
-            let v: f32 = cell.parse().map_err(|_| {
-                let hint = match opts.features {
-                    None => "; choose the numeric columns with `features = { ... }`",
-                    Some(_) => "",
-                };
-                data_err(
-                    what,
-                    format!(
-                        "line {line}, {}: `{cell}` is not a number{hint}",
-                        l.column(c)
-                    ),
-                )
-            })?;
-            if !v.is_finite() {
+    let layout = each_row(
+        what,
+        text,
+        shape,
+        |n, names| Layout::resolve(what, Some(&opts.label), opts.features.as_deref(), n, names),
+        |l, line, record| {
+            if let Some(c) = l.missing(record) {
+                if opts.missing == Missing::Drop {
+                    dropped.push(line);
+                    return Ok(());
+                }
                 return Err(data_err(
                     what,
                     format!(
-                        "line {line}, {}: `{cell}` is not a finite number",
-                        l.column(c)
+                        "line {line}, {}: a missing value (`{}`); `missing = \"drop\"` leaves such rows out",
+                        l.column(c),
+                        &record[c]
                     ),
                 ));
             }
-            features.push(v / opts.scale);
-        }
-        labels.push(record[l.label].to_string());
-        label_lines.push(line);
-    }
+            l.features_into((what, line), record, opts.scale, hint, &mut features)?;
+            labels.push(record[l.label.expect("a label column")].to_string());
+            label_lines.push(line);
+            Ok(())
+        },
+    )?;
     let Some(layout) = layout else {
         return Err(data_err(what, "no rows"));
     };
     let (labels, classes) = label_ids(what, &layout, &labels, &label_lines, opts)?;
+    let input = TableInput {
+        columns: match header {
+            true => layout
+                .features
+                .iter()
+                .map(|&c| Column::Name(layout.names[c].clone()))
+                .collect(),
+            false => layout
+                .features
+                .iter()
+                .map(|&c| Column::Index(c as i64))
+                .collect(),
+        },
+        header,
+        delimiter: (opts.delimiter as char).to_string(),
+        scale: opts.scale,
+        standardize: None,
+    };
     Ok(Csv {
         name: what
             .file_name()
@@ -211,6 +251,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         width: layout.features.len(),
         classes,
         dropped,
+        input,
     })
 }
 
@@ -222,7 +263,8 @@ fn label_ids(
     lines: &[usize],
     opts: &CsvOptions,
 ) -> Result<(Vec<u32>, Option<Vec<String>>)> {
-    let at = |k: usize| format!("line {}, {}", lines[k], layout.column(layout.label));
+    let label = layout.label.expect("a label column");
+    let at = |k: usize| format!("line {}, {}", lines[k], layout.column(label));
     if let Some(classes) = &opts.classes {
         let ids = cells
             .iter()
@@ -324,5 +366,8 @@ impl Source for Csv {
     }
     fn classes(&self) -> Option<&[String]> {
         self.classes.as_deref()
+    }
+    fn table_input(&self) -> Option<TableInput> {
+        Some(self.input.clone())
     }
 }

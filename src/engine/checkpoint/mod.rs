@@ -54,6 +54,10 @@ pub struct CheckpointMeta {
     /// folder: `{ "size": [h, w], "channels": c, "scale": s }`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_input: Option<crate::data::ImageInput>,
+    /// How a CSV row becomes the model's input, for a run on a CSV file:
+    /// its feature columns, scale and standardization.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_input: Option<crate::data::TableInput>,
     pub optimizer: String,
     /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
@@ -321,6 +325,7 @@ mod tests {
             vocab: None,
             classes: None,
             image_input: None,
+            table_input: None,
             optimizer: "o".into(),
             lr: 0.1,
             configured_lr: None,

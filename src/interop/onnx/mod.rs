@@ -41,6 +41,9 @@ pub struct Meta<'a> {
     pub classes: Option<&'a [String]>,
     /// How an image file becomes the input, for a run on an image folder.
     pub image_input: Option<&'a crate::data::ImageInput>,
+    /// How a CSV row becomes the input, for a run on a CSV file: its scale
+    /// and standardization go in the graph, which then takes raw values.
+    pub table_input: Option<&'a crate::data::TableInput>,
 }
 
 /// Writes `net` with its weights (`params`, by taper's names) to `path`
@@ -73,7 +76,11 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
             let mut sizes = vec![m.inputs];
             sizes.extend(&m.hidden);
             sizes.push(m.outputs);
-            let y = g.dense("input".into(), &sizes, m.activation)?;
+            let x = match meta.table_input {
+                Some(t) => g.table_input(t, m.inputs)?,
+                None => "input".into(),
+            };
+            let y = g.dense(x, &sizes, m.activation)?;
             g.rename_output(y);
             (vec![m.inputs], m.outputs)
         }
@@ -115,6 +122,15 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
     }
     if let Some(input) = meta.image_input {
         props.push(entry("taper.image_input", &json(input)?));
+    }
+    if let Some(input) = meta.table_input {
+        // The graph applies the scale and standardization itself.
+        let columns = serde_json::json!({
+            "columns": input.columns,
+            "header": input.header,
+            "delimiter": input.delimiter,
+        });
+        props.push(entry("taper.table_input", &json(&columns)?));
     }
     Ok(ModelProto {
         ir_version: ir,
@@ -192,6 +208,41 @@ impl Builder<'_> {
         }
     }
 
+    /// Adds f32 `values` of `shape` as the initializer `name`.
+    fn constant(&mut self, name: &str, shape: &[usize], values: &[f32]) -> String {
+        self.graph.initializer.push(TensorProto {
+            dims: shape.iter().map(|&d| d as i64).collect(),
+            data_type: FLOAT,
+            name: name.into(),
+            raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        });
+        name.into()
+    }
+
+    /// A CSV run's reading of raw values, as `TableInput::read` applies it:
+    /// divided by the scale, then standardized (each an f32 operation, so
+    /// the results are taper's to the bit).
+    fn table_input(&mut self, t: &crate::data::TableInput, inputs: usize) -> Result<String> {
+        if t.width() != inputs {
+            return Err(Error::Config(format!(
+                "format onnx: the run read {} CSV columns for a model of {inputs} inputs",
+                t.width()
+            )));
+        }
+        let mut x = "input".to_string();
+        if t.scale != 1.0 {
+            let scale = self.constant("input_scale", &[1], &[t.scale]);
+            x = self.node("Div", &[&x, &scale], vec![]);
+        }
+        if let Some(m) = &t.standardize {
+            let mean = self.constant("input_mean", &[inputs], &m.mean);
+            let std = self.constant("input_std", &[inputs], &m.std);
+            x = self.node("Sub", &[&x, &mean], vec![]);
+            x = self.node("Div", &[&x, &std], vec![]);
+        }
+        Ok(x)
+    }
+
     /// Adds the parameter `name` as an f32 initializer, checking its shape.
     fn weight(&mut self, name: &str, shape: &[usize]) -> Result<String> {
         let t = self.params.get(name).ok_or_else(|| {
@@ -208,13 +259,7 @@ impl Builder<'_> {
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1::<f32>())
             .map_err(|e| Error::Config(format!("format onnx: reading `{name}`: {e}")))?;
-        self.graph.initializer.push(TensorProto {
-            dims: shape.iter().map(|&d| d as i64).collect(),
-            data_type: FLOAT,
-            name: name.into(),
-            raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        });
-        Ok(name.into())
+        Ok(self.constant(name, shape, &values))
     }
 
     fn activation(&mut self, x: &str, act: Activation) -> String {
