@@ -164,7 +164,30 @@ pub fn ended(host: &Host, e: &taper::Error) -> ExitCode {
             folder.display()
         );
     }
+    // A failure (exit 1; not a usage error) that left no checkpoint: the
+    // one an earlier save left. A diverged run's error names it already.
+    let diverged = e.find(|e| matches!(e, taper::Error::Diverged(_)));
+    let failed = e.exit_code() == 1 && !diverged;
+    if taper::dist::rank() == 0 && host.checkpoints().is_empty() && failed {
+        if let Some(told) = host.out_dir().and_then(|d| earlier_checkpoint(&d)) {
+            eprintln!("taper: {told}");
+        }
+    }
     ExitCode::from(e.exit_code())
+}
+
+/// When the ending run wrote no checkpoint (its disk full, say): the newest
+/// valid one an earlier save left in `folder`, and how to continue from it.
+fn earlier_checkpoint(folder: &Path) -> Option<String> {
+    use taper::engine::checkpoint;
+    let latest = folder.join(checkpoint::file_name(1));
+    let (path, _) = checkpoint::latest_valid(&latest, false).ok().flatten()?;
+    let step = checkpoint::read_meta(&path).ok()?.step;
+    Some(format!(
+        "no checkpoint was written now; the newest one saved is {} (step {step}): continue from it with --resume {}",
+        path.display(),
+        folder.display()
+    ))
 }
 
 /// A rank's start: one output folder (rank 0's), the others' lines into

@@ -328,6 +328,11 @@ impl Host {
         &self.checkpoints
     }
 
+    /// The output folder (none under `taper check`, or before a run made it).
+    pub fn out_dir(&self) -> Option<PathBuf> {
+        self.state.out.dir()
+    }
+
     /// The last evaluation of each run, in creation order.
     pub fn last_evals(&self) -> Vec<Option<Eval>> {
         self.state

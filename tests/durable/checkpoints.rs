@@ -343,6 +343,61 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
 
+/// A final checkpoint that meets a full disk ends the run with exit 1, and
+/// says which checkpoint an earlier save left and how to continue from it;
+/// that `--resume`, with room on the disk again, finishes the run.
+#[test]
+fn a_final_checkpoint_on_a_full_disk_names_the_one_to_continue_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let recipe = dir.path().join("full.lua");
+    std::fs::write(
+        &recipe,
+        r#"local cfg = taper.config{ out = "", full = true }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = 1e-3 },
+  data = taper.data.digits{}:batch(32), checkpoint_every = 10, seed = 1,
+}
+for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+if cfg.full then assert(os.execute("ln -s /dev/full " .. cfg.out .. "/checkpoint.json.tmp")) end
+"#,
+    )
+    .unwrap();
+    let set_out = format!("out={}", s(&out));
+    let base = [
+        "train",
+        s(&recipe),
+        "--quiet",
+        "--out",
+        s(&out),
+        "--set",
+        &set_out,
+    ];
+    let o = cmd(&[&base[..], &["--set", "full=true"]].concat())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let newest = out.join("checkpoint.safetensors");
+    let says = format!(
+        "no checkpoint was written now; the newest one saved is {} (step 40): continue from it with --resume {}",
+        newest.display(),
+        out.display()
+    );
+    assert!(
+        err.contains("No space left on device") && err.contains(&says),
+        "{err}"
+    );
+    // The failed save removed its temporary file (the link) already.
+    assert!(!out.join("checkpoint.json.tmp").exists());
+    let again = [&base[..], &["--set", "full=false", "--resume", s(&out)]].concat();
+    let o = cmd(&again).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, meta) = checkpoint::load(&newest, &Device::Cpu).unwrap();
+    assert_eq!(meta.step, 45);
+}
+
 /// A run whose loss turns NaN stops at that step (exit 1), naming the
 /// recipe line and the checkpoint to go back to, with a `diverged` record;
 /// the diverged model is saved over nothing. `--resume` from that
