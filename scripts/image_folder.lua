@@ -20,6 +20,7 @@ local cfg = taper.config{
   export = "", -- a file: write the trained model there as ONNX, for onnxruntime
   holdout = 0.0, -- when > 0: DATA is one folder of classes; this share of it is the val set
   from = "", -- a run folder: start from its trained model (fine-tuning)
+  standardize = false, -- true: each channel to mean 0, deviation 1 (the training images')
 }
 
 local function folder(path, opts)
@@ -51,6 +52,13 @@ local classes = train:classes()
 if cfg.train_samples > 0 then
   -- The folder is in class order: a seeded split draws the images at random.
   train = train:split{ cfg.train_samples, #train - cfg.train_samples, seed = cfg.seed }
+end
+if cfg.standardize then
+  -- torchvision's Normalize(mean, std), with the training images' own mean
+  -- and deviation per channel; the val images are read with the same. The
+  -- checkpoint keeps them, for taper classify and ONNX exports.
+  train = train:standardize()
+  val = val:standardize(train)
 end
 -- The images are decoded as batches are built: prefetch decodes ahead.
 train = train:shuffle{ seed = cfg.seed }:batch(cfg.batch):prefetch(4)

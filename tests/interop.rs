@@ -581,6 +581,19 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
 /// evaluation recorded.
 #[test]
 fn onnxruntime_classifies_an_image_folder_as_the_run_did() -> Result<()> {
+    classifies_as_the_run_did(false)
+}
+
+/// The same with the images standardized per channel by the training
+/// images' statistics: the checkpoint keeps them, `taper classify` applies
+/// them, and the ONNX graph does (`Sub`, `Div`), so onnxruntime is still fed
+/// the pixels as Pillow reads them, divided by the scale.
+#[test]
+fn onnxruntime_classifies_a_standardized_image_folder_as_the_run_did() -> Result<()> {
+    classifies_as_the_run_did(true)
+}
+
+fn classifies_as_the_run_did(standardize: bool) -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     common::fetched("data/fashion-mnist-png/val/bag")?;
     let dir = tempfile::tempdir()?;
@@ -605,6 +618,8 @@ fn onnxruntime_classifies_an_image_folder_as_the_run_did() -> Result<()> {
         "epochs=1",
         "--set",
         "train_samples=2000",
+        "--set",
+        &format!("standardize={standardize}"),
         "--set",
         &format!("export={}", dir.path().join("recipe.onnx").display()),
         "--out",
@@ -684,7 +699,7 @@ fn onnxruntime_classifies_an_image_folder_as_the_run_did() -> Result<()> {
 #[test]
 fn a_csv_file_reads_and_standardizes_as_pandas_and_numpy_do() -> Result<()> {
     use std::sync::Arc;
-    use taper::data::{csv, Column, CsvOptions, Missing, Pipeline, Source};
+    use taper::data::{csv, Column, CsvOptions, Missing, Pipeline, Source, Stats};
 
     let path = common::fetched("data/penguins/penguins.csv")?;
     let features = [
@@ -714,7 +729,7 @@ fn a_csv_file_reads_and_standardizes_as_pandas_and_numpy_do() -> Result<()> {
     assert_eq!(theirs["dropped"], table.dropped().len());
     let classes: Vec<String> = serde_json::from_value(theirs["classes"].clone())?;
     assert_eq!(table.classes(), Some(&classes[..]));
-    let data = Pipeline::new(Arc::new(table)).standardize(None)?;
+    let data = Pipeline::new(Arc::new(table)).standardize(Stats::Own)?;
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
     for b in data.epoch(1, 100, 0) {
         let b = b?;

@@ -8,7 +8,8 @@ use anyhow::Result;
 use std::sync::Arc;
 
 use taper::data::{
-    csv, idx, samples, text, tokens, Column, CsvOptions, Missing, Pipeline, Source, TokenType,
+    csv, idx, samples, text, tokens, Column, CsvOptions, Missing, Pipeline, Source, Stats,
+    TokenType,
 };
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
@@ -277,8 +278,8 @@ fn standardize_uses_the_statistics_of_the_data_given() -> Result<()> {
     let all = Pipeline::new(Arc::new(csv(&path, &by_index(-1, true, 1.0))?));
     let parts = all.split(&[0.8, 0.2], None)?;
     let (train, test) = (parts[0].clone(), parts[1].clone());
-    let train = train.standardize(None)?;
-    let test = test.standardize(Some(&train))?;
+    let train = train.standardize(Stats::Own)?;
+    let test = test.standardize(Stats::Like(&train))?;
 
     let f32s = |r: &[f64; 3]| r.map(|v| v as f32 as f64);
     let n = 40.0;
@@ -327,7 +328,7 @@ fn standardize_uses_the_statistics_of_the_data_given() -> Result<()> {
     check(&train)?;
     check(&test)?;
     // Standardizing standardized data changes nothing (mean 0, deviation 1).
-    let again = train.clone().standardize(None)?;
+    let again = train.clone().standardize(Stats::Own)?;
     assert!(again
         .standardized()
         .unwrap()
@@ -342,7 +343,7 @@ fn standardize_uses_the_statistics_of_the_data_given() -> Result<()> {
         None,
         "train",
     )?));
-    assert!(err_text(ids.standardize(None)).contains("not float features"));
+    assert!(err_text(ids.standardize(Stats::Own)).contains("not float features"));
     Ok(())
 }
 
@@ -812,6 +813,68 @@ fn an_image_input_reads_a_file_as_its_folder_did() -> Result<()> {
     let input = taper::data::images(root, None, 1, 1.0, "x")?.input();
     let msg = err_text(input.read(&root.join("b.png")));
     assert!(msg.contains("b.png: not a readable image"), "{msg}");
+    Ok(())
+}
+
+/// `standardize` on an image folder's samples is per channel (torchvision's
+/// `Normalize` with the data's own mean and deviation, computed here in f64
+/// over every pixel of the channel); the image input the pipeline reports
+/// carries the statistics, and reads a file to the batch's values, bit for
+/// bit. Given statistics must be one per channel, per value or for all.
+#[test]
+fn standardizing_images_is_per_channel_and_the_image_input_keeps_it() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    for i in 0..5u32 {
+        png(&root.join(format!("c{}/{i}.png", i % 2)), 4, 3, |y, x| {
+            [
+                (i * 40 + y * 9) as u8,
+                (x * 60 + i) as u8,
+                200 - (i * 7) as u8,
+            ]
+        });
+    }
+    let folder = Arc::new(taper::data::images(root, None, 3, 255.0, "train")?);
+    let (x, _) = folder.gather(&[0, 1, 2, 3, 4])?;
+    let raw = x.to_vec2::<f32>()?;
+    let data = Pipeline::new(folder.clone()).standardize(Stats::Own)?;
+    let stats = data.standardized().unwrap();
+    assert_eq!((stats.mean().len(), stats.span()), (3, 12));
+    for c in 0..3 {
+        let px: Vec<f64> = raw
+            .iter()
+            .flat_map(|r| r[c * 12..(c + 1) * 12].iter().map(|&v| v as f64))
+            .collect();
+        let mean = px.iter().sum::<f64>() / px.len() as f64;
+        let std = (px.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / px.len() as f64).sqrt();
+        assert!((stats.mean()[c] as f64 - mean).abs() < 1e-6, "{c}");
+        assert!((stats.std()[c] as f64 - std).abs() < 1e-6 * std, "{c}");
+    }
+    let input = data
+        .image_input()
+        .expect("a standardized folder keeps its reading");
+    assert_eq!(input.standardize.as_ref().map(|m| m.mean.len()), Some(3));
+    let batch = data.epoch(1, 5, 0).next().unwrap()?;
+    let rows = batch.x.to_vec2::<f32>()?;
+    for (row, &i) in rows.iter().zip(&batch.indices) {
+        let file = &taper::data::image_files(root)?[i];
+        assert_eq!(&input.read(file)?, row, "{}", file.display());
+    }
+
+    let given = |mean: Vec<f32>| {
+        Pipeline::new(folder.clone()).standardize(Stats::Given(taper::data::Moments {
+            std: vec![0.5; mean.len()],
+            mean,
+        }))
+    };
+    assert_eq!(given(vec![0.5])?.standardized().unwrap().span(), 36);
+    assert_eq!(
+        given(vec![0.1, 0.2, 0.3])?.standardized().unwrap().span(),
+        12
+    );
+    assert!(err_text(given(vec![0.1, 0.2])).contains("2 means for samples of 36 features"));
+    assert!(err_text(given(vec![0.0; 4]))
+        .contains("give one per feature, one per channel, or one for all"));
     Ok(())
 }
 

@@ -193,14 +193,16 @@ function Data:split(parts) end
 ---@return taper.Data
 function Data:map(fn) end
 
----Each feature shifted and scaled to mean 0 and deviation 1 (population, as
----scikit-learn's StandardScaler; a constant feature is only shifted), with
----the statistics of `like` (what it applies, when standardized itself), or
----else of this data's own samples: `train = train:standardize()`, then
----`test = test:standardize(train)`.
----@param like? taper.Data
+---Samples shifted and scaled to mean 0 and deviation 1: each feature
+---(population deviation, as scikit-learn's StandardScaler; a constant feature
+---is only shifted), or each channel of an image folder's samples (torchvision's
+---Normalize with the images' own statistics). The statistics are `from`'s
+---(what it applies, when standardized itself), the given `{ mean, std }`, or
+---else this data's own: `train = train:standardize()`, then
+---`test = test:standardize(train)`. The checkpoint keeps them.
+---@param from? taper.Data|{mean: number[], std: number[]}
 ---@return taper.Data
-function Data:standardize(like) end
+function Data:standardize(from) end
 
 ---Sets the split name reported in `eval` records.
 ---@param name string

@@ -49,8 +49,12 @@ pub struct ImageInput {
     pub size: [u32; 2],
     /// 1 (grey) or 3 (RGB).
     pub channels: usize,
-    /// Pixel bytes are divided by it.
+    /// Pixel bytes are divided by it...
     pub scale: f32,
+    /// ...then standardized (`data:standardize()`): a mean and deviation
+    /// per channel, or per value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standardize: Option<super::Moments>,
 }
 
 impl ImageInput {
@@ -65,6 +69,13 @@ impl ImageInput {
         } else {
             image::imageops::resize(&rgb, w, h, FilterType::Triangle)
         };
-        Ok(values(&rgb, self.channels, self.scale))
+        let mut x = values(&rgb, self.channels, self.scale);
+        if let Some(m) = &self.standardize {
+            let span = x.len() / m.mean.len().max(1);
+            for (k, v) in x.iter_mut().enumerate() {
+                *v = (*v - m.mean[k / span]) / m.std[k / span];
+            }
+        }
+        Ok(x)
     }
 }

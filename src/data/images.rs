@@ -314,6 +314,7 @@ impl Images {
             size: [self.size.0, self.size.1],
             channels: self.channels,
             scale: self.scale,
+            standardize: None,
         }
     }
 }

@@ -20,15 +20,15 @@ mod vocab;
 
 pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
-pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing, Moments, TableInput, TableRows};
+pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, TableRows};
 pub use epoch::Epoch;
 pub use files::{idx, text, Idx};
 pub use image_input::ImageInput;
 pub use images::{image_files, images, images_of, Images};
 pub use permutation::Permutation;
-pub use pipeline::Pipeline;
+pub use pipeline::{Pipeline, Stats};
 pub use samples::{samples, Samples};
-pub use standardize::Standardize;
+pub use standardize::{Moments, Standardize};
 pub use tokens::{tokens, TokenType, Tokens};
 pub use vocab::Vocab;
 

@@ -41,17 +41,36 @@ impl Pipeline {
         }
     }
 
-    /// Each feature shifted and scaled by the mean and deviation of `like`'s
-    /// samples (the statistics it applies, when it is standardized itself),
-    /// or of this data's own.
-    pub fn standardize(self, like: Option<&Pipeline>) -> Result<Self> {
-        let stats = match like {
-            Some(Pipeline {
+    /// Features shifted and scaled to mean 0 and deviation 1 (per channel
+    /// for an image folder's samples), with the statistics `from` gives.
+    pub fn standardize(self, from: Stats<'_>) -> Result<Self> {
+        let stats = match from {
+            Stats::Like(Pipeline {
                 standardized: Some(s),
                 ..
             }) => s.clone(),
-            Some(other) => Arc::new(Standardize::of(other)?),
-            None => Arc::new(Standardize::of(&self)?),
+            Stats::Like(other) => Arc::new(Standardize::of(other)?),
+            Stats::Own => Arc::new(Standardize::of(&self)?),
+            Stats::Given(m) => {
+                let features = match self.in_order(1).next() {
+                    Some(b) => b?.x.elem_count(),
+                    None => m.mean.len(),
+                };
+                let groups = m.mean.len();
+                if groups == 0 || !features.is_multiple_of(groups) {
+                    return Err(Error::Config(format!(
+                        "standardize: {groups} means for samples of {features} features; give one per channel or per feature"
+                    )));
+                }
+                let channels = self.source.image_input().map(|i| i.channels);
+                if groups != features && groups != 1 && Some(groups) != channels {
+                    return Err(Error::Config(format!(
+                        "standardize: {groups} means for samples of {features} features{}; give one per feature, one per channel, or one for all",
+                        channels.map(|c| format!(" in {c} channels")).unwrap_or_default()
+                    )));
+                }
+                Arc::new(Standardize::new(m, features / groups)?)
+            }
         };
         let mut p = self.transform(stats.clone());
         p.standardized = Some(stats);
@@ -95,9 +114,18 @@ impl Pipeline {
     /// How an image file becomes one of this pipeline's samples, when its
     /// source is an image folder and no transform changes the samples.
     pub fn image_input(&self) -> Option<super::ImageInput> {
-        match self.transforms.is_empty() {
-            true => self.source.image_input(),
-            false => None,
+        let mut input = self.source.image_input()?;
+        input.standardize = self.only_standardized()?;
+        Some(input)
+    }
+
+    /// `Some(None)` without transforms, `Some(Some(moments))` when the one
+    /// transform is a standardization, `None` when another changes samples.
+    fn only_standardized(&self) -> Option<Option<super::Moments>> {
+        match (self.transforms.len(), &self.standardized) {
+            (0, _) => Some(None),
+            (1, Some(s)) => Some(Some(s.moments().clone())),
+            _ => None,
         }
     }
 
@@ -106,17 +134,8 @@ impl Pipeline {
     /// the samples.
     pub fn table_input(&self) -> Option<super::TableInput> {
         let mut input = self.source.table_input()?;
-        match (self.transforms.len(), &self.standardized) {
-            (0, _) => Some(input),
-            (1, Some(s)) => {
-                input.standardize = Some(super::Moments {
-                    mean: s.mean().to_vec(),
-                    std: s.std().to_vec(),
-                });
-                Some(input)
-            }
-            _ => None,
-        }
+        input.standardize = self.only_standardized()?;
+        Some(input)
     }
 
     /// The source indices this pipeline reads.
@@ -298,6 +317,16 @@ impl Pipeline {
         }
         s
     }
+}
+
+/// Where [`Pipeline::standardize`] takes its statistics from.
+pub enum Stats<'a> {
+    /// This data's own samples.
+    Own,
+    /// Those another data applies, or else its samples'.
+    Like(&'a Pipeline),
+    /// These: one mean and deviation per feature, per channel, or for all.
+    Given(super::Moments),
 }
 
 /// Some samples of another source, by index.

@@ -1,21 +1,31 @@
-//! `data:standardize()`: each feature shifted and scaled to mean 0 and
-//! standard deviation 1 over a data set's samples, as scikit-learn's
-//! `StandardScaler` does (population deviation; a constant feature is only
-//! shifted). The statistics come from the training data and are applied
-//! unchanged to the data evaluated against it.
+//! `data:standardize()`: features shifted and scaled to mean 0 and standard
+//! deviation 1 over a data set's samples, as scikit-learn's
+//! `StandardScaler` does for a table (each feature; population deviation; a
+//! constant feature only shifted) and as torchvision's `Normalize` is used
+//! for images (each channel, with the data set's own mean and deviation).
+//! The statistics come from the training data and are applied unchanged to
+//! the data evaluated against it.
 
 use candle_core::{DType, Device, Tensor};
 
 use super::{Batch, Pipeline, Transform};
 use crate::{Error, Result};
 
-/// The per-feature mean and standard deviation, and the transform that
-/// applies them.
+/// A standardization, `(x - mean) / std`: one mean and deviation per
+/// feature, or per channel of an image.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Moments {
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+}
+
+/// The statistics, how many consecutive features each covers (1, or a
+/// channel's pixels), and the transform that applies them.
 #[derive(Debug)]
 pub struct Standardize {
-    mean: Vec<f32>,
-    std: Vec<f32>,
-    /// `[1, features]`, for broadcasting over a batch.
+    moments: Moments,
+    span: usize,
+    /// `[1, groups, 1]`, for broadcasting over `[batch, groups, span]`.
     mean_t: Tensor,
     std_t: Tensor,
 }
@@ -23,16 +33,40 @@ pub struct Standardize {
 /// Samples read at a time while the statistics are computed.
 const CHUNK: usize = 4096;
 
+/// Count, mean and sum of squared deviations, merged chunk by chunk (Chan et
+/// al.), in f64.
+#[derive(Clone, Copy, Default)]
+struct Running {
+    n: f64,
+    mean: f64,
+    m2: f64,
+}
+
+impl Running {
+    fn add(&mut self, values: &[f32]) {
+        let nb = values.len() as f64;
+        let mb = values.iter().map(|&v| v as f64).sum::<f64>() / nb;
+        let m2b: f64 = values.iter().map(|&v| (v as f64 - mb).powi(2)).sum();
+        let n = self.n + nb;
+        let delta = mb - self.mean;
+        self.mean += delta * nb / n;
+        self.m2 += m2b + delta * delta * self.n * nb / n;
+        self.n = n;
+    }
+}
+
 impl Standardize {
-    /// The statistics of `data`'s samples as its batches give them, in f64.
+    /// The statistics of `data`'s samples as its batches give them: per
+    /// channel for an image folder's samples, else per feature.
     pub fn of(data: &Pipeline) -> Result<Standardize> {
         if data.is_empty() {
             return Err(Error::Config(
                 "standardize: the data has no samples to compute a mean from".into(),
             ));
         }
-        let mut n = 0f64;
-        let (mut mean, mut m2): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
+        let channels = data.source().image_input().map(|i| i.channels);
+        let mut groups: Vec<Running> = Vec::new();
+        let mut span = 0;
         for batch in data.in_order(CHUNK) {
             let x = batch?.x;
             if x.dtype() != DType::F32 {
@@ -43,67 +77,104 @@ impl Standardize {
             }
             let rows: Vec<Vec<f32>> = x.flatten_from(1)?.to_vec2()?;
             for row in rows {
-                if mean.is_empty() {
-                    mean = vec![0.0; row.len()];
-                    m2 = vec![0.0; row.len()];
+                if groups.is_empty() {
+                    span = match channels {
+                        Some(c) if row.len().is_multiple_of(c) => row.len() / c,
+                        _ => 1,
+                    };
+                    groups = vec![Running::default(); row.len() / span];
                 }
-                if row.len() != mean.len() {
+                if row.len() != groups.len() * span {
                     return Err(Error::Config(format!(
                         "standardize: samples of {} and {} features",
-                        mean.len(),
+                        groups.len() * span,
                         row.len()
                     )));
                 }
-                // Welford's update, one sample at a time.
-                n += 1.0;
-                for ((m, s), &v) in mean.iter_mut().zip(&mut m2).zip(&row) {
-                    let d = v as f64 - *m;
-                    *m += d / n;
-                    *s += d * (v as f64 - *m);
+                for (g, values) in groups.iter_mut().zip(row.chunks_exact(span)) {
+                    g.add(values);
                 }
             }
         }
-        let std: Vec<f32> = m2
-            .iter()
-            .map(|s| match (s / n).sqrt() {
-                d if d > 0.0 && d.is_finite() => d as f32,
-                _ => 1.0,
-            })
-            .collect();
-        Standardize::new(mean.into_iter().map(|m| m as f32).collect(), std)
+        let moments = Moments {
+            mean: groups.iter().map(|g| g.mean as f32).collect(),
+            std: groups
+                .iter()
+                .map(|g| match (g.m2 / g.n).sqrt() {
+                    d if d > 0.0 && d.is_finite() => d as f32,
+                    _ => 1.0,
+                })
+                .collect(),
+        };
+        Standardize::new(moments, span)
     }
 
-    pub fn new(mean: Vec<f32>, std: Vec<f32>) -> Result<Standardize> {
-        let w = mean.len();
+    /// Given statistics, `span` consecutive features to each.
+    pub fn new(moments: Moments, span: usize) -> Result<Standardize> {
+        let g = moments.mean.len();
+        if moments.std.len() != g || g == 0 || span == 0 {
+            return Err(Error::Config(format!(
+                "standardize: {} means and {} deviations",
+                g,
+                moments.std.len()
+            )));
+        }
+        if let Some(s) = moments.std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            return Err(Error::Config(format!(
+                "standardize: a deviation of {s}; each must be a positive number"
+            )));
+        }
         Ok(Standardize {
-            mean_t: Tensor::from_vec(mean.clone(), (1, w), &Device::Cpu)?,
-            std_t: Tensor::from_vec(std.clone(), (1, w), &Device::Cpu)?,
-            mean,
-            std,
+            mean_t: Tensor::from_vec(moments.mean.clone(), (1, g, 1), &Device::Cpu)?,
+            std_t: Tensor::from_vec(moments.std.clone(), (1, g, 1), &Device::Cpu)?,
+            moments,
+            span,
         })
     }
 
     pub fn mean(&self) -> &[f32] {
-        &self.mean
+        &self.moments.mean
     }
 
     pub fn std(&self) -> &[f32] {
-        &self.std
+        &self.moments.std
+    }
+
+    pub fn moments(&self) -> &Moments {
+        &self.moments
+    }
+
+    /// Consecutive features each mean and deviation covers: 1, or the
+    /// pixels of an image's channel.
+    pub fn span(&self) -> usize {
+        self.span
+    }
+
+    /// Standardizes one sample's values in place, with the same f32
+    /// operations as the batches get.
+    pub fn apply_to(&self, values: &mut [f32]) {
+        for (k, v) in values.iter_mut().enumerate() {
+            let g = k / self.span;
+            *v = (*v - self.moments.mean[g]) / self.moments.std[g];
+        }
     }
 }
 
 impl Transform for Standardize {
     fn apply(&self, batch: Batch, _epoch: u64) -> Result<Batch> {
         let shape = batch.x.shape().clone();
-        let flat = batch.x.flatten_from(1)?;
-        if flat.dim(1)? != self.mean.len() {
+        let b = shape.dims().first().copied().unwrap_or(0);
+        let features = shape.elem_count() / b.max(1);
+        let groups = self.moments.mean.len();
+        if features != groups * self.span {
             return Err(Error::Data(format!(
-                "standardize: a batch of {} features, against statistics of {}",
-                flat.dim(1)?,
-                self.mean.len()
+                "standardize: a batch of {features} features, against statistics for {}",
+                groups * self.span
             )));
         }
-        let x = flat
+        let x = batch
+            .x
+            .reshape((b, groups, self.span))?
             .broadcast_sub(&self.mean_t)?
             .broadcast_div(&self.std_t)?
             .reshape(shape)?;
@@ -111,6 +182,9 @@ impl Transform for Standardize {
     }
 
     fn describe(&self) -> String {
-        format!("standardize {} features", self.mean.len())
+        match self.span {
+            1 => format!("standardize {} features", self.moments.mean.len()),
+            _ => format!("standardize {} channels", self.moments.mean.len()),
+        }
     }
 }

@@ -182,16 +182,24 @@ impl UserData for DataHandle {
                 )),
             },
         });
-        // data:standardize() or, for data evaluated against it, data:standardize(train).
-        m.add_method("standardize", |lua, this, like: Value| {
-            let like = match &like {
-                Value::Nil => None,
-                Value::UserData(ud) if ud.is::<DataHandle>() => Some(ud.borrow::<DataHandle>()?.0.clone()),
+        // data:standardize(); test:standardize(train); data:standardize{ mean = ..., std = ... }.
+        m.add_method("standardize", |lua, this, from: Value| {
+            let like;
+            let from = match &from {
+                Value::Nil => crate::data::Stats::Own,
+                Value::UserData(ud) if ud.is::<DataHandle>() => {
+                    like = ud.borrow::<DataHandle>()?.0.clone();
+                    crate::data::Stats::Like(&like)
+                }
+                Value::Table(_) => {
+                    let m: crate::data::Moments = super::options::decode(lua, "data:standardize", from.clone())?;
+                    crate::data::Stats::Given(m)
+                }
                 v => {
                     return Err(config_error(
                         lua,
                         format!(
-                            "data:standardize: expected nothing or the data whose statistics to use (`test:standardize(train)`), got {}",
+                            "data:standardize: expected nothing, the data whose statistics to use (`test:standardize(train)`) or {{ mean = ..., std = ... }}, got {}",
                             super::options::a_type(v)
                         ),
                     ))
@@ -200,7 +208,7 @@ impl UserData for DataHandle {
             let p = this
                 .0
                 .clone()
-                .standardize(like.as_ref())
+                .standardize(from)
                 .map_err(|e| config_error(lua, format!("data:{e}")))?;
             Ok(DataHandle(p))
         });

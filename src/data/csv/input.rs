@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::columns::Layout;
 use super::{each_row, read_text, Column, Shape};
+use crate::data::Moments;
 use crate::Result;
 
 /// The reading of a CSV run's rows, saved with its checkpoints.
@@ -33,13 +34,6 @@ pub struct TableRows {
     pub lines: Vec<usize>,
     /// The rows passed over: their line, and what is missing.
     pub missing: Vec<(usize, String)>,
-}
-
-/// A standardization: `(x - mean) / std`, per feature.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Moments {
-    pub mean: Vec<f32>,
-    pub std: Vec<f32>,
 }
 
 impl TableInput {

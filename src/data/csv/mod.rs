@@ -13,7 +13,7 @@ mod columns;
 mod input;
 
 use columns::{named, Layout, Lines};
-pub use input::{Moments, TableInput, TableRows};
+pub use input::{TableInput, TableRows};
 
 use super::files::{data_err, read_maybe_gz};
 use super::{name_list, Source};

@@ -76,16 +76,21 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
             let mut sizes = vec![m.inputs];
             sizes.extend(&m.hidden);
             sizes.push(m.outputs);
-            let x = match meta.table_input {
-                Some(t) => g.table_input(t, m.inputs)?,
-                None => "input".into(),
+            let x = match (meta.table_input, meta.image_input) {
+                (Some(t), _) => g.table_input(t, m.inputs)?,
+                (None, Some(i)) => g.image_standardize(i, &[m.inputs])?,
+                (None, None) => "input".into(),
             };
             let y = g.dense(x, &sizes, m.activation)?;
             g.rename_output(y);
             (vec![m.inputs], m.outputs)
         }
         Classifier::Cnn(c) => {
-            let y = g.cnn(c)?;
+            let x = match meta.image_input {
+                Some(i) => g.image_standardize(i, &c.input)?,
+                None => "input".into(),
+            };
+            let y = g.cnn(c, x)?;
             g.rename_output(y);
             (c.input.to_vec(), c.outputs)
         }
@@ -121,7 +126,13 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
         props.push(entry("taper.classes", &json(&classes)?));
     }
     if let Some(input) = meta.image_input {
-        props.push(entry("taper.image_input", &json(input)?));
+        // The graph standardizes: the input is the pixels divided by the
+        // scale, as without a standardization.
+        let read = crate::data::ImageInput {
+            standardize: None,
+            ..input.clone()
+        };
+        props.push(entry("taper.image_input", &json(&read)?));
     }
     if let Some(input) = meta.table_input {
         // The graph applies the scale and standardization itself.
@@ -243,6 +254,39 @@ impl Builder<'_> {
         Ok(x)
     }
 
+    /// An image run's standardization of the input (pixels divided by the
+    /// scale, of `shape` without the batch), as `ImageInput::read` applies
+    /// it; the input itself when there is none.
+    fn image_standardize(
+        &mut self,
+        i: &crate::data::ImageInput,
+        shape: &[usize],
+    ) -> Result<String> {
+        let Some(m) = &i.standardize else {
+            return Ok("input".into());
+        };
+        let values: usize = shape.iter().product();
+        let groups = m.mean.len();
+        if groups == 0 || !values.is_multiple_of(groups) {
+            return Err(Error::Config(format!(
+                "format onnx: {groups} standardization means for inputs of {values} values"
+            )));
+        }
+        // One per channel of a [C, H, W] input broadcasts as [C, 1, 1];
+        // otherwise each value gets its own.
+        let (dims, mean, std) = if shape.len() == 3 && groups == shape[0] {
+            (vec![groups, 1, 1], m.mean.clone(), m.std.clone())
+        } else {
+            let span = values / groups;
+            let every = |v: &[f32]| (0..values).map(|k| v[k / span]).collect::<Vec<f32>>();
+            (shape.to_vec(), every(&m.mean), every(&m.std))
+        };
+        let mean = self.constant("input_mean", &dims, &mean);
+        let std = self.constant("input_std", &dims, &std);
+        let x = self.node("Sub", &["input", &mean], vec![]);
+        Ok(self.node("Div", &[&x, &std], vec![]))
+    }
+
     /// Adds the parameter `name` as an f32 initializer, checking its shape.
     fn weight(&mut self, name: &str, shape: &[usize]) -> Result<String> {
         let t = self.params.get(name).ok_or_else(|| {
@@ -300,9 +344,8 @@ impl Builder<'_> {
 
     /// The convolution stages, then the activation on the flattened
     /// features (as `CnnNet::forward` applies it), then the dense head.
-    fn cnn(&mut self, c: &Cnn) -> Result<String> {
+    fn cnn(&mut self, c: &Cnn, mut x: String) -> Result<String> {
         let [mut in_c, mut h, mut w] = c.input;
-        let mut x = "input".to_string();
         for (i, &out_c) in c.channels.iter().enumerate() {
             let weight = self.weight(&format!("conv{i}.weight"), &[out_c, in_c, 3, 3])?;
             let bias = self.weight(&format!("conv{i}.bias"), &[out_c])?;
