@@ -10,6 +10,7 @@ mod policy;
 pub mod ranks;
 mod recovery;
 mod resume_notes;
+mod saving;
 mod state;
 pub mod window;
 

@@ -1,0 +1,81 @@
+//! Saving a run and resuming it: the checkpoint's metadata (the run's
+//! place, its model and data records), and the cursor placed back after the
+//! batches an interrupted epoch had taken.
+
+use std::path::Path;
+
+use super::Run;
+use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
+use crate::Result;
+
+impl Run {
+    /// The checkpoint's metadata; `state` is the recipe's own (plain) state.
+    pub fn meta(&self, state: Option<serde_json::Value>) -> CheckpointMeta {
+        CheckpointMeta {
+            format: FORMAT.into(),
+            step: self.trainer.step,
+            epoch: self.cursor.epoch,
+            epoch_steps: self.cursor.steps,
+            epoch_samples: self.cursor.samples,
+            epoch_complete: !self.cursor.in_epoch,
+            model: self.trainer.spec().describe(),
+            model_config: self.trainer.spec().config(),
+            vocab: self.vocab.as_ref().map(|v| v.record()),
+            classes: self.classes.clone(),
+            image_input: self.image_input.clone(),
+            table_input: self.table_input.clone(),
+            optimizer: self.trainer.optimizer_description().to_string(),
+            lr: self.trainer.learning_rate(),
+            configured_lr: Some(self.trainer.optim_spec().lr()),
+            seed: self.seed,
+            recipe_hash: self.recipe_hash.clone(),
+            skipped: self.skipped.clone(),
+            state,
+            checksum: String::new(),
+        }
+    }
+
+    pub fn save(&self, path: &Path, state: Option<serde_json::Value>) -> Result<()> {
+        self.trainer.save(path, &self.meta(state))
+    }
+
+    /// Restores from a checkpoint, placing the cursor after the batches the
+    /// interrupted epoch had taken. Returns the metadata and a notice when
+    /// the checkpoint was written by another version of the recipe.
+    pub fn resume(&mut self, path: &Path) -> Result<(CheckpointMeta, Option<String>)> {
+        let meta = self.trainer.load(path)?;
+        super::resume_notes::same_classes(path, meta.classes.as_deref(), self.classes.as_deref())?;
+        let mut notes = Vec::new();
+        if !meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash {
+            notes.push(format!(
+                "note: {} was written by a different version of this recipe",
+                path.display()
+            ));
+        }
+        // The checkpoint's lr is the one in use (a schedule may have set it);
+        // an lr configured differently since (`--set lr=`, an edit) wins.
+        let configured = self.trainer.optim_spec().lr();
+        if meta.configured_lr.is_some_and(|c| c != configured) {
+            self.trainer.set_learning_rate(configured);
+            notes.push(format!(
+                "note: learning rate {configured} (configured since the checkpoint) replaces its {}",
+                meta.lr
+            ));
+        }
+        notes.extend(super::resume_notes::optimizer_note(
+            &meta.optimizer,
+            self.trainer.optimizer_description(),
+        ));
+        let notice = (!notes.is_empty()).then(|| notes.join("\n"));
+        if meta.epoch_complete {
+            self.cursor.epoch = meta.epoch;
+        } else {
+            // Re-enter the interrupted epoch, after the batches already taken.
+            self.cursor.epoch = meta.epoch.saturating_sub(1);
+            self.cursor.skip_batches = meta.epoch_steps as usize;
+            self.cursor.skip_samples = meta.epoch_samples as usize;
+        }
+        self.skipped = meta.skipped.clone();
+        Ok((meta, notice))
+    }
+}
