@@ -71,10 +71,7 @@ impl ImageInput {
         };
         let mut x = values(&rgb, self.channels, self.scale);
         if let Some(m) = &self.standardize {
-            let span = x.len() / m.mean.len().max(1);
-            for (k, v) in x.iter_mut().enumerate() {
-                *v = (*v - m.mean[k / span]) / m.std[k / span];
-            }
+            m.apply(&mut x);
         }
         Ok(x)
     }

@@ -19,6 +19,18 @@ pub struct Moments {
     pub std: Vec<f32>,
 }
 
+impl Moments {
+    /// Standardizes one sample's values in place, each mean and deviation
+    /// covering an equal run of them (a feature, or a channel's pixels),
+    /// with the same f32 operations as a standardized batch gets.
+    pub fn apply(&self, values: &mut [f32]) {
+        let span = (values.len() / self.mean.len().max(1)).max(1);
+        for (k, v) in values.iter_mut().enumerate() {
+            *v = (*v - self.mean[k / span]) / self.std[k / span];
+        }
+    }
+}
+
 /// The statistics, how many consecutive features each covers (1, or a
 /// channel's pixels), and the transform that applies them.
 #[derive(Debug)]
@@ -148,15 +160,6 @@ impl Standardize {
     /// pixels of an image's channel.
     pub fn span(&self) -> usize {
         self.span
-    }
-
-    /// Standardizes one sample's values in place, with the same f32
-    /// operations as the batches get.
-    pub fn apply_to(&self, values: &mut [f32]) {
-        for (k, v) in values.iter_mut().enumerate() {
-            let g = k / self.span;
-            *v = (*v - self.moments.mean[g]) / self.moments.std[g];
-        }
     }
 }
 

@@ -69,9 +69,7 @@ impl TableInput {
                 let start = rows.values.len();
                 l.features_into((path, line), record, self.scale, "", &mut rows.values)?;
                 if let Some(m) = &self.standardize {
-                    for (k, v) in rows.values[start..].iter_mut().enumerate() {
-                        *v = (*v - m.mean[k]) / m.std[k];
-                    }
+                    m.apply(&mut rows.values[start..]);
                 }
                 rows.lines.push(line);
                 Ok(())
