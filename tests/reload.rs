@@ -368,14 +368,12 @@ fn a_reload_that_changes_the_model_is_rejected_and_the_run_goes_on() {
     assert_eq!(meta.model, "mlp 64-32-10 relu");
 }
 
-/// A step-level safe point: reloaded in the middle of epoch 2, the run goes
-/// on from the same sample, so its weights equal a run that never reloaded;
-/// `run.state` survives and `on_reload` migrates it.
-#[test]
-fn a_mid_epoch_reload_continues_from_the_data_cursor_with_the_state() {
-    let body = |on_reload: &str| {
-        format!(
-            r#"local train = taper.data.digits{{ split = "train" }}:shuffle{{ seed = 3 }}:batch(50)
+/// Digits in batches of 50 (29 steps an epoch, 3 epochs); generation 0
+/// holds at a reload point after step 40. `{on_reload}` goes into
+/// `taper.run{}`, `{after_step}` on line 11, after each step.
+fn held_at_40(on_reload: &str, after_step: &str) -> String {
+    format!(
+        r#"local train = taper.data.digits{{ split = "train" }}:shuffle{{ seed = 3 }}:batch(50)
 local run = taper.run{{
   model = taper.model.mlp{{ inputs = 64, hidden = {{ 24 }}, outputs = 10 }},
   optim = taper.optim.adamw{{ lr = 2e-3 }},
@@ -385,18 +383,28 @@ for epoch in run:epochs(3) do
   for batch in run:batches() do
     run:step(batch)
     run.state.steps = run.state.steps + 1
+    {after_step}
     if run.steps == 40 and taper.generation == 0 then
       run:log{{ holding = true }}
       run:reload_point{{ wait = 30 }}
     end
   end
 end
-run:log{{ steps = run.state.steps, migrated = run.state.migrated or false }}
+run:log{{ steps = run.state.steps, migrated = run.state.migrated or false, generation = taper.generation }}
 "#
-        )
-    };
-    let v2 = body("on_reload = function(old) old.migrated = true; return old end,");
-    let dir = dir_with(&[("recipe.lua", &body(""))]);
+    )
+}
+
+/// A step-level safe point: reloaded in the middle of epoch 2, the run goes
+/// on from the same sample, so its weights equal a run that never reloaded;
+/// `run.state` survives and `on_reload` migrates it.
+#[test]
+fn a_mid_epoch_reload_continues_from_the_data_cursor_with_the_state() {
+    let v2 = held_at_40(
+        "on_reload = function(old) old.migrated = true; return old end,",
+        "",
+    );
+    let dir = dir_with(&[("recipe.lua", &held_at_40("", ""))]);
     let mut child = watched(dir.path(), "recipe.lua");
     holding(&mut child, dir.path());
     save(&dir.path().join("recipe.lua"), &v2);
@@ -418,6 +426,143 @@ run:log{{ steps = run.state.steps, migrated = run.state.migrated or false }}
     let reference = dir_with(&[("recipe.lua", &v2)]);
     let out = train_unwatched(reference.path());
     assert_same_weights(&dir.path().join("out"), &out);
+}
+
+#[test]
+fn a_version_that_fails_in_its_loop_hands_the_run_back_without_losing_a_batch() {
+    // Held at step 40 (mid-epoch) by generation 0; the saved version fails
+    // right after its first step, in its own code. The run goes back to
+    // generation 0's text from the data cursor, and ends where a run that
+    // never reloaded ends, to the bit.
+    let good = held_at_40("", "");
+    let dir = dir_with(&[("recipe.lua", &good)]);
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+    save(
+        &dir.path().join("recipe.lua"),
+        &held_at_40("", "local seen = run.state.seen.count"),
+    );
+    finish(child);
+    let reloads = events(dir.path(), "reload");
+    assert_eq!(reloads.len(), 2, "{reloads:?}");
+    assert_eq!(
+        (&reloads[0]["ok"], &reloads[0]["step"]),
+        (&true.into(), &40.into())
+    );
+    let back = &reloads[1];
+    assert_eq!(
+        (
+            &back["failed"],
+            &back["back_to"],
+            &back["generation"],
+            &back["step"]
+        ),
+        (&1.into(), &0.into(), &2.into(), &41.into()),
+        "{back}"
+    );
+    let why = back["error"].as_str().unwrap();
+    assert!(
+        why.contains("recipe.lua:11:") && why.contains("'seen'"),
+        "{why}"
+    );
+    let log = events(dir.path(), "log")
+        .into_iter()
+        .find(|r| r.get("steps").is_some())
+        .unwrap();
+    // 1437 samples in batches of 50: 29 steps per epoch, each taken once.
+    assert_eq!(
+        (&log["steps"], &log["generation"]),
+        (&87.into(), &2.into()),
+        "{log}"
+    );
+    for epoch in 1..=3 {
+        assert_eq!(epoch_record(dir.path(), epoch)["samples"], 1437);
+    }
+    let reference = dir_with(&[("recipe.lua", &good)]);
+    let out = train_unwatched(reference.path());
+    assert_same_weights(&dir.path().join("out"), &out);
+}
+
+/// An OOM policy module edited into one that fails when asked: the run goes
+/// back to the module as the earlier version used it (not as saved), and
+/// that policy handles the next OOM.
+#[test]
+fn a_policy_module_that_fails_goes_back_to_the_one_that_ran() {
+    let inject = "if epoch == 1 and taper.generation == 0 then
+    run:inject_oom{ step = 50, phase = \"backward\" }
+    run:inject_oom{ step = 60, phase = \"backward\" }
+  end
+  ";
+    let dir = dir_with(&[
+        ("policy.lua", "return function(e) return \"split\" end\n"),
+        (
+            "recipe.lua",
+            &recipe(
+                "nil",
+                32,
+                "on_oom = require('policy'),",
+                &format!("{inject}{HOLD_AT_2}"),
+            ),
+        ),
+    ]);
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+    save(
+        &dir.path().join("policy.lua"),
+        "return function(e) return e.no_such.field end\n",
+    );
+    finish(child);
+    let reloads = events(dir.path(), "reload");
+    assert_eq!(reloads.len(), 2, "{reloads:?}");
+    assert_eq!(
+        (&reloads[0]["ok"], &reloads[0]["generation"]),
+        (&true.into(), &1.into())
+    );
+    let back = &reloads[1];
+    assert_eq!(
+        (&back["failed"], &back["back_to"], &back["step"]),
+        (&1.into(), &0.into(), &49.into()),
+        "{back}"
+    );
+    let why = back["error"].as_str().unwrap();
+    assert!(
+        why.contains("policy.lua:1:") && why.contains("no_such"),
+        "{why}"
+    );
+    let ooms: Vec<_> = events(dir.path(), "oom")
+        .iter()
+        .map(|r| (r["step"].clone(), r["action"].clone()))
+        .collect();
+    assert_eq!(ooms, [(60.into(), "split".into())]);
+    assert_eq!(epoch_record(dir.path(), 4)["step"], 92);
+}
+
+#[test]
+fn a_first_version_that_fails_ends_the_run_as_before() {
+    // No earlier version to go back to: the error ends the run (exit 1),
+    // with its checkpoint.
+    let text = recipe(
+        "nil",
+        16,
+        "",
+        "if epoch == 2 then local t = nil; t.x = 1 end",
+    );
+    let dir = dir_with(&[("recipe.lua", &text)]);
+    let mut child = watched(dir.path(), "recipe.lua");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < DEADLINE, "taper did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1));
+    let err = stderr(&mut child);
+    assert!(err.contains("recipe.lua:9:"), "{err}");
+    assert!(events(dir.path(), "reload").is_empty());
+    let saved = events(dir.path(), "checkpoint");
+    assert_eq!(saved.last().unwrap()["reason"], "failed", "{saved:?}");
 }
 
 #[test]
@@ -546,6 +691,37 @@ fn shipped_recipe_reloads(recipe: &str, set: &[&str]) {
         "{recipe}: exited after a broken save: {}",
         stderr(&mut child)
     );
+
+    // A save that loads and is applied, but fails in its loop (a misspelt
+    // method): the run goes back to the edited version and goes on.
+    let typo = edited.replacen("run:step(batch)", "run:step(batch) run:evalute(batch)", 1);
+    let line = 1 + typo
+        .lines()
+        .position(|l| l.contains("run:evalute("))
+        .unwrap();
+    save(&path, &typo);
+    let back = wait_for(&mut child, dir.path(), "going back", |r| {
+        r["event"] == "reload" && r.get("back_to").is_some()
+    });
+    assert_eq!(
+        (
+            &back["failed"],
+            &back["back_to"],
+            &back["generation"],
+            &back["ok"]
+        ),
+        (&2.into(), &1.into(), &3.into(), &true.into()),
+        "{recipe}: {back}"
+    );
+    let why = back["error"].as_str().unwrap();
+    assert!(
+        why.contains(&format!("{recipe}:{line}:")) && why.contains("evalute"),
+        "{recipe}: {why}"
+    );
+    let step = back["step"].as_u64().unwrap();
+    wait_for(&mut child, dir.path(), "a step after going back", |r| {
+        r["step"].as_u64().is_some_and(|s| s > step) && r["event"] != "reload"
+    });
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -82,7 +82,13 @@ fn run_with_events(dir: &Path) -> PathBuf {
         std::thread::sleep(Duration::from_millis(20));
     }
     let tmp = dir.join("recipe.lua.new");
-    std::fs::write(&tmp, RECIPE.replace("lr = 0.003", "lr = 0.001")).unwrap();
+    // The edited version also misspells a method at epoch 4: the run goes
+    // back to the first version there.
+    let edited = RECIPE.replace("lr = 0.003", "lr = 0.001").replace(
+        "if epoch % 2 == 0 then run:evaluate(test) end",
+        "if epoch % 2 == 0 then run:evaluate(test) end\n  if epoch == 4 then run:evalute(test) end",
+    );
+    std::fs::write(&tmp, edited).unwrap();
     std::fs::rename(&tmp, &recipe).unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -94,6 +100,12 @@ fn run_with_events(dir: &Path) -> PathBuf {
             .iter()
             .any(|r| r["event"] == "reload" && r["ok"] == true),
         "a reload applied"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|r| r["event"] == "reload" && r["back_to"] == 0),
+        "generation 1 failed and the run went back"
     );
     assert!(count("checkpoint") >= 4);
     assert!(
@@ -190,7 +202,17 @@ fn a_report_of_a_run_with_ooms_and_a_reload_renders_in_chromium() {
             .unwrap();
         assert!(points >= least, "`{title}` has {points} points");
     }
-    for kind in ["oom", "reload", "checkpoint", "checkpoint-failed"] {
+    assert!(
+        dom.contains("generation 1 failed, back to generation 0"),
+        "no going-back marker"
+    );
+    for kind in [
+        "oom",
+        "reload",
+        "reload-failed",
+        "checkpoint",
+        "checkpoint-failed",
+    ] {
         assert!(
             dom.contains(&format!("data-kind=\"{kind}\"")),
             "no {kind} event listed"

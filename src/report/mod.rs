@@ -142,12 +142,23 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
         |event: &'static str| folder.records.iter().filter(move |r| r["event"] == event);
     for r in folder_wide("reload") {
         let ok = r["ok"].as_bool().unwrap_or(false);
+        let error = r["error"]
+            .as_str()
+            .unwrap_or("")
+            .lines()
+            .next()
+            .unwrap_or("");
+        // Going back (a reloaded version failed in its loop) applies the
+        // earlier version: marked as the failure it answers.
+        let back = r.get("back_to").is_some();
         markers.push(json!({
-            "step": r["step"], "kind": if ok { "reload" } else { "reload-failed" },
-            "label": if ok {
+            "step": r["step"], "kind": if ok && !back { "reload" } else { "reload-failed" },
+            "label": if back {
+                format!("generation {} failed, back to generation {}'s version: {error}", r["failed"], r["back_to"])
+            } else if ok {
                 format!("reload: generation {}", r["generation"])
             } else {
-                format!("reload failed: {}", r["error"].as_str().unwrap_or("").lines().next().unwrap_or(""))
+                format!("reload failed: {error}")
             },
         }));
     }

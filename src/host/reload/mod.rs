@@ -15,9 +15,17 @@
 //! fails before that (a syntax error, an error in its top level, a change a
 //! reload may not make, a failing schedule or `on_reload`), the driver drops
 //! the new coroutine and resumes the old one: the run goes on as before.
+//!
+//! A reloaded version can still fail after its first safe point, in its own
+//! code (a typo in the loop body, a bad argument to `run:evaluate`). Then
+//! the driver goes back to the version it replaced: that version's recipe
+//! text and module values, kept at the commit, run again from the run's
+//! state as a reload would (the data cursor and `run.state` carry over), and
+//! the run goes on. Stops that are not the code's (a signal, `os.exit`,
+//! divergence, an OOM, data and device errors) end the run as before.
 
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -25,6 +33,7 @@ use mlua::{Function, Lua, Table, Value};
 use serde_json::{json, Map};
 
 mod adopt;
+mod back;
 mod safe_point;
 mod script_file;
 pub(crate) mod watch;
@@ -39,6 +48,7 @@ use super::run_state::RunState;
 use super::HostState;
 use crate::{Error, Result};
 use adopt::Staged;
+use back::{go_back, the_versions_own, Kept};
 
 /// Reload bookkeeping, kept in [`HostState`] (the watching is in
 /// [`watch::Watching`]).
@@ -80,6 +90,23 @@ pub(crate) fn recipe_env(lua: &Lua) -> mlua::Result<Table> {
     lua.named_registry_value(ENV)
 }
 
+/// Which text a tried version runs.
+enum Version<'a> {
+    /// The recipe and its modules as saved now.
+    Saved,
+    /// One that ran before.
+    Kept(&'a Kept),
+}
+
+/// A tried version that was committed: its coroutine and globals, its
+/// recipe text, and the version it replaced.
+struct Tried {
+    thread: mlua::Thread,
+    env: Table,
+    src: String,
+    replaced: Kept,
+}
+
 /// Runs a recipe to its end, applying reloads at its safe points.
 pub(crate) fn drive(lua: &Lua, host: &Rc<HostState>, name: &str, src: &str) -> Result<()> {
     {
@@ -91,8 +118,27 @@ pub(crate) fn drive(lua: &Lua, host: &Rc<HostState>, name: &str, src: &str) -> R
     let (mut current, env) = load_generation(lua, name, src)?;
     lua.set_named_registry_value(ENV, env)?;
     let mut arg = Value::Nil;
+    let mut running = src.to_string();
+    // The version the running one replaced (none for the first, and none
+    // after going back: that version ran without the failing one).
+    let mut earlier: Option<Kept> = None;
     loop {
-        let action: Option<String> = current.resume(arg)?;
+        let action: Option<String> = match current.resume(arg) {
+            Ok(action) => action,
+            Err(e) => {
+                let e = Error::from(e);
+                let Some(back) = earlier.take().filter(|_| the_versions_own(&e)) else {
+                    return Err(e);
+                };
+                let tried = go_back(lua, host, &back, e)?;
+                current = tried.thread;
+                lua.set_named_registry_value(ENV, tried.env)?;
+                running = tried.src;
+                arg = Value::Boolean(true);
+                lua.gc_collect()?;
+                continue;
+            }
+        };
         if !current.is_resumable() {
             return Ok(());
         }
@@ -102,10 +148,12 @@ pub(crate) fn drive(lua: &Lua, host: &Rc<HostState>, name: &str, src: &str) -> R
             ));
         }
         let asked = Instant::now();
-        match try_version(lua, host) {
-            Ok((new, env)) => {
-                current = new;
-                lua.set_named_registry_value(ENV, env)?;
+        match try_version(lua, host, Version::Saved, &running) {
+            Ok(tried) => {
+                current = tried.thread;
+                lua.set_named_registry_value(ENV, tried.env)?;
+                running = tried.src;
+                earlier = Some(tried.replaced);
                 arg = Value::Boolean(true);
                 // The old version's iterators and batches go now.
                 lua.gc_collect()?;
@@ -125,12 +173,16 @@ fn set_generation(lua: &Lua, n: u64) -> mlua::Result<()> {
     taper.set("generation", n)
 }
 
-/// Tries the new version up to its first safe point and commits it there.
+/// Tries a version up to its first safe point and commits it there: the
+/// saved recipe (a reload), or a kept one (going back). `running` is the
+/// text of the version that runs now, kept for going back to it.
 /// On failure everything the try touched is put back.
 fn try_version(
     lua: &Lua,
     host: &Rc<HostState>,
-) -> std::result::Result<(mlua::Thread, Table), String> {
+    version: Version,
+    running: &str,
+) -> std::result::Result<Tried, String> {
     let (recipe, modules) = {
         let w = host.watch.borrow();
         let Some(recipe) = w.recipe.clone() else {
@@ -164,9 +216,14 @@ fn try_version(
         rl.next_run = next_run;
     };
     // Every module is evaluated afresh: one that did not change may hold
-    // values from one that did.
+    // values from one that did. A kept version has its own values back.
     for (n, _) in &modules {
         let _ = loaded.set(n.as_str(), Value::Nil);
+    }
+    if let Version::Kept(kept) = &version {
+        for (n, v) in &kept.loaded {
+            let _ = loaded.set(n.as_str(), v.clone());
+        }
     }
     {
         let mut rl = host.reload.borrow_mut();
@@ -174,12 +231,17 @@ fn try_version(
         rl.next_run = 0;
     }
     let _ = set_generation(lua, generation + 1);
-    let result = run_trial(lua, host, &recipe).and_then(|thread| {
+    let src = match &version {
+        Version::Saved => read(&recipe.0),
+        Version::Kept(kept) => Ok(kept.src.clone()),
+    };
+    let result = src.and_then(|src| {
+        let (thread, env) = run_trial(lua, &recipe.1, &src)?;
         let staged = host.reload.borrow_mut().trial.take().unwrap_or_default();
-        adopt::commit(staged).map(|()| thread)
+        adopt::commit(staged).map(|()| (thread, env, src))
     });
     match result {
-        Ok(thread) => {
+        Ok((thread, env, src)) => {
             let mut rl = host.reload.borrow_mut();
             rl.generation = generation + 1;
             if let Some(fields) = rl.trial_config.take() {
@@ -187,12 +249,22 @@ fn try_version(
                     .record("config", 0, 0, fields)
                     .map_err(|e| e.to_string())?;
             }
-            let hash = crate::engine::checkpoint::text_hash(&read(&recipe.0).unwrap_or_default());
+            let hash = crate::engine::checkpoint::text_hash(&src);
             *host.recipe_hash.borrow_mut() = hash.clone();
             for r in host.runs.borrow().iter() {
                 r.borrow_mut().core.recipe_hash = hash.clone();
             }
-            Ok(thread)
+            let replaced = Kept {
+                generation,
+                src: running.to_string(),
+                loaded: saved,
+            };
+            Ok(Tried {
+                thread,
+                env,
+                src,
+                replaced,
+            })
         }
         Err(e) => {
             restore(host);
@@ -208,19 +280,17 @@ fn read(path: &Path) -> std::result::Result<String, String> {
 /// Runs the new version until it asks to commit at its first safe point.
 fn run_trial(
     lua: &Lua,
-    host: &HostState,
-    (path, name): &(PathBuf, String),
+    name: &str,
+    src: &str,
 ) -> std::result::Result<(mlua::Thread, Table), String> {
-    let src = read(path)?;
     let (thread, env) =
-        load_generation(lua, name, &src).map_err(|e| super::render::message(&e.into()))?;
+        load_generation(lua, name, src).map_err(|e| super::render::message(&e.into()))?;
     let action: Option<String> = thread
         .resume(())
         .map_err(|e| super::render::message(&e.into()))?;
     if !thread.is_resumable() || action.as_deref() != Some("commit") {
         // It ran to its end without a safe point: whatever it did stands,
         // but there is no loop to hand the run to.
-        let _ = host;
         return Err(
             "the new version reached no safe point (run:epochs or run:reload_point)".into(),
         );
@@ -231,6 +301,18 @@ fn run_trial(
 /// One `reload` record and a printed line; a failure also shows on the
 /// progress line until the next successful reload.
 fn record(host: &HostState, asked: Instant, failure: Option<String>) -> Result<()> {
+    record_with(host, asked, failure, Map::new())
+}
+
+/// [`record`] with further fields (going back: `failed`, `back_to` and
+/// `error`, printed by the caller).
+fn record_with(
+    host: &HostState,
+    asked: Instant,
+    failure: Option<String>,
+    mut f: Map<String, serde_json::Value>,
+) -> Result<()> {
+    let back = f.contains_key("back_to");
     let generation = host.reload.borrow().generation;
     let (changes, at_run) = {
         let mut w = host.watch.borrow_mut();
@@ -245,7 +327,6 @@ fn record(host: &HostState, asked: Instant, failure: Option<String>) -> Result<(
         })
         .unwrap_or((0, 0));
     let files = watch::shown(&changes.changed);
-    let mut f = Map::new();
     f.insert("generation".into(), generation.into());
     f.insert("files".into(), files.clone().into());
     f.insert("ok".into(), failure.is_none().into());
@@ -259,6 +340,7 @@ fn record(host: &HostState, asked: Instant, failure: Option<String>) -> Result<(
         );
     }
     match &failure {
+        None if back => {}
         None => {
             host.out.note(None);
             host.out.line(&format!(
