@@ -164,10 +164,12 @@ pub fn ended(host: &Host, e: &taper::Error) -> ExitCode {
             folder.display()
         );
     }
-    // A failure (exit 1; not a usage error) that left no checkpoint: the
-    // one an earlier save left. A diverged run's error names it already.
+    // A checkpoint that could not be written (a full disk): the one an
+    // earlier save left. Not when no save was tried (a resume refused before
+    // its run existed: the same --resume would fail again). A diverged run's
+    // error names it already.
     let diverged = e.find(|e| matches!(e, taper::Error::Diverged(_)));
-    let failed = e.exit_code() == 1 && !diverged;
+    let failed = e.exit_code() == 1 && !diverged && host.save_failed();
     if taper::dist::rank() == 0 && host.checkpoints().is_empty() && failed {
         if let Some(told) = host.out_dir().and_then(|d| earlier_checkpoint(&d)) {
             eprintln!("taper: {told}");

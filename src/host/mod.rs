@@ -100,6 +100,8 @@ pub struct Host {
     lua: Lua,
     state: Rc<HostState>,
     checkpoints: Vec<PathBuf>,
+    /// Whether a final or failure checkpoint was tried and not written.
+    save_failed: bool,
 }
 
 impl Host {
@@ -137,6 +139,7 @@ impl Host {
             lua,
             state,
             checkpoints: Vec::new(),
+            save_failed: false,
         })
     }
 
@@ -320,12 +323,19 @@ impl Host {
                 Err(e) => errors.push(e),
             }
         }
+        self.save_failed |= !errors.is_empty();
         errors
     }
 
     /// Checkpoints written at the end of the last recipe, or after its failure.
     pub fn checkpoints(&self) -> &[PathBuf] {
         &self.checkpoints
+    }
+
+    /// Whether a run's final or failure checkpoint could not be written (a
+    /// full disk): not when there was no run to save.
+    pub fn save_failed(&self) -> bool {
+        self.save_failed
     }
 
     /// The output folder (none under `taper check`, or before a run made it).

@@ -404,6 +404,42 @@ if cfg.full then assert(os.execute("ln -s /dev/full " .. cfg.out .. "/checkpoint
 /// checkpoint, with the cause removed, ends with the same weights as a run
 /// that never diverged. A recipe that catches the error and saves anyway is
 /// refused: the weights hold NaN.
+/// A resume refused before its run exists (the recipe's model was edited)
+/// says why and nothing more: no checkpoint was tried, so the same
+/// `--resume` is not offered as the way on.
+#[test]
+fn a_resume_refused_for_another_model_does_not_offer_the_same_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let recipe = dir.path().join("digits.lua");
+    let shipped = std::fs::read_to_string("scripts/digits.lua").unwrap();
+    std::fs::write(&recipe, &shipped).unwrap();
+    let base = [
+        "train",
+        s(&recipe),
+        "--quiet",
+        "--out",
+        s(&out),
+        "--set",
+        "epochs=2",
+    ];
+    let o = cmd(&base).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let wider = shipped.replacen("hidden = { 128, 64 }", "hidden = { 256, 64 }", 1);
+    assert_ne!(wider, shipped, "scripts/digits.lua's hidden sizes changed");
+    std::fs::write(&recipe, wider).unwrap();
+    let o = cmd(&[&base[..], &["--resume", "auto"]].concat())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("it holds `mlp 64-128-64-10 relu`, the recipe builds `mlp 64-256-64-10 relu`"),
+        "{err}"
+    );
+    assert!(!err.contains("continue from it"), "{err}");
+}
+
 #[test]
 fn a_run_that_diverges_stops_there_and_resumes_from_its_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
