@@ -35,7 +35,19 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     let r_total_epochs = r.core.total_epochs;
     let skip = std::mem::take(&mut r.core.cursor.skip_batches);
     let skip_samples = std::mem::take(&mut r.core.cursor.skip_samples);
+    let len = match &feed {
+        Feed::Pipeline(p) => Some(p.len() as u64),
+        Feed::Lua(_) => None,
+    };
+    let was = std::mem::replace(&mut r.core.cursor.data_len, len);
     drop(r);
+    if let (true, Some(was), Some(now)) = (skip_samples > 0, was, len) {
+        if was != now {
+            host.out.tell(&format!(
+                "note: the training data has {now} samples now, and epoch {epoch} stopped after {skip_samples} of its {was}: it goes on from sample {skip_samples} of the new data's order, so this epoch may train some samples twice and others not at all (later epochs see all {now})"
+            ));
+        }
+    }
     let it = RefCell::new(
         feed.epoch(lua, epoch, TRAIN_BATCH, skip, skip_samples)
             .map_err(lua_err)?,

@@ -122,7 +122,7 @@ pub(crate) fn finish_epoch(host: &HostState, r: &mut RunState) -> Result<()> {
         return Ok(());
     };
     host.out.finish_bar();
-    let rate = s.samples as f64 / s.seconds.max(1e-9);
+    let rate = s.samples_here as f64 / s.seconds.max(1e-9);
     let mut f = Map::new();
     f.insert("run".into(), r.id.into());
     if let Some(loss) = s.loss {

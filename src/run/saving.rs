@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::Run;
-use crate::engine::checkpoint::{CheckpointMeta, FORMAT};
+use crate::engine::checkpoint::{CheckpointMeta, EpochTrained, FORMAT};
 use crate::Result;
 
 impl Run {
@@ -18,6 +18,11 @@ impl Run {
             epoch_steps: self.cursor.steps,
             epoch_samples: self.cursor.samples,
             epoch_complete: !self.cursor.in_epoch,
+            epoch_trained: self.cursor.in_epoch.then_some(EpochTrained {
+                loss_sum: self.stats.loss_sum,
+                samples: self.stats.samples as u64,
+            }),
+            epoch_data: self.cursor.data_len.filter(|_| self.cursor.in_epoch),
             model: self.trainer.spec().describe(),
             model_config: self.trainer.spec().config(),
             vocab: self.vocab.as_ref().map(|v| v.record()),
@@ -74,6 +79,8 @@ impl Run {
             self.cursor.epoch = meta.epoch.saturating_sub(1);
             self.cursor.skip_batches = meta.epoch_steps as usize;
             self.cursor.skip_samples = meta.epoch_samples as usize;
+            self.cursor.trained = meta.epoch_trained.unwrap_or_default();
+            self.cursor.data_len = meta.epoch_data;
         }
         self.skipped = meta.skipped.clone();
         Ok((meta, notice))

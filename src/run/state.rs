@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::recovery::{Observer, Recovery, StepOutcome};
 use super::window::Window;
 use crate::data::Batch;
+use crate::engine::checkpoint::EpochTrained;
 use crate::engine::loss::Loss;
 use crate::engine::model::{check_batch, Interface};
 use crate::engine::schedule::{Schedule, StepPlan};
@@ -34,6 +35,12 @@ pub struct Cursor {
     /// of the next epoch to skip.
     pub skip_batches: usize,
     pub skip_samples: usize,
+    /// Resuming mid-epoch: what the epoch had trained before (its record
+    /// goes on from these sums).
+    pub trained: EpochTrained,
+    /// Samples in the data the epoch in progress reads (native data; from
+    /// the checkpoint when resumed), to notice data that changed size.
+    pub data_len: Option<u64>,
 }
 
 /// What the epoch in progress has measured so far.
@@ -43,6 +50,9 @@ pub struct EpochStats {
     pub loss_sum: f64,
     /// Samples trained on (skipped batches not included).
     pub samples: usize,
+    /// Of `samples`, those trained before a resume (not this process's:
+    /// left out of the epoch's rate).
+    pub resumed_samples: usize,
     pub start: Instant,
     /// Seconds spent waiting for batches.
     pub data_wait: f64,
@@ -57,6 +67,7 @@ impl Default for EpochStats {
         EpochStats {
             loss_sum: 0.0,
             samples: 0,
+            resumed_samples: 0,
             start: Instant::now(),
             data_wait: 0.0,
             mem_peak: 0,
@@ -72,7 +83,10 @@ pub struct EpochSummary {
     pub step: u64,
     /// Mean training loss; None when no batch trained.
     pub loss: Option<f64>,
+    /// Samples the epoch trained on, before a resume included.
     pub samples: usize,
+    /// Of those, the ones this process trained (the epoch's rate).
+    pub samples_here: usize,
     pub seconds: f64,
     pub data_wait: f64,
     pub mem_peak: usize,
@@ -322,7 +336,13 @@ impl Run {
         c.in_epoch = true;
         c.steps = c.skip_batches as u64;
         c.samples = c.skip_samples as u64;
-        self.stats = EpochStats::default();
+        let before = std::mem::take(&mut c.trained);
+        self.stats = EpochStats {
+            loss_sum: before.loss_sum,
+            samples: before.samples as usize,
+            resumed_samples: before.samples as usize,
+            ..EpochStats::default()
+        };
         c.epoch
     }
 
@@ -338,6 +358,7 @@ impl Run {
             step: self.trainer.step,
             loss: (s.samples > 0).then(|| s.loss_sum / s.samples as f64),
             samples: s.samples,
+            samples_here: s.samples - s.resumed_samples,
             seconds: s.start.elapsed().as_secs_f64(),
             data_wait: s.data_wait,
             mem_peak: s.mem_peak,

@@ -440,6 +440,59 @@ fn a_resume_refused_for_another_model_does_not_offer_the_same_resume() {
     assert!(!err.contains("continue from it"), "{err}");
 }
 
+/// A run stopped mid-epoch (os.exit after step 3: 150 of 600 samples) and
+/// resumed: into the same data, quietly; into data of another size (500
+/// samples), with a note that says what the rest of the epoch will be. The
+/// resumed epoch's record counts the samples before the stop.
+#[test]
+fn a_mid_epoch_resume_into_data_of_another_size_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("take.lua");
+    std::fs::write(
+        &recipe,
+        r#"local cfg = taper.config{ n = 600, stop = 0 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{}:take(cfg.n):shuffle{ seed = 1 }:batch(50), seed = 1,
+}
+for _ in run:epochs(2) do
+  for b in run:batches() do
+    run:step(b)
+    if run.steps == cfg.stop then os.exit(7) end
+  end
+end
+"#,
+    )
+    .unwrap();
+    for (n, note) in [("n=600", false), ("n=500", true)] {
+        let out = dir.path().join(n);
+        let base = ["train", s(&recipe), "--quiet", "--out", s(&out)];
+        let o = cmd(&[&base[..], &["--set", "stop=3"]].concat())
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(7),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let o = cmd(&[&base[..], &["--set", n, "--resume", "auto"]].concat())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        let says = "note: the training data has 500 samples now, and epoch 1 stopped after 150 of its 600: it goes on from sample 150 of the new data's order";
+        assert_eq!(err.contains(says), note, "{n}: {err}");
+        let samples: Vec<Value> = records(&out, "epoch")
+            .iter()
+            .map(|r| r["samples"].clone())
+            .collect();
+        // Epoch 1: 150 before the stop and the rest of the data's order after it.
+        let total = if note { 500 } else { 600 };
+        assert_eq!(samples, [json!(total), json!(total)], "{n}");
+    }
+}
+
 #[test]
 fn a_run_that_diverges_stops_there_and_resumes_from_its_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

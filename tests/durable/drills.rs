@@ -117,6 +117,26 @@ fn drill(signal: i32, every: u64) {
         "{}",
         why("the weights differ from a straight run's".into())
     );
+    // Each epoch's record, the interrupted ones included, says what a
+    // straight run's says: its mean loss and samples (not the part after
+    // the last resume). A kill repeats what came after the last checkpoint,
+    // an epoch's record too, which must be the same again: one is kept.
+    let epochs = |out: &Path| -> Vec<(Value, Value, Value)> {
+        let mut all: Vec<(Value, Value, Value)> = records(out, "epoch")
+            .into_iter()
+            .map(|r| (r["epoch"].clone(), r["loss"].clone(), r["samples"].clone()))
+            .collect();
+        if signal == libc::SIGKILL {
+            all.dedup_by(|b, a| a.0 == b.0 && a.1 == b.1 && a.2 == b.2);
+        }
+        all
+    };
+    let (got, want) = (epochs(&out), epochs(&dir.path().join("straight")));
+    assert!(
+        got == want,
+        "{}",
+        why(format!("epoch records {got:?}, a straight run's {want:?}"))
+    );
     // What is left in the folder: no temporary file, the default two
     // checkpoints, sidecars that agree with them.
     let mut kept = 0;

@@ -22,6 +22,15 @@ pub use folder::{
 
 pub const FORMAT: &str = "taper-checkpoint/1";
 
+/// The part of an epoch trained before a checkpoint interrupted it.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct EpochTrained {
+    /// Sum of batch-mean losses times batch sizes.
+    pub loss_sum: f64,
+    /// Samples trained on (skipped batches not included).
+    pub samples: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CheckpointMeta {
     pub format: String,
@@ -36,6 +45,15 @@ pub struct CheckpointMeta {
     pub epoch_samples: u64,
     /// Whether `epoch` was finished.
     pub epoch_complete: bool,
+    /// What the unfinished `epoch` had trained: the resumed epoch's record
+    /// counts it (its mean loss and samples are then a straight run's).
+    /// Absent when the epoch was finished, and in older checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch_trained: Option<EpochTrained>,
+    /// Samples in the data the unfinished `epoch` read (native data): a
+    /// resume into data of another size says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch_data: Option<u64>,
     pub model: String,
     /// The model as structured data (`{ "gpt": { "vocab": 65, ... } }`,
     /// the options of its `taper.model` constructor): a checkpoint alone can
@@ -320,6 +338,8 @@ mod tests {
             epoch_steps: 1,
             epoch_samples: 1,
             epoch_complete: false,
+            epoch_trained: None,
+            epoch_data: None,
             model: "m".into(),
             model_config: None,
             vocab: None,
