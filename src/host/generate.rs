@@ -59,7 +59,15 @@ pub(crate) fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<
     let out = r
         .core
         .trainer
-        .generate(&ids, tokens, o.temperature, o.seed)
+        // A signal stops a long sampling between tokens, as it stops an
+        // evaluation between batches.
+        .generate(
+            &ids,
+            tokens,
+            o.temperature,
+            o.seed,
+            &mut crate::run::interrupt::check,
+        )
         .map_err(|e| match e {
             crate::Error::Config(m) => config_error(lua, format!("run:{m}")),
             other => lua_err(other),

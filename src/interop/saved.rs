@@ -124,7 +124,9 @@ pub fn sample_checkpoint(
         msg: "it holds no vocabulary (its run's data was not text)".into(),
     })?;
     let ids = vocab.encode(prompt)?;
-    let out = saved.trainer.generate(&ids, tokens, temperature, seed)?;
+    let out = saved
+        .trainer
+        .generate(&ids, tokens, temperature, seed, &mut || Ok(()))?;
     Ok(format!("{prompt}{}", vocab.decode(&out)))
 }
 

@@ -287,6 +287,53 @@ end
     assert_eq!(meta.step, 3);
 }
 
+/// A signal while the shipped shakespeare recipe samples its text at the
+/// end (a million characters: minutes) stops the sampling between tokens:
+/// exit 130 and the checkpoint, not a signal swallowed until the end.
+#[test]
+fn a_signal_stops_a_long_sampling_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = [
+        "train",
+        "scripts/shakespeare.lua",
+        "--quiet",
+        "--out",
+        s(&out),
+        "--set",
+        "steps=3",
+        "--set",
+        "epochs=1",
+        "--set",
+        "sample=1000000",
+    ];
+    let mut child = cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    // The last evaluation is written; the sampling comes after it.
+    while records(&out, "eval").is_empty() {
+        assert!(child.try_wait().unwrap().is_none(), "ended early");
+        assert!(start.elapsed() < DEADLINE, "no eval record");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let signalled = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if signalled.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            panic!("the sampling went on for 10 s after SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted by SIGINT"), "{err}");
+    let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.step, 3);
+}
+
 /// The image folder recipe (images decoded and augmented on the prefetch
 /// thread, a seeded subset, a cosine schedule), stopped by SIGTERM after
 /// its first epoch and resumed: the same weights as a run never stopped.

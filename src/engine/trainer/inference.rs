@@ -107,13 +107,16 @@ impl Trainer {
         Ok(sums)
     }
 
-    /// Samples `n` tokens after `prompt` from a sequence model.
+    /// Samples `n` tokens after `prompt` from a sequence model. `stop` is
+    /// asked before each token: its error ends the sampling (a signal's stop
+    /// request, from the caller; the engine knows no signals).
     pub fn generate(
         &self,
         prompt: &[u32],
         n: usize,
         temperature: f64,
         seed: u64,
+        stop: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Vec<u32>> {
         let context = self.spec.context().ok_or_else(|| {
             Error::Config(format!(
@@ -141,6 +144,7 @@ impl Trainer {
         let mut rng = Rng::new(seed);
         let mut ids = prompt.to_vec();
         for _ in 0..n {
+            stop()?;
             let window = &ids[ids.len().saturating_sub(context)..];
             let x = Tensor::new(window, &self.opts.device)?.unsqueeze(0)?;
             let logits = model.forward(&x)?;
