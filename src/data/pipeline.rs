@@ -44,13 +44,24 @@ impl Pipeline {
     /// Features shifted and scaled to mean 0 and deviation 1 (per channel
     /// for an image folder's samples), with the statistics `from` gives.
     pub fn standardize(self, from: Stats<'_>) -> Result<Self> {
+        self.standardize_with(from, &mut || Ok(()))
+    }
+
+    /// [`Pipeline::standardize`], asking `stop` before each chunk of samples
+    /// it reads for statistics (a large image folder takes minutes): its
+    /// error ends the reading.
+    pub fn standardize_with(
+        self,
+        from: Stats<'_>,
+        stop: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Self> {
         let stats = match from {
             Stats::Like(Pipeline {
                 standardized: Some(s),
                 ..
             }) => s.clone(),
-            Stats::Like(other) => Arc::new(Standardize::of(other)?),
-            Stats::Own => Arc::new(Standardize::of(&self)?),
+            Stats::Like(other) => Arc::new(Standardize::of(other, stop)?),
+            Stats::Own => Arc::new(Standardize::of(&self, stop)?),
             Stats::Given(m) => {
                 let features = match self.in_order(1).next() {
                     Some(b) => b?.x.elem_count(),

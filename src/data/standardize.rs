@@ -69,8 +69,10 @@ impl Running {
 
 impl Standardize {
     /// The statistics of `data`'s samples as its batches give them: per
-    /// channel for an image folder's samples, else per feature.
-    pub fn of(data: &Pipeline) -> Result<Standardize> {
+    /// channel for an image folder's samples, else per feature. `stop` is
+    /// asked before each chunk of samples: its error ends the reading (a
+    /// signal's stop request, from the caller).
+    pub fn of(data: &Pipeline, stop: &mut dyn FnMut() -> Result<()>) -> Result<Standardize> {
         if data.is_empty() {
             return Err(Error::Config(
                 "standardize: the data has no samples to compute a mean from".into(),
@@ -80,6 +82,7 @@ impl Standardize {
         let mut groups: Vec<Running> = Vec::new();
         let mut span = 0;
         for batch in data.in_order(CHUNK) {
+            stop()?;
             let x = batch?.x;
             if x.dtype() != DType::F32 {
                 return Err(Error::Config(format!(

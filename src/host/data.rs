@@ -205,11 +205,15 @@ impl UserData for DataHandle {
                     ))
                 }
             };
+            // A signal stops the reading between chunks, as a stop.
             let p = this
                 .0
                 .clone()
-                .standardize(from)
-                .map_err(|e| config_error(lua, format!("data:{e}")))?;
+                .standardize_with(from, &mut crate::run::interrupt::check)
+                .map_err(|e| match e.interrupted() {
+                    Some(_) => lua_err(e),
+                    None => config_error(lua, format!("data:{e}")),
+                })?;
             Ok(DataHandle(p))
         });
         m.add_method("named", |_, this, name: String| {

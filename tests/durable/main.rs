@@ -334,6 +334,46 @@ fn a_signal_stops_a_long_sampling_with_a_checkpoint() {
     assert_eq!(meta.step, 3);
 }
 
+/// A signal while `data:standardize()` reads the 10,000 training images of
+/// Fashion-MNIST for their statistics (about 2 s at 56 x 56) stops the
+/// reading between its chunks: the line after it never runs.
+#[test]
+fn a_signal_stops_standardize_between_its_chunks() {
+    common::fetched("data/fashion-mnist-png/train/bag").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("standardize.lua");
+    let folder = std::fs::canonicalize("data/fashion-mnist-png/train").unwrap();
+    std::fs::write(
+        &recipe,
+        format!(
+            r#"local folder = taper.data.images{{ path = "{}", size = {{ 56, 56 }}, channels = 1 }}
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 56 * 56, hidden = {{ 8 }}, outputs = 10 }},
+  data = folder:batch(64),
+}}
+run:log{{ standardizing = true }}
+local standardized = folder:standardize()
+run:log{{ standardized = true }}
+"#,
+            folder.display()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let child = started_until_it_logs(&recipe, &out);
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = wait(child);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted by SIGINT"), "{err}");
+    let logs = records(&out, "log");
+    assert!(
+        logs.iter().all(|r| r.get("standardized").is_none()),
+        "standardize ran to its end: {logs:?}"
+    );
+}
+
 /// The image folder recipe (images decoded and augmented on the prefetch
 /// thread, a seeded subset, a cosine schedule), stopped by SIGTERM after
 /// its first epoch and resumed: the same weights as a run never stopped.
