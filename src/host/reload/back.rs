@@ -60,6 +60,8 @@ pub(super) fn go_back(lua: &Lua, host: &Rc<HostState>, back: &Kept, why: Error) 
     let asked = Instant::now();
     let failed = host.reload.borrow().generation;
     let error = crate::host::render::message(&why);
+    // No text is kept for what this replaces: the restored version has no
+    // earlier one to go back to (see `drive`).
     match try_version(lua, host, Version::Kept(back), "") {
         Ok(tried) => {
             let generation = host.reload.borrow().generation;
