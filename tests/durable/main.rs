@@ -234,6 +234,22 @@ while true do end
     assert_eq!(meta.step, 3);
 }
 
+/// Sends `signal` to `child` and waits for it to end, failing if `what`
+/// goes on for 10 s after it.
+fn stopped_by(mut child: Child, signal: i32, what: &str) -> Output {
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let signalled = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if signalled.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            panic!("{what} went on for 10 s after signal {signal}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// A signal during a long evaluation stops it between its batches (Slurm
 /// gives a job 30 s after SIGTERM, and an evaluation can take minutes):
 /// the checkpoint of the steps taken is written and no partial `eval`
@@ -263,19 +279,9 @@ end
     )
     .unwrap();
     let out = dir.path().join("out");
-    let mut child = started_until_it_logs(&recipe, &out);
+    let child = started_until_it_logs(&recipe, &out);
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: a plain kill(2) of our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    let signalled = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if signalled.elapsed() > Duration::from_secs(10) {
-            child.kill().unwrap();
-            panic!("the evaluation went on for 10 s after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = stopped_by(child, libc::SIGTERM, "the evaluation");
     assert_eq!(
         o.status.code(),
         Some(143),
@@ -316,17 +322,7 @@ fn a_signal_stops_a_long_sampling_with_a_checkpoint() {
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: a plain kill(2) of our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let signalled = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if signalled.elapsed() > Duration::from_secs(10) {
-            child.kill().unwrap();
-            panic!("the sampling went on for 10 s after SIGINT");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = stopped_by(child, libc::SIGINT, "the sampling");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(130), "{err}");
     assert!(err.contains("interrupted by SIGINT"), "{err}");
