@@ -356,7 +356,7 @@ products() {
 # Compute, summed by name; then the same step in PyTorch's profiler.
 profile() {
   local args=(bench step --model gpt2 --device cuda --precision "${PROFILE_PRECISION:-bf16}"
-              --steps 1 --chunk "${PROFILE_CHUNK:-1024}")
+              --steps 1 --chunk "${PROFILE_CHUNK:-1024}" --no-weights-check)
   echo "== kernels of taper ${args[*]} (ncu; 4 steps)"
   timeout 420 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum \
     --csv --page raw "$bin/taper" "${args[@]}" > /tmp/ncu.csv 2> /tmp/ncu.err \

@@ -16,6 +16,7 @@ use crate::engine::precision::Precision;
 use crate::engine::rng::Rng;
 use crate::engine::{parse_device, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
 use crate::memory::{device as devmem, HostMemory};
+use crate::run::CHECK_WEIGHTS_EVERY;
 use crate::{Error, Result};
 
 #[derive(clap::Args, Debug)]
@@ -63,6 +64,10 @@ pub struct StepArgs {
     /// `offload = true` does
     #[arg(long)]
     pub offload: bool,
+    /// Leave out the timing of the divergence check's pass over the weights
+    /// (for a profile that should hold the steps' kernels only)
+    #[arg(long)]
+    pub no_weights_check: bool,
 }
 
 /// A model, a batch of random data, and its FLOPs per training step.
@@ -246,6 +251,20 @@ fn time_steps(trainer: &mut Trainer, batch: &Batch, steps: usize) -> Result<(f64
     Ok((median(&mut times), peak))
 }
 
+/// Median seconds of the run's check that the weights are finite (see
+/// `Run::step`), which a run pays once every [`CHECK_WEIGHTS_EVERY`] steps.
+fn time_weights_check(trainer: &Trainer) -> Result<f64> {
+    let mut times = Vec::new();
+    for i in 0..7 {
+        let t = Instant::now();
+        trainer.params().all_finite()?;
+        if i >= 2 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(&mut times))
+}
+
 pub(super) fn rate(flops: f64) -> String {
     if flops >= 1e12 {
         format!("{:.1} TFLOP/s", flops / 1e12)
@@ -307,6 +326,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
     if a.compare_unfused {
         modes.push((false, false));
     }
+    let first = modes[0];
     for (fused, flash_on) in modes {
         crate::kernels::set_fused(fused);
         crate::kernels::set_flash(flash_on);
@@ -333,6 +353,14 @@ pub fn run(a: &StepArgs) -> Result<()> {
             params,
             a.steps,
         );
+        if (fused, flash_on) == first && !a.no_weights_check {
+            let check = time_weights_check(&trainer)?;
+            println!(
+                "  weights check: {:.2} ms, once every {CHECK_WEIGHTS_EVERY} steps: {:.2}% of this step's time",
+                check * 1e3,
+                100.0 * check / (secs * CHECK_WEIGHTS_EVERY as f64),
+            );
+        }
     }
     crate::kernels::set_fused(true);
     crate::kernels::set_flash(flash);

@@ -19,6 +19,6 @@ pub use policy::{
     StepInfo,
 };
 pub use recovery::{memory_figures, Observer, Recovered, Recovery, StepOutcome, MAX_ATTEMPTS};
-pub use state::{Cursor, EpochStats, EpochSummary, Run};
+pub use state::{Cursor, EpochStats, EpochSummary, Run, CHECK_WEIGHTS_EVERY};
 
 pub use crate::engine::optim::check_lr;
