@@ -11,6 +11,18 @@
 //! # Ok::<(), taper::Error>(())
 //! ```
 
+/// `eprintln!` that drops the line when stderr cannot be written (the
+/// terminal closed: a hung-up terminal answers every write with an error)
+/// instead of panicking, so the run still writes its checkpoint and exits
+/// with its own code.
+#[macro_export]
+macro_rules! tell {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($t)*);
+    }};
+}
+
 pub mod bench;
 pub mod data;
 pub mod dist;

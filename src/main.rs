@@ -42,7 +42,9 @@ fn read_switches() {
         match rows.as_str() {
             "16" => taper::kernels::set_flash_rows(16).expect("16 is taken"),
             "32" => taper::kernels::set_flash_rows(32).expect("32 is taken"),
-            _ => eprintln!("taper: TAPER_FLASH_ROWS={rows}: warps take 16 or 32 rows; keeping 16"),
+            _ => {
+                taper::tell!("taper: TAPER_FLASH_ROWS={rows}: warps take 16 or 32 rows; keeping 16")
+            }
         }
     }
     // TAPER_CUBLASLT=1 runs the dense layer's forward on CUDA through
@@ -100,7 +102,7 @@ fn command() -> ExitCode {
         Command::Bench(args) => match taper::bench::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("taper bench: {e}");
+                taper::tell!("taper bench: {e}");
                 ExitCode::from(1)
             }
         },

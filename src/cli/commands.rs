@@ -12,7 +12,7 @@ use super::train::{claim_default_out, default_out};
 pub fn plugin(cmd: PluginCmd) -> ExitCode {
     use taper::plugins::scaffold;
     let result = match cmd {
-        PluginCmd::Info { path } => scaffold::info(&path).map(|s| print!("{s}")),
+        PluginCmd::Info { path } => scaffold::info(&path).map(|s| say!("{}", s.trim_end())),
         PluginCmd::New { name, dir, abi } => {
             let abi =
                 abi.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/abi"));
@@ -25,7 +25,7 @@ pub fn plugin(cmd: PluginCmd) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("taper: {e}");
+            taper::tell!("taper: {e}");
             ExitCode::from(e.exit_code())
         }
     }
@@ -46,7 +46,7 @@ pub fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitC
     let plans = match result {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("taper: {}", taper::host::render_error(&e));
+            taper::tell!("taper: {}", taper::host::render_error(&e));
             return ExitCode::from(e.exit_code());
         }
     };
@@ -109,13 +109,13 @@ pub fn report(runs: &[PathBuf], out: Option<PathBuf>) -> ExitCode {
     match taper::report::write(runs, &out) {
         Ok(notes) => {
             for n in notes {
-                eprintln!("taper: warning: {n}");
+                taper::tell!("taper: warning: {n}");
             }
             say!("report: {}", out.display());
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("taper report: {e}");
+            taper::tell!("taper report: {e}");
             ExitCode::from(2)
         }
     }
@@ -141,7 +141,7 @@ pub fn launch(n: usize, args: &[String]) -> ExitCode {
         Ok((_, Some(sig))) => ExitCode::from((128 + sig).clamp(0, 255) as u8),
         Ok((s, None)) => ExitCode::from(s.code().map_or(1, |c| c.clamp(1, 255) as u8)),
         Err(e) => {
-            eprintln!("taper: {e}");
+            taper::tell!("taper: {e}");
             ExitCode::from(2)
         }
     }
@@ -162,7 +162,7 @@ pub fn export(a: ExportArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("taper export: {e}");
+            taper::tell!("taper export: {e}");
             ExitCode::from(2)
         }
     }
@@ -179,17 +179,18 @@ pub fn classify(a: ClassifyArgs) -> ExitCode {
             .collect();
         say!("{what}: {}", ranked.join(", "));
     };
-    let mut skip = |what: &str, why: &str| eprintln!("taper classify: {what}: passed over: {why}");
+    let mut skip =
+        |what: &str, why: &str| taper::tell!("taper classify: {what}: passed over: {why}");
     match classify_checkpoint(&a.checkpoint, &a.images, a.top, &mut emit, &mut skip) {
         Ok(0) => {
-            eprintln!(
+            taper::tell!(
                 "taper classify: no image files in the folders given, or no rows in the CSV files"
             );
             ExitCode::from(2)
         }
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("taper classify: {e}");
+            taper::tell!("taper classify: {e}");
             ExitCode::from(2)
         }
     }
@@ -204,7 +205,7 @@ pub fn sample(a: SampleArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("taper sample: {e}");
+            taper::tell!("taper sample: {e}");
             ExitCode::from(2)
         }
     }

@@ -17,7 +17,7 @@ pub fn train_options(
     a: TrainArgs,
 ) -> Result<(PathBuf, HostOptions, Option<taper::host::FolderLock>), ExitCode> {
     let told = |e: taper::Error| {
-        eprintln!("taper: {e}");
+        taper::tell!("taper: {e}");
         ExitCode::from(e.exit_code())
     };
     // `--resume RUN_DIR` continues in that folder unless --out says
@@ -30,7 +30,7 @@ pub fn train_options(
         a.collective,
     )
     .map_err(|e| {
-        eprintln!("taper: {e}");
+        taper::tell!("taper: {e}");
         ExitCode::from(2)
     })?;
     if let Some(w) = world {
@@ -59,13 +59,13 @@ pub fn train_options(
         .map(|arg| taper::engine::checkpoint::resolve_resume(&arg, out.as_deref()))
         .transpose()
         .map_err(|e| {
-            eprintln!("taper: {e}");
+            taper::tell!("taper: {e}");
             ExitCode::from(2)
         })?
         .flatten()
         .map(|(path, notes)| {
             for n in notes {
-                eprintln!("taper: warning: {n}");
+                taper::tell!("taper: warning: {n}");
             }
             path
         });
@@ -105,13 +105,13 @@ pub fn run_recipe(recipe: &Path, opts: HostOptions) -> ExitCode {
     if !check {
         // Ctrl-C, SIGTERM, SIGHUP: stop at the next step with a checkpoint.
         if let Err(e) = taper::run::interrupt::install() {
-            eprintln!("taper: cannot handle signals ({e}): a signal will end the run without a checkpoint");
+            taper::tell!("taper: cannot handle signals ({e}): a signal will end the run without a checkpoint");
         }
     }
     let mut host = match Host::new(opts) {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("taper: {}", taper::host::render_error(&e));
+            taper::tell!("taper: {}", taper::host::render_error(&e));
             return ExitCode::from(e.exit_code());
         }
     };
@@ -143,7 +143,7 @@ pub fn ended(host: &Host, e: &taper::Error) -> ExitCode {
         (_, Some(code)) => taper::Error::Exited(code).to_string(),
         _ => taper::host::render_error(e),
     };
-    eprintln!("taper: {told}");
+    taper::tell!("taper: {told}");
     if let (Some(w), Some(_)) = (taper::dist::world(), e.interrupted()) {
         // Every rank was asked to stop: they leave together, once
         // rank 0 has written its checkpoint.
@@ -154,11 +154,11 @@ pub fn ended(host: &Host, e: &taper::Error) -> ExitCode {
         // Rank 0 writes the run's checkpoints.
     } else if host.checkpoints().is_empty() && ending {
         // Nothing to continue from, and nothing lost: no step was taken.
-        eprintln!("taper: no checkpoint: the run had taken no step");
+        taper::tell!("taper: no checkpoint: the run had taken no step");
     }
     for c in host.checkpoints() {
         let folder = c.parent().unwrap_or(Path::new("."));
-        eprintln!(
+        taper::tell!(
             "taper: checkpoint written to {} (continue with --resume {})",
             c.display(),
             folder.display()
@@ -172,7 +172,7 @@ pub fn ended(host: &Host, e: &taper::Error) -> ExitCode {
     let failed = e.exit_code() == 1 && !diverged && host.save_failed();
     if taper::dist::rank() == 0 && host.checkpoints().is_empty() && failed {
         if let Some(told) = host.out_dir().and_then(|d| earlier_checkpoint(&d)) {
-            eprintln!("taper: {told}");
+            taper::tell!("taper: {told}");
         }
     }
     ExitCode::from(e.exit_code())

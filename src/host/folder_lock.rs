@@ -49,7 +49,7 @@ impl FolderLock {
                 dir.display()
             ))),
             Err(TryLockError::Error(e)) => {
-                eprintln!(
+                crate::tell!(
                     "taper: warning: cannot lock {}: {e}; nothing keeps a second taper out of this folder",
                     metrics.display()
                 );

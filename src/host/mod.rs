@@ -247,10 +247,10 @@ impl Host {
                         continue;
                     }
                     self.state.out.finish_bar();
-                    eprintln!("taper: the {why} run's checkpoint could not be written: {save}");
+                    crate::tell!("taper: the {why} run's checkpoint could not be written: {save}");
                 }
                 if let Err(records) = self.state.out.finish_records() {
-                    eprintln!("taper: the {why} run's records: {records}");
+                    crate::tell!("taper: the {why} run's records: {records}");
                 }
                 Err(e)
             }
@@ -276,7 +276,7 @@ impl Host {
         // run ends with an error that says how many could not be.
         let written = self.state.out.finish_records();
         if let (Err(_), Err(records)) = (&saved, &written) {
-            eprintln!("taper: the final records: {records}");
+            crate::tell!("taper: the final records: {records}");
         }
         saved?;
         written?;

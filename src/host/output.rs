@@ -228,8 +228,8 @@ impl Output {
     /// note on how the run differs from what it continues.
     pub fn tell(&self, s: &str) {
         match self.bar.borrow().as_ref() {
-            Some(bar) if !bar.is_hidden() => bar.suspend(|| eprintln!("{s}")),
-            _ => eprintln!("{s}"),
+            Some(bar) if !bar.is_hidden() => bar.suspend(|| crate::tell!("{s}")),
+            _ => crate::tell!("{s}"),
         }
     }
 

@@ -97,7 +97,7 @@ static REFUSED: AtomicBool = AtomicBool::new(false);
 /// path), printing the first refusal.
 pub(super) fn note_refusal(e: &candle_core::Error, (rows, n, k): (usize, usize, usize)) {
     if !REFUSED.swap(true, Ordering::Relaxed) {
-        eprintln!(
+        crate::tell!(
             "taper: cuBLASLt refused the dense product [{rows}x{k}] x [{k}x{n}] ({e}); \
              refused products take cuBLAS"
         );

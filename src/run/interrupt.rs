@@ -1,7 +1,8 @@
 //! Stopping a run on a signal. SIGINT (Ctrl-C), SIGTERM and SIGHUP ask the
 //! run to stop at its next step boundary: the step in progress finishes,
 //! then the run writes its checkpoint and its final records and exits with
-//! 128 + the signal's number (130, 143, 129). A second signal exits at once.
+//! 128 + the signal's number (130, 143, 129). A second SIGINT or SIGTERM
+//! exits at once; a second SIGHUP does not (a closing terminal sends two).
 //!
 //! The request is a process-wide flag: [`Run::step`](super::Run::step)
 //! checks it before each step, an evaluation before each of its batches,
@@ -29,20 +30,43 @@ pub fn set_patient() {
     PATIENT.store(true, Ordering::SeqCst);
 }
 
-/// Installs the handlers (the CLI does; an embedder may).
+/// Installs the handlers (the CLI does; an embedder may). A SIGHUP that the
+/// process was started ignoring (`nohup taper train ...`) stays ignored: a
+/// run started so goes on when its terminal closes.
 pub fn install() -> std::io::Result<()> {
     for sig in SIGNALS {
-        // SAFETY: the handler does only async-signal-safe work: an atomic
-        // swap, and `_exit` on the second signal.
+        if sig == libc::SIGHUP && started_ignoring(sig) {
+            continue;
+        }
+        // SAFETY: the handler does only async-signal-safe work: atomic
+        // loads and a compare-exchange, and `_exit` on a second signal.
         unsafe {
             signal_hook::low_level::register(sig, move || {
-                if REQUESTED.swap(sig, Ordering::SeqCst) != 0 && !PATIENT.load(Ordering::SeqCst) {
+                // The first signal names the exit code.
+                let first = REQUESTED
+                    .compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok();
+                // A hangup is never a reason to hurry: a closing terminal
+                // sends two (the shell passes its SIGHUP on to its jobs,
+                // then the kernel sends the foreground job another when the
+                // shell exits), and the run must still write its checkpoint.
+                if !first && sig != libc::SIGHUP && !PATIENT.load(Ordering::SeqCst) {
                     libc::_exit(128 + sig);
                 }
             })?;
         }
     }
     Ok(())
+}
+
+/// Whether `sig`'s disposition is "ignore", as `nohup` leaves SIGHUP for the
+/// command it starts.
+fn started_ignoring(sig: i32) -> bool {
+    // SAFETY: a null new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 /// Asks for a stop as the signal `sig` would (`os.exit` in a recipe, tests).
