@@ -176,6 +176,20 @@ print(run:generate{ prompt = { 1, 999 } })
             says: &["recipe.lua:1: taper.model.mlp: each hidden width must be at least 1"],
         },
         Case {
+            name: "a classifier with one output",
+            recipe: "local m = taper.model.mlp{ inputs = 4, hidden = { 8 }, outputs = 1 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.mlp: outputs = 1: a classifier needs one output per class (outputs = 2 for two classes, labelled 0 and 1)", "regression) is not supported yet"],
+        },
+        Case {
+            name: "a convolutional classifier with one output",
+            recipe: "local m = taper.model.cnn{ input = { 1, 8, 8 }, channels = { 4 }, outputs = 1 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.cnn: outputs = 1: a classifier needs one output per class"],
+        },
+        Case {
             name: "a width the heads do not divide",
             recipe: "local m = taper.model.gpt{ vocab = 65, context = 8, width = 100, heads = 3 }\n",
             args: &[],

@@ -138,7 +138,7 @@ fn csv_reads_and_reports_lines() -> Result<()> {
     }
     let frac = write(dir.path(), "frac.csv", b"1,2,0.5\n");
     assert!(err_text(csv(&frac, &plain))
-        .contains("frac.csv: line 1, column 3: label `0.5` is not a class index"));
+        .contains("frac.csv: line 1, column 3: label `0.5` is not a class index: labels are classes (predicting a number, regression, is not supported yet)"));
     Ok(())
 }
 

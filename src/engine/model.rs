@@ -61,6 +61,18 @@ pub fn sizes_at_least_one(sizes: &[(&str, usize)]) -> crate::Result<()> {
     }
 }
 
+/// A classifier's `outputs`: one per class, and so at least two. Its loss
+/// is the cross-entropy over the outputs' softmax, which is 0 for any
+/// weights with one output: a run would train nothing, and say nothing.
+pub fn classifier_outputs(outputs: usize) -> crate::Result<()> {
+    if outputs == 1 {
+        return Err(crate::Error::Config(
+            "outputs = 1: a classifier needs one output per class (outputs = 2 for two classes, labelled 0 and 1), since its loss is the cross-entropy over the outputs' softmax, which is 0 whatever the weights with a single output. Predicting a number (regression) is not supported yet".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// `{ kind: options }` for a serializable spec.
 pub fn tagged_config(kind: &str, spec: &impl Serialize) -> Option<serde_json::Value> {
     let options = serde_json::to_value(spec).ok()?;

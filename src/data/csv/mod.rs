@@ -294,7 +294,10 @@ fn label_ids(
                 Ok(v) if v >= 0.0 && v.fract() == 0.0 && v < u32::MAX as f64 => Ok(v as u32),
                 _ => Err(data_err(
                     what,
-                    format!("{}: label `{cell}` is not a class index", at(k)),
+                    format!(
+                        "{}: label `{cell}` is not a class index: labels are classes (predicting a number, regression, is not supported yet)",
+                        at(k)
+                    ),
                 )),
             })
             .collect::<Result<_>>()?;
