@@ -149,6 +149,8 @@ impl Error {
                     | Error::Device(_)
                     | Error::Plugin(_)
                     | Error::Lua(mlua::Error::SyntaxError { .. })
+                    // A taper function given an argument of the wrong type.
+                    | Error::Lua(mlua::Error::BadArgument { .. })
             )
         })
     }

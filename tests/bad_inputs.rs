@@ -176,6 +176,27 @@ print(run:generate{ prompt = { 1, 999 } })
             says: &["recipe.lua:1: taper.model.mlp: each hidden width must be at least 1"],
         },
         Case {
+            name: "a step without its batch",
+            recipe: "local run = taper.run{ model = taper.model.mlp{ inputs = 64, outputs = 10 }, data = taper.data.digits{}:batch(8) }\nfor batch in run:batches() do\n  run:step()\nend\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:3: run:step: argument 1 must be a batch (from run:batches() or data:batches()), got nil"],
+        },
+        Case {
+            name: "a step given the data instead of a batch",
+            recipe: "local data = taper.data.digits{}:batch(8)\nlocal run = taper.run{ model = taper.model.mlp{ inputs = 64, outputs = 10 }, data = data }\nrun:step(data)\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:3: run:step: argument 1 must be a batch (from run:batches() or data:batches()), got another kind of taper object"],
+        },
+        Case {
+            name: "a method's option table of another type",
+            recipe: "local run = taper.run{ model = taper.model.mlp{ inputs = 64, outputs = 10 } }\nrun:evaluate(taper.data.digits{}, 3)\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:2: run:evaluate: argument 2 must be a table, got an integer"],
+        },
+        Case {
             name: "a classifier with one output",
             recipe: "local m = taper.model.mlp{ inputs = 4, hidden = { 8 }, outputs = 1 }\n",
             args: &[],

@@ -722,6 +722,32 @@ fn shipped_recipe_reloads(recipe: &str, set: &[&str]) {
     wait_for(&mut child, dir.path(), "a step after going back", |r| {
         r["step"].as_u64().is_some_and(|s| s > step) && r["event"] != "reload"
     });
+
+    // A save that forgets the step's argument: a taper method given nil
+    // (mlua's BadArgument) is the version's own error too.
+    let forgot = edited.replacen("run:step(batch)", "run:step()", 1);
+    save(&path, &forgot);
+    let again = wait_for(&mut child, dir.path(), "going back again", |r| {
+        r["event"] == "reload" && r["failed"] == 4
+    });
+    assert_eq!(
+        (&again["back_to"], &again["generation"]),
+        (&3.into(), &5.into()),
+        "{recipe}: {again}"
+    );
+    let why = again["error"].as_str().unwrap();
+    assert!(
+        why.contains(&format!("{recipe}:"))
+            && why.contains("run:step: argument 1 must be a batch (from run:batches() or data:batches()), got nil"),
+        "{recipe}: {why}"
+    );
+    let step = again["step"].as_u64().unwrap();
+    wait_for(
+        &mut child,
+        dir.path(),
+        "a step after going back again",
+        |r| r["step"].as_u64().is_some_and(|s| s > step) && r["event"] != "reload",
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -52,13 +52,16 @@ pub(crate) fn defined_at(f: &mlua::Function) -> String {
 /// A value's type with its article, as messages name it: `a table`,
 /// `an integer`.
 pub(crate) fn a_type(v: &Value) -> String {
-    let t = v.type_name();
-    let article = if t.starts_with(['a', 'e', 'i', 'o', 'u']) {
-        "an"
-    } else {
-        "a"
-    };
-    format!("{article} {t}")
+    with_article(v.type_name())
+}
+
+/// A Lua type's name as a message says it: `a table`, `an integer`, `nil`.
+pub(crate) fn with_article(t: &str) -> String {
+    match t {
+        "nil" => "nil".into(),
+        t if t.starts_with(['a', 'e', 'i', 'o', 'u']) => format!("an {t}"),
+        t => format!("a {t}"),
+    }
 }
 
 /// A value as an error message names it: `-1`, `"ten"`, `a table`.

@@ -14,6 +14,9 @@ pub fn render_error(e: &Error) -> String {
 fn render_lua(e: &mlua::Error) -> String {
     match e {
         mlua::Error::CallbackError { traceback, cause } => {
+            if let mlua::Error::BadArgument { to, pos, cause, .. } = &**cause {
+                return bad_argument(to.as_deref(), *pos, cause, traceback);
+            }
             let head = render_lua(cause);
             // A config error, or a step that diverged, is one line that
             // names its place: no traceback.
@@ -64,6 +67,59 @@ fn locate_valueless(msg: &str) -> String {
         format!("\n{rest}")
     };
     format!("{place}: error() was given {what}, not a message (pass a string to say what went wrong){rest}")
+}
+
+/// A taper function or method given an argument of the wrong type, where
+/// mlua's message names Rust types ("bad argument #2 to `RunHandle.step`:
+/// error converting Lua nil to userdata (expected userdata of type
+/// taper::host::data::BatchHandle)"): one line, placed at the recipe's call
+/// as taper's own option errors are, counting a method's arguments after
+/// its object and naming taper's types as a recipe knows them.
+fn bad_argument(to: Option<&str>, pos: usize, cause: &mlua::Error, traceback: &str) -> String {
+    // `RunHandle.step` is `run:step`, whose first argument mlua counts as 2.
+    let (call, n) = match to.and_then(|t| t.split_once("Handle.")) {
+        Some((kind, method)) => (
+            format!("{}:{method}", kind.to_lowercase()),
+            pos.saturating_sub(1),
+        ),
+        None => (to.unwrap_or("a taper function").to_string(), pos),
+    };
+    let wanted = match cause {
+        mlua::Error::FromLuaConversionError { from, to, message } => {
+            let taper_type = message
+                .as_deref()
+                .and_then(|m| m.rsplit_once("::"))
+                .map(|(_, ty)| ty.trim_end_matches(')'));
+            let what = match taper_type {
+                Some("BatchHandle") => "a batch (from run:batches() or data:batches())".into(),
+                Some("DataHandle") => "data (taper.data.*)".into(),
+                Some("ModelHandle") => "a model (taper.model.*)".into(),
+                Some("RunHandle") => "a run (taper.run{...})".into(),
+                Some("OptimHandle") => "an optimizer (taper.optim.*)".into(),
+                Some("LossHandle") => "a loss (taper.loss.*)".into(),
+                Some("ScheduleHandle") => "a schedule (taper.schedule.*)".into(),
+                Some("GeneratorHandle") => "a generator".into(),
+                Some("PluginHandle") => "a plugin (taper.plugin.load)".into(),
+                _ => super::options::with_article(to),
+            };
+            format!("must be {what}, got {}", super::options::with_article(from))
+        }
+        // A taper object of another kind (data where a batch goes): mlua
+        // does not say which kind was wanted.
+        mlua::Error::UserDataTypeMismatch if call == "run:step" => {
+            "must be a batch (from run:batches() or data:batches()), got another kind of taper object".into()
+        }
+        mlua::Error::UserDataTypeMismatch => "is another kind of taper object than it takes".into(),
+        other => format!("is wrong: {}", render_lua(other)),
+    };
+    // The recipe's line: the first frame of the traceback that is Lua's.
+    let place = traceback
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("[C]") && !l.starts_with("stack traceback"))
+        .find_map(|l| l.split_once(": in ").map(|(p, _)| format!("{p}: ")))
+        .unwrap_or_default();
+    format!("{place}{call}: argument {n} {wanted}")
 }
 
 /// An error as one message, without the Lua traceback (reload records).

@@ -48,7 +48,10 @@ pub(super) fn the_versions_own(e: &Error) -> bool {
         && e.find(|e| {
             matches!(
                 e,
-                Error::Config(_) | Error::Script(_) | Error::Lua(mlua::Error::RuntimeError(_))
+                Error::Config(_)
+                    | Error::Script(_)
+                    | Error::Lua(mlua::Error::RuntimeError(_))
+                    | Error::Lua(mlua::Error::BadArgument { .. })
             )
         })
 }
