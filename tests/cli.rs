@@ -615,3 +615,48 @@ for _ in run:epochs(5) do for b in run:batches() do run:step(b) end end
     );
     Ok(())
 }
+
+/// `taper sample`, `classify` and `export` on a folder without a checkpoint
+/// say why there is none: the run in it has not saved one yet (here, it
+/// ended before its first step), or the folder is not a run's.
+#[test]
+fn commands_on_a_folder_without_a_checkpoint_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(
+        dir.path(),
+        "early.lua",
+        "local run = taper.run{ model = taper.model.mlp{ inputs = 64, outputs = 10 } }\nerror(\"before the first step\")\n",
+    );
+    let out = dir.path().join("out");
+    let o = taper(&["train", s(&recipe), "--out", s(&out)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o).1);
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let onnx = dir.path().join("model.onnx");
+    for args in [
+        vec!["sample"],
+        vec!["classify", s(&recipe)],
+        vec!["export", "--format", "onnx", "--out", s(&onnx)],
+    ] {
+        for (folder, says) in [
+            (
+                &out,
+                "no checkpoint yet: the run in this folder writes one every `checkpoint_every`",
+            ),
+            (
+                &empty,
+                "not a run folder: it holds no checkpoint and no records",
+            ),
+        ] {
+            let mut a = vec![args[0], s(folder)];
+            a.extend_from_slice(&args[1..]);
+            let o = taper(&a);
+            let err = text(&o).1;
+            assert_eq!(o.status.code(), Some(2), "{a:?}: {err}");
+            assert!(
+                err.contains(&format!("{}: {says}", s(folder))),
+                "{a:?}: {err}"
+            );
+        }
+    }
+}

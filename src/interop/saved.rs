@@ -77,10 +77,24 @@ pub fn locate(arg: &Path) -> Result<std::path::PathBuf> {
     let latest = arg.join(checkpoint::file_name(1));
     match checkpoint::latest_valid(&latest, false)? {
         Some((path, _)) => Ok(path),
-        None => Err(Error::Config(format!(
-            "{}: no valid checkpoint in this folder",
-            arg.display()
-        ))),
+        None => Err(Error::Config(no_checkpoint(arg))),
+    }
+}
+
+/// Why a folder gives no checkpoint: a run in it has not saved one yet,
+/// or it is not a run folder.
+fn no_checkpoint(dir: &Path) -> String {
+    let records = std::fs::metadata(dir.join("metrics.jsonl")).is_ok_and(|m| m.len() > 0);
+    if records {
+        format!(
+            "{}: no checkpoint yet: the run in this folder writes one every `checkpoint_every` (5 minutes unless its recipe or --checkpoint-every says otherwise), when it is stopped and when it ends; a run that ended before its first step wrote none",
+            dir.display()
+        )
+    } else {
+        format!(
+            "{}: not a run folder: it holds no checkpoint and no records (give a run's --out folder or a checkpoint file)",
+            dir.display()
+        )
     }
 }
 
