@@ -8,6 +8,7 @@ mod checkpoints;
 #[path = "../common/mod.rs"]
 mod common;
 mod drills;
+mod recipes;
 mod terminal;
 
 use common::records;
@@ -50,13 +51,21 @@ fn train_args<'a>(out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
 
 /// Waits until `out` holds `n` epoch records, failing if the run ends first.
 fn wait_for_epochs(child: &mut Child, out: &Path, n: usize) {
+    wait_until(child, &format!("epoch {n}"), || {
+        records(out, "epoch").len() >= n
+    });
+}
+
+/// Waits until `ready`, failing if the run ends first (`what` names the
+/// moment waited for).
+fn wait_until(child: &mut Child, what: &str, ready: impl Fn() -> bool) {
     let start = Instant::now();
-    while records(out, "epoch").len() < n {
+    while !ready() {
         assert!(
             child.try_wait().unwrap().is_none(),
-            "the run ended before epoch {n}"
+            "the run ended before {what}"
         );
-        assert!(start.elapsed() < DEADLINE, "no epoch {n}");
+        assert!(start.elapsed() < DEADLINE, "no {what}");
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -108,11 +117,25 @@ fn stop_and_resume(
     epochs: usize,
     extra: &[&str],
 ) -> PathBuf {
+    stop_and_resume_when(recipe, out, signal, extra, |child| {
+        wait_for_epochs(child, out, epochs)
+    })
+}
+
+/// [`stop_and_resume`], stopping the run once `ready` (which waits on it)
+/// returns.
+fn stop_and_resume_when(
+    recipe: &[&str],
+    out: &Path,
+    signal: i32,
+    extra: &[&str],
+    ready: impl FnOnce(&mut Child),
+) -> PathBuf {
     let mut child = cmd(&recipe_args(recipe, out, extra))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for_epochs(&mut child, out, epochs);
+    ready(&mut child);
     // SAFETY: a plain kill(2) of our own child.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
     let o = wait(child);
@@ -369,42 +392,6 @@ run:log{{ standardized = true }}
         logs.iter().all(|r| r.get("standardized").is_none()),
         "standardize ran to its end: {logs:?}"
     );
-}
-
-/// The image folder recipe (images decoded and augmented on the prefetch
-/// thread, a seeded subset, a cosine schedule), stopped by SIGTERM after
-/// its first epoch and resumed: the same weights as a run never stopped.
-#[test]
-fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
-    common::fetched("data/fashion-mnist-png/val/bag").unwrap();
-    let recipe = &[
-        "scripts/image_folder.lua",
-        "--set",
-        "epochs=3",
-        "--set",
-        "train_samples=640",
-        "--set",
-        "augment=true",
-    ];
-    let dir = tempfile::tempdir().unwrap();
-    let reference = weights(&straight_run(recipe, dir.path()));
-    let out = dir.path().join("stopped");
-    let end = stop_and_resume(recipe, &out, libc::SIGTERM, 1, &[]);
-    assert!(weights(&end) == reference, "weights differ");
-}
-
-/// The penguins recipe (a CSV split by a seeded permutation, standardized
-/// with its training part's statistics), stopped by SIGINT and resumed: the
-/// statistics are computed again to the same bits, and so are the weights.
-#[test]
-fn the_penguins_recipe_stops_and_resumes_to_the_same_weights() {
-    common::fetched("data/penguins/penguins.csv").unwrap();
-    let recipe = &["scripts/penguins.lua", "--set", "epochs=2000"];
-    let dir = tempfile::tempdir().unwrap();
-    let reference = weights(&straight_run(recipe, dir.path()));
-    let out = dir.path().join("stopped");
-    let end = stop_and_resume(recipe, &out, libc::SIGINT, 50, &[]);
-    assert!(weights(&end) == reference, "weights differ");
 }
 
 /// A run resumed (or reloaded) with fewer epochs than it has trained says

@@ -1,0 +1,154 @@
+//! Every shipped recipe, stopped by a signal and resumed with the same
+//! command plus `--resume auto`, ends with the weights of a run never
+//! stopped, bitwise (on the CPU). The digits recipe has the drills
+//! (`drills.rs`), the pruning and distillation recipes tests of their own
+//! phases and runs (`main.rs`, `checkpoints.rs`); the others are here.
+
+use std::process::Child;
+
+use super::{
+    common, records, stop_and_resume, stop_and_resume_when, straight_run, wait_until, weights,
+};
+
+/// `recipe` stopped by `signal` after its first epoch, in the second, and
+/// resumed: the same weights as a straight run.
+fn stopped_in_its_second_epoch(recipe: &[&str], signal: i32) {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight_run(recipe, dir.path()));
+    let out = dir.path().join("stopped");
+    let end = stop_and_resume(recipe, &out, signal, 1, &[]);
+    assert!(weights(&end) == reference, "{recipe:?}: weights differ");
+}
+
+/// The image folder recipe (images decoded and augmented on the prefetch
+/// thread, a seeded subset, a cosine schedule), stopped by SIGTERM after
+/// its first epoch and resumed: the same weights as a run never stopped.
+#[test]
+fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/fashion-mnist-png/val/bag").unwrap();
+    let recipe = &[
+        "scripts/image_folder.lua",
+        "--set",
+        "epochs=3",
+        "--set",
+        "train_samples=640",
+        "--set",
+        "augment=true",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight_run(recipe, dir.path()));
+    let out = dir.path().join("stopped");
+    let end = stop_and_resume(recipe, &out, libc::SIGTERM, 1, &[]);
+    assert!(weights(&end) == reference, "weights differ");
+}
+
+/// The penguins recipe (a CSV split by a seeded permutation, standardized
+/// with its training part's statistics), stopped by SIGINT and resumed: the
+/// statistics are computed again to the same bits, and so are the weights.
+#[test]
+fn the_penguins_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/penguins/penguins.csv").unwrap();
+    let recipe = &["scripts/penguins.lua", "--set", "epochs=2000"];
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight_run(recipe, dir.path()));
+    let out = dir.path().join("stopped");
+    let end = stop_and_resume(recipe, &out, libc::SIGINT, 50, &[]);
+    assert!(weights(&end) == reference, "weights differ");
+}
+
+#[test]
+fn the_shakespeare_recipe_stops_and_resumes_to_the_same_weights() {
+    stopped_in_its_second_epoch(
+        &[
+            "scripts/shakespeare.lua",
+            "--set",
+            "epochs=2",
+            "--set",
+            "steps=60",
+        ],
+        libc::SIGTERM,
+    );
+}
+
+#[test]
+fn the_digits_cnn_recipe_stops_and_resumes_to_the_same_weights() {
+    stopped_in_its_second_epoch(
+        &["scripts/digits_cnn.lua", "--set", "epochs=3"],
+        libc::SIGINT,
+    );
+}
+
+#[test]
+fn the_fashion_mnist_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/fashion-mnist/t10k-labels-idx1-ubyte.gz").unwrap();
+    stopped_in_its_second_epoch(
+        &[
+            "scripts/fashion_mnist.lua",
+            "--set",
+            "epochs=2",
+            "--set",
+            "train_samples=640",
+        ],
+        libc::SIGTERM,
+    );
+}
+
+/// Stopped by SIGHUP (a closed terminal) this time.
+#[test]
+fn the_mnist_csv_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/mnist/mnist_5k.csv.gz").unwrap();
+    stopped_in_its_second_epoch(
+        &["scripts/mnist_csv.lua", "--set", "epochs=3"],
+        libc::SIGHUP,
+    );
+}
+
+/// One epoch of 40 steps over the first block of SmolLM2 (a GGUF file's
+/// frozen Q4_1 weights, LoRA adapters trained): stopped after its step-10
+/// record, resumed, the same adapters and moments as a straight run.
+#[test]
+fn the_smollm2_qlora_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/smollm2/tokenizer.json").unwrap();
+    let recipe = &[
+        "scripts/smollm2_qlora.lua",
+        "--set",
+        "layers=1",
+        "--set",
+        "context=16",
+        "--set",
+        "steps=40",
+        "--set",
+        "val_windows=2",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight_run(recipe, dir.path()));
+    let out = dir.path().join("stopped");
+    let end = stop_and_resume_when(recipe, &out, libc::SIGTERM, &[], |child: &mut Child| {
+        wait_until(child, "a step record", || !records(&out, "step").is_empty())
+    });
+    let stopped_at = records(&out, "run")[1]["step"].as_u64().unwrap();
+    assert!(
+        (10..40).contains(&stopped_at),
+        "resumed at step {stopped_at}"
+    );
+    assert!(weights(&end) == reference, "weights differ");
+}
+
+/// Every recipe in scripts/ is stopped and resumed by a test in this
+/// folder.
+#[test]
+fn every_shipped_recipe_has_a_resume_test() {
+    let tests: String = std::fs::read_dir("tests/durable")
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    for e in std::fs::read_dir("scripts").unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".lua") {
+            assert!(
+                tests.contains(&format!("\"scripts/{name}\"")),
+                "scripts/{name} has no stop-and-resume test in tests/durable"
+            );
+        }
+    }
+}
