@@ -226,7 +226,24 @@ pub(crate) fn checkpoint(host: &HostState, r: &mut RunState, why: &str) -> Resul
     if r.keep > 1 {
         checkpoint::archive_latest(&path)?;
     }
-    r.save(&path)?;
+    match r.save(&path) {
+        // A disk that holds exactly the checkpoints kept: the older ones
+        // this save would remove go first, and the save is tried again.
+        Err(e) if checkpoint::disk_full(&e) => {
+            let removed = checkpoint::make_room(&path, r.keep)?;
+            if removed.is_empty() {
+                return Err(e);
+            }
+            let names: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
+            host.out.warn(&format!(
+                "step {}: the disk is full ({e}): removed {}, the oldest checkpoint kept, to make room for this one",
+                r.core.trainer.step,
+                names.join(", ")
+            ));
+            r.save(&path)?;
+        }
+        other => other?,
+    }
     checkpoint::keep_newest(&path, r.keep)?;
     let mut f = Map::new();
     f.insert("path".into(), path.display().to_string().into());

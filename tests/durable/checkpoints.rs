@@ -343,9 +343,85 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
 
+/// A disk that holds exactly the checkpoints kept: the save at step 40
+/// meets a full disk (its sidecar's temporary file is `/dev/full`, a real
+/// ENOSPC), removes the oldest kept checkpoint, which this save would have
+/// removed once written, and is tried again: every save succeeds, and the
+/// folder keeps its three.
+#[test]
+fn a_save_on_a_full_disk_makes_room_from_the_oldest_kept_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let recipe = dir.path().join("room.lua");
+    std::fs::write(
+        &recipe,
+        r#"local cfg = taper.config{ out = "" }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{}:batch(32), checkpoint_every = 10, keep_checkpoints = 3, seed = 1,
+}
+for _ in run:epochs(1) do
+  for b in run:batches() do
+    run:step(b)
+    if run.steps == 35 then
+      assert(os.execute("ln -s /dev/full " .. cfg.out .. "/checkpoint.json.tmp"))
+    end
+  end
+end
+"#,
+    )
+    .unwrap();
+    let set_out = format!("out={}", s(&out));
+    let o = run_ok(&[
+        "train",
+        s(&recipe),
+        "--quiet",
+        "--out",
+        s(&out),
+        "--set",
+        &set_out,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let oldest = out.join("checkpoint.step10.safetensors");
+    assert!(
+        err.contains("step 40: the disk is full (")
+            && err.contains("No space left on device")
+            && err.contains(&format!(
+                "removed {}, the oldest checkpoint kept, to make room for this one",
+                s(&oldest)
+            )),
+        "{err}"
+    );
+    let saves: Vec<(u64, bool)> = records(&out, "checkpoint")
+        .iter()
+        .map(|r| {
+            (
+                r["step"].as_u64().unwrap(),
+                r["ok"].as_bool().unwrap_or(true),
+            )
+        })
+        .collect();
+    assert_eq!(
+        saves,
+        [(10, true), (20, true), (30, true), (40, true), (45, true)]
+    );
+    assert_eq!(
+        names(&out),
+        [
+            "checkpoint.safetensors",
+            "checkpoint.step30.safetensors",
+            "checkpoint.step40.safetensors"
+        ]
+    );
+    let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.step, 45);
+}
+
 /// A final checkpoint that meets a full disk ends the run with exit 1, and
 /// says which checkpoint an earlier save left and how to continue from it;
-/// that `--resume`, with room on the disk again, finishes the run.
+/// that `--resume`, with room on the disk again, finishes the run. (One
+/// checkpoint kept: with older ones, the save would remove them to make
+/// room, and succeed.)
 #[test]
 fn a_final_checkpoint_on_a_full_disk_names_the_one_to_continue_from() {
     let dir = tempfile::tempdir().unwrap();
@@ -357,7 +433,7 @@ fn a_final_checkpoint_on_a_full_disk_names_the_one_to_continue_from() {
 local run = taper.run{
   model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
   optim = taper.optim.adamw{ lr = 1e-3 },
-  data = taper.data.digits{}:batch(32), checkpoint_every = 10, seed = 1,
+  data = taper.data.digits{}:batch(32), checkpoint_every = 10, keep_checkpoints = 1, seed = 1,
 }
 for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
 if cfg.full then assert(os.execute("ln -s /dev/full " .. cfg.out .. "/checkpoint.json.tmp")) end

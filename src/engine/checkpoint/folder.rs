@@ -90,6 +90,29 @@ pub fn keep_newest(latest: &Path, keep: usize) -> Result<()> {
     Ok(())
 }
 
+/// A save of `latest` met a full disk: removes the older checkpoints that
+/// [`keep_newest`] would remove once it is written (beyond the newest
+/// `keep - 1` kept ones, counting the one [`archive_latest`] just kept), so
+/// that a disk holding exactly `keep` checkpoints can take the next. Never
+/// `latest` itself, nor a kept one that stays. The paths removed.
+pub fn make_room(latest: &Path, keep: usize) -> Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    for (_, p) in archives(latest).into_iter().skip(keep.saturating_sub(1)) {
+        std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+        let _ = std::fs::remove_file(p.with_extension("json"));
+        removed.push(p);
+    }
+    Ok(removed)
+}
+
+/// Whether `e` is a full disk or an exhausted quota.
+pub fn disk_full(e: &Error) -> bool {
+    e.find(|e| {
+        matches!(e, Error::Io { source, .. }
+            if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded))
+    })
+}
+
 /// The newest checkpoint of `latest`'s run that verifies: `latest` itself,
 /// else the newest kept older one, with a note for each damaged one passed
 /// over. None when the run has no checkpoint; an error when it has some but

@@ -17,7 +17,8 @@ use crate::{Error, Result};
 mod folder;
 
 pub use folder::{
-    archive_latest, file_name, keep_newest, latest_valid, repair_sidecars, resolve_resume, tidy,
+    archive_latest, disk_full, file_name, keep_newest, latest_valid, make_room, repair_sidecars,
+    resolve_resume, tidy,
 };
 
 pub const FORMAT: &str = "taper-checkpoint/1";
@@ -267,7 +268,11 @@ pub fn save(path: &Path, tensors: Vec<(String, Tensor)>, meta: &CheckpointMeta) 
     let side = path.with_extension("json");
     let pretty = serde_json::to_string_pretty(&meta).map_err(|e| err(path, e))? + "\n";
     let ckpt = written(path, |tmp| {
-        safetensors::serialize_to_file(views, Some(header), tmp).map_err(|e| err(path, e))
+        safetensors::serialize_to_file(views, Some(header), tmp).map_err(|e| match e {
+            // The kind (a full disk) stays: a save can make room and retry.
+            safetensors::SafeTensorError::IoError(io) => Error::io(tmp, io),
+            other => err(path, other),
+        })
     })?;
     let sidecar = written(&side, |tmp| {
         std::fs::write(tmp, pretty).map_err(|e| Error::io(tmp, e))
