@@ -362,6 +362,50 @@ mod tests {
         }
     }
 
+    /// The numbers a resume goes on from (an unfinished epoch's loss sum,
+    /// the learning rate, `run.state`'s values) come back from a saved
+    /// checkpoint bit for bit: serde_json's default float parsing is off by
+    /// one unit in the last place for some values (a mid-epoch resume's
+    /// epoch record then differed from a straight run's), which its
+    /// `float_roundtrip` feature corrects.
+    #[test]
+    fn a_checkpoints_numbers_read_back_bit_for_bit() -> Result<()> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.safetensors");
+        let mut rng = crate::engine::rng::Rng::new(7);
+        let values: Vec<f64> = (0..20_000)
+            .map(|i| {
+                let u = rng.uniform();
+                // Losses, sums of thousands of them, tiny learning rates.
+                u * [1.0, 1e3, 1e-4, 0.13][i % 4]
+            })
+            .chain([0.13108832937151338, 0.1310883293715134])
+            .collect();
+        let mut m = meta();
+        m.epoch_trained = Some(EpochTrained {
+            loss_sum: values[0],
+            samples: 3,
+        });
+        m.lr = values[1];
+        m.state = Some(serde_json::json!({ "values": values }));
+        let w = Tensor::new(&[1f32], &Device::Cpu)?;
+        save(&path, vec![("model.w".into(), w)], &m)?;
+        let (_, back) = load(&path, &Device::Cpu)?;
+        assert_eq!(
+            back.epoch_trained.unwrap().loss_sum.to_bits(),
+            values[0].to_bits()
+        );
+        assert_eq!(back.lr.to_bits(), values[1].to_bits());
+        let read: Vec<f64> = serde_json::from_value(back.state.unwrap()["values"].clone()).unwrap();
+        let off = values
+            .iter()
+            .zip(&read)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(off, 0, "{off} of {} values came back changed", values.len());
+        Ok(())
+    }
+
     #[test]
     fn non_finite_weights_are_not_saved_over_a_good_checkpoint() -> Result<()> {
         let dir = tempfile::tempdir().unwrap();
