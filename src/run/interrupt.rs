@@ -7,7 +7,7 @@
 //! The request is a process-wide flag: [`Run::step`](super::Run::step)
 //! checks it before each step, an evaluation before each of its batches,
 //! `run:generate` before each token, `data:standardize()` before each
-//! chunk, and the Lua bindings check it from a hook every few thousand Lua
+//! chunk, `run:reload_point{ wait }` every 100 ms, and the Lua bindings check it from a hook every few thousand Lua
 //! instructions, so a recipe stuck in a loop that never steps is stopped
 //! too.
 

@@ -394,6 +394,39 @@ run:log{{ standardized = true }}
     );
 }
 
+/// A signal while `run:reload_point{ wait = 600 }` waits for an edit stops
+/// the wait, and the run, with its checkpoint.
+#[test]
+fn a_signal_stops_a_reload_point_waiting_for_an_edit() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("wait.lua");
+    std::fs::write(
+        &recipe,
+        r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{}:batch(32), watch = true,
+}
+for _ in run:epochs(1) do
+  for b in run:batches() do
+    run:step(b)
+    if run.steps == 5 then
+      run:log{ waiting = true }
+      run:reload_point{ wait = 600 }
+    end
+  end
+end
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let child = started_until_it_logs(&recipe, &out);
+    let o = stopped_by(child, libc::SIGINT, "run:reload_point's wait");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.step, 5);
+}
+
 /// A run resumed (or reloaded) with fewer epochs than it has trained says
 /// so, instead of ending at once without a word; with as many, it is a
 /// finished run and says nothing.

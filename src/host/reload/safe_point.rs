@@ -162,7 +162,13 @@ fn poll(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Option<&'static
         (r.core.trainer.step, r.core.cursor.epoch, r.id)
     };
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        // A signal stops the wait: it is polled in slices, between which the
+        // stop request is checked (a `wait` of an hour must not hold Ctrl-C
+        // for that long).
+        crate::run::interrupt::check().map_err(lua_err)?;
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(100));
         let changes = {
             let mut rl = host.watch.borrow_mut();
             let Some(w) = rl.watcher.as_mut() else {
@@ -185,7 +191,7 @@ fn poll(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Option<&'static
             rl.at_run = id;
             return Ok(Some("reload"));
         }
-        if left.is_zero() || Instant::now() >= deadline {
+        if Instant::now() >= deadline {
             return Ok(None);
         }
     }
