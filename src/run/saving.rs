@@ -67,6 +67,17 @@ impl Run {
                 meta.lr
             ));
         }
+        if meta.seed != self.seed {
+            notes.push(format!(
+                "note: the run's seed differs from the one {} was trained with (--seed or the recipe's seed changed): what it seeds follows the new one from here on, and a changed --seed reorders the data's shuffles too{}",
+                path.display(),
+                if meta.epoch_complete {
+                    ""
+                } else {
+                    ", so the epoch in progress may then train some samples twice and others not at all"
+                }
+            ));
+        }
         notes.extend(super::resume_notes::optimizer_note(
             &meta.optimizer,
             self.trainer.optimizer_description(),

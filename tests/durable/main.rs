@@ -454,6 +454,37 @@ fn resuming_with_fewer_epochs_than_trained_says_so() {
     assert_eq!(records(&out, "epoch").len(), 3);
 }
 
+/// A resume under another `--seed` says that what the seed draws (the
+/// data's shuffles among it) follows the new one; the same seed says
+/// nothing.
+#[test]
+fn resuming_under_another_seed_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let run = |epochs: &'static str, seed: &'static str| {
+        let mut a = recipe_args(
+            &["scripts/digits.lua", "--set", epochs],
+            &out,
+            &["--seed", seed],
+        );
+        a.extend(["--resume", "auto"]);
+        let o = cmd(&a).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    run("epochs=2", "0");
+    let says = "note: the run's seed differs from the one";
+    let other = run("epochs=3", "5");
+    assert!(
+        other.contains(says) && other.contains("a changed --seed reorders the data's shuffles too"),
+        "{other}"
+    );
+    assert!(!other.contains("the epoch in progress"), "{other}");
+    let same = run("epochs=4", "5");
+    assert!(!same.contains(says), "{same}");
+}
+
 /// A checkpoint of a classifier keeps its class names: resuming on data
 /// whose classes differ (a class folder renamed, so label 0 means another
 /// class) is refused, naming the difference, and the checkpoint is kept;
