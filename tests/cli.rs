@@ -660,3 +660,33 @@ fn commands_on_a_folder_without_a_checkpoint_say_why() {
         }
     }
 }
+
+/// A recipe as a Windows editor may save it (a UTF-8 byte-order mark, CRLF
+/// line ends), or with a `#!` first line, is read as Lua's own `loadfile`
+/// reads it: it trains, and an error names the file's own line.
+#[test]
+fn a_recipe_with_a_byte_order_mark_or_a_hash_line_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::fs::read_to_string("scripts/digits.lua").unwrap();
+    let windows = format!("\u{feff}{}", shipped.replace('\n', "\r\n"));
+    let hash = format!("#!/usr/bin/env -S taper train\n{shipped}");
+    for (name, src) in [("bom.lua", windows), ("hash.lua", hash)] {
+        let recipe = write(dir.path(), name, &src);
+        let out = dir.path().join(name).with_extension("out");
+        let o = taper(&[
+            "train",
+            s(&recipe),
+            "--set",
+            "epochs=1",
+            "--quiet",
+            "--out",
+            s(&out),
+        ]);
+        assert!(o.status.success(), "{name}: {}", text(&o).1);
+        let broken = write(dir.path(), name, &format!("{src}\r\nlocal x = nil + 1\r\n"));
+        let lines = src.lines().count() + 2;
+        let o = taper(&["train", s(&broken), "--set", "epochs=1", "--quiet"]);
+        let err = text(&o).1;
+        assert!(err.contains(&format!("{name}:{lines}:")), "{name}: {err}");
+    }
+}

@@ -9,11 +9,28 @@ use std::path::Path;
 /// Scripts are small; anything larger is refused rather than read whole.
 pub const MAX_SCRIPT_BYTES: u64 = 64 << 20;
 
-/// The text of the regular file at `path` (symlinks followed), or why not.
+/// The text of the regular file at `path` (symlinks followed), as Lua's
+/// own `loadfile` reads it (see [`as_lua_reads`]), or why not.
 pub fn read_script(path: &Path) -> Result<String, String> {
     let bytes = read_regular(path, MAX_SCRIPT_BYTES)?;
     String::from_utf8(bytes)
+        .map(as_lua_reads)
         .map_err(|e| format!("cannot read {}: not UTF-8 text ({e})", path.display()))
+}
+
+/// A script's text as `lua` (`luaL_loadfile`) reads a file: a UTF-8
+/// byte-order mark (which some Windows editors write) is passed over, and
+/// so is a first line starting with `#` (`#!/usr/bin/env taper`), whose line
+/// ending stays so that line numbers are the file's.
+fn as_lua_reads(text: String) -> String {
+    let t = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    if t.starts_with('#') {
+        t.find('\n').map_or(String::new(), |i| t[i..].to_string())
+    } else if t.len() == text.len() {
+        text
+    } else {
+        t.to_string()
+    }
 }
 
 /// The bytes of the regular file at `path` (symlinks followed), at most
@@ -88,5 +105,17 @@ mod tests {
         let plain = dir.path().join("plain.lua");
         std::fs::write(&plain, "return 1\n").unwrap();
         assert_eq!(read_script(&plain).unwrap(), "return 1\n");
+    }
+
+    #[test]
+    fn a_byte_order_mark_and_a_first_hash_line_are_passed_over_as_lua_does() {
+        assert_eq!(as_lua_reads("\u{feff}return 1\n".into()), "return 1\n");
+        assert_eq!(
+            as_lua_reads("\u{feff}#!/usr/bin/env taper\r\nreturn 1\n".into()),
+            "\nreturn 1\n"
+        );
+        assert_eq!(as_lua_reads("#!taper".into()), "");
+        // Only the first line, and only a `#` that starts it.
+        assert_eq!(as_lua_reads(" #x\n#y\n".into()), " #x\n#y\n");
     }
 }
