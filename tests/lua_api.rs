@@ -101,7 +101,10 @@ fn distill_options_are_checked() {
 #[test]
 fn missing_required_option_is_named() {
     let msg = recipe_error(run("taper.model.mlp{ inputs = 64 }"));
-    assert!(msg.contains("missing field `outputs`"), "{msg}");
+    assert!(
+        msg.contains("taper.model.mlp: option `outputs` is required"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -254,5 +257,24 @@ fn data_pipeline_handles() -> Result<()> {
         local t = taper.data.shakespeare{ context = 8 }
         assert(t:decode(t:encode("ROMEO:")) == "ROMEO:")
     "#)?;
+    Ok(())
+}
+
+/// `data:shuffle()` is `data:shuffle{ seed = 0 }`: the same order, another
+/// seed's differs.
+#[test]
+fn shuffle_without_a_seed_takes_seed_0() -> Result<()> {
+    run(r#"
+local function order(d)
+  local ids = {}
+  for b in d:batch(8):take(8):batches() do
+    for _, i in ipairs(b.indices) do ids[#ids + 1] = i end
+  end
+  return table.concat(ids, ",")
+end
+local data = taper.data.digits{}
+assert(order(data:shuffle()) == order(data:shuffle{ seed = 0 }))
+assert(order(data:shuffle()) ~= order(data:shuffle{ seed = 1 }))
+"#)?;
     Ok(())
 }

@@ -159,8 +159,9 @@ function Run:save(path) end
 ---@field split_name string the split the source reads (`train`, `test`, ...)
 local Data = {}
 
----A new permutation of the samples every epoch, from `seed` and the epoch number.
----@param opts {seed: integer}
+---A new permutation of the samples every epoch, from `seed` (0 when not given;
+---`--seed` is mixed in) and the epoch number.
+---@param opts? {seed?: integer}
 ---@return taper.Data
 function Data:shuffle(opts) end
 

@@ -53,6 +53,8 @@ impl BatchIssuer {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ShuffleOpts {
+    /// 0 when not given (mixed with `--seed`, as every seed is).
+    #[serde(default)]
     seed: u64,
 }
 

@@ -102,6 +102,19 @@ pub(crate) fn decode<T: DeserializeOwned>(lua: &Lua, what: &str, value: Value) -
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
         let inner = inner.trim_start_matches("deserialize error: ");
+        // serde's "missing field `outputs`" in the words of taper's own
+        // checks ("option `model` is required").
+        if let Some(key) = inner
+            .strip_prefix("missing field `")
+            .and_then(|k| k.strip_suffix('`'))
+        {
+            let at = if path == "." || path.is_empty() {
+                String::new()
+            } else {
+                format!("{path}.")
+            };
+            return config_error(lua, format!("{what}: option `{at}{key}` is required"));
+        }
         // An unknown key is already named in the message itself.
         if path == "." || path.is_empty() || inner.starts_with("unknown field") {
             config_error(lua, format!("{what}: {inner}"))
