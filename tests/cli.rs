@@ -685,8 +685,55 @@ fn a_recipe_with_a_byte_order_mark_or_a_hash_line_trains() {
         assert!(o.status.success(), "{name}: {}", text(&o).1);
         let broken = write(dir.path(), name, &format!("{src}\r\nlocal x = nil + 1\r\n"));
         let lines = src.lines().count() + 2;
-        let o = taper(&["train", s(&broken), "--set", "epochs=1", "--quiet"]);
+        let again = dir.path().join(name).with_extension("again");
+        let o = taper(&[
+            "train",
+            s(&broken),
+            "--set",
+            "epochs=1",
+            "--quiet",
+            "--out",
+            s(&again),
+        ]);
         let err = text(&o).1;
         assert!(err.contains(&format!("{name}:{lines}:")), "{name}: {err}");
     }
+}
+
+/// `taper.data.images` given a folder of splits (`train/`, `val/`) instead
+/// of a split's folder warns, naming the folder to give.
+#[test]
+fn an_image_folder_of_splits_gets_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("pets");
+    for split in ["train", "val"] {
+        for class in ["cat", "dog"] {
+            let p = root.join(format!("{split}/{class}/0.png"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            image::RgbImage::from_pixel(2, 2, image::Rgb([1, 2, 3]))
+                .save(&p)
+                .unwrap();
+        }
+    }
+    let recipe = write(
+        dir.path(),
+        "pets.lua",
+        &format!(
+            "local d = taper.data.images{{ path = \"{}\" }}\n",
+            root.display()
+        ),
+    );
+    let out = dir.path().join("out");
+    let o = taper(&["train", s(&recipe), "--quiet", "--out", s(&out)]);
+    let err = text(&o).1;
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("taper: warning: taper.data.images: ")
+            && err.contains("they look like splits, not classes")
+            && err.contains(&format!(
+                "give the split's folder as `path` ({})",
+                root.join("train").display()
+            )),
+        "{err}"
+    );
 }

@@ -974,3 +974,38 @@ fn image_folder_augmentation_draws_per_epoch_and_sample() -> Result<()> {
     assert_eq!(sized(Some(whole))?, sized(None)?);
     Ok(())
 }
+
+/// A `path` one level too high (`root/{train,val}/CLASS/IMAGE`) reads as two
+/// classes, `train` and `val`, as `ImageFolder` reads it; `split_like` says
+/// so. Class folders with images of their own, or with other subfolders,
+/// are classes.
+#[test]
+fn split_folders_given_as_the_image_folder_are_told() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let px = |_: u32, _: u32| [1, 2, 3];
+    for split in ["train", "val"] {
+        for class in ["cat", "dog"] {
+            png(&root.join(format!("{split}/{class}/0.png")), 2, 2, px);
+        }
+    }
+    let src = taper::data::images(root, None, 3, 255.0, "all")?;
+    assert_eq!(src.classes(), ["train", "val"]);
+    let said = taper::data::split_like(root, src.classes()).expect("a warning");
+    assert!(
+        said.contains("class folders `train`, `val` each hold the same 2 folders (`cat`, `dog`) and no image of their own: they look like splits"),
+        "{said}"
+    );
+    assert_eq!(
+        taper::data::split_like(&root.join("train"), &["cat".into(), "dog".into()]),
+        None
+    );
+    // An image of its own in a class folder: a class.
+    png(&root.join("val/extra.png"), 2, 2, px);
+    assert_eq!(taper::data::split_like(root, src.classes()), None);
+    std::fs::remove_file(root.join("val/extra.png"))?;
+    // Other subfolders: classes with their own structure.
+    png(&root.join("val/bird/0.png"), 2, 2, px);
+    assert_eq!(taper::data::split_like(root, src.classes()), None);
+    Ok(())
+}

@@ -204,6 +204,47 @@ fn read(
     })
 }
 
+/// When `root`'s class folders look like splits (`train`, `val`), each
+/// holding no image of its own but the same class folders as the others
+/// (a `path` one level too high), what to say: the folder would train a
+/// model to tell the splits apart. `ImageFolder` reads such a folder as
+/// taper does, so it is a warning, not an error.
+pub fn split_like(root: &Path, classes: &[String]) -> Option<String> {
+    if classes.len() < 2 {
+        return None;
+    }
+    let mut inner: Option<Vec<String>> = None;
+    for class in classes {
+        let dir = root.join(class);
+        let mut subfolders = Vec::new();
+        for entry in std::fs::read_dir(&dir).ok()? {
+            let path = entry.ok()?.path();
+            if hidden(&path) {
+                continue;
+            } else if path.is_dir() {
+                subfolders.push(path.file_name()?.to_string_lossy().into_owned());
+            } else if is_image(&path) {
+                return None;
+            }
+        }
+        subfolders.sort();
+        match &inner {
+            _ if subfolders.is_empty() => return None,
+            Some(seen) if *seen != subfolders => return None,
+            _ => inner = Some(subfolders),
+        }
+    }
+    let inner = inner?;
+    Some(format!(
+        "{}: its class folders {} each hold the same {} folders ({}) and no image of their own: they look like splits, not classes, and a model trained on them learns to tell the splits apart; give the split's folder as `path` ({})",
+        root.display(),
+        super::name_list(classes),
+        inner.len(),
+        super::name_list(&inner),
+        root.join(&classes[0]).display()
+    ))
+}
+
 /// The class folders of `root`, sorted (hidden ones passed over).
 fn class_folders(root: &Path) -> Result<Vec<String>> {
     let mut classes = Vec::new();

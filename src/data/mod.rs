@@ -24,7 +24,7 @@ pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, Tabl
 pub use epoch::Epoch;
 pub use files::{idx, text, Idx};
 pub use image_input::ImageInput;
-pub use images::{image_files, images, images_of, Images};
+pub use images::{image_files, images, images_of, split_like, Images};
 pub use permutation::Permutation;
 pub use pipeline::{Pipeline, Stats};
 pub use samples::{samples, Samples};

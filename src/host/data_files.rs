@@ -311,6 +311,11 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
                 None => data::images(&o.path, size, o.channels, o.scale, &split),
             }
             .map_err(|e| at_caller(lua, WHAT, e))?;
+            if o.classes.is_none() {
+                if let Some(why) = data::split_like(&o.path, images.classes()) {
+                    super::state(lua).out.warn(&format!("{WHAT}: {why}"));
+                }
+            }
             if let Some(a) = augment {
                 images = images.augmented(a);
             }
