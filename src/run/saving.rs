@@ -11,18 +11,41 @@ use crate::Result;
 impl Run {
     /// The checkpoint's metadata; `state` is the recipe's own (plain) state.
     pub fn meta(&self, state: Option<serde_json::Value>) -> CheckpointMeta {
+        let c = &self.cursor;
+        // Resumed into the middle of an epoch, but stopped before the
+        // recipe's loop re-entered it (a signal during the recipe's setup):
+        // the place it was resumed from, which the cursor holds as the
+        // batches to skip, is the place to save. Saved as "epoch before,
+        // complete", a second resume would train the epoch's first batches
+        // again.
+        let pending = !c.in_epoch && (c.skip_batches > 0 || c.skip_samples > 0);
+        let (epoch, steps, samples, trained) = if pending {
+            (
+                c.epoch + 1,
+                c.skip_batches as u64,
+                c.skip_samples as u64,
+                Some(c.trained.clone()),
+            )
+        } else {
+            (
+                c.epoch,
+                c.steps,
+                c.samples,
+                c.in_epoch.then_some(EpochTrained {
+                    loss_sum: self.stats.loss_sum,
+                    samples: self.stats.samples as u64,
+                }),
+            )
+        };
         CheckpointMeta {
             format: FORMAT.into(),
             step: self.trainer.step,
-            epoch: self.cursor.epoch,
-            epoch_steps: self.cursor.steps,
-            epoch_samples: self.cursor.samples,
-            epoch_complete: !self.cursor.in_epoch,
-            epoch_trained: self.cursor.in_epoch.then_some(EpochTrained {
-                loss_sum: self.stats.loss_sum,
-                samples: self.stats.samples as u64,
-            }),
-            epoch_data: self.cursor.data_len.filter(|_| self.cursor.in_epoch),
+            epoch,
+            epoch_steps: steps,
+            epoch_samples: samples,
+            epoch_complete: !(c.in_epoch || pending),
+            epoch_trained: trained,
+            epoch_data: c.data_len.filter(|_| c.in_epoch || pending),
             model: self.trainer.spec().describe(),
             model_config: self.trainer.spec().config(),
             vocab: self.vocab.as_ref().map(|v| v.record()),

@@ -427,6 +427,77 @@ end
     assert_eq!(meta.step, 5);
 }
 
+/// A run resumed into the middle of an epoch and stopped again before its
+/// loop re-entered the epoch (a signal during the recipe's setup, where the
+/// Lua hook sees it) keeps the place it was resumed from: the checkpoint it
+/// writes is the same place, and the next resume ends with a straight
+/// run's weights. (It was saved as the epoch before, complete, and the
+/// next resume trained the epoch's first batches again.)
+#[test]
+fn a_resume_stopped_during_the_recipes_setup_keeps_its_place_in_the_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("hold.lua");
+    std::fs::write(
+        &recipe,
+        r#"local cfg = taper.config{ hold = false, exit_at = 0 }
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 16 }, outputs = 10 },
+  data = taper.data.digits{}:shuffle{ seed = 1 }:batch(32), seed = 1,
+}
+if cfg.hold then
+  run:log{ holding = true }
+  while true do end
+end
+for _ in run:epochs(3) do
+  for b in run:batches() do
+    run:step(b)
+    if run.steps == cfg.exit_at then os.exit(3) end
+  end
+end
+"#,
+    )
+    .unwrap();
+    let train = |out: &Path, sets: &[&str]| {
+        let mut a = vec!["train", s(&recipe), "--quiet", "--out", s(out)];
+        for set in sets {
+            a.extend(["--set", set]);
+        }
+        a.extend(["--resume", "auto"]);
+        cmd(&a)
+    };
+    let straight = dir.path().join("straight");
+    assert!(train(&straight, &[]).status().unwrap().success());
+    let out = dir.path().join("out");
+    // Stopped at step 50: epoch 2, after its 5th batch.
+    assert_eq!(
+        train(&out, &["exit_at=50"]).status().unwrap().code(),
+        Some(3)
+    );
+    let mut child = train(&out, &["hold=true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(&mut child, "the hold", || !records(&out, "log").is_empty());
+    let o = stopped_by(child, libc::SIGINT, "the recipe's setup");
+    assert_eq!(
+        o.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let meta = checkpoint::read_meta(&out.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(
+        (meta.step, meta.epoch, meta.epoch_steps, meta.epoch_complete),
+        (50, 2, 5, false)
+    );
+    assert!(train(&out, &[]).status().unwrap().success());
+    assert!(
+        weights(&out.join("checkpoint.safetensors"))
+            == weights(&straight.join("checkpoint.safetensors")),
+        "weights differ"
+    );
+}
+
 /// A run resumed (or reloaded) with fewer epochs than it has trained says
 /// so, instead of ending at once without a word; with as many, it is a
 /// finished run and says nothing.
