@@ -162,10 +162,6 @@ fn poll(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Option<&'static
         (r.core.trainer.step, r.core.cursor.epoch, r.id)
     };
     loop {
-        // A signal stops the wait: it is polled in slices, between which the
-        // stop request is checked (a `wait` of an hour must not hold Ctrl-C
-        // for that long).
-        crate::run::interrupt::check().map_err(lua_err)?;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
@@ -194,5 +190,10 @@ fn poll(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Option<&'static
         if Instant::now() >= deadline {
             return Ok(None);
         }
+        // A signal stops the wait: it is polled in slices, between which the
+        // stop request is checked (a `wait` of an hour must not hold Ctrl-C
+        // for that long). Only while waiting: an epoch's end, which does not
+        // wait, leaves the stop to the next step as before.
+        crate::run::interrupt::check().map_err(lua_err)?;
     }
 }
