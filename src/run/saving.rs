@@ -24,7 +24,7 @@ impl Run {
                 c.epoch + 1,
                 c.skip_batches as u64,
                 c.skip_samples as u64,
-                Some(c.trained.clone()),
+                Some(c.trained),
             )
         } else {
             (
