@@ -23,6 +23,19 @@ fn names(out: &Path) -> Vec<String> {
     v
 }
 
+/// Each `checkpoint` record's step, and whether the save succeeded.
+fn saves(out: &Path) -> Vec<(u64, bool)> {
+    records(out, "checkpoint")
+        .iter()
+        .map(|r| {
+            (
+                r["step"].as_u64().unwrap(),
+                r["ok"].as_bool().unwrap_or(true),
+            )
+        })
+        .collect()
+}
+
 fn run_ok(args: &[&str]) -> Output {
     let o = cmd(args).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -320,17 +333,8 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
             && err.contains("No space left on device"),
         "{err}"
     );
-    let saves: Vec<(u64, bool)> = records(&out, "checkpoint")
-        .iter()
-        .map(|r| {
-            (
-                r["step"].as_u64().unwrap(),
-                r["ok"].as_bool().unwrap_or(true),
-            )
-        })
-        .collect();
     assert_eq!(
-        saves,
+        saves(&out),
         [(10, false), (20, true), (30, true), (40, true), (45, true)]
     );
     let (_, meta) = checkpoint::load(&out.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
@@ -392,17 +396,8 @@ end
             )),
         "{err}"
     );
-    let saves: Vec<(u64, bool)> = records(&out, "checkpoint")
-        .iter()
-        .map(|r| {
-            (
-                r["step"].as_u64().unwrap(),
-                r["ok"].as_bool().unwrap_or(true),
-            )
-        })
-        .collect();
     assert_eq!(
-        saves,
+        saves(&out),
         [(10, true), (20, true), (30, true), (40, true), (45, true)]
     );
     assert_eq!(
