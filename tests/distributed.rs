@@ -408,6 +408,48 @@ fn a_stopped_data_parallel_run_resumes_on_every_rank_to_the_same_weights() {
     );
 }
 
+/// A SIGUSR1 to `taper launch` (Slurm's warning before a time limit) is
+/// passed on: rank 0 saves a checkpoint, and the ranks train on.
+#[test]
+fn sigusr1_to_taper_launch_saves_rank_0s_checkpoint_and_the_ranks_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("usr1");
+    let mut child = start_long(&out, &[]);
+    rank1_pid(&mut child, &out);
+    // SAFETY: signalling our own child (the launcher passes it on).
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    let start = Instant::now();
+    let saved = loop {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended");
+        assert!(start.elapsed() < DEADLINE, "no SIGUSR1 checkpoint");
+        if let Some(r) = records(&out, "checkpoint").pop() {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(saved["reason"], "SIGUSR1", "{saved}");
+    let epoch = saved["epoch"].as_u64().unwrap();
+    while records(&out, "epoch").len() < epoch as usize + 2 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended");
+        assert!(start.elapsed() < DEADLINE, "no epoch after the checkpoint");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let (o, _) = wait(child, Instant::now());
+    assert_eq!(
+        o.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let reasons: Vec<Value> = records(&out, "checkpoint")
+        .iter()
+        .map(|r| r["reason"].clone())
+        .collect();
+    assert_eq!(reasons, ["SIGUSR1", "interrupted"]);
+}
+
 /// Every rank sees the same summed loss, so a diverged step stops them all
 /// at that step, together (exit 1); rank 0 names the checkpoint, and the
 /// diverged model is saved by none.

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +18,9 @@ use crate::{Error, Result};
 /// SIGTERM to the others too, and SIGKILL a second later (its
 /// `odls_base_sigkill_timeout`; raising it made Open MPI 4.1.4's mpirun
 /// hang here): a checkpoint that takes longer is cut short, and the last
-/// periodic one stands, since checkpoints are renamed into place.
-/// Returns mpirun's status, and the signal passed on, if any.
+/// periodic one stands, since checkpoints are renamed into place. A
+/// SIGUSR1 is passed on each time: rank 0 saves a checkpoint and the run
+/// goes on. Returns mpirun's status, and the signal passed on, if any.
 pub fn launch(
     n: usize,
     exe: &Path,
@@ -70,10 +71,22 @@ pub fn launch(
                 .map_err(|e| Error::Config(format!("taper launch: signals: {e}")))?;
         }
     }
+    let saves = Arc::new(AtomicU64::new(0));
+    {
+        let saves = saves.clone();
+        // SAFETY: the handler only increments an atomic.
+        unsafe {
+            signal_hook::low_level::register(libc::SIGUSR1, move || {
+                saves.fetch_add(1, Ordering::SeqCst);
+            })
+            .map_err(|e| Error::Config(format!("taper launch: signals: {e}")))?;
+        }
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::Config(format!("taper launch: cannot start mpirun: {e}")))?;
     let mut passed = false;
+    let mut saves_passed = 0;
     loop {
         if let Some(status) = child
             .try_wait()
@@ -87,19 +100,26 @@ pub fn launch(
             // To the ranks themselves: each stops at its step boundary and
             // they leave together. Signalled, mpirun would send them
             // SIGTERM and SIGKILL a second later.
-            let ranks = children(child.id());
-            let to = if ranks.is_empty() {
-                vec![child.id()]
-            } else {
-                ranks
-            };
-            for pid in to {
-                // SAFETY: signalling processes this launcher started.
-                unsafe { libc::kill(pid as i32, sig) };
-            }
+            to_ranks(child.id(), sig);
             passed = true;
         }
+        let asked = saves.load(Ordering::SeqCst);
+        if asked > saves_passed {
+            to_ranks(child.id(), libc::SIGUSR1);
+            saves_passed = asked;
+        }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `sig` to the ranks mpirun (`pid`) started, or to mpirun while it
+/// has started none.
+fn to_ranks(pid: u32, sig: i32) {
+    let ranks = children(pid);
+    let to = if ranks.is_empty() { vec![pid] } else { ranks };
+    for pid in to {
+        // SAFETY: signalling processes this launcher started.
+        unsafe { libc::kill(pid as i32, sig) };
     }
 }
 

@@ -76,6 +76,7 @@ fn create(
             .keep_checkpoints
             .or(o.keep_checkpoints)
             .unwrap_or(crate::run::periodic::DEFAULT_KEEP),
+        saves_seen: 0,
         plan: None,
         declared,
         last_good: None,

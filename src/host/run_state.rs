@@ -28,6 +28,9 @@ pub(crate) struct RunState {
     pub periodic: Option<crate::run::periodic::Periodic>,
     /// How many of its checkpoints to keep in the output folder.
     pub keep: usize,
+    /// How many of the checkpoints asked for by SIGUSR1 this run has
+    /// written (see [`crate::run::interrupt::save_requests`]).
+    pub saves_seen: u64,
     /// With a memory budget: the planner's prediction, which each epoch
     /// record puts next to the measured peak.
     pub plan: Option<crate::memory::planner::Plan>,
@@ -253,27 +256,36 @@ pub(crate) fn checkpoint(host: &HostState, r: &mut RunState, why: &str) -> Resul
     Ok(Some(path))
 }
 
-/// After a step: the periodic checkpoint, when one is due. One that cannot
-/// be written (a full disk, an I/O error) does not end a healthy run: it is
-/// a warning and a `checkpoint` record with `ok: false`, the checkpoints
-/// before it stay, and the next period tries again. A diverged model still
-/// stops the run.
+/// After a step: the periodic checkpoint, when one is due, or the one a
+/// SIGUSR1 asked for (whatever the period, `never` included). One that
+/// cannot be written (a full disk, an I/O error) does not end a healthy
+/// run: it is a warning and a `checkpoint` record with `ok: false`, the
+/// checkpoints before it stay, and the next period tries again. A diverged
+/// model still stops the run.
 pub(crate) fn checkpoint_if_due(host: &HostState, r: &mut RunState) -> Result<()> {
     let step = r.core.trainer.step;
-    if !r.periodic.is_some_and(|p| p.due(step)) {
+    let asked = crate::run::interrupt::save_requests();
+    let signalled = asked > r.saves_seen;
+    if !signalled && !r.periodic.is_some_and(|p| p.due(step)) {
         return Ok(());
     }
-    match checkpoint(host, r, "periodic") {
+    r.saves_seen = asked;
+    let why = if signalled { "SIGUSR1" } else { "periodic" };
+    match checkpoint(host, r, why) {
+        Ok(Some(path)) if signalled => host.out.tell(&format!(
+            "taper: SIGUSR1: step {step}: saved {}; training goes on",
+            path.display()
+        )),
         Err(e) if !e.find(|e| matches!(e, crate::Error::Diverged(_))) => {
             host.out.warn(&format!(
-                "step {step}: the periodic checkpoint failed, training goes on and tries again at the next: {e}"
+                "step {step}: the {why} checkpoint failed, training goes on and tries again at the next period: {e}"
             ));
             let mut f = Map::new();
             if let Some(dir) = host.opts.out_dir.as_ref() {
                 let path = dir.join(checkpoint::file_name(r.id));
                 f.insert("path".into(), path.display().to_string().into());
             }
-            f.insert("reason".into(), "periodic".into());
+            f.insert("reason".into(), why.into());
             f.insert("ok".into(), false.into());
             f.insert("error".into(), e.to_string().into());
             // The records may share the full disk: the warning said it.

@@ -10,8 +10,13 @@
 //! chunk, `run:reload_point{ wait }` every 100 ms, and the Lua bindings check it from a hook every few thousand Lua
 //! instructions, so a recipe stuck in a loop that never steps is stopped
 //! too.
+//!
+//! SIGUSR1 asks for a checkpoint and no stop: each run saves after its next
+//! step and goes on. Slurm sends it ahead of a job's time limit
+//! (`#SBATCH --signal=USR1@90`); its default action would end the process
+//! with nothing saved since the last periodic checkpoint.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 use crate::{Error, Result};
 
@@ -23,6 +28,9 @@ static REQUESTED: AtomicI32 = AtomicI32::new(0);
 /// writing its checkpoint).
 static PATIENT: AtomicBool = AtomicBool::new(false);
 
+/// How many checkpoints were asked for (SIGUSR1s) since the process began.
+static SAVES: AtomicU64 = AtomicU64::new(0);
+
 const SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
 /// A second signal waits for the stop like the first (see `PATIENT`).
@@ -30,10 +38,18 @@ pub fn set_patient() {
     PATIENT.store(true, Ordering::SeqCst);
 }
 
-/// Installs the handlers (the CLI does; an embedder may). A SIGHUP that the
-/// process was started ignoring (`nohup taper train ...`) stays ignored: a
-/// run started so goes on when its terminal closes.
+/// Installs the handlers (the CLI does; an embedder may). A SIGHUP or
+/// SIGUSR1 that the process was started ignoring (`nohup taper train ...`)
+/// stays ignored: a run started so goes on when its terminal closes.
 pub fn install() -> std::io::Result<()> {
+    if !started_ignoring(libc::SIGUSR1) {
+        // SAFETY: the handler only increments an atomic.
+        unsafe {
+            signal_hook::low_level::register(libc::SIGUSR1, || {
+                SAVES.fetch_add(1, Ordering::SeqCst);
+            })?;
+        }
+    }
     for sig in SIGNALS {
         if sig == libc::SIGHUP && started_ignoring(sig) {
             continue;
@@ -74,6 +90,17 @@ pub fn request(sig: i32) {
     REQUESTED.store(sig, Ordering::SeqCst);
 }
 
+/// Asks for a checkpoint as SIGUSR1 does (tests, embedders).
+pub fn request_save() {
+    SAVES.fetch_add(1, Ordering::SeqCst);
+}
+
+/// How many checkpoints were asked for so far: a run that has seen fewer
+/// saves after its next step.
+pub fn save_requests() -> u64 {
+    SAVES.load(Ordering::SeqCst)
+}
+
 /// The signal that asked for a stop, if one did.
 pub fn requested() -> Option<i32> {
     match REQUESTED.load(Ordering::SeqCst) {
@@ -96,6 +123,7 @@ pub fn signal_name(sig: i32) -> String {
         libc::SIGINT => "SIGINT".into(),
         libc::SIGTERM => "SIGTERM".into(),
         libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGUSR1 => "SIGUSR1".into(),
         other => format!("signal {other}"),
     }
 }

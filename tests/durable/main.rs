@@ -9,6 +9,7 @@ mod checkpoints;
 mod common;
 mod drills;
 mod recipes;
+mod save_signal;
 mod terminal;
 
 use common::records;
