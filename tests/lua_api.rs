@@ -278,3 +278,17 @@ assert(order(data:shuffle()) ~= order(data:shuffle{ seed = 1 }))
 "#)?;
     Ok(())
 }
+
+#[test]
+fn an_unknown_field_of_a_handle_names_the_line_that_read_it() {
+    let e = run(r#"local data = taper.data.digits{}:batch(10)
+for b in data:batches() do
+  print(b.sizee)
+end"#)
+    .expect_err("no such field");
+    let msg = render_error(&e);
+    assert!(
+        msg.starts_with("recipe.lua:3: attempt to get an unknown field 'sizee' of a taper object"),
+        "{msg}"
+    );
+}

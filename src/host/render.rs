@@ -33,7 +33,9 @@ fn render_lua(e: &mlua::Error) -> String {
             None => inner.to_string(),
         },
         mlua::Error::SyntaxError { message, .. } => message.clone(),
-        mlua::Error::RuntimeError(msg) => locate_valueless(msg),
+        mlua::Error::RuntimeError(msg) => {
+            locate_unknown_field(msg).unwrap_or_else(|| locate_valueless(msg))
+        }
         other => other.to_string(),
     }
 }
@@ -69,10 +71,28 @@ fn locate_valueless(msg: &str) -> String {
     format!("{place}: error() was given {what}, not a message (pass a string to say what went wrong){rest}")
 }
 
+/// Reading a field a taper handle does not have (`batch.sizee`): mlua's
+/// message has no place; it is given the recipe's line, the frame under
+/// the `index` metamethod in the traceback.
+fn locate_unknown_field(msg: &str) -> Option<String> {
+    let (first, rest) = msg.split_once('\n')?;
+    let field = first.strip_prefix("attempt to get an unknown field ")?;
+    let place = rest
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| !l.contains("in metamethod 'index'"))
+        .nth(1)?
+        .split_once(": in ")?
+        .0;
+    Some(format!(
+        "{place}: attempt to get an unknown field {field} of a taper object\n{rest}"
+    ))
+}
+
 /// A taper function or method given an argument of the wrong type, where
 /// mlua's message names Rust types ("bad argument #2 to `RunHandle.step`:
 /// error converting Lua nil to userdata (expected userdata of type
-/// taper::host::data::BatchHandle)"): one line, placed at the recipe's call
+/// taper::host::batch::BatchHandle)"): one line, placed at the recipe's call
 /// as taper's own option errors are, counting a method's arguments after
 /// its object and naming taper's types as a recipe knows them.
 fn bad_argument(to: Option<&str>, pos: usize, cause: &mlua::Error, traceback: &str) -> String {
@@ -133,7 +153,23 @@ pub(crate) fn message(e: &Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::locate_valueless;
+    use super::{locate_unknown_field, locate_valueless};
+
+    #[test]
+    fn an_unknown_field_is_placed_at_the_line_that_read_it() {
+        let tb = "stack traceback:\n\t[C]: in upvalue 'error'\n\t__mlua_index:33: in metamethod 'index'\n\trecipe.lua:7: in main chunk";
+        let m = locate_unknown_field(&format!("attempt to get an unknown field 'sizee'\n{tb}"));
+        assert_eq!(
+            m.as_deref(),
+            Some(&*format!(
+                "recipe.lua:7: attempt to get an unknown field 'sizee' of a taper object\n{tb}"
+            ))
+        );
+        assert_eq!(
+            locate_unknown_field("recipe.lua:3: bad\nstack traceback:"),
+            None
+        );
+    }
 
     #[test]
     fn an_error_without_a_message_is_given_its_place() {
