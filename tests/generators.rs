@@ -166,3 +166,41 @@ fn map_transforms_native_batches() -> Result<()> {
     "#)?;
     Ok(())
 }
+
+/// `data:batches([epoch])`, for looking at data without a run, works on
+/// generators and mapped data as on native data: the epoch is passed on,
+/// batches are sized as given, and each is released when the next comes.
+#[test]
+fn generators_and_mapped_data_iterate_their_batches_without_a_run() -> Result<()> {
+    run(r#"
+        local seen = {}
+        local gen = taper.data.generator(function(epoch)
+          seen[#seen + 1] = epoch
+          local n = 0
+          return function()
+            n = n + 1
+            if n > 3 then return nil end
+            return { x = { { epoch, n }, { 0, 0 } }, y = { 1, 0 } }
+          end
+        end)
+        local sizes = 0
+        for b in gen:batches(4) do sizes = sizes + b.size end
+        assert(sizes == 6 and seen[1] == 4, ("%d samples, epoch %s"):format(sizes, seen[1]))
+        for b in gen:batches() do end
+        assert(seen[2] == 1, seen[2])
+
+        local first
+        local mapped = taper.data.digits{ split = "test" }:batch(100):map(function(x, y)
+          first = first or x[1][1]
+          return { x = x, y = y }
+        end)
+        local batches, samples, kept = 0, 0, nil
+        for b in mapped:batches() do
+          batches, samples, kept = batches + 1, samples + #b, b
+        end
+        assert(batches == 4 and samples == 360, ("%d batches, %d samples"):format(batches, samples))
+        assert(first ~= nil)
+        assert(not pcall(function() return kept.size end), "the last batch is released")
+    "#)?;
+    Ok(())
+}

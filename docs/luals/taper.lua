@@ -25,7 +25,7 @@ function taper.config(defaults) end
 ---@class taper.RunOptions
 ---@field model taper.Model required
 ---@field optim? taper.Optim default `taper.optim.adamw{}`
----@field data? taper.Data training data for `run:batches()`
+---@field data? taper.Data|taper.Generator training data for `run:batches()`
 ---@field loss? taper.Loss default `taper.loss.cross_entropy{}`
 ---@field seed? integer parameter init seed (default 0), mixed with `--seed`
 ---@field schedule? taper.Schedule|taper.Plugin|fun(step: integer, epoch: integer, state: table): taper.Plan?
@@ -73,7 +73,7 @@ function Run:reload_point(opts) end
 
 ---Iterates the batches of the current epoch of `data` (default: the run's
 ---`data`). Each epoch has its own seeded order.
----@param data? taper.Data
+---@param data? taper.Data|taper.Generator
 ---@return fun(): taper.Batch?
 function Run:batches(data) end
 
@@ -89,7 +89,7 @@ function Run:step(batch) end
 ---Mean cross-entropy and accuracy over `data`, with no gradient graph. Writes an
 ---`eval` record. `objective` is the mean of `opts.loss` when given, or of the
 ---run's own loss when it is not plain cross-entropy (distillation).
----@param data taper.Data
+---@param data taper.Data|taper.Generator
 ---@param opts? {loss?: taper.Loss}
 ---@return {loss: number, accuracy: number, samples: integer, split: string, objective?: number}
 function Run:evaluate(data, opts) end
@@ -187,11 +187,13 @@ function Data:skip(n) end
 ---@return taper.Data ...
 function Data:split(parts) end
 
----Passes every batch through `fn(x, y)` (nested tables), which returns a
----batch table; or through a transform plugin, natively, where batches are
----built (on the prefetch thread with prefetch).
----@param fn taper.Plugin|fun(x: number[][], y: integer[]): taper.BatchTable
+---Passes every batch through a transform plugin, natively, where batches
+---are built (on the prefetch thread with prefetch); or through `fn(x, y)`
+---(nested tables), which returns a batch table, on the main thread after
+---native batching: a generator, to which the combinators no longer apply.
+---@param fn taper.Plugin
 ---@return taper.Data
+---@overload fun(self: taper.Data, fn: fun(x: number[][], y: integer[]): taper.BatchTable): taper.Generator
 function Data:map(fn) end
 
 ---Samples shifted and scaled to mean 0 and deviation 1: each feature
@@ -267,11 +269,24 @@ function taper.data.shakespeare(opts) end
 ---@field y integer[]|integer[][] class labels, or token ids
 ---@field x_type? "f32"|"u32" `u32` for token ids (default f32)
 
+---Batches made by Lua (`taper.data.generator`) or passed through a Lua
+---function (`data:map(fn)`): a run's data, `run:batches(gen)` and
+---`run:evaluate(gen)` take it. It makes its own batches, so the pipeline
+---combinators (shuffle, batch, prefetch, ...) do not apply.
+---@class taper.Generator
+---@field split_name string the split reported in `eval` records
+local Generator = {}
+
+---Iterates the batches of an epoch (default 1) without a run.
+---@param epoch? integer
+---@return fun(): taper.Batch?
+function Generator:batches(epoch) end
+
 ---Data made by Lua: `fn(epoch)` returns an iterator whose calls return one
 ---batch table each, then nil. Yield whole batches; every number crosses into Rust.
 ---@param fn fun(epoch: integer): (fun(): taper.BatchTable?)
 ---@param opts? {split?: string}
----@return taper.Data
+---@return taper.Generator
 function taper.data.generator(fn, opts) end
 
 ---MNIST-format IDX files (gzipped or raw), pixels divided by `scale` (default 255).

@@ -1,7 +1,5 @@
 //! `taper.data`: built-in sources and the pipeline combinators, as handles.
 
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use mlua::{Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
@@ -10,45 +8,11 @@ use serde::Deserialize;
 use super::generator::{Feed, GeneratorHandle};
 use super::options::{config_error, decode};
 use super::state;
-use crate::data::{self, Batch, Pipeline, Source};
+use crate::data::{self, Pipeline, Source};
 use crate::error::lua_err;
 
 #[derive(Clone)]
 pub struct DataHandle(pub Pipeline);
-
-/// A batch handed to Lua. Its tensors are released as soon as the iterator
-/// that produced it moves on: Lua's garbage collector cannot see tensor
-/// memory (a handle looks tiny to it), so leaving batches to the collector
-/// let 1.7 GB pile up over an epoch of a token file.
-#[derive(Clone)]
-pub struct BatchHandle(Rc<RefCell<Option<Batch>>>);
-
-impl BatchHandle {
-    pub fn get(&self) -> mlua::Result<std::cell::Ref<'_, Batch>> {
-        std::cell::Ref::filter_map(self.0.borrow(), |b| b.as_ref()).map_err(|_| {
-            mlua::Error::external(crate::Error::Script(
-                "this batch was released: a batch lives until its iterator moves on".into(),
-            ))
-        })
-    }
-}
-
-/// Hands out batches to Lua one at a time, releasing the previous one.
-#[derive(Default)]
-pub struct BatchIssuer {
-    last: RefCell<Option<BatchHandle>>,
-}
-
-impl BatchIssuer {
-    pub fn issue(&self, batch: Option<Batch>) -> Option<BatchHandle> {
-        if let Some(prev) = self.last.take() {
-            prev.0.borrow_mut().take();
-        }
-        let handle = BatchHandle(Rc::new(RefCell::new(Some(batch?))));
-        *self.last.borrow_mut() = Some(handle.clone());
-        Some(handle)
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -232,12 +196,8 @@ impl UserData for DataHandle {
         });
         // Iterates the batches of an epoch without a run (for looking at data).
         m.add_method("batches", |lua, this, epoch: Option<u64>| {
-            let it = RefCell::new(this.0.epoch(epoch.unwrap_or(1).max(1), 32, 0));
-            let issuer = BatchIssuer::default();
-            lua.create_function(move |_, ()| {
-                let b = it.borrow_mut().next().transpose().map_err(lua_err)?;
-                Ok(issuer.issue(b))
-            })
+            let epoch = epoch.unwrap_or(1).max(1);
+            super::batch::iterator(lua, this.0.epoch(epoch, super::generator::TRAIN_BATCH, 0))
         });
         m.add_method("vocab_size", |lua, this, ()| {
             Ok(vocab_of(lua, this, "data:vocab_size")?.len())
@@ -254,22 +214,6 @@ impl UserData for DataHandle {
         m.add_method("classes", |_, this, ()| {
             Ok(this.0.source().classes().map(<[String]>::to_vec))
         });
-    }
-}
-
-impl UserData for BatchHandle {
-    fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
-        f.add_field_method_get("size", |_, this| Ok(this.get()?.len()));
-        f.add_field_method_get("indices", |_, this| Ok(this.get()?.indices.clone()));
-    }
-    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
-        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
-            Ok(match this.get() {
-                Ok(b) => format!("taper.batch({} samples, x {:?})", b.len(), b.x.dims()),
-                Err(_) => "taper.batch(released)".to_string(),
-            })
-        });
-        m.add_meta_method(MetaMethod::Len, |_, this, ()| Ok(this.get()?.len()));
     }
 }
 

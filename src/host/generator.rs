@@ -15,6 +15,7 @@ use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataM
 
 use super::options::defined_at;
 use crate::data::{Batch, Epoch, Pipeline};
+use crate::error::lua_err;
 use crate::{Error, Result};
 
 #[derive(Clone)]
@@ -52,6 +53,14 @@ impl UserData for GeneratorHandle {
                 Kind::Generator(_) => format!("taper.data(generator at {})", this.place),
                 Kind::Map(p, _) => format!("taper.data({} mapped by {})", p.describe(), this.place),
             })
+        });
+        // Iterates the batches of an epoch without a run, as native data's
+        // `data:batches([epoch])` does (for looking at data).
+        m.add_method("batches", |lua, this, epoch: Option<u64>| {
+            let epoch = epoch.unwrap_or(1).max(1);
+            let feed = Feed::Lua(this.clone());
+            let batches = feed.epoch(lua, epoch, TRAIN_BATCH, 0, 0).map_err(lua_err)?;
+            super::batch::iterator(lua, batches)
         });
     }
 }

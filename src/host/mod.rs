@@ -2,6 +2,7 @@
 
 mod api;
 mod append;
+mod batch;
 mod config;
 mod data;
 mod data_csv;

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataMethods, Value};
 use serde_json::{json, Map};
 
-use super::data::{BatchHandle, BatchIssuer};
+use super::batch::{BatchHandle, BatchIssuer};
 use super::generator::Feed;
 use super::options::{config_error, decode};
 use super::run_state::{finish_epoch, read, write, RunHandle, RunState};
