@@ -292,3 +292,23 @@ end"#)
         "{msg}"
     );
 }
+
+/// A data error said where its source was made names that line: the one
+/// line is the whole message, with no traceback under it.
+#[test]
+fn a_placed_data_error_has_no_traceback() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("latin1.csv");
+    std::fs::write(&csv, b"a,b,city\n1,2,Z\xfcrich\n").unwrap();
+    let e = run(&format!(
+        "local d = taper.data.csv{{ path = {:?}, label = \"city\" }}",
+        csv.to_str().unwrap()
+    ))
+    .expect_err("not UTF-8");
+    let msg = render_error(&e);
+    assert!(
+        msg.starts_with("data: recipe.lua:1: taper.data.csv: "),
+        "{msg}"
+    );
+    assert!(msg.ends_with("offset 14: not UTF-8"), "{msg}");
+}

@@ -19,9 +19,14 @@ fn render_lua(e: &mlua::Error) -> String {
             }
             let head = render_lua(cause);
             // A config error, or a step that diverged, is one line that
-            // names its place: no traceback.
+            // names its place: no traceback. Nor is there one for an error
+            // that names the recipe line that called taper (a data file's
+            // offset, said where the source was made), when that call is
+            // where the traceback starts.
             let placed = |e: &Error| matches!(e, Error::Config(_) | Error::Diverged(_));
-            if Error::Lua((**cause).clone()).find(placed) {
+            let at_call = first_lua_frame(traceback)
+                .is_some_and(|place| head.contains(&format!("{place}: ")));
+            if at_call || Error::Lua((**cause).clone()).find(placed) {
                 head
             } else {
                 format!("{head}\n{traceback}")
@@ -132,14 +137,20 @@ fn bad_argument(to: Option<&str>, pos: usize, cause: &mlua::Error, traceback: &s
         mlua::Error::UserDataTypeMismatch => "is another kind of taper object than it takes".into(),
         other => format!("is wrong: {}", render_lua(other)),
     };
-    // The recipe's line: the first frame of the traceback that is Lua's.
-    let place = traceback
+    let place = first_lua_frame(traceback)
+        .map(|p| format!("{p}: "))
+        .unwrap_or_default();
+    format!("{place}{call}: argument {n} {wanted}")
+}
+
+/// The recipe's line that called into taper: the first frame of the
+/// traceback that is Lua's (`recipe.lua:12`).
+fn first_lua_frame(traceback: &str) -> Option<&str> {
+    traceback
         .lines()
         .map(str::trim)
         .filter(|l| !l.starts_with("[C]") && !l.starts_with("stack traceback"))
-        .find_map(|l| l.split_once(": in ").map(|(p, _)| format!("{p}: ")))
-        .unwrap_or_default();
-    format!("{place}{call}: argument {n} {wanted}")
+        .find_map(|l| l.split_once(": in ").map(|(p, _)| p))
 }
 
 /// An error as one message, without the Lua traceback (reload records).
