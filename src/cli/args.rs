@@ -69,8 +69,9 @@ pub enum Command {
         out: Option<PathBuf>,
     },
     /// Write a checkpoint's model for other tools: a transformers GPT-2
-    /// folder (hf), a llama.cpp GGUF file (gguf), or a QLoRA run's
-    /// adapters as a llama.cpp LoRA adapter (gguf-lora).
+    /// folder (hf), a llama.cpp GGUF file (gguf), a QLoRA run's adapters as
+    /// a llama.cpp LoRA adapter (gguf-lora), or an MLP or CNN classifier as
+    /// an ONNX model for onnxruntime (onnx).
     Export(ExportArgs),
     /// Generate text from a checkpoint of a sequence model (its vocabulary
     /// is in the checkpoint).
@@ -120,8 +121,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub watch: bool,
     /// Save the checkpoint this often while training: steps (500) or time
-    /// (90s, 10m); `never` for only at the end, on failure or on a signal
-    /// [default: the recipe's checkpoint_every, else 5m]
+    /// (90s, 10m); `never` for only at the end, on failure, on a signal, or
+    /// when SIGUSR1 asks [default: the recipe's checkpoint_every, else 5m]
     #[arg(long, value_name = "STEPS|TIME|never", value_parser = parse_every)]
     pub checkpoint_every: Option<EveryArg>,
     /// How many checkpoints of each run to keep: the newest, and older ones
