@@ -739,6 +739,39 @@ fn image_folder_errors_name_the_file() -> Result<()> {
     Ok(())
 }
 
+/// A truncated image (a partial copy or download) is an error naming the
+/// file when its batch is built, as Pillow's "image file is truncated": a
+/// JPEG whose header is whole too, which the decoder would fill with grey.
+#[test]
+fn a_truncated_jpeg_is_named_where_its_batch_is_built() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    png(&root.join("a/0.png"), 16, 16, |y, x| {
+        [(x * 9) as u8, (y * 13) as u8, 7]
+    });
+    let rgb = image::RgbImage::from_fn(16, 16, |x, y| {
+        image::Rgb([(x * 9) as u8, (y * 13) as u8, 7])
+    });
+    let mut jpeg = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90).encode_image(&rgb)?;
+    write(&root.join("a"), "1.jpg", &jpeg);
+    let whole = taper::data::images(root, None, 3, 255.0, "x")?;
+    assert_eq!(whole.gather(&[0, 1])?.0.dims(), [2, 768]);
+
+    let cut = jpeg.len() * 9 / 10;
+    write(&root.join("a"), "1.jpg", &jpeg[..cut]);
+    let src = taper::data::images(root, None, 3, 255.0, "x")?;
+    let msg = err_text(src.gather(&[1]));
+    assert!(
+        msg.contains(&format!(
+            "1.jpg: offset {cut}: truncated: the JPEG data ends before its end-of-image marker"
+        )),
+        "{msg}"
+    );
+    assert_eq!(src.gather(&[0])?.0.dims(), [1, 768], "the PNG reads");
+    Ok(())
+}
+
 /// An image folder labelled by another's classes (`classes =
 /// train:classes()`): a class without a folder has no images and keeps its
 /// label, the others keep theirs; a folder not among the classes, a class

@@ -12,12 +12,19 @@ use crate::Result;
 /// The image in a file, by its content (not its extension), or an error
 /// naming the file.
 pub(super) fn decode(path: &Path) -> Result<image::DynamicImage> {
-    image::ImageReader::open(path)
-        .map_err(|e| data_err(path, e))?
+    let bytes = std::fs::read(path).map_err(|e| data_err(path, e))?;
+    let reader = image::ImageReader::new(std::io::Cursor::new(&bytes))
         .with_guessed_format()
-        .map_err(|e| data_err(path, e))?
-        .decode()
-        .map_err(|e| image_err(path, e))
+        .map_err(|e| data_err(path, e))?;
+    if reader.format() == Some(image::ImageFormat::Jpeg) {
+        if let Some(end) = super::jpeg::truncated_at(&bytes) {
+            return Err(data_err(
+                path,
+                format!("offset {end}: truncated: the JPEG data ends before its end-of-image marker (a partial copy or download? Pillow refuses it too: \"image file is truncated\")"),
+            ));
+        }
+    }
+    reader.decode().map_err(|e| image_err(path, e))
 }
 
 /// An RGB image as a sample: channel first (or PIL's grey), divided by

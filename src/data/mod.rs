@@ -9,6 +9,7 @@ mod epoch;
 mod files;
 mod image_input;
 mod images;
+mod jpeg;
 mod mapped;
 mod permutation;
 mod pipeline;
