@@ -835,3 +835,111 @@ fn an_onnx_export_of_a_csv_run_takes_raw_values() -> Result<()> {
     }
     Ok(())
 }
+
+/// The penguin mass regression (`scripts/penguins_mass.lua`): its ONNX
+/// export takes raw CSV values and gives grams; NumPy's errors of those
+/// predictions on the test rows are the run's `eval` record (RMSE, MAE and
+/// R² in grams, from a model trained on standardized targets); `taper
+/// classify` prints the same predictions; and the MLP does at least as well
+/// as a least-squares linear model of the same features.
+#[test]
+fn a_regression_run_scores_as_numpy_and_exports_grams_to_onnxruntime() -> Result<()> {
+    let csv = common::fetched("data/penguins/penguins.csv")?;
+    let dir = tempfile::tempdir()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let opts = || HostOptions {
+        out_dir: Some(dir.path().to_path_buf()),
+        quiet: true,
+        overrides: vec![("path".into(), csv.display().to_string())],
+        ..HostOptions::default()
+    };
+    let mut host = Host::new(opts())?;
+    host.run_file(&root.join("scripts/penguins_mass.lua"))?;
+    drop(host);
+    let ours = common::records(dir.path(), "eval")
+        .pop()
+        .expect("an eval record");
+    // The recipe's split: each part's raw features and targets.
+    let split = dir.path().join("split.json");
+    Host::new(HostOptions::default())?.run_source(
+        "split.lua",
+        &format!(
+            r#"
+            local birds = taper.data.csv{{ path = {csv:?}, target = "body_mass_g",
+              features = {{ "bill_length_mm", "bill_depth_mm", "flipper_length_mm" }}, missing = "drop" }}
+            local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
+            local function rows(d)
+              local xs, ys = {{}}, {{}}
+              for b in d:batch(64):map(function(x, y)
+                for i = 1, #x do
+                  xs[#xs + 1] = "[" .. table.concat(x[i], ",") .. "]"
+                  ys[#ys + 1] = y[i][1]
+                end
+                return {{ x = x, y = y }}
+              end):batches() do end
+              return '{{"x": [' .. table.concat(xs, ",") .. '], "y": [' .. table.concat(ys, ",") .. "]}}"
+            end
+            local f = assert(io.open({split:?}, "w"))
+            f:write('{{"train": ', rows(train), ', "test": ', rows(test), '}}')
+            f:close()
+            "#
+        ),
+    )?;
+    let model = dir.path().join("mass.onnx");
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args([
+            "export",
+            dir.path().to_str().unwrap(),
+            "--format",
+            "onnx",
+            "--out",
+        ])
+        .arg(&model)
+        .output()?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let theirs = check_with(
+        "onnx, onnxruntime, pandas",
+        &[
+            "onnx-regression",
+            model.to_str().unwrap(),
+            csv.to_str().unwrap(),
+            split.to_str().unwrap(),
+        ],
+    )?;
+    assert_eq!(theirs["test_rows"], ours["samples"]);
+    for k in ["rmse", "mae", "r2"] {
+        let (a, b) = (ours[k].as_f64().unwrap(), theirs[k].as_f64().unwrap());
+        eprintln!("{k}: taper {a}, NumPy on onnxruntime's predictions {b}");
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "{k}: {a} vs {b}");
+    }
+    let (r2, linear) = (
+        ours["r2"].as_f64().unwrap(),
+        theirs["linear_r2"].as_f64().unwrap(),
+    );
+    eprintln!("R² {r2}; a least-squares linear model of the same features: {linear}");
+    assert!(r2 > 0.75 && r2 > linear - 0.02, "R² {r2}, linear {linear}");
+
+    // `taper classify`: a line per row, its predicted grams.
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args([
+            "classify",
+            dir.path().to_str().unwrap(),
+            csv.to_str().unwrap(),
+        ])
+        .output()?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pred: Vec<f64> = serde_json::from_value(theirs["pred"].clone())?;
+    let lines: Vec<usize> = serde_json::from_value(theirs["lines"].clone())?;
+    let printed = String::from_utf8(o.stdout)?;
+    assert_eq!(printed.lines().count(), lines.len());
+    for ((line, text), want) in lines.iter().zip(printed.lines()).zip(&pred) {
+        let (at, said) = text.rsplit_once(": ").unwrap();
+        assert!(at.ends_with(&format!(":{line}")), "{text}");
+        let grams: f64 = said.strip_suffix(" body_mass_g").unwrap().parse()?;
+        assert!(
+            (grams - want).abs() <= 1e-4 * want.abs(),
+            "{text}: onnxruntime {want}"
+        );
+    }
+    Ok(())
+}

@@ -312,3 +312,51 @@ fn a_placed_data_error_has_no_traceback() {
     );
     assert!(msg.ends_with("offset 14: not UTF-8"), "{msg}");
 }
+
+/// A CSV file's `target` is a number to predict: trained with the
+/// cross-entropy it is refused with the loss to use; its cells must be
+/// numbers; and the column cannot also be a feature.
+#[test]
+fn a_csv_target_is_a_number_for_the_mean_squared_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    std::fs::write(&csv, "a,b,y\n1,2,0.5\n3,4,1.5\n5,6,2.5\n").unwrap();
+    let path = csv.to_str().unwrap();
+    let e = run(&format!(
+        "local d = taper.data.csv{{ path = {path:?}, target = \"y\" }}:batch(2)\n\
+         local run = taper.run{{ model = taper.model.mlp{{ inputs = 2, outputs = 2 }}, data = d }}\n\
+         for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end"
+    ))
+    .expect_err("numbers are not classes");
+    let msg = render_error(&e);
+    assert!(
+        msg.contains("the targets are numbers (a regression target), and the loss (cross-entropy) takes class labels: train numbers with `loss = taper.loss.mse{}`"),
+        "{msg}"
+    );
+    let e = run(&format!(
+        "local d = taper.data.csv{{ path = {path:?}, target = \"y\" }}:batch(2)\n\
+         local run = taper.run{{ model = taper.model.mlp{{ inputs = 2, outputs = 3 }}, loss = taper.loss.mse{{}}, data = d }}\n\
+         for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end"
+    ))
+    .expect_err("one target, three outputs");
+    let msg = render_error(&e);
+    assert!(
+        msg.contains("each sample has 1 target value, and the model gives 3 (its `outputs`)"),
+        "{msg}"
+    );
+    std::fs::write(&csv, "a,b,y\n1,2,0.5\n3,4,heavy\n").unwrap();
+    let msg = recipe_error(run(&format!(
+        "taper.data.csv{{ path = {path:?}, target = \"y\" }}"
+    )));
+    assert!(
+        msg.contains("line 3, column 3 (`y`): target `heavy` is not a finite number"),
+        "{msg}"
+    );
+    let msg = recipe_error(run(&format!(
+        "taper.data.csv{{ path = {path:?}, target = \"y\", features = {{ \"a\", \"y\" }} }}"
+    )));
+    assert!(
+        msg.contains("column 3 (`y`) is the target; it cannot be a feature too"),
+        "{msg}"
+    );
+}

@@ -792,6 +792,12 @@ fn shipped_penguins_reloads() {
 }
 
 #[test]
+fn shipped_penguins_mass_reloads() {
+    common::fetched("data/penguins/penguins.csv").unwrap();
+    shipped_recipe_reloads("penguins_mass.lua", &["epochs=100000"]);
+}
+
+#[test]
 fn shipped_shakespeare_reloads() {
     shipped_recipe_reloads("shakespeare.lua", &["epochs=100000", "steps=4", "sample=0"]);
 }

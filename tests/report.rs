@@ -4,6 +4,8 @@
 //! data, lists the events, and a screenshot is taken
 //! (`target/report-test/report.png`, kept to look at).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -117,6 +119,75 @@ fn run_with_events(dir: &Path) -> PathBuf {
     out
 }
 
+const HEADLESS: [&str; 4] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+];
+
+/// The page as the browser leaves it, after its scripts ran (none of which
+/// failed), and its URL.
+fn rendered(browser: &Path, page: &Path) -> (String, String) {
+    let url = format!("file://{}", page.display());
+    let dom = Command::new(browser)
+        .args(HEADLESS)
+        .args([
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+        ])
+        .args(["--dump-dom", &url])
+        .output()
+        .unwrap();
+    assert!(dom.status.success());
+    let (dom, log) = (
+        String::from_utf8_lossy(&dom.stdout).into_owned(),
+        String::from_utf8_lossy(&dom.stderr).into_owned(),
+    );
+    assert!(!log.contains("Uncaught"), "script errors: {log}");
+    assert!(!dom.contains("data-errors"), "script errors in the page");
+    (url, dom)
+}
+
+/// A regression run's report: its evaluations as RMSE in the target's
+/// units (no accuracy chart), and R² in the summary.
+#[test]
+fn a_regression_runs_report_charts_its_rmse() {
+    let browser = chromium();
+    let csv = common::fetched("data/penguins/penguins.csv").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("mass");
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(["train", "scripts/penguins_mass.lua", "--quiet", "--set"])
+        .arg(format!("path={}", csv.display()))
+        .arg("--out")
+        .arg(&out)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let page = dir.path().join("report.html");
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .arg("report")
+        .arg(&out)
+        .arg("--out")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, dom) = rendered(&browser, &page);
+    assert!(
+        dom.contains("data-title=\"Evaluation RMSE\""),
+        "no RMSE chart"
+    );
+    assert!(
+        !dom.contains("data-title=\"Evaluation accuracy\""),
+        "an accuracy chart"
+    );
+    assert!(dom.contains("last eval R²"), "no R² in the summary");
+}
+
 #[test]
 fn a_report_of_a_run_with_ooms_and_a_reload_renders_in_chromium() {
     let browser = chromium();
@@ -155,31 +226,7 @@ fn a_report_of_a_run_with_ooms_and_a_reload_renders_in_chromium() {
         "self-contained"
     );
 
-    // The page as the browser leaves it, after its scripts ran.
-    let url = format!("file://{}", page.display());
-    let headless = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-    ];
-    let dom = Command::new(&browser)
-        .args(headless)
-        .args([
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=5000",
-        ])
-        .args(["--dump-dom", &url])
-        .output()
-        .unwrap();
-    assert!(dom.status.success());
-    let (dom, log) = (
-        String::from_utf8_lossy(&dom.stdout).into_owned(),
-        String::from_utf8_lossy(&dom.stderr).into_owned(),
-    );
-    assert!(!log.contains("Uncaught"), "script errors: {log}");
-    assert!(!dom.contains("data-errors"), "script errors in the page");
+    let (url, dom) = rendered(&browser, &page);
     assert!(dom.contains("data-rendered=\"5\""), "five charts drawn");
     assert_eq!(dom.matches("<canvas").count(), 5, "one canvas per chart");
     // Step records every 10 steps of 270 (two runs); evaluations 3 + 2.
@@ -224,6 +271,7 @@ fn a_report_of_a_run_with_ooms_and_a_reload_renders_in_chromium() {
     );
     assert!(dom.contains("limit MiB"), "the memory limit drawn");
 
+    let headless = HEADLESS;
     let shot = keep.join("report.png");
     let _ = std::fs::remove_file(&shot);
     let o = Command::new(&browser)

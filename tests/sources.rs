@@ -138,7 +138,14 @@ fn csv_reads_and_reports_lines() -> Result<()> {
     }
     let frac = write(dir.path(), "frac.csv", b"1,2,0.5\n");
     assert!(err_text(csv(&frac, &plain))
-        .contains("frac.csv: line 1, column 3: label `0.5` is not a class index: labels are classes (predicting a number, regression, is not supported yet)"));
+        .contains("frac.csv: line 1, column 3: label `0.5` is not a class index: labels are classes (to predict a number, give the column as `target` instead of `label`)"));
+    // As a target, the same cell is the number to predict: y is [n, 1] f32.
+    let target = CsvOptions {
+        target: true,
+        ..plain.clone()
+    };
+    let (_, y) = csv(&frac, &target)?.gather(&[0])?;
+    assert_eq!(y.to_vec2::<f32>()?, [[0.5]]);
     Ok(())
 }
 

@@ -88,10 +88,12 @@ function Run:step(batch) end
 
 ---Mean cross-entropy and accuracy over `data`, with no gradient graph. Writes an
 ---`eval` record. `objective` is the mean of `opts.loss` when given, or of the
----run's own loss when it is not plain cross-entropy (distillation).
+---run's own loss when it is not plain cross-entropy (distillation). A run
+---trained with `taper.loss.mse{}` gets the mean squared error as `loss`, and
+---`rmse`, `mae` (in the target's units) and `r2` instead of `accuracy`.
 ---@param data taper.Data|taper.Generator
 ---@param opts? {loss?: taper.Loss}
----@return {loss: number, accuracy: number, samples: integer, split: string, objective?: number}
+---@return {loss: number, accuracy?: number, rmse?: number, mae?: number, r2?: number, samples: integer, split: string, objective?: number}
 function Run:evaluate(data, opts) end
 
 ---Writes a `log` record to metrics.jsonl (with `step` and `epoch` added) and
@@ -202,7 +204,9 @@ function Data:map(fn) end
 ---Normalize with the images' own statistics). The statistics are `from`'s
 ---(what it applies, when standardized itself), the given `{ mean, std }`, or
 ---else this data's own: `train = train:standardize()`, then
----`test = test:standardize(train)`. The checkpoint keeps them.
+---`test = test:standardize(train)`. A regression target (a CSV `target`) is
+---standardized too, and evaluation reports errors in its units. The
+---checkpoint keeps them.
 ---@param from? taper.Data|{mean: number[], std: number[]}
 ---@return taper.Data
 function Data:standardize(from) end
@@ -299,11 +303,12 @@ function taper.data.idx(opts) end
 ---last, the default) or a header name; `features` the feature columns, in
 ---order (default: every other). Naming a column implies `header = true`.
 ---Labels are class indices, or, when any is not a number, class names
----(sorted; `data:classes()`), or the names of `classes`. Features are numbers,
+---(sorted; `data:classes()`), or the names of `classes`. `target` instead of
+---`label`: a number column to predict (a regression, `taper.loss.mse{}`). Features are numbers,
 ---divided by `scale`. A missing value (empty, `NA`, `NaN`, `null`, ...) is an
 ---error naming its line and column; `missing = "drop"` leaves its row out and
 ---counts it. `delimiter` defaults to "," (a tab for `.tsv`).
----@param opts {path: string, label?: integer|string, features?: (integer|string)[], header?: boolean, delimiter?: string, scale?: number, split?: string, classes?: string[], missing?: "error"|"drop"}
+---@param opts {path: string, label?: integer|string, target?: integer|string, features?: (integer|string)[], header?: boolean, delimiter?: string, scale?: number, split?: string, classes?: string[], missing?: "error"|"drop"}
 ---@return taper.Data
 function taper.data.csv(opts) end
 
@@ -489,6 +494,13 @@ taper.loss = {}
 ---@param opts? {label_smoothing?: number, chunk?: integer}
 ---@return taper.Loss
 function taper.loss.cross_entropy(opts) end
+
+---The mean squared error (torch.nn.MSELoss), for a regression: one output per
+---target value, against number targets (a CSV file's `target`). Evaluation
+---reports `rmse`, `mae` (in the target's units) and `r2` instead of `accuracy`.
+---@param opts? {}
+---@return taper.Loss
+function taper.loss.mse(opts) end
 
 ---Knowledge distillation from a teacher run (frozen as it is now):
 ---`alpha * T^2 * KL(softmax(teacher/T) || softmax(student/T)) + (1 - alpha) * cross_entropy`.

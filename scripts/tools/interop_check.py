@@ -183,7 +183,46 @@ def onnx_table(model, path):
     logits = s.run(["logits"], {"input": df[cols].to_numpy(np.float32)})[0]
     # Line numbers: the header is line 1.
     print(json.dumps({"logits": logits.tolist(), "lines": (df.index + 2).tolist(),
-                      "classes": json.loads(meta["taper.classes"])}))
+                      "classes": json.loads(meta.get("taper.classes", "null"))}))
+
+
+def onnx_regression(model, path, split):
+    """A regression run's ONNX export on the CSV file's rows (those pandas
+    keeps: a feature or the target missing drops one), its errors on the test
+    rows in NumPy (f64; R² as scikit-learn's r2_score), and, for comparison, a
+    least-squares linear model fitted to the train rows. `split` holds each
+    part's raw features and targets, as taper's data gave them."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import pandas as pd
+
+    m = onnx.load(model)
+    onnx.checker.check_model(m, full_check=True)
+    meta = {p.key: p.value for p in m.metadata_props}
+    cols = json.loads(meta["taper.table_input"])["columns"]
+    target = json.loads(meta["taper.target"])
+    df = pd.read_csv(path).dropna(subset=cols + [target])
+    x = df[cols].to_numpy(np.float32)
+    y = df[target].to_numpy(np.float64)
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    predict = lambda x: s.run(["logits"], {"input": x})[0][:, 0].astype(np.float64)
+    pred = predict(x)
+    split = json.load(open(split))
+    part = lambda k: (np.array(split[k]["x"], np.float32), np.array(split[k]["y"], np.float64))
+    (xa, ya), (xt, yt) = part("train"), part("test")
+
+    def scores(p, t):
+        err = p - t
+        r2 = 1 - (err ** 2).sum() / ((t - t.mean()) ** 2).sum()
+        return float(np.sqrt((err ** 2).mean())), float(np.abs(err).mean()), float(r2)
+
+    rmse, mae, r2 = scores(predict(xt), yt)
+    ones = lambda x: np.c_[x.astype(np.float64), np.ones(len(x))]
+    w = np.linalg.lstsq(ones(xa), ya, rcond=None)[0]
+    print(json.dumps({"pred": pred.tolist(), "lines": (df.index + 2).tolist(),
+                      "rmse": rmse, "mae": mae, "r2": r2, "test_rows": len(yt),
+                      "linear_r2": scores(ones(xt) @ w, yt)[2]}))
 
 
 def csv_standardize(path, label, features):
@@ -223,6 +262,8 @@ def main():
         onnx_classify(args[0], args[1])
     elif cmd == "onnx-table":
         onnx_table(args[0], args[1])
+    elif cmd == "onnx-regression":
+        onnx_regression(args[0], args[1], args[2])
     elif cmd == "csv-standardize":
         csv_standardize(args[0], args[1], args[2])
     else:

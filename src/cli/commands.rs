@@ -169,15 +169,19 @@ pub fn export(a: ExportArgs) -> ExitCode {
 }
 
 /// `taper classify`: a line per image or CSV row, `FILE: CLASS 93.1%[, CLASS
-/// 5.2%...]` or `FILE:LINE: ...`.
+/// 5.2%...]` or `FILE:LINE: ...`; for a regression run `FILE:LINE: 4211.7
+/// body_mass_g`.
 pub fn classify(a: ClassifyArgs) -> ExitCode {
-    use taper::interop::saved::classify_checkpoint;
-    let mut emit = |what: &str, best: &[taper::interop::saved::Guess]| {
-        let ranked: Vec<String> = best
-            .iter()
-            .map(|g| format!("{} {:.1}%", g.class, g.probability * 100.0))
-            .collect();
-        say!("{what}: {}", ranked.join(", "));
+    use taper::interop::saved::{classify_checkpoint, Answer};
+    let mut emit = |what: &str, answer: &Answer| match answer {
+        Answer::Classes(best) => {
+            let ranked: Vec<String> = best
+                .iter()
+                .map(|g| format!("{} {:.1}%", g.class, g.probability * 100.0))
+                .collect();
+            say!("{what}: {}", ranked.join(", "));
+        }
+        Answer::Value { value, target } => say!("{what}: {} {target}", *value as f32),
     };
     let mut skip =
         |what: &str, why: &str| taper::tell!("taper classify: {what}: passed over: {why}");

@@ -146,6 +146,7 @@ impl Pipeline {
     pub fn table_input(&self) -> Option<super::TableInput> {
         let mut input = self.source.table_input()?;
         input.standardize = self.only_standardized()?;
+        input.target_standardize = self.standardized().and_then(|s| s.target().cloned());
         Some(input)
     }
 

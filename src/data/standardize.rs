@@ -4,7 +4,10 @@
 //! constant feature only shifted) and as torchvision's `Normalize` is used
 //! for images (each channel, with the data set's own mean and deviation).
 //! The statistics come from the training data and are applied unchanged to
-//! the data evaluated against it.
+//! the data evaluated against it. A regression target (float `y`, a CSV
+//! file's `target`) is standardized too, as scikit-learn's
+//! `TransformedTargetRegressor` with a `StandardScaler` does: evaluation
+//! gives its errors back in the target's units.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -40,6 +43,9 @@ pub struct Standardize {
     /// `[1, groups, 1]`, for broadcasting over `[batch, groups, span]`.
     mean_t: Tensor,
     std_t: Tensor,
+    /// A regression target's statistics (one per target value), and the
+    /// same as `[1, targets]` tensors.
+    target: Option<(Moments, Tensor, Tensor)>,
 }
 
 /// Samples read at a time while the statistics are computed.
@@ -67,6 +73,20 @@ impl Running {
     }
 }
 
+/// Means and population deviations (1 for a constant value).
+fn moments_of(groups: &[Running]) -> Moments {
+    Moments {
+        mean: groups.iter().map(|g| g.mean as f32).collect(),
+        std: groups
+            .iter()
+            .map(|g| match (g.m2 / g.n).sqrt() {
+                d if d > 0.0 && d.is_finite() => d as f32,
+                _ => 1.0,
+            })
+            .collect(),
+    }
+}
+
 impl Standardize {
     /// The statistics of `data`'s samples as its batches give them: per
     /// channel for an image folder's samples, else per feature. `stop` is
@@ -80,10 +100,21 @@ impl Standardize {
         }
         let channels = data.source().image_input().map(|i| i.channels);
         let mut groups: Vec<Running> = Vec::new();
+        let mut targets: Vec<Running> = Vec::new();
         let mut span = 0;
         for batch in data.in_order(CHUNK) {
             stop()?;
-            let x = batch?.x;
+            let batch = batch?;
+            if batch.y.dtype() == DType::F32 {
+                let rows: Vec<Vec<f32>> = batch.y.flatten_from(1)?.to_vec2()?;
+                for row in rows {
+                    targets.resize(row.len(), Running::default());
+                    for (t, v) in targets.iter_mut().zip(row) {
+                        t.add(&[v]);
+                    }
+                }
+            }
+            let x = batch.x;
             if x.dtype() != DType::F32 {
                 return Err(Error::Config(format!(
                     "standardize: the samples are {:?}, not float features (token ids are not standardized)",
@@ -111,17 +142,25 @@ impl Standardize {
                 }
             }
         }
-        let moments = Moments {
-            mean: groups.iter().map(|g| g.mean as f32).collect(),
-            std: groups
-                .iter()
-                .map(|g| match (g.m2 / g.n).sqrt() {
-                    d if d > 0.0 && d.is_finite() => d as f32,
-                    _ => 1.0,
-                })
-                .collect(),
-        };
-        Standardize::new(moments, span)
+        let mut s = Standardize::new(moments_of(&groups), span)?;
+        if !targets.is_empty() {
+            s = s.with_target(moments_of(&targets))?;
+        }
+        Ok(s)
+    }
+
+    /// Standardizes a regression target (float `y`) with `m` too.
+    pub fn with_target(mut self, m: Moments) -> Result<Standardize> {
+        let n = m.mean.len();
+        let mean = Tensor::from_vec(m.mean.clone(), (1, n), &Device::Cpu)?;
+        let std = Tensor::from_vec(m.std.clone(), (1, n), &Device::Cpu)?;
+        self.target = Some((m, mean, std));
+        Ok(self)
+    }
+
+    /// The regression target's statistics, when it is standardized.
+    pub fn target(&self) -> Option<&Moments> {
+        self.target.as_ref().map(|t| &t.0)
     }
 
     /// Given statistics, `span` consecutive features to each.
@@ -144,6 +183,7 @@ impl Standardize {
             std_t: Tensor::from_vec(moments.std.clone(), (1, g, 1), &Device::Cpu)?,
             moments,
             span,
+            target: None,
         })
     }
 
@@ -184,12 +224,27 @@ impl Transform for Standardize {
             .broadcast_sub(&self.mean_t)?
             .broadcast_div(&self.std_t)?
             .reshape(shape)?;
-        Ok(Batch { x, ..batch })
+        let y = match &self.target {
+            Some((m, mean, std)) if batch.y.dtype() == DType::F32 => {
+                let n = m.mean.len();
+                let y = batch.y.reshape((b, n))?;
+                y.broadcast_sub(mean)?
+                    .broadcast_div(std)?
+                    .reshape(batch.y.shape())?
+            }
+            _ => batch.y,
+        };
+        Ok(Batch { x, y, ..batch })
     }
 
     fn describe(&self) -> String {
+        let target = if self.target.is_some() {
+            " and the target"
+        } else {
+            ""
+        };
         match self.span {
-            1 => format!("standardize {} features", self.moments.mean.len()),
+            1 => format!("standardize {} features{target}", self.moments.mean.len()),
             _ => format!("standardize {} channels", self.moments.mean.len()),
         }
     }

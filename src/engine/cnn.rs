@@ -78,7 +78,6 @@ impl ModelSpec for Cnn {
         sizes.extend(self.channels.iter().map(|&n| ("each of channels", n)));
         sizes.extend(self.hidden.iter().map(|&n| ("each hidden width", n)));
         super::model::sizes_at_least_one(&sizes)?;
-        super::model::classifier_outputs(self.outputs)?;
         if h >> self.channels.len() == 0 || w >> self.channels.len() == 0 {
             return Err(crate::Error::Config(format!(
                 "{} conv stages, each halving the size by its 2x2 pool, shrink a {h}x{w} input to nothing",

@@ -10,6 +10,8 @@ use serde::Deserialize;
 pub enum Loss {
     CrossEntropy(CrossEntropy),
     Distill(Distill),
+    /// Mean squared error against a regression target.
+    Mse,
 }
 
 impl Default for Loss {
@@ -25,14 +27,39 @@ impl Loss {
         match self {
             Loss::CrossEntropy(c) => c.loss(logits, targets),
             Loss::Distill(d) => d.loss(x, logits, targets),
+            Loss::Mse => mse(logits, targets),
         }
     }
 
-    /// The cross-entropy against the labels (what evaluation reports).
-    pub fn base(&self) -> CrossEntropy {
+    /// What evaluation reports as `loss`: the cross-entropy against the
+    /// labels, or a regression's mean squared error.
+    pub fn base(&self) -> Loss {
         match self {
-            Loss::CrossEntropy(c) => *c,
-            Loss::Distill(d) => d.base,
+            Loss::CrossEntropy(c) => Loss::CrossEntropy(*c),
+            Loss::Distill(d) => Loss::CrossEntropy(d.base),
+            Loss::Mse => Loss::Mse,
+        }
+    }
+
+    /// Whether it trains against a regression target (float values) rather
+    /// than class labels.
+    pub fn regression(&self) -> bool {
+        matches!(self, Loss::Mse)
+    }
+
+    /// Why `targets` cannot be this loss's (class labels for a regression,
+    /// numbers for a classifier), or None.
+    pub fn refuses(&self, targets: &Tensor) -> Option<String> {
+        match (self.regression(), targets.dtype().is_float()) {
+            (true, false) => Some(
+                "the targets are class labels, and the loss (mse) takes numbers: give a CSV file's number column as `target`, or train classes with taper.loss.cross_entropy{}"
+                    .into(),
+            ),
+            (false, true) => Some(
+                "the targets are numbers (a regression target), and the loss (cross-entropy) takes class labels: train numbers with `loss = taper.loss.mse{}`"
+                    .into(),
+            ),
+            _ => None,
         }
     }
 
@@ -43,8 +70,23 @@ impl Loss {
                 "distill from {} temperature {} alpha {}",
                 d.teacher_name, d.temperature, d.alpha
             ),
+            Loss::Mse => "mse".into(),
         }
     }
+}
+
+/// The mean squared error of `out` against `targets` (as
+/// `torch.nn.MSELoss()`): every value of both, in `out`'s type.
+pub fn mse(out: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    if out.elem_count() != targets.elem_count() {
+        candle_core::bail!(
+            "mse: the model gives {:?} values, the targets are {:?}",
+            out.dims(),
+            targets.dims()
+        );
+    }
+    let t = targets.to_dtype(out.dtype())?.reshape(out.shape())?;
+    (out - t)?.sqr()?.mean_all()
 }
 
 /// Knowledge distillation (Hinton et al. 2015): the loss is
@@ -183,6 +225,42 @@ mod tests {
             .loss(&x, &s.to_dtype(DType::F32)?, &y)?
             .to_scalar::<f32>()?;
         assert!((l as f64 - LOSS).abs() < 1e-6, "{l}");
+        Ok(())
+    }
+
+    // Reference, torch 2.15 in float64:
+    //   F.mse_loss(torch.tensor([[1.5], [-0.25], [2.0]]), torch.tensor([[1.0], [0.5], [-1.0]]))
+    //   = ((0.5)^2 + (-0.75)^2 + 3^2) / 3 = 9.8125 / 3
+    #[test]
+    fn mse_matches_pytorch_and_its_scores_match_float64() -> anyhow::Result<()> {
+        let p = Tensor::new(&[[1.5f64], [-0.25], [2.0]], &Device::Cpu)?;
+        let y = Tensor::new(&[[1.0f64], [0.5], [-1.0]], &Device::Cpu)?;
+        let l = mse(&p, &y)?.to_scalar::<f64>()?;
+        assert!((l - 9.8125 / 3.0).abs() < 1e-15, "{l}");
+        // Targets of shape [n] against outputs [n, 1] are the same values.
+        let flat = mse(&p, &y.flatten_all()?)?.to_scalar::<f64>()?;
+        assert_eq!(flat, l);
+        assert!(mse(&p, &Tensor::new(&[1.0f64, 2.0], &Device::Cpu)?).is_err());
+
+        // RMSE, MAE and R² (scikit-learn's r2_score: 1 - SSE / SST) of the
+        // same values, summed over two batches as an evaluation sums them.
+        let mut sums = crate::engine::EvalSums::default();
+        sums.add_errors(&p.narrow(0, 0, 2)?, &y.narrow(0, 0, 2)?)?;
+        sums.add_errors(&p.narrow(0, 2, 1)?, &y.narrow(0, 2, 1)?)?;
+        sums.count = 3;
+        let g = sums.eval(false)?.regression.expect("regression scores");
+        let sst = [1.0f64, 0.5, -1.0]
+            .iter()
+            .map(|v| (v - 0.5 / 3.0f64).powi(2))
+            .sum::<f64>();
+        assert!((g.rmse - (9.8125f64 / 3.0).sqrt()).abs() < 1e-15, "{g:?}");
+        assert!((g.mae - 4.25 / 3.0).abs() < 1e-15, "{g:?}");
+        assert!((g.r2 - (1.0 - 9.8125 / sst)).abs() < 1e-12, "{g:?}");
+        let grams = g.in_units(800.0);
+        assert_eq!(
+            (grams.rmse, grams.mae, grams.r2),
+            (g.rmse * 800.0, g.mae * 800.0, g.r2)
+        );
         Ok(())
     }
 

@@ -26,5 +26,5 @@ pub use gpt::Gpt;
 pub use mlp::{Activation, Mlp};
 pub use model::ModelSpec;
 pub use params::ParamStore;
-pub use trainer::{Eval, EvalSums, Grads, LossSum, Ready, Trainer, TrainerOptions};
+pub use trainer::{Eval, EvalSums, Grads, LossSum, Ready, Regression, Trainer, TrainerOptions};
 pub use workers::run_on_workers;

@@ -64,10 +64,12 @@ pub fn sizes_at_least_one(sizes: &[(&str, usize)]) -> crate::Result<()> {
 /// A classifier's `outputs`: one per class, and so at least two. Its loss
 /// is the cross-entropy over the outputs' softmax, which is 0 for any
 /// weights with one output: a run would train nothing, and say nothing.
+/// (A regression's model, trained with `taper.loss.mse{}`, has one output
+/// per target value.)
 pub fn classifier_outputs(outputs: usize) -> crate::Result<()> {
     if outputs == 1 {
         return Err(crate::Error::Config(
-            "outputs = 1: a classifier needs one output per class (outputs = 2 for two classes, labelled 0 and 1), since its loss is the cross-entropy over the outputs' softmax, which is 0 whatever the weights with a single output. Predicting a number (regression) is not supported yet".into(),
+            "the model has outputs = 1, and its loss is the cross-entropy over the outputs' softmax, which is 0 whatever the weights with a single output: a classifier needs one output per class (outputs = 2 for two classes, labelled 0 and 1). To predict a number (regression), train with `loss = taper.loss.mse{}` on a CSV file's `target` column".into(),
         ));
     }
     Ok(())

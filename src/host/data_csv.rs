@@ -1,5 +1,6 @@
 //! `taper.data.csv{...}`: its options (columns by index or name, class
-//! names, missing values, the delimiter) as the data module takes them.
+//! names or a numeric target, missing values, the delimiter) as the data
+//! module takes them.
 
 use mlua::{Lua, Table, Value};
 use serde::Deserialize;
@@ -12,8 +13,11 @@ use crate::data::{self, Source};
 #[serde(deny_unknown_fields)]
 struct CsvOpts {
     path: std::path::PathBuf,
-    #[serde(default = "last_column")]
-    label: ColumnOpt,
+    #[serde(default)]
+    label: Option<ColumnOpt>,
+    /// A numeric column to predict (regression), instead of a label.
+    #[serde(default)]
+    target: Option<ColumnOpt>,
     #[serde(default)]
     features: Option<Vec<ColumnOpt>>,
     #[serde(default)]
@@ -87,8 +91,26 @@ impl CsvOpts {
                 ))
             }
         };
+        let (label, target) = match (self.label, self.target) {
+            (Some(_), Some(_)) => {
+                return Err(config_error(
+                    lua,
+                    "taper.data.csv: give `label` (a class column) or `target` (a numeric column to predict), not both",
+                ))
+            }
+            (None, Some(t)) if self.classes.is_some() => {
+                let _ = t;
+                return Err(config_error(
+                    lua,
+                    "taper.data.csv: `classes` names a label's classes; a `target` is a number to predict",
+                ));
+            }
+            (None, Some(t)) => (t.0, true),
+            (l, None) => (l.unwrap_or_else(last_column).0, false),
+        };
         Ok(data::CsvOptions {
-            label: self.label.0,
+            label,
+            target,
             features: self.features.map(|f| f.into_iter().map(|c| c.0).collect()),
             header: self.header,
             delimiter,
@@ -119,9 +141,10 @@ pub(super) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
         lua.create_function(|lua, opts: Value| {
             let o: CsvOpts = decode(lua, "taper.data.csv", opts)?;
             check_scale(lua, "taper.data.csv", o.scale)?;
-            check_files(lua, "taper.data.csv", &[&o.path])?;
             let path = o.path.clone();
-            let table = data::csv(&path, &o.options(lua)?)
+            let options = o.options(lua)?;
+            check_files(lua, "taper.data.csv", &[&path])?;
+            let table = data::csv(&path, &options)
                 .map_err(|e| at_caller(lua, "taper.data.csv", e))?;
             if let Some(first) = table.dropped().first() {
                 super::state(lua).out.line(&format!(

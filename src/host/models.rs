@@ -297,6 +297,15 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         })?,
     )?;
     loss.set(
+        "mse",
+        lua.create_function(|lua, opts: Option<Table>| {
+            if let Some(t) = opts {
+                super::options::check_keys(lua, "taper.loss.mse", &t, &[])?;
+            }
+            Ok(LossHandle(Loss::Mse))
+        })?,
+    )?;
+    loss.set(
         "distill",
         lua.create_function(|lua, opts: Table| distill(lua, opts))?,
     )?;

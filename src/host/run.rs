@@ -222,6 +222,14 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
             .check_classes(&whose, p.source().classes())
             .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
     }
+    // A standardized regression target: errors go back to its units.
+    let target_std = match &feed {
+        super::generator::Feed::Pipeline(p) => p
+            .standardized()
+            .and_then(|s| s.target())
+            .and_then(|m| m.std.first().copied()),
+        super::generator::Feed::Lua(_) => None,
+    };
     let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
     let mut r = run.get_mut()?;
     let id = r.id;
@@ -232,19 +240,32 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     if own_peak {
         crate::memory::device::reset_pool_peak(r.core.trainer.device()).map_err(lua_err)?;
     }
-    let ev = r
+    let mut ev = r
         .core
         .evaluate(batches, objective.as_ref(), &mut |rec| {
             super::oom::record(&host.out, id, rec)
         })
         .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
+    if let (Some(g), Some(std)) = (ev.regression, target_std) {
+        ev.regression = Some(g.in_units(std as f64));
+        r.core.last_eval = Some(ev);
+    }
     let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
     let split = feed.split_name();
     let mut f = Map::new();
     f.insert("run".into(), r.id.into());
     f.insert("split".into(), split.clone().into());
     f.insert("loss".into(), json!(ev.loss));
-    f.insert("accuracy".into(), json!(ev.accuracy));
+    match ev.regression {
+        None => {
+            f.insert("accuracy".into(), json!(ev.accuracy));
+        }
+        Some(g) => {
+            f.insert("rmse".into(), json!(g.rmse));
+            f.insert("mae".into(), json!(g.mae));
+            f.insert("r2".into(), json!(g.r2));
+        }
+    }
     f.insert("samples".into(), ev.samples.into());
     if let Some(o) = ev.objective {
         f.insert("objective".into(), json!(o));
@@ -255,17 +276,27 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         }
     }
     host.out.record("eval", step, epoch, f).map_err(lua_err)?;
+    let score = match ev.regression {
+        None => format!("accuracy {:.2}%", ev.accuracy * 100.0),
+        Some(g) => format!("rmse {:.4}  mae {:.4}  R² {:.4}", g.rmse, g.mae, g.r2),
+    };
     host.out.line(&format!(
-        "  {split}: loss {:.4}  accuracy {:.2}%{}",
+        "  {split}: loss {:.4}  {score}{}",
         ev.loss,
-        ev.accuracy * 100.0,
         ev.objective
             .map(|o| format!("  objective {o:.4}"))
             .unwrap_or_default()
     ));
     let t = lua.create_table()?;
     t.set("loss", ev.loss)?;
-    t.set("accuracy", ev.accuracy)?;
+    match ev.regression {
+        None => t.set("accuracy", ev.accuracy)?,
+        Some(g) => {
+            t.set("rmse", g.rmse)?;
+            t.set("mae", g.mae)?;
+            t.set("r2", g.r2)?;
+        }
+    }
     t.set("samples", ev.samples)?;
     t.set("split", split)?;
     t.set("objective", ev.objective)?;

@@ -81,6 +81,12 @@ pub(crate) fn decode_run(
     let loss = handle::<LossHandle>(lua, what, opts, "loss", "a taper.loss")?
         .map(|l| l.0)
         .unwrap_or_default();
+    if !loss.regression() {
+        if let Some(outputs) = model.0.interface().classes {
+            crate::engine::model::classifier_outputs(outputs)
+                .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
+        }
+    }
     let seed = option(lua, opts, "seed", "a non-negative integer", |v| {
         Ok(match v {
             Value::Nil => Some(0),

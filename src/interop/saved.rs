@@ -150,18 +150,27 @@ pub struct Guess {
     pub probability: f32,
 }
 
+/// What a checkpoint's model says of an input: its likeliest classes, or,
+/// for a regression run, the predicted value of its target.
+pub enum Answer {
+    Classes(Vec<Guess>),
+    Value { value: f64, target: String },
+}
+
 /// `taper classify CHECKPOINT FILE...`: the `top` most likely classes with
 /// their probabilities, as `emit(what, guesses)`, for each image file (read
 /// as the checkpoint's run read its image folder: size, channels, scale; a
 /// folder stands for the images in it, in an image folder's order), or for
 /// each row of a CSV file (`FILE:LINE`, read as the run read its CSV file:
 /// the feature columns, scale and standardization; a row with a missing
-/// value is passed to `skip(what, why)`). Returns the count classified.
+/// value is passed to `skip(what, why)`). For a regression run (a CSV
+/// file's `target`), the answer is the target's predicted value, in its
+/// units. Returns the count classified.
 pub fn classify_checkpoint(
     arg: &Path,
     files: &[std::path::PathBuf],
     top: usize,
-    emit: &mut dyn FnMut(&str, &[Guess]),
+    emit: &mut dyn FnMut(&str, &Answer),
     skip: &mut dyn FnMut(&str, &str),
 ) -> Result<usize> {
     let path = locate(arg)?;
@@ -169,25 +178,49 @@ pub fn classify_checkpoint(
     let classes = saved.meta.classes.clone().unwrap_or_default();
     let model = saved.trainer.frozen()?;
     // The `top` classes of each of `n` rows of `width` inputs.
-    let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Vec<Guess>>> {
+    let target = saved.meta.table_input.as_ref().and_then(|t| {
+        let name = t.target.as_ref()?.describe();
+        let (mean, std) = match &t.target_standardize {
+            Some(m) => (m.mean[0] as f64, m.std[0] as f64),
+            None => (0.0, 1.0),
+        };
+        Some((name.trim_matches('`').to_string(), mean, std))
+    });
+    let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Answer>> {
         let x = candle_core::Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
-        let probs = candle_nn::ops::softmax_last_dim(&model.forward(&x)?)?.to_vec2::<f32>()?;
+        let out = model.forward(&x)?;
+        if let Some((name, mean, std)) = &target {
+            let values: Vec<f64> = out
+                .flatten_all()?
+                .to_dtype(candle_core::DType::F64)?
+                .to_vec1()?;
+            return Ok(values
+                .into_iter()
+                .map(|v| Answer::Value {
+                    value: v * std + mean,
+                    target: name.clone(),
+                })
+                .collect());
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&out)?.to_vec2::<f32>()?;
         Ok(probs
             .into_iter()
             .map(|p| {
                 let mut ranked: Vec<(usize, f32)> = p.into_iter().enumerate().collect();
                 ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-                ranked
-                    .into_iter()
-                    .take(top.max(1))
-                    .map(|(i, probability)| Guess {
-                        class: classes
-                            .get(i)
-                            .cloned()
-                            .unwrap_or_else(|| format!("class {i}")),
-                        probability,
-                    })
-                    .collect()
+                Answer::Classes(
+                    ranked
+                        .into_iter()
+                        .take(top.max(1))
+                        .map(|(i, probability)| Guess {
+                            class: classes
+                                .get(i)
+                                .cloned()
+                                .unwrap_or_else(|| format!("class {i}")),
+                            probability,
+                        })
+                        .collect(),
+                )
             })
             .collect())
     };

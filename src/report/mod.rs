@@ -105,6 +105,7 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
         "step": column("eval", "step"),
         "loss": column("eval", "loss"),
         "accuracy": column("eval", "accuracy"),
+        "rmse": column("eval", "rmse"),
     });
     let run_record = of("run").next().cloned().unwrap_or(Value::Null);
     let mut limit = num(&run_record, "memory_limit");
@@ -247,7 +248,14 @@ fn table(folder: &RunFolder, run: u64, run_record: &Value) -> Vec<(String, Strin
     }
     if let Some(ev) = mine("eval").next_back() {
         rows.push(("last eval loss".into(), show(&ev["loss"])));
-        rows.push(("last eval accuracy".into(), show(&ev["accuracy"])));
+        match ev.get("rmse") {
+            // A regression: its errors in the target's units, and R².
+            Some(rmse) => {
+                rows.push(("last eval RMSE".into(), show(rmse)));
+                rows.push(("last eval R²".into(), show(&ev["r2"])));
+            }
+            None => rows.push(("last eval accuracy".into(), show(&ev["accuracy"]))),
+        }
     }
     rows.push(("OOMs recovered".into(), mine("oom").count().to_string()));
     let reloads = folder.records.iter().filter(|r| r["event"] == "reload");

@@ -132,6 +132,13 @@
   });
   if (acc.some((l) => l.xs.length > 0)) chart("Evaluation accuracy", "%", acc);
 
+  // A regression's root mean squared error, in its target's units.
+  const rmse = runs.map((r, i) => {
+    const [xs, ys] = clean(r.evals.step, r.evals.rmse || []);
+    return { label: name(r, "eval RMSE"), xs, ys, color: color(i), points: true };
+  });
+  if (rmse.some((l) => l.xs.length > 0)) chart("Evaluation RMSE", "target's units", rmse);
+
   chart("Learning rate", "lr", runs.map((r, i) => {
     const [xs, ys] = perStep(r, "lr");
     return { label: name(r, "lr"), xs, ys, color: color(i) };

@@ -349,13 +349,7 @@ pub fn eval_total(w: &dyn Collective, mine: Result<EvalSums>, device: &Device) -
     });
     let (sums, st, result) = status_of(mine, device, None, 0);
     let s = sums.unwrap_or_default();
-    let agreed = agree(w, &st, &[s.loss, s.objective, s.correct, s.count as f64])?;
+    let agreed = agree(w, &st, &s.to_values())?;
     outcome(w, &agreed, result, None)?;
-    let e = agreed.extra();
-    Ok(EvalSums {
-        loss: e[0],
-        objective: e[1],
-        correct: e[2],
-        count: e[3].round() as usize,
-    })
+    Ok(EvalSums::from_values(agreed.extra()))
 }

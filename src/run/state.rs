@@ -272,7 +272,7 @@ impl Run {
     /// says which batch of the epoch it is (a generator's samples are
     /// numbered within their batch).
     fn check(&self, batch: &Batch) -> Result<()> {
-        check(&self.trainer.spec().interface(), batch).map_err(|e| match e {
+        check(&self.trainer.spec().interface(), self.trainer.loss(), batch).map_err(|e| match e {
             crate::Error::Data(why) => crate::Error::Data(format!(
                 "epoch {}, batch {}: {why}",
                 self.cursor.epoch,
@@ -307,18 +307,19 @@ impl Run {
         observe: &mut Observer<'_>,
     ) -> Result<Eval> {
         let own = match self.trainer.loss() {
-            Loss::CrossEntropy(_) => None,
+            Loss::CrossEntropy(_) | Loss::Mse => None,
             other => Some(other.clone()),
         };
         let objective = objective.or(own.as_ref());
         let epoch = self.cursor.epoch;
         let interface = self.trainer.spec().interface();
+        let loss = self.trainer.loss().base();
         // A signal stops a long evaluation between its batches: its result
         // would be partial, and the run's state is at a step boundary.
         let batches = batches.map(|b| {
             super::interrupt::check()?;
             let b = b?;
-            check(&interface, &b)?;
+            check(&interface, &loss, &b)?;
             Ok(b)
         });
         let ev = self
@@ -368,8 +369,21 @@ impl Run {
     }
 }
 
-/// A batch that does not fit the model: a data error naming the sample.
-fn check(interface: &Interface, batch: &Batch) -> Result<()> {
+/// A batch that does not fit the model, or whose targets are not its
+/// loss's: a data error naming the sample.
+fn check(interface: &Interface, loss: &Loss, batch: &Batch) -> Result<()> {
+    if let Some(why) = loss.refuses(&batch.y) {
+        return Err(crate::Error::Data(why));
+    }
+    if let (true, Some(outputs)) = (loss.regression(), interface.classes) {
+        let per = batch.y.elem_count() / batch.len().max(1);
+        if per != outputs {
+            return Err(crate::Error::Data(format!(
+                "each sample has {per} target value{}, and the model gives {outputs} (its `outputs`)",
+                if per == 1 { "" } else { "s" }
+            )));
+        }
+    }
     match check_batch(interface, &batch.x, &batch.y)? {
         Ok(()) => Ok(()),
         Err((None, why)) => Err(crate::Error::Data(why)),

@@ -56,6 +56,19 @@ fn the_penguins_recipe_stops_and_resumes_to_the_same_weights() {
     assert!(weights(&end) == reference, "weights differ");
 }
 
+/// The penguin mass regression (its target standardized too), stopped by
+/// SIGTERM and resumed.
+#[test]
+fn the_penguins_mass_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/penguins/penguins.csv").unwrap();
+    let recipe = &["scripts/penguins_mass.lua", "--set", "epochs=2000"];
+    let dir = tempfile::tempdir().unwrap();
+    let reference = weights(&straight_run(recipe, dir.path()));
+    let out = dir.path().join("stopped");
+    let end = stop_and_resume(recipe, &out, libc::SIGTERM, 40, &[]);
+    assert!(weights(&end) == reference, "weights differ");
+}
+
 #[test]
 fn the_shakespeare_recipe_stops_and_resumes_to_the_same_weights() {
     stopped_in_its_second_epoch(

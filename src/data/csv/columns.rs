@@ -22,7 +22,7 @@ pub(super) struct Layout {
 impl Layout {
     pub(super) fn resolve(
         what: &Path,
-        label: Option<&Column>,
+        label: Option<(&Column, &str)>,
         features: Option<&[Column]>,
         n: usize,
         names: Vec<String>,
@@ -50,7 +50,8 @@ impl Layout {
                 }),
             }
         };
-        let label = label.map(|l| find(l, "label")).transpose()?;
+        let role = label.map_or("label", |(_, role)| role);
+        let label = label.map(|(l, role)| find(l, role)).transpose()?;
         let features = match features {
             None => (0..n).filter(|&c| Some(c) != label).collect(),
             Some(cols) => {
@@ -62,7 +63,7 @@ impl Layout {
                         return Err(data_err(
                             what,
                             format!(
-                                "column {}{} is the label; it cannot be a feature too",
+                                "column {}{} is the {role}; it cannot be a feature too",
                                 at + 1,
                                 named(at).unwrap_or_default()
                             ),

@@ -23,6 +23,13 @@ pub struct TableInput {
     /// ...then standardized, feature by feature, when the run's data was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standardize: Option<Moments>,
+    /// A regression run's target column: the model predicts its value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Column>,
+    /// The target's standardization, when the run's data had one: the
+    /// model predicts `(value - mean) / std`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_standardize: Option<Moments>,
 }
 
 /// A CSV file's rows as a model's inputs.

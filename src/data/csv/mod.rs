@@ -28,6 +28,17 @@ pub enum Column {
     Name(String),
 }
 
+impl Column {
+    /// `body_mass_g`, or `column 3` (1-based, as editors count).
+    pub fn describe(&self) -> String {
+        match self {
+            Column::Name(n) => format!("`{n}`"),
+            Column::Index(i) if *i >= 0 => format!("column {}", i + 1),
+            Column::Index(i) => format!("column {i}"),
+        }
+    }
+}
+
 /// What a missing value (an empty cell, `NA`, `NaN`, `null`, ...) does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Missing {
@@ -42,6 +53,9 @@ pub enum Missing {
 pub struct CsvOptions {
     /// The label column.
     pub label: Column,
+    /// Whether the label column is a number to predict (regression): each
+    /// sample's target is then one f32 value, shape `[1]`.
+    pub target: bool,
     /// The feature columns, in this order (default: every other column).
     pub features: Option<Vec<Column>>,
     /// Whether the first row names the columns (default: when a column is
@@ -62,6 +76,7 @@ impl Default for CsvOptions {
     fn default() -> Self {
         CsvOptions {
             label: Column::Index(-1),
+            target: false,
             features: None,
             header: None,
             delimiter: b',',
@@ -79,12 +94,19 @@ pub(super) const MISSING: [&str; 19] = [
     "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null",
 ];
 
-/// Rows of numeric features and a class label.
+/// What a CSV file's samples are labelled with.
+enum Labels {
+    Classes(Vec<u32>),
+    /// A regression target's values.
+    Values(Vec<f32>),
+}
+
+/// Rows of numeric features and a class label or a target value.
 pub struct Csv {
     name: String,
     split: String,
     features: Vec<f32>,
-    labels: Vec<u32>,
+    labels: Labels,
     width: usize,
     classes: Option<Vec<String>>,
     /// Lines of the rows left out for a missing value.
@@ -196,7 +218,16 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         what,
         text,
         shape,
-        |n, names| Layout::resolve(what, Some(&opts.label), opts.features.as_deref(), n, names),
+        |n, names| {
+            let role = if opts.target { "target" } else { "label" };
+            Layout::resolve(
+                what,
+                Some((&opts.label, role)),
+                opts.features.as_deref(),
+                n,
+                names,
+            )
+        },
         |l, line, record| {
             if let Some(c) = l.missing(record) {
                 if opts.missing == Missing::Drop {
@@ -221,7 +252,23 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     let Some(layout) = layout else {
         return Err(data_err(what, "no rows"));
     };
-    let (labels, classes) = label_ids(what, &layout, &labels, &label_lines, opts)?;
+    let (labels, classes) = match opts.target {
+        true => (
+            Labels::Values(target_values(what, &layout, &labels, &label_lines)?),
+            None,
+        ),
+        false => {
+            let (ids, classes) = label_ids(what, &layout, &labels, &label_lines, opts)?;
+            (Labels::Classes(ids), classes)
+        }
+    };
+    let target = opts.target.then(|| {
+        let at = layout.label.expect("a target column");
+        match header {
+            true => Column::Name(layout.names[at].clone()),
+            false => Column::Index(at as i64),
+        }
+    });
     let input = TableInput {
         columns: match header {
             true => layout
@@ -239,6 +286,8 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         delimiter: (opts.delimiter as char).to_string(),
         scale: opts.scale,
         standardize: None,
+        target,
+        target_standardize: None,
     };
     Ok(Csv {
         name: what
@@ -253,6 +302,32 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         dropped,
         input,
     })
+}
+
+/// A regression target's cells as numbers, or an error naming the first
+/// that is not a finite one.
+fn target_values(
+    what: &Path,
+    layout: &Layout,
+    cells: &[String],
+    lines: &[usize],
+) -> Result<Vec<f32>> {
+    let column = layout.label.expect("a target column");
+    cells
+        .iter()
+        .enumerate()
+        .map(|(k, cell)| match cell.parse::<f32>() {
+            Ok(v) if v.is_finite() => Ok(v),
+            _ => Err(data_err(
+                what,
+                format!(
+                    "line {}, {}: target `{cell}` is not a finite number",
+                    lines[k],
+                    layout.column(column)
+                ),
+            )),
+        })
+        .collect()
 }
 
 /// The label cells as class ids, and the class names where there are any.
@@ -295,7 +370,7 @@ fn label_ids(
                 _ => Err(data_err(
                     what,
                     format!(
-                        "{}: label `{cell}` is not a class index: labels are classes (predicting a number, regression, is not supported yet)",
+                        "{}: label `{cell}` is not a class index: labels are classes (to predict a number, give the column as `target` instead of `label`)",
                         at(k)
                     ),
                 )),
@@ -329,6 +404,15 @@ impl Csv {
     }
 }
 
+impl Labels {
+    fn len(&self) -> usize {
+        match self {
+            Labels::Classes(v) => v.len(),
+            Labels::Values(v) => v.len(),
+        }
+    }
+}
+
 impl Source for Csv {
     fn len(&self) -> usize {
         self.labels.len()
@@ -346,6 +430,9 @@ impl Source for Csv {
         if let Some(c) = &self.classes {
             s += &format!("; {} classes: {}", c.len(), name_list(c));
         }
+        if let Some(t) = &self.input.target {
+            s += &format!("; target {}", t.describe());
+        }
         if !self.dropped.is_empty() {
             s += &format!(
                 "; {} rows with a missing value left out",
@@ -357,15 +444,21 @@ impl Source for Csv {
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
         let w = self.width;
         let mut x = Vec::with_capacity(indices.len() * w);
-        let mut y = Vec::with_capacity(indices.len());
         for &i in indices {
             x.extend_from_slice(&self.features[i * w..(i + 1) * w]);
-            y.push(self.labels[i]);
         }
-        Ok((
-            Tensor::from_vec(x, (indices.len(), w), &Device::Cpu)?,
-            Tensor::from_vec(y, indices.len(), &Device::Cpu)?,
-        ))
+        let x = Tensor::from_vec(x, (indices.len(), w), &Device::Cpu)?;
+        let y = match &self.labels {
+            Labels::Classes(l) => {
+                let y: Vec<u32> = indices.iter().map(|&i| l[i]).collect();
+                Tensor::from_vec(y, indices.len(), &Device::Cpu)?
+            }
+            Labels::Values(v) => {
+                let y: Vec<f32> = indices.iter().map(|&i| v[i]).collect();
+                Tensor::from_vec(y, (indices.len(), 1), &Device::Cpu)?
+            }
+        };
+        Ok((x, y))
     }
     fn classes(&self) -> Option<&[String]> {
         self.classes.as_deref()

@@ -5,7 +5,7 @@ mod inference;
 mod state;
 mod step;
 
-pub use inference::EvalSums;
+pub use inference::{EvalSums, Regression};
 pub use step::{Grads, LossSum, Ready};
 
 use std::sync::Arc;
@@ -50,6 +50,8 @@ pub struct Eval {
     /// The mean of another objective when one was asked for, or the run's
     /// training loss when it is not plain cross-entropy (distillation).
     pub objective: Option<f64>,
+    /// A regression's errors and R² (its `accuracy` means nothing).
+    pub regression: Option<inference::Regression>,
 }
 
 pub struct Trainer {

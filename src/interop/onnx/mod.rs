@@ -81,7 +81,14 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
                 (None, Some(i)) => g.image_standardize(i, &[m.inputs])?,
                 (None, None) => "input".into(),
             };
-            let y = g.dense(x, &sizes, m.activation)?;
+            let mut y = g.dense(x, &sizes, m.activation)?;
+            if let Some(m) = meta.table_input.and_then(|t| t.target_standardize.as_ref()) {
+                // A regression's standardized target, back in its units.
+                let std = g.constant("target_std", &[m.std.len()], &m.std);
+                let mean = g.constant("target_mean", &[m.mean.len()], &m.mean);
+                y = g.node("Mul", &[&y, &std], vec![]);
+                y = g.node("Add", &[&y, &mean], vec![]);
+            }
             g.rename_output(y);
             (vec![m.inputs], m.outputs)
         }
@@ -142,6 +149,10 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
             "delimiter": input.delimiter,
         });
         props.push(entry("taper.table_input", &json(&columns)?));
+        if let Some(t) = &input.target {
+            // A regression: `logits` holds the target's predicted value.
+            props.push(entry("taper.target", &json(t)?));
+        }
     }
     Ok(ModelProto {
         ir_version: ir,
