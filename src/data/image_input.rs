@@ -13,9 +13,16 @@ use crate::Result;
 /// naming the file.
 pub(super) fn decode(path: &Path) -> Result<image::DynamicImage> {
     let bytes = std::fs::read(path).map_err(|e| data_err(path, e))?;
-    let reader = image::ImageReader::new(std::io::Cursor::new(&bytes))
+    let mut reader = image::ImageReader::new(std::io::Cursor::new(&bytes))
         .with_guessed_format()
         .map_err(|e| data_err(path, e))?;
+    // Content that no format claims is read as its extension says (as
+    // `ImageReader::open` does), so a damaged PNG is a PNG's error.
+    if reader.format().is_none() {
+        if let Ok(f) = image::ImageFormat::from_path(path) {
+            reader.set_format(f);
+        }
+    }
     if reader.format() == Some(image::ImageFormat::Jpeg) {
         if let Some(end) = super::jpeg::truncated_at(&bytes) {
             return Err(data_err(
