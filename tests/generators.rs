@@ -204,3 +204,84 @@ fn generators_and_mapped_data_iterate_their_batches_without_a_run() -> Result<()
     "#)?;
     Ok(())
 }
+
+/// A generator's `y_type = "f32"` gives numbers to predict: a regression
+/// trained with `taper.loss.mse{}` fits y = 2a - b + 1 (R² near 1, in the
+/// units the generator gave); a value that is not finite is refused.
+#[test]
+fn a_generator_of_numbers_trains_a_regression() -> Result<()> {
+    let report = run(r#"
+        local function line(seed)
+          return taper.data.generator(function(epoch)
+            local s = seed * 1000 + epoch
+            local function rnd() s = (s * 1103515245 + 12345) % 2147483648; return s / 2147483648 end
+            return coroutine.wrap(function()
+              for _ = 1, 20 do
+                local x, y = {}, {}
+                for i = 1, 32 do
+                  local a, b = rnd() * 2 - 1, rnd() * 2 - 1
+                  x[i] = { a, b }
+                  y[i] = 2 * a - b + 1
+                end
+                coroutine.yield{ x = x, y = y, y_type = "f32" }
+              end
+            end)
+          end)
+        end
+        local run = taper.run{
+          model = taper.model.mlp{ inputs = 2, outputs = 1 },
+          optim = taper.optim.adamw{ lr = 3e-2 },
+          loss = taper.loss.mse{},
+          data = line(1),
+        }
+        for _ in run:epochs(10) do
+          for b in run:batches() do run:step(b) end
+        end
+        local ev = run:evaluate(line(2))
+        assert(ev.accuracy == nil and ev.samples == 640)
+    "#)?;
+    let g = report.runs[0]
+        .last_eval
+        .unwrap()
+        .regression
+        .expect("scores");
+    // y spans about [-2, 4] (deviation 1.3): a linear fit's errors vanish.
+    assert!(g.r2 > 0.99 && g.rmse < 0.1, "{g:?}");
+
+    let e = run(r#"
+        local gen = taper.data.generator(function()
+          return coroutine.wrap(function() coroutine.yield{ x = { { 1 } }, y = { 0 / 0 }, y_type = "f32" } end)
+        end)
+        for b in gen:batches() do end
+    "#)
+    .expect_err("NaN");
+    let msg = render_error(&e);
+    assert!(
+        msg.contains("y: NaN (sample 0) is not a finite number"),
+        "{msg}"
+    );
+    Ok(())
+}
+
+/// `data:map(fn)` over a regression's data: the numbers `fn` is given come
+/// back as numbers to predict without saying `y_type`.
+#[test]
+fn mapped_regression_data_keeps_its_numbers() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let csv = dir.path().join("t.csv");
+    std::fs::write(&csv, "a,b,y\n1,2,0.5\n3,4,1.5\n5,6,2.5\n")?;
+    run(&format!(
+        r#"
+        local seen = {{}}
+        local d = taper.data.csv{{ path = {:?}, target = "y" }}:batch(2):map(function(x, y)
+          for i = 1, #y do seen[#seen + 1] = y[i][1] end
+          return {{ x = x, y = y }}
+        end)
+        local run = taper.run{{ model = taper.model.mlp{{ inputs = 2, outputs = 1 }}, loss = taper.loss.mse{{}}, data = d }}
+        for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+        assert(run.steps == 2 and seen[1] == 0.5 and seen[3] == 2.5, table.concat(seen, ","))
+        "#,
+        csv.to_str().unwrap()
+    ))?;
+    Ok(())
+}

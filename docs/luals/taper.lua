@@ -270,8 +270,9 @@ function taper.data.shakespeare(opts) end
 
 ---@class taper.BatchTable
 ---@field x number[][]|integer[][] samples first; every row the same length
----@field y integer[]|integer[][] class labels, or token ids
+---@field y integer[]|integer[][]|number[]|number[][] class labels, token ids, or (with `y_type = "f32"`) numbers to predict
 ---@field x_type? "f32"|"u32" `u32` for token ids (default f32)
+---@field y_type? "u32"|"f32" `f32` for numbers to predict (a regression; default u32: labels or token ids)
 
 ---Batches made by Lua (`taper.data.generator`) or passed through a Lua
 ---function (`data:map(fn)`): a run's data, `run:batches(gen)` and

@@ -139,6 +139,7 @@ impl Feed {
                     source,
                     place: g.place.clone(),
                     done: false,
+                    y_dtype: DType::U32,
                 };
                 for _ in 0..skip {
                     if e.next().transpose()?.is_none() {
@@ -203,6 +204,9 @@ pub(crate) struct LuaEpoch {
     source: LuaSource,
     place: String,
     done: bool,
+    /// `y`'s type when a batch table does not say (`y_type`): labels, or
+    /// what the native batch a `map` function was given had.
+    y_dtype: DType,
 }
 
 impl LuaEpoch {
@@ -214,6 +218,7 @@ impl LuaEpoch {
                 None => Ok(Value::Nil),
                 Some(b) => {
                     let b = b?;
+                    self.y_dtype = b.y.dtype();
                     let (x, y) = (tensor_to_lua(lua, &b.x)?, tensor_to_lua(lua, &b.y)?);
                     Ok(f.call((x, y))?)
                 }
@@ -238,7 +243,7 @@ impl Iterator for LuaEpoch {
                 None
             }
             Value::Table(t) => Some(
-                batch_from_table(&t)
+                batch_from_table(&t, self.y_dtype)
                     .map_err(|e| Error::Data(format!("generator at {}: {e}", self.place))),
             ),
             other => Some(Err(Error::Data(format!(
@@ -278,12 +283,14 @@ fn tensor_to_lua(lua: &Lua, t: &Tensor) -> Result<Value> {
     Ok(build(lua, &flat, &dims, ints)?)
 }
 
-fn batch_from_table(t: &Table) -> std::result::Result<Batch, String> {
+fn batch_from_table(t: &Table, y_default: DType) -> std::result::Result<Batch, String> {
     for pair in t.pairs::<Value, Value>() {
         let (k, _) = pair.map_err(|e| e.to_string())?;
         let key = k.to_string().unwrap_or_default();
-        if !["x", "y", "x_type"].contains(&key.as_str()) {
-            return Err(format!("unknown batch key `{key}` (expected x, y, x_type)"));
+        if !["x", "y", "x_type", "y_type"].contains(&key.as_str()) {
+            return Err(format!(
+                "unknown batch key `{key}` (expected x, y, x_type, y_type)"
+            ));
         }
     }
     let x_type: Option<String> = t.get("x_type").map_err(|e| e.to_string())?;
@@ -297,11 +304,37 @@ fn batch_from_table(t: &Table) -> std::result::Result<Batch, String> {
         x_dtype,
         "x",
     )?;
-    let y = to_tensor(
+    // Class labels or token ids; or numbers to predict (a regression,
+    // `taper.loss.mse{}`): one per sample is `[n, 1]`, as a model's one output.
+    let y_type: Option<String> = t.get("y_type").map_err(|e| e.to_string())?;
+    let y_dtype = match y_type.as_deref() {
+        None => y_default,
+        Some("u32") => DType::U32,
+        Some("f32") => DType::F32,
+        Some(other) => return Err(format!("y_type `{other}`: use u32 or f32")),
+    };
+    let mut y = to_tensor(
         &t.get::<Value>("y").map_err(|e| e.to_string())?,
-        DType::U32,
+        y_dtype,
         "y",
     )?;
+    if y_dtype == DType::F32 {
+        let values: Vec<f32> = y
+            .flatten_all()
+            .and_then(|v| v.to_vec1())
+            .map_err(|e| e.to_string())?;
+        if let Some(p) = values.iter().position(|v| !v.is_finite()) {
+            let per = values.len() / y.dims()[0];
+            return Err(format!(
+                "y: {} (sample {}) is not a finite number: training on it would spoil the weights",
+                values[p],
+                p / per.max(1)
+            ));
+        }
+        if y.rank() == 1 {
+            y = y.unsqueeze(1).map_err(|e| e.to_string())?;
+        }
+    }
     let n = x.dim(0).map_err(|e| e.to_string())?;
     if y.dim(0).map_err(|e| e.to_string())? != n {
         return Err(format!("x has {n} samples, y has {}", y.dims()[0]));
