@@ -475,6 +475,18 @@ fn an_image_folder_reads_as_torchvision_imagefolder() -> Result<()> {
 
 /// onnx's checker and onnxruntime on an ONNX export (interop_check.py
 /// onnx-logits): the logits of `x` and the model's metadata.
+/// `taper export RUN --format onnx --out MODEL`.
+fn export_onnx(run: &Path, model: &Path) -> Result<()> {
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .arg("export")
+        .arg(run)
+        .args(["--format", "onnx", "--out"])
+        .arg(model)
+        .output()?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Ok(())
+}
+
 fn onnx_logits(model: &Path, x: &Tensor) -> Result<Value> {
     let input = tempfile::NamedTempFile::new()?;
     let data: Vec<f32> = x.flatten_all()?.to_vec1()?;
@@ -630,14 +642,7 @@ fn classifies_as_the_run_did(standardize: bool) -> Result<()> {
         .as_f64()
         .unwrap();
     let model = dir.path().join("fashion.onnx");
-    taper(&[
-        "export",
-        out.to_str().unwrap(),
-        "--format",
-        "onnx",
-        "--out",
-        model.to_str().unwrap(),
-    ])?;
+    export_onnx(&out, &model)?;
     ensure!(
         std::fs::read(&model)? == std::fs::read(dir.path().join("recipe.onnx"))?,
         "the recipe's export and the checkpoint's differ"
@@ -772,17 +777,7 @@ fn an_onnx_export_of_a_csv_run_takes_raw_values() -> Result<()> {
     host.run_file(&root.join("scripts/penguins.lua"))?;
     drop(host);
     let model = dir.path().join("penguins.onnx");
-    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
-        .args([
-            "export",
-            dir.path().to_str().unwrap(),
-            "--format",
-            "onnx",
-            "--out",
-        ])
-        .arg(&model)
-        .output()?;
-    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    export_onnx(dir.path(), &model)?;
     let theirs = check_with(
         "onnx, onnxruntime, pandas",
         &["onnx-table", model.to_str().unwrap(), csv.to_str().unwrap()],
@@ -886,17 +881,7 @@ fn a_regression_run_scores_as_numpy_and_exports_grams_to_onnxruntime() -> Result
         ),
     )?;
     let model = dir.path().join("mass.onnx");
-    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
-        .args([
-            "export",
-            dir.path().to_str().unwrap(),
-            "--format",
-            "onnx",
-            "--out",
-        ])
-        .arg(&model)
-        .output()?;
-    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    export_onnx(dir.path(), &model)?;
     let theirs = check_with(
         "onnx, onnxruntime, pandas",
         &[

@@ -18,6 +18,18 @@ fn asked_for_a_checkpoint(child: &mut Child, out: &Path) -> Value {
     asked().unwrap()
 }
 
+/// The digits run into `out`, asked for a checkpoint in its fourth epoch;
+/// the run, and the checkpoint's record.
+fn saved_while_training(out: &Path, extra: &[&str]) -> (Child, Value) {
+    let mut child = cmd(&train_args(out, extra))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_epochs(&mut child, out, 3);
+    let saved = asked_for_a_checkpoint(&mut child, out);
+    (child, saved)
+}
+
 #[test]
 fn sigusr1_saves_a_checkpoint_and_the_run_goes_on_to_the_same_weights() {
     let dir = tempfile::tempdir().unwrap();
@@ -27,12 +39,7 @@ fn sigusr1_saves_a_checkpoint_and_the_run_goes_on_to_the_same_weights() {
 
     // Asked for a checkpoint, the run trains to its end as if never asked.
     let out = dir.path().join("on");
-    let mut child = cmd(&train_args(&out, &never))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_epochs(&mut child, &out, 3);
-    let saved = asked_for_a_checkpoint(&mut child, &out);
+    let (mut child, saved) = saved_while_training(&out, &never);
     let o = wait(child);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
@@ -44,12 +51,7 @@ fn sigusr1_saves_a_checkpoint_and_the_run_goes_on_to_the_same_weights() {
 
     // Then killed, it resumes from that checkpoint to the same weights.
     let out = dir.path().join("killed");
-    let mut child = cmd(&train_args(&out, &never))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_epochs(&mut child, &out, 3);
-    let saved = asked_for_a_checkpoint(&mut child, &out);
+    let (mut child, saved) = saved_while_training(&out, &never);
     child.kill().unwrap();
     assert_eq!(wait(child).status.code(), None);
     let mut again = train_args(&out, &never);
