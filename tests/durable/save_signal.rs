@@ -39,7 +39,7 @@ fn sigusr1_saves_a_checkpoint_and_the_run_goes_on_to_the_same_weights() {
 
     // Asked for a checkpoint, the run trains to its end as if never asked.
     let out = dir.path().join("on");
-    let (mut child, saved) = saved_while_training(&out, &never);
+    let (child, saved) = saved_while_training(&out, &never);
     let o = wait(child);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
