@@ -475,6 +475,17 @@ fn an_image_folder_reads_as_torchvision_imagefolder() -> Result<()> {
 
 /// onnx's checker and onnxruntime on an ONNX export (interop_check.py
 /// onnx-logits): the logits of `x` and the model's metadata.
+/// `taper classify RUN CSV`, which succeeded.
+fn classify_rows(run: &Path, csv: &Path) -> Result<std::process::Output> {
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .arg("classify")
+        .arg(run)
+        .arg(csv)
+        .output()?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Ok(o)
+}
+
 /// `taper export RUN --format onnx --out MODEL`.
 fn export_onnx(run: &Path, model: &Path) -> Result<()> {
     let o = Command::new(env!("CARGO_BIN_EXE_taper"))
@@ -805,14 +816,7 @@ fn an_onnx_export_of_a_csv_run_takes_raw_values() -> Result<()> {
     assert!(diff < 1e-6, "{diff}");
 
     // `taper classify`: a line per row, the class of the largest logit.
-    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
-        .args([
-            "classify",
-            dir.path().to_str().unwrap(),
-            csv.to_str().unwrap(),
-        ])
-        .output()?;
-    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = classify_rows(dir.path(), &csv)?;
     let err = String::from_utf8(o.stderr)?;
     assert!(
         err.contains(":5: passed over: a missing value (`NA`) in column 3 (`bill_length_mm`)"),
@@ -905,14 +909,7 @@ fn a_regression_run_scores_as_numpy_and_exports_grams_to_onnxruntime() -> Result
     assert!(r2 > 0.75 && r2 > linear - 0.02, "R² {r2}, linear {linear}");
 
     // `taper classify`: a line per row, its predicted grams.
-    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
-        .args([
-            "classify",
-            dir.path().to_str().unwrap(),
-            csv.to_str().unwrap(),
-        ])
-        .output()?;
-    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = classify_rows(dir.path(), &csv)?;
     let pred: Vec<f64> = serde_json::from_value(theirs["pred"].clone())?;
     let lines: Vec<usize> = serde_json::from_value(theirs["lines"].clone())?;
     let printed = String::from_utf8(o.stdout)?;

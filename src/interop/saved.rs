@@ -179,12 +179,12 @@ pub fn classify_checkpoint(
     let model = saved.trainer.frozen()?;
     // The `top` classes of each of `n` rows of `width` inputs.
     let target = saved.meta.table_input.as_ref().and_then(|t| {
-        let name = t.target.as_ref()?.describe();
+        let name = t.target.as_ref()?.name();
         let (mean, std) = match &t.target_standardize {
             Some(m) => (m.mean[0] as f64, m.std[0] as f64),
             None => (0.0, 1.0),
         };
-        Some((name.trim_matches('`').to_string(), mean, std))
+        Some((name, mean, std))
     });
     let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Answer>> {
         let x = candle_core::Tensor::from_vec(rows, (n, width), &Device::Cpu)?;

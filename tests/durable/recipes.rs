@@ -13,10 +13,16 @@ use super::{
 /// `recipe` stopped by `signal` after its first epoch, in the second, and
 /// resumed: the same weights as a straight run.
 fn stopped_in_its_second_epoch(recipe: &[&str], signal: i32) {
+    stopped_after(recipe, signal, 1);
+}
+
+/// `recipe` stopped by `signal` once it has written `epochs` epoch
+/// records, and resumed: the same weights as a straight run.
+fn stopped_after(recipe: &[&str], signal: i32, epochs: usize) {
     let dir = tempfile::tempdir().unwrap();
     let reference = weights(&straight_run(recipe, dir.path()));
     let out = dir.path().join("stopped");
-    let end = stop_and_resume(recipe, &out, signal, 1, &[]);
+    let end = stop_and_resume(recipe, &out, signal, epochs, &[]);
     assert!(weights(&end) == reference, "{recipe:?}: weights differ");
 }
 
@@ -35,11 +41,7 @@ fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
         "--set",
         "augment=true",
     ];
-    let dir = tempfile::tempdir().unwrap();
-    let reference = weights(&straight_run(recipe, dir.path()));
-    let out = dir.path().join("stopped");
-    let end = stop_and_resume(recipe, &out, libc::SIGTERM, 1, &[]);
-    assert!(weights(&end) == reference, "weights differ");
+    stopped_after(recipe, libc::SIGTERM, 1);
 }
 
 /// The penguins recipe (a CSV split by a seeded permutation, standardized
@@ -48,12 +50,11 @@ fn the_image_folder_recipe_stops_and_resumes_to_the_same_weights() {
 #[test]
 fn the_penguins_recipe_stops_and_resumes_to_the_same_weights() {
     common::fetched("data/penguins/penguins.csv").unwrap();
-    let recipe = &["scripts/penguins.lua", "--set", "epochs=2000"];
-    let dir = tempfile::tempdir().unwrap();
-    let reference = weights(&straight_run(recipe, dir.path()));
-    let out = dir.path().join("stopped");
-    let end = stop_and_resume(recipe, &out, libc::SIGINT, 50, &[]);
-    assert!(weights(&end) == reference, "weights differ");
+    stopped_after(
+        &["scripts/penguins.lua", "--set", "epochs=2000"],
+        libc::SIGINT,
+        50,
+    );
 }
 
 /// The penguin mass regression (its target standardized too), stopped by
@@ -61,12 +62,11 @@ fn the_penguins_recipe_stops_and_resumes_to_the_same_weights() {
 #[test]
 fn the_penguins_mass_recipe_stops_and_resumes_to_the_same_weights() {
     common::fetched("data/penguins/penguins.csv").unwrap();
-    let recipe = &["scripts/penguins_mass.lua", "--set", "epochs=2000"];
-    let dir = tempfile::tempdir().unwrap();
-    let reference = weights(&straight_run(recipe, dir.path()));
-    let out = dir.path().join("stopped");
-    let end = stop_and_resume(recipe, &out, libc::SIGTERM, 40, &[]);
-    assert!(weights(&end) == reference, "weights differ");
+    stopped_after(
+        &["scripts/penguins_mass.lua", "--set", "epochs=2000"],
+        libc::SIGTERM,
+        40,
+    );
 }
 
 #[test]

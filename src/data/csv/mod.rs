@@ -30,11 +30,19 @@ pub enum Column {
 
 impl Column {
     /// `body_mass_g`, or `column 3` (1-based, as editors count).
+    pub fn name(&self) -> String {
+        match self {
+            Column::Name(n) => n.clone(),
+            Column::Index(i) if *i >= 0 => format!("column {}", i + 1),
+            Column::Index(i) => format!("column {i}"),
+        }
+    }
+
+    /// [`Column::name`] for a message: a header name in backquotes.
     pub fn describe(&self) -> String {
         match self {
             Column::Name(n) => format!("`{n}`"),
-            Column::Index(i) if *i >= 0 => format!("column {}", i + 1),
-            Column::Index(i) => format!("column {i}"),
+            other => other.name(),
         }
     }
 }
