@@ -116,6 +116,19 @@ fn csv_reads_and_reports_lines() -> Result<()> {
     assert_eq!(src.classes(), None);
     let first = csv(&ok, &by_index(0, true, 1.0))?;
     assert_eq!(first.gather(&[1])?.1.to_vec1::<u32>()?, vec![3]);
+    // Its header read as data (no column named, `header` not given): said
+    // so, naming the label column to give; `header = false` keeps the
+    // plain error.
+    let msg = err_text(csv(&ok, &CsvOptions::default()));
+    assert!(
+        msg.contains("ok.csv: line 1 looks like column names (`a`, `b`, `label`), read as data: give `header = true`, or name the label column (`label = \"label\"`)"),
+        "{msg}"
+    );
+    let msg = err_text(csv(&ok, &by_index(-1, false, 1.0)));
+    assert!(
+        msg.contains("line 1, column 1: `a` is not a number"),
+        "{msg}"
+    );
 
     let plain = CsvOptions::default();
     let ragged = write(dir.path(), "ragged.csv", b"1,2,0\n3,0\n");

@@ -251,6 +251,24 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
                     ),
                 ));
             }
+            // A first row of names read as data: pandas' read_csv would
+            // have taken it as the header.
+            if label_lines.is_empty()
+                && dropped.is_empty()
+                && opts.header.is_none()
+                && !header
+                && record.iter().all(|c| c.parse::<f64>().is_err())
+            {
+                let names: Vec<String> = record.iter().map(|c| format!("`{c}`")).collect();
+                return Err(data_err(
+                    what,
+                    format!(
+                        "line {line} looks like column names ({}), read as data: give `header = true`, or name the label column (`label = \"{}\"`), which implies it",
+                        names.join(", "),
+                        &record[l.label.expect("a label column")]
+                    ),
+                ));
+            }
             l.features_into((what, line), record, opts.scale, hint, &mut features)?;
             labels.push(record[l.label.expect("a label column")].to_string());
             label_lines.push(line);
