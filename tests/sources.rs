@@ -129,6 +129,13 @@ fn csv_reads_and_reports_lines() -> Result<()> {
         msg.contains("line 1, column 1: `a` is not a number"),
         "{msg}"
     );
+    // A spreadsheet's `;`-separated file read with `,`: one column.
+    let semi = write(dir.path(), "semi.csv", b"1;2,5;0\n3;4,5;1\n");
+    let msg = err_text(csv(&semi, &CsvOptions::default()));
+    assert!(
+        msg.contains("semi.csv: line 1, `1;2,5;0`, looks ';'-separated: give `delimiter = ';'`"),
+        "{msg}"
+    );
 
     let plain = CsvOptions::default();
     let ragged = write(dir.path(), "ragged.csv", b"1,2,0\n3,0\n");

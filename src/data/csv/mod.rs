@@ -174,6 +174,18 @@ fn each_row(
         }
         if let Some(make) = layout.take() {
             n = record.len();
+            if let Some(d) = other_delimiter(&record, shape.delimiter) {
+                return Err(data_err(
+                    what,
+                    format!(
+                        "line {line}, `{}`, looks {d:?}-separated: give `delimiter = {d:?}`",
+                        record
+                            .iter()
+                            .collect::<Vec<_>>()
+                            .join(&(shape.delimiter as char).to_string())
+                    ),
+                ));
+            }
             let names = match shape.header {
                 true => record.iter().map(str::to_string).collect(),
                 false => Vec::new(),
@@ -196,6 +208,15 @@ fn each_row(
         )?;
     }
     Ok(resolved)
+}
+
+/// The delimiter a first record seems to use instead of `delimiter`: one
+/// that every cell holds (a European spreadsheet's `;`, whose decimal
+/// commas split `1;2,5;0` into `1;2` and `5;0`; a tab; a `|`).
+fn other_delimiter(record: &csv::StringRecord, delimiter: u8) -> Option<char> {
+    [';', '\t', '|']
+        .into_iter()
+        .find(|&d| d as u8 != delimiter && record.iter().all(|c| c.contains(d)))
 }
 
 /// Parses CSV text as [`csv`] reads a file; `what` names it in errors.
