@@ -737,3 +737,46 @@ fn an_image_folder_of_splits_gets_a_warning() {
         "{err}"
     );
 }
+
+/// Evaluating raw table rows with a model trained on standardized ones (a
+/// test part whose `:standardize(train)` was forgotten) is warned of, once,
+/// at the recipe's line; standardized as the training data was, it is not.
+#[test]
+fn evaluating_unstandardized_data_is_warned_of_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: String = (0..40)
+        .map(|i| format!("{},{},{}\n", i * 10, (i * 7) % 13, i % 2))
+        .collect();
+    let csv = write(dir.path(), "t.csv", &format!("a,b,c\n{rows}"));
+    let recipe = |forget: bool| {
+        format!(
+            r#"local d = taper.data.csv{{ path = {:?}, label = "c" }}
+local train, test = d:split{{ 0.5, 0.5 }}
+train = train:standardize()
+test = {}
+local run = taper.run{{ model = taper.model.mlp{{ inputs = 2, outputs = 2 }}, data = train:batch(4) }}
+for _ in run:epochs(2) do
+  for b in run:batches() do run:step(b) end
+  run:evaluate(test)
+end
+"#,
+            s(&csv),
+            if forget {
+                "test"
+            } else {
+                "test:standardize(train)"
+            }
+        )
+    };
+    for forget in [true, false] {
+        let r = write(dir.path(), "r.lua", &recipe(forget));
+        let out = dir.path().join(format!("out-{forget}"));
+        let o = taper(&["train", s(&r), "--quiet", "--out", s(&out)]);
+        let (_, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        let warned = err
+            .matches("r.lua:8: run:evaluate on all data that is not standardized, while the run trained on standardized data")
+            .count();
+        assert_eq!(warned, usize::from(forget), "{err}");
+    }
+}

@@ -217,10 +217,18 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     };
     if let super::generator::Feed::Pipeline(p) = &feed {
         let whose = format!("{}'s", feed.split_name());
-        run.get()?
-            .core
+        let mut r = run.get_mut()?;
+        r.core
             .check_classes(&whose, p.source().classes())
             .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
+        if !r.warned_unstandardized && unstandardized(&r.core, p) {
+            r.warned_unstandardized = true;
+            host.out.warn(&format!(
+                "{}run:evaluate on {} data that is not standardized, while the run trained on standardized data: its model takes standardized values; standardize it with the training data's statistics (`test = test:standardize(train)`)",
+                super::options::location(lua),
+                feed.split_name()
+            ));
+        }
     }
     // A standardized regression target: errors go back to its units.
     let target_std = match &feed {
@@ -301,6 +309,21 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     t.set("split", split)?;
     t.set("objective", ev.objective)?;
     Ok(t)
+}
+
+/// Whether the run trained on standardized table rows or images and `data`
+/// (of the same kind) is not standardized: evaluated, its raw values would
+/// meet a model that takes standardized ones.
+fn unstandardized(core: &crate::run::Run, data: &crate::data::Pipeline) -> bool {
+    let table = match (&core.table_input, data.table_input()) {
+        (Some(ours), Some(theirs)) => ours.standardize.is_some() && theirs.standardize.is_none(),
+        _ => false,
+    };
+    let image = match (&core.image_input, data.image_input()) {
+        (Some(ours), Some(theirs)) => ours.standardize.is_some() && theirs.standardize.is_none(),
+        _ => false,
+    };
+    table || image
 }
 
 fn log(lua: &Lua, run: &RunHandle, fields: Table) -> mlua::Result<()> {

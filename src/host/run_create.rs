@@ -77,6 +77,7 @@ fn create(
             .or(o.keep_checkpoints)
             .unwrap_or(crate::run::periodic::DEFAULT_KEEP),
         saves_seen: 0,
+        warned_unstandardized: false,
         plan: None,
         declared,
         last_good: None,

@@ -31,6 +31,8 @@ pub(crate) struct RunState {
     /// How many of the checkpoints asked for by SIGUSR1 this run has
     /// written (see [`crate::run::interrupt::save_requests`]).
     pub saves_seen: u64,
+    /// Whether `run:evaluate` warned of data left unstandardized (once).
+    pub warned_unstandardized: bool,
     /// With a memory budget: the planner's prediction, which each epoch
     /// record puts next to the measured peak.
     pub plan: Option<crate::memory::planner::Plan>,
