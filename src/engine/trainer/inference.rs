@@ -181,11 +181,15 @@ pub struct EvalSums {
 
 impl EvalSums {
     pub fn add(&mut self, o: &EvalSums) {
-        let mut v = self.to_values();
-        for (a, b) in v.iter_mut().zip(o.to_values()) {
-            *a += b;
-        }
-        *self = EvalSums::from_values(&v);
+        self.loss += o.loss;
+        self.objective += o.objective;
+        self.correct += o.correct;
+        self.count += o.count;
+        self.squared += o.squared;
+        self.absolute += o.absolute;
+        self.y_sum += o.y_sum;
+        self.y_squared += o.y_squared;
+        self.regression += o.regression;
     }
 
     /// The sums as numbers, in a fixed order (for summing over ranks).
