@@ -70,6 +70,17 @@ for _ in run:epochs(1) do
 end
 "#;
 
+/// A regression on `data.safetensors`: its `y` tensor as the target.
+const MLP_ON_TARGET: &str = r#"local run = taper.run{
+  model = taper.model.mlp{ inputs = 2, hidden = { 4 }, outputs = 1 },
+  data = taper.data.safetensors{ path = "data.safetensors", target = "y", scale = 1 }:batch(2),
+  loss = taper.loss.mse{},
+}
+for _ in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+end
+"#;
+
 const DIGITS_MLP: &str = r#"local cfg = taper.config{ epochs = 1 }
 local run = taper.run{
   model = taper.model.mlp{ inputs = 64, hidden = { 8 }, outputs = 10 },
@@ -201,7 +212,7 @@ print(run:generate{ prompt = { 1, 999 } })
             recipe: "local m = taper.model.mlp{ inputs = 4, hidden = { 8 }, outputs = 1 }\nlocal run = taper.run{ model = m }\n",
             args: &[],
             code: 2,
-            says: &["recipe.lua:2: taper.run: the model has outputs = 1, and its loss is the cross-entropy", "a classifier needs one output per class (outputs = 2 for two classes, labelled 0 and 1)", "To predict a number (regression), train with `loss = taper.loss.mse{}` on a CSV file's `target` column"],
+            says: &["recipe.lua:2: taper.run: the model has outputs = 1, and its loss is the cross-entropy", "a classifier needs one output per class (outputs = 2 for two classes, labelled 0 and 1)", "To predict a number (regression), train with `loss = taper.loss.mse{}` on a CSV file's or a safetensors file's `target`"],
         },
         Case {
             name: "a convolutional classifier with one output",
@@ -351,6 +362,44 @@ print(run:generate{ prompt = { 1, 999 } })
             says: &["tensor `y`, sample 2: NaN is not a class index"],
         },
         Case {
+            name: "a fractional label in a safetensors file",
+            recipe: MLP_ON_FILE,
+            args: &[],
+            code: 2,
+            says: &[
+                "recipe.lua:3: taper.data.safetensors: ",
+                "tensor `y`, sample 1: 2.5 is not a class index or token id (a whole number, 0 or more); for numbers to predict (a regression), give it as `target = \"y\"`",
+            ],
+        },
+        Case {
+            name: "a NaN target in a safetensors file",
+            recipe: MLP_ON_TARGET,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:3: taper.data.safetensors: ", "tensor `y`, sample 2: NaN is not a finite number"],
+        },
+        Case {
+            name: "two targets per sample in a safetensors file",
+            recipe: MLP_ON_TARGET,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:3: taper.data.safetensors: ", "tensor `y` has shape [2, 2]: a `target` is one number per sample (shape [n] or [n, 1])"],
+        },
+        Case {
+            name: "both y and target",
+            recipe: "local d = taper.data.safetensors{ path = \"data.safetensors\", y = \"y\", target = \"y\" }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.safetensors: give `y` (class labels) or `target` (numbers to predict), not both"],
+        },
+        Case {
+            name: "class labels given as a target to a classifier",
+            recipe: "local run = taper.run{\n  model = taper.model.mlp{ inputs = 2, outputs = 10 },\n  data = taper.data.safetensors{ path = \"data.safetensors\", target = \"y\", scale = 1 }:batch(2),\n}\nfor _ in run:epochs(1) do\n  for batch in run:batches() do run:step(batch) end\nend\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:6: run:step: ", "the targets are numbers (a regression target), and the loss (cross-entropy) takes class labels: train numbers with `loss = taper.loss.mse{}`"],
+        },
+        Case {
             name: "a label the model has no output for",
             recipe: MLP_ON_FILE,
             args: &[],
@@ -489,7 +538,26 @@ fn prepare(dir: &Path, case: &Case) -> String {
             x[5] = f32::NAN;
             samples(&file, &x, 2, &[1, 2, 3, 0], Dtype::U8)
         }
-        "a NaN label in a safetensors file" => {
+        "a fractional label in a safetensors file" => {
+            let y: Vec<u8> = [1.0f32, 2.5, 3.0, 0.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            samples(&file, &x, 2, &y, Dtype::F32)
+        }
+        "two targets per sample in a safetensors file" => {
+            let y: Vec<u8> = [1.0f32, 2.5, 3.0, 0.5]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            let xb: Vec<u8> = x[..4].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let tensors = HashMap::from([
+                ("x", TensorView::new(Dtype::F32, vec![2, 2], &xb).unwrap()),
+                ("y", TensorView::new(Dtype::F32, vec![2, 2], &y).unwrap()),
+            ]);
+            safetensors::serialize_to_file(tensors, None, &file).unwrap()
+        }
+        "a NaN label in a safetensors file" | "a NaN target in a safetensors file" => {
             let y: Vec<u8> = [1.0f32, 2.0, f32::NAN, 0.0]
                 .iter()
                 .flat_map(|v| v.to_le_bytes())

@@ -204,7 +204,7 @@ function Data:map(fn) end
 ---Normalize with the images' own statistics). The statistics are `from`'s
 ---(what it applies, when standardized itself), the given `{ mean, std }`, or
 ---else this data's own: `train = train:standardize()`, then
----`test = test:standardize(train)`. A regression target (a CSV `target`) is
+---`test = test:standardize(train)`. A regression target (a CSV or safetensors `target`) is
 ---standardized too, and evaluation reports errors in its units. The
 ---checkpoint keeps them.
 ---@param from? taper.Data|{mean: number[], std: number[]}
@@ -332,7 +332,9 @@ function taper.data.text(opts) end
 function taper.data.images(opts) end
 
 ---A safetensors file of samples: tensors `x` and `y` (default names), sample first.
----@param opts {path: string, x?: string, y?: string, scale?: number, split?: string}
+---`target` instead of `y` names a tensor of numbers to predict (one per sample),
+---for `taper.loss.mse{}`.
+---@param opts {path: string, x?: string, y?: string, target?: string, scale?: number, split?: string}
 ---@return taper.Data
 function taper.data.safetensors(opts) end
 
@@ -497,7 +499,7 @@ taper.loss = {}
 function taper.loss.cross_entropy(opts) end
 
 ---The mean squared error (torch.nn.MSELoss), for a regression: one output per
----target value, against number targets (a CSV file's `target`). Evaluation
+---target value, against number targets (a CSV or safetensors file's `target`). Evaluation
 ---reports `rmse`, `mae` (in the target's units) and `r2` instead of `accuracy`.
 ---@param opts? {}
 ---@return taper.Loss

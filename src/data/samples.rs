@@ -1,7 +1,8 @@
 //! A safetensors file of samples: one tensor of inputs and one of targets,
 //! both with the sample as their first dimension, memory-mapped and read row
 //! by row. Inputs of a float or u8 type become f32 (u8 divided by `scale`);
-//! integer inputs (token ids) and all targets become u32.
+//! integer inputs (token ids) and class labels become u32; a regression
+//! target (one number per sample) becomes f32 `[n, 1]`.
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +27,17 @@ pub struct Samples {
     map: Mapped,
     x: Column,
     y: Column,
+    /// Whether `y` is a regression target (numbers) rather than labels.
+    target: bool,
     scale: f32,
+}
+
+/// Which tensor holds the targets, and what they are.
+pub enum Targets<'a> {
+    /// Class indices (`y = "name"`).
+    Labels(&'a str),
+    /// Numbers to predict (`target = "name"`), one per sample.
+    Values(&'a str),
 }
 
 fn err(path: &Path, msg: impl std::fmt::Display) -> Error {
@@ -89,26 +100,34 @@ fn column(
     })
 }
 
-pub fn samples(path: &Path, x: &str, y: &str, scale: f32, split: &str) -> Result<Samples> {
+pub fn samples(path: &Path, x: &str, y: Targets, scale: f32, split: &str) -> Result<Samples> {
     let map = Mapped::open(path)?;
     let (header, meta) = SafeTensors::read_metadata(&map)
         .map_err(|e| err(path, format!("offset 0: not a safetensors file: {e}")))?;
     let xc = column(path, &map, header, &meta, x)?;
-    let yc = column(path, &map, header, &meta, y)?;
+    let (name, target) = match y {
+        Targets::Labels(n) => (n, false),
+        Targets::Values(n) => (n, true),
+    };
+    let yc = column(path, &map, header, &meta, name)?;
     if xc.shape[0] != yc.shape[0] {
         return Err(err(
             path,
             format!(
-                "`{x}` has {} samples, `{y}` has {}",
+                "`{x}` has {} samples, `{name}` has {}",
                 xc.shape[0], yc.shape[0]
             ),
         ));
     }
-    // Targets (and integer inputs: token ids) become u32 class indices and
-    // ids: a negative, fractional or NaN one would be silently wrong.
-    whole_values(path, &map, &yc, y)?;
+    if target {
+        target_values(path, &map, &yc, name)?;
+    } else {
+        // Labels (and integer inputs: token ids) become u32 class indices
+        // and ids: a negative, fractional or NaN one would be silently wrong.
+        whole_values(path, &map, &yc, name, true)?;
+    }
     if !is_float(xc.dtype) && xc.dtype != Dtype::U8 {
-        whole_values(path, &map, &xc, x)?;
+        whole_values(path, &map, &xc, x, false)?;
     }
     Ok(Samples {
         path: path.to_path_buf(),
@@ -116,14 +135,64 @@ pub fn samples(path: &Path, x: &str, y: &str, scale: f32, split: &str) -> Result
         map,
         x: xc,
         y: yc,
+        target,
         scale,
     })
 }
 
+/// Checks a regression target: one number per sample (shape `[n]` or
+/// `[n, 1]`), every one finite; the first that is not is named by sample
+/// and byte offset.
+fn target_values(path: &Path, map: &[u8], c: &Column, name: &str) -> Result<()> {
+    if c.shape[1..].iter().product::<usize>() != 1 {
+        return Err(err(
+            path,
+            format!(
+                "tensor `{name}` has shape {:?}: a `target` is one number per sample (shape [n] or [n, 1])",
+                c.shape
+            ),
+        ));
+    }
+    first_bad(
+        path,
+        map,
+        c,
+        name,
+        |v| v.is_finite(),
+        "is not a finite number",
+    )
+}
+
 /// Checks that every value of `c` is a whole number, 0 or more (a class
 /// index or a token id); the first one that is not is named by sample and
-/// byte offset.
-fn whole_values(path: &Path, map: &[u8], c: &Column, name: &str) -> Result<()> {
+/// byte offset. For `labels`, a fraction says how to give numbers to predict.
+fn whole_values(path: &Path, map: &[u8], c: &Column, name: &str, labels: bool) -> Result<()> {
+    let mut what = "is not a class index or token id (a whole number, 0 or more)".to_string();
+    if labels && is_float(c.dtype) {
+        what.push_str(&format!(
+            "; for numbers to predict (a regression), give it as `target = \"{name}\"`"
+        ));
+    }
+    first_bad(
+        path,
+        map,
+        c,
+        name,
+        |v| v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 4294967296.0,
+        &what,
+    )
+}
+
+/// The first value of `c` that `ok` refuses, as an error naming its sample
+/// and byte offset; read a megabyte at a time.
+fn first_bad(
+    path: &Path,
+    map: &[u8],
+    c: &Column,
+    name: &str,
+    ok: impl Fn(f64) -> bool,
+    what: &str,
+) -> Result<()> {
     let per_row = c.shape[1..].iter().product::<usize>().max(1);
     let size = c.row_bytes / per_row;
     if c.row_bytes == 0 {
@@ -136,15 +205,12 @@ fn whole_values(path: &Path, map: &[u8], c: &Column, name: &str) -> Result<()> {
         let start = c.start + first * c.row_bytes;
         buf.clear();
         decode(c.dtype, &map[start..start + rows * c.row_bytes], &mut buf);
-        if let Some(k) = buf
-            .iter()
-            .position(|v| !(v.is_finite() && *v >= 0.0 && v.fract() == 0.0 && *v < 4294967296.0))
-        {
+        if let Some(k) = buf.iter().position(|v| !ok(*v)) {
             let element = first * per_row + k;
             return Err(err(
                 path,
                 format!(
-                    "offset {}: tensor `{name}`, sample {}: {} is not a class index or token id (a whole number, 0 or more)",
+                    "offset {}: tensor `{name}`, sample {}: {} {what}",
                     c.start + element * size,
                     element / per_row,
                     buf[k]
@@ -229,10 +295,11 @@ impl Source for Samples {
     }
     fn describe(&self) -> String {
         format!(
-            "safetensors {} (x {:?} {:?}, y {:?})",
+            "safetensors {} (x {:?} {:?}, {} {:?})",
             self.path.display(),
             self.x.shape,
             self.x.dtype,
+            if self.target { "target" } else { "y" },
             self.y.shape
         )
     }
@@ -258,8 +325,13 @@ impl Source for Samples {
         } else {
             Tensor::from_vec(xv, xs, &Device::Cpu)?.to_dtype(DType::U32)?
         };
-        let y = Tensor::from_vec(self.rows(&self.y, indices), ys, &Device::Cpu)?
-            .to_dtype(DType::U32)?;
+        let yv = self.rows(&self.y, indices);
+        let y = if self.target {
+            let v: Vec<f32> = yv.iter().map(|v| *v as f32).collect();
+            Tensor::from_vec(v, (b, 1), &Device::Cpu)?
+        } else {
+            Tensor::from_vec(yv, ys, &Device::Cpu)?.to_dtype(DType::U32)?
+        };
         Ok((x, y))
     }
 }

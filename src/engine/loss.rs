@@ -52,7 +52,7 @@ impl Loss {
     pub fn refuses(&self, targets: &Tensor) -> Option<String> {
         match (self.regression(), targets.dtype().is_float()) {
             (true, false) => Some(
-                "the targets are class labels, and the loss (mse) takes numbers: give a CSV file's number column as `target`, or train classes with taper.loss.cross_entropy{}"
+                "the targets are class labels, and the loss (mse) takes numbers: give a CSV file's number column or a safetensors file's tensor as `target`, or train classes with taper.loss.cross_entropy{}"
                     .into(),
             ),
             (false, true) => Some(

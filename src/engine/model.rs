@@ -69,7 +69,7 @@ pub fn sizes_at_least_one(sizes: &[(&str, usize)]) -> crate::Result<()> {
 pub fn classifier_outputs(outputs: usize) -> crate::Result<()> {
     if outputs == 1 {
         return Err(crate::Error::Config(
-            "the model has outputs = 1, and its loss is the cross-entropy over the outputs' softmax, which is 0 whatever the weights with a single output: a classifier needs one output per class (outputs = 2 for two classes, labelled 0 and 1). To predict a number (regression), train with `loss = taper.loss.mse{}` on a CSV file's `target` column".into(),
+            "the model has outputs = 1, and its loss is the cross-entropy over the outputs' softmax, which is 0 whatever the weights with a single output: a classifier needs one output per class (outputs = 2 for two classes, labelled 0 and 1). To predict a number (regression), train with `loss = taper.loss.mse{}` on a CSV file's or a safetensors file's `target`".into(),
         ));
     }
     Ok(())

@@ -188,8 +188,9 @@ struct SafetensorsOpts {
     path: std::path::PathBuf,
     #[serde(default = "x_name")]
     x: String,
-    #[serde(default = "y_name")]
-    y: String,
+    /// Class labels' tensor (default `y`); `target` names numbers instead.
+    y: Option<String>,
+    target: Option<String>,
     #[serde(default = "pixel_scale")]
     scale: f32,
     #[serde(default = "all")]
@@ -198,9 +199,6 @@ struct SafetensorsOpts {
 
 fn x_name() -> String {
     "x".into()
-}
-fn y_name() -> String {
-    "y".into()
 }
 fn all() -> String {
     "all".into()
@@ -267,8 +265,19 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             let o: SafetensorsOpts = decode(lua, "taper.data.safetensors", opts)?;
             check_scale(lua, "taper.data.safetensors", o.scale)?;
             check_files(lua, "taper.data.safetensors", &[&o.path])?;
+            let y = match (&o.y, &o.target) {
+                (Some(_), Some(_)) => {
+                    return Err(config_error(
+                        lua,
+                        "taper.data.safetensors: give `y` (class labels) or `target` (numbers to predict), not both",
+                    ))
+                }
+                (None, Some(t)) => data::Targets::Values(t),
+                (Some(y), None) => data::Targets::Labels(y),
+                (None, None) => data::Targets::Labels("y"),
+            };
             Ok(source(
-                data::samples(&o.path, &o.x, &o.y, o.scale, &o.split)
+                data::samples(&o.path, &o.x, y, o.scale, &o.split)
                     .map_err(|e| at_caller(lua, "taper.data.safetensors", e))?,
             ))
         })?,
