@@ -579,6 +579,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             classes: None,
             image_input: None,
             table_input: None,
+            sample_input: None,
             step: 7,
         };
         let ty = taper::quant::ExportFormat::parse("f32").unwrap();
@@ -831,6 +832,97 @@ fn an_onnx_export_of_a_csv_run_takes_raw_values() -> Result<()> {
             .unwrap();
         let want = format!("{}:{line}: {} ", csv.display(), classes[best]);
         assert!(text.starts_with(&want), "{text} against {want}");
+    }
+    Ok(())
+}
+
+/// A standardized run on a safetensors file (whose samples carry no reading
+/// of their own, unlike a CSV row or an image file) exports to ONNX with its
+/// standardization in the graph: onnxruntime, given the file's samples as
+/// they are, scores as taper's `eval` records do: a regression's RMSE, MAE
+/// and R² in the target's units, and a classifier's accuracy. Features of
+/// scales 1000 and 0.01 make a graph without the standardization wrong.
+#[test]
+fn a_standardized_safetensors_run_exports_its_standardization_to_onnx() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("samples.safetensors");
+    let n = 300;
+    let mut s = 3u64;
+    let mut uniform = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let (mut x, mut mass, mut kind) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        let (a, b) = (uniform(), uniform());
+        x.extend([(1000.0 + 500.0 * a) as f32, (0.01 * b) as f32]);
+        mass.push(2000.0 + 800.0 * a - 400.0 * b + 30.0 * (uniform() - 0.5));
+        kind.push(i64::from(a + b > 0.7) + i64::from(a + b > 1.3));
+    }
+    candle_core::safetensors::save(
+        &std::collections::HashMap::from([
+            ("x", Tensor::from_vec(x, (n, 2), &Device::Cpu)?),
+            ("mass", Tensor::from_vec(mass, n, &Device::Cpu)?),
+            ("kind", Tensor::from_vec(kind, n, &Device::Cpu)?),
+        ]),
+        &file,
+    )?;
+    for (y, outputs, loss) in [
+        ("target = \"mass\"", 1, "mse"),
+        ("y = \"kind\"", 3, "cross_entropy"),
+    ] {
+        let out = dir.path().join(loss);
+        let recipe = format!(
+            r#"
+            local data = taper.data.safetensors{{ path = {file:?}, {y} }}:standardize()
+            local run = taper.run{{
+              model = taper.model.mlp{{ inputs = 2, hidden = {{ 16 }}, outputs = {outputs} }},
+              optim = taper.optim.adamw{{ lr = 1e-2 }},
+              loss = taper.loss.{loss}{{}},
+              data = data:shuffle():batch(32),
+            }}
+            for _ in run:epochs(20) do for b in run:batches() do run:step(b) end end
+            run:evaluate(data:batch(100))
+            "#
+        );
+        Host::new(HostOptions {
+            out_dir: Some(out.clone()),
+            quiet: true,
+            ..HostOptions::default()
+        })?
+        .run_source("recipe.lua", &recipe)?;
+        let ours = common::records(&out, "eval").pop().expect("an eval record");
+        let model = dir.path().join(format!("{loss}.onnx"));
+        export_onnx(&out, &model)?;
+        let name = if loss == "mse" { "mass" } else { "kind" };
+        let theirs = check_with(
+            "onnx, onnxruntime, safetensors",
+            &[
+                "onnx-samples",
+                model.to_str().unwrap(),
+                file.to_str().unwrap(),
+                "x",
+                name,
+            ],
+        )?;
+        assert_eq!(theirs["rows"], ours["samples"]);
+        let keys: &[&str] = if loss == "mse" {
+            &["rmse", "mae", "r2"]
+        } else {
+            &["accuracy"]
+        };
+        for k in keys {
+            let (a, b) = (ours[k].as_f64().unwrap(), theirs[k].as_f64().unwrap());
+            eprintln!("{loss} {k}: taper {a}, NumPy on onnxruntime's outputs {b}");
+            assert!((a - b).abs() <= 1e-4 * b.abs(), "{k}: {a} vs {b}");
+        }
+        if loss == "mse" {
+            assert!(ours["r2"].as_f64().unwrap() > 0.9, "{ours}");
+        } else {
+            assert!(ours["accuracy"].as_f64().unwrap() > 0.9, "{ours}");
+        }
     }
     Ok(())
 }

@@ -23,6 +23,11 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         size, grey or RGB, bytes / scale), the classes from its
         `taper.classes`; prints the accuracy against the folder's labels and
         the number of images
+    python interop_check.py onnx-samples MODEL.onnx FILE.safetensors X Y
+        onnxruntime on a safetensors file's samples as a user would: tensor X
+        as f32, as the file holds it (the graph standardizes it); against
+        tensor Y, the accuracy (integer labels) or RMSE, MAE and R² (numbers:
+        a regression), in NumPy, f64
 """
 import ctypes
 import json
@@ -225,6 +230,27 @@ def onnx_regression(model, path, split):
                       "linear_r2": scores(ones(xt) @ w, yt)[2]}))
 
 
+def onnx_samples(model, path, x_name, y_name):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from safetensors.numpy import load_file
+
+    onnx.checker.check_model(onnx.load(model), full_check=True)
+    t = load_file(path)
+    x, y = t[x_name].astype(np.float32), t[y_name]
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    out = s.run(["logits"], {"input": x})[0].astype(np.float64)
+    if np.issubdtype(y.dtype, np.integer):
+        print(json.dumps({"rows": len(y), "accuracy": float((out.argmax(1) == y).mean())}))
+        return
+    err = out[:, 0] - y.reshape(-1).astype(np.float64)
+    yf = y.reshape(-1).astype(np.float64)
+    r2 = 1 - (err ** 2).sum() / ((yf - yf.mean()) ** 2).sum()
+    print(json.dumps({"rows": len(y), "rmse": float(np.sqrt((err ** 2).mean())),
+                      "mae": float(np.abs(err).mean()), "r2": float(r2)}))
+
+
 def csv_standardize(path, label, features):
     """pandas reads the CSV, drops rows missing a used value, codes the labels
     by sorted class name, and NumPy standardizes (population deviation, as
@@ -264,6 +290,8 @@ def main():
         onnx_table(args[0], args[1])
     elif cmd == "onnx-regression":
         onnx_regression(args[0], args[1], args[2])
+    elif cmd == "onnx-samples":
+        onnx_samples(args[0], args[1], args[2], args[3])
     elif cmd == "csv-standardize":
         csv_standardize(args[0], args[1], args[2])
     else:

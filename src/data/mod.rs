@@ -29,7 +29,7 @@ pub use images::{image_files, images, images_of, split_like, Images};
 pub use permutation::Permutation;
 pub use pipeline::{Pipeline, Stats};
 pub use samples::{samples, Samples, Targets};
-pub use standardize::{Moments, Standardize};
+pub use standardize::{Moments, SampleInput, Standardize};
 pub use tokens::{tokens, TokenType, Tokens};
 pub use vocab::Vocab;
 

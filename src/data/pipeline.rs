@@ -150,6 +150,21 @@ impl Pipeline {
         Some(input)
     }
 
+    /// The standardization of this pipeline's samples, when it is its only
+    /// transform and the source is neither a CSV file nor an image folder
+    /// (whose readings, [`Pipeline::table_input`] and
+    /// [`Pipeline::image_input`], carry it).
+    pub fn sample_input(&self) -> Option<super::SampleInput> {
+        if self.source.table_input().is_some() || self.source.image_input().is_some() {
+            return None;
+        }
+        let standardize = self.only_standardized()??;
+        Some(super::SampleInput {
+            standardize,
+            target_standardize: self.standardized().and_then(|s| s.target().cloned()),
+        })
+    }
+
     /// The source indices this pipeline reads.
     pub fn range(&self) -> Range<usize> {
         let end = self.end.unwrap_or(usize::MAX).min(self.source.len());

@@ -34,6 +34,18 @@ impl Moments {
     }
 }
 
+/// How a sample, as its source gives it, becomes the model's input, for a
+/// standardized run on data that is neither a CSV file nor an image folder
+/// (a safetensors or IDX file, the built-in digits): the standardization
+/// taper applied, and a regression target's. Saved with checkpoints, so
+/// that an export applies them in its graph.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SampleInput {
+    pub standardize: Moments,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_standardize: Option<Moments>,
+}
+
 /// The statistics, how many consecutive features each covers (1, or a
 /// channel's pixels), and the transform that applies them.
 #[derive(Debug)]

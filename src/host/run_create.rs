@@ -60,6 +60,7 @@ fn create(
         core.classes = p.source().classes().map(<[_]>::to_vec);
         core.image_input = p.image_input();
         core.table_input = p.table_input();
+        core.sample_input = p.sample_input();
     }
     let mut run = RunState {
         id,

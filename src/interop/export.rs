@@ -24,6 +24,8 @@ pub struct Model<'a> {
     pub image_input: Option<&'a crate::data::ImageInput>,
     /// How a CSV row becomes the model's input, for a run on a CSV file.
     pub table_input: Option<&'a crate::data::TableInput>,
+    /// How other data's samples were standardized, for a run on them.
+    pub sample_input: Option<&'a crate::data::SampleInput>,
     pub step: u64,
 }
 
@@ -126,6 +128,7 @@ fn onnx(model: &Model, path: &Path) -> Result<Written> {
         classes: model.classes,
         image_input: model.image_input,
         table_input: model.table_input,
+        sample_input: model.sample_input,
     };
     let bytes = super::onnx::export(path, net, &model.params, &meta)?;
     let input = match net {

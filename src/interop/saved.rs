@@ -64,6 +64,7 @@ impl Saved {
             classes: self.meta.classes.as_deref(),
             image_input: self.meta.image_input.as_ref(),
             table_input: self.meta.table_input.as_ref(),
+            sample_input: self.meta.sample_input.as_ref(),
             step: self.meta.step,
         }
     }

@@ -128,6 +128,8 @@ pub struct Run {
     pub image_input: Option<crate::data::ImageInput>,
     /// How a CSV row becomes the model's input, saved likewise.
     pub table_input: Option<crate::data::TableInput>,
+    /// Other data's standardization, saved likewise.
+    pub sample_input: Option<crate::data::SampleInput>,
 }
 
 impl Run {
@@ -150,6 +152,7 @@ impl Run {
             classes: None,
             image_input: None,
             table_input: None,
+            sample_input: None,
         }
     }
 

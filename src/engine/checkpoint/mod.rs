@@ -77,6 +77,10 @@ pub struct CheckpointMeta {
     /// its feature columns, scale and standardization.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table_input: Option<crate::data::TableInput>,
+    /// The standardization of other data's samples (a safetensors or IDX
+    /// file's), for exports to apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_input: Option<crate::data::SampleInput>,
     pub optimizer: String,
     /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
@@ -351,6 +355,7 @@ mod tests {
             classes: None,
             image_input: None,
             table_input: None,
+            sample_input: None,
             optimizer: "o".into(),
             lr: 0.1,
             configured_lr: None,

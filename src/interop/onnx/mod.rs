@@ -44,6 +44,10 @@ pub struct Meta<'a> {
     /// How a CSV row becomes the input, for a run on a CSV file: its scale
     /// and standardization go in the graph, which then takes raw values.
     pub table_input: Option<&'a crate::data::TableInput>,
+    /// How other data's samples were standardized (a safetensors or IDX
+    /// file's): the graph applies it, and takes the samples as their source
+    /// gives them.
+    pub sample_input: Option<&'a crate::data::SampleInput>,
 }
 
 /// Writes `net` with its weights (`params`, by taper's names) to `path`
@@ -78,11 +82,19 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
             sizes.push(m.outputs);
             let x = match (meta.table_input, meta.image_input) {
                 (Some(t), _) => g.table_input(t, m.inputs)?,
-                (None, Some(i)) => g.image_standardize(i, &[m.inputs])?,
-                (None, None) => "input".into(),
+                (None, Some(i)) => g.standardize(i.standardize.as_ref(), &[m.inputs])?,
+                (None, None) => {
+                    g.standardize(meta.sample_input.map(|s| &s.standardize), &[m.inputs])?
+                }
             };
             let mut y = g.dense(x, &sizes, m.activation)?;
-            if let Some(m) = meta.table_input.and_then(|t| t.target_standardize.as_ref()) {
+            let target = meta
+                .table_input
+                .and_then(|t| t.target_standardize.as_ref())
+                .or(meta
+                    .sample_input
+                    .and_then(|s| s.target_standardize.as_ref()));
+            if let Some(m) = target {
                 // A regression's standardized target, back in its units.
                 let std = g.constant("target_std", &[m.std.len()], &m.std);
                 let mean = g.constant("target_mean", &[m.mean.len()], &m.mean);
@@ -93,10 +105,11 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
             (vec![m.inputs], m.outputs)
         }
         Classifier::Cnn(c) => {
-            let x = match meta.image_input {
-                Some(i) => g.image_standardize(i, &c.input)?,
-                None => "input".into(),
+            let moments = match meta.image_input {
+                Some(i) => i.standardize.as_ref(),
+                None => meta.sample_input.map(|s| &s.standardize),
             };
+            let x = g.standardize(moments, &c.input)?;
             let y = g.cnn(c, x)?;
             g.rename_output(y);
             (c.input.to_vec(), c.outputs)
@@ -265,15 +278,12 @@ impl Builder<'_> {
         Ok(x)
     }
 
-    /// An image run's standardization of the input (pixels divided by the
-    /// scale, of `shape` without the batch), as `ImageInput::read` applies
-    /// it; the input itself when there is none.
-    fn image_standardize(
-        &mut self,
-        i: &crate::data::ImageInput,
-        shape: &[usize],
-    ) -> Result<String> {
-        let Some(m) = &i.standardize else {
+    /// The run's standardization of the input (of `shape` without the
+    /// batch: an image's pixels divided by the scale, as `ImageInput::read`
+    /// applies it, or another source's samples); the input itself when
+    /// there is none.
+    fn standardize(&mut self, m: Option<&crate::data::Moments>, shape: &[usize]) -> Result<String> {
+        let Some(m) = m else {
             return Ok("input".into());
         };
         let values: usize = shape.iter().product();
