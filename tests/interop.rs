@@ -473,8 +473,6 @@ fn an_image_folder_reads_as_torchvision_imagefolder() -> Result<()> {
     Ok(())
 }
 
-/// onnx's checker and onnxruntime on an ONNX export (interop_check.py
-/// onnx-logits): the logits of `x` and the model's metadata.
 /// `taper classify RUN CSV`, which succeeded.
 fn classify_rows(run: &Path, csv: &Path) -> Result<std::process::Output> {
     let o = Command::new(env!("CARGO_BIN_EXE_taper"))
@@ -498,6 +496,8 @@ fn export_onnx(run: &Path, model: &Path) -> Result<()> {
     Ok(())
 }
 
+/// onnx's checker and onnxruntime on an ONNX export (interop_check.py
+/// onnx-logits): the logits of `x` and the model's metadata.
 fn onnx_logits(model: &Path, x: &Tensor) -> Result<Value> {
     let input = tempfile::NamedTempFile::new()?;
     let data: Vec<f32> = x.flatten_all()?.to_vec1()?;
@@ -833,6 +833,167 @@ fn an_onnx_export_of_a_csv_run_takes_raw_values() -> Result<()> {
         let want = format!("{}:{line}: {} ", csv.display(), classes[best]);
         assert!(text.starts_with(&want), "{text} against {want}");
     }
+    Ok(())
+}
+
+/// NumPy's own files as users save them (`np.save`, format 1 and 2;
+/// `np.savez`; `np.savez_compressed`) are the same samples through
+/// `taper.data.numpy` as the same arrays written by the safetensors library
+/// through `taper.data.safetensors`; what it cannot read (big-endian,
+/// Fortran order, strings) is refused saying how to save it; a damaged
+/// archive is caught by its CRC-32, a cut one named; and a classifier
+/// trains on a compressed archive.
+#[test]
+fn numpy_files_are_read_as_numpy_wrote_them() -> Result<()> {
+    use taper::data::{numpy, samples, Source, Targets};
+    let dir = tempfile::tempdir()?;
+    let d = |name: &str| dir.path().join(name);
+    check_with(
+        "numpy, safetensors",
+        &["numpy-write", dir.path().to_str().unwrap()],
+    )?;
+    let all: Vec<usize> = (0..300).collect();
+    let values = |t: &Tensor| -> Result<Vec<f32>> {
+        Ok(t.flatten_all()?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1()?)
+    };
+    let (npz, packed) = (d("data.npz"), d("packed.npz"));
+    let (xf, yf, massf, x2f) = (d("x.npy"), d("y.npy"), d("mass.npy"), d("x2.npy"));
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let (ys, masses) = (path(&yf), path(&massf));
+    let cases: Vec<(Option<&Path>, String, Targets, &str, Targets)> = vec![
+        (
+            Some(&npz),
+            "x".into(),
+            Targets::Labels("y"),
+            "x",
+            Targets::Labels("y"),
+        ),
+        (
+            Some(&packed),
+            "x.npy".into(),
+            Targets::Values("mass"),
+            "x",
+            Targets::Values("mass"),
+        ),
+        (
+            Some(&packed),
+            "pixels".into(),
+            Targets::Labels("y"),
+            "pixels",
+            Targets::Labels("y"),
+        ),
+        (
+            None,
+            path(&xf),
+            Targets::Labels(&ys),
+            "x",
+            Targets::Labels("y"),
+        ),
+        (
+            None,
+            path(&x2f),
+            Targets::Values(&masses),
+            "x",
+            Targets::Values("mass"),
+        ),
+    ];
+    for (archive, x, y, sx, sy) in &cases {
+        let ours = numpy(*archive, x, *y, 255.0, "all")?.gather(&all)?;
+        let theirs = samples(&d("same.safetensors"), sx, *sy, 255.0, "all")?.gather(&all)?;
+        assert_eq!(ours.0.dims(), theirs.0.dims(), "{x}");
+        assert_eq!(ours.1.dims(), theirs.1.dims(), "{x}");
+        assert_eq!(ours.1.dtype(), theirs.1.dtype(), "{x}");
+        assert_eq!(values(&ours.0)?, values(&theirs.0)?, "{x}");
+        assert_eq!(values(&ours.1)?, values(&theirs.1)?, "{x}");
+    }
+
+    let refused = |archive: Option<&Path>, x: &Path, y: &Path| -> String {
+        match numpy(
+            archive,
+            x.to_str().unwrap(),
+            Targets::Labels(y.to_str().unwrap()),
+            1.0,
+            "all",
+        ) {
+            Ok(_) => "read".into(),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = refused(None, &d("big.npy"), &yf);
+    assert!(
+        e.contains("big.npy: ")
+            && e.contains("element type `>f4` is big-endian; save it little-endian"),
+        "{e}"
+    );
+    let e = refused(None, &d("fortran.npy"), &yf);
+    assert!(e.contains("in Fortran (column-major) order; save it in C order: np.save(f, np.ascontiguousarray(a))"), "{e}");
+    let e = refused(None, &xf, &d("names.npy"));
+    assert!(
+        e.contains("names.npy: ") && e.contains("holds strings or Python objects (`<U9`)"),
+        "{e}"
+    );
+    let e = match numpy(Some(&npz), "x", Targets::Labels("label"), 1.0, "all") {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("data.npz: no array named `label` (it has: mass, pixels, x, y)"),
+        "{e}"
+    );
+
+    let cut = d("cut.npy");
+    std::fs::write(&cut, &std::fs::read(&xf)?[..3000])?;
+    let e = refused(None, &cut, &yf);
+    assert!(
+        e.contains("cut.npy: offset 4928: array `cut` runs past the end of the file (3000 bytes)"),
+        "{e}"
+    );
+
+    // One byte changed inside x.npy's data, stored and compressed; the
+    // archive cut in half (its directory, at the end, is gone).
+    for (name, says) in [
+        ("data.npz", "its CRC-32 is not the one the archive records"),
+        ("packed.npz", "x.npy: offset "),
+    ] {
+        let mut bytes = std::fs::read(d(name))?;
+        bytes[1000] ^= 0x40;
+        let damaged = d(&format!("damaged-{name}"));
+        std::fs::write(&damaged, &bytes)?;
+        let e = refused(Some(&damaged), Path::new("x"), Path::new("y"));
+        assert!(
+            e.contains(&format!("damaged-{name}: x.npy: offset")) && e.contains(says),
+            "{e}"
+        );
+        std::fs::write(&damaged, &bytes[..bytes.len() / 2])?;
+        let e = refused(Some(&damaged), Path::new("x"), Path::new("y"));
+        assert!(
+            e.contains("not an .npz archive (a zip of .npy files)"),
+            "{e}"
+        );
+    }
+
+    // A classifier on the compressed archive: y is a linear function of x.
+    let report = Host::new(HostOptions::default())?.run_source(
+        "recipe.lua",
+        &format!(
+            r#"
+            local data = taper.data.numpy{{ path = {packed:?} }}
+            local train, test = data:split{{ 0.8, 0.2, seed = 1 }}
+            local run = taper.run{{
+              model = taper.model.mlp{{ inputs = 4, hidden = {{ 32 }}, outputs = 3 }},
+              optim = taper.optim.adamw{{ lr = 1e-2 }},
+              data = train:shuffle():batch(16),
+            }}
+            for _ in run:epochs(30) do for b in run:batches() do run:step(b) end end
+            run:evaluate(test:named("test"))
+            "#
+        ),
+    )?;
+    let acc = report.runs[0].last_eval.unwrap().accuracy;
+    eprintln!("numpy archive: held-out accuracy {acc}");
+    assert!(acc > 0.9, "{acc}");
     Ok(())
 }
 

@@ -338,6 +338,14 @@ function taper.data.images(opts) end
 ---@return taper.Data
 function taper.data.safetensors(opts) end
 
+---NumPy arrays: `path` an .npz archive (np.savez, np.savez_compressed) whose arrays
+---`x` and `y` (default names) are the inputs and the targets; without `path`, `x`
+---and `y` are .npy files (np.save). `target` instead of `y` names numbers to
+---predict, for `taper.loss.mse{}`.
+---@param opts {path?: string, x?: string, y?: string, target?: string, scale?: number, split?: string}
+---@return taper.Data
+function taper.data.numpy(opts) end
+
 ---A memory-mapped file of little-endian u16/u32 token ids, as windows.
 ---@param opts {path: string, dtype?: "u16"|"u32", context?: integer, stride?: integer, split?: string}
 ---@return taper.Data

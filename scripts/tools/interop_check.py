@@ -23,6 +23,13 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         size, grey or RGB, bytes / scale), the classes from its
         `taper.classes`; prints the accuracy against the folder's labels and
         the number of images
+    python interop_check.py numpy-write DIR
+        NumPy writes samples as users save them: x (f32 [300, 4]), y (int64
+        classes, a linear function of x), mass (f64, another) and pixels (u8
+        [300, 2, 2]) as .npy files (format 1, and x in format 2 as x2.npy),
+        in data.npz (np.savez) and packed.npz (np.savez_compressed); the
+        same arrays through safetensors' numpy API in same.safetensors; and
+        files taper refuses: big-endian, Fortran-order, string labels
     python interop_check.py onnx-samples MODEL.onnx FILE.safetensors X Y
         onnxruntime on a safetensors file's samples as a user would: tensor X
         as f32, as the file holds it (the graph standardizes it); against
@@ -230,6 +237,31 @@ def onnx_regression(model, path, split):
                       "linear_r2": scores(ones(xt) @ w, yt)[2]}))
 
 
+def numpy_write(out):
+    import os
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    r = np.random.default_rng(0)
+    x = r.standard_normal((300, 4)).astype(np.float32)
+    y = (x @ np.array([[1, -1, 0], [0, 1, -1], [1, 0, 1], [-1, 1, 0]], np.float32)).argmax(1).astype(np.int64)
+    mass = x.astype(np.float64) @ np.array([3.0, -2.0, 0.5, 1.0]) + 5 + 0.1 * r.standard_normal(300)
+    pixels = r.integers(0, 256, (300, 2, 2), dtype=np.uint8)
+    arrays = {"x": x, "y": y, "mass": mass, "pixels": pixels}
+    p = lambda name: os.path.join(out, name)
+    for k, v in arrays.items():
+        np.save(p(k + ".npy"), v)
+    with open(p("x2.npy"), "wb") as f:
+        np.lib.format.write_array(f, x, version=(2, 0))
+    np.savez(p("data.npz"), **arrays)
+    np.savez_compressed(p("packed.npz"), **arrays)
+    save_file(arrays, p("same.safetensors"))
+    np.save(p("big.npy"), x.astype(">f4"))
+    np.save(p("fortran.npy"), np.asfortranarray(x))
+    np.save(p("names.npy"), np.array(["adelie", "gentoo", "chinstrap"])[y])
+    print(json.dumps({"written": sorted(os.listdir(out))}))
+
+
 def onnx_samples(model, path, x_name, y_name):
     import numpy as np
     import onnx
@@ -290,6 +322,8 @@ def main():
         onnx_table(args[0], args[1])
     elif cmd == "onnx-regression":
         onnx_regression(args[0], args[1], args[2])
+    elif cmd == "numpy-write":
+        numpy_write(args[0])
     elif cmd == "onnx-samples":
         onnx_samples(args[0], args[1], args[2], args[3])
     elif cmd == "csv-standardize":

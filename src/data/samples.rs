@@ -1,10 +1,11 @@
-//! A safetensors file of samples: one tensor of inputs and one of targets,
-//! both with the sample as their first dimension, memory-mapped and read row
-//! by row. Inputs of a float or u8 type become f32 (u8 divided by `scale`);
+//! Samples from arrays: one of inputs and one of targets, both with the
+//! sample as their first dimension, memory-mapped and read row by row: two
+//! tensors of a safetensors file, or NumPy arrays (`super::numpy`). Inputs of a float or u8 type become f32 (u8 divided by `scale`);
 //! integer inputs (token ids) and class labels become u32; a regression
 //! target (one number per sample) becomes f32 `[n, 1]`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use safetensors::{Dtype, SafeTensors};
@@ -13,18 +14,90 @@ use super::mapped::Mapped;
 use super::Source;
 use crate::{Error, Result};
 
-struct Column {
-    dtype: Dtype,
-    shape: Vec<usize>,
+/// One array of samples, where it lies in its mapped file.
+pub(crate) struct Column {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
     /// Byte offset of the data in the file.
-    start: usize,
-    row_bytes: usize,
+    pub start: usize,
+    pub row_bytes: usize,
+    pub map: Arc<Mapped>,
+    /// The file its errors name (`data.npz: y.npy` for a compressed
+    /// archive member, whose offsets count from the member's start).
+    pub file: String,
+    /// Its name in the file, and what the format calls it ("tensor",
+    /// "array"), for errors.
+    pub name: String,
+    pub kind: &'static str,
+}
+
+impl Column {
+    /// Sizes the rows of `shape`; an error when the data would run past the
+    /// end of the mapping.
+    pub fn new(
+        dtype: Dtype,
+        shape: Vec<usize>,
+        start: usize,
+        map: Arc<Mapped>,
+        file: String,
+        (kind, name): (&'static str, &str),
+    ) -> Result<Column> {
+        let what = format!("{kind} `{name}`");
+        let size = dtype_size(dtype).ok_or_else(|| {
+            Error::Data(format!("{file}: {what}: dtype {dtype:?} is not supported"))
+        })?;
+        if shape.is_empty() {
+            return Err(Error::Data(format!(
+                "{file}: {what} is a scalar; samples need a first dimension"
+            )));
+        }
+        // Checked: a damaged header may claim an impossible shape.
+        let row_bytes = shape[1..].iter().try_fold(size, |n, &d| n.checked_mul(d));
+        let end = row_bytes
+            .and_then(|r| r.checked_mul(shape[0]))
+            .and_then(|n| n.checked_add(start));
+        let (Some(row_bytes), Some(end)) = (row_bytes, end) else {
+            return Err(Error::Data(format!(
+                "{file}: {what}: shape {shape:?} is too large to be real: the file is damaged"
+            )));
+        };
+        if end > map.len() {
+            return Err(Error::Data(format!(
+                "{file}: offset {end}: {what} runs past the end of the file ({} bytes)",
+                map.len()
+            )));
+        }
+        Ok(Column {
+            dtype,
+            shape,
+            start,
+            row_bytes,
+            map,
+            file,
+            name: name.to_string(),
+            kind,
+        })
+    }
+
+    pub fn what(&self) -> String {
+        format!("{} `{}`", self.kind, self.name)
+    }
+}
+
+fn dtype_size(d: Dtype) -> Option<usize> {
+    Some(match d {
+        Dtype::U8 | Dtype::I8 => 1,
+        Dtype::U16 | Dtype::I16 | Dtype::F16 | Dtype::BF16 => 2,
+        Dtype::U32 | Dtype::I32 | Dtype::F32 => 4,
+        Dtype::I64 | Dtype::U64 | Dtype::F64 => 8,
+        _ => return None,
+    })
 }
 
 pub struct Samples {
-    path: PathBuf,
+    /// The format and file(s), for `describe`.
+    name: String,
     split: String,
-    map: Mapped,
     x: Column,
     y: Column,
     /// Whether `y` is a regression target (numbers) rather than labels.
@@ -33,6 +106,7 @@ pub struct Samples {
 }
 
 /// Which tensor holds the targets, and what they are.
+#[derive(Clone, Copy, Debug)]
 pub enum Targets<'a> {
     /// Class indices (`y = "name"`).
     Labels(&'a str),
@@ -46,7 +120,7 @@ fn err(path: &Path, msg: impl std::fmt::Display) -> Error {
 
 fn column(
     path: &Path,
-    map: &[u8],
+    map: &Arc<Mapped>,
     header: usize,
     st: &safetensors::tensor::Metadata,
     name: &str,
@@ -61,24 +135,6 @@ fn column(
             }),
         )
     })?;
-    let size = match info.dtype {
-        Dtype::U8 | Dtype::I8 => 1,
-        Dtype::U16 | Dtype::I16 | Dtype::F16 | Dtype::BF16 => 2,
-        Dtype::U32 | Dtype::I32 | Dtype::F32 => 4,
-        Dtype::I64 | Dtype::U64 | Dtype::F64 => 8,
-        other => {
-            return Err(err(
-                path,
-                format!("tensor `{name}`: dtype {other:?} is not supported"),
-            ))
-        }
-    };
-    if info.shape.is_empty() {
-        return Err(err(
-            path,
-            format!("tensor `{name}` is a scalar; samples need a first dimension"),
-        ));
-    }
     let start = 8 + header + info.data_offsets.0;
     let end = 8 + header + info.data_offsets.1;
     if end > map.len() {
@@ -91,17 +147,18 @@ fn column(
             ),
         ));
     }
-    let row_bytes = info.shape[1..].iter().product::<usize>() * size;
-    Ok(Column {
-        dtype: info.dtype,
-        shape: info.shape.clone(),
+    Column::new(
+        info.dtype,
+        info.shape.clone(),
         start,
-        row_bytes,
-    })
+        map.clone(),
+        path.display().to_string(),
+        ("tensor", name),
+    )
 }
 
 pub fn samples(path: &Path, x: &str, y: Targets, scale: f32, split: &str) -> Result<Samples> {
-    let map = Mapped::open(path)?;
+    let map = Arc::new(Mapped::open(path)?);
     let (header, meta) = SafeTensors::read_metadata(&map)
         .map_err(|e| err(path, format!("offset 0: not a safetensors file: {e}")))?;
     let xc = column(path, &map, header, &meta, x)?;
@@ -110,74 +167,87 @@ pub fn samples(path: &Path, x: &str, y: Targets, scale: f32, split: &str) -> Res
         Targets::Values(n) => (n, true),
     };
     let yc = column(path, &map, header, &meta, name)?;
-    if xc.shape[0] != yc.shape[0] {
-        return Err(err(
-            path,
-            format!(
-                "`{x}` has {} samples, `{name}` has {}",
-                xc.shape[0], yc.shape[0]
-            ),
-        ));
-    }
-    if target {
-        target_values(path, &map, &yc, name)?;
-    } else {
-        // Labels (and integer inputs: token ids) become u32 class indices
-        // and ids: a negative, fractional or NaN one would be silently wrong.
-        whole_values(path, &map, &yc, name, true)?;
-    }
-    if !is_float(xc.dtype) && xc.dtype != Dtype::U8 {
-        whole_values(path, &map, &xc, x, false)?;
-    }
-    Ok(Samples {
-        path: path.to_path_buf(),
-        split: split.into(),
-        map,
-        x: xc,
-        y: yc,
+    Samples::new(
+        format!("safetensors {}", path.display()),
+        xc,
+        yc,
         target,
         scale,
-    })
+        split,
+    )
+}
+
+impl Samples {
+    /// Samples of inputs `x` and targets `y` (numbers to predict when
+    /// `target`, else class labels), checked: as many of each, labels whole
+    /// numbers, targets finite, integer inputs whole.
+    pub(crate) fn new(
+        name: String,
+        x: Column,
+        y: Column,
+        target: bool,
+        scale: f32,
+        split: &str,
+    ) -> Result<Samples> {
+        if x.shape[0] != y.shape[0] {
+            return Err(Error::Data(format!(
+                "{}: {} has {} samples, {} has {}",
+                x.file,
+                x.what(),
+                x.shape[0],
+                y.what(),
+                y.shape[0]
+            )));
+        }
+        if target {
+            target_values(&y)?;
+        } else {
+            // Labels (and integer inputs: token ids) become u32 class indices
+            // and ids: a negative, fractional or NaN one would be silently wrong.
+            whole_values(&y, true)?;
+        }
+        if !is_float(x.dtype) && x.dtype != Dtype::U8 {
+            whole_values(&x, false)?;
+        }
+        Ok(Samples {
+            name,
+            split: split.into(),
+            x,
+            y,
+            target,
+            scale,
+        })
+    }
 }
 
 /// Checks a regression target: one number per sample (shape `[n]` or
 /// `[n, 1]`), every one finite; the first that is not is named by sample
 /// and byte offset.
-fn target_values(path: &Path, map: &[u8], c: &Column, name: &str) -> Result<()> {
+fn target_values(c: &Column) -> Result<()> {
     if c.shape[1..].iter().product::<usize>() != 1 {
-        return Err(err(
-            path,
-            format!(
-                "tensor `{name}` has shape {:?}: a `target` is one number per sample (shape [n] or [n, 1])",
-                c.shape
-            ),
-        ));
+        return Err(Error::Data(format!(
+            "{}: {} has shape {:?}: a `target` is one number per sample (shape [n] or [n, 1])",
+            c.file,
+            c.what(),
+            c.shape
+        )));
     }
-    first_bad(
-        path,
-        map,
-        c,
-        name,
-        |v| v.is_finite(),
-        "is not a finite number",
-    )
+    first_bad(c, |v| v.is_finite(), "is not a finite number")
 }
 
 /// Checks that every value of `c` is a whole number, 0 or more (a class
 /// index or a token id); the first one that is not is named by sample and
 /// byte offset. For `labels`, a fraction says how to give numbers to predict.
-fn whole_values(path: &Path, map: &[u8], c: &Column, name: &str, labels: bool) -> Result<()> {
+fn whole_values(c: &Column, labels: bool) -> Result<()> {
     let mut what = "is not a class index or token id (a whole number, 0 or more)".to_string();
     if labels && is_float(c.dtype) {
         what.push_str(&format!(
-            "; for numbers to predict (a regression), give it as `target = \"{name}\"`"
+            "; for numbers to predict (a regression), give it as `target = \"{}\"`",
+            c.name
         ));
     }
     first_bad(
-        path,
-        map,
         c,
-        name,
         |v| v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 4294967296.0,
         &what,
     )
@@ -185,14 +255,7 @@ fn whole_values(path: &Path, map: &[u8], c: &Column, name: &str, labels: bool) -
 
 /// The first value of `c` that `ok` refuses, as an error naming its sample
 /// and byte offset; read a megabyte at a time.
-fn first_bad(
-    path: &Path,
-    map: &[u8],
-    c: &Column,
-    name: &str,
-    ok: impl Fn(f64) -> bool,
-    what: &str,
-) -> Result<()> {
+fn first_bad(c: &Column, ok: impl Fn(f64) -> bool, what: &str) -> Result<()> {
     let per_row = c.shape[1..].iter().product::<usize>().max(1);
     let size = c.row_bytes / per_row;
     if c.row_bytes == 0 {
@@ -204,18 +267,17 @@ fn first_bad(
         let rows = rows_per_chunk.min(c.shape[0] - first);
         let start = c.start + first * c.row_bytes;
         buf.clear();
-        decode(c.dtype, &map[start..start + rows * c.row_bytes], &mut buf);
+        decode(c.dtype, &c.map[start..start + rows * c.row_bytes], &mut buf);
         if let Some(k) = buf.iter().position(|v| !ok(*v)) {
             let element = first * per_row + k;
-            return Err(err(
-                path,
-                format!(
-                    "offset {}: tensor `{name}`, sample {}: {} {what}",
-                    c.start + element * size,
-                    element / per_row,
-                    buf[k]
-                ),
-            ));
+            return Err(Error::Data(format!(
+                "{}: offset {}: {}, sample {}: {} {what}",
+                c.file,
+                c.start + element * size,
+                c.what(),
+                element / per_row,
+                buf[k]
+            )));
         }
     }
     Ok(())
@@ -276,7 +338,7 @@ impl Samples {
         let mut out = Vec::with_capacity(indices.len() * c.row_bytes);
         for &i in indices {
             let s = c.start + i * c.row_bytes;
-            decode(c.dtype, &self.map[s..s + c.row_bytes], &mut out);
+            decode(c.dtype, &c.map[s..s + c.row_bytes], &mut out);
         }
         out
     }
@@ -295,8 +357,8 @@ impl Source for Samples {
     }
     fn describe(&self) -> String {
         format!(
-            "safetensors {} (x {:?} {:?}, {} {:?})",
-            self.path.display(),
+            "{} (x {:?} {:?}, {} {:?})",
+            self.name,
             self.x.shape,
             self.x.dtype,
             if self.target { "target" } else { "y" },
@@ -304,7 +366,10 @@ impl Source for Samples {
         )
     }
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
-        self.map.check()?;
+        self.x.map.check()?;
+        if !Arc::ptr_eq(&self.x.map, &self.y.map) {
+            self.y.map.check()?;
+        }
         let b = indices.len();
         let mut xs = vec![b];
         xs.extend(&self.x.shape[1..]);

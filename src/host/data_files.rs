@@ -197,6 +197,78 @@ struct SafetensorsOpts {
     split: String,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NumpyOpts {
+    /// An `.npz` archive; without it, `x` and `y` are `.npy` files.
+    path: Option<std::path::PathBuf>,
+    x: Option<String>,
+    y: Option<String>,
+    target: Option<String>,
+    #[serde(default = "pixel_scale")]
+    scale: f32,
+    #[serde(default = "all")]
+    split: String,
+}
+
+/// Which array holds the targets: `y` (class labels) or `target` (numbers),
+/// `y` when neither is given; both is an error.
+fn targets<'a>(
+    lua: &Lua,
+    what: &str,
+    y: &'a Option<String>,
+    target: &'a Option<String>,
+) -> mlua::Result<data::Targets<'a>> {
+    Ok(match (y, target) {
+        (Some(_), Some(_)) => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: give `y` (class labels) or `target` (numbers to predict), not both"
+                ),
+            ))
+        }
+        (None, Some(t)) => data::Targets::Values(t),
+        (Some(y), None) => data::Targets::Labels(y),
+        (None, None) => data::Targets::Labels("y"),
+    })
+}
+
+/// `taper.data.numpy{...}`: an `.npz` archive's arrays, or two `.npy` files.
+fn numpy_source(lua: &Lua, opts: Value) -> mlua::Result<super::data::DataHandle> {
+    const WHAT: &str = "taper.data.numpy";
+    let o: NumpyOpts = decode(lua, WHAT, opts)?;
+    check_scale(lua, WHAT, o.scale)?;
+    let y = targets(lua, WHAT, &o.y, &o.target)?;
+    let src = match &o.path {
+        Some(p) => {
+            check_files(lua, WHAT, &[p])?;
+            if p.extension().is_some_and(|e| e == "npy") {
+                return Err(config_error(
+                    lua,
+                    format!("{WHAT}: {} is one array (an .npy file); name the inputs' and the targets' files: taper.data.numpy{{ x = \"x.npy\", y = \"y.npy\" }}", p.display()),
+                ));
+            }
+            data::numpy(Some(p), o.x.as_deref().unwrap_or("x"), y, o.scale, &o.split)
+        }
+        None => {
+            let (Some(x), Some(yfile)) = (&o.x, o.y.as_ref().or(o.target.as_ref())) else {
+                return Err(config_error(
+                    lua,
+                    format!("{WHAT}: give `path` (an .npz archive), or the .npy files of the inputs (`x`) and of the targets (`y`, or `target` for numbers to predict)"),
+                ));
+            };
+            check_files(
+                lua,
+                WHAT,
+                &[std::path::Path::new(x), std::path::Path::new(yfile)],
+            )?;
+            data::numpy(None, x, y, o.scale, &o.split)
+        }
+    };
+    Ok(source(src.map_err(|e| at_caller(lua, WHAT, e))?))
+}
+
 fn x_name() -> String {
     "x".into()
 }
@@ -265,23 +337,14 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             let o: SafetensorsOpts = decode(lua, "taper.data.safetensors", opts)?;
             check_scale(lua, "taper.data.safetensors", o.scale)?;
             check_files(lua, "taper.data.safetensors", &[&o.path])?;
-            let y = match (&o.y, &o.target) {
-                (Some(_), Some(_)) => {
-                    return Err(config_error(
-                        lua,
-                        "taper.data.safetensors: give `y` (class labels) or `target` (numbers to predict), not both",
-                    ))
-                }
-                (None, Some(t)) => data::Targets::Values(t),
-                (Some(y), None) => data::Targets::Labels(y),
-                (None, None) => data::Targets::Labels("y"),
-            };
+            let y = targets(lua, "taper.data.safetensors", &o.y, &o.target)?;
             Ok(source(
                 data::samples(&o.path, &o.x, y, o.scale, &o.split)
                     .map_err(|e| at_caller(lua, "taper.data.safetensors", e))?,
             ))
         })?,
     )?;
+    t.set("numpy", lua.create_function(numpy_source)?)?;
     t.set(
         "images",
         lua.create_function(|lua, opts: Value| {
