@@ -151,7 +151,7 @@ def main():
             nn.Unflatten(1, (1, 28, 28)),
             nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.ReLU(), nn.Linear(16 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10),
+            nn.Flatten(), nn.Linear(16 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10),
         ).to(dev)
         x, y = torch.randn(b, 784, device=dev), torch.randint(0, 10, (b,), device=dev)
         loss_fn = lambda: F.cross_entropy(model(x).float(), y)

@@ -496,15 +496,21 @@ fn export_onnx(run: &Path, model: &Path) -> Result<()> {
     Ok(())
 }
 
-/// onnx's checker and onnxruntime on an ONNX export (interop_check.py
-/// onnx-logits): the logits of `x` and the model's metadata.
-fn onnx_logits(model: &Path, x: &Tensor) -> Result<Value> {
+/// `x` as interop_check.py reads an input: JSON of its shape and values.
+fn input_json(x: &Tensor) -> Result<tempfile::NamedTempFile> {
     let input = tempfile::NamedTempFile::new()?;
     let data: Vec<f32> = x.flatten_all()?.to_vec1()?;
     std::fs::write(
         input.path(),
         serde_json::to_string(&serde_json::json!({ "shape": x.dims(), "data": data }))?,
     )?;
+    Ok(input)
+}
+
+/// onnx's checker and onnxruntime on an ONNX export (interop_check.py
+/// onnx-logits): the logits of `x` and the model's metadata.
+fn onnx_logits(model: &Path, x: &Tensor) -> Result<Value> {
+    let input = input_json(x)?;
     check_with(
         "onnx, onnxruntime",
         &[
@@ -513,6 +519,59 @@ fn onnx_logits(model: &Path, x: &Tensor) -> Result<Value> {
             input.path().to_str().unwrap(),
         ],
     )
+}
+
+/// A CNN with each activation computes the logits of the PyTorch model the
+/// reference describes (interop_check.py torch-cnn: `Conv2d`, the
+/// activation and `MaxPool2d(2)` per stage, `Flatten`, then `Linear`
+/// layers with the activation between them), given taper's weights: within
+/// 1e-5, relative to the largest. An odd size checks the pool's floor.
+#[test]
+fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
+    use std::sync::Arc;
+    use taper::engine::optim::OptimSpec;
+    use taper::engine::{Activation, Cnn, ModelSpec, Trainer, TrainerOptions};
+    let dir = tempfile::tempdir()?;
+    for activation in [
+        Activation::Relu,
+        Activation::Gelu,
+        Activation::Tanh,
+        Activation::Silu,
+    ] {
+        let spec = Cnn {
+            input: [3, 9, 7],
+            channels: vec![4, 6],
+            hidden: vec![8],
+            outputs: 5,
+            activation,
+        };
+        let options = serde_json::to_string(&spec)?;
+        let spec: Arc<dyn ModelSpec> = Arc::new(spec);
+        let trainer = Trainer::new(
+            spec.clone(),
+            &OptimSpec::AdamW(Default::default()),
+            TrainerOptions::default(),
+        )?;
+        let x = Tensor::randn(0f32, 1.0, vec![3, 3, 9, 7], &Device::Cpu)?;
+        let ours = trainer.frozen()?.forward(&x)?.to_vec2::<f32>()?;
+        let weights = dir.path().join("cnn.safetensors");
+        candle_core::safetensors::save(&trainer.params().tensors(), &weights)?;
+        let input = input_json(&x)?;
+        let theirs = check_with(
+            "torch",
+            &[
+                "torch-cnn",
+                weights.to_str().unwrap(),
+                &options,
+                input.path().to_str().unwrap(),
+            ],
+        )?;
+        let largest = ours.iter().flatten().fold(1f32, |m, v| m.max(v.abs())) as f64;
+        let diff = max_diff(&ours, &theirs["logits"]) / largest;
+        eprintln!("{activation:?}: logits differ from PyTorch's by {diff:.1e} (relative)");
+        assert!(diff < 1e-5, "{activation:?}: logits differ by {diff}");
+    }
+    Ok(())
 }
 
 /// MLPs and CNNs with each activation, exported as ONNX: onnx's full check

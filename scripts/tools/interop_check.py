@@ -302,6 +302,39 @@ def csv_standardize(path, label, features):
                       "x": z.tolist()}))
 
 
+def torch_cnn(weights, spec, input_json):
+    """The logits of `taper.model.cnn{...}` (`spec`, its options as JSON)
+    built from PyTorch layers as the reference documents it: per channel
+    count a 3x3 convolution (padding 1), the activation and a 2x2 max-pool;
+    then flattened into the dense layers, the activation between them."""
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+    from torch import nn
+
+    w, spec = load_file(weights), json.loads(spec)
+    act = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU,
+           "gelu": lambda: nn.GELU(approximate="tanh")}[spec["activation"]]
+    layers, (c, h, wd) = [], spec["input"]
+    for i, out in enumerate(spec["channels"]):
+        conv = nn.Conv2d(c, out, 3, padding=1)
+        conv.load_state_dict({"weight": w[f"conv{i}.weight"], "bias": w[f"conv{i}.bias"]})
+        layers += [conv, act(), nn.MaxPool2d(2)]
+        c, h, wd = out, h // 2, wd // 2
+    layers.append(nn.Flatten())
+    sizes = [c * h * wd] + spec["hidden"] + [spec["outputs"]]
+    for j in range(len(sizes) - 1):
+        fc = nn.Linear(sizes[j], sizes[j + 1])
+        fc.load_state_dict({"weight": w[f"fc{j}.weight"], "bias": w[f"fc{j}.bias"]})
+        layers += [fc] + ([act()] if j + 2 < len(sizes) else [])
+    with open(input_json) as f:
+        x = json.load(f)
+    x = torch.tensor(np.asarray(x["data"], dtype=np.float32).reshape(x["shape"]))
+    with torch.no_grad():
+        logits = nn.Sequential(*layers)(x)
+    print(json.dumps({"logits": logits.tolist()}))
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "hf-random":
@@ -326,6 +359,8 @@ def main():
         numpy_write(args[0])
     elif cmd == "onnx-samples":
         onnx_samples(args[0], args[1], args[2], args[3])
+    elif cmd == "torch-cnn":
+        torch_cnn(args[0], args[1], args[2])
     elif cmd == "csv-standardize":
         csv_standardize(args[0], args[1], args[2])
     else:

@@ -50,8 +50,7 @@ impl Module for CnnNet {
                 _ => max_pool_2x2(&self.act.apply(&y)?)?,
             };
         }
-        let x = self.act.apply(&x.flatten_from(1)?)?;
-        self.head.forward(&x)
+        self.head.forward(&x.flatten_from(1)?)
     }
 }
 

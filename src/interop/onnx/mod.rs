@@ -363,8 +363,8 @@ impl Builder<'_> {
         Ok(x)
     }
 
-    /// The convolution stages, then the activation on the flattened
-    /// features (as `CnnNet::forward` applies it), then the dense head.
+    /// The convolution stages (as `CnnNet::forward`), flattened, then the
+    /// dense head.
     fn cnn(&mut self, c: &Cnn, mut x: String) -> Result<String> {
         let [mut in_c, mut h, mut w] = c.input;
         for (i, &out_c) in c.channels.iter().enumerate() {
@@ -384,7 +384,6 @@ impl Builder<'_> {
             (in_c, h, w) = (out_c, h / 2, w / 2);
         }
         x = self.node("Flatten", &[&x], vec![int("axis", 1)]);
-        x = self.activation(&x, c.activation);
         let mut sizes = vec![in_c * h * w];
         sizes.extend(&c.hidden);
         sizes.push(c.outputs);
