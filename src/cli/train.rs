@@ -69,6 +69,17 @@ pub fn train_options(
             }
             path
         });
+    // `--resume auto` in a folder of a run stopped before its first
+    // checkpoint: nothing to continue, so it starts over, and says so.
+    if let (true, None, Some(dir)) = (auto && writer, &resume, out.as_deref()) {
+        let records = dir.join("metrics.jsonl");
+        if std::fs::metadata(&records).is_ok_and(|m| m.len() > 0) {
+            taper::tell!(
+                "taper: --resume auto: {} holds no checkpoint (the run before stopped before its first save): starting at step 0; the records go on after the earlier ones",
+                dir.display()
+            );
+        }
+    }
     // A new run's own folder (rank 0 of several chose it in join_world).
     let out = match out {
         Some(out) => out,

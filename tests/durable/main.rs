@@ -683,7 +683,12 @@ fn resume_arguments_and_run_folders_get_clear_errors() {
     ))
     .output()
     .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("holds no checkpoint") && err.contains("starting at step 0"),
+        "says it starts over: {err}"
+    );
     assert_eq!(records(&job, "config").len(), 2, "appended");
 
     // A recipe error after its config record leaves records and no
