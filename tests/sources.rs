@@ -609,6 +609,76 @@ fn a_safetensors_target_trains_a_regression_to_the_least_squares_error() -> Resu
     Ok(())
 }
 
+/// Samples shaped as NumPy and PyTorch hold images train as flat ones do:
+/// an MLP reads `[n, 4, 4]` in order, a CNN takes `[n, 1, 4, 4]` and (grey)
+/// `[n, 4, 4]`, each to the same loss, bitwise, as the flat file. A
+/// channels-last file (`[n, 4, 4, 3]`, as Keras holds images), which has as
+/// many values as the CNN's `{3, 4, 4}` but in another order, is refused
+/// before a step, saying to transpose it; `[n, 3, 4, 4]` trains.
+#[test]
+fn shaped_samples_train_as_flat_ones_and_channels_last_is_refused() -> Result<()> {
+    use candle_core::{Device, Tensor};
+    let dir = tempfile::tempdir()?;
+    let n = 64;
+    let x = Tensor::randn(0f32, 1.0, (n, 3, 4, 4), &Device::Cpu)?;
+    // The class: whether the first channel's top half outweighs its bottom.
+    let top = x.narrow(1, 0, 1)?.narrow(2, 0, 2)?.sum((1, 2, 3))?;
+    let bottom = x.narrow(1, 0, 1)?.narrow(2, 2, 2)?.sum((1, 2, 3))?;
+    let y = top.ge(&bottom)?.to_dtype(candle_core::DType::U32)?;
+    let grey = x.narrow(1, 0, 1)?.contiguous()?;
+    let save = |name: &str, x: Tensor| -> Result<()> {
+        candle_core::safetensors::save(
+            &std::collections::HashMap::from([("x", x), ("y", y.clone())]),
+            dir.path().join(name),
+        )?;
+        Ok(())
+    };
+    save("flat.safetensors", grey.reshape((n, 16))?)?;
+    save("grey.safetensors", grey.reshape((n, 4, 4))?)?;
+    save("chw.safetensors", grey.clone())?;
+    save("rgb.safetensors", x.clone())?;
+    save(
+        "rgb_last.safetensors",
+        x.permute((0, 2, 3, 1))?.contiguous()?,
+    )?;
+    let train = |file: &str, model: &str| -> taper::Result<f64> {
+        let recipe = format!(
+            r#"
+            local data = taper.data.safetensors{{ path = "{}", scale = 1 }}
+            local run = taper.run{{ model = {model}, data = data:batch(16), seed = 3 }}
+            for _ in run:epochs(3) do
+              for b in run:batches() do run:step(b) end
+            end
+            run:evaluate(data:batch(64))
+            "#,
+            dir.path().join(file).display()
+        );
+        let report =
+            taper::Host::new(taper::HostOptions::default())?.run_source("recipe.lua", &recipe)?;
+        Ok(report.runs[0].last_eval.expect("an evaluation").loss)
+    };
+    let mlp = "taper.model.mlp{ inputs = 16, hidden = { 8 }, outputs = 2 }";
+    let cnn = |c: usize| {
+        format!("taper.model.cnn{{ input = {{ {c}, 4, 4 }}, channels = {{ 4 }}, outputs = 2 }}")
+    };
+    let flat = train("flat.safetensors", mlp)?;
+    assert_eq!(train("grey.safetensors", mlp)?.to_bits(), flat.to_bits());
+    assert!(flat.is_finite(), "loss {flat}");
+    let flat = train("flat.safetensors", &cnn(1))?;
+    for file in ["grey.safetensors", "chw.safetensors"] {
+        assert_eq!(train(file, &cnn(1))?.to_bits(), flat.to_bits(), "{file}");
+    }
+    assert!(train("rgb.safetensors", &cnn(3))?.is_finite());
+    let e = err_text(train("rgb_last.safetensors", &cnn(3)));
+    assert!(
+        e.contains("each sample has shape [4, 4, 3], the model takes [3, 4, 4]")
+            && e.contains("channels last")
+            && e.contains("np.transpose(x, (0, 3, 1, 2))"),
+        "{e}"
+    );
+    Ok(())
+}
+
 /// A small tokenizer.json (word level, split on whitespace), in the format the
 /// `tokenizers` library writes.
 const TOKENIZER: &str = r#"{

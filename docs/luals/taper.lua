@@ -362,14 +362,15 @@ function Model:describe() end
 
 taper.model = {}
 
----A multi-layer perceptron. `{from = RUN, outputs?}`: the model a run trained, from its
+---A multi-layer perceptron; shaped samples are read flat. `{from = RUN, outputs?}`: the model a run trained, from its
 ---checkpoint, with a new head when `outputs` differs (fine-tuning).
 ---@param opts {inputs?: integer, hidden?: integer[], outputs?: integer, activation?: taper.Activation, from?: string}
 ---@return taper.Model
 function taper.model.mlp(opts) end
 
 ---Convolutions (3x3, padding 1, then activation and 2x2 max-pool) and a dense head.
----`input` is `{channels, height, width}`; flat samples are reshaped to it.
+---`input` is `{channels, height, width}`; flat samples are reshaped to it (channels-last
+---samples, `[n, H, W, C]`, are refused: transpose them).
 ---`{from = RUN, outputs?}`: the model a run trained, from its checkpoint, with a new
 ---head when `outputs` differs (fine-tuning).
 ---@param opts {input?: integer[], channels?: integer[], hidden?: integer[], outputs?: integer, activation?: taper.Activation, from?: string}

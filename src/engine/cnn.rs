@@ -90,6 +90,7 @@ impl ModelSpec for Cnn {
             features: Some(self.input.iter().product()),
             vocab: None,
             classes: Some(self.outputs),
+            image: Some(self.input),
         }
     }
     fn config(&self) -> Option<serde_json::Value> {

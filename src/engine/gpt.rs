@@ -246,6 +246,7 @@ impl ModelSpec for Gpt {
             features: None,
             vocab: Some(self.vocab),
             classes: Some(self.vocab),
+            image: None,
         }
     }
 }

@@ -72,6 +72,19 @@ impl Dense {
     }
 }
 
+/// An MLP: its dense layers, taking samples flat or shaped (a NumPy array
+/// of `[n, 28, 28]` images), whose values it reads in order.
+struct MlpNet(Dense);
+
+impl Module for MlpNet {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match x.rank() {
+            0..=2 => self.0.forward(x),
+            _ => self.0.forward(&x.flatten_from(1)?),
+        }
+    }
+}
+
 impl Module for Dense {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut x = x.clone();
@@ -96,6 +109,7 @@ impl ModelSpec for Mlp {
             features: Some(self.inputs),
             vocab: None,
             classes: Some(self.outputs),
+            image: None,
         }
     }
     fn config(&self) -> Option<serde_json::Value> {
@@ -107,12 +121,12 @@ impl ModelSpec for Mlp {
         format!("mlp {} {}", sizes.join("-"), self.activation.name())
     }
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
-        Ok(Box::new(Dense::new(
+        Ok(Box::new(MlpNet(Dense::new(
             &vb,
             "fc",
             &self.sizes(),
             self.activation,
-        )?))
+        )?)))
     }
 }
 

@@ -91,6 +91,10 @@ pub struct Interface {
     pub vocab: Option<usize>,
     /// Integer targets: every one is below this (classes, or the vocabulary).
     pub classes: Option<usize>,
+    /// Image inputs, `[channels, height, width]` (a CNN's): a sample shaped
+    /// otherwise than flat or so (a grey one also `[height, width]`) is
+    /// refused, since its values would be read in another order.
+    pub image: Option<[usize; 3]>,
 }
 
 /// ` (0 to n-1)`, or nothing for none.
@@ -131,6 +135,9 @@ pub fn check_batch(
                 ),
             )));
         }
+    }
+    if let Some(why) = i.image.and_then(|chw| image_shape(chw, &x.dims()[1..])) {
+        return Ok(Err((None, why)));
     }
     if let Some(v) = i.vocab {
         if floats {
@@ -173,6 +180,25 @@ pub fn check_batch(
         }
     }
     Ok(Ok(()))
+}
+
+/// Why samples of shape `dims` cannot be a CNN's `[c, h, w]` input, though
+/// they hold as many values: any shape but flat, `[c, h, w]` and (grey)
+/// `[h, w]` would have its values read in another order, as channels-last
+/// arrays (NumPy images, Keras) would.
+fn image_shape([c, h, w]: [usize; 3], dims: &[usize]) -> Option<String> {
+    if dims.len() <= 1 || dims == [c, h, w] || (c == 1 && dims == [h, w]) {
+        return None;
+    }
+    let hint = if dims == [h, w, c] {
+        ": they are channels last (height, width, channels, as NumPy and Keras images are); put the channels first, np.transpose(x, (0, 3, 1, 2)), or flatten them in that order"
+    } else {
+        ""
+    };
+    Some(format!(
+        "each sample has shape {dims:?}, the model takes {:?} (channels, height, width), or the same values flat{hint}",
+        [c, h, w]
+    ))
 }
 
 /// The first NaN or infinite element of a float tensor: (flat index, value).
