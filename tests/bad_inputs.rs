@@ -501,6 +501,30 @@ run:evaluate(val)
             ],
         },
         Case {
+            name: "a misspelt method of a run, reached after training",
+            recipe: r#"local run = taper.run{ model = taper.model.mlp{ inputs = 64, outputs = 10 }, data = taper.data.digits{}:batch(64) }
+for _ in run:epochs(1) do
+  for batch in run:batches() do run:step(batch) end
+  run:evalute(taper.data.digits{ split = "test" })
+end
+"#,
+            args: &[],
+            code: 2,
+            says: &[
+                "recipe.lua:4: a taper run has no `evalute`; did you mean `evaluate`? Its methods and fields: steps, epoch,",
+                "checkpoint written",
+            ],
+        },
+        Case {
+            name: "a misspelt field of a batch",
+            recipe: r#"local data = taper.data.digits{}:batch(64)
+for batch in data:batches() do print(batch.sise) end
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:2: a taper batch has no `sise`; did you mean `size`?"],
+        },
+        Case {
             name: "a negative number of epochs",
             recipe: DIGITS_MLP,
             args: &["--set", "epochs=-1"],

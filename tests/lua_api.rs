@@ -288,7 +288,9 @@ end"#)
     .expect_err("no such field");
     let msg = render_error(&e);
     assert!(
-        msg.starts_with("recipe.lua:3: attempt to get an unknown field 'sizee' of a taper object"),
+        msg.starts_with(
+            "recipe.lua:3: a taper batch has no `sizee`; did you mean `size`? Its methods and fields: size, indices"
+        ),
         "{msg}"
     );
 }

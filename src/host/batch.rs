@@ -48,6 +48,7 @@ impl UserData for BatchHandle {
         f.add_field_method_get("indices", |_, this| Ok(this.get()?.indices.clone()));
     }
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Batch");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             Ok(match this.get() {
                 Ok(b) => format!("taper.batch({} samples, x {:?})", b.len(), b.x.dims()),

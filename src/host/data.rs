@@ -45,6 +45,7 @@ impl UserData for DataHandle {
     }
 
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Data");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             Ok(format!("taper.data({})", this.0.describe()))
         });

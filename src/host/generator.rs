@@ -48,6 +48,7 @@ impl UserData for GeneratorHandle {
         f.add_field_method_get("split_name", |_, this| Ok(this.split.clone()));
     }
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Generator");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             Ok(match &this.kind {
                 Kind::Generator(_) => format!("taper.data(generator at {})", this.place),

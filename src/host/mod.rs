@@ -12,6 +12,7 @@ mod folder_lock;
 mod generate;
 mod generator;
 mod host_options;
+mod members;
 mod models;
 mod oom;
 mod oom_policy;

@@ -16,6 +16,7 @@ pub struct ModelHandle(pub Arc<dyn ModelSpec>);
 
 impl UserData for ModelHandle {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Model");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             Ok(format!("taper.model({})", this.0.describe()))
         });
@@ -36,6 +37,7 @@ pub struct OptimHandle(pub OptimSpec);
 
 impl UserData for OptimHandle {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Optim");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             Ok(format!("taper.optim({})", this.0.describe()))
         });
@@ -47,6 +49,7 @@ pub struct LossHandle(pub Loss);
 
 impl UserData for LossHandle {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Loss");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             Ok(format!("taper.loss({})", this.0.describe()))
         });

@@ -19,7 +19,9 @@ pub(crate) fn location(lua: &Lua) -> String {
                 || src
                     .short_src
                     .as_deref()
-                    .is_some_and(|s| s.starts_with("taper/"))
+                    // taper's own Lua, and mlua's (`__mlua_index`, which
+                    // calls a handle's `__index` for a member it lacks).
+                    .is_some_and(|s| s.starts_with("taper/") || s.starts_with("__mlua"))
             {
                 return None;
             }

@@ -89,6 +89,7 @@ impl UserData for PluginHandle {
     }
 
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Plugin");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             let l = &this.0.lib;
             Ok(format!(

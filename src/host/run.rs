@@ -385,6 +385,7 @@ impl UserData for RunHandle {
     }
 
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Run");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             let r = this.get()?;
             Ok(format!(

@@ -15,6 +15,7 @@ pub struct ScheduleHandle(pub Rc<RefCell<dyn Schedule>>);
 
 impl UserData for ScheduleHandle {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        super::members::unknown_is_an_error(m, "Schedule");
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             Ok(format!("taper.schedule({})", this.0.borrow().describe()))
         });
