@@ -738,6 +738,56 @@ fn an_image_folder_of_splits_gets_a_warning() {
     );
 }
 
+/// A test part evaluated under the training part's name (`all`: a split
+/// whose parts were not named), whose eval records would read as the
+/// training data's, is warned of once, at the recipe's line. Named parts,
+/// the training data itself and a `take` of it are not.
+#[test]
+fn evaluating_other_data_under_the_training_datas_name_is_warned_of_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: String = (0..40)
+        .map(|i| format!("{},{},{}\n", i * 10, (i * 7) % 13, i % 2))
+        .collect();
+    let csv = write(dir.path(), "t.csv", &format!("a,b,c\n{rows}"));
+    let recipe = |named: bool| {
+        format!(
+            r#"local d = taper.data.csv{{ path = {:?}, label = "c" }}
+local train, test = d:split{{ 0.5, 0.5, seed = 1 }}
+{}
+local run = taper.run{{ model = taper.model.mlp{{ inputs = 2, outputs = 2 }}, data = train:batch(4) }}
+for _ in run:epochs(2) do
+  for b in run:batches() do run:step(b) end
+  run:evaluate(train)
+  run:evaluate(train:take(8))
+  run:evaluate(test)
+end
+"#,
+            s(&csv),
+            if named {
+                "train, test = train:named(\"train\"), test:named(\"test\")"
+            } else {
+                ""
+            }
+        )
+    };
+    for named in [false, true] {
+        let r = write(dir.path(), "r.lua", &recipe(named));
+        let out = dir.path().join(format!("out-{named}"));
+        let o = taper(&["train", s(&r), "--quiet", "--out", s(&out)]);
+        let (_, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        let warned = err
+            .matches("r.lua:9: run:evaluate on data named `all`, as the run's training data is, but other samples")
+            .count();
+        assert_eq!(warned, usize::from(!named), "{err}");
+        assert_eq!(
+            err.matches("run:evaluate on data named").count(),
+            warned,
+            "{err}"
+        );
+    }
+}
+
 /// Evaluating raw table rows with a model trained on standardized ones (a
 /// test part whose `:standardize(train)` was forgotten) is warned of, once,
 /// at the recipe's line; standardized as the training data was, it is not.

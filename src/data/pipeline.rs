@@ -171,6 +171,17 @@ impl Pipeline {
         self.start.min(end)..end
     }
 
+    /// Whether this reads some of the samples `other` reads, as far as can
+    /// be told: the same source (or one described alike: the same file
+    /// opened again), over ranges that meet. `train:take(500)` overlaps
+    /// `train`; the parts of a split do not, nor two files.
+    pub fn overlaps(&self, other: &Pipeline) -> bool {
+        let (a, b) = (self.range(), other.range());
+        let same = Arc::ptr_eq(&self.source, &other.source)
+            || self.source.describe() == other.source.describe();
+        same && a.start < b.end && b.start < a.end
+    }
+
     /// Keeps the first `n` samples (before any shuffle).
     pub fn take(mut self, n: usize) -> Self {
         let r = self.range();
@@ -196,9 +207,11 @@ impl Pipeline {
         };
         let r = self.range();
         let perm = Permutation::new(r.len(), seed, "split");
+        let n = contiguous.len();
         Ok(contiguous
             .into_iter()
-            .map(|part| {
+            .enumerate()
+            .map(|(i, part)| {
                 let pr = part.range();
                 let indices = (pr.start - r.start..pr.end - r.start)
                     .map(|i| r.start + perm.get(i))
@@ -207,6 +220,7 @@ impl Pipeline {
                 p.source = Arc::new(Subset {
                     inner: self.source.clone(),
                     indices,
+                    part: (i + 1, n),
                 });
                 p.start = 0;
                 p.end = None;
@@ -360,6 +374,8 @@ pub enum Stats<'a> {
 struct Subset {
     inner: Arc<dyn Source>,
     indices: Vec<usize>,
+    /// Which part of the split this is, and of how many (from 1).
+    part: (usize, usize),
 }
 
 impl Source for Subset {
@@ -370,7 +386,12 @@ impl Source for Subset {
         self.inner.split()
     }
     fn describe(&self) -> String {
-        format!("{} subset of {}", self.inner.describe(), self.indices.len())
+        let (i, n) = self.part;
+        format!(
+            "{} part {i} of {n} ({} samples, seeded)",
+            self.inner.describe(),
+            self.indices.len()
+        )
     }
     fn gather(&self, indices: &[usize]) -> Result<(candle_core::Tensor, candle_core::Tensor)> {
         let mapped: Vec<usize> = indices.iter().map(|&i| self.indices[i]).collect();

@@ -221,6 +221,16 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         r.core
             .check_classes(&whose, p.source().classes())
             .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
+        if let (false, Some(Feed::Pipeline(train))) = (r.warned_same_name, &r.data) {
+            let name = p.split_name();
+            if train.split_name() == name && !train.overlaps(p) {
+                r.warned_same_name = true;
+                host.out.warn(&format!(
+                    "{}run:evaluate on data named `{name}`, as the run's training data is, but other samples: its eval records would read as the training data's; name the parts, e.g. `train:named(\"train\")`, `test:named(\"test\")`, or give each file's `split`",
+                    super::options::location(lua)
+                ));
+            }
+        }
         if !r.warned_unstandardized && unstandardized(&r.core, p) {
             r.warned_unstandardized = true;
             host.out.warn(&format!(

@@ -79,6 +79,7 @@ fn create(
             .unwrap_or(crate::run::periodic::DEFAULT_KEEP),
         saves_seen: 0,
         warned_unstandardized: false,
+        warned_same_name: false,
         plan: None,
         declared,
         last_good: None,

@@ -33,6 +33,9 @@ pub(crate) struct RunState {
     pub saves_seen: u64,
     /// Whether `run:evaluate` warned of data left unstandardized (once).
     pub warned_unstandardized: bool,
+    /// Whether `run:evaluate` warned of other data under the training
+    /// data's split name (once).
+    pub warned_same_name: bool,
     /// With a memory budget: the planner's prediction, which each epoch
     /// record puts next to the measured peak.
     pub plan: Option<crate::memory::planner::Plan>,
