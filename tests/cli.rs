@@ -738,6 +738,14 @@ fn an_image_folder_of_splits_gets_a_warning() {
     );
 }
 
+/// `t.csv` in `dir`: 40 rows of two number features `a`, `b` and a label `c`.
+fn two_features(dir: &Path) -> PathBuf {
+    let rows: String = (0..40)
+        .map(|i| format!("{},{},{}\n", i * 10, (i * 7) % 13, i % 2))
+        .collect();
+    write(dir, "t.csv", &format!("a,b,c\n{rows}"))
+}
+
 /// A test part evaluated under the training part's name (`all`: a split
 /// whose parts were not named), whose eval records would read as the
 /// training data's, is warned of once, at the recipe's line. Named parts,
@@ -745,10 +753,7 @@ fn an_image_folder_of_splits_gets_a_warning() {
 #[test]
 fn evaluating_other_data_under_the_training_datas_name_is_warned_of_once() {
     let dir = tempfile::tempdir().unwrap();
-    let rows: String = (0..40)
-        .map(|i| format!("{},{},{}\n", i * 10, (i * 7) % 13, i % 2))
-        .collect();
-    let csv = write(dir.path(), "t.csv", &format!("a,b,c\n{rows}"));
+    let csv = two_features(dir.path());
     let recipe = |named: bool| {
         format!(
             r#"local d = taper.data.csv{{ path = {:?}, label = "c" }}
@@ -794,10 +799,7 @@ end
 #[test]
 fn evaluating_unstandardized_data_is_warned_of_once() {
     let dir = tempfile::tempdir().unwrap();
-    let rows: String = (0..40)
-        .map(|i| format!("{},{},{}\n", i * 10, (i * 7) % 13, i % 2))
-        .collect();
-    let csv = write(dir.path(), "t.csv", &format!("a,b,c\n{rows}"));
+    let csv = two_features(dir.path());
     let recipe = |forget: bool| {
         format!(
             r#"local d = taper.data.csv{{ path = {:?}, label = "c" }}
