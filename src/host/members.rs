@@ -14,7 +14,7 @@ use super::options::config_error;
 
 const ANNOTATIONS: &str = include_str!("../../docs/luals/taper.lua");
 
-/// Makes reading a member `class` (`Run`, `Data`, ...) lacks an error.
+/// Makes reading a member that `class` (`Run`, `Data`, ...) lacks an error.
 pub(crate) fn unknown_is_an_error<T: UserData, M: UserDataMethods<T>>(
     m: &mut M,
     class: &'static str,
@@ -28,7 +28,8 @@ pub(crate) fn unknown_is_an_error<T: UserData, M: UserDataMethods<T>>(
     });
 }
 
-/// `taper.Run has no member `evalute`; did you mean `evaluate`? ...`.
+/// "a taper run has no `evalute`; did you mean `evaluate`? Its methods and
+/// fields: ..."
 fn unknown(class: &str, key: &str) -> String {
     let names = members(class);
     // The closest (Jaro-Winkler, as clap suggests), and any as close.
@@ -47,7 +48,7 @@ fn unknown(class: &str, key: &str) -> String {
         .collect();
     let lower = class.to_lowercase();
     let hint = match near.len() {
-        0 => String::new(),
+        0 => ".".to_string(),
         _ => format!("; did you mean {}?", near.join(" or ")),
     };
     match names.is_empty() {
@@ -101,6 +102,9 @@ mod tests {
         let e = unknown("Run", "evalute");
         assert!(e.contains("did you mean `evaluate`?"), "{e}");
         let e = unknown("Batch", "zzzz");
-        assert!(!e.contains("did you mean") && e.contains("size"), "{e}");
+        assert!(
+            e.starts_with("a taper batch has no `zzzz`. Its methods and fields: size"),
+            "{e}"
+        );
     }
 }
