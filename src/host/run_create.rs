@@ -10,7 +10,7 @@ use candle_core::DType;
 use mlua::{Lua, Table};
 use serde_json::Map;
 
-use super::options::config_error;
+use super::options::{at_caller, config_error};
 use super::run_state::{RunHandle, RunState};
 use super::state;
 use crate::engine::checkpoint;
@@ -91,7 +91,10 @@ fn create(
         run.plan = (plan.batch > 0).then_some(plan);
     }
     if let Some(path) = resume_path(host, id).map_err(lua_err)? {
-        if let Some(notice) = run.resume(lua, &path).map_err(lua_err)? {
+        // A checkpoint that does not fit the recipe (another model, other
+        // classes) is the recipe's error, at its `taper.run` line.
+        let resumed = run.resume(lua, &path);
+        if let Some(notice) = resumed.map_err(|e| at_caller(lua, "taper.run", e))? {
             host.out.tell(&notice);
         }
         host.out.line(&format!(

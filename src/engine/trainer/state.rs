@@ -42,14 +42,15 @@ impl Trainer {
     pub fn load(&mut self, path: &Path) -> Result<CheckpointMeta> {
         let (tensors, meta) = checkpoint::load(path, &self.opts.device)?;
         if meta.model != self.spec.describe() {
-            return Err(Error::Checkpoint {
-                path: path.to_path_buf(),
-                msg: format!(
-                    "it holds `{}`, the recipe builds `{}`",
-                    meta.model,
-                    self.spec.describe()
-                ),
-            });
+            // The recipe's model changed since the run: a usage error.
+            return Err(Error::Config(format!(
+                "resuming {}: it holds `{}`, the recipe builds `{}`; a changed \
+                 model cannot continue this run: start it in another folder \
+                 (--out), or resume with the model the checkpoint holds",
+                path.display(),
+                meta.model,
+                self.spec.describe()
+            )));
         }
         let mut model = HashMap::new();
         let mut state = HashMap::new();
