@@ -210,7 +210,17 @@ fn config_overrides_are_typed_by_default() -> Result<()> {
         "taper.config{ epochs = 20, lr = 1.0 }",
     ));
     assert!(
-        msg.contains("unknown config key `epoch`; the recipe declares: epochs, lr"),
+        msg.contains(
+            "unknown config key `epoch`; did you mean `epochs`? The recipe declares: epochs, lr"
+        ),
+        "{msg}"
+    );
+    let msg = recipe_error(run_with(
+        &[("zzz", "2")],
+        "taper.config{ epochs = 20, lr = 1.0 }",
+    ));
+    assert!(
+        msg.contains("unknown config key `zzz`; the recipe declares: epochs, lr"),
         "{msg}"
     );
     let msg = recipe_error(run_with(&[("epochs", "2")], "local x = 1"));

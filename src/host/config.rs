@@ -33,13 +33,15 @@ fn config(lua: &Lua, defaults: Table) -> mlua::Result<Table> {
         let default: Value = defaults.get(key.as_str())?;
         let value = match default {
             Value::Nil => {
+                let hint = super::members::did_you_mean(key, &declared)
+                    .map_or("the".to_string(), |h| format!("{h} The"));
                 return Err(config_error(
                     lua,
                     format!(
-                        "--set {key}={raw}: unknown config key `{key}`; the recipe declares: {}",
+                        "--set {key}={raw}: unknown config key `{key}`; {hint} recipe declares: {}",
                         declared.join(", ")
                     ),
-                ))
+                ));
             }
             Value::Integer(_) => raw.parse::<i64>().map(Value::Integer).map_err(|_| {
                 config_error(lua, format!("--set {key}={raw}: `{key}` is an integer"))

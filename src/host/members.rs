@@ -28,29 +28,34 @@ pub(crate) fn unknown_is_an_error<T: UserData, M: UserDataMethods<T>>(
     });
 }
 
-/// "a taper run has no `evalute`; did you mean `evaluate`? Its methods and
-/// fields: ..."
-fn unknown(class: &str, key: &str) -> String {
-    let names = members(class);
-    // The closest (Jaro-Winkler, as clap suggests), and any as close.
+/// "did you mean `evaluate`?" for the names closest to `key` (Jaro-Winkler,
+/// as clap suggests: the closest, and any as close), if any is close.
+pub(crate) fn did_you_mean(key: &str, names: &[impl AsRef<str>]) -> Option<String> {
     let mut near: Vec<(f64, &str)> = names
         .iter()
-        .map(|n| (strsim::jaro_winkler(key, n), *n))
+        .map(|n| (strsim::jaro_winkler(key, n.as_ref()), n.as_ref()))
         .filter(|(score, _)| *score >= 0.8)
         .collect();
     near.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let best = near.first().map_or(0.0, |n| n.0);
+    let best = near.first()?.0;
     let near: Vec<String> = near
         .iter()
         .filter(|n| n.0 >= best - 0.05)
         .take(3)
         .map(|n| format!("`{}`", n.1))
         .collect();
-    let lower = class.to_lowercase();
-    let hint = match near.len() {
-        0 => ".".to_string(),
-        _ => format!("; did you mean {}?", near.join(" or ")),
+    Some(format!("did you mean {}?", near.join(" or ")))
+}
+
+/// "a taper run has no `evalute`; did you mean `evaluate`? Its methods and
+/// fields: ..."
+fn unknown(class: &str, key: &str) -> String {
+    let names = members(class);
+    let hint = match did_you_mean(key, &names) {
+        None => ".".to_string(),
+        Some(h) => format!("; {h}"),
     };
+    let lower = class.to_lowercase();
     match names.is_empty() {
         true => format!("a taper {lower} has no `{key}`: it has no methods or fields"),
         false => format!(
