@@ -483,7 +483,11 @@ run:evaluate(taper.data.safetensors{ path = "data.safetensors", scale = 1 }:batc
 "#,
             args: &[],
             code: 2,
-            says: &["recipe.lua:1: taper.data.images: images/train does not exist; images holds `cls`"],
+            // Relative to the folder taper runs in, which the message names.
+            says: &[
+                "recipe.lua:1: taper.data.images: images/train does not exist (relative to the current folder, ",
+                "); images holds `cls`",
+            ],
         },
         Case {
             name: "a val folder that lacks a class",

@@ -26,10 +26,24 @@ pub(super) fn check_files(lua: &Lua, what: &str, paths: &[&std::path::Path]) -> 
 
 /// What is there instead of a missing `path`: its folder's entries (the
 /// first eight, sorted), or, for the recipes' own `data/`, how to fetch it.
+/// A relative path also names the folder it is relative to: the current
+/// one, which is not the recipe's.
 fn missing_hint(path: &std::path::Path) -> String {
+    let from = match (path.is_relative(), std::env::current_dir()) {
+        (true, Ok(cwd)) => format!(" (relative to the current folder, {})", cwd.display()),
+        _ => String::new(),
+    };
     if path.starts_with("data") {
-        return " (for the data sets the recipes use, run `bash scripts/fetch-data.sh`)".into();
+        let fetch = std::path::Path::new("scripts/fetch-data.sh").exists();
+        return match fetch {
+            true => format!("{from}; for the data sets the recipes use, run `bash scripts/fetch-data.sh`"),
+            false => format!("{from}; the recipes' data sets are fetched into data/ by `bash scripts/fetch-data.sh` in taper's repository: run from there"),
+        };
     }
+    from + &folder_entries(path)
+}
+
+fn folder_entries(path: &std::path::Path) -> String {
     let Some(dir) = path.parent().filter(|d| d.is_dir()) else {
         return String::new();
     };
