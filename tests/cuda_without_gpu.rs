@@ -1,0 +1,200 @@
+//! A CUDA build on a machine without a usable GPU: it starts (the CUDA
+//! libraries are loaded when a device is opened, not when the binary starts),
+//! `--device auto` trains on the CPU, and `--device cuda` is a one-line
+//! error, never a panic. A driver that sees no GPU, or one that does not
+//! match its kernel module, is a stand-in compiled here with gcc (a
+//! `libcuda.so` with `cuInit`, `cuDeviceGetCount` and `cuGetErrorString`,
+//! the calls before a device is touched).
+//!
+//! Needs the `cuda` feature and no GPU; `.ci/run` runs it:
+//!
+//!     cargo test --release --features cuda --target-dir target/cuda -p taper --test cuda_without_gpu
+#![cfg(all(feature = "cuda", not(feature = "nccl")))]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod common;
+
+/// Two epochs of the digits recipe into a fresh folder, with `env` set.
+fn digits(device: &str, env: &[(&str, &Path)]) -> (Output, tempfile::TempDir) {
+    let out = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taper"));
+    cmd.args([
+        "train",
+        "scripts/digits.lua",
+        "--set",
+        "epochs=2",
+        "--device",
+        device,
+    ])
+    .arg("--out")
+    .arg(out.path())
+    .current_dir(env!("CARGO_MANIFEST_DIR"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    (cmd.output().expect("run taper"), out)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The device the run record names.
+fn device_used(out: &Path) -> String {
+    let runs = common::records(out, "run");
+    runs[0]["device"].as_str().unwrap().to_string()
+}
+
+/// A `libcuda.so` whose `cuInit` returns `code` and which counts one GPU, in
+/// a folder of its own.
+fn stand_in_driver(code: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("cuda.c");
+    std::fs::write(
+        &src,
+        format!(
+            "int cuInit(unsigned int flags) {{ return {code}; }}\n\
+             int cuDeviceGetCount(int *n) {{ *n = 1; return 0; }}\n\
+             int cuGetErrorString(int e, const char **s) {{\n\
+               *s = e == 100 ? \"no CUDA-capable device is detected\"\n\
+                  : \"system has unsupported display driver / cuda driver combination\";\n\
+               return 0;\n\
+             }}\n"
+        ),
+    )
+    .unwrap();
+    let lib = dir.path().join("libcuda.so");
+    let made = Command::new("cc")
+        .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(made.success(), "cc could not build the stand-in libcuda.so");
+    dir
+}
+
+/// Whether none of `names` loads (from LD_LIBRARY_PATH or the system's folders).
+fn none_loads(names: &[&str]) -> bool {
+    // SAFETY: loading a CUDA library, as cudarc would.
+    names
+        .iter()
+        .all(|name| unsafe { libloading::Library::new(name) }.is_err())
+}
+
+#[test]
+fn without_a_driver_auto_trains_on_the_cpu_and_cuda_is_an_error() {
+    if !none_loads(&["libcuda.so", "libcuda.so.1"]) {
+        eprintln!(
+            "skipped: this machine has a CUDA driver (tests/cuda_kernels.rs is the GPU's test)"
+        );
+        return;
+    }
+    let (o, out) = digits("auto", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(device_used(out.path()), "cpu");
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+
+    let (o, _out) = digits("cuda", &[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("cannot open CUDA device 0: the NVIDIA driver's library (libcuda.so.1) is not on this machine")
+            && err.contains("--device cpu"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_driver_that_sees_no_gpu_means_the_cpu_quietly_under_auto() {
+    // CUDA_ERROR_NO_DEVICE: a GPU node with CUDA_VISIBLE_DEVICES empty.
+    let driver = stand_in_driver(100);
+    let env = [("LD_LIBRARY_PATH", driver.path())];
+    let (o, out) = digits("auto", &env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(device_used(out.path()), "cpu");
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+
+    let (o, _out) = digits("cuda:0", &env);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("cannot open CUDA device 0: the driver sees no GPU")
+            && err.contains("CUDA_ERROR_NO_DEVICE")
+            && err.contains("CUDA_VISIBLE_DEVICES"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_broken_driver_is_named_and_auto_still_trains_on_the_cpu() {
+    // CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: the driver's library does not match
+    // its kernel module (the driver was upgraded and the machine not rebooted).
+    let driver = stand_in_driver(803);
+    let env = [("LD_LIBRARY_PATH", driver.path())];
+    let (o, out) = digits("auto", &env);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(device_used(out.path()), "cpu");
+    assert!(
+        err.contains("warning: the CUDA driver is here but device 0 cannot be opened")
+            && err.contains("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH")
+            && err.contains("training on the CPU"),
+        "{err}"
+    );
+    // Once, at the start, not per run or epoch.
+    assert_eq!(
+        err.matches("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH").count(),
+        1,
+        "{err}"
+    );
+
+    let (o, _out) = digits("cuda", &env);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("cannot open CUDA device 0")
+            && err.contains("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_driver_without_cublas_is_named_and_auto_still_trains_on_the_cpu() {
+    // The GPU machine's usual slip: the driver is there, the toolkit's
+    // libraries (PyTorch's nvidia/cu13/lib) are not on LD_LIBRARY_PATH.
+    if !none_loads(&["libcublas.so", "libcublas.so.13", "libcublas.so.12"]) {
+        eprintln!("skipped: cuBLAS is in this machine's library folders");
+        return;
+    }
+    let driver = stand_in_driver(0);
+    let env = [("LD_LIBRARY_PATH", driver.path())];
+    let (o, out) = digits("auto", &env);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(device_used(out.path()), "cpu");
+    assert!(
+        err.contains("warning: the CUDA driver is here but device 0 cannot be opened: cuBLAS (libcublas.so.*), cuBLASLt (libcublasLt.so.*), cuRAND (libcurand.so.*) not found")
+            && err.contains("LD_LIBRARY_PATH"),
+        "{err}"
+    );
+
+    let (o, _out) = digits("cuda", &env);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot open CUDA device 0: cuBLAS"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // A GPU the driver does not have.
+    let (o, _out) = digits("cuda:3", &env);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("there is no GPU 3: the driver sees 1 (numbered from 0)"),
+        "{err}"
+    );
+}
