@@ -357,8 +357,11 @@ fn a_reload_that_changes_the_model_is_rejected_and_the_run_goes_on() {
     let reloads = events(dir.path(), "reload");
     assert_eq!(reloads.len(), 1);
     let why = reloads[0]["error"].as_str().unwrap();
+    // Not "--resume": a checkpoint cannot be resumed into another model.
     assert!(
-        why.contains("architecture") && why.contains("--resume"),
+        why.contains("architecture")
+            && why.contains("start the edited recipe with another --out")
+            && !why.contains("--resume"),
         "{why}"
     );
     assert!(why.contains("recipe.lua:2:"), "{why}");

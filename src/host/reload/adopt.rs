@@ -98,7 +98,8 @@ fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
     if was != now {
         return Err(config_error(
             lua,
-            format!("taper.run: a reload cannot change the model's architecture (running: {was}; new: {now}); {restart}"),
+            // Nor can a resume (trainer::state): a new model is a new run.
+            format!("taper.run: a reload cannot change the model's architecture (running: {was}; new: {now}); a changed model is a new run: stop this one and start the edited recipe with another --out"),
         ));
     }
     let old = r.core.trainer.optim_spec();
