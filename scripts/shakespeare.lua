@@ -1,25 +1,35 @@
--- A character-level GPT on 1 MB of Shakespeare (built into taper), with a
--- learning-rate warmup and cosine decay written in Lua. A few minutes on a
--- 2-core CPU; prints a generated sample at the end.
+-- A character-level GPT on 1 MB of Shakespeare (built into taper), or on a
+-- text file of your own, with a learning-rate warmup and cosine decay written
+-- in Lua. A few minutes on a 2-core CPU; prints a generated sample at the end.
 --   taper train scripts/shakespeare.lua
 --   taper train scripts/shakespeare.lua --set steps=100 --set sample=0   (a short run)
+--   taper train scripts/shakespeare.lua --set text=book.txt   (your UTF-8 text; its last tenth is val)
 local cfg = taper.config{
   epochs = 3, batch = 32, context = 64, lr = 6e-3,
   steps = 0, -- when > 0: the number of batches per epoch (a shortened run)
+  text = "", -- a UTF-8 text file to train on instead of the built-in Shakespeare
   width = 64, layers = 2, heads = 4, seed = 1,
   sample = 300, temperature = 0.8,
+  prompt = "", -- the sample's start (default: "ROMEO:\n", or your text's first characters)
   precision = "f32", -- or bf16, f16 (see docs/reference/lua-api.md, Mixed precision)
   val_windows = 512, val_batch = 64, -- held-out windows evaluated, and per batch
   micro_batch = 0, -- when > 0: forward and backward this many windows at a time (same gradient)
 }
 
-local train = taper.data.shakespeare{ split = "train", context = cfg.context }
+-- The characters of `split` ("train": the first nine tenths; "val": the rest).
+local function text(split)
+  if cfg.text == "" then
+    return taper.data.shakespeare{ split = split, context = cfg.context }
+  end
+  return taper.data.text{ path = cfg.text, split = split, context = cfg.context }
+end
+
+local train = text("train")
 if cfg.steps > 0 then train = train:take(cfg.steps * cfg.batch) end
 train = train:shuffle{ seed = cfg.seed }:batch(cfg.batch)
 -- A fixed slice of the held-out text keeps evaluation quick. An evaluation
 -- batch that does not fit is evaluated in smaller pieces (an OOM in `eval`).
-local val = taper.data.shakespeare{ split = "val", context = cfg.context }
-  :take(cfg.val_windows):batch(cfg.val_batch)
+local val = text("val"):take(cfg.val_windows):batch(cfg.val_batch)
 
 -- Linear warmup, then cosine decay to a tenth of the peak: a schedule written
 -- in Lua (taper.schedule.warmup_cosine{} is the built-in equivalent).
@@ -43,8 +53,9 @@ local run = taper.run{
   precision = cfg.precision,
   micro_batch = cfg.micro_batch > 0 and cfg.micro_batch or nil,
 }
-print(("shakespeare: %d windows of %d characters, vocabulary %d, %d parameters")
-  :format(#train, cfg.context, train:vocab_size(), run.parameters))
+print(("%s: %d windows of %d characters, vocabulary %d, %d parameters")
+  :format(cfg.text == "" and "shakespeare" or cfg.text, #train, cfg.context,
+    train:vocab_size(), run.parameters))
 
 for epoch in run:epochs(cfg.epochs) do
   for batch in run:batches() do
@@ -53,6 +64,23 @@ for epoch in run:epochs(cfg.epochs) do
   run:evaluate(val)
 end
 
+-- The first characters of a text file (at most `n`, whole UTF-8 characters).
+local function opening(path, n)
+  local f = assert(io.open(path, "rb"))
+  local head = f:read(4 * n) or ""
+  f:close()
+  local cut = utf8.offset(head, n + 1)
+  head = cut and head:sub(1, cut - 1) or head
+  -- A character cut short at the end of what was read is left out.
+  while #head > 0 and not utf8.len(head) do head = head:sub(1, -2) end
+  return head
+end
+
 if cfg.sample > 0 then
-  print(run:generate{ prompt = "ROMEO:\n", tokens = cfg.sample, temperature = cfg.temperature, seed = cfg.seed })
+  local prompt = cfg.prompt
+  if prompt == "" then
+    prompt = cfg.text == "" and "ROMEO:\n" or opening(cfg.text, 16)
+  end
+  print(prompt .. run:generate{ prompt = prompt, tokens = cfg.sample,
+    temperature = cfg.temperature, seed = cfg.seed })
 end
