@@ -84,6 +84,26 @@ fn none_loads(names: &[&str]) -> bool {
         .all(|name| unsafe { libloading::Library::new(name) }.is_err())
 }
 
+/// `--device auto` trains on the CPU; its stderr.
+fn trains_on_the_cpu(env: &[(&str, &Path)]) -> String {
+    let (o, out) = digits("auto", env);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(device_used(out.path()), "cpu");
+    err
+}
+
+/// `device` is refused: exit 2, each of `says` in the message, no panic.
+fn refused(device: &str, env: &[(&str, &Path)], says: &[&str]) {
+    let (o, _out) = digits(device, env);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for s in says {
+        assert!(err.contains(s), "{s:?} not in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn without_a_driver_auto_trains_on_the_cpu_and_cuda_is_an_error() {
     if !none_loads(&["libcuda.so", "libcuda.so.1"]) {
@@ -92,20 +112,16 @@ fn without_a_driver_auto_trains_on_the_cpu_and_cuda_is_an_error() {
         );
         return;
     }
-    let (o, out) = digits("auto", &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(device_used(out.path()), "cpu");
-    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
-
-    let (o, _out) = digits("cuda", &[]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("cannot open CUDA device 0: the NVIDIA driver's library (libcuda.so.1) is not on this machine")
-            && err.contains("--device cpu"),
-        "{err}"
+    let err = trains_on_the_cpu(&[]);
+    assert!(!err.contains("warning"), "{err}");
+    refused(
+        "cuda",
+        &[],
+        &[
+            "cannot open CUDA device 0: the NVIDIA driver's library (libcuda.so.1) is not on this machine",
+            "--device cpu",
+        ],
     );
-    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
@@ -113,21 +129,17 @@ fn a_driver_that_sees_no_gpu_means_the_cpu_quietly_under_auto() {
     // CUDA_ERROR_NO_DEVICE: a GPU node with CUDA_VISIBLE_DEVICES empty.
     let driver = stand_in_driver(100);
     let env = [("LD_LIBRARY_PATH", driver.path())];
-    let (o, out) = digits("auto", &env);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(device_used(out.path()), "cpu");
-    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
-
-    let (o, _out) = digits("cuda:0", &env);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("cannot open CUDA device 0: the driver sees no GPU")
-            && err.contains("CUDA_ERROR_NO_DEVICE")
-            && err.contains("CUDA_VISIBLE_DEVICES"),
-        "{err}"
+    let err = trains_on_the_cpu(&env);
+    assert!(!err.contains("warning"), "{err}");
+    refused(
+        "cuda:0",
+        &env,
+        &[
+            "cannot open CUDA device 0: the driver sees no GPU",
+            "CUDA_ERROR_NO_DEVICE",
+            "CUDA_VISIBLE_DEVICES",
+        ],
     );
-    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
@@ -136,10 +148,7 @@ fn a_broken_driver_is_named_and_auto_still_trains_on_the_cpu() {
     // its kernel module (the driver was upgraded and the machine not rebooted).
     let driver = stand_in_driver(803);
     let env = [("LD_LIBRARY_PATH", driver.path())];
-    let (o, out) = digits("auto", &env);
-    let err = stderr(&o);
-    assert!(o.status.success(), "{err}");
-    assert_eq!(device_used(out.path()), "cpu");
+    let err = trains_on_the_cpu(&env);
     assert!(
         err.contains("warning: the CUDA driver is here but device 0 cannot be opened")
             && err.contains("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH")
@@ -152,14 +161,13 @@ fn a_broken_driver_is_named_and_auto_still_trains_on_the_cpu() {
         1,
         "{err}"
     );
-
-    let (o, _out) = digits("cuda", &env);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("cannot open CUDA device 0")
-            && err.contains("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"),
-        "{err}"
+    refused(
+        "cuda",
+        &env,
+        &[
+            "cannot open CUDA device 0",
+            "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+        ],
     );
 }
 
@@ -173,28 +181,17 @@ fn a_driver_without_cublas_is_named_and_auto_still_trains_on_the_cpu() {
     }
     let driver = stand_in_driver(0);
     let env = [("LD_LIBRARY_PATH", driver.path())];
-    let (o, out) = digits("auto", &env);
-    let err = stderr(&o);
-    assert!(o.status.success(), "{err}");
-    assert_eq!(device_used(out.path()), "cpu");
+    let err = trains_on_the_cpu(&env);
     assert!(
         err.contains("warning: the CUDA driver is here but device 0 cannot be opened: cuBLAS (libcublas.so.*), cuBLASLt (libcublasLt.so.*), cuRAND (libcurand.so.*) not found")
             && err.contains("LD_LIBRARY_PATH"),
         "{err}"
     );
-
-    let (o, _out) = digits("cuda", &env);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("cannot open CUDA device 0: cuBLAS"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-
+    refused("cuda", &env, &["cannot open CUDA device 0: cuBLAS"]);
     // A GPU the driver does not have.
-    let (o, _out) = digits("cuda:3", &env);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("there is no GPU 3: the driver sees 1 (numbered from 0)"),
-        "{err}"
+    refused(
+        "cuda:3",
+        &env,
+        &["there is no GPU 3: the driver sees 1 (numbered from 0)"],
     );
 }
