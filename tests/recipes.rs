@@ -318,6 +318,18 @@ fn shakespeare_recipe_trains_on_a_text_file_of_ones_own() -> Result<()> {
     );
     assert!(stdout.contains("book.txt: "), "{stdout}");
     assert!(stdout.contains("\nÇa commence ici"), "{stdout}");
+    // A prompt with a character the text lacks: the ones it has are listed.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_taper"))
+        .arg("sample")
+        .arg(&out)
+        .args(["--prompt", "Zebra"])
+        .output()?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("character 'Z' is not in the vocabulary; its ") && err.contains("ß"),
+        "{err}"
+    );
     Ok(())
 }
 

@@ -146,11 +146,20 @@ impl Vocab {
     }
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match &self.kind {
-            VocabKind::Chars { index, .. } => text
+            VocabKind::Chars { index, chars } => text
                 .chars()
                 .map(|c| {
                     index.get(&c).copied().ok_or_else(|| {
-                        Error::Data(format!("character {c:?} is not in the vocabulary"))
+                        // The characters it has (a short list), so that
+                        // another prompt can be chosen.
+                        let known: String = chars.iter().collect();
+                        let listed = match chars.len() {
+                            n if n <= 128 => format!("its {n} characters are {known:?}"),
+                            n => format!("it has {n} characters"),
+                        };
+                        Error::Data(format!(
+                            "character {c:?} is not in the vocabulary; {listed}"
+                        ))
                     })
                 })
                 .collect(),
