@@ -67,13 +67,11 @@ end
 -- The first characters of a text file (at most `n`, whole UTF-8 characters).
 local function opening(path, n)
   local f = assert(io.open(path, "rb"))
+  -- n characters take at most 4n bytes; any (n+1)th, whole or cut short, goes.
   local head = f:read(4 * n) or ""
   f:close()
   local cut = utf8.offset(head, n + 1)
-  head = cut and head:sub(1, cut - 1) or head
-  -- A character cut short at the end of what was read is left out.
-  while #head > 0 and not utf8.len(head) do head = head:sub(1, -2) end
-  return head
+  return cut and head:sub(1, cut - 1) or head
 end
 
 if cfg.sample > 0 then
