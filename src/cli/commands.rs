@@ -63,7 +63,7 @@ pub fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitC
             "  activations       {:>12} per sample + {} per step (measured on {} samples)",
             human(q.per_sample),
             human(q.per_step),
-            taper::host::probe_sizes(q.batch)
+            p.probes
                 .iter()
                 .map(|n| n.to_string())
                 .collect::<Vec<_>>()

@@ -13,6 +13,7 @@ mod generate;
 mod generator;
 mod host_options;
 mod members;
+mod memory_limit;
 mod models;
 mod oom;
 mod oom_policy;
@@ -82,6 +83,9 @@ pub(crate) struct HostState {
     pub watch: RefCell<reload::watch::Watching>,
     /// On a GPU with `--mem-limit`: the rest of the card, reserved.
     pub ballast: Option<crate::memory::device::Ballast>,
+    /// On the CPU in a container with a memory limit: the heap budget runs
+    /// keep under it when no other limit is given.
+    pub container: Option<memory_limit::ContainerBudget>,
 }
 
 pub(crate) fn state(lua: &Lua) -> Rc<HostState> {
@@ -121,7 +125,8 @@ impl Host {
             // checkpoint; one killed between its two renames, an old sidecar.
             crate::engine::checkpoint::tidy(dir);
         }
-        let ballast = reserve_above_limit(opts.mem_limit, &device, &out)?;
+        let ballast = memory_limit::reserve_above_limit(opts.mem_limit, &device, &out)?;
+        let container = memory_limit::container_budget(&device);
         let lua = Lua::new();
         let state = Rc::new(HostState {
             resume: RefCell::new(opts.resume.clone()),
@@ -134,6 +139,7 @@ impl Host {
             reload: RefCell::new(reload::ReloadState::default()),
             watch: RefCell::new(reload::watch::Watching::default()),
             ballast,
+            container,
         });
         lua.set_app_data(state.clone());
         api::register_api(&lua, &state)?;
@@ -354,25 +360,6 @@ impl Host {
             .map(|r| r.borrow().core.last_eval)
             .collect()
     }
-}
-
-/// On a GPU the limit is made real: everything above it is reserved.
-fn reserve_above_limit(
-    limit: Option<usize>,
-    device: &Device,
-    out: &Output,
-) -> Result<Option<crate::memory::device::Ballast>> {
-    let (Some(limit), Device::Cuda(_)) = (limit, device) else {
-        return Ok(None);
-    };
-    let b = crate::memory::device::ballast(device, limit)?;
-    out.line(&format!(
-        "--mem-limit: reserved {} of {} so that {} stays usable",
-        crate::memory::planner::human(b.bytes),
-        crate::engine::describe_device(device),
-        crate::memory::planner::human(limit)
-    ));
-    Ok(Some(b))
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC, for default output folder names.

@@ -12,6 +12,8 @@ pub struct RunPlan {
     pub plan: crate::memory::planner::Plan,
     /// The run's memory budget, if any.
     pub limit: Option<usize>,
+    /// The micro-batches the activations were measured on.
+    pub probes: Vec<usize>,
 }
 
 impl Host {
@@ -28,21 +30,33 @@ impl Host {
         let mut out = Vec::new();
         for r in self.state.runs.borrow().iter() {
             let r = r.borrow();
+            let ceiling = self.state.container.as_ref().map(|c| c.budget);
+            let probed = plan_of(&r, ceiling)?;
             out.push(RunPlan {
                 model: r.core.trainer.spec().describe(),
-                plan: plan_of(&r)?,
+                plan: probed.plan,
                 limit: r.core.oom.budget,
+                probes: probed.probes,
             });
         }
         Ok(out)
     }
 }
 
+/// What [`plan_of`] measured.
+pub(crate) struct Probed {
+    pub plan: crate::memory::planner::Plan,
+    /// The sample counts probed.
+    pub probes: Vec<usize>,
+    /// Under a ceiling: how resident memory followed the heap in the probes.
+    pub residency: Option<crate::memory::container::Residency>,
+}
+
 /// A run's memory plan, for its training batch (0 without native data):
 /// parameter, gradient and optimizer bytes from the model, activation
 /// bytes per sample from forward and backward passes over parts of its
-/// first batch ([`probe_sizes`]). Needs the counting allocator.
-pub(crate) fn plan_of(r: &super::run_state::RunState) -> Result<crate::memory::planner::Plan> {
+/// first batch ([`probe`]). Needs the counting allocator.
+pub(crate) fn plan_of(r: &super::run_state::RunState, ceiling: Option<usize>) -> Result<Probed> {
     use crate::memory::planner::{fit, Plan};
     let t = &r.core.trainer;
     let params = t
@@ -58,23 +72,20 @@ pub(crate) fn plan_of(r: &super::run_state::RunState) -> Result<crate::memory::p
             .transpose()?,
         _ => None,
     };
-    let (per_sample, per_step, batch) = match &first {
-        Some(b) => {
-            let sizes = probe_sizes(b.len());
-            // The first pass allocates once what later ones reuse (a third
-            // of the smallest probe on the Shakespeare GPT): a warm-up pass,
-            // not measured, keeps it out of the line.
-            t.probe_bytes(b, sizes[0])?;
-            let points = sizes
-                .into_iter()
-                .map(|n| Ok((n, t.probe_bytes(b, n)?)))
-                .collect::<Result<Vec<_>>>()?;
-            let (slope, intercept) = fit(&points);
-            (slope, intercept, b.len())
-        }
-        None => (0, 0, 0),
-    };
-    Ok(Plan {
+    let (mut per_sample, mut per_step, mut batch) = (0, 0, 0);
+    let (mut probes, mut residency) = (Vec::new(), None);
+    if let Some(b) = &first {
+        let points = probe(t, b, ceiling)?;
+        (per_sample, per_step) = fit(&points
+            .iter()
+            .map(|p| (p.samples, p.heap))
+            .collect::<Vec<_>>());
+        batch = b.len();
+        probes = points.iter().map(|p| p.samples).collect();
+        let resident: Option<Vec<_>> = points.iter().map(|p| Some((p.peak, p.resident?))).collect();
+        residency = resident.and_then(|r| crate::memory::container::Residency::fit(&r));
+    }
+    let plan = Plan {
         resident: crate::memory::HostMemory::current(),
         parameters: params,
         gradients: params,
@@ -82,7 +93,69 @@ pub(crate) fn plan_of(r: &super::run_state::RunState) -> Result<crate::memory::p
         per_sample,
         per_step,
         batch,
+    };
+    Ok(Probed {
+        plan,
+        probes,
+        residency,
     })
+}
+
+/// One probe: a forward and backward pass over `samples` of a batch.
+struct Point {
+    samples: usize,
+    /// Heap bytes above the level before it.
+    heap: usize,
+    /// The heap's peak, all of it.
+    peak: usize,
+    /// The process's resident peak, under a ceiling where it can be
+    /// measured.
+    resident: Option<usize>,
+}
+
+/// Probes of parts of `batch` ([`probe_sizes`]). Under a `ceiling` (the
+/// heap a container leaves, past which the kernel kills the process) two
+/// scouts of a 64th of the batch and twice that go first, a probe that the
+/// line through the points so far puts past the ceiling is not run, and
+/// each probe's resident peak is measured too.
+fn probe(
+    t: &crate::engine::Trainer,
+    b: &crate::data::Batch,
+    ceiling: Option<usize>,
+) -> Result<Vec<Point>> {
+    use crate::memory::container;
+    let mut sizes = probe_sizes(b.len());
+    if ceiling.is_some() {
+        let scout = (b.len() / 64).max(1);
+        sizes.extend([scout, 2 * scout]);
+        sizes.sort_unstable();
+        sizes.dedup();
+    }
+    // The first pass allocates once what later ones reuse (a third of the
+    // smallest probe on the Shakespeare GPT): a warm-up pass, not
+    // measured, keeps it out of the line.
+    t.probe_bytes(b, sizes[0])?;
+    let mut points: Vec<Point> = Vec::new();
+    for samples in sizes {
+        if let (Some(limit), true) = (ceiling, points.len() >= 2) {
+            let line: Vec<_> = points.iter().map(|p| (p.samples, p.heap)).collect();
+            let (slope, intercept) = crate::memory::planner::fit(&line);
+            let predicted = crate::memory::HostMemory::current() + intercept + slope * samples;
+            if predicted > limit {
+                break;
+            }
+        }
+        let measure = ceiling.is_some() && container::reset_resident_peak();
+        let before = crate::memory::HostMemory::current();
+        let heap = t.probe_bytes(b, samples)?;
+        points.push(Point {
+            samples,
+            heap,
+            peak: before + heap,
+            resident: measure.then(container::resident_peak).flatten(),
+        });
+    }
+    Ok(points)
 }
 
 /// The sample counts a plan probes: an eighth, a quarter and half of a

@@ -87,8 +87,12 @@ fn create(
     // Under a budget, the planner's prediction goes next to each epoch's
     // measured peak (`taper plan`'s estimate, checked as the run goes).
     if run.core.oom.budget.is_some() && crate::memory::HostMemory::is_counting() {
-        let plan = super::plan::plan_of(&run).map_err(lua_err)?;
-        run.plan = (plan.batch > 0).then_some(plan);
+        let ceiling = host.container.as_ref().map(|c| c.budget);
+        let probed = super::plan::plan_of(&run, ceiling).map_err(lua_err)?;
+        run.plan = (probed.plan.batch > 0).then_some(probed.plan);
+        if let (true, Some(c)) = (o.container_budget, &host.container) {
+            super::memory_limit::start_under(&mut run, c, probed.residency, &host.out);
+        }
     }
     if let Some(path) = resume_path(host, id).map_err(lua_err)? {
         // A checkpoint that does not fit the recipe (another model, other

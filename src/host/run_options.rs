@@ -52,6 +52,8 @@ pub(crate) struct RunOptions {
     pub schedule: Option<Rc<RefCell<dyn Schedule>>>,
     pub micro_batch: Option<usize>,
     pub oom: Recovery,
+    /// Whether `oom`'s budget is the container's (no limit was given).
+    pub container_budget: bool,
     pub state: Option<Table>,
     pub on_reload: Option<Function>,
     pub precision: Precision,
@@ -105,7 +107,7 @@ pub(crate) fn decode_run(
             "taper.run: option `micro_batch` must be positive",
         ));
     }
-    let oom = run_oom(lua, host, opts)?;
+    let (oom, container_budget) = run_oom(lua, host, opts)?;
     let state = option(lua, opts, "state", "a table", |v| {
         Ok(match v {
             Value::Nil => Some(None),
@@ -124,6 +126,7 @@ pub(crate) fn decode_run(
     let (checkpoint_every, keep_checkpoints) = run_checkpoints(lua, opts)?;
     let (recompute, offload) = run_memory_savers(lua, opts)?;
     Ok(RunOptions {
+        container_budget,
         recompute,
         offload,
         checkpoint_every,
@@ -291,14 +294,18 @@ fn run_precision(lua: &Lua, opts: &Table) -> mlua::Result<Precision> {
 }
 
 /// `on_oom = function(event) ... end | { on_oom = ..., on_step = ... }`,
-/// `mem_limit = "512MiB" | bytes`, and the host's `--mem-limit`/`--inject-oom`.
-fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Recovery> {
+/// `mem_limit = "512MiB" | bytes`, and the host's `--mem-limit`/`--inject-oom`;
+/// with neither limit, the container's (and true).
+fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<(Recovery, bool)> {
     let policy = policy_of(lua, opts.get::<Value>("on_oom")?)
         .map_err(|e| config_error(lua, format!("taper.run: option `on_oom` {e}")))?;
     let budget = match opts.get::<Value>("mem_limit")? {
         // On a GPU, --mem-limit is the ballast's job (real device OOMs).
         Value::Nil if host.ballast.is_some() => None,
-        Value::Nil => host.opts.mem_limit,
+        Value::Nil => host
+            .opts
+            .mem_limit
+            .or(host.container.as_ref().map(|c| c.budget)),
         Value::Integer(n) if n > 0 => Some(n as usize),
         Value::String(s) => Some(
             crate::memory::inject::parse_size(&s.to_str()?)
@@ -328,12 +335,16 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<Rec
             Injection::parse(s).map_err(|e| config_error(lua, format!("--inject-oom {s}: {e}")))
         })
         .collect::<mlua::Result<Vec<_>>>()?;
-    Ok(Recovery {
+    let from_container = host.container.is_some()
+        && host.opts.mem_limit.is_none()
+        && opts.get::<Value>("mem_limit")?.is_nil();
+    let recovery = Recovery {
         injections,
         budget,
         policy,
         ..Default::default()
-    })
+    };
+    Ok((recovery, from_container))
 }
 
 /// The policy in an `on_oom` option: nil, a Lua function or policy table,

@@ -1,7 +1,9 @@
 //! Memory: a counting global allocator and the malloc tuning the binary
 //! applies at start (host), the driver's figures, pool trimming and the
-//! `--mem-limit` ballast (device), OOM classification and the planner.
+//! `--mem-limit` ballast (device), the container's limit, OOM classification
+//! and the planner.
 
+pub mod container;
 mod counting;
 pub mod device;
 pub mod inject;

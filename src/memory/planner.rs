@@ -63,6 +63,20 @@ impl Plan {
 
 /// Least-squares line through (samples, bytes): (per sample, intercept).
 pub fn fit(points: &[(usize, usize)]) -> (usize, usize) {
+    let (slope, intercept) = line(points);
+    // A falling line is noise: flat, through the mean.
+    let (slope, intercept) = if slope < 0.0 {
+        let mx = points.iter().map(|p| p.0 as f64).sum::<f64>() / points.len() as f64;
+        (0.0, intercept + slope * mx)
+    } else {
+        (slope, intercept)
+    };
+    (slope.round() as usize, intercept.max(0.0).round() as usize)
+}
+
+/// Least-squares line through points: (slope, intercept); a flat line
+/// through the mean where the x values do not differ.
+pub fn line(points: &[(usize, usize)]) -> (f64, f64) {
     let n = points.len() as f64;
     let mx = points.iter().map(|p| p.0 as f64).sum::<f64>() / n;
     let my = points.iter().map(|p| p.1 as f64).sum::<f64>() / n;
@@ -71,11 +85,8 @@ pub fn fit(points: &[(usize, usize)]) -> (usize, usize) {
         .map(|p| (p.0 as f64 - mx) * (p.1 as f64 - my))
         .sum();
     let sxx: f64 = points.iter().map(|p| (p.0 as f64 - mx).powi(2)).sum();
-    let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-    (
-        slope.round() as usize,
-        (my - slope * mx).max(0.0).round() as usize,
-    )
+    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    (slope, my - slope * mx)
 }
 
 /// `1.5 MiB`-style sizes for people.
