@@ -77,10 +77,10 @@ const PLAN_MARGIN: f64 = 0.1;
 
 /// Under the container's limit, a run's heap budget follows from how its
 /// resident memory followed the heap in the plan's probes (`measured`),
-/// and the run starts at the micro-batch its plan says fits: a first step
-/// past the limit would be killed before any phase boundary could see it.
-/// (A data-parallel run's ranks agree on their micro-batches through the
-/// OOM policy instead.)
+/// and its micro-batches never pass what the plan says fits, even when
+/// the policy or a growing batch asks: a step past the limit would be
+/// killed before any phase boundary could see it. (A data-parallel run's
+/// ranks agree on their micro-batches through the OOM policy instead.)
 pub(super) fn start_under(
     run: &mut RunState,
     c: &ContainerBudget,
@@ -99,19 +99,21 @@ pub(super) fn start_under(
         ));
     }
     let Some(plan) = run.plan else { return };
-    let whole = plan.peak(plan.batch, false);
-    if whole <= budget || crate::dist::world().is_some() {
+    if crate::dist::world().is_some() {
         return;
     }
-    match plan.max_micro(budget, PLAN_MARGIN) {
+    let whole = plan.peak(plan.batch, false);
+    match plan.micro_under(budget, PLAN_MARGIN) {
         Some(m) => {
-            run.core.oom.cap = Some(m);
-            out.line(&format!(
-                "memory: a step of the whole batch ({}) would need about {} of heap: \
-                 it runs in micro-batches of {m} (the same gradient)",
-                plan.batch,
-                human(whole)
-            ));
+            run.core.oom.ceiling = Some(m);
+            if m < plan.batch {
+                out.line(&format!(
+                    "memory: a step of the whole batch ({}) would need about {} of heap: \
+                     it runs in micro-batches of {m} (the same gradient)",
+                    plan.batch,
+                    human(whole)
+                ));
+            }
         }
         None => out.warn(&format!(
             "memory: one sample at a time needs about {} of heap, more than the {} \

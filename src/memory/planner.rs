@@ -45,20 +45,32 @@ impl Plan {
     /// The largest micro-batch (at most the batch) whose peak stays under
     /// `limit * (1 - margin)`; None if not even 1 fits.
     pub fn max_micro(&self, limit: usize, margin: f64) -> Option<usize> {
-        let budget = (limit as f64 * (1.0 - margin)) as usize;
         let batch = self.batch.max(1);
-        if self.peak(batch, false) <= budget {
+        if self.peak(batch, false) <= under(limit, margin) {
             return Some(batch);
         }
+        self.micro_under(limit, margin).map(|m| m.clamp(1, batch))
+    }
+
+    /// The largest micro-batch of a split batch whose peak stays under
+    /// `limit * (1 - margin)`, of any batch (a larger one later in a
+    /// run); None if not even 1 fits.
+    pub fn micro_under(&self, limit: usize, margin: f64) -> Option<usize> {
+        let budget = under(limit, margin);
         let fixed = self.peak(0, false);
         if budget < fixed + self.per_sample {
             return None;
         }
         let m = (budget - fixed)
             .checked_div(self.per_sample)
-            .unwrap_or(batch);
-        Some(m.clamp(1, batch))
+            .unwrap_or(usize::MAX);
+        Some(m.max(1))
     }
+}
+
+/// `limit * (1 - margin)`.
+fn under(limit: usize, margin: f64) -> usize {
+    (limit as f64 * (1.0 - margin)) as usize
 }
 
 /// Least-squares line through (samples, bytes): (per sample, intercept).
@@ -133,5 +145,8 @@ mod tests {
         // sample leaves room for 5.
         assert_eq!(small.max_micro(1750, 0.1), Some(5));
         assert_eq!(small.max_micro(1400, 0.1), None);
+        // Past the batch: 1300 fixed while split, 2000 * 0.9 leaves 10.
+        assert_eq!(small.micro_under(2000, 0.1), Some(10));
+        assert_eq!(small.micro_under(1400, 0.1), None);
     }
 }

@@ -53,6 +53,10 @@ pub struct Recovery {
     /// The largest training micro-batch known to fit (lowered on OOM,
     /// raised by the policy's `on_step`).
     pub cap: Option<usize>,
+    /// A micro-batch never passed, whatever the policy asks: the most the
+    /// plan says fits under a limit the kernel enforces by killing (a
+    /// container's), where an OOM would come too late to recover.
+    pub ceiling: Option<usize>,
     /// The largest evaluation batch known to fit.
     pub eval_cap: Option<usize>,
     pub clean_steps: u64,
@@ -88,6 +92,7 @@ impl Recovery {
         let room = crate::dist::world().map_or(n, |w| n.div_ceil(w.size()));
         let mut micro = planned
             .min(self.cap.unwrap_or(usize::MAX))
+            .min(self.ceiling.unwrap_or(usize::MAX))
             .clamp(1, room.max(1));
         let step = trainer.step + 1;
         let mut attempt = 0;

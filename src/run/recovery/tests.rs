@@ -251,3 +251,43 @@ fn the_built_in_policy_halves_to_its_floor_and_grows_back() -> Result<()> {
     );
     Ok(())
 }
+
+/// Asks for the whole batch after every clean step.
+struct Greedy;
+impl OomPolicy for Greedy {
+    fn on_oom(&mut self, _: &OomEvent) -> Result<Option<Action>> {
+        Ok(None)
+    }
+    fn on_step(&mut self, info: &StepInfo) -> Result<Option<usize>> {
+        Ok(Some(info.batch_size))
+    }
+    fn describe(&self) -> String {
+        "greedy".into()
+    }
+}
+
+#[test]
+fn a_ceiling_holds_against_a_policy_that_grows_and_after_an_oom() -> Result<()> {
+    let data = batches("train", 4);
+    let mut plain = trainer();
+    train(&mut Recovery::default(), &mut plain, &data)?;
+    let mut t = trainer();
+    let mut rec = inject(3, Phase::Backward, 1);
+    rec.policy = Some(Box::new(Greedy));
+    rec.ceiling = Some(16);
+    let (log, outcomes) = train(&mut rec, &mut t, &data)?;
+    let micro: Vec<_> = outcomes
+        .iter()
+        .map(|o| match o {
+            StepOutcome::Trained { micro_batch, .. } => *micro_batch,
+            StepOutcome::Skipped => 0,
+        })
+        .collect();
+    // The OOM at step 3 halves what ran (16), and the policy's growth
+    // never passes the ceiling.
+    assert_eq!(micro, [16, 16, 8, 16]);
+    assert_eq!(log, [(Phase::Backward, "split", 8)]);
+    let d = rel_diff(&weights(&t), &weights(&plain));
+    assert!(d < 1e-6, "weights differ by {d}");
+    Ok(())
+}
