@@ -169,6 +169,9 @@ fn a_batch_larger_than_the_containers_limit_trains_in_micro_batches_to_the_same_
         .max()
         .context("no step record with a micro-batch")?;
     assert!(micro < 1024, "micro-batch {micro}");
+    let run = &common::records(&inside, "run")[0];
+    assert_eq!(run["container_limit"].as_u64(), Some(300 * MIB), "{run}");
+    assert_eq!(run["micro_batch_ceiling"].as_u64(), Some(micro), "{run}");
     let (a, b) = (train_loss(&inside)?, train_loss(&free)?);
     assert!(
         (a - b).abs() < 1e-3 * b,

@@ -175,6 +175,12 @@ fn record_run(
     if let Some(limit) = run.core.oom.budget {
         f.insert("memory_limit".into(), limit.into());
     }
+    if let Some(c) = &host.container {
+        f.insert("container_limit".into(), c.limit.limit.into());
+    }
+    if let Some(m) = run.core.oom.ceiling {
+        f.insert("micro_batch_ceiling".into(), m.into());
+    }
     if let Some(w) = crate::dist::world() {
         // Data-parallel: each rank trains its shard of every batch.
         f.insert("ranks".into(), w.size().into());
