@@ -1,7 +1,9 @@
--- Regression on a table: a penguin's body mass in grams from its bill and
--- flipper measurements (the Palmer penguins CSV file, as pandas writes it).
--- `target` names the number column to predict; `standardize()` scales the
--- features and the target with the training part's mean and deviation (as
+-- Regression on a table: a penguin's body mass in grams from its species,
+-- its sex and its bill and flipper measurements (the Palmer penguins CSV
+-- file, as pandas writes it). `target` names the number column to predict;
+-- `categorical` one-hot encodes the columns of names (an input per species
+-- and per sex, as pandas' get_dummies); `standardize()` scales the numbers
+-- and the target with the training part's mean and deviation (as
 -- scikit-learn's StandardScaler, and its TransformedTargetRegressor for the
 -- target), the model has one output, and the loss is the mean squared error.
 -- Evaluation gives the errors back in grams: RMSE, MAE, and R². Well under a
@@ -15,17 +17,19 @@ local cfg = taper.config{
 local birds = taper.data.csv{
   path = cfg.path,
   target = "body_mass_g",
-  features = { "bill_length_mm", "bill_depth_mm", "flipper_length_mm" },
-  missing = "drop",
+  features = { "species", "sex", "bill_length_mm", "bill_depth_mm", "flipper_length_mm" },
+  categorical = { "species", "sex" },
+  missing = "drop", -- 11 birds: 9 whose sex is not recorded, 2 not measured
 }
 -- The file is sorted by species: split through a seeded permutation.
 local train, test = birds:split{ 0.8, 0.2, seed = cfg.seed }
 train = train:named("train"):standardize()
 test = test:named("test"):standardize(train) -- the training part's statistics
-print(("penguins: %d train / %d test rows"):format(#train, #test))
+print(("penguins: %d train / %d test rows; inputs %s"):format(
+  #train, #test, table.concat(birds:feature_names(), ", ")))
 
 local run = taper.run{
-  model = taper.model.mlp{ inputs = 3, hidden = { 32 }, outputs = 1 },
+  model = taper.model.mlp{ inputs = #birds:feature_names(), hidden = { 32 }, outputs = 1 },
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 1e-4 },
   loss = taper.loss.mse{},
   data = train:shuffle{ seed = cfg.seed }:batch(cfg.batch),

@@ -827,6 +827,92 @@ fn a_csv_file_reads_and_standardizes_as_pandas_and_numpy_do() -> Result<()> {
     Ok(())
 }
 
+/// Columns of categories (`categorical`) as pandas' `get_dummies` encodes
+/// them, in place among the features: the same input names (`color_blue`),
+/// the same categories in the same order (a column of numbers by value: 9,
+/// 10, 100; text by code point), and, standardized, the numbers at mean 0
+/// and deviation 1 while the one-hot inputs stay 0 and 1 (scikit-learn's
+/// ColumnTransformer with a StandardScaler on the numbers).
+#[test]
+fn columns_of_categories_read_as_pandas_get_dummies() -> Result<()> {
+    use std::sync::Arc;
+    use taper::data::{csv, Column, CsvOptions, Missing, Pipeline, Source, Stats};
+
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("shop.csv");
+    let mut text = String::from("price,color,size,weight,kind\n");
+    let colors = ["red", "blue", "\"dark, red\"", "Green", "blue"];
+    for i in 0..40 {
+        let color = if i == 7 { "" } else { colors[i % 5] };
+        let size = [100, 9, 10][i % 3];
+        let weight = 0.5 + (i * 37 % 11) as f64 / 4.0;
+        text += &format!("{}.25,{color},{size},{weight},k{}\n", i * 3 % 17, i % 2);
+    }
+    std::fs::write(&path, text)?;
+    let features = ["price", "color", "size", "weight"];
+    let categorical = ["color", "size"];
+    let table = csv(
+        &path,
+        &CsvOptions {
+            label: Column::Name("kind".into()),
+            features: Some(features.map(|f| Column::Name(f.into())).to_vec()),
+            categorical: categorical.map(|c| (Column::Name(c.into()), None)).to_vec(),
+            missing: Missing::Drop,
+            ..CsvOptions::default()
+        },
+    )?;
+    let theirs = check_with(
+        "pandas, numpy",
+        &[
+            "csv-dummies",
+            path.to_str().unwrap(),
+            "kind",
+            &serde_json::to_string(&features)?,
+            &serde_json::to_string(&categorical)?,
+        ],
+    )?;
+    let input = table.table_input().expect("a CSV file's reading");
+    let names: Vec<String> = serde_json::from_value(theirs["names"].clone())?;
+    assert_eq!(input.input_names(), names);
+    assert_eq!(table.width(), names.len());
+    assert_eq!(table.dropped(), [9]);
+    assert!(
+        table.describe().contains("2 columns of categories"),
+        "{}",
+        table.describe()
+    );
+    let rows = |data: &Pipeline| -> Result<Vec<Vec<f32>>> {
+        let mut xs = Vec::new();
+        for b in data.epoch(1, 16, 0) {
+            xs.extend(b?.x.to_vec2::<f32>()?);
+        }
+        Ok(xs)
+    };
+    let worst = |ours: &[Vec<f32>], want: &Value| -> Result<f64> {
+        let want: Vec<Vec<f64>> = serde_json::from_value(want.clone())?;
+        assert_eq!(ours.len(), want.len());
+        Ok(ours
+            .iter()
+            .flatten()
+            .zip(want.iter().flatten())
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0.0, f64::max))
+    };
+    let data = Pipeline::new(Arc::new(table));
+    let raw = rows(&data)?;
+    assert_eq!(raw.len() as u64, theirs["rows"].as_u64().unwrap());
+    assert_eq!(worst(&raw, &theirs["x"])?, 0.0, "the raw inputs");
+    let z = rows(&data.standardize(Stats::Own)?)?;
+    let diff = worst(&z, &theirs["z"])?;
+    eprintln!(
+        "{} rows of {} inputs, standardized within {diff:e}",
+        z.len(),
+        names.len()
+    );
+    assert!(diff < 1e-5, "{diff}");
+    Ok(())
+}
+
 /// The penguins recipe's MLP, exported as ONNX, takes raw CSV values: its
 /// graph divides and standardizes them as the run did. onnxruntime, on the
 /// rows pandas reads (`dropna` over the feature columns), gives taper's
@@ -1148,7 +1234,8 @@ fn a_standardized_safetensors_run_exports_its_standardization_to_onnx() -> Resul
 }
 
 /// The penguin mass regression (`scripts/penguins_mass.lua`): its ONNX
-/// export takes raw CSV values and gives grams; NumPy's errors of those
+/// export takes CSV values (species and sex one-hot encoded by pandas'
+/// get_dummies, under taper's input names) and gives grams; NumPy's errors of those
 /// predictions on the test rows are the run's `eval` record (RMSE, MAE and
 /// R² in grams, from a model trained on standardized targets); `taper
 /// classify` prints the same predictions; and the MLP does at least as well
@@ -1177,7 +1264,8 @@ fn a_regression_run_scores_as_numpy_and_exports_grams_to_onnxruntime() -> Result
         &format!(
             r#"
             local birds = taper.data.csv{{ path = {csv:?}, target = "body_mass_g",
-              features = {{ "bill_length_mm", "bill_depth_mm", "flipper_length_mm" }}, missing = "drop" }}
+              features = {{ "species", "sex", "bill_length_mm", "bill_depth_mm", "flipper_length_mm" }},
+              categorical = {{ "species", "sex" }}, missing = "drop" }}
             local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
             local function rows(d)
               local xs, ys = {{}}, {{}}

@@ -372,3 +372,100 @@ fn a_csv_target_is_a_number_for_the_mean_squared_error() {
         "{msg}"
     );
 }
+
+/// A data error's rendering (exit code 2, as for bad input), which names
+/// the recipe's line where the data was made.
+fn data_error(r: taper::Result<taper::host::Report>) -> String {
+    let e = r.expect_err("the data should be refused");
+    let msg = render_error(&e);
+    assert_eq!(e.exit_code(), 2, "not an input error: {msg}");
+    assert!(msg.starts_with("data: recipe.lua:"), "{msg}");
+    msg
+}
+
+/// `categorical`: columns of categories, one-hot encoded in place. Found
+/// categories are sorted; `data:categories()` gives them to a second file's
+/// `categorical`, whose cells outside them are an error naming line and
+/// column; given categories keep their order; a misnamed column, one not
+/// among the features and a text cell in a number column say what to do.
+#[test]
+fn csv_columns_of_categories_are_one_hot_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.csv");
+    let test = dir.path().join("test.csv");
+    std::fs::write(
+        &train,
+        "island,mass,sex,species\nDream,3.5,male,a\nBiscoe,4.25,female,b\nDream,3.0,female,a\n",
+    )
+    .unwrap();
+    std::fs::write(&test, "island,mass,sex,species\nTorgersen,3.5,male,a\n").unwrap();
+    let (train, test) = (train.to_str().unwrap(), test.to_str().unwrap());
+    let report = run(&format!(
+        r#"local d = taper.data.csv{{ path = {train:?}, label = "species", categorical = {{ "island", "sex" }} }}
+        assert(table.concat(d:feature_names(), " ") == "island_Biscoe island_Dream mass sex_female sex_male",
+          table.concat(d:feature_names(), " "))
+        local rows = {{}}
+        for b in d:batch(3):map(function(x, y)
+          for i = 1, #x do rows[i] = table.concat(x[i], " ") end
+          return {{ x = x, y = y }}
+        end):batches() do end
+        assert(rows[1] == "0.0 1.0 3.5 0.0 1.0" and rows[2] == "1.0 0.0 4.25 1.0 0.0"
+          and rows[3] == "0.0 1.0 3.0 1.0 0.0",
+          table.concat(rows, " | "))
+        -- `scale` divides the numbers, not the one-hot inputs.
+        local scaled = taper.data.csv{{ path = {train:?}, label = "species", categorical = {{ "island", "sex" }}, scale = 2 }}
+        for b in scaled:batch(1):map(function(x, y)
+          assert(table.concat(x[1], " ") == "0.0 1.0 1.75 0.0 1.0", table.concat(x[1], " "))
+          return {{ x = x, y = y }}
+        end):batches() do break end
+        local c = d:categories()
+        assert(table.concat(c.island, ",") == "Biscoe,Dream" and table.concat(c.sex, ",") == "female,male")
+        -- Given categories, in their order, and a mixed table.
+        local g = taper.data.csv{{ path = {train:?}, label = "species",
+          categorical = {{ "island", sex = {{ "male", "female", "other" }} }} }}
+        assert(table.concat(g:feature_names(), " ") == "island_Biscoe island_Dream mass sex_male sex_female sex_other",
+          table.concat(g:feature_names(), " "))
+        local run = taper.run{{ model = taper.model.mlp{{ inputs = #d:feature_names(), outputs = 2 }},
+          data = d:batch(2) }}
+        for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
+        taper.data.csv{{ path = {test:?}, label = "species", categorical = d:categories() }}"#
+    ));
+    let msg = data_error(report);
+    assert!(
+        msg.starts_with("data: recipe.lua:28: taper.data.csv: ")
+            && msg.contains(
+                "line 2, column 1 (`island`): `Torgersen` is not one of the categories (`Biscoe`, `Dream`)"
+            ),
+        "{msg}"
+    );
+    let msg = data_error(run(&format!(
+        r#"taper.data.csv{{ path = {train:?}, label = "species", categorical = {{ "isle" }} }}"#
+    )));
+    assert!(
+        msg.contains("categorical column `isle` is not in the header, which names `island`, `mass`, `sex`, `species`"),
+        "{msg}"
+    );
+    let msg = data_error(run(&format!(
+        r#"taper.data.csv{{ path = {train:?}, label = "species", features = {{ "mass" }}, categorical = {{ "sex" }} }}"#
+    )));
+    assert!(
+        msg.contains(
+            "column 3 (`sex`) is categorical but not among the features; add it to `features`"
+        ),
+        "{msg}"
+    );
+    let msg = data_error(run(&format!(
+        r#"taper.data.csv{{ path = {train:?}, label = "species", categorical = {{ "island" }} }}"#
+    )));
+    assert!(
+        msg.contains("line 2, column 3 (`sex`): `male` is not a number (a column of categories is one-hot encoded with `categorical = { \"sex\" }`; choose the columns with `features = { ... }`)"),
+        "{msg}"
+    );
+    let msg = data_error(run(&format!(
+        r#"taper.data.csv{{ path = {train:?}, label = "species", categorical = {{ "island", sex = {{}} }} }}"#
+    )));
+    assert!(
+        msg.contains("column 3 (`sex`): no categories are given"),
+        "{msg}"
+    );
+}

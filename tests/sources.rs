@@ -217,7 +217,7 @@ fn csv_reads_named_columns_class_names_and_missing_values() -> Result<()> {
         .contains("2 rows with a missing value left out"));
 
     // Every other column by default: `name` is a word, and the message
-    // says how to choose columns.
+    // says how to read categories and how to choose columns.
     let msg = err_text(csv(
         &path,
         &CsvOptions {
@@ -226,7 +226,7 @@ fn csv_reads_named_columns_class_names_and_missing_values() -> Result<()> {
         },
     ));
     assert!(
-        msg.contains("line 2, column 1 (`name`): `Smith, J` is not a number; choose the numeric columns with `features = { ... }`"),
+        msg.contains("line 2, column 1 (`name`): `Smith, J` is not a number (a column of categories is one-hot encoded with `categorical = { \"name\" }`; choose the columns with `features = { ... }`)"),
         "{msg}"
     );
     let msg = err_text(csv(&path, &named(&["wings"])));

@@ -253,6 +253,18 @@ function Data:decode(ids) end
 ---@return string[]?
 function Data:classes() end
 
+---A CSV file's model inputs by name: each feature column's, and for a column
+---of categories one per category (`sex_female`); nil for other data.
+---`#data:feature_names()` is the model's `inputs`.
+---@return string[]?
+function Data:feature_names() end
+
+---A CSV file's columns of categories and their categories in order,
+---`{ sex = { "female", "male" } }`, as another file's `categorical` takes
+---them; nil when it has none.
+---@return table<string|integer, string[]>?
+function Data:categories() end
+
 taper.data = {}
 
 ---scikit-learn's 8x8 handwritten digits, built in: 64 features in [0, 1], 10 classes.
@@ -308,8 +320,11 @@ function taper.data.idx(opts) end
 ---`label`: a number column to predict (a regression, `taper.loss.mse{}`). Features are numbers,
 ---divided by `scale`. A missing value (empty, `NA`, `NaN`, `null`, ...) is an
 ---error naming its line and column; `missing = "drop"` leaves its row out and
----counts it. `delimiter` defaults to "," (a tab for `.tsv`).
----@param opts {path: string, label?: integer|string, target?: integer|string, features?: (integer|string)[], header?: boolean, delimiter?: string, scale?: number, split?: string, classes?: string[], missing?: "error"|"drop"}
+---counts it. `delimiter` defaults to "," (a tab for `.tsv`). `categorical`
+---names feature columns of categories, each one-hot encoded in place (one
+---input per category: those the file holds, sorted, or the list given under
+---the column's name, `{ sex = { "female", "male" } }`).
+---@param opts {path: string, label?: integer|string, target?: integer|string, features?: (integer|string)[], header?: boolean, delimiter?: string, scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.csv(opts) end
 

@@ -178,6 +178,56 @@ def onnx_classify(model, folder):
     print(json.dumps({"accuracy": right / len(ys), "images": len(ys), "classes": classes}))
 
 
+def table_x(df, table):
+    """A CSV run's ONNX input from pandas' frame: its columns in order, each
+    column of categories one-hot encoded by pandas' get_dummies with the run's
+    categories, and the input names checked against taper's."""
+    import numpy as np
+    import pandas as pd
+
+    cols = table["columns"]
+    cats = table.get("categories") or [None] * len(cols)
+    parts = []
+    for c, k in zip(cols, cats):
+        if k is None:
+            parts.append(df[[c]].astype(np.float64))
+        else:
+            values = pd.Categorical(df[c].astype(str), categories=k)
+            parts.append(pd.get_dummies(values, prefix=c, dtype=np.float64).set_index(df.index))
+    x = pd.concat(parts, axis=1)
+    if "inputs" in table:
+        assert list(x.columns) == table["inputs"], (list(x.columns), table["inputs"])
+    return x.to_numpy(np.float32)
+
+
+def csv_dummies(path, label, features, categorical):
+    """pandas reads the CSV, drops rows missing a used value and one-hot encodes
+    each column of categories with get_dummies (its categories, its order: by
+    value for a column of numbers), in place among the features; NumPy
+    standardizes the other columns (population deviation) and leaves the
+    one-hot ones."""
+    import numpy as np
+    import pandas as pd
+
+    features, categorical = json.loads(features), json.loads(categorical)
+    df = pd.read_csv(path).dropna(subset=[label] + features)
+    parts, one_hot = [], []
+    for c in features:
+        if c in categorical:
+            parts.append(pd.get_dummies(df[c], prefix=c, dtype=np.float64))
+        else:
+            parts.append(df[[c]].astype(np.float32).astype(np.float64))
+        one_hot += [c in categorical] * parts[-1].shape[1]
+    x = pd.concat(parts, axis=1)
+    v = x.to_numpy(np.float64)
+    z = v.copy()
+    for k, h in enumerate(one_hot):
+        if not h:
+            z[:, k] = (v[:, k] - v[:, k].mean()) / v[:, k].std()
+    print(json.dumps({"names": list(x.columns), "x": v.tolist(), "z": z.tolist(),
+                      "rows": len(df)}))
+
+
 def onnx_table(model, path):
     """onnxruntime on a CSV file's raw feature values, as pandas reads them."""
     import numpy as np
@@ -192,7 +242,7 @@ def onnx_table(model, path):
     cols = table["columns"]
     df = pd.read_csv(path, sep=table["delimiter"]).dropna(subset=cols)
     s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    logits = s.run(["logits"], {"input": df[cols].to_numpy(np.float32)})[0]
+    logits = s.run(["logits"], {"input": table_x(df, table)})[0]
     # Line numbers: the header is line 1.
     print(json.dumps({"logits": logits.tolist(), "lines": (df.index + 2).tolist(),
                       "classes": json.loads(meta.get("taper.classes", "null"))}))
@@ -212,10 +262,10 @@ def onnx_regression(model, path, split):
     m = onnx.load(model)
     onnx.checker.check_model(m, full_check=True)
     meta = {p.key: p.value for p in m.metadata_props}
-    cols = json.loads(meta["taper.table_input"])["columns"]
+    table = json.loads(meta["taper.table_input"])
     target = json.loads(meta["taper.target"])
-    df = pd.read_csv(path).dropna(subset=cols + [target])
-    x = df[cols].to_numpy(np.float32)
+    df = pd.read_csv(path).dropna(subset=table["columns"] + [target])
+    x = table_x(df, table)
     y = df[target].to_numpy(np.float64)
     s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     predict = lambda x: s.run(["logits"], {"input": x})[0][:, 0].astype(np.float64)
@@ -361,6 +411,8 @@ def main():
         onnx_samples(args[0], args[1], args[2], args[3])
     elif cmd == "torch-cnn":
         torch_cnn(args[0], args[1], args[2])
+    elif cmd == "csv-dummies":
+        csv_dummies(args[0], args[1], args[2], args[3])
     elif cmd == "csv-standardize":
         csv_standardize(args[0], args[1], args[2])
     else:

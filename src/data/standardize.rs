@@ -1,7 +1,7 @@
 //! `data:standardize()`: features shifted and scaled to mean 0 and standard
 //! deviation 1 over a data set's samples, as scikit-learn's
 //! `StandardScaler` does for a table (each feature; population deviation; a
-//! constant feature only shifted) and as torchvision's `Normalize` is used
+//! constant feature only shifted; one-hot categories left as they are) and as torchvision's `Normalize` is used
 //! for images (each channel, with the data set's own mean and deviation).
 //! The statistics come from the training data and are applied unchanged to
 //! the data evaluated against it. A regression target (float `y`, a CSV
@@ -154,7 +154,18 @@ impl Standardize {
                 }
             }
         }
-        let mut s = Standardize::new(moments_of(&groups), span)?;
+        let mut moments = moments_of(&groups);
+        // A table's one-hot categories stay 0 and 1, as scikit-learn's
+        // pipelines scale only the numeric columns.
+        if let Some(table) = data.table_input() {
+            let one_hot = table.one_hot_inputs();
+            if one_hot.len() == moments.mean.len() {
+                for (k, _) in one_hot.iter().enumerate().filter(|(_, &h)| h) {
+                    (moments.mean[k], moments.std[k]) = (0.0, 1.0);
+                }
+            }
+        }
+        let mut s = Standardize::new(moments, span)?;
         if !targets.is_empty() {
             s = s.with_target(moments_of(&targets))?;
         }

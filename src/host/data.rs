@@ -215,6 +215,31 @@ impl UserData for DataHandle {
         m.add_method("classes", |_, this, ()| {
             Ok(this.0.source().classes().map(<[String]>::to_vec))
         });
+        // A CSV file's model inputs by name, one per category for a column
+        // of categories (`sex_female`); nil for other data.
+        m.add_method("feature_names", |_, this, ()| {
+            Ok(this.0.source().table_input().map(|t| t.input_names()))
+        });
+        // A CSV file's columns of categories and theirs, as another file's
+        // `categorical` option takes them; nil when it has none.
+        m.add_method("categories", |lua, this, ()| {
+            let Some(t) = this.0.source().table_input() else {
+                return Ok(Value::Nil);
+            };
+            if t.categories.is_empty() {
+                return Ok(Value::Nil);
+            }
+            let out = lua.create_table()?;
+            for (p, column) in t.columns.iter().enumerate() {
+                if let Some(cats) = t.categories_of(p) {
+                    match column {
+                        crate::data::Column::Name(n) => out.set(n.as_str(), cats.to_vec())?,
+                        crate::data::Column::Index(i) => out.set(*i, cats.to_vec())?,
+                    }
+                }
+            }
+            Ok(Value::Table(out))
+        });
     }
 }
 

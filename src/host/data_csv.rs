@@ -32,6 +32,11 @@ struct CsvOpts {
     classes: Option<Vec<String>>,
     #[serde(default)]
     missing: MissingOpt,
+    /// Read from the Lua table itself ([`categorical`]): serde would see
+    /// only the list part of `{ "island", sex = { ... } }`.
+    #[serde(default)]
+    #[allow(dead_code)]
+    categorical: Option<serde::de::IgnoredAny>,
 }
 
 /// A CSV column: an index (0 the first, -1 the last) or a header name.
@@ -121,8 +126,81 @@ impl CsvOpts {
                 MissingOpt::Error => data::Missing::Error,
                 MissingOpt::Drop => data::Missing::Drop,
             },
+            categorical: Vec::new(),
         })
     }
+}
+
+/// `categorical = { "island", sex = { "female", "male" } }`: columns of
+/// categories, each an index or a header name; an entry whose value is a
+/// list gives its column's categories, its key the column.
+fn categorical(lua: &Lua, v: Value) -> mlua::Result<Vec<(data::Column, Option<Vec<String>>)>> {
+    let what = "taper.data.csv: `categorical`";
+    let t = match v {
+        Value::Nil => return Ok(Vec::new()),
+        Value::Table(t) => t,
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what} is a table of columns (`{{ \"island\", \"sex\" }}`), got {}",
+                    super::options::a_type(&other)
+                ),
+            ))
+        }
+    };
+    let column = |v: &Value| -> Option<data::Column> {
+        match v {
+            Value::String(s) => Some(data::Column::Name(s.to_str().ok()?.to_string())),
+            Value::Integer(i) => Some(data::Column::Index(*i)),
+            Value::Number(n) if n.fract() == 0.0 && n.abs() < 1e15 => {
+                Some(data::Column::Index(*n as i64))
+            }
+            _ => None,
+        }
+    };
+    let mut out = Vec::new();
+    for pair in t.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        let entry = match &v {
+            Value::Table(list) => {
+                let mut names = Vec::new();
+                for c in list.sequence_values::<Value>() {
+                    names.push(match c? {
+                        Value::String(s) => s.to_str()?.to_string(),
+                        Value::Integer(i) => i.to_string(),
+                        Value::Number(n) => lua
+                            .coerce_string(Value::Number(n))?
+                            .map_or_else(|| n.to_string(), |s| s.to_string_lossy()),
+                        other => {
+                            return Err(config_error(
+                                lua,
+                                format!(
+                                    "{what}: a category is a string or a number, got {}",
+                                    super::options::a_type(&other)
+                                ),
+                            ))
+                        }
+                    });
+                }
+                column(&k).map(|c| (c, Some(names)))
+            }
+            _ => column(&v).map(|c| (c, None)),
+        };
+        out.push(entry.ok_or_else(|| {
+            config_error(
+                lua,
+                format!(
+                    "{what}: an entry is a column (an index or a header name) or, under the column's name, a list of its categories; got {}",
+                    super::options::a_type(&v)
+                ),
+            )
+        })?);
+    }
+    // Pairs come in no set order: the file's column order decides the
+    // encoding, and this only the order of messages.
+    out.sort_by_key(|(c, _)| format!("{c:?}"));
+    Ok(out)
 }
 
 fn last_column() -> ColumnOpt {
@@ -139,10 +217,15 @@ pub(super) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
     t.set(
         "csv",
         lua.create_function(|lua, opts: Value| {
+            let raw = match &opts {
+                Value::Table(t) => t.raw_get::<Value>("categorical")?,
+                _ => Value::Nil,
+            };
             let o: CsvOpts = decode(lua, "taper.data.csv", opts)?;
             check_scale(lua, "taper.data.csv", o.scale)?;
             let path = o.path.clone();
-            let options = o.options(lua)?;
+            let mut options = o.options(lua)?;
+            options.categorical = categorical(lua, raw)?;
             check_files(lua, "taper.data.csv", &[&path])?;
             let table = data::csv(&path, &options)
                 .map_err(|e| at_caller(lua, "taper.data.csv", e))?;

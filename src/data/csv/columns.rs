@@ -5,6 +5,7 @@ use std::path::Path;
 
 use csv::StringRecord;
 
+use super::categories::Coder;
 use super::{Column, MISSING};
 use crate::data::files::data_err;
 use crate::data::name_list;
@@ -17,6 +18,8 @@ pub(super) struct Layout {
     pub(super) label: Option<usize>,
     pub(super) features: Vec<usize>,
     pub(super) names: Vec<String>,
+    /// The file's column count.
+    n: usize,
 }
 
 impl Layout {
@@ -91,6 +94,43 @@ impl Layout {
             label,
             features,
             names,
+            n,
+        })
+    }
+
+    /// The place among the features of a column named as categorical.
+    pub(super) fn feature_place(&self, what: &Path, c: &Column) -> Result<usize> {
+        let at = match c {
+            Column::Index(i) => {
+                let at = if *i < 0 { self.n as i64 + i } else { *i };
+                usize::try_from(at).ok().filter(|&at| at < self.n)
+            }
+            Column::Name(name) => self.names.iter().position(|h| h == name),
+        };
+        let Some(at) = at else {
+            return Err(data_err(
+                what,
+                match c {
+                    Column::Index(i) => format!("categorical column {i} is outside the {} columns (0 is the first, -1 the last)", self.n),
+                    Column::Name(name) => format!(
+                        "categorical column `{name}` is not in the header, which names {}",
+                        name_list(&self.names)
+                    ),
+                },
+            ));
+        };
+        self.features.iter().position(|&f| f == at).ok_or_else(|| {
+            data_err(
+                what,
+                format!(
+                    "{} is categorical but not among the features{}",
+                    self.column(at),
+                    match Some(at) == self.label {
+                        true => " (it is the label)",
+                        false => "; add it to `features`",
+                    }
+                ),
+            )
         })
     }
 
@@ -112,24 +152,51 @@ impl Layout {
             .find(|&c| MISSING.contains(&&record[c]))
     }
 
-    /// Appends the record's features, divided by `scale`; a cell that is
-    /// not a finite number is an error naming it (with `hint` after it).
+    /// Appends the record's features: numbers divided by `scale`, and for
+    /// a column with a coder (`coders[p]` for the `p`th feature), its
+    /// category's code. A cell that is not a finite number, or none of
+    /// given categories, is an error naming it; with a `hint` (the file a
+    /// run reads), one that is not a number says how a column of categories
+    /// is read, `hint` after it.
     pub(super) fn features_into(
         &self,
         (what, line): (&Path, usize),
         record: &StringRecord,
         scale: f32,
-        hint: &str,
+        hint: Option<&str>,
+        coders: &mut [Option<Coder>],
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        for &c in &self.features {
+        for (&c, coder) in self.features.iter().zip(coders.iter_mut()) {
             let cell = &record[c];
+            if let Some(coder) = coder {
+                let Some(code) = coder.code(cell) else {
+                    return Err(data_err(
+                        what,
+                        format!(
+                            "line {line}, {}: `{cell}` is not one of the categories ({})",
+                            self.column(c),
+                            name_list(coder.names())
+                        ),
+                    ));
+                };
+                out.push(code as f32);
+                continue;
+            }
             let v: f32 = cell.parse().map_err(|_| {
+                let how = hint.map(|hint| {
+                    let categorical = match self.names.get(c) {
+                        Some(name) => format!("`categorical = {{ {name:?} }}`"),
+                        None => format!("`categorical = {{ {c} }}`"),
+                    };
+                    format!(" (a column of categories is one-hot encoded with {categorical}{hint})")
+                });
                 data_err(
                     what,
                     format!(
-                        "line {line}, {}: `{cell}` is not a number{hint}",
-                        self.column(c)
+                        "line {line}, {}: `{cell}` is not a number{}",
+                        self.column(c),
+                        how.unwrap_or_default()
                     ),
                 )
             })?;
@@ -145,6 +212,22 @@ impl Layout {
             out.push(v / scale);
         }
         Ok(())
+    }
+
+    /// The first categorical feature whose cell is none of its (given)
+    /// categories: the column and the cell.
+    pub(super) fn unknown_category<'r>(
+        &self,
+        record: &'r StringRecord,
+        coders: &mut [Option<Coder>],
+    ) -> Option<(usize, &'r str)> {
+        self.features
+            .iter()
+            .zip(coders.iter_mut())
+            .find_map(|(&c, coder)| match coder.as_mut()?.code(&record[c]) {
+                None => Some((c, &record[c])),
+                Some(_) => None,
+            })
     }
 }
 

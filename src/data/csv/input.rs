@@ -1,12 +1,15 @@
 //! How a table row becomes a model's input, as a run on a CSV file read it:
-//! the feature columns, the divisor and the standardization. A classifier's
+//! the feature columns, the categories of those one-hot encoded, the
+//! divisor and the standardization. A classifier's
 //! checkpoint keeps it ([`TableInput`]), so that `taper classify` reads new
 //! rows the same way and an ONNX export takes raw feature values.
 
 use std::path::Path;
 
+use super::categories::{one_hot, Coder};
 use super::columns::Layout;
 use super::{each_row, read_text, Column, Shape};
+use crate::data::name_list;
 use crate::data::Moments;
 use crate::Result;
 
@@ -30,6 +33,11 @@ pub struct TableInput {
     /// model predicts `(value - mean) / std`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_standardize: Option<Moments>,
+    /// Each column's categories, in the order of their one-hot inputs, for
+    /// a column of categories (none for a number); empty when no column
+    /// has any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub categories: Vec<Option<Vec<String>>>,
 }
 
 /// A CSV file's rows as a model's inputs.
@@ -39,22 +47,56 @@ pub struct TableRows {
     pub values: Vec<f32>,
     /// The line of each row.
     pub lines: Vec<usize>,
-    /// The rows passed over: their line, and what is missing.
+    /// The rows passed over: their line, and why (a missing value, a
+    /// category the run did not train on).
     pub missing: Vec<(usize, String)>,
 }
 
 impl TableInput {
-    /// Features per row.
+    /// The model's inputs per row: one per column of numbers, one per
+    /// category for a column of categories.
     pub fn width(&self) -> usize {
-        self.columns.len()
+        (0..self.columns.len())
+            .map(|p| self.categories_of(p).map_or(1, <[String]>::len))
+            .sum()
+    }
+
+    /// The categories of the `p`th column, when it holds categories.
+    pub fn categories_of(&self, p: usize) -> Option<&[String]> {
+        self.categories.get(p)?.as_deref()
+    }
+
+    /// The name of each of the model's inputs: the column's (its header
+    /// name, or `column 3` without one), and for a column of categories,
+    /// `name_category` for each, as pandas' `get_dummies` names them.
+    pub fn input_names(&self) -> Vec<String> {
+        let mut names = Vec::with_capacity(self.width());
+        for (p, c) in self.columns.iter().enumerate() {
+            match self.categories_of(p) {
+                None => names.push(c.name()),
+                Some(cats) => names.extend(cats.iter().map(|k| format!("{}_{k}", c.name()))),
+            }
+        }
+        names
+    }
+
+    /// Whether each of the model's inputs is a one-hot category (0 or 1,
+    /// neither scaled nor standardized).
+    pub fn one_hot_inputs(&self) -> Vec<bool> {
+        (0..self.columns.len())
+            .flat_map(|p| match self.categories_of(p) {
+                None => vec![false],
+                Some(cats) => vec![true; cats.len()],
+            })
+            .collect()
     }
 
     /// The rows of a CSV file as the model's inputs (row after row,
     /// [`TableInput::width`] values each), with the line of each row. The
     /// file needs the feature columns (by name, or at the training file's
     /// indices); its other columns, a label among them, are not read. Rows
-    /// with a missing value are passed over, each listed with its line and
-    /// what is missing.
+    /// with a missing value, or a category the run did not train on, are
+    /// passed over, each listed with its line and why.
     pub fn read(&self, path: &Path) -> Result<TableRows> {
         let text = read_text(path)?;
         let shape = Shape {
@@ -62,6 +104,22 @@ impl TableInput {
             delimiter: self.delimiter.as_bytes().first().copied().unwrap_or(b','),
         };
         let mut rows = TableRows::default();
+        let mut coders: Vec<Option<Coder>> = (0..self.columns.len())
+            .map(|p| self.categories_of(p).map(Coder::given))
+            .collect();
+        let places: Vec<Vec<u32>> = coders
+            .iter()
+            .map(|c| {
+                c.as_ref()
+                    .map_or(Vec::new(), |c| (0..c.names().len() as u32).collect())
+            })
+            .collect();
+        let kinds: Vec<Option<(usize, &[u32])>> = coders
+            .iter()
+            .zip(&places)
+            .map(|(c, p)| c.as_ref().map(|_| (p.len(), &p[..])))
+            .collect();
+        let mut codes = Vec::with_capacity(self.columns.len());
         each_row(
             path,
             &text,
@@ -73,8 +131,27 @@ impl TableInput {
                     rows.missing.push((line, why));
                     return Ok(());
                 }
+                if let Some((c, cell)) = l.unknown_category(record, &mut coders) {
+                    let p = l.features.iter().position(|&f| f == c).unwrap_or(0);
+                    let why = format!(
+                        "`{cell}` in {} is not a category the run trained on ({})",
+                        l.column(c),
+                        name_list(self.categories_of(p).unwrap_or_default())
+                    );
+                    rows.missing.push((line, why));
+                    return Ok(());
+                }
+                codes.clear();
+                l.features_into(
+                    (path, line),
+                    record,
+                    self.scale,
+                    None,
+                    &mut coders,
+                    &mut codes,
+                )?;
                 let start = rows.values.len();
-                l.features_into((path, line), record, self.scale, "", &mut rows.values)?;
+                rows.values.extend(one_hot(&codes, &kinds));
                 if let Some(m) = &self.standardize {
                     m.apply(&mut rows.values[start..]);
                 }

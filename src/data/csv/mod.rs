@@ -1,17 +1,19 @@
 //! CSV files as samples: numeric feature columns and one label column, read
 //! with the `csv` crate (quoted fields, CRLF line ends, a byte-order mark).
 //! Columns are chosen by index or, with a header, by name; labels are class
-//! indices or class names. Each error names the file, the line and the
-//! column.
+//! indices or class names; a column of categories is one-hot encoded. Each
+//! error names the file, the line and the column.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
+mod categories;
 mod columns;
 mod input;
 
+use categories::{categorical_coders, settle, settled_names, Coder};
 use columns::{named, Layout, Lines};
 pub use input::{TableInput, TableRows};
 
@@ -78,6 +80,10 @@ pub struct CsvOptions {
     /// not a number, class names in sorted order.
     pub classes: Option<Vec<String>>,
     pub missing: Missing,
+    /// Feature columns of categories, each one-hot encoded in place: with
+    /// the categories given, in their order, or else those the file holds,
+    /// sorted (numbers by value).
+    pub categorical: Vec<(Column, Option<Vec<String>>)>,
 }
 
 impl Default for CsvOptions {
@@ -92,6 +98,7 @@ impl Default for CsvOptions {
             split: "all".into(),
             classes: None,
             missing: Missing::Error,
+            categorical: Vec::new(),
         }
     }
 }
@@ -221,7 +228,9 @@ fn other_delimiter(record: &csv::StringRecord, delimiter: u8) -> Option<char> {
 
 /// Parses CSV text as [`csv`] reads a file; `what` names it in errors.
 pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
-    let by_name = named(&opts.label) || opts.features.iter().flatten().any(named);
+    let by_name = named(&opts.label)
+        || opts.features.iter().flatten().any(named)
+        || opts.categorical.iter().any(|(c, _)| named(c));
     let header = match opts.header {
         Some(false) if by_name => {
             return Err(Error::Config(format!(
@@ -237,10 +246,12 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         delimiter: opts.delimiter,
     };
     let hint = match opts.features {
-        None => "; choose the numeric columns with `features = { ... }`",
+        None => "; choose the columns with `features = { ... }`",
         Some(_) => "",
     };
     let (mut features, mut labels) = (Vec::new(), Vec::new());
+    // Made at the first row, from the layout.
+    let mut coders: Option<Vec<Option<Coder>>> = None;
     let mut label_lines = Vec::new();
     let mut dropped = Vec::new();
     let layout = each_row(
@@ -258,6 +269,9 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
             )
         },
         |l, line, record| {
+            if coders.is_none() {
+                coders = Some(categorical_coders(what, l, &opts.categorical)?);
+            }
             if let Some(c) = l.missing(record) {
                 if opts.missing == Missing::Drop {
                     dropped.push(line);
@@ -290,7 +304,14 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
                     ),
                 ));
             }
-            l.features_into((what, line), record, opts.scale, hint, &mut features)?;
+            l.features_into(
+                (what, line),
+                record,
+                opts.scale,
+                Some(hint),
+                coders.as_mut().expect("made at the first row"),
+                &mut features,
+            )?;
             labels.push(record[l.label.expect("a label column")].to_string());
             label_lines.push(line);
             Ok(())
@@ -299,6 +320,11 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     let Some(layout) = layout else {
         return Err(data_err(what, "no rows"));
     };
+    let mut coders = match coders {
+        Some(c) => c,
+        None => categorical_coders(what, &layout, &opts.categorical)?,
+    };
+    let features = settle(features, &mut coders);
     let (labels, classes) = match opts.target {
         true => (
             Labels::Values(target_values(what, &layout, &labels, &label_lines)?),
@@ -335,7 +361,9 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         standardize: None,
         target,
         target_standardize: None,
+        categories: settled_names(&coders),
     };
+    let width = input.width();
     Ok(Csv {
         name: what
             .file_name()
@@ -344,7 +372,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         split: opts.split.clone(),
         features,
         labels,
-        width: layout.features.len(),
+        width,
         classes,
         dropped,
         input,
@@ -474,6 +502,10 @@ impl Source for Csv {
             self.labels.len(),
             self.width
         );
+        let categorical = self.input.categories.iter().flatten().count();
+        if categorical > 0 {
+            s += &format!("; {categorical} columns of categories, one-hot encoded");
+        }
         if let Some(c) = &self.classes {
             s += &format!("; {} classes: {}", c.len(), name_list(c));
         }

@@ -156,11 +156,17 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
     }
     if let Some(input) = meta.table_input {
         // The graph applies the scale and standardization itself.
-        let columns = serde_json::json!({
+        let mut columns = serde_json::json!({
             "columns": input.columns,
             "header": input.header,
             "delimiter": input.delimiter,
         });
+        if !input.categories.is_empty() {
+            // The input holds each column of categories one-hot encoded,
+            // as `inputs` names them (pandas' get_dummies names).
+            columns["categories"] = serde_json::json!(input.categories);
+            columns["inputs"] = serde_json::json!(input.input_names());
+        }
         props.push(entry("taper.table_input", &json(&columns)?));
         if let Some(t) = &input.target {
             // A regression: `logits` holds the target's predicted value.
@@ -254,8 +260,9 @@ impl Builder<'_> {
         name.into()
     }
 
-    /// A CSV run's reading of raw values, as `TableInput::read` applies it:
-    /// divided by the scale, then standardized (each an f32 operation, so
+    /// A CSV run's reading of raw values (a column of categories one-hot
+    /// encoded), as `TableInput::read` applies it: numbers divided by the
+    /// scale, then standardized (each an f32 operation, so
     /// the results are taper's to the bit).
     fn table_input(&mut self, t: &crate::data::TableInput, inputs: usize) -> Result<String> {
         if t.width() != inputs {
@@ -266,7 +273,18 @@ impl Builder<'_> {
         }
         let mut x = "input".to_string();
         if t.scale != 1.0 {
-            let scale = self.constant("input_scale", &[1], &[t.scale]);
+            // One-hot categories are not scaled.
+            let one_hot = t.one_hot_inputs();
+            let scale = match one_hot.contains(&true) {
+                false => self.constant("input_scale", &[1], &[t.scale]),
+                true => {
+                    let each: Vec<f32> = one_hot
+                        .iter()
+                        .map(|&h| if h { 1.0 } else { t.scale })
+                        .collect();
+                    self.constant("input_scale", &[inputs], &each)
+                }
+            };
             x = self.node("Div", &[&x, &scale], vec![]);
         }
         if let Some(m) = &t.standardize {
