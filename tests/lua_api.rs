@@ -438,6 +438,57 @@ fn csv_columns_of_categories_are_one_hot_inputs() {
             ),
         "{msg}"
     );
+    // A file read with its own categories gives the model other inputs:
+    // evaluated, it is refused, naming the first that moved.
+    std::fs::write(
+        dir.path().join("other.csv"),
+        "island,mass,sex,species\nTorgersen,3.5,male,a\nDream,3.5,female,b\n",
+    )
+    .unwrap();
+    let other = dir.path().join("other.csv");
+    let msg = data_error(run(&format!(
+        r#"local d = taper.data.csv{{ path = {train:?}, label = "species", categorical = {{ "island", "sex" }} }}
+        local run = taper.run{{ model = taper.model.mlp{{ inputs = 5, outputs = 2 }}, data = d:batch(2) }}
+        run:evaluate(taper.data.csv{{ path = {other:?}, label = "species", categorical = {{ "island", "sex" }} }})"#
+    )));
+    assert!(
+        msg.contains("recipe.lua:3: run:evaluate")
+            && msg.contains("all's inputs (5) are not the run's (5): without `island_Biscoe`, with `island_Torgersen` besides")
+            && msg.contains("input 0 is `island_Dream` in all's and `island_Biscoe` in the run's")
+            && msg.contains("categorical = train:categories()"),
+        "{msg}"
+    );
+    // Resumed on a file whose categories moved: refused, naming them.
+    let out = dir.path().join("run");
+    let recipe = |path: &std::path::Path| {
+        format!(
+            r#"local d = taper.data.csv{{ path = {path:?}, label = "species", categorical = {{ "island", "sex" }} }}
+            local run = taper.run{{ model = taper.model.mlp{{ inputs = 5, outputs = 2 }}, data = d:batch(2) }}
+            for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end"#
+        )
+    };
+    let host = |resume: Option<std::path::PathBuf>| {
+        Host::new(HostOptions {
+            out_dir: Some(out.clone()),
+            resume,
+            quiet: true,
+            ..HostOptions::default()
+        })
+    };
+    host(None)
+        .unwrap()
+        .run_source("recipe.lua", &recipe(std::path::Path::new(train)))
+        .unwrap();
+    let e = host(Some(out.join("checkpoint.safetensors")))
+        .unwrap()
+        .run_source("recipe.lua", &recipe(&other))
+        .expect_err("other inputs");
+    let msg = render_error(&e);
+    assert_eq!(e.exit_code(), 2, "{msg}");
+    assert!(
+        msg.contains("the data's inputs (5) are not the checkpoint's (5): without `island_Biscoe`"),
+        "{msg}"
+    );
     let msg = data_error(run(&format!(
         r#"taper.data.csv{{ path = {train:?}, label = "species", categorical = {{ "isle" }} }}"#
     )));

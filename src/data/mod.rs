@@ -122,6 +122,34 @@ pub fn name_list(classes: &[String]) -> String {
 /// "val's classes (9) are not the run's (10): without `bag`; label 1 is
 /// `coat` in val's and `bag` in the run's".
 pub fn class_difference(ours: (&str, &[String]), theirs: (&str, &[String])) -> Option<String> {
+    list_difference(("classes", "label"), ours, theirs)
+}
+
+/// How the model inputs of table data `theirs` (a name, its reading) differ
+/// from those of `ours`, by name (`sex_female`), as [`class_difference`]
+/// words it; `None` when they are the same, or when one file names its
+/// columns and the other does not (the names cannot be compared then,
+/// unless a column of categories is involved).
+pub fn input_difference(ours: (&str, &TableInput), theirs: (&str, &TableInput)) -> Option<String> {
+    let (o, t) = (ours.1, theirs.1);
+    let categories = !o.categories.is_empty() || !t.categories.is_empty();
+    if o.header != t.header && !categories {
+        return None;
+    }
+    list_difference(
+        ("inputs", "input"),
+        (ours.0, &o.input_names()),
+        (theirs.0, &t.input_names()),
+    )
+}
+
+/// [`class_difference`] for a list of any `kind` (`classes`), whose
+/// places are each an `item` (`label`).
+fn list_difference(
+    (kind, item): (&str, &str),
+    ours: (&str, &[String]),
+    theirs: (&str, &[String]),
+) -> Option<String> {
     let ((on, o), (tn, t)) = (ours, theirs);
     if o == t {
         return None;
@@ -144,13 +172,13 @@ pub fn class_difference(ours: (&str, &[String]), theirs: (&str, &[String])) -> O
         .position(|(a, b)| a != b)
         .unwrap_or(o.len().min(t.len()));
     let label = match (o.get(at), t.get(at)) {
-        (Some(a), Some(b)) => format!("label {at} is `{b}` in {tn} and `{a}` in {on}"),
-        (Some(a), None) => format!("{tn} has no label {at} (`{a}` in {on})"),
-        (None, Some(b)) => format!("{on} has no label {at} (`{b}` in {tn})"),
+        (Some(a), Some(b)) => format!("{item} {at} is `{b}` in {tn} and `{a}` in {on}"),
+        (Some(a), None) => format!("{tn} has no {item} {at} (`{a}` in {on})"),
+        (None, Some(b)) => format!("{on} has no {item} {at} (`{b}` in {tn})"),
         (None, None) => unreachable!("equal lists return early"),
     };
     Some(format!(
-        "{tn} classes ({}) are not {on} ({}): {}; {label}",
+        "{tn} {kind} ({}) are not {on} ({}): {}; {label}",
         t.len(),
         o.len(),
         parts.join(", ")
@@ -180,6 +208,39 @@ mod tests {
         assert_eq!(
             class_difference(("the run's", &run), ("val's", &names("bag ankle coat"))).unwrap(),
             "val's classes (3) are not the run's (3): the same names in another order; label 0 is `bag` in val's and `ankle` in the run's"
+        );
+        // Table inputs: by name, unless one file names its columns and the
+        // other does not (and no column holds categories).
+        let table = |columns: Vec<Column>, header, categories| TableInput {
+            columns,
+            header,
+            delimiter: ",".into(),
+            scale: 1.0,
+            standardize: None,
+            target: None,
+            target_standardize: None,
+            categories,
+        };
+        let named = table(
+            vec![Column::Name("a".into()), Column::Name("b".into())],
+            true,
+            vec![],
+        );
+        let plain = table(vec![Column::Index(0), Column::Index(1)], false, vec![]);
+        assert_eq!(
+            input_difference(("the run's", &named), ("val's", &plain)),
+            None
+        );
+        let cats = |k: &[&str]| vec![None, Some(k.iter().map(|c| c.to_string()).collect())];
+        let ours = table(named.columns.clone(), true, cats(&["x", "y"]));
+        let theirs = table(named.columns.clone(), true, cats(&["x", "z"]));
+        assert_eq!(
+            input_difference(("the run's", &ours), ("val's", &ours)),
+            None
+        );
+        assert_eq!(
+            input_difference(("the run's", &ours), ("val's", &theirs)).unwrap(),
+            "val's inputs (3) are not the run's (3): without `b_y`, with `b_z` besides; input 2 is `b_z` in val's and `b_y` in the run's"
         );
         let many: Vec<String> = (0..11).map(|i| format!("c{i}")).collect();
         assert_eq!(

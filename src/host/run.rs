@@ -220,6 +220,10 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         let mut r = run.get_mut()?;
         r.core
             .check_classes(&whose, p.source().classes())
+            .and_then(|()| {
+                r.core
+                    .check_inputs(&whose, p.source().table_input().as_ref())
+            })
             .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
         if let (false, Some(Feed::Pipeline(train))) = (r.warned_same_name, &r.data) {
             let name = p.split_name();

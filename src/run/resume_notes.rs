@@ -1,6 +1,6 @@
 //! What a resumed run is told about how it differs from its checkpoint,
-//! besides the learning rate (`Run::resume`), and the difference it is
-//! refused for: data of other classes.
+//! besides the learning rate (`Run::resume`), and the differences it is
+//! refused for: data of other classes, table data of other inputs.
 
 /// Whether the data's class names (`data`) are those the checkpoint's model
 /// learned (`saved`), when both are known: a renamed class folder would
@@ -18,6 +18,26 @@ pub(super) fn same_classes(
         None => Ok(()),
         Some(why) => Err(crate::Error::Data(format!(
             "resuming {}: {why}; its model's outputs are the checkpoint's classes, so training on this data would teach it other ones. Resume with the data it was trained on, or label this data by the checkpoint's classes (taper.data.images{{ classes = {{...}} }})",
+            path.display()
+        ))),
+    }
+}
+
+/// Whether the data gives the checkpoint's model the inputs it learned
+/// (`saved`), for table data: a column of categories read with other
+/// categories (the file gained one) would move them. Bad input (exit 2).
+pub(super) fn same_inputs(
+    path: &std::path::Path,
+    saved: Option<&crate::data::TableInput>,
+    data: Option<&crate::data::TableInput>,
+) -> crate::Result<()> {
+    let (Some(saved), Some(data)) = (saved, data) else {
+        return Ok(());
+    };
+    match crate::data::input_difference(("the checkpoint's", saved), ("the data's", data)) {
+        None => Ok(()),
+        Some(why) => Err(crate::Error::Data(format!(
+            "resuming {}: {why}; its model learned the checkpoint's inputs. Resume with the data it was trained on, or give the checkpoint's categories: taper.data.csv{{ categorical = {{ column = {{...}} }} }}",
             path.display()
         ))),
     }

@@ -74,6 +74,11 @@ impl Run {
     pub fn resume(&mut self, path: &Path) -> Result<(CheckpointMeta, Option<String>)> {
         let meta = self.trainer.load(path)?;
         super::resume_notes::same_classes(path, meta.classes.as_deref(), self.classes.as_deref())?;
+        super::resume_notes::same_inputs(
+            path,
+            meta.table_input.as_ref(),
+            self.table_input.as_ref(),
+        )?;
         let mut notes = Vec::new();
         if !meta.recipe_hash.is_empty() && meta.recipe_hash != self.recipe_hash {
             notes.push(format!(

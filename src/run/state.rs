@@ -301,6 +301,22 @@ impl Run {
         }
     }
 
+    /// Whether table data read as `input` (`name` says whose) gives the
+    /// model the inputs the run's training data did: an error naming the
+    /// first that differs (a column of categories read with other
+    /// categories would put each in another input).
+    pub fn check_inputs(&self, name: &str, input: Option<&crate::data::TableInput>) -> Result<()> {
+        let (Some(ours), Some(theirs)) = (&self.table_input, input) else {
+            return Ok(());
+        };
+        match crate::data::input_difference(("the run's", ours), (name, theirs)) {
+            None => Ok(()),
+            Some(why) => Err(crate::Error::Data(format!(
+                "{why}; read it as the run's training data, its columns of categories with the training data's categories: taper.data.csv{{ path = ..., categorical = train:categories() }}"
+            ))),
+        }
+    }
+
     /// Mean loss and accuracy over `batches` with OOM recovery; `objective`
     /// defaults to the run's own loss when that is not plain cross-entropy.
     pub fn evaluate(
