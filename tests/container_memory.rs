@@ -155,6 +155,15 @@ fn a_batch_larger_than_the_containers_limit_trains_in_micro_batches_to_the_same_
         "{said}"
     );
     assert!(said.contains("it runs in micro-batches of"), "{said}");
+    // `taper plan` in the same container says whose limit it plans under.
+    let o = group.run(&["plan", "scripts/shakespeare.lua", "--set", "batch=1024"])?;
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains("the container's limit is 300.0 MiB (")
+            && said.contains("micro-batches of at most"),
+        "{said}"
+    );
 
     // The same run with no limit: one whole batch a step.
     let args = shakespeare(&free, &[]);

@@ -78,6 +78,14 @@ pub fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitC
             q.batch,
             human(q.peak(q.batch, false))
         );
+        if let (None, Some((limit, file))) = (mem_limit, &p.container) {
+            say!(
+                "  the container's limit is {} ({}): a run keeps its heap under {}",
+                human(*limit),
+                file.display(),
+                p.limit.map_or_else(|| "?".into(), human)
+            );
+        }
         if let Some(limit) = mem_limit.or(p.limit) {
             match q.max_micro(limit, margin) {
                 Some(m) if m >= q.batch => say!(

@@ -14,6 +14,9 @@ pub struct RunPlan {
     pub limit: Option<usize>,
     /// The micro-batches the activations were measured on.
     pub probes: Vec<usize>,
+    /// When the budget is a container's: its limit and the file it was
+    /// read from.
+    pub container: Option<(usize, std::path::PathBuf)>,
 }
 
 impl Host {
@@ -37,6 +40,10 @@ impl Host {
                 plan: probed.plan,
                 limit: r.core.oom.budget,
                 probes: probed.probes,
+                container: match (&self.state.container, r.under_container) {
+                    (Some(c), true) => Some((c.limit.limit, c.limit.file.clone())),
+                    _ => None,
+                },
             });
         }
         Ok(out)

@@ -81,6 +81,7 @@ fn create(
         warned_unstandardized: false,
         warned_same_name: false,
         plan: None,
+        under_container: false,
         declared,
         last_good: None,
     };
@@ -91,6 +92,7 @@ fn create(
         let probed = super::plan::plan_of(&run, ceiling).map_err(lua_err)?;
         run.plan = (probed.plan.batch > 0).then_some(probed.plan);
         if let (true, Some(c)) = (o.container_budget, &host.container) {
+            run.under_container = true;
             super::memory_limit::start_under(&mut run, c, probed.residency, &host.out);
         }
     }
