@@ -164,25 +164,7 @@ fn categorical(lua: &Lua, v: Value) -> mlua::Result<Vec<(data::Column, Option<Ve
         let (k, v) = pair?;
         let entry = match &v {
             Value::Table(list) => {
-                let mut names = Vec::new();
-                for c in list.sequence_values::<Value>() {
-                    names.push(match c? {
-                        Value::String(s) => s.to_str()?.to_string(),
-                        Value::Integer(i) => i.to_string(),
-                        Value::Number(n) => lua
-                            .coerce_string(Value::Number(n))?
-                            .map_or_else(|| n.to_string(), |s| s.to_string_lossy()),
-                        other => {
-                            return Err(config_error(
-                                lua,
-                                format!(
-                                    "{what}: a category is a string or a number, got {}",
-                                    super::options::a_type(&other)
-                                ),
-                            ))
-                        }
-                    });
-                }
+                let names = category_list(lua, list)?;
                 column(&k).map(|c| (c, Some(names)))
             }
             _ => column(&v).map(|c| (c, None)),
@@ -201,6 +183,31 @@ fn categorical(lua: &Lua, v: Value) -> mlua::Result<Vec<(data::Column, Option<Ve
     // encoding, and this only the order of messages.
     out.sort_by_key(|(c, _)| format!("{c:?}"));
     Ok(out)
+}
+
+/// A column's given categories: strings, or numbers written as Lua
+/// writes them (`2007`), as a cell holds them.
+fn category_list(lua: &Lua, list: &Table) -> mlua::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for c in list.sequence_values::<Value>() {
+        names.push(match c? {
+            Value::String(s) => s.to_str()?.to_string(),
+            Value::Integer(i) => i.to_string(),
+            Value::Number(n) => lua
+                .coerce_string(Value::Number(n))?
+                .map_or_else(|| n.to_string(), |s| s.to_string_lossy()),
+            other => {
+                return Err(config_error(
+                    lua,
+                    format!(
+                        "taper.data.csv: `categorical`: a category is a string or a number, got {}",
+                        super::options::a_type(&other)
+                    ),
+                ))
+            }
+        });
+    }
+    Ok(names)
 }
 
 fn last_column() -> ColumnOpt {
