@@ -208,3 +208,64 @@ fn without_the_plan_the_same_run_is_killed_by_the_limit() -> Result<()> {
     assert_eq!(o.status.signal(), Some(9), "{:?}: {}", o.status, text(&o));
     Ok(())
 }
+
+/// An evaluation batch past the limit (every held-out window, 1,562, in one
+/// batch) goes in pieces no larger than the planned micro-batch, and gives
+/// the unlimited evaluation's loss. Before, the kernel killed the run
+/// inside `run:evaluate` (exit 137).
+#[test]
+fn an_evaluation_batch_past_the_limit_is_evaluated_in_pieces() -> Result<()> {
+    let Some(group) = cgroup_or_skip("taper-eval", 300 * MIB)? else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let (inside, free) = (tmp.path().join("inside"), tmp.path().join("free"));
+    let args = |out: &Path| -> Vec<String> {
+        let mut a = vec!["train".to_string(), "scripts/shakespeare.lua".into()];
+        for set in [
+            "steps=2",
+            "epochs=1",
+            "sample=0",
+            "val_batch=4096",
+            "val_windows=4096",
+        ] {
+            a.extend(["--set".to_string(), set.into()]);
+        }
+        a.extend(["--out".to_string(), out.display().to_string()]);
+        a
+    };
+    let a = args(&inside);
+    let o = group.run(&a.iter().map(String::as_str).collect::<Vec<_>>())?;
+    if !o.status.success() {
+        bail!(
+            "the evaluation under 300 MiB failed ({:?}):\n{}",
+            o.status,
+            text(&o)
+        );
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(args(&free))
+        .output()?;
+    assert!(o.status.success(), "{}", text(&o));
+    // One evaluation, after the epoch: its samples are the 64 positions of
+    // each window.
+    let evals = |out: &Path| -> Vec<(f64, u64)> {
+        common::records(out, "eval")
+            .iter()
+            .map(|e| {
+                (
+                    e["loss"].as_f64().unwrap_or(f64::NAN),
+                    e["samples"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    let (ours, theirs) = (evals(&inside), evals(&free));
+    assert_eq!(ours.len(), theirs.len());
+    assert_eq!(ours[0].1, 1562 * 64);
+    for ((a, n), (b, m)) in ours.iter().zip(&theirs) {
+        assert_eq!(n, m);
+        assert!((a - b).abs() <= 1e-5 * b, "loss {a} in pieces, {b} whole");
+    }
+    Ok(())
+}

@@ -56,7 +56,8 @@ impl Recovery {
     }
 
     /// One evaluation batch (this rank's shard of it), in pieces of at most
-    /// the evaluation cap, retried after each OOM as the policy says.
+    /// the evaluation cap and the ceiling, retried after each OOM as the
+    /// policy says.
     fn evaluate_batch(
         &mut self,
         job: &Job<'_>,
@@ -84,7 +85,15 @@ impl Recovery {
         loop {
             attempt += 1;
             HostMemory::reset_peak();
-            let piece = self.eval_cap.unwrap_or(room).clamp(1, room.max(1));
+            // Under a container's limit an evaluation batch goes in pieces
+            // no larger than a training micro-batch may be: forward alone
+            // needs less, and past the limit the kernel kills the run
+            // before an OOM could be seen.
+            let piece = self
+                .eval_cap
+                .unwrap_or(room)
+                .min(self.ceiling.unwrap_or(usize::MAX))
+                .clamp(1, room.max(1));
             let result = match &mine {
                 Some(b) => trainer.eval_batch(job.model, b, piece, job.objective, &mut |p| {
                     self.check(step, attempt, p)

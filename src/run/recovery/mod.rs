@@ -55,7 +55,8 @@ pub struct Recovery {
     pub cap: Option<usize>,
     /// A micro-batch never passed, whatever the policy asks: the most the
     /// plan says fits under a limit the kernel enforces by killing (a
-    /// container's), where an OOM would come too late to recover.
+    /// container's), where an OOM would come too late to recover. An
+    /// evaluation batch goes in pieces no larger.
     pub ceiling: Option<usize>,
     /// The largest evaluation batch known to fit.
     pub eval_cap: Option<usize>,

@@ -289,5 +289,26 @@ fn a_ceiling_holds_against_a_policy_that_grows_and_after_an_oom() -> Result<()> 
     assert_eq!(log, [(Phase::Backward, "split", 8)]);
     let d = rel_diff(&weights(&t), &weights(&plain));
     assert!(d < 1e-6, "weights differ by {d}");
+
+    // An evaluation batch of 64 goes in pieces of the ceiling: an OOM in
+    // one halves 16, not 64.
+    let test = batches("test", 1);
+    assert_eq!(test[0].len(), 64);
+    let plain_eval =
+        Recovery::default().evaluate(&t, test.clone().into_iter().map(Ok), None, 1, &mut |_| {
+            Ok(())
+        })?;
+    let mut rec = inject(t.step + 1, Phase::Eval, 1);
+    rec.ceiling = Some(16);
+    let mut log = Log::new();
+    let ev = rec.evaluate(&t, test.into_iter().map(Ok), None, 1, &mut |r| {
+        log.push((r.event.phase, r.action.name(), r.new_micro_batch));
+        Ok(())
+    })?;
+    assert_eq!(log, [(Phase::Eval, "split", 8)]);
+    assert!(
+        (ev.loss - plain_eval.loss).abs() <= 1e-6 * plain_eval.loss,
+        "{ev:?} {plain_eval:?}"
+    );
     Ok(())
 }
