@@ -755,6 +755,49 @@ fn shipped_recipe_reloads(recipe: &str, set: &[&str]) {
     child.wait().unwrap();
 }
 
+/// The shipped mass regression, edited under `--watch` to give the sex
+/// column's categories in the other order: the same width, but each
+/// one-hot input would move. The reload is refused, naming the first input
+/// that moved, and the run goes on.
+#[test]
+fn a_reload_that_moves_a_tables_inputs_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = "penguins_mass.lua";
+    let path = dir.path().join(recipe);
+    let mut child = watched_shipped(dir.path(), recipe, &["epochs=100000"]);
+    wait_for(&mut child, dir.path(), "the config record", |r| {
+        r["event"] == "config"
+    });
+    let text = std::fs::read_to_string(&path).unwrap();
+    let old = r#"categorical = { "species", "sex" },"#;
+    assert!(
+        text.contains(old),
+        "the recipe names its categorical columns"
+    );
+    let edited = text.replace(
+        old,
+        r#"categorical = { "species", sex = { "male", "female" } },"#,
+    );
+    save(&path, &edited);
+    let refused = wait_for(&mut child, dir.path(), "the refused reload", |r| {
+        r["event"] == "reload"
+    });
+    assert_eq!(refused["ok"], false, "{refused}");
+    let why = refused["error"].as_str().unwrap();
+    assert!(
+        why.contains("a reload cannot change the model's inputs")
+            && why
+                .contains("input 3 is `sex_male` in the new data's and `sex_female` in the run's"),
+        "{why}"
+    );
+    let step = refused["step"].as_u64().unwrap_or(0);
+    wait_for(&mut child, dir.path(), "a step after the refusal", |r| {
+        r["step"].as_u64().is_some_and(|s| s > step) && r["event"] != "reload"
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 #[test]
 fn shipped_digits_reloads() {
     shipped_recipe_reloads("digits.lua", &["epochs=100000"]);

@@ -10,7 +10,8 @@
 //!   stays otherwise), the optimizer's `lr`, and everything the recipe's
 //!   loop does from the next epoch (or safe point);
 //! - may not change: the model's architecture, the optimizer's kind and its
-//!   settings other than `lr`, and the run's `seed`.
+//!   settings other than `lr`, the run's `seed`, and the inputs table data
+//!   gives the model (a CSV file's columns and categories).
 //!
 //! The staged strategies are swapped in only when the new version reaches
 //! its first safe point (`commit`).
@@ -112,6 +113,21 @@ fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
                 o.optim.describe()
             ),
         ));
+    }
+    // Table rows must become the inputs the model learned: a column of
+    // categories read with other categories would move them.
+    if let (Some(Feed::Pipeline(p)), Some(ours)) = (&o.data, &r.core.table_input) {
+        if let Some(theirs) = p.source().table_input() {
+            let theirs = ("the new data's", &theirs);
+            if let Some(why) = crate::data::input_difference(("the run's", ours), theirs) {
+                return Err(config_error(
+                    lua,
+                    format!(
+                        "taper.run: a reload cannot change the model's inputs: {why}; {restart}"
+                    ),
+                ));
+            }
+        }
     }
     if o.seed != r.core.seed {
         return Err(config_error(
