@@ -8,6 +8,7 @@ mod checkpoints;
 #[path = "../common/mod.rs"]
 mod common;
 mod drills;
+mod permissions;
 mod recipes;
 mod save_signal;
 mod terminal;

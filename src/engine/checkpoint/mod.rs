@@ -132,11 +132,13 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 /// path. A write that failed (a full disk) leaves no partial file behind.
 fn written(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
     let tmp = with_suffix(path, ".tmp");
-    let synced = write(&tmp).and_then(|()| {
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(&tmp, e))
-    });
+    let synced = plain_mode(path, &tmp)
+        .and_then(|mode| write(&tmp).map(|()| mode))
+        .and_then(|mode| {
+            let f = std::fs::File::open(&tmp).map_err(|e| Error::io(&tmp, e))?;
+            f.set_permissions(mode).map_err(|e| Error::io(&tmp, e))?;
+            f.sync_all().map_err(|e| Error::io(&tmp, e))
+        });
     match synced {
         Ok(()) => Ok(tmp),
         Err(e) => {
@@ -144,6 +146,30 @@ fn written(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathB
             Err(e)
         }
     }
+}
+
+/// The permissions `path` would have if written in place with
+/// `File::create`: its own when it exists, otherwise what the umask gives a
+/// new file, learnt by creating `tmp` (not truncated: a leftover of a killed
+/// save is removed when the next run starts in the folder). safetensors
+/// writes through a temporary file of mode 0600 and renames it
+/// (safetensors#782), which would leave checkpoints and exports readable by
+/// their owner alone, unlike every other file a run writes.
+fn plain_mode(path: &Path, tmp: &Path) -> Result<std::fs::Permissions> {
+    use std::os::unix::fs::PermissionsExt;
+    let bits =
+        |m: std::fs::Metadata| std::fs::Permissions::from_mode(m.permissions().mode() & 0o7777);
+    if let Ok(m) = std::fs::metadata(path) {
+        return Ok(bits(m));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(tmp)
+        .and_then(|f| f.metadata())
+        .map(bits)
+        .map_err(|e| Error::io(tmp, e))
 }
 
 /// Writes a file through `write(tmp)`, synced, then renamed into place: a
