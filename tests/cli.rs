@@ -738,6 +738,83 @@ fn an_image_folder_of_splits_gets_a_warning() {
     );
 }
 
+/// Files in an image folder that are not images taper reads (a GIF, a
+/// phone's HEIC) are passed over, as torchvision's `ImageFolder` does, but
+/// said, for the shipped recipe's training and validation folders and for
+/// `taper classify` on a folder; hidden files and Windows' `Thumbs.db` are
+/// passed over without a word.
+#[test]
+fn files_an_image_folder_passes_over_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("pets");
+    for split in ["train", "val"] {
+        for class in ["cat", "dog"] {
+            let d = root.join(format!("{split}/{class}"));
+            std::fs::create_dir_all(&d).unwrap();
+            for (i, shade) in [0u8, 60].into_iter().enumerate() {
+                let v = if class == "cat" { shade } else { 255 - shade };
+                image::RgbImage::from_pixel(4, 4, image::Rgb([v, v, v]))
+                    .save(d.join(format!("{i}.png")))
+                    .unwrap();
+            }
+            std::fs::write(d.join("2.gif"), b"GIF89a").unwrap();
+            std::fs::write(d.join("IMG_0001.HEIC"), b"").unwrap();
+            std::fs::write(d.join("Thumbs.db"), b"").unwrap();
+            std::fs::write(d.join(".DS_Store"), b"").unwrap();
+        }
+    }
+    let out = dir.path().join("out");
+    let data = format!("data={}", root.display());
+    let o = taper(&[
+        "train",
+        "scripts/image_folder.lua",
+        "--out",
+        s(&out),
+        "--set",
+        &data,
+        "--set",
+        "size=4",
+        "--set",
+        "channels=3",
+        "--set",
+        "epochs=1",
+    ]);
+    let (said, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        said.contains("2 classes (cat, dog), 4 train / 4 val images"),
+        "{said}"
+    );
+    for split in ["train", "val"] {
+        let want = format!(
+            "taper: warning: taper.data.images: {}: passed over: 4 files not of a type read as an image (.gif: 2, such as ",
+            root.join(split).display()
+        );
+        assert_eq!(err.matches(&want).count(), 1, "{want} in {err}");
+    }
+    assert!(
+        err.contains("; .heic: 2, such as ") && err.contains("convert the others to PNG or JPEG"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("Thumbs") && !err.contains("DS_Store"),
+        "{err}"
+    );
+
+    let cats = root.join("val/cat");
+    let o = taper(&["classify", s(&out), s(&cats)]);
+    let (said, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(said.lines().count(), 2, "{said}");
+    assert!(
+        err.contains(&format!(
+            "taper classify: {}: passed over: 2 files not of a type read as an image (.gif: 1, such as ",
+            cats.display()
+        )),
+        "{err}"
+    );
+}
+
 /// `t.csv` in `dir`: 40 rows of two number features `a`, `b` and a label `c`.
 fn two_features(dir: &Path) -> PathBuf {
     let rows: String = (0..40)

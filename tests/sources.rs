@@ -1143,7 +1143,7 @@ fn standardizing_images_is_per_channel_and_the_image_input_keeps_it() -> Result<
     let batch = data.epoch(1, 5, 0).next().unwrap()?;
     let rows = batch.x.to_vec2::<f32>()?;
     for (row, &i) in rows.iter().zip(&batch.indices) {
-        let file = &taper::data::image_files(root)?[i];
+        let file = &taper::data::image_files(root)?.images[i];
         assert_eq!(&input.read(file)?, row, "{}", file.display());
     }
 

@@ -2,8 +2,8 @@
 //! `ImageFolder` reads it: `ROOT/CLASS/.../IMAGE`, the classes in sorted
 //! order (label 0 is the first), the images of each class in sorted order
 //! of their folder, then their name, and only files with an image
-//! extension. Hidden folders and files (a name starting with a dot) are
-//! passed over. Each sample is the image's pixels, channel first (as
+//! extension (see `image_files`: other files are passed over, and counted
+//! for a warning). Each sample is the image's pixels, channel first (as
 //! `ToTensor`), divided by `scale`; the label is its class.
 //!
 //! The headers are read when the source is made (every file is an image
@@ -18,13 +18,9 @@ use image::imageops::FilterType;
 use rayon::prelude::*;
 
 use super::augment::Augment;
+use super::image_files::{class_folders, extension_list, image_files, PassedOver};
 use super::Source;
 use crate::{Error, Result};
-
-/// torchvision's `IMG_EXTENSIONS`, compared without case.
-const EXTENSIONS: [&str; 9] = [
-    "jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp",
-];
 
 /// The image folder source.
 pub struct Images {
@@ -41,6 +37,8 @@ pub struct Images {
     scale: f32,
     /// Random crops and flips, drawn per epoch and sample.
     augment: Option<Augment>,
+    /// The class folders' files that are not images.
+    passed_over: PassedOver,
 }
 
 pub(super) fn data_err(path: &Path, msg: impl std::fmt::Display) -> Error {
@@ -56,53 +54,6 @@ pub(super) fn image_err(path: &Path, e: image::ImageError) -> Error {
         ),
         e => data_err(path, format!("not a readable image: {e}")),
     }
-}
-
-fn is_image(path: &Path) -> bool {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
-}
-
-/// A name starting with a dot: `.ipynb_checkpoints`, `.DS_Store`. Unlike
-/// `ImageFolder`, which makes a class of a hidden folder, they are passed
-/// over.
-fn hidden(path: &Path) -> bool {
-    path.file_name()
-        .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-}
-
-/// The image files under `dir`, in `ImageFolder`'s order: folders sorted
-/// by their path, names sorted within each (links followed, as it does,
-/// each folder once); hidden ones and other files passed over.
-pub fn image_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut folders = vec![dir.to_path_buf()];
-    let mut found: Vec<(String, String, PathBuf)> = Vec::new();
-    // A link back up the tree (`ln -s .. loop`) would be walked for ever.
-    let mut seen = std::collections::HashSet::new();
-    while let Some(d) = folders.pop() {
-        if !seen.insert(std::fs::canonicalize(&d).map_err(|e| data_err(&d, e))?) {
-            continue;
-        }
-        let entries = std::fs::read_dir(&d).map_err(|e| data_err(&d, e))?;
-        for entry in entries {
-            let path = entry.map_err(|e| data_err(&d, e))?.path();
-            if hidden(&path) {
-                continue;
-            } else if path.is_dir() {
-                folders.push(path);
-            } else if is_image(&path) {
-                let name = path.file_name().unwrap_or_default();
-                found.push((
-                    d.to_string_lossy().into_owned(),
-                    name.to_string_lossy().into_owned(),
-                    path,
-                ));
-            }
-        }
-    }
-    found.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-    Ok(found.into_iter().map(|(_, _, p)| p).collect())
 }
 
 /// The image folder at `root`. `size` (height, width) resizes every image
@@ -176,19 +127,18 @@ fn read(
     split: &str,
 ) -> Result<Images> {
     let mut files = Vec::new();
+    let mut passed_over = PassedOver::default();
     for (label, class) in classes.iter().enumerate() {
         let dir = root.join(class);
         let found = image_files(&dir)?;
-        if found.is_empty() {
+        if found.images.is_empty() {
             return Err(data_err(
                 &dir,
-                format!(
-                    "class `{class}` holds no image ({})",
-                    EXTENSIONS.map(|e| format!(".{e}")).join(", ")
-                ),
+                format!("class `{class}` holds no image ({})", extension_list()),
             ));
         }
-        files.extend(found.into_iter().map(|p| (p, label as u32)));
+        files.extend(found.images.into_iter().map(|p| (p, label as u32)));
+        passed_over.merge(found.passed_over);
     }
     let first = one_size(&files, size.is_none())?;
     Ok(Images {
@@ -201,72 +151,8 @@ fn read(
         resize: size.is_some(),
         scale,
         augment: None,
+        passed_over,
     })
-}
-
-/// When `root`'s class folders look like splits (`train`, `val`), each
-/// holding no image of its own but the same class folders as the others
-/// (a `path` one level too high), what to say: the folder would train a
-/// model to tell the splits apart. `ImageFolder` reads such a folder as
-/// taper does, so it is a warning, not an error.
-pub fn split_like(root: &Path, classes: &[String]) -> Option<String> {
-    if classes.len() < 2 {
-        return None;
-    }
-    let mut inner: Option<Vec<String>> = None;
-    for class in classes {
-        let dir = root.join(class);
-        let mut subfolders = Vec::new();
-        for entry in std::fs::read_dir(&dir).ok()? {
-            let path = entry.ok()?.path();
-            if hidden(&path) {
-                continue;
-            } else if path.is_dir() {
-                subfolders.push(path.file_name()?.to_string_lossy().into_owned());
-            } else if is_image(&path) {
-                return None;
-            }
-        }
-        subfolders.sort();
-        match &inner {
-            _ if subfolders.is_empty() => return None,
-            Some(seen) if *seen != subfolders => return None,
-            _ => inner = Some(subfolders),
-        }
-    }
-    let inner = inner?;
-    Some(format!(
-        "{}: its class folders {} each hold the same {} folders ({}) and no image of their own: they look like splits, not classes, and a model trained on them learns to tell the splits apart; give the split's folder as `path` ({})",
-        root.display(),
-        super::name_list(classes),
-        inner.len(),
-        super::name_list(&inner),
-        root.join(&classes[0]).display()
-    ))
-}
-
-/// The class folders of `root`, sorted (hidden ones passed over).
-fn class_folders(root: &Path) -> Result<Vec<String>> {
-    let mut classes = Vec::new();
-    for entry in std::fs::read_dir(root).map_err(|e| data_err(root, e))? {
-        let path = entry.map_err(|e| data_err(root, e))?.path();
-        if path.is_dir() && !hidden(&path) {
-            classes.push(
-                path.file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-        }
-    }
-    classes.sort();
-    if classes.is_empty() {
-        return Err(data_err(
-            root,
-            "holds no class folders: an image folder is ROOT/CLASS/IMAGE, one folder per class",
-        ));
-    }
-    Ok(classes)
 }
 
 /// Reads every image's header (in parallel): each is an image taper can
@@ -307,6 +193,12 @@ impl Images {
     pub fn augmented(mut self, augment: Augment) -> Images {
         self.augment = Some(augment);
         self
+    }
+
+    /// What to say of the files in the class folders that are not images
+    /// taper reads (a `.gif`), which it passes over; nothing when none were.
+    pub fn passed_over_note(&self) -> Option<String> {
+        self.passed_over.note(&self.root)
     }
 
     /// The class names, label 0 first.

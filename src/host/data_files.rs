@@ -402,6 +402,9 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
                     super::state(lua).out.warn(&format!("{WHAT}: {why}"));
                 }
             }
+            if let Some(why) = images.passed_over_note() {
+                super::state(lua).out.warn(&format!("{WHAT}: {why}"));
+            }
             if let Some(a) = augment {
                 images = images.augmented(a);
             }

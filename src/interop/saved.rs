@@ -249,7 +249,13 @@ pub fn classify_checkpoint(
     let mut images = Vec::new();
     for f in files {
         match f.is_dir() {
-            true => images.extend(crate::data::image_files(f)?),
+            true => {
+                let found = crate::data::image_files(f)?;
+                if let Some(why) = found.passed_over.summary() {
+                    skip(&f.display().to_string(), &why);
+                }
+                images.extend(found.images)
+            }
             false => images.push(f.clone()),
         }
     }
