@@ -320,11 +320,13 @@ function taper.data.idx(opts) end
 ---`label`: a number column to predict (a regression, `taper.loss.mse{}`). Features are numbers,
 ---divided by `scale`. A missing value (empty, `NA`, `NaN`, `null`, ...) is an
 ---error naming its line and column; `missing = "drop"` leaves its row out and
----counts it. `delimiter` defaults to "," (a tab for `.tsv`). `categorical`
+---counts it. `delimiter` defaults to "," (a tab for `.tsv`); `decimal` is
+---the numbers' decimal mark, "." or "," (a European spreadsheet's `2,5`,
+---with `delimiter = ";"`). `categorical`
 ---names feature columns of categories, each one-hot encoded in place (one
 ---input per category: those the file holds, sorted, or the list given under
 ---the column's name, `{ sex = { "female", "male" } }`).
----@param opts {path: string, label?: integer|string, target?: integer|string, features?: (integer|string)[], header?: boolean, delimiter?: string, scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---@param opts {path: string, label?: integer|string, target?: integer|string, features?: (integer|string)[], header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.csv(opts) end
 

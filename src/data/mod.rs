@@ -217,6 +217,7 @@ mod tests {
             columns,
             header,
             delimiter: ",".into(),
+            decimal: ".".into(),
             scale: 1.0,
             standardize: None,
             target: None,

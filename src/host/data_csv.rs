@@ -24,6 +24,9 @@ struct CsvOpts {
     header: Option<bool>,
     #[serde(default)]
     delimiter: Option<String>,
+    /// The numbers' decimal mark: "." or ",".
+    #[serde(default)]
+    decimal: Option<String>,
     #[serde(default = "one")]
     scale: f32,
     #[serde(default = "all")]
@@ -96,6 +99,22 @@ impl CsvOpts {
                 ))
             }
         };
+        let decimal = match self.decimal.as_deref() {
+            None | Some(".") => b'.',
+            Some(",") if delimiter == b',' => {
+                return Err(config_error(
+                    lua,
+                    "taper.data.csv: `decimal = \",\"` needs another `delimiter` (a European spreadsheet's is `;`): a comma cannot both separate the columns and mark the decimals",
+                ))
+            }
+            Some(",") => b',',
+            Some(d) => {
+                return Err(config_error(
+                    lua,
+                    format!("taper.data.csv: option `decimal` must be \".\" or \",\", got {d:?}"),
+                ))
+            }
+        };
         let (label, target) = match (self.label, self.target) {
             (Some(_), Some(_)) => {
                 return Err(config_error(
@@ -119,6 +138,7 @@ impl CsvOpts {
             features: self.features.map(|f| f.into_iter().map(|c| c.0).collect()),
             header: self.header,
             delimiter,
+            decimal,
             scale: self.scale,
             split: self.split,
             classes: self.classes,

@@ -6,7 +6,7 @@ use std::path::Path;
 use csv::StringRecord;
 
 use super::categories::Coder;
-use super::{Column, MISSING};
+use super::{number, Column, MISSING};
 use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::Result;
@@ -18,6 +18,8 @@ pub(super) struct Layout {
     pub(super) label: Option<usize>,
     pub(super) features: Vec<usize>,
     pub(super) names: Vec<String>,
+    /// The numbers' decimal mark (set by `each_row`).
+    pub(super) decimal: u8,
     /// The file's column count.
     n: usize,
 }
@@ -94,6 +96,7 @@ impl Layout {
             label,
             features,
             names,
+            decimal: b'.',
             n,
         })
     }
@@ -132,6 +135,21 @@ impl Layout {
                 ),
             )
         })
+    }
+
+    /// Why `cell`, not a number with this file's decimal mark, would be one
+    /// with the other (a European spreadsheet's `2,5`, or `2.5` read with
+    /// `decimal = ","`): what to say after "is not a number".
+    pub(super) fn decimal_comma(&self, cell: &str) -> Option<&'static str> {
+        match self.decimal {
+            b'.' if cell.contains(',') && number::<f32>(cell, b',').is_some() => Some(
+                " with `.` as the decimal mark; it reads as one with a decimal comma: give `decimal = \",\"`",
+            ),
+            b',' if number::<f32>(cell, b'.').is_some() => Some(
+                " with `,` as the decimal mark (`decimal = \",\"`); it reads as one with a `.`: leave `decimal` out",
+            ),
+            _ => None,
+        }
     }
 
     /// "column 3" or "column 3 (`bill_length_mm`)": 1-based, as editors count.
@@ -183,7 +201,16 @@ impl Layout {
                 out.push(code as f32);
                 continue;
             }
-            let v: f32 = cell.parse().map_err(|_| {
+            let v: f32 = number(cell, self.decimal).ok_or_else(|| {
+                if let Some(comma) = self.decimal_comma(cell) {
+                    return data_err(
+                        what,
+                        format!(
+                            "line {line}, {}: `{cell}` is not a number{comma}",
+                            self.column(c)
+                        ),
+                    );
+                }
                 let how = hint.map(|hint| {
                     let categorical = match self.names.get(c) {
                         Some(name) => format!("`categorical = {{ {name:?} }}`"),

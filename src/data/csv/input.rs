@@ -21,6 +21,10 @@ pub struct TableInput {
     pub columns: Vec<Column>,
     pub header: bool,
     pub delimiter: String,
+    /// The numbers' decimal mark: `.`, or `,` (checkpoints written before
+    /// taper read decimal commas have none: `.`).
+    #[serde(default = "dot", skip_serializing_if = "is_dot")]
+    pub decimal: String,
     /// Values are divided by it...
     pub scale: f32,
     /// ...then standardized, feature by feature, when the run's data was.
@@ -38,6 +42,14 @@ pub struct TableInput {
     /// has any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub categories: Vec<Option<Vec<String>>>,
+}
+
+fn dot() -> String {
+    ".".into()
+}
+
+fn is_dot(d: &String) -> bool {
+    d == "."
 }
 
 /// A CSV file's rows as a model's inputs.
@@ -102,6 +114,7 @@ impl TableInput {
         let shape = Shape {
             header: self.header,
             delimiter: self.delimiter.as_bytes().first().copied().unwrap_or(b','),
+            decimal: self.decimal.as_bytes().first().copied().unwrap_or(b'.'),
         };
         let mut rows = TableRows::default();
         let mut coders: Vec<Option<Coder>> = (0..self.columns.len())

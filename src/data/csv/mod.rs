@@ -72,6 +72,9 @@ pub struct CsvOptions {
     /// given by name).
     pub header: Option<bool>,
     pub delimiter: u8,
+    /// The decimal mark of the numbers: `.`, or `,` as a European
+    /// spreadsheet writes them (pandas' `decimal`).
+    pub decimal: u8,
     /// Features are divided by this.
     pub scale: f32,
     pub split: String,
@@ -94,6 +97,7 @@ impl Default for CsvOptions {
             features: None,
             header: None,
             delimiter: b',',
+            decimal: b'.',
             scale: 1.0,
             split: "all".into(),
             classes: None,
@@ -144,12 +148,24 @@ fn read_text(path: &Path) -> Result<String> {
     })
 }
 
-/// How a CSV text is read: whether its first row names the columns, and
-/// the delimiter.
+/// How a CSV text is read: whether its first row names the columns, the
+/// delimiter and the decimal mark.
 #[derive(Clone, Copy)]
 struct Shape {
     pub header: bool,
     pub delimiter: u8,
+    pub decimal: u8,
+}
+
+/// A cell as a number whose decimal mark is `decimal`, as pandas'
+/// `read_csv(decimal=...)` reads it: with `,`, `2,5` is 2.5, and a cell
+/// holding a `.` is not a number.
+pub(super) fn number<T: std::str::FromStr>(cell: &str, decimal: u8) -> Option<T> {
+    match decimal {
+        b'.' => cell.parse().ok(),
+        _ if cell.contains('.') => None,
+        d => cell.replace(d as char, ".").parse().ok(),
+    }
 }
 
 /// Reads the records of `text`: `layout` is called with the number of
@@ -197,7 +213,9 @@ fn each_row(
                 true => record.iter().map(str::to_string).collect(),
                 false => Vec::new(),
             };
-            resolved = Some(make(n, names)?);
+            let mut made = make(n, names)?;
+            made.decimal = shape.decimal;
+            resolved = Some(made);
             if shape.header {
                 continue;
             }
@@ -244,6 +262,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     let shape = Shape {
         header,
         delimiter: opts.delimiter,
+        decimal: opts.decimal,
     };
     let hint = match opts.features {
         None => "; choose the columns with `features = { ... }`",
@@ -292,7 +311,9 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
                 && dropped.is_empty()
                 && opts.header.is_none()
                 && !header
-                && record.iter().all(|c| c.parse::<f64>().is_err())
+                && record
+                    .iter()
+                    .all(|c| number::<f64>(c, opts.decimal).is_none())
             {
                 let names: Vec<String> = record.iter().map(|c| format!("`{c}`")).collect();
                 return Err(data_err(
@@ -327,7 +348,13 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     let features = settle(features, &mut coders);
     let (labels, classes) = match opts.target {
         true => (
-            Labels::Values(target_values(what, &layout, &labels, &label_lines)?),
+            Labels::Values(target_values(
+                what,
+                &layout,
+                &labels,
+                &label_lines,
+                opts.decimal,
+            )?),
             None,
         ),
         false => {
@@ -357,6 +384,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         },
         header,
         delimiter: (opts.delimiter as char).to_string(),
+        decimal: (opts.decimal as char).to_string(),
         scale: opts.scale,
         standardize: None,
         target,
@@ -386,13 +414,14 @@ fn target_values(
     layout: &Layout,
     cells: &[String],
     lines: &[usize],
+    decimal: u8,
 ) -> Result<Vec<f32>> {
     let column = layout.label.expect("a target column");
     cells
         .iter()
         .enumerate()
-        .map(|(k, cell)| match cell.parse::<f32>() {
-            Ok(v) if v.is_finite() => Ok(v),
+        .map(|(k, cell)| match number::<f32>(cell, decimal) {
+            Some(v) if v.is_finite() => Ok(v),
             _ => Err(data_err(
                 what,
                 format!(

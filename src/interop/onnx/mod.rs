@@ -161,6 +161,9 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
             "header": input.header,
             "delimiter": input.delimiter,
         });
+        if input.decimal != "." {
+            columns["decimal"] = serde_json::json!(input.decimal);
+        }
         if !input.categories.is_empty() {
             // The input holds each column of categories one-hot encoded,
             // as `inputs` names them (pandas' get_dummies names).
