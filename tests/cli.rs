@@ -686,6 +686,17 @@ for _ in run:epochs(6) do for b in run:batches() do run:step(b) end end
         .map(|l| l.split(": ").nth(1).unwrap().split(' ').next().unwrap())
         .collect();
     assert_eq!(kinds, ["over", "under"], "{said}");
+    // The same rows saved as UTF-16 (Excel's "Unicode Text", Notepad's
+    // "Unicode"), with its byte order mark.
+    let utf16: Vec<u8> = "\u{feff}a;b\r\n10,5;5,25\r\n0,125;90,5\r\n"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let rows16 = dir.path().join("rows16.csv");
+    std::fs::write(&rows16, utf16)?;
+    let o = taper(&["classify", s(&b), s(&rows16)]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert_eq!(text(&o).0.replace("rows16.csv", "rows.csv"), said);
 
     let o = train(&european, r#", delimiter = ";""#, &dir.path().join("c"));
     assert_eq!(o.status.code(), Some(2));

@@ -322,7 +322,15 @@ fn a_placed_data_error_has_no_traceback() {
         msg.starts_with("data: recipe.lua:1: taper.data.csv: "),
         "{msg}"
     );
-    assert!(msg.ends_with("offset 14: not UTF-8"), "{msg}");
+    let path = csv.display();
+    let utf8 = dir.path().join("latin1.utf8.csv");
+    assert!(
+        msg.ends_with(&format!(
+            "latin1.csv: line 2, offset 14: byte 0xFC is not UTF-8; a file saved in Latin-1 or Windows-1252 (`\u{e9}` as one byte)? convert it: iconv -f WINDOWS-1252 -t UTF-8 {path} > {}",
+            utf8.display()
+        )),
+        "{msg}"
+    );
 }
 
 /// A CSV file's `target` is a number to predict: trained with the

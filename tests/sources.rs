@@ -401,9 +401,54 @@ fn text_file_builds_its_vocabulary() -> Result<()> {
     let path = write(dir.path(), "t.txt", "abcabcabcabc".repeat(10).as_bytes());
     let src = text(&path, None, "train", 4, None, 0.25)?;
     assert_eq!(src.vocab().map(|v| v.len()), Some(3));
-    let bad = write(dir.path(), "bad.txt", b"ok\xff\xfe");
+    let bad = write(dir.path(), "bad.txt", b"ok\n\xe9t\xe9");
+    let err = err_text(text(&bad, None, "train", 1, None, 0.1));
     assert!(
-        err_text(text(&bad, None, "train", 1, None, 0.1)).contains("bad.txt: offset 2: not UTF-8")
+        err.contains("bad.txt: line 2, offset 3: byte 0xE9 is not UTF-8; a file saved in Latin-1 or Windows-1252")
+            && err.contains("convert it: iconv -f WINDOWS-1252 -t UTF-8 "),
+        "{err}"
+    );
+    // UTF-16 with its byte order mark (Notepad's "Unicode"), either order,
+    // reads as the same text; a cut-off unit or a lone surrogate is named.
+    let said = "Être ou ne pas être, \u{1F600} voilà.\r\n".repeat(8);
+    let units: Vec<u16> = said.encode_utf16().collect();
+    let le: Vec<u8> = [0xFF, 0xFE]
+        .into_iter()
+        .chain(units.iter().flat_map(|u| u.to_le_bytes()))
+        .collect();
+    let be: Vec<u8> = [0xFE, 0xFF]
+        .into_iter()
+        .chain(units.iter().flat_map(|u| u.to_be_bytes()))
+        .collect();
+    let utf8 = text(
+        &write(dir.path(), "u8.txt", said.as_bytes()),
+        None,
+        "train",
+        4,
+        None,
+        0.25,
+    )?;
+    for (name, bytes) in [("le.txt", &le), ("be.txt", &be)] {
+        let src = text(
+            &write(dir.path(), name, bytes),
+            None,
+            "train",
+            4,
+            None,
+            0.25,
+        )?;
+        assert_eq!(src.vocab().map(|v| v.len()), utf8.vocab().map(|v| v.len()));
+        assert_eq!(src.len(), utf8.len());
+        assert_eq!(
+            src.gather(&[0, 3])?.0.to_vec2::<u32>()?,
+            utf8.gather(&[0, 3])?.0.to_vec2::<u32>()?
+        );
+    }
+    let cut = write(dir.path(), "cut.txt", &le[..le.len() - 1]);
+    let err = err_text(text(&cut, None, "train", 1, None, 0.1));
+    assert!(
+        err.contains("cut.txt: offset ") && err.contains("not UTF-16"),
+        "{err}"
     );
     Ok(())
 }

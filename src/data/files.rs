@@ -35,6 +35,67 @@ pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
     }
 }
 
+/// A text file's text, gunzipped: UTF-8, or UTF-16 with its byte order
+/// mark (what Windows' Notepad saves as "Unicode", and Excel as "Unicode
+/// Text"). Other bytes are an error naming the line and offset of the first
+/// that is not UTF-8, and how to convert the file.
+pub(crate) fn read_text(path: &Path) -> Result<String> {
+    let bytes = read_maybe_gz(path)?;
+    let utf16 = |units: Vec<u16>| {
+        char::decode_utf16(units)
+            .enumerate()
+            .map(|(k, c)| {
+                c.map_err(|_| {
+                    data_err(
+                        path,
+                        format!("offset {}: not UTF-16 (a lone surrogate, or half a unit at the end), though the file starts with UTF-16's byte order mark", 2 + 2 * k),
+                    )
+                })
+            })
+            .collect::<Result<String>>()
+    };
+    let pairs = |b: &[u8], le: bool| -> Vec<u16> {
+        b.chunks(2)
+            .map(|p| match (p, le) {
+                ([a, b], true) => u16::from_le_bytes([*a, *b]),
+                ([a, b], false) => u16::from_be_bytes([*a, *b]),
+                // An odd last byte: not a whole unit.
+                _ => 0xDC00,
+            })
+            .collect()
+    };
+    match bytes.as_slice() {
+        [0xFF, 0xFE, rest @ ..] => return utf16(pairs(rest, true)),
+        [0xFE, 0xFF, rest @ ..] => return utf16(pairs(rest, false)),
+        _ => {}
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let b = e.as_bytes();
+        let line = 1 + b[..at].iter().filter(|&&c| c == b'\n').count();
+        data_err(
+            path,
+            format!(
+                "line {line}, offset {at}: byte 0x{:02X} is not UTF-8; a file saved in Latin-1 or Windows-1252 (`\u{e9}` as one byte)? convert it: iconv -f WINDOWS-1252 -t UTF-8 {} > {}",
+                b[at],
+                path.display(),
+                utf8_name(path).display()
+            ),
+        )
+    })
+}
+
+/// Where a converted copy of `path` could go: `notes.txt` as
+/// `notes.utf8.txt`, beside it.
+fn utf8_name(path: &Path) -> PathBuf {
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(e) => format!("{stem}.utf8.{}", e.to_string_lossy()),
+        None => format!("{stem}.utf8"),
+    };
+    path.with_file_name(name)
+}
+
 /// Parses an IDX header: the dimensions and where the data starts.
 fn idx_header(path: &Path, b: &[u8]) -> Result<(Vec<usize>, usize)> {
     if b.len() < 4 {
@@ -179,13 +240,7 @@ pub fn text(
     stride: Option<usize>,
     val_fraction: f64,
 ) -> Result<CharText> {
-    let bytes = read_maybe_gz(path)?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        data_err(
-            path,
-            format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
-        )
-    })?;
+    let text = read_text(path)?;
     let name = PathBuf::from(path.file_name().unwrap_or_default())
         .display()
         .to_string();

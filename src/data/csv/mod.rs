@@ -17,7 +17,7 @@ use categories::{categorical_coders, settle, settled_names, Coder};
 use columns::{named, Layout, Lines};
 pub use input::{TableInput, TableRows};
 
-use super::files::{data_err, read_maybe_gz};
+use super::files::{data_err, read_text};
 use super::{name_list, Source};
 use crate::{Error, Result};
 
@@ -136,16 +136,6 @@ pub struct Csv {
 /// Reads a CSV file, gzipped or plain.
 pub fn csv(path: &Path, opts: &CsvOptions) -> Result<Csv> {
     parse_csv(path, &read_text(path)?, opts)
-}
-
-/// A file's text, gunzipped, or an error at the first byte that is not UTF-8.
-fn read_text(path: &Path) -> Result<String> {
-    String::from_utf8(read_maybe_gz(path)?).map_err(|e| {
-        data_err(
-            path,
-            format!("offset {}: not UTF-8", e.utf8_error().valid_up_to()),
-        )
-    })
 }
 
 /// How a CSV text is read: whether its first row names the columns, the
