@@ -78,6 +78,7 @@ pub fn run(quiet: bool) -> anyhow::Result<f64> {
     let report = host.run_source("embedded.lua", RECIPE)?;
     let ev = report.runs[0]
         .last_eval
+        .as_ref()
         .ok_or_else(|| anyhow::anyhow!("no evaluation"))?;
     Ok(ev.accuracy)
 }

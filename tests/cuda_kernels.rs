@@ -757,7 +757,10 @@ fn train_with(recipe: &str, precision: &str, set: &[(&str, &str)]) -> taper::Res
         std::path::Path::new("scripts").join(recipe)
     };
     let report = host.run_file(&path)?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     Ok(ev.accuracy)
 }
 

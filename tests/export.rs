@@ -75,7 +75,11 @@ fn gguf_exports_read_back_independently_and_keep_accuracy() -> Result<()> {
     })?;
     let src = RECIPE.replace("OUT", dir.path().to_str().unwrap());
     let report = host.run_source("export.lua", &src)?;
-    let trained = report.runs[0].last_eval.expect("evaluated").accuracy;
+    let trained = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("evaluated")
+        .accuracy;
     let (ck, _) = checkpoint::load(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
 
     // Per 32-value block with maximum |x| = a, the error bound of each type

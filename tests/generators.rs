@@ -43,7 +43,7 @@ fn generator_batches_train_a_model() -> Result<()> {
         assert(ev.samples == 320 and ev.split == "test")
         assert(run.steps == 60)
     "#)?;
-    let ev = report.runs[0].last_eval.expect("evaluated");
+    let ev = report.runs[0].last_eval.clone().expect("evaluated");
     // Blobs 4 standard deviations apart: the Bayes error is 2.3%.
     assert!(ev.accuracy >= 0.95, "accuracy {}", ev.accuracy);
     Ok(())
@@ -242,6 +242,7 @@ fn a_generator_of_numbers_trains_a_regression() -> Result<()> {
     "#)?;
     let g = report.runs[0]
         .last_eval
+        .clone()
         .unwrap()
         .regression
         .expect("scores");

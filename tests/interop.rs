@@ -744,6 +744,27 @@ fn classifies_as_the_run_did(standardize: bool) -> Result<()> {
         accuracy > 0.5,
         "{accuracy}: the run did not learn (measured 0.643)"
     );
+    // Class by class: the eval record's confusion matrix, macro F1 and
+    // balanced accuracy against NumPy's over onnxruntime's predictions
+    // (within the one image that may fall the other way).
+    let last = eval.last().unwrap();
+    let ours: Vec<Vec<i64>> = serde_json::from_value(last["confusion"].clone())?;
+    let want: Vec<Vec<i64>> = serde_json::from_value(theirs["confusion"].clone())?;
+    let moved: i64 = ours
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .map(|(a, b)| (a - b).abs())
+        .sum();
+    assert!(moved <= 2, "confusion {ours:?} against {want:?}");
+    for key in ["macro_f1", "balanced_accuracy"] {
+        let (a, b) = (last[key].as_f64().unwrap(), theirs[key].as_f64().unwrap());
+        eprintln!("{key}: taper {a}, numpy {b}");
+        assert!((a - b).abs() <= 0.002, "{key}: taper {a}, numpy {b}");
+    }
+    let per_class = last["per_class"].as_array().unwrap();
+    assert_eq!(per_class.len(), 10);
+    assert_eq!(per_class[0]["class"], "ankle-boot");
 
     // `taper classify` reads the files as the run did: its answers score
     // the same accuracy, to the image.
@@ -766,6 +787,16 @@ fn classifies_as_the_run_did(standardize: bool) -> Result<()> {
         accuracy,
         "taper classify against the run's eval"
     );
+    // Its answers make the eval record's confusion matrix, to the image.
+    let names: Vec<String> = serde_json::from_value(theirs["classes"].clone())?;
+    let at = |name: &str| names.iter().position(|n| n == name).unwrap();
+    let mut confusion = vec![vec![0i64; names.len()]; names.len()];
+    for l in lines.lines() {
+        let (file, answer) = l.rsplit_once(": ").unwrap();
+        let class = Path::new(file).parent().unwrap().file_name().unwrap();
+        confusion[at(class.to_str().unwrap())][at(answer.split(' ').next().unwrap())] += 1;
+    }
+    assert_eq!(confusion, ours, "taper classify against the eval record");
     Ok(())
 }
 
@@ -1136,7 +1167,7 @@ fn numpy_files_are_read_as_numpy_wrote_them() -> Result<()> {
             "#
         ),
     )?;
-    let acc = report.runs[0].last_eval.unwrap().accuracy;
+    let acc = report.runs[0].last_eval.as_ref().unwrap().accuracy;
     eprintln!("numpy archive: held-out accuracy {acc}");
     assert!(acc > 0.9, "{acc}");
     Ok(())

@@ -276,7 +276,10 @@ fn memory_budget_forces_micro_batches_down_and_training_converges() -> Result<()
             assert!(off.abs() < 0.03, "planned {planned} vs measured {measured}");
         }
     }
-    let (fa, fb) = (a.runs[0].last_eval.unwrap(), b.runs[0].last_eval.unwrap());
+    let (fa, fb) = (
+        a.runs[0].last_eval.clone().unwrap(),
+        b.runs[0].last_eval.clone().unwrap(),
+    );
     assert!(
         (fa.accuracy - fb.accuracy).abs() <= 0.01,
         "{} vs {}",
@@ -435,7 +438,7 @@ fn a_policy_can_switch_the_run_to_bf16() -> Result<()> {
     assert_eq!(ooms[0]["new_precision"], "bf16");
     // No batch lost: 23 batches in each of 4 epochs.
     assert_eq!(r.runs[0].step, 92);
-    let acc = r.runs[0].last_eval.expect("evaluated").accuracy;
+    let acc = r.runs[0].last_eval.clone().expect("evaluated").accuracy;
     assert!(
         acc >= 0.9,
         "held-out accuracy {acc} after switching to bf16"

@@ -34,7 +34,10 @@ fn records(out: &Path) -> Result<Vec<Value>> {
 fn digits_reaches_95_percent_held_out() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let report = train("scripts/digits.lua", dir.path(), &[("epochs", "10")])?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert_eq!(ev.samples, 360);
     assert!(ev.accuracy >= 0.95, "held-out accuracy {}", ev.accuracy);
 
@@ -67,7 +70,10 @@ fn digits_in_bf16_and_f16_reach_the_f32_bar() -> Result<()> {
             dir.path(),
             &[("epochs", "10"), ("precision", p)],
         )?;
-        let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+        let ev = report.runs[0]
+            .last_eval
+            .clone()
+            .expect("the recipe evaluates");
         assert!(
             ev.accuracy >= 0.95,
             "{p}: held-out accuracy {}",
@@ -87,7 +93,10 @@ fn digits_with_8bit_adamw_state_reaches_95_percent() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let set = [("epochs", "10"), ("optim_state", "8bit")];
     let report = train("scripts/digits.lua", dir.path(), &set)?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert!(ev.accuracy >= 0.95, "held-out accuracy {}", ev.accuracy);
     // The 8192-weight first layer keeps 8-bit moments in the checkpoint.
     let ck = dir.path().join("checkpoint.safetensors");
@@ -202,7 +211,10 @@ fn distillation_brings_the_student_closer_to_the_teacher() -> Result<()> {
 fn digits_cnn_reaches_95_percent_held_out() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let report = train("scripts/digits_cnn.lua", dir.path(), &[("epochs", "10")])?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert!(ev.accuracy >= 0.95, "held-out accuracy {}", ev.accuracy);
     let logs = records(dir.path())?;
     assert!(logs
@@ -233,7 +245,10 @@ fn shakespeare_gpt_beats_unigram_baseline() -> Result<()> {
         ("sample", "40"),
     ];
     let report = train("scripts/shakespeare.lua", dir.path(), &set)?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert!(
         ev.loss < 2.5,
         "validation loss {} (unigram {UNIGRAM_NATS})",
@@ -351,7 +366,10 @@ fn fashion_mnist_cnn_learns() -> Result<()> {
         ("data", data.as_str()),
     ];
     let report = train("scripts/fashion_mnist.lua", dir.path(), &set)?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert_eq!(ev.samples, 10_000);
     assert!(ev.accuracy >= 0.80, "test accuracy {}", ev.accuracy);
     // Prefetch is on in this recipe: the loop waited for data for only a
@@ -425,7 +443,10 @@ fn image_folder_cnn_learns_from_pngs_that_hold_the_idx_images() -> Result<()> {
 
     let dir = tempfile::tempdir()?;
     let report = train("scripts/image_folder.lua", dir.path(), &[("epochs", "1")])?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert_eq!(ev.samples, 2000);
     assert!(ev.accuracy >= 0.80, "val accuracy {}", ev.accuracy);
     let evals = records(dir.path())?;
@@ -457,7 +478,10 @@ fn image_folder_holds_out_part_of_a_folder_of_classes() -> Result<()> {
             ("data", pets.to_str().unwrap()),
         ],
     )?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert_eq!(ev.samples, 400);
     eprintln!("val accuracy {}", ev.accuracy);
     assert!(ev.accuracy >= 0.7, "val accuracy {}", ev.accuracy);
@@ -483,7 +507,10 @@ fn mnist_csv_mlp_learns() -> Result<()> {
         dir.path(),
         &[("path", path.as_str())],
     )?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert_eq!(ev.samples, 1000);
     assert!(ev.accuracy >= 0.90, "test accuracy {}", ev.accuracy);
     Ok(())
@@ -497,7 +524,10 @@ fn penguins_mlp_learns_from_a_table_with_names_and_missing_values() -> Result<()
     common::fetched("data/penguins/penguins.csv")?;
     let dir = tempfile::tempdir()?;
     let report = train("scripts/penguins.lua", dir.path(), &[])?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     // 344 rows less the 2 with missing values, a fifth of them held out.
     assert_eq!(ev.samples, 68);
     // Measured 98.5-100% over five seeds; without standardization 45-70%.
@@ -521,7 +551,10 @@ fn penguins_mass_regression_predicts_grams() -> Result<()> {
     common::fetched("data/penguins/penguins.csv")?;
     let dir = tempfile::tempdir()?;
     let report = train("scripts/penguins_mass.lua", dir.path(), &[])?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     // 333 of 344 birds have every column used (sex is missing for 11).
     assert_eq!(ev.samples, 67);
     let g = ev.regression.expect("a regression's scores");
@@ -626,7 +659,10 @@ fn image_folder_fine_tunes_from_a_trained_run() -> Result<()> {
     let tuned = dir.path().join("tuned");
     let set = [("epochs", "1"), ("train_samples", "640"), ("from", from)];
     let report = train("scripts/image_folder.lua", &tuned, &set)?;
-    let ev = report.runs[0].last_eval.expect("the recipe evaluates");
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
     assert!(ev.accuracy >= 0.8, "val accuracy {}", ev.accuracy);
 
     let two = dir.path().join("two");

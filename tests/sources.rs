@@ -595,6 +595,7 @@ fn a_safetensors_target_trains_a_regression_to_the_least_squares_error() -> Resu
         taper::Host::new(taper::HostOptions::default())?.run_source("recipe.lua", &recipe)?;
     let g = report.runs[0]
         .last_eval
+        .clone()
         .unwrap()
         .regression
         .expect("scores");
@@ -700,7 +701,11 @@ fn shaped_samples_train_as_flat_ones_and_channels_last_is_refused() -> Result<()
         );
         let report =
             taper::Host::new(taper::HostOptions::default())?.run_source("recipe.lua", &recipe)?;
-        Ok(report.runs[0].last_eval.expect("an evaluation").loss)
+        Ok(report.runs[0]
+            .last_eval
+            .clone()
+            .expect("an evaluation")
+            .loss)
     };
     let mlp = "taper.model.mlp{ inputs = 16, hidden = { 8 }, outputs = 2 }";
     let cnn = |c: usize| {

@@ -174,8 +174,30 @@ def onnx_classify(model, folder):
             xs.append(img[None] if channels == 1 else img.transpose(2, 0, 1))
             ys.append(label)
     logits = s.run(["logits"], {"input": np.stack(xs)})[0]
-    right = int((logits.argmax(1) == np.asarray(ys)).sum())
-    print(json.dumps({"accuracy": right / len(ys), "images": len(ys), "classes": classes}))
+    pred, y = logits.argmax(1), np.asarray(ys)
+    right = int((pred == y).sum())
+    # The confusion matrix and scikit-learn's macro F1 and balanced accuracy
+    # over it (classes that are labels or predictions; 0 for 0/0).
+    k = len(classes)
+    conf = np.zeros((k, k), dtype=np.int64)
+    np.add.at(conf, (y, pred), 1)
+    tp, support, predicted = np.diag(conf).astype(float), conf.sum(1), conf.sum(0)
+    precision = np.where(predicted > 0, tp / np.maximum(predicted, 1), 0.0)
+    recall = np.where(support > 0, tp / np.maximum(support, 1), 0.0)
+    both = precision + recall
+    f1 = np.where(both > 0, 2 * precision * recall / np.where(both > 0, both, 1), 0.0)
+    print(
+        json.dumps(
+            {
+                "accuracy": right / len(ys),
+                "images": len(ys),
+                "classes": classes,
+                "confusion": conf.tolist(),
+                "macro_f1": float(f1[(support + predicted) > 0].mean()),
+                "balanced_accuracy": float(recall[support > 0].mean()),
+            }
+        )
+    )
 
 
 def table_x(df, table):

@@ -26,5 +26,8 @@ pub use gpt::Gpt;
 pub use mlp::{Activation, Mlp};
 pub use model::ModelSpec;
 pub use params::ParamStore;
-pub use trainer::{Eval, EvalSums, Grads, LossSum, Ready, Regression, Trainer, TrainerOptions};
+pub use trainer::{
+    ClassScores, Eval, EvalSums, Grads, LossSum, PerClass, Ready, Regression, Trainer,
+    TrainerOptions, MAX_CONFUSION_CLASSES,
+};
 pub use workers::run_on_workers;

@@ -7,6 +7,7 @@ mod config;
 mod data;
 mod data_csv;
 mod data_files;
+mod eval_scores;
 mod export;
 mod folder_lock;
 mod generate;
@@ -357,7 +358,7 @@ impl Host {
             .runs
             .borrow()
             .iter()
-            .map(|r| r.borrow().core.last_eval)
+            .map(|r| r.borrow().core.last_eval.clone())
             .collect()
     }
 }

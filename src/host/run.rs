@@ -270,8 +270,9 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
     if let (Some(g), Some(std)) = (ev.regression, target_std) {
         ev.regression = Some(g.in_units(std as f64));
-        r.core.last_eval = Some(ev);
+        r.core.last_eval = Some(ev.clone());
     }
+    let classes = r.core.classes.clone();
     let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
     let split = feed.split_name();
     let mut f = Map::new();
@@ -281,6 +282,9 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     match ev.regression {
         None => {
             f.insert("accuracy".into(), json!(ev.accuracy));
+            if let Some(p) = &ev.per_class {
+                super::eval_scores::record(&mut f, p, classes.as_deref());
+            }
         }
         Some(g) => {
             f.insert("rmse".into(), json!(g.rmse));
@@ -299,7 +303,18 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     }
     host.out.record("eval", step, epoch, f).map_err(lua_err)?;
     let score = match ev.regression {
-        None => format!("accuracy {:.2}%", ev.accuracy * 100.0),
+        None => format!(
+            "accuracy {:.2}%{}",
+            ev.accuracy * 100.0,
+            ev.per_class
+                .as_ref()
+                .map(|p| format!(
+                    "  balanced {:.2}%  macro F1 {:.4}",
+                    p.balanced_accuracy() * 100.0,
+                    p.macro_f1()
+                ))
+                .unwrap_or_default()
+        ),
         Some(g) => format!("rmse {:.4}  mae {:.4}  R² {:.4}", g.rmse, g.mae, g.r2),
     };
     host.out.line(&format!(
@@ -312,7 +327,12 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     let t = lua.create_table()?;
     t.set("loss", ev.loss)?;
     match ev.regression {
-        None => t.set("accuracy", ev.accuracy)?,
+        None => {
+            t.set("accuracy", ev.accuracy)?;
+            if let Some(p) = &ev.per_class {
+                super::eval_scores::lua_fields(lua, &t, p, classes.as_deref())?;
+            }
+        }
         Some(g) => {
             t.set("rmse", g.rmse)?;
             t.set("mae", g.mae)?;

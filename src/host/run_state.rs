@@ -101,7 +101,7 @@ impl RunState {
         RunSummary {
             step: self.core.trainer.step,
             epoch: self.core.cursor.epoch,
-            last_eval: self.core.last_eval,
+            last_eval: self.core.last_eval.clone(),
         }
     }
 

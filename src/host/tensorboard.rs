@@ -108,7 +108,16 @@ fn scalars(event: &str, rec: &Map<String, Value>) -> Vec<(String, f64)> {
         }
         "eval" => {
             let split = rec.get("split").and_then(Value::as_str).unwrap_or("eval");
-            for k in ["loss", "accuracy", "objective", "rmse", "mae", "r2"] {
+            for k in [
+                "loss",
+                "accuracy",
+                "balanced_accuracy",
+                "macro_f1",
+                "objective",
+                "rmse",
+                "mae",
+                "r2",
+            ] {
                 put(format!("eval/{split}/{k}"), get(k));
             }
         }

@@ -339,8 +339,15 @@ pub fn eval_attempt(
 }
 
 /// Sums a rank's evaluation over every rank, once each has evaluated its
-/// shards (`mine`: its sums, or how it failed).
-pub fn eval_total(w: &dyn Collective, mine: Result<EvalSums>, device: &Device) -> Result<EvalSums> {
+/// shards (`mine`: its sums, or how it failed; `empty`: sums of nothing, of
+/// the same shape, which a failed rank sends so that every rank sends as
+/// many numbers).
+pub fn eval_total(
+    w: &dyn Collective,
+    mine: Result<EvalSums>,
+    empty: EvalSums,
+    device: &Device,
+) -> Result<EvalSums> {
     // Evaluation recovers its OOMs on each rank; one that reached here
     // stopped that rank.
     let mine = mine.map_err(|e| match e {
@@ -348,7 +355,7 @@ pub fn eval_total(w: &dyn Collective, mine: Result<EvalSums>, device: &Device) -
         other => other,
     });
     let (sums, st, result) = status_of(mine, device, None, 0);
-    let s = sums.unwrap_or_default();
+    let s = sums.unwrap_or(empty);
     let agreed = agree(w, &st, &s.to_values())?;
     outcome(w, &agreed, result, None)?;
     Ok(EvalSums::from_values(agreed.extra()))

@@ -344,7 +344,7 @@ impl Run {
         let ev = self
             .oom
             .evaluate(&self.trainer, batches, objective, epoch, observe)?;
-        self.last_eval = Some(ev);
+        self.last_eval = Some(ev.clone());
         Ok(ev)
     }
 

@@ -4,6 +4,7 @@ use candle_core::{DType, Module, Tensor};
 
 use super::super::loss::{self, Loss};
 use super::super::rng::Rng;
+use super::scores::{EvalSums, MAX_CONFUSION_CLASSES};
 use super::Eval;
 use super::Trainer;
 use crate::data::Batch;
@@ -50,7 +51,7 @@ impl Trainer {
         objective: Option<&Loss>,
     ) -> Result<Eval> {
         let model = self.frozen()?;
-        let mut total = EvalSums::default();
+        let mut total = self.eval_sums();
         for batch in batches {
             let batch = batch?;
             total.add(&self.eval_batch(
@@ -62,6 +63,18 @@ impl Trainer {
             )?);
         }
         total.eval(objective.is_some())
+    }
+
+    /// An evaluation's sums before its first batch: a classifier of one
+    /// label per sample and at most [`MAX_CONFUSION_CLASSES`] classes keeps a
+    /// confusion matrix; a sequence model (a label per position, a class per
+    /// token) and a regression do not.
+    pub fn eval_sums(&self) -> EvalSums {
+        let i = self.spec.interface();
+        match (i.classes, i.vocab, self.opts.loss.base().regression()) {
+            (Some(k), None, false) if k <= MAX_CONFUSION_CLASSES => EvalSums::with_classes(k),
+            _ => EvalSums::default(),
+        }
     }
 
     /// Sums over one evaluation batch, taken `piece` samples at a time.
@@ -81,7 +94,7 @@ impl Trainer {
             .map_err(|e| classify(e, Phase::Eval))?;
         let n = batch.len();
         let piece = piece.clamp(1, n.max(1));
-        let mut sums = EvalSums::default();
+        let mut sums = self.eval_sums();
         for start in (0..n).step_by(piece) {
             let len = piece.min(n - start);
             let (x, y) = if len == n {
@@ -105,6 +118,7 @@ impl Trainer {
                 sums.add_errors(&logits, &y).map_err(eval)?;
             } else {
                 sums.correct += loss::correct(&logits, &y).map_err(eval)?;
+                sums.add_predictions(&logits, &y).map_err(eval)?;
             }
             sums.count += count;
             guard(Phase::Eval)?;
@@ -158,138 +172,6 @@ impl Trainer {
             ids.push(sample(&last, temperature, &mut rng));
         }
         Ok(ids[prompt.len()..].to_vec())
-    }
-}
-
-/// Running sums of an evaluation, batch by batch.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EvalSums {
-    pub loss: f64,
-    pub objective: f64,
-    pub correct: f64,
-    /// Samples (sequence models: positions; a regression: target values).
-    pub count: usize,
-    /// A regression's errors, in the model's units: their squares and
-    /// absolute values, and the targets' sum and sum of squares (for R²).
-    /// `regression` counts the batches that had them.
-    pub squared: f64,
-    pub absolute: f64,
-    pub y_sum: f64,
-    pub y_squared: f64,
-    pub regression: usize,
-}
-
-impl EvalSums {
-    pub fn add(&mut self, o: &EvalSums) {
-        self.loss += o.loss;
-        self.objective += o.objective;
-        self.correct += o.correct;
-        self.count += o.count;
-        self.squared += o.squared;
-        self.absolute += o.absolute;
-        self.y_sum += o.y_sum;
-        self.y_squared += o.y_squared;
-        self.regression += o.regression;
-    }
-
-    /// The sums as numbers, in a fixed order (for summing over ranks).
-    pub fn to_values(&self) -> Vec<f64> {
-        vec![
-            self.loss,
-            self.objective,
-            self.correct,
-            self.count as f64,
-            self.squared,
-            self.absolute,
-            self.y_sum,
-            self.y_squared,
-            self.regression as f64,
-        ]
-    }
-
-    /// The sums [`EvalSums::to_values`] gave.
-    pub fn from_values(v: &[f64]) -> EvalSums {
-        EvalSums {
-            loss: v[0],
-            objective: v[1],
-            correct: v[2],
-            count: v[3].round() as usize,
-            squared: v[4],
-            absolute: v[5],
-            y_sum: v[6],
-            y_squared: v[7],
-            regression: v[8].round() as usize,
-        }
-    }
-
-    /// Adds a regression batch's errors: `out` against `targets`, value by
-    /// value, in f64.
-    pub fn add_errors(&mut self, out: &Tensor, targets: &Tensor) -> candle_core::Result<()> {
-        let f = |t: &Tensor| -> candle_core::Result<Vec<f64>> {
-            t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()
-        };
-        let (p, y) = (f(out)?, f(targets)?);
-        if p.len() != y.len() {
-            candle_core::bail!("evaluate: {} predictions for {} targets", p.len(), y.len());
-        }
-        for (p, y) in p.iter().zip(&y) {
-            self.squared += (p - y) * (p - y);
-            self.absolute += (p - y).abs();
-            self.y_sum += y;
-            self.y_squared += y * y;
-        }
-        self.regression += 1;
-        Ok(())
-    }
-
-    /// The means; an error for an empty data set.
-    pub fn eval(&self, with_objective: bool) -> Result<Eval> {
-        if self.count == 0 {
-            return Err(Error::Data("evaluate: the data set is empty".into()));
-        }
-        let n = self.count as f64;
-        let regression = (self.regression > 0).then(|| {
-            // The targets' spread about their mean: R² compares the errors
-            // with predicting that mean (scikit-learn's r2_score).
-            let spread = self.y_squared - self.y_sum * self.y_sum / n;
-            Regression {
-                rmse: (self.squared / n).sqrt(),
-                mae: self.absolute / n,
-                r2: match spread > 0.0 {
-                    true => 1.0 - self.squared / spread,
-                    false => f64::NAN,
-                },
-            }
-        });
-        Ok(Eval {
-            loss: self.loss / n,
-            accuracy: self.correct / n,
-            samples: self.count,
-            objective: with_objective.then(|| self.objective / n),
-            regression,
-        })
-    }
-}
-
-/// A regression's evaluation: root mean squared error and mean absolute
-/// error (in the model's units, until [`Regression::in_units`]), and the
-/// coefficient of determination R² (which has none).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Regression {
-    pub rmse: f64,
-    pub mae: f64,
-    pub r2: f64,
-}
-
-impl Regression {
-    /// The errors in the target's units, for a model that predicts the
-    /// standardized target, `(value - mean) / std`.
-    pub fn in_units(self, std: f64) -> Regression {
-        Regression {
-            rmse: self.rmse * std,
-            mae: self.mae * std,
-            r2: self.r2,
-        }
     }
 }
 

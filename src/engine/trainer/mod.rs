@@ -2,10 +2,11 @@
 //! It knows nothing about Lua; the host drives it.
 
 mod inference;
+mod scores;
 mod state;
 mod step;
 
-pub use inference::{EvalSums, Regression};
+pub use scores::{ClassScores, EvalSums, PerClass, Regression, MAX_CONFUSION_CLASSES};
 pub use step::{Grads, LossSum, Ready};
 
 use std::sync::Arc;
@@ -41,7 +42,7 @@ impl Default for TrainerOptions {
 }
 
 /// Mean loss and accuracy over an evaluation set.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Eval {
     pub loss: f64,
     pub accuracy: f64,
@@ -51,7 +52,10 @@ pub struct Eval {
     /// training loss when it is not plain cross-entropy (distillation).
     pub objective: Option<f64>,
     /// A regression's errors and R² (its `accuracy` means nothing).
-    pub regression: Option<inference::Regression>,
+    pub regression: Option<Regression>,
+    /// A classifier's confusion matrix and per-class scores (up to
+    /// [`MAX_CONFUSION_CLASSES`] classes, one label per sample).
+    pub per_class: Option<PerClass>,
 }
 
 pub struct Trainer {

@@ -33,7 +33,7 @@ impl Recovery {
         });
         let total = match crate::dist::world() {
             // Every rank evaluated its shard of each batch: the sums add up.
-            Some(w) => ranks::eval_total(w, local, trainer.device())?,
+            Some(w) => ranks::eval_total(w, local, trainer.eval_sums(), trainer.device())?,
             None => local?,
         };
         total.eval(objective.is_some())
@@ -47,7 +47,7 @@ impl Recovery {
         batches: impl Iterator<Item = Result<Batch>>,
         observe: &mut Observer<'_>,
     ) -> Result<EvalSums> {
-        let mut total = EvalSums::default();
+        let mut total = job.trainer.eval_sums();
         HostMemory::set_limit(self.budget);
         for batch in batches {
             total.add(&self.evaluate_batch(job, batch?, observe)?);
@@ -98,7 +98,7 @@ impl Recovery {
                 Some(b) => trainer.eval_batch(job.model, b, piece, job.objective, &mut |p| {
                     self.check(step, attempt, p)
                 }),
-                None => Ok(EvalSums::default()),
+                None => Ok(trainer.eval_sums()),
             };
             let attempted = match world {
                 Some(w) => ranks::eval_attempt(w, result, trainer.device(), self.budget, piece)?,

@@ -1,0 +1,358 @@
+//! What an evaluation sums batch by batch and what it scores: the mean
+//! loss and accuracy, a regression's errors and R², and a classifier's
+//! confusion matrix with each class's precision, recall and F1, as
+//! scikit-learn's `classification_report` gives them.
+
+use candle_core::{DType, Tensor};
+
+use super::Eval;
+use crate::{Error, Result};
+
+/// The most classes whose confusion matrix an evaluation keeps.
+pub const MAX_CONFUSION_CLASSES: usize = 100;
+
+/// Running sums of an evaluation, batch by batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EvalSums {
+    pub loss: f64,
+    pub objective: f64,
+    pub correct: f64,
+    /// Samples (sequence models: positions; a regression: target values).
+    pub count: usize,
+    /// A regression's errors, in the model's units: their squares and
+    /// absolute values, and the targets' sum and sum of squares (for R²).
+    /// `regression` counts the batches that had them.
+    pub squared: f64,
+    pub absolute: f64,
+    pub y_sum: f64,
+    pub y_squared: f64,
+    pub regression: usize,
+    /// A classifier's confusion matrix, `k x k` row by row (row: the
+    /// class, column: the prediction); empty when not kept.
+    pub confusion: Vec<f64>,
+}
+
+impl EvalSums {
+    pub fn add(&mut self, o: &EvalSums) {
+        self.loss += o.loss;
+        self.objective += o.objective;
+        self.correct += o.correct;
+        self.count += o.count;
+        self.squared += o.squared;
+        self.absolute += o.absolute;
+        self.y_sum += o.y_sum;
+        self.y_squared += o.y_squared;
+        self.regression += o.regression;
+        if self.confusion.is_empty() {
+            self.confusion = o.confusion.clone();
+        } else if o.confusion.len() == self.confusion.len() {
+            for (a, b) in self.confusion.iter_mut().zip(&o.confusion) {
+                *a += b;
+            }
+        }
+    }
+
+    /// No sums yet, keeping a confusion matrix of `classes` (none for 0).
+    pub fn with_classes(classes: usize) -> EvalSums {
+        EvalSums {
+            confusion: vec![0.0; classes * classes],
+            ..EvalSums::default()
+        }
+    }
+
+    /// Counts each prediction (the largest of a row of `logits`) against
+    /// its label in the confusion matrix, when one is kept.
+    pub fn add_predictions(&mut self, logits: &Tensor, labels: &Tensor) -> candle_core::Result<()> {
+        let k = self.classes();
+        if k == 0 || logits.rank() != 2 || labels.rank() != 1 {
+            return Ok(());
+        }
+        let predicted: Vec<u32> = logits.argmax(1)?.to_dtype(DType::U32)?.to_vec1()?;
+        let labels: Vec<u32> = labels.to_dtype(DType::U32)?.to_vec1()?;
+        for (&y, &p) in labels.iter().zip(&predicted) {
+            if let Some(cell) = self.confusion.get_mut(y as usize * k + p as usize) {
+                *cell += 1.0;
+            }
+        }
+        Ok(())
+    }
+
+    /// The classes of the confusion matrix (0: none kept).
+    pub fn classes(&self) -> usize {
+        (self.confusion.len() as f64).sqrt().round() as usize
+    }
+
+    /// The sums as numbers, in a fixed order (for summing over ranks),
+    /// the confusion matrix last.
+    pub fn to_values(&self) -> Vec<f64> {
+        let mut v = vec![
+            self.loss,
+            self.objective,
+            self.correct,
+            self.count as f64,
+            self.squared,
+            self.absolute,
+            self.y_sum,
+            self.y_squared,
+            self.regression as f64,
+        ];
+        v.extend(&self.confusion);
+        v
+    }
+
+    /// The sums [`EvalSums::to_values`] gave.
+    pub fn from_values(v: &[f64]) -> EvalSums {
+        EvalSums {
+            loss: v[0],
+            objective: v[1],
+            correct: v[2],
+            count: v[3].round() as usize,
+            squared: v[4],
+            absolute: v[5],
+            y_sum: v[6],
+            y_squared: v[7],
+            regression: v[8].round() as usize,
+            confusion: v[9..].to_vec(),
+        }
+    }
+
+    /// Adds a regression batch's errors: `out` against `targets`, value by
+    /// value, in f64.
+    pub fn add_errors(&mut self, out: &Tensor, targets: &Tensor) -> candle_core::Result<()> {
+        let f = |t: &Tensor| -> candle_core::Result<Vec<f64>> {
+            t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()
+        };
+        let (p, y) = (f(out)?, f(targets)?);
+        if p.len() != y.len() {
+            candle_core::bail!("evaluate: {} predictions for {} targets", p.len(), y.len());
+        }
+        for (p, y) in p.iter().zip(&y) {
+            self.squared += (p - y) * (p - y);
+            self.absolute += (p - y).abs();
+            self.y_sum += y;
+            self.y_squared += y * y;
+        }
+        self.regression += 1;
+        Ok(())
+    }
+
+    /// The means; an error for an empty data set.
+    pub fn eval(&self, with_objective: bool) -> Result<Eval> {
+        if self.count == 0 {
+            return Err(Error::Data("evaluate: the data set is empty".into()));
+        }
+        let n = self.count as f64;
+        let regression = (self.regression > 0).then(|| {
+            // The targets' spread about their mean: R² compares the errors
+            // with predicting that mean (scikit-learn's r2_score).
+            let spread = self.y_squared - self.y_sum * self.y_sum / n;
+            Regression {
+                rmse: (self.squared / n).sqrt(),
+                mae: self.absolute / n,
+                r2: match spread > 0.0 {
+                    true => 1.0 - self.squared / spread,
+                    false => f64::NAN,
+                },
+            }
+        });
+        Ok(Eval {
+            loss: self.loss / n,
+            accuracy: self.correct / n,
+            samples: self.count,
+            objective: with_objective.then(|| self.objective / n),
+            regression,
+            per_class: (self.classes() > 0 && regression.is_none()).then(|| PerClass {
+                confusion: self
+                    .confusion
+                    .chunks(self.classes())
+                    .map(|row| row.iter().map(|&c| c.round() as u64).collect())
+                    .collect(),
+            }),
+        })
+    }
+}
+
+/// A regression's evaluation: root mean squared error and mean absolute
+/// error (in the model's units, until [`Regression::in_units`]), and the
+/// coefficient of determination R² (which has none).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Regression {
+    pub rmse: f64,
+    pub mae: f64,
+    pub r2: f64,
+}
+
+impl Regression {
+    /// The errors in the target's units, for a model that predicts the
+    /// standardized target, `(value - mean) / std`.
+    pub fn in_units(self, std: f64) -> Regression {
+        Regression {
+            rmse: self.rmse * std,
+            mae: self.mae * std,
+            r2: self.r2,
+        }
+    }
+}
+
+/// A classifier's evaluation, class by class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerClass {
+    /// `confusion[class][prediction]`: how many samples of each class were
+    /// predicted as each.
+    pub confusion: Vec<Vec<u64>>,
+}
+
+/// One class's scores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClassScores {
+    pub class: usize,
+    pub precision: f64,
+    pub recall: f64,
+    pub f1: f64,
+    /// The class's samples.
+    pub support: u64,
+}
+
+impl PerClass {
+    /// The scores of each class that is a label or a prediction (as
+    /// scikit-learn's `precision_recall_fscore_support` over the labels
+    /// present); a ratio whose denominator is 0 is 0 (its `zero_division`).
+    pub fn scores(&self) -> Vec<ClassScores> {
+        let k = self.confusion.len();
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        (0..k)
+            .filter_map(|c| {
+                let tp = self.confusion[c][c];
+                let support: u64 = self.confusion[c].iter().sum();
+                let predicted: u64 = self.confusion.iter().map(|row| row[c]).sum();
+                if support == 0 && predicted == 0 {
+                    return None;
+                }
+                let (precision, recall) = (ratio(tp, predicted), ratio(tp, support));
+                let f1 = match precision + recall {
+                    s if s > 0.0 => 2.0 * precision * recall / s,
+                    _ => 0.0,
+                };
+                Some(ClassScores {
+                    class: c,
+                    precision,
+                    recall,
+                    f1,
+                    support,
+                })
+            })
+            .collect()
+    }
+
+    /// The mean F1 over the classes present (`f1_score(average="macro")`).
+    pub fn macro_f1(&self) -> f64 {
+        let s = self.scores();
+        s.iter().map(|c| c.f1).sum::<f64>() / s.len().max(1) as f64
+    }
+
+    /// The mean recall over the classes that have samples
+    /// (`balanced_accuracy_score`): accuracy that a large class cannot carry.
+    pub fn balanced_accuracy(&self) -> f64 {
+        let r: Vec<f64> = self
+            .scores()
+            .iter()
+            .filter(|c| c.support > 0)
+            .map(|c| c.recall)
+            .collect();
+        r.iter().sum::<f64>() / r.len().max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// Labels and predictions counted through `add_predictions` (in two
+    /// batches), scored against scikit-learn's definitions computed here
+    /// from the pairs: class 3 is only predicted (precision 0, no recall),
+    /// class 4 neither (left out), class 2 never predicted (precision 0
+    /// by `zero_division`).
+    #[test]
+    fn per_class_scores_follow_scikit_learns_definitions() -> candle_core::Result<()> {
+        let pairs = [
+            (0u32, 0u32),
+            (0, 0),
+            (0, 1),
+            (1, 1),
+            (1, 1),
+            (1, 1),
+            (1, 0),
+            (2, 1),
+            (2, 3),
+            (0, 3),
+        ];
+        let mut sums = EvalSums::with_classes(5);
+        for part in pairs.chunks(6) {
+            let y: Vec<u32> = part.iter().map(|p| p.0).collect();
+            let mut logits = vec![0f32; part.len() * 5];
+            for (i, p) in part.iter().enumerate() {
+                logits[i * 5 + p.1 as usize] = 1.0;
+            }
+            let logits = Tensor::from_vec(logits, (part.len(), 5), &Device::Cpu)?;
+            let y = Tensor::new(y, &Device::Cpu)?;
+            let mut s = EvalSums::with_classes(5);
+            s.add_predictions(&logits, &y)?;
+            sums.add(&s);
+        }
+        let back = EvalSums::from_values(&sums.to_values());
+        assert_eq!(back, sums);
+        sums.count = pairs.len();
+        let p = sums.eval(false).unwrap().per_class.unwrap();
+        assert_eq!(p.confusion[0], [2, 1, 0, 1, 0]);
+
+        let count =
+            |f: &dyn Fn(u32, u32) -> bool| pairs.iter().filter(|&&(y, q)| f(y, q)).count() as f64;
+        let mut f1s = Vec::new();
+        let mut recalls = Vec::new();
+        let scores = p.scores();
+        assert_eq!(
+            scores.iter().map(|s| s.class).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        for s in &scores {
+            let c = s.class as u32;
+            let tp = count(&|y, q| y == c && q == c);
+            let (support, predicted) = (count(&|y, _| y == c), count(&|_, q| q == c));
+            let precision = if predicted > 0.0 { tp / predicted } else { 0.0 };
+            let recall = if support > 0.0 { tp / support } else { 0.0 };
+            let f1 = if tp > 0.0 {
+                2.0 * precision * recall / (precision + recall)
+            } else {
+                0.0
+            };
+            assert_eq!(
+                (s.precision, s.recall, s.f1, s.support),
+                (precision, recall, f1, support as u64)
+            );
+            f1s.push(f1);
+            if support > 0.0 {
+                recalls.push(recall);
+            }
+        }
+        assert!((p.macro_f1() - f1s.iter().sum::<f64>() / 4.0).abs() < 1e-15);
+        assert!((p.balanced_accuracy() - recalls.iter().sum::<f64>() / 3.0).abs() < 1e-15);
+        // (2/4 + 3/4 + 0/2) / 3, as balanced_accuracy_score gives it.
+        assert!((p.balanced_accuracy() - 1.25 / 3.0).abs() < 1e-15);
+        Ok(())
+    }
+
+    /// A regression, a sequence model and a batch of other shapes keep none.
+    #[test]
+    fn no_matrix_without_one_label_per_sample() -> candle_core::Result<()> {
+        let mut none = EvalSums::default();
+        let logits = Tensor::zeros((2, 3), DType::F32, &Device::Cpu)?;
+        none.add_predictions(&logits, &Tensor::new(&[0u32, 1], &Device::Cpu)?)?;
+        assert!(none.confusion.is_empty());
+        let mut seq = EvalSums::with_classes(3);
+        let logits = Tensor::zeros((2, 4, 3), DType::F32, &Device::Cpu)?;
+        seq.add_predictions(&logits, &Tensor::zeros((2, 4), DType::U32, &Device::Cpu)?)?;
+        assert!(seq.confusion.iter().all(|&c| c == 0.0));
+        Ok(())
+    }
+}
