@@ -187,6 +187,16 @@ fn an_oom_on_one_rank_in_any_phase_is_recovered_the_same_way_on_every_rank() {
             (l - l0).abs() <= 1e-6 * l0,
             "{phase}: eval loss {l} vs {l0}"
         );
+        // The ranks' confusion matrices add up to one process's.
+        assert_eq!(e["confusion"], e0["confusion"], "{phase}");
+        let counted: u64 = e["confusion"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r.as_array().unwrap())
+            .map(|c| c.as_u64().unwrap())
+            .sum();
+        assert_eq!(Some(counted), e["samples"].as_u64(), "{phase}: {e}");
         let d = rel_diff(&weights(&out), &reference);
         assert!(d < 1e-6, "{phase}: weights differ by {d}");
     }
