@@ -270,6 +270,18 @@ fn a_report_of_a_run_with_ooms_and_a_reload_renders_in_chromium() {
         "the OOM's action"
     );
     assert!(dom.contains("limit MiB"), "the memory limit drawn");
+    // The classifier's last evaluation, class by class.
+    for row in [
+        "last eval balanced accuracy",
+        "last eval macro F1",
+        "last eval by class",
+    ] {
+        assert!(dom.contains(row), "no `{row}` row");
+    }
+    assert!(
+        dom.contains("0 F1 ") && dom.contains("; 9 F1 ") && dom.contains(" samples)"),
+        "each digit's F1"
+    );
 
     let headless = HEADLESS;
     let shot = keep.join("report.png");

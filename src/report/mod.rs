@@ -208,14 +208,6 @@ fn file_part(p: &str) -> String {
 /// The run's config and outcome, as (key, value) rows.
 fn table(folder: &RunFolder, run: u64, run_record: &Value) -> Vec<(String, String)> {
     let mut rows = Vec::new();
-    let show = |v: &Value| match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => match n.as_f64() {
-            Some(x) if n.is_f64() => format!("{}", (x * 1e6).round() / 1e6),
-            _ => n.to_string(),
-        },
-        other => other.to_string(),
-    };
     for key in [
         "model",
         "parameters",
@@ -254,7 +246,10 @@ fn table(folder: &RunFolder, run: u64, run_record: &Value) -> Vec<(String, Strin
                 rows.push(("last eval RMSE".into(), show(rmse)));
                 rows.push(("last eval R²".into(), show(&ev["r2"])));
             }
-            None => rows.push(("last eval accuracy".into(), show(&ev["accuracy"]))),
+            None => {
+                rows.push(("last eval accuracy".into(), show(&ev["accuracy"])));
+                rows.extend(class_rows(ev));
+            }
         }
     }
     rows.push(("OOMs recovered".into(), mine("oom").count().to_string()));
@@ -268,6 +263,54 @@ fn table(folder: &RunFolder, run: u64, run_record: &Value) -> Vec<(String, Strin
     {
         rows.push(("seconds".into(), format!("{t:.1}")));
     }
+    rows
+}
+
+/// A record's value for the summary: numbers to six decimals.
+fn show(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(x) if n.is_f64() => format!("{}", (x * 1e6).round() / 1e6),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// A classifier's last evaluation class by class (an `eval` record with
+/// `per_class`): balanced accuracy, macro F1, and each class's F1 and
+/// recall, up to 20 classes (more are in the record).
+fn class_rows(ev: &Value) -> Vec<(String, String)> {
+    let Some(classes) = ev["per_class"].as_array() else {
+        return Vec::new();
+    };
+    let mut rows = vec![
+        (
+            "last eval balanced accuracy".into(),
+            show(&ev["balanced_accuracy"]),
+        ),
+        ("last eval macro F1".into(), show(&ev["macro_f1"])),
+    ];
+    let each = match classes.len() {
+        n if n > 20 => format!("{n} classes: see the eval record's per_class"),
+        _ => classes
+            .iter()
+            .map(|c| {
+                let name = c["class"]
+                    .as_str()
+                    .map_or_else(|| c["class"].to_string(), String::from);
+                format!(
+                    "{name} F1 {} recall {} ({} samples)",
+                    show(&c["f1"]),
+                    show(&c["recall"]),
+                    c["support"]
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
+    rows.push(("last eval by class".into(), each));
     rows
 }
 
