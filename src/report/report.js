@@ -84,7 +84,7 @@
       title: title,
       width: width,
       height: 260,
-      scales: { x: { time: false } },
+      scales: { x: { time: false }, y: extra && extra.range ? { range: extra.range } : {} },
       series: series,
       axes: [
         { label: "step", values: (u, vals) => vals.map((v) => (Number.isInteger(v) ? v : "")) },
@@ -130,7 +130,10 @@
     const [xs, ys] = clean(r.evals.step, r.evals.accuracy, 0.01);
     return { label: name(r, "eval accuracy %"), xs, ys, color: color(i), points: true };
   });
-  if (acc.some((l) => l.xs.length > 0)) chart("Evaluation accuracy", "%", acc);
+  // A percentage: up to 100, from the tens below the lowest point (uPlot's
+  // own range padded it past 100).
+  const percent = (u, min) => [Math.max(0, Math.floor((min - 2) / 10) * 10), 100];
+  if (acc.some((l) => l.xs.length > 0)) chart("Evaluation accuracy", "%", acc, { range: percent });
 
   // A regression's root mean squared error, in its target's units.
   const rmse = runs.map((r, i) => {
