@@ -379,6 +379,23 @@ fn a_csv_target_is_a_number_for_the_mean_squared_error() {
         msg.contains("column 3 (`y`) is the target; it cannot be a feature too"),
         "{msg}"
     );
+    // A target with decimal commas says how to read them; so read, it is.
+    std::fs::write(&csv, "a;y\n1;2,5\n3;4\n").unwrap();
+    let msg = recipe_error(run(&format!(
+        "taper.data.csv{{ path = {path:?}, target = \"y\", delimiter = \";\" }}"
+    )));
+    assert!(
+        msg.contains("target `2,5` is not a finite number with `.` as the decimal mark; it reads as one with a decimal comma: give `decimal = \",\"`"),
+        "{msg}"
+    );
+    run(&format!(
+        r#"local d = taper.data.csv{{ path = {path:?}, target = "y", delimiter = ";", decimal = "," }}
+        for b in d:batch(2):map(function(x, y)
+          assert(y[1][1] == 2.5 and y[2][1] == 4, y[1][1])
+          return {{ x = x, y = y, y_type = "f32" }}
+        end):batches() do end"#
+    ))
+    .unwrap();
 }
 
 /// A data error's rendering (exit code 2, as for bad input), which names

@@ -338,13 +338,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     let features = settle(features, &mut coders);
     let (labels, classes) = match opts.target {
         true => (
-            Labels::Values(target_values(
-                what,
-                &layout,
-                &labels,
-                &label_lines,
-                opts.decimal,
-            )?),
+            Labels::Values(target_values(what, &layout, &labels, &label_lines)?),
             None,
         ),
         false => {
@@ -404,20 +398,20 @@ fn target_values(
     layout: &Layout,
     cells: &[String],
     lines: &[usize],
-    decimal: u8,
 ) -> Result<Vec<f32>> {
     let column = layout.label.expect("a target column");
     cells
         .iter()
         .enumerate()
-        .map(|(k, cell)| match number::<f32>(cell, decimal) {
+        .map(|(k, cell)| match number::<f32>(cell, layout.decimal) {
             Some(v) if v.is_finite() => Ok(v),
             _ => Err(data_err(
                 what,
                 format!(
-                    "line {}, {}: target `{cell}` is not a finite number",
+                    "line {}, {}: target `{cell}` is not a finite number{}",
                     lines[k],
-                    layout.column(column)
+                    layout.column(column),
+                    layout.decimal_comma(cell).unwrap_or_default()
                 ),
             )),
         })
