@@ -545,3 +545,29 @@ fn csv_columns_of_categories_are_one_hot_inputs() {
         "{msg}"
     );
 }
+
+/// `run:evaluate` of a classifier returns its scores class by class: without
+/// class names `per_class` is keyed by label (0 the first), each class's
+/// support is its row of `confusion`, and those rows hold every sample.
+#[test]
+fn evaluate_scores_a_classifier_class_by_class() -> Result<()> {
+    run(r#"
+local run = taper.run{ model = taper.model.mlp{ inputs = 64, hidden = { 32 }, outputs = 10 },
+  data = taper.data.digits{ split = "train" }:batch(32) }
+for _ in run:epochs(2) do for b in run:batches() do run:step(b) end end
+local r = run:evaluate(taper.data.digits{ split = "test" })
+assert(#r.confusion == 10, #r.confusion)
+local total, right, f1 = 0, 0, 0
+for label = 0, 9 do
+  local row, s = r.confusion[label + 1], 0
+  for _, c in ipairs(row) do s = s + c end
+  assert(r.per_class[label].support == s, label)
+  assert(r.per_class[label].recall == row[label + 1] / s, label)
+  total, right, f1 = total + s, right + row[label + 1], f1 + r.per_class[label].f1
+end
+assert(total == r.samples and right / total == r.accuracy, right)
+assert(math.abs(f1 / 10 - r.macro_f1) < 1e-12, r.macro_f1)
+assert(r.balanced_accuracy > 0 and r.balanced_accuracy <= 1)
+"#)?;
+    Ok(())
+}

@@ -92,12 +92,12 @@ function Run:step(batch) end
 ---trained with `taper.loss.mse{}` gets the mean squared error as `loss`, and
 ---`rmse`, `mae` (in the target's units) and `r2` instead of `accuracy`. A
 ---classifier of one label per sample (up to 100 classes) also gets
----`balanced_accuracy`, `macro_f1`, `per_class` (by class name: `precision`,
+---`balanced_accuracy`, `macro_f1`, `per_class` (by class name, or label without names: `precision`,
 ---`recall`, `f1`, `support`) and `confusion` (rows: classes, columns:
 ---predictions, label 0 first).
 ---@param data taper.Data|taper.Generator
 ---@param opts? {loss?: taper.Loss}
----@return {loss: number, accuracy?: number, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, samples: integer, split: string, objective?: number}
+---@return {loss: number, accuracy?: number, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string|integer, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, samples: integer, split: string, objective?: number}
 function Run:evaluate(data, opts) end
 
 ---Writes a `log` record to metrics.jsonl (with `step` and `epoch` added) and

@@ -41,8 +41,8 @@ pub(super) fn record(f: &mut Map<String, Value>, p: &PerClass, classes: Option<&
 }
 
 /// The same in the table `run:evaluate` returns: `balanced_accuracy`,
-/// `macro_f1`, `per_class` (keyed by class name) and `confusion` (a list of
-/// rows, label 0 first).
+/// `macro_f1`, `per_class` (keyed by class name, or by label, 0 the first,
+/// for data without names) and `confusion` (a list of rows, label 0 first).
 pub(super) fn lua_fields(
     lua: &Lua,
     t: &Table,
@@ -58,7 +58,10 @@ pub(super) fn lua_fields(
         row.set("recall", s.recall)?;
         row.set("f1", s.f1)?;
         row.set("support", s.support)?;
-        per.set(name(classes, s.class), row)?;
+        match classes.and_then(|n| n.get(s.class)) {
+            Some(name) => per.set(name.as_str(), row)?,
+            None => per.set(s.class, row)?,
+        }
     }
     t.set("per_class", per)?;
     let confusion = lua.create_table()?;
