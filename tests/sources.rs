@@ -1008,6 +1008,14 @@ fn image_folder_errors_name_the_file() -> Result<()> {
         msg.contains("empty: class `empty` holds no image (.jpg, .jpeg, .png"),
         "{msg}"
     );
+    // A class of GIFs alone says what it passed over.
+    std::fs::write(root.join("empty/a.gif"), b"GIF89a")?;
+    let msg = err_text(taper::data::images(root, None, 3, 255.0, "x"));
+    assert!(
+        msg.contains("empty: class `empty` holds no image: passed over 1 file not of a type read as an image (.gif: 1, such as "),
+        "{msg}"
+    );
+    std::fs::remove_file(root.join("empty/a.gif"))?;
     std::fs::remove_dir(root.join("empty"))?;
     png(&root.join("full/b.png"), 5, 4, |_, _| [1, 2, 3]);
     let msg = err_text(taper::data::images(root, None, 3, 255.0, "x"));

@@ -132,9 +132,13 @@ fn read(
         let dir = root.join(class);
         let found = image_files(&dir)?;
         if found.images.is_empty() {
+            let others = match found.passed_over.summary() {
+                Some(s) => format!(": passed over {s}"),
+                None => format!(" ({})", extension_list()),
+            };
             return Err(data_err(
                 &dir,
-                format!("class `{class}` holds no image ({})", extension_list()),
+                format!("class `{class}` holds no image{others}"),
             ));
         }
         files.extend(found.images.into_iter().map(|p| (p, label as u32)));
