@@ -117,8 +117,10 @@ impl Trainer {
             if base.regression() {
                 sums.add_errors(&logits, &y).map_err(eval)?;
             } else {
-                sums.correct += loss::correct(&logits, &y).map_err(eval)?;
-                sums.add_predictions(&logits, &y).map_err(eval)?;
+                sums.correct += match sums.add_predictions(&logits, &y).map_err(eval)? {
+                    Some(right) => right,
+                    None => loss::correct(&logits, &y).map_err(eval)?,
+                };
             }
             sums.count += count;
             guard(Phase::Eval)?;

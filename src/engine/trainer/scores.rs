@@ -61,20 +61,28 @@ impl EvalSums {
     }
 
     /// Counts each prediction (the largest of a row of `logits`) against
-    /// its label in the confusion matrix, when one is kept.
-    pub fn add_predictions(&mut self, logits: &Tensor, labels: &Tensor) -> candle_core::Result<()> {
+    /// its label in the confusion matrix, when one is kept; returns how
+    /// many were right then (the accuracy's count, without a second
+    /// argmax), or None when no matrix counted them.
+    pub fn add_predictions(
+        &mut self,
+        logits: &Tensor,
+        labels: &Tensor,
+    ) -> candle_core::Result<Option<f64>> {
         let k = self.classes();
         if k == 0 || logits.rank() != 2 || labels.rank() != 1 {
-            return Ok(());
+            return Ok(None);
         }
         let predicted: Vec<u32> = logits.argmax(1)?.to_dtype(DType::U32)?.to_vec1()?;
         let labels: Vec<u32> = labels.to_dtype(DType::U32)?.to_vec1()?;
+        let mut right = 0.0;
         for (&y, &p) in labels.iter().zip(&predicted) {
             if let Some(cell) = self.confusion.get_mut(y as usize * k + p as usize) {
                 *cell += 1.0;
             }
+            right += f64::from(u8::from(y == p));
         }
-        Ok(())
+        Ok(Some(right))
     }
 
     /// The classes of the confusion matrix (0: none kept).
