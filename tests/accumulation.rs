@@ -69,8 +69,8 @@ fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     worst
 }
 
-#[test]
-fn mlp_accumulation_equals_full_batch() -> Result<()> {
+/// An MLP on the digits, and their batches of 64.
+fn digits_mlp() -> Result<(Arc<dyn ModelSpec>, Pipeline)> {
     let spec: Arc<dyn ModelSpec> = Arc::new(Mlp {
         inputs: 64,
         hidden: vec![32],
@@ -80,6 +80,12 @@ fn mlp_accumulation_equals_full_batch() -> Result<()> {
     let data = Pipeline::new(Arc::new(digits("train")?))
         .shuffle(2)
         .batch(64, false);
+    Ok((spec, data))
+}
+
+#[test]
+fn mlp_accumulation_equals_full_batch() -> Result<()> {
+    let (spec, data) = digits_mlp()?;
     for optim in [
         OptimSpec::Sgd(SgdConfig {
             lr: 0.1,
@@ -103,6 +109,66 @@ fn mlp_accumulation_equals_full_batch() -> Result<()> {
                 optim.describe()
             );
         }
+    }
+    Ok(())
+}
+
+/// With class weights (PyTorch's `CrossEntropyLoss(weight=)`) the batch's
+/// mean divides by its weight sum, not its sample count: micro-batches of
+/// uneven weight still add up to the full batch's gradient, a class of
+/// weight 0 adds nothing, and weights all equal are the plain loss.
+#[test]
+fn weighted_cross_entropy_accumulation_equals_full_batch() -> Result<()> {
+    let (spec, data) = digits_mlp()?;
+    let optim = OptimSpec::Sgd(SgdConfig {
+        lr: 0.1,
+        momentum: 0.9,
+        ..Default::default()
+    });
+    let weighted = |w: &[f32], smoothing| CrossEntropy {
+        label_smoothing: smoothing,
+        weights: Some(w.into()),
+        ..Default::default()
+    };
+    let w = [0.0, 1.0, 2.0, 0.5, 4.0, 1.0, 1.0, 3.0, 0.25, 1.0];
+    for smoothing in [0.0, 0.1] {
+        let full = train_with(spec.clone(), &optim, &data, 64, 5, weighted(&w, smoothing))?;
+        for micro in [8, 24, 1] {
+            let acc = train_with(
+                spec.clone(),
+                &optim,
+                &data,
+                micro,
+                5,
+                weighted(&w, smoothing),
+            )?;
+            let d = max_rel_diff(&full, &acc);
+            eprintln!("weighted, smoothing {smoothing}, micro {micro}: {d:e}");
+            assert!(d < 1e-6, "micro {micro}: max relative difference {d}");
+        }
+        let plain = train_with(
+            spec.clone(),
+            &optim,
+            &data,
+            64,
+            5,
+            CrossEntropy {
+                label_smoothing: smoothing,
+                ..Default::default()
+            },
+        )?;
+        let apart = max_rel_diff(&plain, &full);
+        assert!(apart > 1e-3, "the weights changed nothing: {apart}");
+        let equal = train_with(
+            spec.clone(),
+            &optim,
+            &data,
+            24,
+            5,
+            weighted(&[3.0; 10], smoothing),
+        )?;
+        let d = max_rel_diff(&plain, &equal);
+        assert!(d < 1e-6, "equal weights: max relative difference {d}");
     }
     Ok(())
 }
@@ -157,6 +223,7 @@ fn chunked_cross_entropy_trains_like_the_full_logits() -> Result<()> {
         let ce = |chunk| CrossEntropy {
             label_smoothing: smoothing,
             chunk,
+            ..Default::default()
         };
         let full = train_with(spec.clone(), &optim, &data, micro, 3, ce(0))?;
         let chunked = train_with(spec.clone(), &optim, &data, micro, 3, ce(100))?;

@@ -28,6 +28,9 @@ fn s(p: &Path) -> &str {
 }
 
 const DIGITS: &[&str] = &["scripts/digits.lua", "--set", "epochs=2"];
+/// Penguins weighs its classes ("balanced"): the ranks' shards of a batch
+/// differ in weight, and each divides by the whole batch's.
+const PENGUINS: &[&str] = &["scripts/penguins.lua", "--set", "epochs=20"];
 /// A short run of the Shakespeare GPT: 4 steps, a small evaluation.
 const SHAKESPEARE: &[&str] = &[
     "scripts/shakespeare.lua",
@@ -108,7 +111,11 @@ fn rel_diff(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
 #[test]
 fn two_and_four_ranks_train_to_the_weights_of_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, recipe) in [("digits", DIGITS), ("shakespeare", SHAKESPEARE)] {
+    for (name, recipe) in [
+        ("digits", DIGITS),
+        ("shakespeare", SHAKESPEARE),
+        ("penguins", PENGUINS),
+    ] {
         let one = dir.path().join(format!("{name}-1"));
         train(0, recipe, &one, &[]);
         let reference = weights(&one);

@@ -538,6 +538,17 @@ fn penguins_mlp_learns_from_a_table_with_names_and_missing_values() -> Result<()
     )?;
     let classes = ["Adelie", "Chinstrap", "Gentoo"].map(String::from);
     assert_eq!(meta.classes.as_deref(), Some(&classes[..]));
+    // "balanced" weights are n / (3 * count): their reciprocals are the
+    // classes' shares of the training part, times 3. Chinstraps, the
+    // fewest, weigh most.
+    let run = &records(dir.path())?
+        .into_iter()
+        .find(|r| r["event"] == "run")
+        .expect("a run record");
+    let w: Vec<f64> = serde_json::from_value(run["class_weights"].clone())?;
+    let shares: f64 = w.iter().map(|w| 1.0 / w).sum();
+    assert!((shares - 3.0).abs() < 1e-5, "{w:?}");
+    assert!(w[1] > w[0] && w[1] > w[2], "{w:?}");
     Ok(())
 }
 

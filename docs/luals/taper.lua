@@ -524,7 +524,11 @@ taper.loss = {}
 ---Cross-entropy over the last dimension, with optional label smoothing. `chunk = n`
 ---(GPT models; a GGUF llama on the CPU) fuses the head with the loss, n positions at a time
 ---(no full logits).
----@param opts? {label_smoothing?: number, chunk?: integer}
+---`weight`: class weights (PyTorch's `weight=`): one number per class (label 0
+---first), numbers by class name (others weigh 1), or "balanced"
+---(n / (k * count) over the run's training data, as scikit-learn). The mean
+---divides by the batch's weight sum, whatever the micro-batch split.
+---@param opts? {label_smoothing?: number, chunk?: integer, weight?: number[]|table<string, number>|"balanced"}
 ---@return taper.Loss
 function taper.loss.cross_entropy(opts) end
 

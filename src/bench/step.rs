@@ -303,8 +303,8 @@ pub fn run(a: &StepArgs) -> Result<()> {
     let opts = || TrainerOptions {
         device: dev.clone(),
         loss: crate::engine::loss::Loss::CrossEntropy(crate::engine::loss::CrossEntropy {
-            label_smoothing: 0.0,
             chunk: a.chunk,
+            ..Default::default()
         }),
         ..TrainerOptions::default()
     };

@@ -299,6 +299,9 @@ impl Source for Images {
     fn classes(&self) -> Option<&[String]> {
         Some(&self.classes)
     }
+    fn labels(&self, indices: &[usize]) -> Result<Option<Vec<u32>>> {
+        Ok(Some(indices.iter().map(|&i| self.files[i].1).collect()))
+    }
     fn image_input(&self) -> Option<super::ImageInput> {
         Some(self.input())
     }

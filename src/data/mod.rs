@@ -67,6 +67,21 @@ pub trait Source: Send + Sync {
     fn classes(&self) -> Option<&[String]> {
         None
     }
+    /// The class label of each of these samples, where the targets are one
+    /// label per sample; None where they are not (a sequence's, a
+    /// regression's). Reads the samples; an image folder answers from its
+    /// file list.
+    fn labels(&self, indices: &[usize]) -> Result<Option<Vec<u32>>> {
+        let mut labels = Vec::with_capacity(indices.len());
+        for chunk in indices.chunks(4096) {
+            let (_, y) = self.gather(chunk)?;
+            if y.dtype() != candle_core::DType::U32 || y.dims() != [chunk.len()] {
+                return Ok(None);
+            }
+            labels.extend(y.to_vec1::<u32>()?);
+        }
+        Ok(Some(labels))
+    }
     /// How an image file becomes a sample, for an image folder.
     fn image_input(&self) -> Option<ImageInput> {
         None

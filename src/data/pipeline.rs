@@ -411,6 +411,10 @@ impl Source for Subset {
     fn classes(&self) -> Option<&[String]> {
         self.inner.classes()
     }
+    fn labels(&self, indices: &[usize]) -> Result<Option<Vec<u32>>> {
+        let mapped: Vec<usize> = indices.iter().map(|&i| self.indices[i]).collect();
+        self.inner.labels(&mapped)
+    }
     fn image_input(&self) -> Option<super::ImageInput> {
         self.inner.image_input()
     }

@@ -1,9 +1,13 @@
 //! Losses over the last dimension of the logits, any leading shape.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use candle_core::{DType, Module, Result, Tensor, D};
 use serde::Deserialize;
+
+pub use super::class_weights::ClassWeights;
+use super::class_weights::{weight_sum, weighted_terms};
 
 /// What a run trains against.
 #[derive(Clone)]
@@ -31,12 +35,36 @@ impl Loss {
         }
     }
 
+    /// For a cross-entropy with class weights, the sum of the weights of
+    /// `targets`' labels: the denominator of the weighted mean over them.
+    pub fn weight_sum(&self, targets: &Tensor) -> Result<Option<f64>> {
+        match self {
+            Loss::CrossEntropy(c) => match c.resolved_weights()? {
+                Some(w) => weight_sum(targets, w).map(Some),
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+
+    /// The weighted cross-entropy's numerator (its sum, before the mean
+    /// divides it by the weights of the labels).
+    pub fn weighted_numerator(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        match self {
+            Loss::CrossEntropy(c) => match c.weighted(logits, targets)? {
+                Some((num, _)) => Ok(num),
+                None => candle_core::bail!("the loss has no class weights"),
+            },
+            _ => candle_core::bail!("the loss has no class weights"),
+        }
+    }
+
     /// What evaluation reports as `loss`: the cross-entropy against the
     /// labels, or a regression's mean squared error.
     pub fn base(&self) -> Loss {
         match self {
-            Loss::CrossEntropy(c) => Loss::CrossEntropy(*c),
-            Loss::Distill(d) => Loss::CrossEntropy(d.base),
+            Loss::CrossEntropy(c) => Loss::CrossEntropy(c.unweighted()),
+            Loss::Distill(d) => Loss::CrossEntropy(d.base.unweighted()),
             Loss::Mse => Loss::Mse,
         }
     }
@@ -65,7 +93,16 @@ impl Loss {
 
     pub fn describe(&self) -> String {
         match self {
-            Loss::CrossEntropy(c) => format!("cross_entropy label_smoothing {}", c.label_smoothing),
+            Loss::CrossEntropy(c) => {
+                let mut d = format!("cross_entropy label_smoothing {}", c.label_smoothing);
+                if let Some(w) = &c.weights {
+                    let w: Vec<String> = w.iter().map(|v| format!("{v:.4}")).collect();
+                    d += &format!(" weight [{}]", w.join(", "));
+                } else if let Some(asked) = &c.class_weights {
+                    d += &format!(" weight {}", asked.describe());
+                }
+                d
+            }
             Loss::Distill(d) => format!(
                 "distill from {} temperature {} alpha {}",
                 d.teacher_name, d.temperature, d.alpha
@@ -143,7 +180,7 @@ fn kl_soft(teacher: &Tensor, student: &Tensor, t: f64) -> Result<Tensor> {
 }
 
 /// Cross-entropy with optional label smoothing (as `torch.nn.CrossEntropyLoss`).
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CrossEntropy {
     pub label_smoothing: f64,
@@ -151,6 +188,14 @@ pub struct CrossEntropy {
     /// language-model head (GPT): the `positions x vocab` logits are never
     /// all in memory. 0 (the default) computes the full logits.
     pub chunk: usize,
+    /// The class weights asked for, until the run resolves them into
+    /// `weights`.
+    #[serde(skip)]
+    pub class_weights: Option<ClassWeights>,
+    /// One weight per label (PyTorch's `weight`): the mean is then
+    /// `sum(w[y] * loss) / sum(w[y])`.
+    #[serde(skip)]
+    pub weights: Option<Arc<[f32]>>,
 }
 
 fn flatten(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -159,8 +204,13 @@ fn flatten(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
 }
 
 impl CrossEntropy {
-    /// Mean loss over all positions: `logits [.., C]`, `targets [..]` (u32).
+    /// Mean loss over all positions: `logits [.., C]`, `targets [..]` (u32);
+    /// with class weights, the weighted mean (0 when every weight is 0).
     pub fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        if let Some((num, den)) = self.weighted(logits, targets)? {
+            let den = den.maximum(f64::MIN_POSITIVE)?;
+            return num.broadcast_div(&den);
+        }
         let (logits, targets) = flatten(logits, targets)?;
         let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         let nll = candle_nn::loss::nll(&logp, &targets)?;
@@ -170,6 +220,37 @@ impl CrossEntropy {
         let eps = self.label_smoothing;
         let uniform = logp.mean(D::Minus1)?.mean_all()?.neg()?;
         (nll * (1.0 - eps))? + (uniform * eps)?
+    }
+
+    /// With class weights, the weighted loss's numerator and denominator
+    /// over these positions; None without them. An error when the weights
+    /// were asked for and not resolved (no silent unweighted loss).
+    pub fn weighted(&self, logits: &Tensor, targets: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(w) = self.resolved_weights()? else {
+            return Ok(None);
+        };
+        let (logits, targets) = flatten(logits, targets)?;
+        weighted_terms(&logits, &targets, w, self.label_smoothing).map(Some)
+    }
+
+    fn resolved_weights(&self) -> Result<Option<&[f32]>> {
+        match (&self.weights, &self.class_weights) {
+            (Some(w), _) => Ok(Some(w)),
+            (None, Some(_)) => candle_core::bail!(
+                "cross_entropy: its class weights were not resolved against a run's classes"
+            ),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The same loss without class weights: what evaluation reports.
+    pub fn unweighted(&self) -> CrossEntropy {
+        CrossEntropy {
+            label_smoothing: self.label_smoothing,
+            chunk: self.chunk,
+            class_weights: None,
+            weights: None,
+        }
     }
 }
 
@@ -273,7 +354,7 @@ mod tests {
         let plain = CrossEntropy::default().loss(&x, &y)?.to_scalar::<f64>()?;
         let smooth = CrossEntropy {
             label_smoothing: 0.1,
-            chunk: 0,
+            ..Default::default()
         }
         .loss(&x, &y)?
         .to_scalar::<f64>()?;

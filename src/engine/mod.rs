@@ -2,6 +2,7 @@
 //! checkpoints.
 
 pub mod checkpoint;
+mod class_weights;
 mod cnn;
 mod device;
 mod gpt;

@@ -3,6 +3,7 @@
 mod api;
 mod append;
 mod batch;
+mod class_weights;
 mod config;
 mod data;
 mod data_csv;

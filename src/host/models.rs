@@ -116,7 +116,7 @@ fn distill(lua: &Lua, opts: Table) -> mlua::Result<LossHandle> {
         alpha,
         base: CrossEntropy {
             label_smoothing,
-            chunk: 0,
+            ..Default::default()
         },
     })))
 }
@@ -289,7 +289,9 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     loss.set(
         "cross_entropy",
         lua.create_function(|lua, opts: Value| {
-            let c: CrossEntropy = decode(lua, "taper.loss.cross_entropy", opts)?;
+            let (opts, class_weights) = super::class_weights::take(lua, opts)?;
+            let mut c: CrossEntropy = decode(lua, "taper.loss.cross_entropy", opts)?;
+            c.class_weights = class_weights;
             if !(0.0..1.0).contains(&c.label_smoothing) {
                 return Err(super::options::config_error(
                     lua,

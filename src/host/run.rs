@@ -215,6 +215,14 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
             .map(|h| h.0)
         }
     };
+    if let Some(crate::engine::loss::Loss::CrossEntropy(c)) = &objective {
+        if c.class_weights.is_some() {
+            return Err(config_error(
+                lua,
+                "run:evaluate: option `loss`: a cross-entropy with class weights; evaluation reports the unweighted cross-entropy as `loss`, and `balanced_accuracy` and `macro_f1` score the classes alike",
+            ));
+        }
+    }
     if let super::generator::Feed::Pipeline(p) = &feed {
         let whose = format!("{}'s", feed.split_name());
         let mut r = run.get_mut()?;

@@ -167,6 +167,18 @@ fn record_run(
         "optimizer".into(),
         run.core.trainer.optimizer_description().into(),
     );
+    let loss = run.core.trainer.loss();
+    f.insert("loss".into(), loss.describe().into());
+    if let crate::engine::loss::Loss::CrossEntropy(c) = loss {
+        if let Some(w) = &c.weights {
+            // As f32 prints them (0.74863386, not 0.748633861541748).
+            let w: Vec<f64> = w
+                .iter()
+                .map(|v| v.to_string().parse().unwrap_or(0.0))
+                .collect();
+            f.insert("class_weights".into(), w.into());
+        }
+    }
     f.insert(
         "device".into(),
         crate::engine::describe_device(&host.device).into(),

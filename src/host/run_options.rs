@@ -83,6 +83,8 @@ pub(crate) fn decode_run(
     let loss = handle::<LossHandle>(lua, what, opts, "loss", "a taper.loss")?
         .map(|l| l.0)
         .unwrap_or_default();
+    let loss =
+        super::class_weights::resolve(lua, loss, model.0.interface().classes, data.as_ref())?;
     if !loss.regression() {
         if let Some(outputs) = model.0.interface().classes {
             crate::engine::model::classifier_outputs(outputs)

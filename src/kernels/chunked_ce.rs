@@ -278,7 +278,7 @@ mod tests {
         let logits = h.as_tensor().matmul(&w.as_tensor().t()?)?;
         let loss = crate::engine::loss::CrossEntropy {
             label_smoothing: eps,
-            chunk: 0,
+            ..Default::default()
         }
         .loss(&logits, y)?;
         let g = loss.backward()?;

@@ -294,15 +294,17 @@ impl Trainer {
     }
 
     /// The loss of the training model on `x`; in f32 under mixed precision.
-    fn train_loss(&self, x: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+    /// `summed`: a weighted cross-entropy's numerator rather than its mean.
+    fn train_loss(&self, x: &Tensor, y: &Tensor, summed: bool) -> candle_core::Result<Tensor> {
         let mut logits = None;
-        if let Loss::CrossEntropy(c) = &self.opts.loss {
+        if let (Loss::CrossEntropy(c), false) = (&self.opts.loss, summed) {
             // On CUDA the fused kernels also take the unchunked loss, as one
             // chunk: candle's composed cross-entropy over GPT-2's full
             // logits cost 79 ms of a 134 ms step (`scripts/gpu-check.sh
             // bench`, H100).
             let cuda = self.opts.device.is_cuda();
-            if c.chunk > 0 || cuda {
+            // The fused kernels take no class weights.
+            if (c.chunk > 0 || cuda) && c.weights.is_none() {
                 if let Some((h, head)) = self.model.hidden_and_head(x)? {
                     if crate::kernels::covers(&h) {
                         let d = h.dim(candle_core::D::Minus1)?;
@@ -329,6 +331,9 @@ impl Trainer {
             Some(_) => logits.to_dtype(DType::F32)?,
             None => logits,
         };
+        if summed {
+            return self.opts.loss.weighted_numerator(&logits, y);
+        }
         self.opts.loss.loss(x, &logits, y)
     }
 
@@ -342,7 +347,7 @@ impl Trainer {
         let base = crate::memory::HostMemory::current();
         crate::memory::HostMemory::reset_peak();
         {
-            let loss = self.train_loss(&x, &y)?;
+            let loss = self.train_loss(&x, &y, false)?;
             let mut grads = loss.backward()?;
             super::recompute::merge_parameter_grads(&mut grads)?;
         }

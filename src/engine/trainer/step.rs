@@ -76,6 +76,14 @@ impl Trainer {
         let micro = micro.clamp(1, len);
         let vars = self.work_vars();
         let scale = self.mixed.as_ref().map_or(1.0, |m| m.loss_scale());
+        // With class weights each piece adds its share of the batch's
+        // weighted sum, divided by the whole batch's weight (every rank
+        // holds the whole batch): the same gradient, whatever the split.
+        let weight_sum = self
+            .opts
+            .loss
+            .weight_sum(&batch.y)
+            .map_err(|e| Error::Data(format!("train step: {e}")))?;
         let (bx, by) = self.inputs(batch).map_err(|e| classify(e, Phase::Upload))?;
         guard(Phase::Upload)?;
         for from in (start..start + len).step_by(micro) {
@@ -85,9 +93,14 @@ impl Trainer {
             } else {
                 (bx.narrow(0, from, m)?, by.narrow(0, from, m)?)
             };
-            let weight = m as f64 / total as f64;
+            let (weight, summed) = match weight_sum {
+                // A batch of weight 0 only: no gradient, as no sample counts.
+                Some(w) if w > 0.0 => (1.0 / w, true),
+                Some(_) => (0.0, true),
+                None => (m as f64 / total as f64, false),
+            };
             let loss = self
-                .train_loss(&x, &y)
+                .train_loss(&x, &y, summed)
                 .map_err(|e| classify(e.into(), Phase::Forward))?;
             guard(Phase::Forward)?;
             let g = (&loss * (weight * scale))
