@@ -571,3 +571,40 @@ assert(r.balanced_accuracy > 0 and r.balanced_accuracy <= 1)
 "#)?;
     Ok(())
 }
+
+/// A key inside a list's braces (`features = { "a", "b", label = "c" }`,
+/// a misplaced brace) was dropped, and the run trained on the default
+/// label. It is an error naming the option and the key.
+#[test]
+fn a_named_entry_inside_a_list_is_an_error_not_dropped() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let csv = dir.path().join("t.csv");
+    std::fs::write(&csv, "a,b,kind\n1,2,x\n3,4,y\n")?;
+    let msg = recipe_error(run(&format!(
+        "local d = taper.data.csv{{ path = {:?},\n  features = {{ \"a\", \"b\", label = \"kind\" }} }}",
+        csv.display().to_string()
+    )));
+    assert!(
+        msg.starts_with("recipe.lua:1: taper.data.csv: option `features` is a list with a named entry (`label = ...`)"),
+        "{msg}"
+    );
+    let msg = recipe_error(run(
+        "taper.model.mlp{ inputs = 2, hidden = { 8, extra = 3 }, outputs = 2 }",
+    ));
+    assert!(
+        msg.contains("option `hidden` is a list with a named entry (`extra = ...`)"),
+        "{msg}"
+    );
+    let msg = recipe_error(run("taper.optim.adamw{ 0.1, lr = 1e-3 }"));
+    assert!(
+        msg.contains("the options table is a list with a named entry (`lr = ...`)"),
+        "{msg}"
+    );
+    // `categorical` takes a list with named entries: columns, some with
+    // their categories.
+    run(&format!(
+        "local d = taper.data.csv{{ path = {:?}, label = \"kind\", categorical = {{ \"a\", b = {{ \"2\", \"4\" }} }} }}\nassert(#d:feature_names() == 4)",
+        csv.display().to_string()
+    ))?;
+    Ok(())
+}

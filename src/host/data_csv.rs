@@ -6,7 +6,7 @@ use mlua::{Lua, Table, Value};
 use serde::Deserialize;
 
 use super::data_files::{check_files, check_scale, source};
-use super::options::{at_caller, config_error, decode};
+use super::options::{at_caller, config_error, decode_mixed};
 use crate::data::{self, Source};
 
 #[derive(Deserialize)]
@@ -248,7 +248,7 @@ pub(super) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
                 Value::Table(t) => t.raw_get::<Value>("categorical")?,
                 _ => Value::Nil,
             };
-            let o: CsvOpts = decode(lua, "taper.data.csv", opts)?;
+            let o: CsvOpts = decode_mixed(lua, "taper.data.csv", opts, &["categorical"])?;
             check_scale(lua, "taper.data.csv", o.scale)?;
             let path = o.path.clone();
             let mut options = o.options(lua)?;

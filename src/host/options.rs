@@ -95,10 +95,36 @@ pub(crate) fn at_caller(lua: &Lua, what: &str, e: Error) -> mlua::Error {
 /// Decodes an options table (or nil, meaning all defaults) into `T`.
 /// `T` should use `#[serde(deny_unknown_fields)]` so that a typo is an error.
 pub(crate) fn decode<T: DeserializeOwned>(lua: &Lua, what: &str, value: Value) -> mlua::Result<T> {
+    decode_mixed(lua, what, value, &[])
+}
+
+/// [`decode`], where the options named in `mixed` may hold a list with
+/// named entries (read from the Lua table by the caller).
+pub(crate) fn decode_mixed<T: DeserializeOwned>(
+    lua: &Lua,
+    what: &str,
+    value: Value,
+    mixed: &[&str],
+) -> mlua::Result<T> {
     let value = match value {
         Value::Nil => Value::Table(lua.create_table()?),
         v => v,
     };
+    if let Value::Table(t) = &value {
+        if let Some((path, key)) = list_with_names(t, "", mixed, 0)? {
+            let place = if path.is_empty() {
+                "the options table".to_string()
+            } else {
+                format!("option `{path}`")
+            };
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: {place} is a list with a named entry (`{key} = ...`), which a list has no place for: close the list's braces before `{key}`"
+                ),
+            ));
+        }
+    }
     let de = mlua::serde::Deserializer::new(value);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -182,4 +208,49 @@ fn type_name(ud: &AnyUserData) -> String {
     ud.metatable()
         .and_then(|m| m.get::<String>("__name"))
         .unwrap_or_else(|_| "userdata".to_string())
+}
+
+/// The first table under `t` (or `t` itself) that holds a list (key 1) and
+/// a named key too, which serde would read as the list alone, dropping
+/// the name: its path and the name. Options in `mixed` (top level) are
+/// read by their callers and not looked into.
+fn list_with_names(
+    t: &Table,
+    path: &str,
+    mixed: &[&str],
+    depth: usize,
+) -> mlua::Result<Option<(String, String)>> {
+    if depth > 16 {
+        return Ok(None);
+    }
+    let list = t.raw_len() > 0;
+    for pair in t.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        let name = match &k {
+            Value::String(s) => Some(s.to_str()?.to_string()),
+            _ => None,
+        };
+        if let (true, Some(name)) = (list, &name) {
+            return Ok(Some((path.to_string(), name.clone())));
+        }
+        if let Value::Table(inner) = &v {
+            let key = match (&name, &k) {
+                (Some(n), _) => n.clone(),
+                (None, Value::Integer(i)) => format!("[{i}]"),
+                _ => continue,
+            };
+            if depth == 0 && mixed.contains(&key.as_str()) {
+                continue;
+            }
+            let inner_path = match (path.is_empty(), key.starts_with('[')) {
+                (true, _) => key,
+                (false, true) => format!("{path}{key}"),
+                (false, false) => format!("{path}.{key}"),
+            };
+            if let Some(found) = list_with_names(inner, &inner_path, mixed, depth + 1)? {
+                return Ok(Some(found));
+            }
+        }
+    }
+    Ok(None)
 }
