@@ -219,6 +219,14 @@ mod tests {
         .loss(&x, &y)?
         .to_scalar::<f64>()?;
         assert!((equal - unweighted).abs() < 1e-12);
+        // Samples whose classes all weigh 0: a loss of 0, not 0 / 0, in f32 too.
+        let zero = weighted(&[0.0, 0.0, 1.0], 0.0)
+            .loss(
+                &x.narrow(0, 0, 2)?.to_dtype(DType::F32)?,
+                &y.narrow(0, 0, 2)?,
+            )?
+            .to_scalar::<f32>()?;
+        assert_eq!(zero, 0.0);
         Ok(())
     }
 

@@ -208,7 +208,7 @@ impl CrossEntropy {
     /// with class weights, the weighted mean (0 when every weight is 0).
     pub fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         if let Some((num, den)) = self.weighted(logits, targets)? {
-            let den = den.maximum(f64::MIN_POSITIVE)?;
+            let den = den.maximum(f32::MIN_POSITIVE as f64)?; // stays > 0 in f32
             return num.broadcast_div(&den);
         }
         let (logits, targets) = flatten(logits, targets)?;
