@@ -1,12 +1,15 @@
 //! A run in a container with a memory limit (a real cgroup, made here)
 //! keeps under it: the planner picks micro-batches that fit, so a batch
 //! that would need more than the limit trains to the same loss, where
-//! without it the kernel kills the process.
+//! without it the kernel kills the process. Outside a container the
+//! machine's memory is the limit: a small machine is made as LXCFS makes
+//! one, a cgroup's limit with a `/proc/meminfo` of that size mounted over
+//! the real one in the process's own mount namespace.
 //!
 //! Making a cgroup needs root and a writable cgroup hierarchy (v1's memory
-//! controller, or v2 with `memory` in the parent's subtree_control). Where
-//! there is none the test says so and passes, unless TAPER_REQUIRE_CGROUP=1
-//! (`.ci/run` sets it): then it fails.
+//! controller, or v2 with `memory` in the parent's subtree_control), and a
+//! mount namespace `unshare -m`. Where there is none the test says so and
+//! passes, unless TAPER_REQUIRE_CGROUP=1 (`.ci/run` sets it): then it fails.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -69,6 +72,31 @@ impl Cgroup {
         let script = format!("echo $$ > '{}' && exec \"$@\"", procs.display());
         Ok(Command::new("sh")
             .args(["-c", &script, "sh", env!("CARGO_BIN_EXE_taper")])
+            .args(args)
+            .output()?)
+    }
+}
+
+impl Cgroup {
+    /// Runs `taper` with `args` inside the cgroup, on a machine whose
+    /// `/proc/meminfo` is `meminfo` (a bind mount in a mount namespace of
+    /// its own, as LXCFS gives a container).
+    fn run_on_machine(&self, meminfo: &Path, args: &[&str]) -> Result<Output> {
+        self.on_machine(meminfo, env!("CARGO_BIN_EXE_taper"), args)
+    }
+
+    /// `program` with `args` as [`Cgroup::run_on_machine`] runs taper.
+    fn on_machine(&self, meminfo: &Path, program: &str, args: &[&str]) -> Result<Output> {
+        let procs = self.dir.join("cgroup.procs");
+        let script = format!(
+            "echo $$ > '{}' && exec unshare -m sh -c \
+             'mount --bind \"$0\" /proc/meminfo && exec \"$@\"' \"$@\"",
+            procs.display()
+        );
+        Ok(Command::new("sh")
+            .args(["-c", &script, "sh"])
+            .arg(meminfo)
+            .arg(program)
             .args(args)
             .output()?)
     }
@@ -267,5 +295,91 @@ fn an_evaluation_batch_past_the_limit_is_evaluated_in_pieces() -> Result<()> {
         assert_eq!(n, m);
         assert!((a - b).abs() <= 1e-5 * b, "loss {a} in pieces, {b} whole");
     }
+    Ok(())
+}
+
+/// A machine of 600 MiB (no swap), 40 MiB of it held by other processes,
+/// and no container limit below it: the run plans under the machine's
+/// memory and trains the batch of 1024 in micro-batches to the whole
+/// batch's loss; with `--mem-limit 64GiB` in place of that budget the
+/// machine's limit kills it.
+#[test]
+fn on_a_machine_smaller_than_the_batch_a_run_trains_in_micro_batches() -> Result<()> {
+    let Some(group) = cgroup_or_skip("taper-machine", 600 * MIB)? else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let meminfo = tmp.path().join("meminfo");
+    std::fs::write(
+        &meminfo,
+        "MemTotal:         614400 kB\nMemFree:          520000 kB\n\
+         MemAvailable:     573440 kB\nSwapTotal:             0 kB\n",
+    )?;
+    let seen = group.on_machine(&meminfo, "cat", &["/proc/meminfo"]);
+    let unshared = seen.as_ref().is_ok_and(|o| {
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("614400 kB")
+    });
+    if !unshared {
+        let why = seen.map_or_else(|e| e.to_string(), |o| text(&o));
+        if std::env::var("TAPER_REQUIRE_CGROUP").as_deref() == Ok("1") {
+            bail!("TAPER_REQUIRE_CGROUP=1 and no mount namespace: {why}");
+        }
+        eprintln!("SKIPPED: cannot mount a /proc/meminfo of our own ({why})");
+        return Ok(());
+    }
+    let (inside, free) = (tmp.path().join("inside"), tmp.path().join("free"));
+    let args = shakespeare(&inside, &[]);
+    let o = group.run_on_machine(
+        &meminfo,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+    let said = text(&o);
+    assert!(o.status.success(), "{:?}:\n{said}", o.status);
+    assert!(
+        said.contains(
+            "memory: the machine's memory is 600.0 MiB (/proc/meminfo; 560.0 MiB available)"
+        ) && said.contains("it runs in micro-batches of"),
+        "{said}"
+    );
+    let run = &common::records(&inside, "run")[0];
+    assert_eq!(run["machine_memory"].as_u64(), Some(600 * MIB), "{run}");
+    assert!(run.get("container_limit").is_none(), "{run}");
+    let micro = common::records(&inside, "step")
+        .iter()
+        .filter_map(|s| s["micro_batch"].as_u64())
+        .max()
+        .context("no step record with a micro-batch")?;
+    assert!(micro < 1024, "micro-batch {micro}");
+    assert_eq!(run["micro_batch_ceiling"].as_u64(), Some(micro), "{run}");
+    // `taper plan` on that machine names it.
+    let o = group.run_on_machine(
+        &meminfo,
+        &["plan", "scripts/shakespeare.lua", "--set", "batch=1024"],
+    )?;
+    assert!(
+        o.status.success() && text(&o).contains("the machine's memory is 600.0 MiB ("),
+        "{}",
+        text(&o)
+    );
+
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(shakespeare(&free, &[]))
+        .output()?;
+    assert!(o.status.success(), "{}", text(&o));
+    let (a, b) = (train_loss(&inside)?, train_loss(&free)?);
+    assert!(
+        (a - b).abs() < 1e-3 * b,
+        "loss {a} in micro-batches, {b} whole"
+    );
+
+    // The control: the machine's 600 MiB is real.
+    let killed = tmp.path().join("killed");
+    let args = shakespeare(&killed, &["--mem-limit", "64GiB"]);
+    let o = group.run_on_machine(
+        &meminfo,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(o.status.signal(), Some(9), "{:?}: {}", o.status, text(&o));
     Ok(())
 }

@@ -78,11 +78,10 @@ pub fn plan(recipe: &RecipeArgs, mem_limit: Option<usize>, margin: f64) -> ExitC
             q.batch,
             human(q.peak(q.batch, false))
         );
-        if let (None, Some((limit, file))) = (mem_limit, &p.container) {
+        if let (None, Some(host)) = (mem_limit, &p.host_limit) {
             say!(
-                "  the container's limit is {} ({}): a run keeps its heap under {}",
-                human(*limit),
-                file.display(),
+                "  {}: a run keeps its heap under {}",
+                host.describe(),
                 p.limit.map_or_else(|| "?".into(), human)
             );
         }

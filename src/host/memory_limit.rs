@@ -1,12 +1,13 @@
 //! The host's memory limits: `--mem-limit` made real on a GPU (the rest of
 //! the card reserved), and on the CPU the limit of the container taper runs
-//! in, which becomes each run's heap budget unless a limit is given.
+//! in, or outside one the machine's memory, which becomes each run's heap
+//! budget unless a limit is given.
 
 use candle_core::Device;
 
 use super::output::Output;
 use super::run_state::RunState;
-use crate::memory::container::{ContainerLimit, Residency};
+use crate::memory::container::{MemoryLimit, Residency, Whose};
 use crate::memory::planner::human;
 use crate::Result;
 
@@ -29,31 +30,32 @@ pub(super) fn reserve_above_limit(
     Ok(Some(b))
 }
 
-/// A container's memory limit and the heap budget taken from it.
+/// A container's memory limit, or the machine's memory, and the heap budget
+/// taken from it.
 #[derive(Debug, Clone)]
-pub(crate) struct ContainerBudget {
-    pub limit: ContainerLimit,
+pub(crate) struct HostBudget {
+    pub limit: MemoryLimit,
     /// What other processes in the container held at the start.
     others: usize,
     ranks: usize,
     /// Bytes of counted heap a run keeps under, before a plan measures
     /// how resident memory follows the heap (see
-    /// [`ContainerLimit::heap_budget`]).
+    /// [`MemoryLimit::heap_budget`]).
     pub budget: usize,
 }
 
-/// The container's limit as a heap budget: on the CPU, with the counting
-/// allocator. Past the container's limit the kernel kills the process, so
-/// runs keep below it (unless a limit is given) and the planner probes
-/// below it.
-pub(super) fn container_budget(device: &Device) -> Option<ContainerBudget> {
+/// The container's limit, or the machine's memory, as a heap budget: on
+/// the CPU, with the counting allocator. Past it the kernel kills the
+/// process (or the machine swaps until the run crawls), so runs keep below
+/// it (unless a limit is given) and the planner probes below it.
+pub(super) fn host_budget(device: &Device) -> Option<HostBudget> {
     if !device.is_cpu() || !crate::memory::HostMemory::is_counting() {
         return None;
     }
-    let limit = crate::memory::container::detect()?;
+    let limit = crate::memory::container::detect_any()?;
     let (others, ranks) = (limit.others(), local_ranks());
     let budget = limit.heap_budget(others, Residency::assumed(), ranks);
-    Some(ContainerBudget {
+    Some(HostBudget {
         limit,
         others,
         ranks,
@@ -74,28 +76,33 @@ fn local_ranks() -> usize {
 /// within 0.4% of whole and micro-batched GPT steps, measured.
 const PLAN_MARGIN: f64 = 0.1;
 
-/// Under the container's limit, a run's heap budget follows from how its
-/// resident memory followed the heap in the plan's probes (`measured`),
-/// and its micro-batches never pass what the plan says fits, even when
-/// the policy or a growing batch asks: a step past the limit would be
-/// killed before any phase boundary could see it. (A data-parallel run's
-/// ranks agree on their micro-batches through the OOM policy instead.)
+/// Under the container's limit (or the machine's memory), a run's heap
+/// budget follows from how its resident memory followed the heap in the
+/// plan's probes (`measured`), and its micro-batches never pass what the
+/// plan says fits, even when the policy or a growing batch asks: a step past
+/// the limit would be killed before any phase boundary could see it. (A
+/// data-parallel run's ranks agree on their micro-batches through the OOM
+/// policy instead.) A container's budget is said at the start; the
+/// machine's, only when the run must keep under it.
 pub(super) fn start_under(
     run: &mut RunState,
-    c: &ContainerBudget,
+    c: &HostBudget,
     measured: Option<Residency>,
     out: &Output,
 ) {
     let budget = measured.map_or(c.budget, |r| c.limit.heap_budget(c.others, r, c.ranks));
     run.core.oom.budget = Some(budget);
-    if run.id == 1 {
+    let contained = c.limit.whose == Whose::Container;
+    let say_budget = || {
         out.line(&format!(
-            "memory: the container's limit is {} ({}); training keeps its heap under {}, \
-             and a step past that is an OOM the run recovers from (--mem-limit sets another)",
-            human(c.limit.limit),
-            c.limit.file.display(),
+            "memory: {}; training keeps its heap under {}, and a step past that is an \
+             OOM the run recovers from (--mem-limit sets another)",
+            c.limit.describe(),
             human(budget)
-        ));
+        ))
+    };
+    if run.id == 1 && contained {
+        say_budget();
     }
     let Some(plan) = run.plan else { return };
     if crate::dist::world().is_some() {
@@ -103,9 +110,15 @@ pub(super) fn start_under(
     }
     let whole = plan.peak(plan.batch, false);
     match plan.micro_under(budget, PLAN_MARGIN) {
+        // No bytes per sample measured (a model too small to tell): no
+        // ceiling to keep.
+        Some(usize::MAX) => {}
         Some(m) => {
             run.core.oom.ceiling = Some(m);
             if m < plan.batch {
+                if !contained {
+                    say_budget();
+                }
                 out.line(&format!(
                     "memory: a step of the whole batch ({}) would need about {} of heap: \
                      it runs in micro-batches of {m} (the same gradient)",
@@ -116,9 +129,10 @@ pub(super) fn start_under(
         }
         None => out.warn(&format!(
             "memory: one sample at a time needs about {} of heap, more than the {} \
-             the container leaves: the kernel may stop the run",
+             the {} leaves: the kernel may stop the run",
             human(plan.peak(1, false)),
-            human(budget)
+            human(budget),
+            if contained { "container" } else { "machine" }
         )),
     }
 }

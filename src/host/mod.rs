@@ -85,9 +85,9 @@ pub(crate) struct HostState {
     pub watch: RefCell<reload::watch::Watching>,
     /// On a GPU with `--mem-limit`: the rest of the card, reserved.
     pub ballast: Option<crate::memory::device::Ballast>,
-    /// On the CPU in a container with a memory limit: the heap budget runs
-    /// keep under it when no other limit is given.
-    pub container: Option<memory_limit::ContainerBudget>,
+    /// On the CPU: the heap budget runs keep under when no other limit is
+    /// given, from the container's memory limit or the machine's memory.
+    pub budget: Option<memory_limit::HostBudget>,
 }
 
 pub(crate) fn state(lua: &Lua) -> Rc<HostState> {
@@ -128,7 +128,7 @@ impl Host {
             crate::engine::checkpoint::tidy(dir);
         }
         let ballast = memory_limit::reserve_above_limit(opts.mem_limit, &device, &out)?;
-        let container = memory_limit::container_budget(&device);
+        let budget = memory_limit::host_budget(&device);
         let lua = Lua::new();
         let state = Rc::new(HostState {
             resume: RefCell::new(opts.resume.clone()),
@@ -141,7 +141,7 @@ impl Host {
             reload: RefCell::new(reload::ReloadState::default()),
             watch: RefCell::new(reload::watch::Watching::default()),
             ballast,
-            container,
+            budget,
         });
         lua.set_app_data(state.clone());
         api::register_api(&lua, &state)?;

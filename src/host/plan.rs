@@ -14,9 +14,9 @@ pub struct RunPlan {
     pub limit: Option<usize>,
     /// The micro-batches the activations were measured on.
     pub probes: Vec<usize>,
-    /// When the budget is a container's: its limit and the file it was
-    /// read from.
-    pub container: Option<(usize, std::path::PathBuf)>,
+    /// When the budget is the host's: the container's limit or the
+    /// machine's memory.
+    pub host_limit: Option<crate::memory::container::MemoryLimit>,
 }
 
 impl Host {
@@ -33,15 +33,15 @@ impl Host {
         let mut out = Vec::new();
         for r in self.state.runs.borrow().iter() {
             let r = r.borrow();
-            let ceiling = self.state.container.as_ref().map(|c| c.budget);
-            let probed = plan_of(&r, ceiling)?;
+            let ceiling = self.state.budget.as_ref().map(|c| c.budget);
+            let probed = plan_of(&r, ceiling, FirstBatch::MustFit)?;
             out.push(RunPlan {
                 model: r.core.trainer.spec().describe(),
                 plan: probed.plan,
                 limit: r.core.oom.budget,
                 probes: probed.probes,
-                container: match (&self.state.container, r.under_container) {
-                    (Some(c), true) => Some((c.limit.limit, c.limit.file.clone())),
+                host_limit: match (&self.state.budget, r.under_host_limit) {
+                    (Some(c), true) => Some(c.limit.clone()),
                     _ => None,
                 },
             });
@@ -63,22 +63,14 @@ pub(crate) struct Probed {
 /// parameter, gradient and optimizer bytes from the model, activation
 /// bytes per sample from forward and backward passes over parts of its
 /// first batch ([`probe`]). Needs the counting allocator.
-pub(crate) fn plan_of(r: &super::run_state::RunState, ceiling: Option<usize>) -> Result<Probed> {
-    use crate::memory::planner::{fit, Plan};
+pub(crate) fn plan_of(
+    r: &super::run_state::RunState,
+    ceiling: Option<usize>,
+    first: FirstBatch,
+) -> Result<Probed> {
+    use crate::memory::planner::fit;
     let t = &r.core.trainer;
-    let params = t
-        .params()
-        .vars()
-        .iter()
-        .map(|(_, v)| v.elem_count() * v.dtype().size_in_bytes())
-        .sum();
-    let first = match &r.data {
-        Some(super::generator::Feed::Pipeline(p)) => p
-            .epoch(1, super::generator::TRAIN_BATCH, 0)
-            .next()
-            .transpose()?,
-        _ => None,
-    };
+    let first = first_batch(r, first)?;
     let (mut per_sample, mut per_step, mut batch) = (0, 0, 0);
     let (mut probes, mut residency) = (Vec::new(), None);
     if let Some(b) = &first {
@@ -92,7 +84,70 @@ pub(crate) fn plan_of(r: &super::run_state::RunState, ceiling: Option<usize>) ->
         let resident: Option<Vec<_>> = points.iter().map(|p| Some((p.peak, p.resident?))).collect();
         residency = resident.and_then(|r| crate::memory::container::Residency::fit(&r));
     }
-    let plan = Plan {
+    Ok(Probed {
+        plan: plan_with(t, per_sample, per_step, batch),
+        probes,
+        residency,
+    })
+}
+
+/// Whether a run's whole batch plainly fits under `budget`: a step's peak
+/// as one pass of a single sample bounds it, every sample charged that
+/// pass's bytes (its one-time allocations and the weights' gradients too),
+/// is under a quarter of the budget. One pass, where a plan ([`plan_of`])
+/// takes the equal of two steps or more (3.3 s of a QLoRA run's start).
+pub(crate) fn plainly_fits(r: &super::run_state::RunState, budget: usize) -> Result<bool> {
+    let Some(b) = first_batch(r, FirstBatch::MayNotFit)? else {
+        return Ok(true);
+    };
+    let t = &r.core.trainer;
+    let one = t.probe_bytes(&b, 1)?;
+    Ok(plan_with(t, one, 0, b.len()).peak(b.len(), false) <= budget / 4)
+}
+
+/// What a plan does with a first batch that does not fit the model.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum FirstBatch {
+    /// Its error is the plan's (`taper plan`).
+    MustFit,
+    /// No plan: the run's first step names the sample and the recipe's line.
+    MayNotFit,
+}
+
+/// The first training batch of a run's native data, if it has some (and,
+/// as `fit` says, if it fits the model).
+fn first_batch(
+    r: &super::run_state::RunState,
+    fit: FirstBatch,
+) -> Result<Option<crate::data::Batch>> {
+    let first = match &r.data {
+        Some(super::generator::Feed::Pipeline(p)) => p
+            .epoch(1, super::generator::TRAIN_BATCH, 0)
+            .next()
+            .transpose()?,
+        _ => None,
+    };
+    match first.map(|b| r.core.check(&b).map(|()| b)) {
+        Some(Err(e)) if fit == FirstBatch::MustFit => Err(e),
+        Some(Err(_)) => Ok(None),
+        fits => fits.transpose(),
+    }
+}
+
+/// A plan of the trainer's model and optimizer with these activations.
+fn plan_with(
+    t: &crate::engine::Trainer,
+    per_sample: usize,
+    per_step: usize,
+    batch: usize,
+) -> crate::memory::planner::Plan {
+    let params = t
+        .params()
+        .vars()
+        .iter()
+        .map(|(_, v)| v.elem_count() * v.dtype().size_in_bytes())
+        .sum();
+    crate::memory::planner::Plan {
         resident: crate::memory::HostMemory::current(),
         parameters: params,
         gradients: params,
@@ -100,12 +155,7 @@ pub(crate) fn plan_of(r: &super::run_state::RunState, ceiling: Option<usize>) ->
         per_sample,
         per_step,
         batch,
-    };
-    Ok(Probed {
-        plan,
-        probes,
-        residency,
-    })
+    }
 }
 
 /// One probe: a forward and backward pass over `samples` of a batch.

@@ -81,18 +81,29 @@ fn create(
         warned_unstandardized: false,
         warned_same_name: false,
         plan: None,
-        under_container: false,
+        under_host_limit: o.host_budget && host.budget.is_some(),
         declared,
         last_good: None,
     };
     // Under a budget, the planner's prediction goes next to each epoch's
-    // measured peak (`taper plan`'s estimate, checked as the run goes).
-    if run.core.oom.budget.is_some() && crate::memory::HostMemory::is_counting() {
-        let ceiling = host.container.as_ref().map(|c| c.budget);
-        let probed = super::plan::plan_of(&run, ceiling).map_err(lua_err)?;
+    // measured peak (`taper plan`'s estimate, checked as the run goes). A
+    // run far under the machine's memory does without: the budget alone
+    // turns a surprise into an OOM it recovers from.
+    let far_under_machine = match (&host.budget, o.host_budget) {
+        (Some(c), true) if c.limit.whose == crate::memory::container::Whose::Machine => {
+            super::plan::plainly_fits(&run, c.budget).map_err(lua_err)?
+        }
+        _ => false,
+    };
+    if run.core.oom.budget.is_some()
+        && crate::memory::HostMemory::is_counting()
+        && !far_under_machine
+    {
+        let ceiling = host.budget.as_ref().map(|c| c.budget);
+        let first = super::plan::FirstBatch::MayNotFit;
+        let probed = super::plan::plan_of(&run, ceiling, first).map_err(lua_err)?;
         run.plan = (probed.plan.batch > 0).then_some(probed.plan);
-        if let (true, Some(c)) = (o.container_budget, &host.container) {
-            run.under_container = true;
+        if let (true, Some(c)) = (run.under_host_limit, &host.budget) {
             super::memory_limit::start_under(&mut run, c, probed.residency, &host.out);
         }
     }
@@ -189,8 +200,12 @@ fn record_run(
     if let Some(limit) = run.core.oom.budget {
         f.insert("memory_limit".into(), limit.into());
     }
-    if let Some(c) = &host.container {
-        f.insert("container_limit".into(), c.limit.limit.into());
+    if let Some(c) = &host.budget {
+        let key = match c.limit.whose {
+            crate::memory::container::Whose::Container => "container_limit",
+            crate::memory::container::Whose::Machine => "machine_memory",
+        };
+        f.insert(key.into(), c.limit.limit.into());
     }
     if let Some(m) = run.core.oom.ceiling {
         f.insert("micro_batch_ceiling".into(), m.into());

@@ -53,7 +53,7 @@ pub(crate) struct RunOptions {
     pub micro_batch: Option<usize>,
     pub oom: Recovery,
     /// Whether `oom`'s budget is the container's (no limit was given).
-    pub container_budget: bool,
+    pub host_budget: bool,
     pub state: Option<Table>,
     pub on_reload: Option<Function>,
     pub precision: Precision,
@@ -109,7 +109,7 @@ pub(crate) fn decode_run(
             "taper.run: option `micro_batch` must be positive",
         ));
     }
-    let (oom, container_budget) = run_oom(lua, host, opts)?;
+    let (oom, host_budget) = run_oom(lua, host, opts)?;
     let state = option(lua, opts, "state", "a table", |v| {
         Ok(match v {
             Value::Nil => Some(None),
@@ -128,7 +128,7 @@ pub(crate) fn decode_run(
     let (checkpoint_every, keep_checkpoints) = run_checkpoints(lua, opts)?;
     let (recompute, offload) = run_memory_savers(lua, opts)?;
     Ok(RunOptions {
-        container_budget,
+        host_budget,
         recompute,
         offload,
         checkpoint_every,
@@ -297,7 +297,7 @@ fn run_precision(lua: &Lua, opts: &Table) -> mlua::Result<Precision> {
 
 /// `on_oom = function(event) ... end | { on_oom = ..., on_step = ... }`,
 /// `mem_limit = "512MiB" | bytes`, and the host's `--mem-limit`/`--inject-oom`;
-/// with neither limit, the container's (and true).
+/// with neither limit, the host's: the container's or the machine's (and true).
 fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<(Recovery, bool)> {
     let policy = policy_of(lua, opts.get::<Value>("on_oom")?)
         .map_err(|e| config_error(lua, format!("taper.run: option `on_oom` {e}")))?;
@@ -307,7 +307,7 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<(Re
         Value::Nil => host
             .opts
             .mem_limit
-            .or(host.container.as_ref().map(|c| c.budget)),
+            .or(host.budget.as_ref().map(|c| c.budget)),
         Value::Integer(n) if n > 0 => Some(n as usize),
         Value::String(s) => Some(
             crate::memory::inject::parse_size(&s.to_str()?)
@@ -337,7 +337,7 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<(Re
             Injection::parse(s).map_err(|e| config_error(lua, format!("--inject-oom {s}: {e}")))
         })
         .collect::<mlua::Result<Vec<_>>>()?;
-    let from_container = host.container.is_some()
+    let from_host = host.budget.is_some()
         && host.opts.mem_limit.is_none()
         && opts.get::<Value>("mem_limit")?.is_nil();
     let recovery = Recovery {
@@ -346,7 +346,7 @@ fn run_oom(lua: &Lua, host: &super::HostState, opts: &Table) -> mlua::Result<(Re
         policy,
         ..Default::default()
     };
-    Ok((recovery, from_container))
+    Ok((recovery, from_host))
 }
 
 /// The policy in an `on_oom` option: nil, a Lua function or policy table,

@@ -39,9 +39,9 @@ pub(crate) struct RunState {
     /// With a memory budget: the planner's prediction, which each epoch
     /// record puts next to the measured peak.
     pub plan: Option<crate::memory::planner::Plan>,
-    /// Whether its budget is the container's memory limit (no
-    /// `--mem-limit` or `mem_limit` gave one).
-    pub under_container: bool,
+    /// Whether its budget is the host's: the container's memory limit or
+    /// the machine's memory (no `--mem-limit` or `mem_limit` gave one).
+    pub under_host_limit: bool,
     /// What the recipe's latest version declared for the settings an OOM
     /// policy may also change: a reload applies a setting only when the
     /// new version declares it differently, so that a policy's choice

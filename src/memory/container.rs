@@ -1,22 +1,35 @@
-//! The memory limit of the container this process runs in: the cgroup's
-//! `memory.max` (cgroup v2) or `memory.limit_in_bytes` (v1), the smallest
-//! along the path to the hierarchy's root. Past it the kernel kills the
-//! process (SIGKILL: no checkpoint, nothing to recover); below it, taper
-//! turns a step that grows too large into an OOM its policy recovers from.
+//! The memory limit this process runs under: the limit of its container
+//! (the cgroup's `memory.max` in cgroup v2 or `memory.limit_in_bytes` in v1,
+//! the smallest along the path to the hierarchy's root), or outside one the
+//! machine's memory (`/proc/meminfo`). Past it the kernel kills the process
+//! (SIGKILL: no checkpoint, nothing to recover) or, where the machine has
+//! swap, pages until the run crawls; below it, taper turns a step that grows
+//! too large into an OOM its policy recovers from.
 
 use std::path::{Path, PathBuf};
 
-/// A cgroup memory limit and what the cgroup holds besides the heap.
+/// A memory limit and what is held under it besides the heap.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ContainerLimit {
+pub struct MemoryLimit {
     /// The limit, in bytes.
     pub limit: usize,
-    /// Anonymous memory (not page cache, which the kernel reclaims) in the
-    /// limited cgroup, all its processes: [`ContainerLimit::others`] takes
-    /// this process's own share out.
+    /// Memory the kernel cannot hand out, all processes' (in a cgroup its
+    /// anonymous memory; on the machine `MemTotal - MemAvailable`): page
+    /// cache, which the kernel reclaims, is not held.
+    /// [`MemoryLimit::others`] takes this process's own share out.
     pub held: usize,
     /// The file the limit was read from, for messages.
     pub file: PathBuf,
+    pub whose: Whose,
+}
+
+/// Whose limit a [`MemoryLimit`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whose {
+    /// A cgroup's: a container, a Slurm job, a systemd unit.
+    Container,
+    /// The machine's memory: no cgroup sets a smaller limit.
+    Machine,
 }
 
 /// How this process's resident memory follows its counted heap: about
@@ -66,17 +79,50 @@ const UNLIMITED: u64 = 1 << 60;
 
 /// The limit this process runs under, if its cgroup sets one below the
 /// machine's memory.
-pub fn detect() -> Option<ContainerLimit> {
+pub fn detect() -> Option<MemoryLimit> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let found = detect_in(&cgroups, Path::new("/sys/fs/cgroup"))?;
-    let total = machine_memory().unwrap_or(usize::MAX);
+    let total = machine().map_or(usize::MAX, |m| m.limit);
     (found.limit < total).then_some(found)
+}
+
+/// The limit the kernel enforces on this process: its container's
+/// ([`detect`]), else the machine's memory ([`machine`]).
+pub fn detect_any() -> Option<MemoryLimit> {
+    detect().or_else(machine)
+}
+
+/// The machine's memory, from `/proc/meminfo`: `MemTotal`, with what is not
+/// `MemAvailable` held, less what free swap can take of it: other programs'
+/// idle pages go to swap, while a run past the machine's memory would page
+/// its own and crawl.
+pub fn machine() -> Option<MemoryLimit> {
+    machine_in(&std::fs::read_to_string(MEMINFO).ok()?)
+}
+
+const MEMINFO: &str = "/proc/meminfo";
+
+/// [`machine`] over a `/proc/meminfo` text. A kernel older than 3.14 gives
+/// no `MemAvailable`: its free memory and page cache stand in.
+pub fn machine_in(meminfo: &str) -> Option<MemoryLimit> {
+    let total = kib_value(meminfo, "MemTotal:")?;
+    let available = kib_value(meminfo, "MemAvailable:").or_else(|| {
+        let free = kib_value(meminfo, "MemFree:")?;
+        Some(free + kib_value(meminfo, "Cached:").unwrap_or(0))
+    })?;
+    let swap = kib_value(meminfo, "SwapFree:").unwrap_or(0);
+    Some(MemoryLimit {
+        limit: total,
+        held: total.saturating_sub(available).saturating_sub(swap),
+        file: PathBuf::from(MEMINFO),
+        whose: Whose::Machine,
+    })
 }
 
 /// [`detect`] over a `/proc/self/cgroup` text and a cgroup mount point. The
 /// v1 memory controller is preferred (a hybrid machine lists a v2 line too,
 /// with no memory controller in it).
-pub fn detect_in(proc_cgroup: &str, mount: &Path) -> Option<ContainerLimit> {
+pub fn detect_in(proc_cgroup: &str, mount: &Path) -> Option<MemoryLimit> {
     let mut v2 = None;
     for line in proc_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
@@ -99,7 +145,7 @@ pub fn detect_in(proc_cgroup: &str, mount: &Path) -> Option<ContainerLimit> {
 /// Where the path does not exist under the mount (a container that sees
 /// only its own subtree, mounted at the root), the mount's root is the
 /// process's cgroup.
-fn smallest(root: &Path, path: &str, file: &str, held_key: &str) -> Option<ContainerLimit> {
+fn smallest(root: &Path, path: &str, file: &str, held_key: &str) -> Option<MemoryLimit> {
     let relative = path.trim_start_matches('/');
     let mut dir = root.join(relative);
     if relative.is_empty() || !dir.is_dir() {
@@ -125,10 +171,11 @@ fn smallest(root: &Path, path: &str, file: &str, held_key: &str) -> Option<Conta
         .ok()
         .and_then(|s| stat_value(&s, held_key))
         .unwrap_or(0);
-    Some(ContainerLimit {
+    Some(MemoryLimit {
         limit: limit as usize,
         held: held as usize,
         file: at.join(file),
+        whose: Whose::Container,
     })
 }
 
@@ -140,17 +187,30 @@ fn stat_value(stat: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// The machine's memory (`MemTotal`), in bytes.
-fn machine_memory() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    kib_value(&info, "MemTotal:")
-}
-
-impl ContainerLimit {
-    /// The cgroup's anonymous memory outside this process (other processes
-    /// in the container).
+impl MemoryLimit {
+    /// What is held outside this process (other processes in the container
+    /// or on the machine).
     pub fn others(&self) -> usize {
         self.held.saturating_sub(resident_anonymous().unwrap_or(0))
+    }
+
+    /// "the container's limit is 300.0 MiB (/sys/fs/cgroup/...)", "the
+    /// machine's memory is 23.54 GiB (/proc/meminfo; 22.96 GiB available)".
+    pub fn describe(&self) -> String {
+        let human = super::planner::human;
+        match self.whose {
+            Whose::Container => format!(
+                "the container's limit is {} ({})",
+                human(self.limit),
+                self.file.display()
+            ),
+            Whose::Machine => format!(
+                "the machine's memory is {} ({}; {} available)",
+                human(self.limit),
+                self.file.display(),
+                human(self.limit - self.held)
+            ),
+        }
     }
 
     /// The heap budget a run gets under this limit: the limit less a
@@ -267,10 +327,11 @@ mod tests {
 
     #[test]
     fn the_budget_leaves_a_twentieth_others_and_what_the_heap_drags_along() {
-        let c = ContainerLimit {
+        let c = MemoryLimit {
             limit: 1000 << 20,
             held: 0,
             file: PathBuf::new(),
+            whose: Whose::Container,
         };
         let r = Residency {
             base: 50 << 20,
@@ -280,6 +341,43 @@ mod tests {
         assert_eq!(c.heap_budget(50 << 20, r, 1), 850 * (1 << 20) * 2 / 3);
         // Two ranks: (450 - 50) / 1.5
         assert_eq!(c.heap_budget(50 << 20, r, 2), 400 * (1 << 20) * 2 / 3);
+    }
+
+    #[test]
+    fn the_machine_holds_what_is_not_available() {
+        let info = "MemTotal:       24684096 kB\nMemFree:        20000000 kB\n\
+                    MemAvailable:   24077592 kB\nBuffers:          100000 kB\n\
+                    Cached:          3000000 kB\nSwapTotal:             0 kB\n";
+        let m = machine_in(info).unwrap();
+        assert_eq!(m.limit, 24684096 << 10);
+        assert_eq!(m.held, (24684096 - 24077592) << 10);
+        assert_eq!(m.whose, Whose::Machine);
+        assert_eq!(m.file, Path::new("/proc/meminfo"));
+        // Swap takes other programs' pages: 2 GiB of swap, 1.5 of it free.
+        let swapping = format!("{info}SwapTotal: 2097152 kB\nSwapFree: 1572864 kB\n");
+        let swapping = swapping.replace("SwapTotal:             0 kB\n", "");
+        let s = machine_in(&swapping).unwrap();
+        assert_eq!(s.held, 0);
+        let busy = swapping.replace("24077592", "20000000");
+        let b = machine_in(&busy).unwrap();
+        assert_eq!(b.held, (24684096 - 20000000 - 1572864) << 10);
+        // Before MemAvailable (Linux 3.14): free memory and page cache.
+        let old = "MemTotal: 1000 kB\nMemFree: 300 kB\nCached: 200 kB\n";
+        assert_eq!(machine_in(old).unwrap().held, 500 << 10);
+        assert_eq!(machine_in("MemFree: 300 kB\n"), None);
+        assert_eq!(
+            m.describe(),
+            "the machine's memory is 23.54 GiB (/proc/meminfo; 22.96 GiB available)"
+        );
+    }
+
+    #[test]
+    fn the_machine_is_the_limit_outside_a_container() {
+        // This machine's own figures: whatever the cgroup, a limit is found.
+        let any = detect_any().unwrap();
+        let m = machine().unwrap();
+        assert!(any.limit <= m.limit);
+        assert!(m.held < m.limit);
     }
 
     #[test]

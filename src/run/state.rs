@@ -274,7 +274,7 @@ impl Run {
     /// Checks `batch` against the model (see [`check_batch`]); an error
     /// says which batch of the epoch it is (a generator's samples are
     /// numbered within their batch).
-    fn check(&self, batch: &Batch) -> Result<()> {
+    pub(crate) fn check(&self, batch: &Batch) -> Result<()> {
         check(&self.trainer.spec().interface(), self.trainer.loss(), batch).map_err(|e| match e {
             crate::Error::Data(why) => crate::Error::Data(format!(
                 "epoch {}, batch {}: {why}",
