@@ -1001,3 +1001,38 @@ end
         assert_eq!(warned, usize::from(forget), "{err}");
     }
 }
+
+/// Data that does not fit the model: `taper plan` says so (before, candle's
+/// "shape mismatch in matmul", exit 1), and training names the sample at
+/// the step's line as ever, the run's start having planned nothing on it.
+#[test]
+fn a_plan_of_data_the_model_does_not_take_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = write(
+        dir.path(),
+        "wrong.lua",
+        "local run = taper.run{\n\
+         \x20 model = taper.model.mlp{ inputs = 5, hidden = { 4 }, outputs = 10 },\n\
+         \x20 optim = taper.optim.adamw{ lr = 1e-3 },\n\
+         \x20 data = taper.data.digits{}:batch(8),\n\
+         }\n\
+         for _ in run:epochs(1) do\n\
+         \x20 for batch in run:batches() do run:step(batch) end\n\
+         end\n",
+    );
+    let says = "each sample has 64 input values (shape [64]), the model takes 5";
+    let o = taper(&["plan", s(&r)]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("the run's first training batch: {says}")),
+        "{err}"
+    );
+    let o = taper(&["train", s(&r), "--out", s(&dir.path().join("out"))]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("wrong.lua:7: run:step: ") && err.contains(says),
+        "{err}"
+    );
+}

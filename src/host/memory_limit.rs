@@ -35,7 +35,8 @@ pub(super) fn reserve_above_limit(
 #[derive(Debug, Clone)]
 pub(crate) struct HostBudget {
     pub limit: MemoryLimit,
-    /// What other processes in the container held at the start.
+    /// What other processes in the container, or on the machine, held at
+    /// the start.
     others: usize,
     ranks: usize,
     /// Bytes of counted heap a run keeps under, before a plan measures

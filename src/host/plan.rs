@@ -127,7 +127,10 @@ fn first_batch(
             .transpose()?,
         _ => None,
     };
-    match first.map(|b| r.core.check(&b).map(|()| b)) {
+    match first.map(|b| r.core.fits(&b).map(|()| b)) {
+        Some(Err(crate::Error::Data(why))) if fit == FirstBatch::MustFit => Err(
+            crate::Error::Data(format!("the run's first training batch: {why}")),
+        ),
         Some(Err(e)) if fit == FirstBatch::MustFit => Err(e),
         Some(Err(_)) => Ok(None),
         fits => fits.transpose(),

@@ -274,8 +274,8 @@ impl Run {
     /// Checks `batch` against the model (see [`check_batch`]); an error
     /// says which batch of the epoch it is (a generator's samples are
     /// numbered within their batch).
-    pub(crate) fn check(&self, batch: &Batch) -> Result<()> {
-        check(&self.trainer.spec().interface(), self.trainer.loss(), batch).map_err(|e| match e {
+    fn check(&self, batch: &Batch) -> Result<()> {
+        self.fits(batch).map_err(|e| match e {
             crate::Error::Data(why) => crate::Error::Data(format!(
                 "epoch {}, batch {}: {why}",
                 self.cursor.epoch,
@@ -283,6 +283,12 @@ impl Run {
             )),
             other => other,
         })
+    }
+
+    /// Checks `batch` against the model and loss (see [`check_batch`]): a
+    /// data error naming the sample.
+    pub(crate) fn fits(&self, batch: &Batch) -> Result<()> {
+        check(&self.trainer.spec().interface(), self.trainer.loss(), batch)
     }
 
     /// Whether data whose class names are `classes` (`name` says whose, as
