@@ -47,9 +47,12 @@ fn device_used(out: &Path) -> String {
     runs[0]["device"].as_str().unwrap().to_string()
 }
 
-/// A `libcuda.so` whose `cuInit` returns `code` and which counts one GPU, in
-/// a folder of its own.
-fn stand_in_driver(code: u32) -> tempfile::TempDir {
+/// A driver's CUDA version newer than any build's.
+const NEW_DRIVER: u32 = 99000;
+
+/// A `libcuda.so` whose `cuInit` returns `code`, which counts one GPU and
+/// supports CUDA `version` (12020 for 12.2), in a folder of its own.
+fn stand_in_driver(code: u32, version: u32) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("cuda.c");
     std::fs::write(
@@ -57,6 +60,7 @@ fn stand_in_driver(code: u32) -> tempfile::TempDir {
         format!(
             "int cuInit(unsigned int flags) {{ return {code}; }}\n\
              int cuDeviceGetCount(int *n) {{ *n = 1; return 0; }}\n\
+             int cuDriverGetVersion(int *v) {{ *v = {version}; return 0; }}\n\
              int cuGetErrorString(int e, const char **s) {{\n\
                *s = e == 100 ? \"no CUDA-capable device is detected\"\n\
                   : \"system has unsupported display driver / cuda driver combination\";\n\
@@ -127,7 +131,7 @@ fn without_a_driver_auto_trains_on_the_cpu_and_cuda_is_an_error() {
 #[test]
 fn a_driver_that_sees_no_gpu_means_the_cpu_quietly_under_auto() {
     // CUDA_ERROR_NO_DEVICE: a GPU node with CUDA_VISIBLE_DEVICES empty.
-    let driver = stand_in_driver(100);
+    let driver = stand_in_driver(100, NEW_DRIVER);
     let env = [("LD_LIBRARY_PATH", driver.path())];
     let err = trains_on_the_cpu(&env);
     assert!(!err.contains("warning"), "{err}");
@@ -146,7 +150,7 @@ fn a_driver_that_sees_no_gpu_means_the_cpu_quietly_under_auto() {
 fn a_broken_driver_is_named_and_auto_still_trains_on_the_cpu() {
     // CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: the driver's library does not match
     // its kernel module (the driver was upgraded and the machine not rebooted).
-    let driver = stand_in_driver(803);
+    let driver = stand_in_driver(803, NEW_DRIVER);
     let env = [("LD_LIBRARY_PATH", driver.path())];
     let err = trains_on_the_cpu(&env);
     assert!(
@@ -179,7 +183,7 @@ fn a_driver_without_cublas_is_named_and_auto_still_trains_on_the_cpu() {
         eprintln!("skipped: cuBLAS is in this machine's library folders");
         return;
     }
-    let driver = stand_in_driver(0);
+    let driver = stand_in_driver(0, NEW_DRIVER);
     let env = [("LD_LIBRARY_PATH", driver.path())];
     let err = trains_on_the_cpu(&env);
     assert!(
@@ -194,4 +198,55 @@ fn a_driver_without_cublas_is_named_and_auto_still_trains_on_the_cpu() {
         &env,
         &["there is no GPU 3: the driver sees 1 (numbered from 0)"],
     );
+}
+
+#[test]
+fn a_driver_older_than_the_build_is_named_with_both_versions() {
+    // A cluster's driver 535 supports CUDA 12.2; the build's toolkit is newer.
+    let Some(built) = option_env!("CUDARC_CUDA_VERSION").and_then(|v| v.parse::<u32>().ok()) else {
+        eprintln!("skipped: built without CUDARC_CUDA_VERSION (scripts/cuda-toolchain.sh sets it)");
+        return;
+    };
+    let driver = stand_in_driver(0, 12020);
+    let env = [("LD_LIBRARY_PATH", driver.path())];
+    let built = format!("built with CUDA {}.{}", built / 1000, built % 1000 / 10);
+    let err = trains_on_the_cpu(&env);
+    assert!(
+        err.contains("warning: the CUDA driver is here but device 0 cannot be opened: the NVIDIA driver supports CUDA up to 12.2")
+            && err.contains(&built)
+            && err.contains("training on the CPU"),
+        "{err}"
+    );
+    refused(
+        "cuda",
+        &env,
+        &["supports CUDA up to 12.2", &built, "update the driver"],
+    );
+}
+
+#[test]
+fn a_driver_lacking_a_function_is_an_error_not_a_panic() {
+    // The stand-in reports a new driver but has four functions: opening the
+    // device calls one it lacks, where cudarc panics. cuBLAS and cuRAND come
+    // from the build's toolkit (`CUDA_HOME`, as scripts/cuda-toolchain.sh
+    // sets it), so that opening gets that far.
+    let Some(home) = std::env::var_os("CUDA_HOME") else {
+        eprintln!("skipped: no CUDA_HOME with the toolkit's libraries");
+        return;
+    };
+    let driver = stand_in_driver(0, NEW_DRIVER);
+    let path = std::path::PathBuf::from(format!(
+        "{}:{}",
+        driver.path().display(),
+        Path::new(&home).join("lib").display()
+    ));
+    let env = [("LD_LIBRARY_PATH", path.as_path())];
+    let err = trains_on_the_cpu(&env);
+    assert!(
+        err.contains("device 0 cannot be opened: the NVIDIA driver's library lacks cu")
+            && err.contains("update the driver")
+            && !err.contains("panicked"),
+        "{err}"
+    );
+    refused("cuda", &env, &["the NVIDIA driver's library lacks cu"]);
 }

@@ -116,8 +116,86 @@ mod open {
                 "there is no GPU {ordinal}: the driver sees {count} (numbered from 0)"
             )));
         }
+        driver_new_enough()?;
         libraries::others()?;
-        Device::new_cuda(ordinal).map_err(|e| Unavailable::Broken(crate::error::candle_message(&e)))
+        match quietly(|| Device::new_cuda(ordinal)) {
+            Ok(opened) => opened.map_err(|e| Unavailable::Broken(crate::error::candle_message(&e))),
+            Err(panic) => Err(Unavailable::Broken(
+                match panic.strip_prefix("Missing symbol ") {
+                    Some(rest) => format!(
+                        "the NVIDIA driver's library lacks {}, which this build calls: the \
+                     driver is older than the CUDA this taper was built with{}; update the \
+                     driver",
+                        rest.split(':').next().unwrap_or(rest),
+                        built_with().map_or(String::new(), |v| format!(" ({})", dotted(v)))
+                    ),
+                    None => format!("opening it failed: {panic}"),
+                },
+            )),
+        }
+    }
+
+    /// The CUDA version this build was made with, as cudarc was told it
+    /// (`CUDARC_CUDA_VERSION`, which `scripts/cuda-toolchain.sh` sets:
+    /// 13000 for 13.0), if known.
+    fn built_with() -> Option<i32> {
+        option_env!("CUDARC_CUDA_VERSION")?.parse().ok()
+    }
+
+    /// `12020` as `12.2`.
+    fn dotted(v: i32) -> String {
+        format!("{}.{}", v / 1000, v % 1000 / 10)
+    }
+
+    /// A driver older than the CUDA the build was made with cannot run its
+    /// kernels or its cuBLAS, and lacks functions cudarc calls (a panic):
+    /// said before any is called, with both versions.
+    fn driver_new_enough() -> Result<(), Unavailable> {
+        let (Some(built), Some(driver)) = (built_with(), driver_version()) else {
+            return Ok(());
+        };
+        if driver >= built {
+            return Ok(());
+        }
+        Err(Unavailable::Broken(format!(
+            "the NVIDIA driver supports CUDA up to {} and this taper was built with CUDA {}: \
+             update the driver (`nvidia-smi` shows the CUDA version a driver supports), or \
+             build taper with a CUDA toolkit the driver supports",
+            dotted(driver),
+            dotted(built)
+        )))
+    }
+
+    /// The driver's CUDA version (`cuDriverGetVersion`: 12020 for 12.2),
+    /// read from its library directly, since cudarc panics on a function
+    /// the library lacks.
+    fn driver_version() -> Option<i32> {
+        use candle_core::cuda_backend::cudarc::get_lib_name_candidates;
+        // SAFETY: the driver's library, which cudarc has loaded already.
+        let lib = get_lib_name_candidates("cuda")
+            .into_iter()
+            .find_map(|f| unsafe { libloading::Library::new(f) }.ok())?;
+        type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
+        // SAFETY: cuDriverGetVersion's C signature, from the driver API.
+        let get = unsafe { lib.get::<GetVersion>(b"cuDriverGetVersion") }.ok()?;
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: writes one int; 0 is CUDA_SUCCESS.
+        (unsafe { get(&mut v) } == 0).then_some(v)
+    }
+
+    /// `f`'s value, or the message of its panic, with the panic not printed
+    /// (cudarc panics on a function the driver's library lacks).
+    fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        std::panic::set_hook(hook);
+        result.map_err(|p| {
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into())
+        })
     }
 
     /// The libraries that opening a device loads, checked first: cudarc
