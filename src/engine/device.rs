@@ -169,6 +169,7 @@ mod open {
     /// The driver's CUDA version (`cuDriverGetVersion`: 12020 for 12.2),
     /// read from its library directly, since cudarc panics on a function
     /// the library lacks.
+    #[cfg(not(feature = "nccl"))]
     fn driver_version() -> Option<i32> {
         use candle_core::cuda_backend::cudarc::get_lib_name_candidates;
         // SAFETY: the driver's library, which cudarc has loaded already.
@@ -181,6 +182,17 @@ mod open {
         let mut v: std::ffi::c_int = 0;
         // SAFETY: writes one int; 0 is CUDA_SUCCESS.
         (unsafe { get(&mut v) } == 0).then_some(v)
+    }
+
+    /// The NCCL build links the driver (no dynamic loading): its version,
+    /// from the linked function.
+    #[cfg(feature = "nccl")]
+    fn driver_version() -> Option<i32> {
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: writes one int.
+        let r =
+            unsafe { candle_core::cuda_backend::cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+        (r == CUresult::CUDA_SUCCESS).then_some(v)
     }
 
     /// `f`'s value, or the message of its panic, with the panic not printed
