@@ -14,8 +14,9 @@ pub struct MemoryLimit {
     /// The limit, in bytes.
     pub limit: usize,
     /// Memory the kernel cannot hand out, all processes' (in a cgroup its
-    /// anonymous memory; on the machine `MemTotal - MemAvailable`): page
-    /// cache, which the kernel reclaims, is not held.
+    /// anonymous memory; on the machine `MemTotal - MemAvailable`, less
+    /// free swap, see [`machine`]): page cache, which the kernel reclaims,
+    /// is not held.
     /// [`MemoryLimit::others`] takes this process's own share out.
     pub held: usize,
     /// The file the limit was read from, for messages.
