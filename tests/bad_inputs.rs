@@ -379,11 +379,32 @@ print(run:generate{ prompt = { 1, 999 } })
             says: &["recipe.lua:3: taper.data.safetensors: ", "tensor `y`, sample 2: NaN is not a finite number"],
         },
         Case {
-            name: "two targets per sample in a safetensors file",
+            name: "two targets per sample for a model of one output",
             recipe: MLP_ON_TARGET,
             args: &[],
             code: 2,
-            says: &["recipe.lua:3: taper.data.safetensors: ", "tensor `y` has shape [2, 2]: a `target` is one number per sample (shape [n] or [n, 1])"],
+            says: &["each sample has 2 target values, and the model gives 1 (its `outputs`)"],
+        },
+        Case {
+            name: "a target of three dimensions in a safetensors file",
+            recipe: MLP_ON_TARGET,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:3: taper.data.safetensors: ", "tensor `y` has shape [2, 1, 2]: a `target` is a number per sample (shape [n]) or a row of them, one per target (shape [n, k])"],
+        },
+        Case {
+            name: "an empty target list",
+            recipe: "local d = taper.data.csv{ path = \"data.csv\", target = {} }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.csv: `target` names no column: give a column (`target = \"body_mass_g\"`) or a list of them"],
+        },
+        Case {
+            name: "a target column listed twice",
+            recipe: "local d = taper.data.csv{ path = \"data.csv\", target = { 0, -3 } }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.data.csv: ", "data.csv: column 1 is among the targets twice"],
         },
         Case {
             name: "both y and target",
@@ -573,15 +594,20 @@ fn prepare(dir: &Path, case: &Case) -> String {
                 .collect();
             samples(&file, &x, 2, &y, Dtype::F32)
         }
-        "two targets per sample in a safetensors file" => {
+        "two targets per sample for a model of one output"
+        | "a target of three dimensions in a safetensors file" => {
             let y: Vec<u8> = [1.0f32, 2.5, 3.0, 0.5]
                 .iter()
                 .flat_map(|v| v.to_le_bytes())
                 .collect();
             let xb: Vec<u8> = x[..4].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let shape = match case.name {
+                "two targets per sample for a model of one output" => vec![2, 2],
+                _ => vec![2, 1, 2],
+            };
             let tensors = HashMap::from([
                 ("x", TensorView::new(Dtype::F32, vec![2, 2], &xb).unwrap()),
-                ("y", TensorView::new(Dtype::F32, vec![2, 2], &y).unwrap()),
+                ("y", TensorView::new(Dtype::F32, shape, &y).unwrap()),
             ]);
             safetensors::serialize_to_file(tensors, None, &file).unwrap()
         }

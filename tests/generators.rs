@@ -247,7 +247,7 @@ fn a_generator_of_numbers_trains_a_regression() -> Result<()> {
         .regression
         .expect("scores");
     // y spans about [-2, 4] (deviation 1.3): a linear fit's errors vanish.
-    assert!(g.r2 > 0.99 && g.rmse < 0.1, "{g:?}");
+    assert!(g.r2() > 0.99 && g.rmse() < 0.1, "{g:?}");
 
     let e = run(r#"
         local gen = taper.data.generator(function()

@@ -1192,25 +1192,34 @@ fn a_standardized_safetensors_run_exports_its_standardization_to_onnx() -> Resul
         ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     };
     let (mut x, mut mass, mut kind) = (Vec::new(), Vec::new(), Vec::new());
+    let mut both = Vec::new();
     for _ in 0..n {
         let (a, b) = (uniform(), uniform());
         x.extend([(1000.0 + 500.0 * a) as f32, (0.01 * b) as f32]);
         mass.push(2000.0 + 800.0 * a - 400.0 * b + 30.0 * (uniform() - 0.5));
         kind.push(i64::from(a + b > 0.7) + i64::from(a + b > 1.3));
+        // Two targets of scales 800 and 0.03: the mass, and a small one.
+        both.extend([*mass.last().unwrap(), 0.01 * a + 0.02 * b]);
     }
     candle_core::safetensors::save(
         &std::collections::HashMap::from([
             ("x", Tensor::from_vec(x, (n, 2), &Device::Cpu)?),
             ("mass", Tensor::from_vec(mass, n, &Device::Cpu)?),
             ("kind", Tensor::from_vec(kind, n, &Device::Cpu)?),
+            ("both", Tensor::from_vec(both, (n, 2), &Device::Cpu)?),
         ]),
         &file,
     )?;
-    for (y, outputs, loss) in [
-        ("target = \"mass\"", 1, "mse"),
-        ("y = \"kind\"", 3, "cross_entropy"),
+    for (name, outputs, loss) in [
+        ("mass", 1, "mse"),
+        ("kind", 3, "cross_entropy"),
+        ("both", 2, "mse"),
     ] {
-        let out = dir.path().join(loss);
+        let y = match loss {
+            "mse" => format!("target = {name:?}"),
+            _ => format!("y = {name:?}"),
+        };
+        let out = dir.path().join(name);
         let recipe = format!(
             r#"
             local data = taper.data.safetensors{{ path = {file:?}, {y} }}:standardize()
@@ -1231,9 +1240,8 @@ fn a_standardized_safetensors_run_exports_its_standardization_to_onnx() -> Resul
         })?
         .run_source("recipe.lua", &recipe)?;
         let ours = common::records(&out, "eval").pop().expect("an eval record");
-        let model = dir.path().join(format!("{loss}.onnx"));
+        let model = dir.path().join(format!("{name}.onnx"));
         export_onnx(&out, &model)?;
-        let name = if loss == "mse" { "mass" } else { "kind" };
         let theirs = check_with(
             "onnx, onnxruntime, safetensors",
             &[
@@ -1252,8 +1260,21 @@ fn a_standardized_safetensors_run_exports_its_standardization_to_onnx() -> Resul
         };
         for k in keys {
             let (a, b) = (ours[k].as_f64().unwrap(), theirs[k].as_f64().unwrap());
-            eprintln!("{loss} {k}: taper {a}, NumPy on onnxruntime's outputs {b}");
+            eprintln!("{name} {k}: taper {a}, NumPy on onnxruntime's outputs {b}");
             assert!((a - b).abs() <= 1e-4 * b.abs(), "{k}: {a} vs {b}");
+        }
+        // Several targets: each scored in its own units.
+        if outputs == 2 {
+            for t in 0..2 {
+                let (a, b) = (&ours["per_target"][t], &theirs["per_target"][t]);
+                assert_eq!(a["target"], format!("target[{t}]"));
+                for k in ["rmse", "mae", "r2"] {
+                    let (x, y) = (a[k].as_f64().unwrap(), b[k].as_f64().unwrap());
+                    eprintln!("{name}[{t}] {k}: taper {x}, NumPy {y}");
+                    assert!((x - y).abs() <= 1e-4 * y.abs(), "{k}: {x} vs {y}");
+                }
+                assert!(a["r2"].as_f64().unwrap() > 0.9, "{ours}");
+            }
         }
         if loss == "mse" {
             assert!(ours["r2"].as_f64().unwrap() > 0.9, "{ours}");
@@ -1285,56 +1306,15 @@ fn a_regression_run_scores_as_numpy_and_exports_grams_to_onnxruntime() -> Result
     let mut host = Host::new(opts())?;
     host.run_file(&root.join("scripts/penguins_mass.lua"))?;
     drop(host);
-    let ours = common::records(dir.path(), "eval")
-        .pop()
-        .expect("an eval record");
-    // The recipe's split: each part's raw features and targets.
-    let split = dir.path().join("split.json");
-    Host::new(HostOptions::default())?.run_source(
-        "split.lua",
-        &format!(
-            r#"
-            local birds = taper.data.csv{{ path = {csv:?}, target = "body_mass_g",
-              features = {{ "species", "sex", "bill_length_mm", "bill_depth_mm", "flipper_length_mm" }},
-              categorical = {{ "species", "sex" }}, missing = "drop" }}
-            local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
-            local function rows(d)
-              local xs, ys = {{}}, {{}}
-              for b in d:batch(64):map(function(x, y)
-                for i = 1, #x do
-                  xs[#xs + 1] = "[" .. table.concat(x[i], ",") .. "]"
-                  ys[#ys + 1] = y[i][1]
-                end
-                return {{ x = x, y = y }}
-              end):batches() do end
-              return '{{"x": [' .. table.concat(xs, ",") .. '], "y": [' .. table.concat(ys, ",") .. "]}}"
-            end
-            local f = assert(io.open({split:?}, "w"))
-            f:write('{{"train": ', rows(train), ', "test": ', rows(test), '}}')
-            f:close()
-            "#
-        ),
+    let (ours, theirs) = scored_by_numpy(
+        dir.path(),
+        &csv,
+        r#"target = "body_mass_g",
+          features = { "species", "sex", "bill_length_mm", "bill_depth_mm", "flipper_length_mm" }"#,
     )?;
-    let model = dir.path().join("mass.onnx");
-    export_onnx(dir.path(), &model)?;
-    let theirs = check_with(
-        "onnx, onnxruntime, pandas",
-        &[
-            "onnx-regression",
-            model.to_str().unwrap(),
-            csv.to_str().unwrap(),
-            split.to_str().unwrap(),
-        ],
-    )?;
-    assert_eq!(theirs["test_rows"], ours["samples"]);
-    for k in ["rmse", "mae", "r2"] {
-        let (a, b) = (ours[k].as_f64().unwrap(), theirs[k].as_f64().unwrap());
-        eprintln!("{k}: taper {a}, NumPy on onnxruntime's predictions {b}");
-        assert!((a - b).abs() <= 1e-4 * b.abs(), "{k}: {a} vs {b}");
-    }
     let (r2, linear) = (
         ours["r2"].as_f64().unwrap(),
-        theirs["linear_r2"].as_f64().unwrap(),
+        theirs["linear"]["r2"].as_f64().unwrap(),
     );
     eprintln!("R² {r2}; a least-squares linear model of the same features: {linear}");
     assert!(r2 > 0.75 && r2 > linear - 0.02, "R² {r2}, linear {linear}");
@@ -1354,5 +1334,175 @@ fn a_regression_run_scores_as_numpy_and_exports_grams_to_onnxruntime() -> Result
             "{text}: onnxruntime {want}"
         );
     }
+    Ok(())
+}
+
+/// The penguins regression run in `dir` (its data read with `reading`, split
+/// as `scripts/penguins_mass.lua` splits it): its last `eval` record, and
+/// NumPy's scores of its ONNX export's predictions on the test rows, which
+/// the record's `rmse`, `mae` and `r2` are checked against (within 1e-4).
+fn scored_by_numpy(dir: &Path, csv: &Path, reading: &str) -> Result<(Value, Value)> {
+    let ours = common::records(dir, "eval").pop().expect("an eval record");
+    let split = dir.join("split.json");
+    write_split(csv, reading, &split)?;
+    let model = dir.join("model.onnx");
+    export_onnx(dir, &model)?;
+    let theirs = check_with(
+        "onnx, onnxruntime, pandas",
+        &[
+            "onnx-regression",
+            model.to_str().unwrap(),
+            csv.to_str().unwrap(),
+            split.to_str().unwrap(),
+        ],
+    )?;
+    assert_eq!(theirs["test_rows"], ours["samples"]);
+    for k in ["rmse", "mae", "r2"] {
+        let (a, b) = (ours[k].as_f64().unwrap(), theirs[k].as_f64().unwrap());
+        eprintln!("{k}: taper {a}, NumPy on onnxruntime's predictions {b}");
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "{k}: {a} vs {b}");
+    }
+    Ok((ours, theirs))
+}
+
+/// Writes the penguins split of `scripts/penguins_mass.lua` (0.8/0.2, seed 1)
+/// of the CSV file read with `reading` (its `target` and `features`; species
+/// and sex as categories, rows missing a value dropped) to `split` as JSON:
+/// each part's raw features and targets (a row of them per sample), as
+/// taper's data gives them.
+fn write_split(csv: &Path, reading: &str, split: &Path) -> Result<()> {
+    Host::new(HostOptions::default())?.run_source(
+        "split.lua",
+        &format!(
+            r#"
+            local birds = taper.data.csv{{ path = {csv:?}, {reading},
+              categorical = {{ "species", "sex" }}, missing = "drop" }}
+            local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
+            local function rows(d)
+              local xs, ys = {{}}, {{}}
+              for b in d:batch(64):map(function(x, y)
+                for i = 1, #x do
+                  xs[#xs + 1] = "[" .. table.concat(x[i], ",") .. "]"
+                  ys[#ys + 1] = "[" .. table.concat(y[i], ",") .. "]"
+                end
+                return {{ x = x, y = y }}
+              end):batches() do end
+              return '{{"x": [' .. table.concat(xs, ",") .. '], "y": [' .. table.concat(ys, ",") .. "]}}"
+            end
+            local f = assert(io.open({split:?}, "w"))
+            f:write('{{"train": ', rows(train), ', "test": ', rows(test), '}}')
+            f:close()
+            "#
+        ),
+    )?;
+    Ok(())
+}
+
+/// A regression of two targets in different units (a penguin's mass in
+/// grams and flipper length in millimetres, from its species, sex and
+/// bill): the `eval` record scores each target as NumPy does on
+/// onnxruntime's predictions of the ONNX export (RMSE, MAE and R² in each
+/// target's units, from a model trained on targets standardized each with
+/// its own statistics; `rmse`, `mae` and `r2` their means, as scikit-learn's
+/// `multioutput="uniform_average"`); each R² is at least a least-squares
+/// linear model's; `taper classify` prints both predictions of each row;
+/// and data read with the targets in another order is refused.
+#[test]
+fn a_regression_of_two_targets_scores_each_as_numpy_and_onnxruntime() -> Result<()> {
+    let csv = common::fetched("data/penguins/penguins.csv")?;
+    let dir = tempfile::tempdir()?;
+    let reading = r#"target = { "body_mass_g", "flipper_length_mm" },
+          features = { "species", "sex", "bill_length_mm", "bill_depth_mm" }"#;
+    let recipe = |test_reading: &str| {
+        format!(
+            r#"
+            local function read(reading)
+              return taper.data.csv{{ path = {csv:?}, categorical = {{ "species", "sex" }},
+                missing = "drop", target = reading.target, features = reading.features }}
+            end
+            local birds = read{{ {reading} }}
+            local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
+            local _, other = read{{ {test_reading} }}:split{{ 0.8, 0.2, seed = 1 }}
+            train = train:named("train"):standardize()
+            test = other:named("test"):standardize(train)
+            local run = taper.run{{
+              model = taper.model.mlp{{ inputs = #birds:feature_names(), hidden = {{ 32 }}, outputs = 2 }},
+              optim = taper.optim.adamw{{ lr = 3e-3, weight_decay = 1e-4 }},
+              loss = taper.loss.mse{{}},
+              data = train:shuffle{{ seed = 1 }}:batch(16),
+              seed = 1,
+            }}
+            for _ in run:epochs(80) do for b in run:batches() do run:step(b) end end
+            local e = run:evaluate(test)
+            assert(e.per_target.flipper_length_mm.rmse < 10, "per_target in run:evaluate")
+            "#
+        )
+    };
+    let opts = || HostOptions {
+        out_dir: Some(dir.path().to_path_buf()),
+        quiet: true,
+        ..HostOptions::default()
+    };
+    Host::new(opts())?.run_source("two.lua", &recipe(reading))?;
+    let (ours, theirs) = scored_by_numpy(dir.path(), &csv, reading)?;
+    for t in 0..2 {
+        let (a, b) = (&ours["per_target"][t], &theirs["per_target"][t]);
+        assert_eq!(a["target"], b["target"]);
+        for k in ["rmse", "mae", "r2"] {
+            let (x, y) = (a[k].as_f64().unwrap(), b[k].as_f64().unwrap());
+            eprintln!(
+                "{} {k}: taper {x}, NumPy on onnxruntime's predictions {y}",
+                a["target"]
+            );
+            assert!(
+                (x - y).abs() <= 1e-4 * y.abs(),
+                "{} {k}: {x} vs {y}",
+                a["target"]
+            );
+        }
+        let (r2, linear) = (
+            a["r2"].as_f64().unwrap(),
+            theirs["linear"]["per_target"][t]["r2"].as_f64().unwrap(),
+        );
+        // Measured: mass 0.8694 (least squares 0.8683), flipper 0.8595
+        // (0.8716).
+        eprintln!("{}: R² {r2}, least squares {linear}", a["target"]);
+        assert!(r2 > 0.75 && r2 > linear - 0.02, "R² {r2}, linear {linear}");
+    }
+
+    // `taper classify`: both predictions of each row, named.
+    let o = classify_rows(dir.path(), &csv)?;
+    let pred: Vec<[f64; 2]> = serde_json::from_value(theirs["pred"].clone())?;
+    let printed = String::from_utf8(o.stdout)?;
+    assert_eq!(printed.lines().count(), pred.len());
+    for (text, want) in printed.lines().zip(&pred) {
+        let (_, said) = text.rsplit_once(": ").unwrap();
+        let (mass, flipper) = said.split_once(", ").unwrap();
+        let mass: f64 = mass.strip_suffix(" body_mass_g").unwrap().parse()?;
+        let flipper: f64 = flipper
+            .strip_suffix(" flipper_length_mm")
+            .unwrap()
+            .parse()?;
+        for (got, want) in [(mass, want[0]), (flipper, want[1])] {
+            assert!((got - want).abs() <= 1e-4 * want.abs(), "{text}: {want}");
+        }
+    }
+
+    // Test data whose targets are in another order would score each output
+    // against the other target: refused, named.
+    let swapped = r#"target = { "flipper_length_mm", "body_mass_g" },
+          features = { "species", "sex", "bill_length_mm", "bill_depth_mm" }"#;
+    let elsewhere = tempfile::tempdir()?;
+    let err = Host::new(HostOptions {
+        out_dir: Some(elsewhere.path().to_path_buf()),
+        ..opts()
+    })?
+    .run_source("two.lua", &recipe(swapped))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("test's targets (2) are not the run's (2): the same names in another order; target 0 is `flipper_length_mm` in test's and `body_mass_g` in the run's"),
+        "{err}"
+    );
     Ok(())
 }

@@ -571,25 +571,25 @@ fn penguins_mass_regression_predicts_grams() -> Result<()> {
     let g = ev.regression.expect("a regression's scores");
     // Measured: R² 0.880, RMSE 296 g (the masses' deviation is 800 g);
     // without species and sex, R² 0.818 and RMSE 342 g.
-    assert!(g.r2 > 0.85, "R² {}", g.r2);
+    assert!(g.r2() > 0.85, "R² {}", g.r2());
     assert!(
-        g.rmse < 330.0 && g.mae < g.rmse,
+        g.rmse() < 330.0 && g.mae() < g.rmse(),
         "rmse {} g, mae {} g",
-        g.rmse,
-        g.mae
+        g.rmse(),
+        g.mae()
     );
     let evals = common::records(dir.path(), "eval");
     let last = evals.last().unwrap();
     assert!(last.get("accuracy").is_none(), "{last}");
-    assert_eq!(last["rmse"].as_f64(), Some(g.rmse));
+    assert_eq!(last["rmse"].as_f64(), Some(g.rmse()));
     let (_, meta) = taper::engine::checkpoint::load(
         &dir.path().join("checkpoint.safetensors"),
         &candle_core::Device::Cpu,
     )?;
     let input = meta.table_input.expect("a CSV run keeps its reading");
     assert_eq!(
-        input.target,
-        Some(taper::data::Column::Name("body_mass_g".into()))
+        input.targets,
+        [taper::data::Column::Name("body_mass_g".into())]
     );
     assert_eq!(
         input.input_names().join(" "),

@@ -150,6 +150,19 @@ fn rendered(browser: &Path, page: &Path) -> (String, String) {
     (url, dom)
 }
 
+/// `taper report RUN --out PAGE`, rendered in Chromium: its DOM.
+fn report_dom(browser: &Path, run: &Path, page: &Path) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .arg("report")
+        .arg(run)
+        .arg("--out")
+        .arg(page)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    rendered(browser, page).1
+}
+
 /// A regression run's report: its evaluations as RMSE in the target's
 /// units (no accuracy chart), and R² in the summary.
 #[test]
@@ -167,16 +180,7 @@ fn a_regression_runs_report_charts_its_rmse() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let page = dir.path().join("report.html");
-    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
-        .arg("report")
-        .arg(&out)
-        .arg("--out")
-        .arg(&page)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (_, dom) = rendered(&browser, &page);
+    let dom = report_dom(&browser, &out, &dir.path().join("report.html"));
     assert!(
         dom.contains("data-title=\"Evaluation RMSE\""),
         "no RMSE chart"
@@ -186,6 +190,67 @@ fn a_regression_runs_report_charts_its_rmse() {
         "an accuracy chart"
     );
     assert!(dom.contains("last eval R²"), "no R² in the summary");
+}
+
+/// A regression of two targets in other units (grams, millimetres): a
+/// chart of each target's RMSE, none of their mean, and each target's RMSE
+/// and R² in the summary.
+#[test]
+fn a_regression_of_two_targets_charts_each_targets_rmse() {
+    let browser = chromium();
+    let csv = common::fetched("data/penguins/penguins.csv").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("two.lua");
+    std::fs::write(
+        &recipe,
+        format!(
+            r#"local birds = taper.data.csv{{ path = {csv:?},
+              target = {{ "body_mass_g", "flipper_length_mm" }},
+              features = {{ "species", "bill_length_mm", "bill_depth_mm" }},
+              categorical = {{ "species" }}, missing = "drop" }}
+            local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
+            train = train:named("train"):standardize()
+            test = test:named("test"):standardize(train)
+            local run = taper.run{{
+              model = taper.model.mlp{{ inputs = #birds:feature_names(), hidden = {{ 16 }}, outputs = 2 }},
+              loss = taper.loss.mse{{}},
+              data = train:shuffle{{ seed = 1 }}:batch(16),
+            }}
+            for epoch in run:epochs(6) do
+              for b in run:batches() do run:step(b) end
+              if epoch % 2 == 0 then run:evaluate(test) end
+            end
+            "#
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("two");
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .arg("train")
+        .arg(&recipe)
+        .arg("--quiet")
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dom = report_dom(&browser, &out, &dir.path().join("report.html"));
+    for title in [
+        "data-title=\"Evaluation RMSE: body_mass_g\"",
+        "data-title=\"Evaluation RMSE: flipper_length_mm\"",
+        "last eval RMSE (body_mass_g)",
+        "last eval R² (flipper_length_mm)",
+        "last eval R² (the mean of 2 targets)",
+    ] {
+        assert!(dom.contains(title), "no {title}");
+    }
+    assert!(
+        !dom.contains("data-title=\"Evaluation RMSE\""),
+        "a chart of the mean RMSE of targets in other units"
+    );
+    // Two targets per sample are not tokens: throughput is in samples.
+    let steps = common::records(&out, "step");
+    assert!(!steps.is_empty() && steps.iter().all(|s| s.get("tokens_per_s").is_none()));
 }
 
 #[test]

@@ -90,14 +90,16 @@ function Run:step(batch) end
 ---`eval` record. `objective` is the mean of `opts.loss` when given, or of the
 ---run's own loss when it is not plain cross-entropy (distillation). A run
 ---trained with `taper.loss.mse{}` gets the mean squared error as `loss`, and
----`rmse`, `mae` (in the target's units) and `r2` instead of `accuracy`. A
+---`rmse`, `mae` (in the target's units) and `r2` instead of `accuracy`; with
+---several targets, these are the means over the targets, and `per_target` (by
+---target name) holds each one's. A
 ---classifier of one label per sample (up to 100 classes) also gets
 ---`balanced_accuracy`, `macro_f1`, `per_class` (by class name, or label without names: `precision`,
 ---`recall`, `f1`, `support`) and `confusion` (rows: classes, columns:
 ---predictions, label 0 first).
 ---@param data taper.Data|taper.Generator
 ---@param opts? {loss?: taper.Loss}
----@return {loss: number, accuracy?: number, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string|integer, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, samples: integer, split: string, objective?: number}
+---@return {loss: number, accuracy?: number, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string|integer, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, per_target?: table<string, {rmse: number, mae: number, r2: number}>, samples: integer, split: string, objective?: number}
 function Run:evaluate(data, opts) end
 
 ---Writes a `log` record to metrics.jsonl (with `step` and `epoch` added) and
@@ -321,7 +323,9 @@ function taper.data.idx(opts) end
 ---order (default: every other). Naming a column implies `header = true`.
 ---Labels are class indices, or, when any is not a number, class names
 ---(sorted; `data:classes()`), or the names of `classes`. `target` instead of
----`label`: a number column to predict (a regression, `taper.loss.mse{}`). Features are numbers,
+---`label`: a number column to predict (a regression, `taper.loss.mse{}`), or a
+---list of them (`{ "body_mass_g", "flipper_length_mm" }`: a model output per
+---target, in this order). Features are numbers,
 ---divided by `scale`. A missing value (empty, `NA`, `NaN`, `null`, ...) is an
 ---error naming its line and column; `missing = "drop"` leaves its row out and
 ---counts it. `delimiter` defaults to "," (a tab for `.tsv`); `decimal` is
@@ -330,7 +334,7 @@ function taper.data.idx(opts) end
 ---names feature columns of categories, each one-hot encoded in place (one
 ---input per category: those the file holds, sorted, or the list given under
 ---the column's name, `{ sex = { "female", "male" } }`).
----@param opts {path: string, label?: integer|string, target?: integer|string, features?: (integer|string)[], header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.csv(opts) end
 
@@ -353,8 +357,8 @@ function taper.data.text(opts) end
 function taper.data.images(opts) end
 
 ---A safetensors file of samples: tensors `x` and `y` (default names), sample first.
----`target` instead of `y` names a tensor of numbers to predict (one per sample),
----for `taper.loss.mse{}`.
+---`target` instead of `y` names a tensor of numbers to predict (`[n]`, one per
+---sample, or `[n, k]`, k targets), for `taper.loss.mse{}`.
 ---@param opts {path: string, x?: string, y?: string, target?: string, scale?: number, split?: string}
 ---@return taper.Data
 function taper.data.safetensors(opts) end
@@ -362,7 +366,7 @@ function taper.data.safetensors(opts) end
 ---NumPy arrays: `path` an .npz archive (np.savez, np.savez_compressed) whose arrays
 ---`x` and `y` (default names) are the inputs and the targets; without `path`, `x`
 ---and `y` are .npy files (np.save). `target` instead of `y` names numbers to
----predict, for `taper.loss.mse{}`.
+---predict (`[n]` or `[n, k]`), for `taper.loss.mse{}`.
 ---@param opts {path?: string, x?: string, y?: string, target?: string, scale?: number, split?: string}
 ---@return taper.Data
 function taper.data.numpy(opts) end
@@ -534,7 +538,8 @@ function taper.loss.cross_entropy(opts) end
 
 ---The mean squared error (torch.nn.MSELoss), for a regression: one output per
 ---target value, against number targets (a CSV or safetensors file's `target`). Evaluation
----reports `rmse`, `mae` (in the target's units) and `r2` instead of `accuracy`.
+---reports `rmse`, `mae` (in the target's units) and `r2` instead of `accuracy`
+---(several targets: each target's in `per_target`, and their means).
 ---@param opts? {}
 ---@return taper.Loss
 function taper.loss.mse(opts) end

@@ -34,7 +34,8 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         onnxruntime on a safetensors file's samples as a user would: tensor X
         as f32, as the file holds it (the graph standardizes it); against
         tensor Y, the accuracy (integer labels) or RMSE, MAE and R² (numbers:
-        a regression), in NumPy, f64
+        a regression; for a Y of [n, k], each target's and their means), in
+        NumPy, f64
 """
 import ctypes
 import json
@@ -270,12 +271,29 @@ def onnx_table(model, path):
                       "classes": json.loads(meta.get("taper.classes", "null"))}))
 
 
+def scores(p, t):
+    """RMSE, MAE and R² of predictions `p` against targets `t` ([n] or [n,
+    k]): each target's, as scikit-learn's metrics with
+    multioutput="raw_values", and their means (its "uniform_average")."""
+    import numpy as np
+
+    p, t = p.reshape(len(p), -1), t.reshape(len(t), -1)
+    err = p - t
+    rmse = np.sqrt((err ** 2).mean(0))
+    mae = np.abs(err).mean(0)
+    r2 = 1 - (err ** 2).sum(0) / ((t - t.mean(0)) ** 2).sum(0)
+    each = [{"rmse": float(a), "mae": float(b), "r2": float(c)} for a, b, c in zip(rmse, mae, r2)]
+    return {"rmse": float(rmse.mean()), "mae": float(mae.mean()), "r2": float(r2.mean()),
+            "per_target": each}
+
+
 def onnx_regression(model, path, split):
     """A regression run's ONNX export on the CSV file's rows (those pandas
-    keeps: a feature or the target missing drops one), its errors on the test
-    rows in NumPy (f64; R² as scikit-learn's r2_score), and, for comparison, a
-    least-squares linear model fitted to the train rows. `split` holds each
-    part's raw features and targets, as taper's data gave them."""
+    keeps: a feature or a target missing drops one), its errors on the test
+    rows in NumPy (f64; R² as scikit-learn's r2_score; with several targets,
+    each target's and their means), and, for comparison, a least-squares
+    linear model fitted to the train rows. `split` holds each part's raw
+    features and targets, as taper's data gave them."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -286,27 +304,23 @@ def onnx_regression(model, path, split):
     meta = {p.key: p.value for p in m.metadata_props}
     table = json.loads(meta["taper.table_input"])
     target = json.loads(meta["taper.target"])
-    df = pd.read_csv(path).dropna(subset=table["columns"] + [target])
+    targets = target if isinstance(target, list) else [target]
+    df = pd.read_csv(path).dropna(subset=table["columns"] + targets)
     x = table_x(df, table)
-    y = df[target].to_numpy(np.float64)
     s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    predict = lambda x: s.run(["logits"], {"input": x})[0][:, 0].astype(np.float64)
+    predict = lambda x: s.run(["logits"], {"input": x})[0].astype(np.float64)
     pred = predict(x)
     split = json.load(open(split))
     part = lambda k: (np.array(split[k]["x"], np.float32), np.array(split[k]["y"], np.float64))
     (xa, ya), (xt, yt) = part("train"), part("test")
-
-    def scores(p, t):
-        err = p - t
-        r2 = 1 - (err ** 2).sum() / ((t - t.mean()) ** 2).sum()
-        return float(np.sqrt((err ** 2).mean())), float(np.abs(err).mean()), float(r2)
-
-    rmse, mae, r2 = scores(predict(xt), yt)
+    got = scores(predict(xt), yt)
+    for t, name in zip(got["per_target"], targets):
+        t["target"] = name
     ones = lambda x: np.c_[x.astype(np.float64), np.ones(len(x))]
     w = np.linalg.lstsq(ones(xa), ya, rcond=None)[0]
-    print(json.dumps({"pred": pred.tolist(), "lines": (df.index + 2).tolist(),
-                      "rmse": rmse, "mae": mae, "r2": r2, "test_rows": len(yt),
-                      "linear_r2": scores(ones(xt) @ w, yt)[2]}))
+    print(json.dumps({"pred": (pred[:, 0] if len(targets) == 1 else pred).tolist(),
+                      "lines": (df.index + 2).tolist(), "test_rows": len(yt),
+                      "linear": scores(ones(xt) @ w, yt), **got}))
 
 
 def numpy_write(out):
@@ -348,11 +362,7 @@ def onnx_samples(model, path, x_name, y_name):
     if np.issubdtype(y.dtype, np.integer):
         print(json.dumps({"rows": len(y), "accuracy": float((out.argmax(1) == y).mean())}))
         return
-    err = out[:, 0] - y.reshape(-1).astype(np.float64)
-    yf = y.reshape(-1).astype(np.float64)
-    r2 = 1 - (err ** 2).sum() / ((yf - yf.mean()) ** 2).sum()
-    print(json.dumps({"rows": len(y), "rmse": float(np.sqrt((err ** 2).mean())),
-                      "mae": float(np.abs(err).mean()), "r2": float(r2)}))
+    print(json.dumps({"rows": len(y), **scores(out, y.astype(np.float64))}))
 
 
 def csv_standardize(path, label, features):

@@ -177,7 +177,7 @@ pub fn export(a: ExportArgs) -> ExitCode {
 
 /// `taper classify`: a line per image or CSV row, `FILE: CLASS 93.1%[, CLASS
 /// 5.2%...]` or `FILE:LINE: ...`; for a regression run `FILE:LINE: 4211.7
-/// body_mass_g`.
+/// body_mass_g[, 201.3 flipper_length_mm...]`.
 pub fn classify(a: ClassifyArgs) -> ExitCode {
     use taper::interop::saved::{classify_checkpoint, Answer};
     let mut emit = |what: &str, answer: &Answer| match answer {
@@ -188,7 +188,13 @@ pub fn classify(a: ClassifyArgs) -> ExitCode {
                 .collect();
             say!("{what}: {}", ranked.join(", "));
         }
-        Answer::Value { value, target } => say!("{what}: {} {target}", *value as f32),
+        Answer::Values(values) => {
+            let each: Vec<String> = values
+                .iter()
+                .map(|p| format!("{} {}", p.value as f32, p.target))
+                .collect();
+            say!("{what}: {}", each.join(", "));
+        }
     };
     let mut skip =
         |what: &str, why: &str| taper::tell!("taper classify: {what}: passed over: {why}");

@@ -160,6 +160,23 @@ pub fn input_difference(ours: (&str, &TableInput), theirs: (&str, &TableInput)) 
     )
 }
 
+/// How the regression targets of table data `theirs` differ from those of
+/// `ours`, as [`class_difference`] words it: the model's `k`th output is
+/// the run's `k`th target. `None` when they are the same, when either has
+/// none, or when one file names its columns and the other does not.
+pub fn target_difference(ours: (&str, &TableInput), theirs: (&str, &TableInput)) -> Option<String> {
+    let (o, t) = (ours.1, theirs.1);
+    if o.targets.is_empty() || t.targets.is_empty() || o.header != t.header {
+        return None;
+    }
+    let names = |i: &TableInput| i.targets.iter().map(Column::name).collect::<Vec<_>>();
+    list_difference(
+        ("targets", "target"),
+        (ours.0, &names(o)),
+        (theirs.0, &names(t)),
+    )
+}
+
 /// [`class_difference`] for a list of any `kind` (`classes`), whose
 /// places are each an `item` (`label`).
 fn list_difference(
@@ -211,7 +228,8 @@ mod tests {
     }
 
     #[test]
-    fn class_differences_name_what_is_missing_and_the_first_label_that_moves() {
+    fn class_differences_name_what_is_missing_and_the_first_label_that_moves(
+    ) -> serde_json::Result<()> {
         let run = names("ankle bag coat");
         assert_eq!(class_difference(("the run's", &run), ("val's", &run)), None);
         assert_eq!(
@@ -235,7 +253,7 @@ mod tests {
             decimal: ".".into(),
             scale: 1.0,
             standardize: None,
-            target: None,
+            targets: Vec::new(),
             target_standardize: None,
             categories,
         };
@@ -260,10 +278,41 @@ mod tests {
             input_difference(("the run's", &ours), ("val's", &theirs)).unwrap(),
             "val's inputs (3) are not the run's (3): without `b_y`, with `b_z` besides; input 2 is `b_z` in val's and `b_y` in the run's"
         );
+        // Targets: by name, in order (output k is the kth target).
+        let targets = |t: &[&str]| TableInput {
+            targets: t.iter().map(|c| Column::Name(c.to_string())).collect(),
+            ..named.clone()
+        };
+        let run = targets(&["mass", "flipper"]);
+        assert_eq!(
+            target_difference(("the run's", &run), ("val's", &run)),
+            None
+        );
+        assert_eq!(
+            target_difference(("the run's", &run), ("val's", &named)),
+            None
+        );
+        assert_eq!(
+            target_difference(("the run's", &run), ("val's", &targets(&["flipper", "mass"]))).unwrap(),
+            "val's targets (2) are not the run's (2): the same names in another order; target 0 is `flipper` in val's and `mass` in the run's"
+        );
+        // Saved as one column for one target (as checkpoints before several
+        // held it), as a list for several; both read back.
+        let one = serde_json::to_value(targets(&["mass"]))?;
+        assert_eq!(one["target"], "mass");
+        assert_eq!(
+            serde_json::from_value::<TableInput>(one)?,
+            targets(&["mass"])
+        );
+        let two = serde_json::to_value(&run)?;
+        assert_eq!(two["target"], serde_json::json!(["mass", "flipper"]));
+        assert_eq!(serde_json::from_value::<TableInput>(two)?, run);
+        assert!(serde_json::to_value(&named)?.get("target").is_none());
         let many: Vec<String> = (0..11).map(|i| format!("c{i}")).collect();
         assert_eq!(
             name_list(&many),
             "`c0`, `c1`, `c2`, `c3`, `c4`, `c5`, `c6`, `c7`, and 3 more"
         );
+        Ok(())
     }
 }

@@ -1,8 +1,9 @@
 //! Samples from arrays: one of inputs and one of targets, both with the
 //! sample as their first dimension, memory-mapped and read row by row: two
 //! tensors of a safetensors file, or NumPy arrays (`super::numpy`). Inputs of a float or u8 type become f32 (u8 divided by `scale`);
-//! integer inputs (token ids) and class labels become u32; a regression
-//! target (one number per sample) becomes f32 `[n, 1]`.
+//! integer inputs (token ids) and class labels become u32; a regression's
+//! targets (a number, or a row of `k` numbers, per sample) become f32
+//! `[n, k]`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -110,7 +111,8 @@ pub struct Samples {
 pub enum Targets<'a> {
     /// Class indices (`y = "name"`).
     Labels(&'a str),
-    /// Numbers to predict (`target = "name"`), one per sample.
+    /// Numbers to predict (`target = "name"`): one per sample, or a row
+    /// of them.
     Values(&'a str),
 }
 
@@ -220,13 +222,13 @@ impl Samples {
     }
 }
 
-/// Checks a regression target: one number per sample (shape `[n]` or
-/// `[n, 1]`), every one finite; the first that is not is named by sample
-/// and byte offset.
+/// Checks a regression's targets: a number or a row of numbers per sample
+/// (shape `[n]`, or `[n, k]` for `k` targets), every one finite; the first
+/// that is not is named by sample and byte offset.
 fn target_values(c: &Column) -> Result<()> {
-    if c.shape[1..].iter().product::<usize>() != 1 {
+    if c.shape.len() > 2 || c.shape.get(1) == Some(&0) {
         return Err(Error::Data(format!(
-            "{}: {} has shape {:?}: a `target` is one number per sample (shape [n] or [n, 1])",
+            "{}: {} has shape {:?}: a `target` is a number per sample (shape [n]) or a row of them, one per target (shape [n, k])",
             c.file,
             c.what(),
             c.shape
@@ -393,7 +395,8 @@ impl Source for Samples {
         let yv = self.rows(&self.y, indices);
         let y = if self.target {
             let v: Vec<f32> = yv.iter().map(|v| *v as f32).collect();
-            Tensor::from_vec(v, (b, 1), &Device::Cpu)?
+            let k = self.y.shape.get(1).copied().unwrap_or(1);
+            Tensor::from_vec(v, (b, k), &Device::Cpu)?
         } else {
             Tensor::from_vec(yv, ys, &Device::Cpu)?.to_dtype(DType::U32)?
         };

@@ -334,14 +334,66 @@ mod tests {
             .iter()
             .map(|v| (v - 0.5 / 3.0f64).powi(2))
             .sum::<f64>();
-        assert!((g.rmse - (9.8125f64 / 3.0).sqrt()).abs() < 1e-15, "{g:?}");
-        assert!((g.mae - 4.25 / 3.0).abs() < 1e-15, "{g:?}");
-        assert!((g.r2 - (1.0 - 9.8125 / sst)).abs() < 1e-12, "{g:?}");
-        let grams = g.in_units(800.0);
+        assert!((g.rmse() - (9.8125f64 / 3.0).sqrt()).abs() < 1e-15, "{g:?}");
+        assert!((g.mae() - 4.25 / 3.0).abs() < 1e-15, "{g:?}");
+        assert!((g.r2() - (1.0 - 9.8125 / sst)).abs() < 1e-12, "{g:?}");
+        let grams = g.clone().in_units(&[800.0]);
         assert_eq!(
-            (grams.rmse, grams.mae, grams.r2),
-            (g.rmse * 800.0, g.mae * 800.0, g.r2)
+            (grams.rmse(), grams.mae(), grams.r2()),
+            (g.rmse() * 800.0, g.mae() * 800.0, g.r2())
         );
+        Ok(())
+    }
+
+    // Reference: float64 by hand, scikit-learn's definitions for several
+    // outputs (`multioutput="raw_values"`, and the uniform average):
+    //   y = [[1, 10], [0.5, 20], [-1, 60]], p = [[1.5, 12], [-0.25, 18], [2, 50]]
+    //   target 0: errors 0.5, -0.75, 3; target 1: errors 2, -2, -10
+    #[test]
+    fn several_targets_are_scored_each_against_its_own_values() -> anyhow::Result<()> {
+        let dev = &Device::Cpu;
+        let p = Tensor::new(&[[1.5f32, 12.0], [-0.25, 18.0], [2.0, 50.0]], dev)?;
+        let y = Tensor::new(&[[1.0f32, 10.0], [0.5, 20.0], [-1.0, 60.0]], dev)?;
+        // Summed in two batches, and once more through the values ranks sum.
+        let mut a = crate::engine::EvalSums::with_targets(2);
+        a.add_errors(&p.narrow(0, 0, 2)?, &y.narrow(0, 0, 2)?)?;
+        a.count = 4;
+        let mut b = crate::engine::EvalSums::with_targets(2);
+        b.add_errors(&p.narrow(0, 2, 1)?, &y.narrow(0, 2, 1)?)?;
+        b.count = 2;
+        let (va, vb) = (a.to_values(), b.to_values());
+        let summed: Vec<f64> = va.iter().zip(&vb).map(|(x, y)| x + y).collect();
+        a.add(&b);
+        assert_eq!(crate::engine::EvalSums::from_values(&summed, 2), a);
+        let g = a.eval(false)?.regression.expect("regression scores");
+        let sst0 = [1.0f64, 0.5, -1.0]
+            .iter()
+            .map(|v| (v - 0.5 / 3.0f64).powi(2))
+            .sum::<f64>();
+        let sst1 = [10.0f64, 20.0, 60.0]
+            .iter()
+            .map(|v| (v - 30.0f64).powi(2))
+            .sum::<f64>();
+        let want = [
+            ((9.8125f64 / 3.0).sqrt(), 4.25 / 3.0, 1.0 - 9.8125 / sst0),
+            ((108.0f64 / 3.0).sqrt(), 14.0 / 3.0, 1.0 - 108.0 / sst1),
+        ];
+        for (t, (rmse, mae, r2)) in g.targets.iter().zip(want) {
+            assert!((t.rmse - rmse).abs() < 1e-12, "{t:?}");
+            assert!((t.mae - mae).abs() < 1e-12, "{t:?}");
+            assert!((t.r2 - r2).abs() < 1e-12, "{t:?}");
+        }
+        assert!((g.rmse() - (want[0].0 + want[1].0) / 2.0).abs() < 1e-12);
+        assert!((g.r2() - (want[0].2 + want[1].2) / 2.0).abs() < 1e-12);
+        // In units: each target's errors by its own deviation.
+        let u = g.clone().in_units(&[2.0, 100.0]);
+        assert!((u.targets[0].rmse - 2.0 * want[0].0).abs() < 1e-12);
+        assert!((u.targets[1].mae - 100.0 * want[1].1).abs() < 1e-9);
+        assert_eq!(u.r2(), g.r2());
+        // A batch of another width is refused, not mixed in.
+        assert!(a
+            .add_errors(&p.narrow(1, 0, 1)?, &y.narrow(1, 0, 1)?)
+            .is_err());
         Ok(())
     }
 

@@ -28,7 +28,7 @@ pub use mlp::{Activation, Mlp};
 pub use model::ModelSpec;
 pub use params::ParamStore;
 pub use trainer::{
-    ClassScores, Eval, EvalSums, Grads, LossSum, PerClass, Ready, Regression, Trainer,
-    TrainerOptions, MAX_CONFUSION_CLASSES,
+    ClassScores, Eval, EvalSums, Grads, LossSum, PerClass, Ready, Regression, TargetScores,
+    Trainer, TrainerOptions, MAX_CONFUSION_CLASSES,
 };
 pub use workers::run_on_workers;

@@ -15,9 +15,10 @@ struct CsvOpts {
     path: std::path::PathBuf,
     #[serde(default)]
     label: Option<ColumnOpt>,
-    /// A numeric column to predict (regression), instead of a label.
+    /// Number columns to predict (regression), instead of a label: one
+    /// column, or a list of them.
     #[serde(default)]
-    target: Option<ColumnOpt>,
+    target: Option<TargetsOpt>,
     #[serde(default)]
     features: Option<Vec<ColumnOpt>>,
     #[serde(default)]
@@ -45,29 +46,84 @@ struct CsvOpts {
 /// A CSV column: an index (0 the first, -1 the last) or a header name.
 struct ColumnOpt(data::Column);
 
+/// Reads a column: an index or a name.
+struct ColumnVisitor;
+
+impl serde::de::Visitor<'_> for ColumnVisitor {
+    type Value = ColumnOpt;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a column index (0 the first, -1 the last) or a column name")
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ColumnOpt, E> {
+        Ok(ColumnOpt(data::Column::Index(v)))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ColumnOpt, E> {
+        let v = i64::try_from(v).map_err(|_| E::custom("column index too large"))?;
+        Ok(ColumnOpt(data::Column::Index(v)))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ColumnOpt, E> {
+        match v.fract() == 0.0 && v.abs() < 1e15 {
+            true => Ok(ColumnOpt(data::Column::Index(v as i64))),
+            false => Err(E::invalid_value(serde::de::Unexpected::Float(v), &self)),
+        }
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ColumnOpt, E> {
+        Ok(ColumnOpt(data::Column::Name(v.to_string())))
+    }
+}
+
 impl<'de> Deserialize<'de> for ColumnOpt {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ColumnVisitor)
+    }
+}
+
+/// `target`: a column, or a list of columns (`{ "body_mass_g",
+/// "flipper_length_mm" }`), each an index or a name.
+struct TargetsOpt(Vec<data::Column>);
+
+impl<'de> Deserialize<'de> for TargetsOpt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = ColumnOpt;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = TargetsOpt;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a column index (0 the first, -1 the last) or a column name")
+                f.write_str("a column (an index, 0 the first and -1 the last, or a name), or a list of columns")
             }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ColumnOpt, E> {
-                Ok(ColumnOpt(data::Column::Index(v)))
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TargetsOpt, E> {
+                Ok(TargetsOpt(vec![ColumnVisitor.visit_i64(v)?.0]))
             }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ColumnOpt, E> {
-                let v = i64::try_from(v).map_err(|_| E::custom("column index too large"))?;
-                Ok(ColumnOpt(data::Column::Index(v)))
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TargetsOpt, E> {
+                Ok(TargetsOpt(vec![ColumnVisitor.visit_u64(v)?.0]))
             }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ColumnOpt, E> {
-                match v.fract() == 0.0 && v.abs() < 1e15 {
-                    true => Ok(ColumnOpt(data::Column::Index(v as i64))),
-                    false => Err(E::invalid_value(serde::de::Unexpected::Float(v), &self)),
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<TargetsOpt, E> {
+                Ok(TargetsOpt(vec![ColumnVisitor.visit_f64(v)?.0]))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TargetsOpt, E> {
+                Ok(TargetsOpt(vec![ColumnVisitor.visit_str(v)?.0]))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<TargetsOpt, A::Error> {
+                let mut out = Vec::new();
+                while let Some(c) = seq.next_element::<ColumnOpt>()? {
+                    out.push(c.0);
                 }
+                Ok(TargetsOpt(out))
             }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ColumnOpt, E> {
-                Ok(ColumnOpt(data::Column::Name(v.to_string())))
+            // An empty Lua table reads as an empty map.
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TargetsOpt, A::Error> {
+                match map.next_key::<serde::de::IgnoredAny>()? {
+                    None => Ok(TargetsOpt(Vec::new())),
+                    Some(_) => Err(serde::de::Error::invalid_type(
+                        serde::de::Unexpected::Map,
+                        &self,
+                    )),
+                }
             }
         }
         d.deserialize_any(Visitor)
@@ -115,7 +171,7 @@ impl CsvOpts {
                 ))
             }
         };
-        let (label, target) = match (self.label, self.target) {
+        let (label, targets) = match (self.label, self.target) {
             (Some(_), Some(_)) => {
                 return Err(config_error(
                     lua,
@@ -129,12 +185,18 @@ impl CsvOpts {
                     "taper.data.csv: `classes` names a label's classes; a `target` is a number to predict",
                 ));
             }
-            (None, Some(t)) => (t.0, true),
-            (l, None) => (l.unwrap_or_else(last_column).0, false),
+            (None, Some(t)) if t.0.is_empty() => {
+                return Err(config_error(
+                    lua,
+                    "taper.data.csv: `target` names no column: give a column (`target = \"body_mass_g\"`) or a list of them",
+                ));
+            }
+            (None, Some(t)) => (last_column().0, t.0),
+            (l, None) => (l.unwrap_or_else(last_column).0, Vec::new()),
         };
         Ok(data::CsvOptions {
             label,
-            target,
+            targets,
             features: self.features.map(|f| f.into_iter().map(|c| c.0).collect()),
             header: self.header,
             delimiter,

@@ -1,12 +1,125 @@
-//! A classifier's evaluation class by class, in its `eval` record and in
-//! what `run:evaluate` returns: the confusion matrix, each class's
-//! precision, recall, F1 and support, the macro F1 and the balanced
-//! accuracy, under the class names the run's data gave.
+//! An evaluation's scores in its `eval` record, its printed line and what
+//! `run:evaluate` returns: a classifier's accuracy and, class by class, the
+//! confusion matrix, each class's precision, recall, F1 and support, the
+//! macro F1 and the balanced accuracy, under the class names the run's data
+//! gave; a regression's RMSE, MAE and R², target by target when there are
+//! several, under the target columns' names.
 
 use mlua::{Lua, Table};
 use serde_json::{json, Map, Value};
 
-use crate::engine::PerClass;
+use crate::data::TableInput;
+use crate::engine::{Eval, PerClass, Regression};
+
+/// The name of each of a regression's `k` targets: the CSV file's target
+/// columns (`body_mass_g`, or `column 3` without a header), else
+/// `target[0]`, `target[1]`, ... (the targets tensor's columns).
+pub(super) fn target_names(table: Option<&TableInput>, k: usize) -> Vec<String> {
+    match table {
+        Some(t) if t.targets.len() == k => t.targets.iter().map(|c| c.name()).collect(),
+        _ => (0..k).map(|i| format!("target[{i}]")).collect(),
+    }
+}
+
+/// Adds the scores to an `eval` record: a classifier's `accuracy` (and,
+/// with a confusion matrix, [`record`]'s fields); a regression's `rmse`,
+/// `mae` and `r2` (means over its targets) and, with several targets,
+/// `per_target`, a list of `{target, rmse, mae, r2}`.
+pub(super) fn record_scores(
+    f: &mut Map<String, Value>,
+    ev: &Eval,
+    classes: Option<&[String]>,
+    targets: &[String],
+) {
+    let Some(g) = &ev.regression else {
+        f.insert("accuracy".into(), json!(ev.accuracy));
+        if let Some(p) = &ev.per_class {
+            record(f, p, classes);
+        }
+        return;
+    };
+    f.insert("rmse".into(), json!(g.rmse()));
+    f.insert("mae".into(), json!(g.mae()));
+    f.insert("r2".into(), json!(g.r2()));
+    if g.targets.len() > 1 {
+        let rows =
+            g.targets.iter().zip(targets).map(
+                |(t, name)| json!({ "target": name, "rmse": t.rmse, "mae": t.mae, "r2": t.r2 }),
+            );
+        f.insert("per_target".into(), Value::Array(rows.collect()));
+    }
+}
+
+/// The scores on the evaluation's printed line: `accuracy 93.10%` (with
+/// the balanced accuracy and macro F1 when there are per-class scores), or
+/// `rmse 310.2  mae 245.1  R² 0.8512`; with several targets, each target's
+/// on a line of its own after it.
+pub(super) fn score_line(ev: &Eval, targets: &[String]) -> String {
+    let Some(g) = &ev.regression else {
+        let per_class = ev.per_class.as_ref().map(|p| {
+            format!(
+                "  balanced {:.2}%  macro F1 {:.4}",
+                p.balanced_accuracy() * 100.0,
+                p.macro_f1()
+            )
+        });
+        return format!(
+            "accuracy {:.2}%{}",
+            ev.accuracy * 100.0,
+            per_class.unwrap_or_default()
+        );
+    };
+    if g.targets.len() == 1 {
+        return format!("rmse {:.4}  mae {:.4}  R² {:.4}", g.rmse(), g.mae(), g.r2());
+    }
+    per_target_lines(g, targets)
+}
+
+/// `R² 0.8512 (the mean of 2 targets)` and a line per target.
+fn per_target_lines(g: &Regression, targets: &[String]) -> String {
+    let mut s = format!("R² {:.4} (the mean of {} targets)", g.r2(), g.targets.len());
+    for (t, name) in g.targets.iter().zip(targets) {
+        s += &format!(
+            "\n    {name}: rmse {:.4}  mae {:.4}  R² {:.4}",
+            t.rmse, t.mae, t.r2
+        );
+    }
+    s
+}
+
+/// The scores in the table `run:evaluate` returns: as in the record
+/// ([`record_scores`]), with a classifier's [`lua_fields`], and a
+/// regression's `per_target` keyed by target name.
+pub(super) fn lua_scores(
+    lua: &Lua,
+    t: &Table,
+    ev: &Eval,
+    classes: Option<&[String]>,
+    targets: &[String],
+) -> mlua::Result<()> {
+    let Some(g) = &ev.regression else {
+        t.set("accuracy", ev.accuracy)?;
+        if let Some(p) = &ev.per_class {
+            lua_fields(lua, t, p, classes)?;
+        }
+        return Ok(());
+    };
+    t.set("rmse", g.rmse())?;
+    t.set("mae", g.mae())?;
+    t.set("r2", g.r2())?;
+    if g.targets.len() > 1 {
+        let per = lua.create_table()?;
+        for (s, name) in g.targets.iter().zip(targets) {
+            let row = lua.create_table()?;
+            row.set("rmse", s.rmse)?;
+            row.set("mae", s.mae)?;
+            row.set("r2", s.r2)?;
+            per.set(name.as_str(), row)?;
+        }
+        t.set("per_target", per)?;
+    }
+    Ok(())
+}
 
 /// Class `c`'s name: the data's, or its index.
 fn name(classes: Option<&[String]>, c: usize) -> String {
@@ -20,7 +133,7 @@ fn name(classes: Option<&[String]>, c: usize) -> String {
 /// precision, recall, f1, support}` for the classes that are labels or
 /// predictions) and `confusion` (rows: classes, columns: predictions) to an
 /// `eval` record.
-pub(super) fn record(f: &mut Map<String, Value>, p: &PerClass, classes: Option<&[String]>) {
+fn record(f: &mut Map<String, Value>, p: &PerClass, classes: Option<&[String]>) {
     f.insert("balanced_accuracy".into(), json!(p.balanced_accuracy()));
     f.insert("macro_f1".into(), json!(p.macro_f1()));
     let rows: Vec<Value> = p
@@ -43,12 +156,7 @@ pub(super) fn record(f: &mut Map<String, Value>, p: &PerClass, classes: Option<&
 /// The same in the table `run:evaluate` returns: `balanced_accuracy`,
 /// `macro_f1`, `per_class` (keyed by class name, or by label, 0 the first,
 /// for data without names) and `confusion` (a list of rows, label 0 first).
-pub(super) fn lua_fields(
-    lua: &Lua,
-    t: &Table,
-    p: &PerClass,
-    classes: Option<&[String]>,
-) -> mlua::Result<()> {
+fn lua_fields(lua: &Lua, t: &Table, p: &PerClass, classes: Option<&[String]>) -> mlua::Result<()> {
     t.set("balanced_accuracy", p.balanced_accuracy())?;
     t.set("macro_f1", p.macro_f1())?;
     let per = lua.create_table()?;

@@ -253,11 +253,11 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         }
     }
     // A standardized regression target: errors go back to its units.
-    let target_std = match &feed {
+    let target_std: Option<Vec<f64>> = match &feed {
         super::generator::Feed::Pipeline(p) => p
             .standardized()
             .and_then(|s| s.target())
-            .and_then(|m| m.std.first().copied()),
+            .map(|m| m.std.iter().map(|&s| f64::from(s)).collect()),
         super::generator::Feed::Lua(_) => None,
     };
     let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
@@ -276,10 +276,14 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
             super::oom::record(&host.out, id, rec)
         })
         .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
-    if let (Some(g), Some(std)) = (ev.regression, target_std) {
-        ev.regression = Some(g.in_units(std as f64));
+    if let Some(std) = &target_std {
+        ev.regression = ev.regression.map(|g| g.in_units(std));
         r.core.last_eval = Some(ev.clone());
     }
+    let targets = super::eval_scores::target_names(
+        r.core.table_input.as_ref(),
+        ev.regression.as_ref().map_or(0, |g| g.targets.len()),
+    );
     let classes = r.core.classes.clone();
     let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
     let split = feed.split_name();
@@ -287,19 +291,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     f.insert("run".into(), r.id.into());
     f.insert("split".into(), split.clone().into());
     f.insert("loss".into(), json!(ev.loss));
-    match ev.regression {
-        None => {
-            f.insert("accuracy".into(), json!(ev.accuracy));
-            if let Some(p) = &ev.per_class {
-                super::eval_scores::record(&mut f, p, classes.as_deref());
-            }
-        }
-        Some(g) => {
-            f.insert("rmse".into(), json!(g.rmse));
-            f.insert("mae".into(), json!(g.mae));
-            f.insert("r2".into(), json!(g.r2));
-        }
-    }
+    super::eval_scores::record_scores(&mut f, &ev, classes.as_deref(), &targets);
     f.insert("samples".into(), ev.samples.into());
     if let Some(o) = ev.objective {
         f.insert("objective".into(), json!(o));
@@ -310,43 +302,25 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         }
     }
     host.out.record("eval", step, epoch, f).map_err(lua_err)?;
-    let score = match ev.regression {
-        None => format!(
-            "accuracy {:.2}%{}",
-            ev.accuracy * 100.0,
-            ev.per_class
-                .as_ref()
-                .map(|p| format!(
-                    "  balanced {:.2}%  macro F1 {:.4}",
-                    p.balanced_accuracy() * 100.0,
-                    p.macro_f1()
-                ))
-                .unwrap_or_default()
-        ),
-        Some(g) => format!("rmse {:.4}  mae {:.4}  R² {:.4}", g.rmse, g.mae, g.r2),
+    let score = super::eval_scores::score_line(&ev, &targets);
+    // The objective ends the first line, before any per-target lines.
+    let objective = ev
+        .objective
+        .map(|o| format!("  objective {o:.4}"))
+        .unwrap_or_default();
+    let (first, rest) = score.split_once('\n').unwrap_or((&score, ""));
+    let rest = if rest.is_empty() {
+        String::new()
+    } else {
+        format!("\n{rest}")
     };
     host.out.line(&format!(
-        "  {split}: loss {:.4}  {score}{}",
-        ev.loss,
-        ev.objective
-            .map(|o| format!("  objective {o:.4}"))
-            .unwrap_or_default()
+        "  {split}: loss {:.4}  {first}{objective}{rest}",
+        ev.loss
     ));
     let t = lua.create_table()?;
     t.set("loss", ev.loss)?;
-    match ev.regression {
-        None => {
-            t.set("accuracy", ev.accuracy)?;
-            if let Some(p) = &ev.per_class {
-                super::eval_scores::lua_fields(lua, &t, p, classes.as_deref())?;
-            }
-        }
-        Some(g) => {
-            t.set("rmse", g.rmse)?;
-            t.set("mae", g.mae)?;
-            t.set("r2", g.r2)?;
-        }
-    }
+    super::eval_scores::lua_scores(lua, &t, &ev, classes.as_deref(), &targets)?;
     t.set("samples", ev.samples)?;
     t.set("split", split)?;
     t.set("objective", ev.objective)?;

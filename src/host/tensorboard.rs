@@ -120,6 +120,17 @@ fn scalars(event: &str, rec: &Map<String, Value>) -> Vec<(String, f64)> {
             ] {
                 put(format!("eval/{split}/{k}"), get(k));
             }
+            // A regression's targets, each under its name.
+            let per_target = rec.get("per_target").and_then(Value::as_array);
+            for t in per_target.into_iter().flatten() {
+                let name = t.get("target").and_then(Value::as_str).unwrap_or("target");
+                for k in ["rmse", "mae", "r2"] {
+                    put(
+                        format!("eval/{split}/{k}/{name}"),
+                        t.get(k).and_then(Value::as_f64),
+                    );
+                }
+            }
         }
         "oom" => put("oom/micro_batch".into(), get("new_micro_batch")),
         _ => {}
@@ -196,5 +207,32 @@ impl EventWriter {
             step: step as i64,
             what: Some(What::Summary(Summary { value })),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regression_of_several_targets_charts_each_under_its_name() {
+        let rec = serde_json::json!({
+            "split": "test", "loss": 0.1, "rmse": 2.0, "mae": 1.25, "r2": 0.9,
+            "per_target": [
+                { "target": "body_mass_g", "rmse": 3.0, "mae": 2.0, "r2": 0.8 },
+                { "target": "flipper_length_mm", "rmse": 1.0, "mae": 0.5, "r2": 1.0 },
+            ],
+        });
+        let s = scalars("eval", rec.as_object().unwrap());
+        for (tag, v) in [
+            ("eval/test/rmse", 2.0),
+            ("eval/test/r2", 0.9),
+            ("eval/test/rmse/body_mass_g", 3.0),
+            ("eval/test/mae/body_mass_g", 2.0),
+            ("eval/test/r2/flipper_length_mm", 1.0),
+        ] {
+            assert!(s.contains(&(tag.to_string(), v)), "{tag}: {s:?}");
+        }
+        assert_eq!(s.len(), 4 + 6);
     }
 }

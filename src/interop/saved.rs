@@ -152,10 +152,16 @@ pub struct Guess {
 }
 
 /// What a checkpoint's model says of an input: its likeliest classes, or,
-/// for a regression run, the predicted value of its target.
+/// for a regression run, the predicted value of each of its targets.
 pub enum Answer {
     Classes(Vec<Guess>),
-    Value { value: f64, target: String },
+    Values(Vec<Predicted>),
+}
+
+/// A regression target's predicted value, in its units.
+pub struct Predicted {
+    pub target: String,
+    pub value: f64,
 }
 
 /// `taper classify CHECKPOINT FILE...`: the `top` most likely classes with
@@ -165,7 +171,7 @@ pub enum Answer {
 /// each row of a CSV file (`FILE:LINE`, read as the run read its CSV file:
 /// the feature columns, scale and standardization; a row with a missing
 /// value is passed to `skip(what, why)`). For a regression run (a CSV
-/// file's `target`), the answer is the target's predicted value, in its
+/// file's `target`), the answer is each target's predicted value, in its
 /// units. Returns the count classified.
 pub fn classify_checkpoint(
     arg: &Path,
@@ -179,27 +185,41 @@ pub fn classify_checkpoint(
     let classes = saved.meta.classes.clone().unwrap_or_default();
     let model = saved.trainer.frozen()?;
     // The `top` classes of each of `n` rows of `width` inputs.
-    let target = saved.meta.table_input.as_ref().and_then(|t| {
-        let name = t.target.as_ref()?.name();
-        let (mean, std) = match &t.target_standardize {
-            Some(m) => (m.mean[0] as f64, m.std[0] as f64),
-            None => (0.0, 1.0),
-        };
-        Some((name, mean, std))
-    });
+    // A regression's targets: each one's name, mean and deviation.
+    let targets: Vec<(String, f64, f64)> = match &saved.meta.table_input {
+        Some(t) => t
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                let (mean, std) = match &t.target_standardize {
+                    Some(m) => (f64::from(m.mean[k]), f64::from(m.std[k])),
+                    None => (0.0, 1.0),
+                };
+                (c.name(), mean, std)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Answer>> {
         let x = candle_core::Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
         let out = model.forward(&x)?;
-        if let Some((name, mean, std)) = &target {
+        if !targets.is_empty() {
             let values: Vec<f64> = out
                 .flatten_all()?
                 .to_dtype(candle_core::DType::F64)?
                 .to_vec1()?;
             return Ok(values
-                .into_iter()
-                .map(|v| Answer::Value {
-                    value: v * std + mean,
-                    target: name.clone(),
+                .chunks(targets.len())
+                .map(|row| {
+                    let each = row
+                        .iter()
+                        .zip(&targets)
+                        .map(|(v, (name, mean, std))| Predicted {
+                            target: name.clone(),
+                            value: v * std + mean,
+                        });
+                    Answer::Values(each.collect())
                 })
                 .collect());
         }

@@ -71,6 +71,30 @@ fn num(r: &Value, k: &str) -> Value {
     }
 }
 
+/// A regression of several targets: each target's RMSE at each evaluation
+/// (null where an evaluation lacks it), in the order the records name them:
+/// `[{ "target": "body_mass_g", "rmse": [...] }, ...]`.
+fn per_target_rmse(evals: Vec<&Value>) -> Value {
+    let mut out: Vec<(String, Vec<Value>)> = Vec::new();
+    for (i, r) in evals.iter().enumerate() {
+        for t in r["per_target"].as_array().into_iter().flatten() {
+            let name = t["target"].as_str().unwrap_or("target").to_string();
+            let at = match out.iter().position(|(n, _)| *n == name) {
+                Some(at) => at,
+                None => {
+                    out.push((name, vec![Value::Null; evals.len()]));
+                    out.len() - 1
+                }
+            };
+            out[at].1[i] = num(t, "rmse");
+        }
+    }
+    let columns = out
+        .into_iter()
+        .map(|(target, rmse)| json!({ "target": target, "rmse": rmse }));
+    Value::Array(columns.collect())
+}
+
 /// One run's series, for the page: a folder may hold several runs (a
 /// distillation's teacher and students), told apart by `run`.
 fn series(folder: &RunFolder, run: u64, name: String) -> Value {
@@ -106,6 +130,7 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
         "loss": column("eval", "loss"),
         "accuracy": column("eval", "accuracy"),
         "rmse": column("eval", "rmse"),
+        "per_target": per_target_rmse(of("eval").collect()),
     });
     let run_record = of("run").next().cloned().unwrap_or(Value::Null);
     let mut limit = num(&run_record, "memory_limit");
@@ -240,13 +265,27 @@ fn table(folder: &RunFolder, run: u64, run_record: &Value) -> Vec<(String, Strin
     }
     if let Some(ev) = mine("eval").next_back() {
         rows.push(("last eval loss".into(), show(&ev["loss"])));
-        match ev.get("rmse") {
+        let per_target = ev["per_target"].as_array().filter(|t| !t.is_empty());
+        match (ev.get("rmse"), per_target) {
+            // A regression of several targets: each one's errors in its
+            // units, and R²; the mean R².
+            (Some(_), Some(targets)) => {
+                for t in targets {
+                    let name = t["target"].as_str().unwrap_or("target");
+                    rows.push((format!("last eval RMSE ({name})"), show(&t["rmse"])));
+                    rows.push((format!("last eval R² ({name})"), show(&t["r2"])));
+                }
+                rows.push((
+                    format!("last eval R² (the mean of {} targets)", targets.len()),
+                    show(&ev["r2"]),
+                ));
+            }
             // A regression: its errors in the target's units, and R².
-            Some(rmse) => {
+            (Some(rmse), None) => {
                 rows.push(("last eval RMSE".into(), show(rmse)));
                 rows.push(("last eval R²".into(), show(&ev["r2"])));
             }
-            None => {
+            (None, _) => {
                 rows.push(("last eval accuracy".into(), show(&ev["accuracy"])));
                 rows.extend(class_rows(ev));
             }

@@ -135,12 +135,26 @@
   const percent = (u, min) => [Math.max(0, Math.floor((min - 2) / 10) * 10), 100];
   if (acc.some((l) => l.xs.length > 0)) chart("Evaluation accuracy", "%", acc, { range: percent });
 
-  // A regression's root mean squared error, in its target's units.
+  // A regression's root mean squared error, in its target's units; with
+  // several targets (units apart), a chart per target.
+  const several = (r) => (r.evals.per_target || []).length > 0;
   const rmse = runs.map((r, i) => {
-    const [xs, ys] = clean(r.evals.step, r.evals.rmse || []);
+    const [xs, ys] = several(r) ? [[], []] : clean(r.evals.step, r.evals.rmse || []);
     return { label: name(r, "eval RMSE"), xs, ys, color: color(i), points: true };
   });
   if (rmse.some((l) => l.xs.length > 0)) chart("Evaluation RMSE", "target's units", rmse);
+  const targets = [];
+  runs.forEach((r) => (r.evals.per_target || []).forEach((t) => {
+    if (!targets.includes(t.target)) targets.push(t.target);
+  }));
+  targets.forEach((target) => {
+    const lines = runs.map((r, i) => {
+      const t = (r.evals.per_target || []).find((t) => t.target === target);
+      const [xs, ys] = t ? clean(r.evals.step, t.rmse) : [[], []];
+      return { label: name(r, "eval RMSE"), xs, ys, color: color(i), points: true };
+    });
+    chart("Evaluation RMSE: " + target, target + "'s units", lines);
+  });
 
   chart("Learning rate", "lr", runs.map((r, i) => {
     const [xs, ys] = perStep(r, "lr");

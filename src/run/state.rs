@@ -227,7 +227,12 @@ impl Run {
                 w.steps += 1;
                 w.loss_sum += loss * n as f64;
                 w.samples += n as u64;
-                w.tokens += batch.y.elem_count() as u64;
+                // Positions of a sequence model's labels; a regression's
+                // several targets per sample are not tokens.
+                w.tokens += match batch.y.dtype().is_float() {
+                    true => n as u64,
+                    false => batch.y.elem_count() as u64,
+                };
                 w.mem_peak = w.mem_peak.max(peak);
                 w.micro_batch = micro_batch;
                 self.check_finite(loss)?;
@@ -315,10 +320,15 @@ impl Run {
         let (Some(ours), Some(theirs)) = (&self.table_input, input) else {
             return Ok(());
         };
-        match crate::data::input_difference(("the run's", ours), (name, theirs)) {
+        if let Some(why) = crate::data::input_difference(("the run's", ours), (name, theirs)) {
+            return Err(crate::Error::Data(format!(
+                "{why}; read it as the run's training data, its columns of categories with the training data's categories: taper.data.csv{{ path = ..., categorical = train:categories() }}"
+            )));
+        }
+        match crate::data::target_difference(("the run's", ours), (name, theirs)) {
             None => Ok(()),
             Some(why) => Err(crate::Error::Data(format!(
-                "{why}; read it as the run's training data, its columns of categories with the training data's categories: taper.data.csv{{ path = ..., categorical = train:categories() }}"
+                "{why}: the model's outputs are the run's targets, in its order; read it with the run's `target`"
             ))),
         }
     }

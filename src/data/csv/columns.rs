@@ -11,11 +11,13 @@ use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::Result;
 
-/// Where the columns are: the label's index (none when only features are
-/// read), the features', and the names for messages (empty without a
-/// header).
+/// Where the columns are: the label's index, or the targets' (none when
+/// only features are read), the features', and the names for messages
+/// (empty without a header).
 pub(super) struct Layout {
-    pub(super) label: Option<usize>,
+    pub(super) labels: Vec<usize>,
+    /// What `labels` are: `label` or `target`.
+    role: &'static str,
     pub(super) features: Vec<usize>,
     pub(super) names: Vec<String>,
     /// The numbers' decimal mark (set by `each_row`).
@@ -25,9 +27,12 @@ pub(super) struct Layout {
 }
 
 impl Layout {
+    /// The columns of a file of `n` columns (`names` from its header):
+    /// `labels` are the `role` columns (`label` or `target`), `features`
+    /// the feature columns (default: every other column).
     pub(super) fn resolve(
         what: &Path,
-        label: Option<(&Column, &str)>,
+        (labels, role): (&[Column], &'static str),
         features: Option<&[Column]>,
         n: usize,
         names: Vec<String>,
@@ -55,22 +60,36 @@ impl Layout {
                 }),
             }
         };
-        let role = label.map_or("label", |(_, role)| role);
-        let label = label.map(|(l, role)| find(l, role)).transpose()?;
+        let named = |at: usize| names.get(at).map(|s| format!(" (`{s}`)"));
+        let mut label_at: Vec<usize> = Vec::with_capacity(labels.len());
+        for c in labels {
+            let at = find(c, role)?;
+            if label_at.contains(&at) {
+                return Err(data_err(
+                    what,
+                    format!(
+                        "column {}{} is among the {role}s twice",
+                        at + 1,
+                        named(at).unwrap_or_default()
+                    ),
+                ));
+            }
+            label_at.push(at);
+        }
         let features = match features {
-            None => (0..n).filter(|&c| Some(c) != label).collect(),
+            None => (0..n).filter(|c| !label_at.contains(c)).collect(),
             Some(cols) => {
                 let mut out: Vec<usize> = Vec::with_capacity(cols.len());
                 for c in cols {
                     let at = find(c, "feature")?;
-                    let named = |at: usize| names.get(at).map(|s| format!(" (`{s}`)"));
-                    if Some(at) == label {
+                    if label_at.contains(&at) {
                         return Err(data_err(
                             what,
                             format!(
-                                "column {}{} is the {role}; it cannot be a feature too",
+                                "column {}{} is {} {role}; it cannot be a feature too",
                                 at + 1,
-                                named(at).unwrap_or_default()
+                                named(at).unwrap_or_default(),
+                                if label_at.len() > 1 { "a" } else { "the" }
                             ),
                         ));
                     }
@@ -93,7 +112,8 @@ impl Layout {
             return Err(data_err(what, "there are no feature columns"));
         }
         Ok(Layout {
-            label,
+            labels: label_at,
+            role,
             features,
             names,
             decimal: b'.',
@@ -128,9 +148,10 @@ impl Layout {
                 format!(
                     "{} is categorical but not among the features{}",
                     self.column(at),
-                    match Some(at) == self.label {
-                        true => " (it is the label)",
-                        false => "; add it to `features`",
+                    match self.labels.contains(&at) {
+                        true if self.labels.len() > 1 => format!(" (it is a {})", self.role),
+                        true => format!(" (it is the {})", self.role),
+                        false => "; add it to `features`".into(),
                     }
                 ),
             )
@@ -164,9 +185,10 @@ impl Layout {
 impl Layout {
     /// The first used column whose cell is a missing value.
     pub(super) fn missing(&self, record: &StringRecord) -> Option<usize> {
-        self.label
-            .into_iter()
-            .chain(self.features.iter().copied())
+        self.labels
+            .iter()
+            .chain(&self.features)
+            .copied()
             .find(|&c| MISSING.contains(&&record[c]))
     }
 

@@ -30,11 +30,19 @@ pub struct TableInput {
     /// ...then standardized, feature by feature, when the run's data was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standardize: Option<Moments>,
-    /// A regression run's target column: the model predicts its value.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<Column>,
-    /// The target's standardization, when the run's data had one: the
-    /// model predicts `(value - mean) / std`.
+    /// A regression run's target columns: the model predicts their values,
+    /// output `k` the `k`th column's. Saved as `target`: one column, or a
+    /// list of several.
+    #[serde(
+        rename = "target",
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "one_or_many"
+    )]
+    pub targets: Vec<Column>,
+    /// The targets' standardization, when the run's data had one: the
+    /// model predicts `(value - mean) / std`, a mean and deviation per
+    /// target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_standardize: Option<Moments>,
     /// Each column's categories, in the order of their one-hot inputs, for
@@ -42,6 +50,34 @@ pub struct TableInput {
     /// has any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub categories: Vec<Option<Vec<String>>>,
+}
+
+/// A list of columns saved as one column when it holds one, as checkpoints
+/// written before runs took several targets hold it.
+mod one_or_many {
+    use super::Column;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(Column),
+        Many(Vec<Column>),
+    }
+
+    pub fn serialize<S: Serializer>(columns: &[Column], s: S) -> Result<S::Ok, S::Error> {
+        match columns {
+            [one] => one.serialize(s),
+            many => many.serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Column>, D::Error> {
+        Ok(match OneOrMany::deserialize(d)? {
+            OneOrMany::One(c) => vec![c],
+            OneOrMany::Many(v) => v,
+        })
+    }
 }
 
 fn dot() -> String {
@@ -137,7 +173,7 @@ impl TableInput {
             path,
             &text,
             shape,
-            |n, names| Layout::resolve(path, None, Some(&self.columns), n, names),
+            |n, names| Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names),
             |l, line, record| {
                 if let Some(c) = l.missing(record) {
                     let why = format!("a missing value (`{}`) in {}", &record[c], l.column(c));

@@ -1,4 +1,5 @@
-//! CSV files as samples: numeric feature columns and one label column, read
+//! CSV files as samples: numeric feature columns and a label column (or
+//! number columns to predict), read
 //! with the `csv` crate (quoted fields, CRLF line ends, a byte-order mark).
 //! Columns are chosen by index or, with a header, by name; labels are class
 //! indices or class names; a column of categories is one-hot encoded. Each
@@ -61,11 +62,11 @@ pub enum Missing {
 /// How a CSV file becomes samples.
 #[derive(Debug, Clone)]
 pub struct CsvOptions {
-    /// The label column.
+    /// The label column, unless `targets` names any.
     pub label: Column,
-    /// Whether the label column is a number to predict (regression): each
-    /// sample's target is then one f32 value, shape `[1]`.
-    pub target: bool,
+    /// The number columns to predict (a regression), instead of a label:
+    /// each sample's target is their values, in this order, f32 `[k]`.
+    pub targets: Vec<Column>,
     /// The feature columns, in this order (default: every other column).
     pub features: Option<Vec<Column>>,
     /// Whether the first row names the columns (default: when a column is
@@ -93,7 +94,7 @@ impl Default for CsvOptions {
     fn default() -> Self {
         CsvOptions {
             label: Column::Index(-1),
-            target: false,
+            targets: Vec::new(),
             features: None,
             header: None,
             delimiter: b',',
@@ -116,11 +117,11 @@ pub(super) const MISSING: [&str; 19] = [
 /// What a CSV file's samples are labelled with.
 enum Labels {
     Classes(Vec<u32>),
-    /// A regression target's values.
-    Values(Vec<f32>),
+    /// A regression's target values, `k` per row.
+    Values(Vec<f32>, usize),
 }
 
-/// Rows of numeric features and a class label or a target value.
+/// Rows of numeric features and a class label or target values.
 pub struct Csv {
     name: String,
     split: String,
@@ -236,7 +237,12 @@ fn other_delimiter(record: &csv::StringRecord, delimiter: u8) -> Option<char> {
 
 /// Parses CSV text as [`csv`] reads a file; `what` names it in errors.
 pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
-    let by_name = named(&opts.label)
+    let regression = !opts.targets.is_empty();
+    let labels_given = match regression {
+        true => opts.targets.clone(),
+        false => vec![opts.label.clone()],
+    };
+    let by_name = labels_given.iter().any(named)
         || opts.features.iter().flatten().any(named)
         || opts.categorical.iter().any(|(c, _)| named(c));
     let header = match opts.header {
@@ -268,10 +274,10 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         text,
         shape,
         |n, names| {
-            let role = if opts.target { "target" } else { "label" };
+            let role = if regression { "target" } else { "label" };
             Layout::resolve(
                 what,
-                Some((&opts.label, role)),
+                (&labels_given, role),
                 opts.features.as_deref(),
                 n,
                 names,
@@ -306,12 +312,13 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
                     .all(|c| number::<f64>(c, opts.decimal).is_none())
             {
                 let names: Vec<String> = record.iter().map(|c| format!("`{c}`")).collect();
+                let role = if regression { "target" } else { "label" };
                 return Err(data_err(
                     what,
                     format!(
-                        "line {line} looks like column names ({}), read as data: give `header = true`, or name the label column (`label = \"{}\"`), which implies it",
+                        "line {line} looks like column names ({}), read as data: give `header = true`, or name the {role} column (`{role} = \"{}\"`), which implies it",
                         names.join(", "),
-                        &record[l.label.expect("a label column")]
+                        &record[l.labels[0]]
                     ),
                 ));
             }
@@ -323,7 +330,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
                 coders.as_mut().expect("made at the first row"),
                 &mut features,
             )?;
-            labels.push(record[l.label.expect("a label column")].to_string());
+            labels.extend(l.labels.iter().map(|&c| record[c].to_string()));
             label_lines.push(line);
             Ok(())
         },
@@ -336,9 +343,12 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         None => categorical_coders(what, &layout, &opts.categorical)?,
     };
     let features = settle(features, &mut coders);
-    let (labels, classes) = match opts.target {
+    let (labels, classes) = match regression {
         true => (
-            Labels::Values(target_values(what, &layout, &labels, &label_lines)?),
+            Labels::Values(
+                target_values(what, &layout, &labels, &label_lines)?,
+                layout.labels.len(),
+            ),
             None,
         ),
         false => {
@@ -346,32 +356,22 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
             (Labels::Classes(ids), classes)
         }
     };
-    let target = opts.target.then(|| {
-        let at = layout.label.expect("a target column");
-        match header {
-            true => Column::Name(layout.names[at].clone()),
-            false => Column::Index(at as i64),
-        }
-    });
+    let column = |at: usize| match header {
+        true => Column::Name(layout.names[at].clone()),
+        false => Column::Index(at as i64),
+    };
+    let targets = match regression {
+        true => layout.labels.iter().map(|&at| column(at)).collect(),
+        false => Vec::new(),
+    };
     let input = TableInput {
-        columns: match header {
-            true => layout
-                .features
-                .iter()
-                .map(|&c| Column::Name(layout.names[c].clone()))
-                .collect(),
-            false => layout
-                .features
-                .iter()
-                .map(|&c| Column::Index(c as i64))
-                .collect(),
-        },
+        columns: layout.features.iter().map(|&c| column(c)).collect(),
         header,
         delimiter: (opts.delimiter as char).to_string(),
         decimal: (opts.decimal as char).to_string(),
         scale: opts.scale,
         standardize: None,
-        target,
+        targets,
         target_standardize: None,
         categories: settled_names(&coders),
     };
@@ -391,26 +391,26 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     })
 }
 
-/// A regression target's cells as numbers, or an error naming the first
-/// that is not a finite one.
+/// The target cells (row after row, a cell per target column) as numbers,
+/// or an error naming the first that is not a finite one.
 fn target_values(
     what: &Path,
     layout: &Layout,
     cells: &[String],
     lines: &[usize],
 ) -> Result<Vec<f32>> {
-    let column = layout.label.expect("a target column");
+    let k = layout.labels.len();
     cells
         .iter()
         .enumerate()
-        .map(|(k, cell)| match number::<f32>(cell, layout.decimal) {
+        .map(|(i, cell)| match number::<f32>(cell, layout.decimal) {
             Some(v) if v.is_finite() => Ok(v),
             _ => Err(data_err(
                 what,
                 format!(
                     "line {}, {}: target `{cell}` is not a finite number{}",
-                    lines[k],
-                    layout.column(column),
+                    lines[i / k],
+                    layout.column(layout.labels[i % k]),
                     layout.decimal_comma(cell).unwrap_or_default()
                 ),
             )),
@@ -426,7 +426,7 @@ fn label_ids(
     lines: &[usize],
     opts: &CsvOptions,
 ) -> Result<(Vec<u32>, Option<Vec<String>>)> {
-    let label = layout.label.expect("a label column");
+    let label = layout.labels[0];
     let at = |k: usize| format!("line {}, {}", lines[k], layout.column(label));
     if let Some(classes) = &opts.classes {
         let ids = cells
@@ -496,7 +496,7 @@ impl Labels {
     fn len(&self) -> usize {
         match self {
             Labels::Classes(v) => v.len(),
-            Labels::Values(v) => v.len(),
+            Labels::Values(v, k) => v.len() / k,
         }
     }
 }
@@ -522,8 +522,13 @@ impl Source for Csv {
         if let Some(c) = &self.classes {
             s += &format!("; {} classes: {}", c.len(), name_list(c));
         }
-        if let Some(t) = &self.input.target {
-            s += &format!("; target {}", t.describe());
+        match &self.input.targets[..] {
+            [] => {}
+            [t] => s += &format!("; target {}", t.describe()),
+            many => {
+                let names: Vec<String> = many.iter().map(Column::describe).collect();
+                s += &format!("; targets {}", names.join(", "));
+            }
         }
         if !self.dropped.is_empty() {
             s += &format!(
@@ -545,9 +550,12 @@ impl Source for Csv {
                 let y: Vec<u32> = indices.iter().map(|&i| l[i]).collect();
                 Tensor::from_vec(y, indices.len(), &Device::Cpu)?
             }
-            Labels::Values(v) => {
-                let y: Vec<f32> = indices.iter().map(|&i| v[i]).collect();
-                Tensor::from_vec(y, (indices.len(), 1), &Device::Cpu)?
+            Labels::Values(v, k) => {
+                let mut y = Vec::with_capacity(indices.len() * k);
+                for &i in indices {
+                    y.extend_from_slice(&v[i * k..(i + 1) * k]);
+                }
+                Tensor::from_vec(y, (indices.len(), *k), &Device::Cpu)?
             }
         };
         Ok((x, y))

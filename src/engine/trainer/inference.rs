@@ -68,11 +68,13 @@ impl Trainer {
     /// An evaluation's sums before its first batch: a classifier of one
     /// label per sample and at most [`MAX_CONFUSION_CLASSES`] classes keeps a
     /// confusion matrix; a sequence model (a label per position, a class per
-    /// token) and a regression do not.
+    /// token) does not; a regression keeps sums for each of its targets
+    /// (the model's outputs).
     pub fn eval_sums(&self) -> EvalSums {
         let i = self.spec.interface();
         match (i.classes, i.vocab, self.opts.loss.base().regression()) {
             (Some(k), None, false) if k <= MAX_CONFUSION_CLASSES => EvalSums::with_classes(k),
+            (Some(k), None, true) => EvalSums::with_targets(k),
             _ => EvalSums::default(),
         }
     }

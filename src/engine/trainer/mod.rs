@@ -6,7 +6,9 @@ mod scores;
 mod state;
 mod step;
 
-pub use scores::{ClassScores, EvalSums, PerClass, Regression, MAX_CONFUSION_CLASSES};
+pub use scores::{
+    ClassScores, EvalSums, PerClass, Regression, TargetScores, MAX_CONFUSION_CLASSES,
+};
 pub use step::{Grads, LossSum, Ready};
 
 use std::sync::Arc;

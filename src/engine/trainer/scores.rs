@@ -19,13 +19,9 @@ pub struct EvalSums {
     pub correct: f64,
     /// Samples (sequence models: positions; a regression: target values).
     pub count: usize,
-    /// A regression's errors, in the model's units: their squares and
-    /// absolute values, and the targets' sum and sum of squares (for R²).
-    /// `regression` counts the batches that had them.
-    pub squared: f64,
-    pub absolute: f64,
-    pub y_sum: f64,
-    pub y_squared: f64,
+    /// A regression's sums, target by target (a sample's `k`th value is
+    /// target `k`); `regression` counts the batches that had them.
+    pub targets: Vec<TargetSums>,
     pub regression: usize,
     /// A classifier's confusion matrix, `k x k` row by row (row: the
     /// class, column: the prediction); empty when not kept.
@@ -38,10 +34,13 @@ impl EvalSums {
         self.objective += o.objective;
         self.correct += o.correct;
         self.count += o.count;
-        self.squared += o.squared;
-        self.absolute += o.absolute;
-        self.y_sum += o.y_sum;
-        self.y_squared += o.y_squared;
+        if self.targets.is_empty() {
+            self.targets = o.targets.clone();
+        } else if o.targets.len() == self.targets.len() {
+            for (a, b) in self.targets.iter_mut().zip(&o.targets) {
+                a.add(b);
+            }
+        }
         self.regression += o.regression;
         if self.confusion.is_empty() {
             self.confusion = o.confusion.clone();
@@ -56,6 +55,14 @@ impl EvalSums {
     pub fn with_classes(classes: usize) -> EvalSums {
         EvalSums {
             confusion: vec![0.0; classes * classes],
+            ..EvalSums::default()
+        }
+    }
+
+    /// No sums yet, for a regression of `targets` values per sample.
+    pub fn with_targets(targets: usize) -> EvalSums {
+        EvalSums {
+            targets: vec![TargetSums::default(); targets],
             ..EvalSums::default()
         }
     }
@@ -90,42 +97,48 @@ impl EvalSums {
         (self.confusion.len() as f64).sqrt().round() as usize
     }
 
-    /// The sums as numbers, in a fixed order (for summing over ranks),
-    /// the confusion matrix last.
+    /// The sums as numbers, in a fixed order (for summing over ranks):
+    /// the regression's target by target, then the confusion matrix.
     pub fn to_values(&self) -> Vec<f64> {
         let mut v = vec![
             self.loss,
             self.objective,
             self.correct,
             self.count as f64,
-            self.squared,
-            self.absolute,
-            self.y_sum,
-            self.y_squared,
             self.regression as f64,
         ];
+        for t in &self.targets {
+            v.extend([t.squared, t.absolute, t.sum, t.squares]);
+        }
         v.extend(&self.confusion);
         v
     }
 
-    /// The sums [`EvalSums::to_values`] gave.
-    pub fn from_values(v: &[f64]) -> EvalSums {
+    /// The sums [`EvalSums::to_values`] gave, of a regression of `targets`
+    /// values per sample (0 for none).
+    pub fn from_values(v: &[f64], targets: usize) -> EvalSums {
+        let end = 5 + 4 * targets;
         EvalSums {
             loss: v[0],
             objective: v[1],
             correct: v[2],
             count: v[3].round() as usize,
-            squared: v[4],
-            absolute: v[5],
-            y_sum: v[6],
-            y_squared: v[7],
-            regression: v[8].round() as usize,
-            confusion: v[9..].to_vec(),
+            regression: v[4].round() as usize,
+            targets: v[5..end]
+                .chunks_exact(4)
+                .map(|t| TargetSums {
+                    squared: t[0],
+                    absolute: t[1],
+                    sum: t[2],
+                    squares: t[3],
+                })
+                .collect(),
+            confusion: v[end..].to_vec(),
         }
     }
 
-    /// Adds a regression batch's errors: `out` against `targets`, value by
-    /// value, in f64.
+    /// Adds a regression batch's errors: `out` (`[batch, targets]`)
+    /// against `targets`, value by value, in f64, each to its target's sums.
     pub fn add_errors(&mut self, out: &Tensor, targets: &Tensor) -> candle_core::Result<()> {
         let f = |t: &Tensor| -> candle_core::Result<Vec<f64>> {
             t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()
@@ -134,11 +147,24 @@ impl EvalSums {
         if p.len() != y.len() {
             candle_core::bail!("evaluate: {} predictions for {} targets", p.len(), y.len());
         }
-        for (p, y) in p.iter().zip(&y) {
-            self.squared += (p - y) * (p - y);
-            self.absolute += (p - y).abs();
-            self.y_sum += y;
-            self.y_squared += y * y;
+        let n = out.dims().first().copied().unwrap_or(1).max(1);
+        let k = (p.len() / n).max(1);
+        if self.targets.is_empty() {
+            self.targets = vec![TargetSums::default(); k];
+        }
+        if self.targets.len() != k {
+            candle_core::bail!(
+                "evaluate: {k} values per sample, against an evaluation of {} targets",
+                self.targets.len()
+            );
+        }
+        for (row_p, row_y) in p.chunks_exact(k).zip(y.chunks_exact(k)) {
+            for ((t, p), y) in self.targets.iter_mut().zip(row_p).zip(row_y) {
+                t.squared += (p - y) * (p - y);
+                t.absolute += (p - y).abs();
+                t.sum += y;
+                t.squares += y * y;
+            }
         }
         self.regression += 1;
         Ok(())
@@ -150,25 +176,19 @@ impl EvalSums {
             return Err(Error::Data("evaluate: the data set is empty".into()));
         }
         let n = self.count as f64;
-        let regression = (self.regression > 0).then(|| {
-            // The targets' spread about their mean: R² compares the errors
-            // with predicting that mean (scikit-learn's r2_score).
-            let spread = self.y_squared - self.y_sum * self.y_sum / n;
+        let regression = (self.regression > 0 && !self.targets.is_empty()).then(|| {
+            // Each target has a value of every sample.
+            let n = n / self.targets.len() as f64;
             Regression {
-                rmse: (self.squared / n).sqrt(),
-                mae: self.absolute / n,
-                r2: match spread > 0.0 {
-                    true => 1.0 - self.squared / spread,
-                    false => f64::NAN,
-                },
+                targets: self.targets.iter().map(|t| t.scores(n)).collect(),
             }
         });
         Ok(Eval {
             loss: self.loss / n,
             accuracy: self.correct / n,
-            samples: self.count,
+            // A regression counted each target's value.
+            samples: self.count / self.targets.len().max(1),
             objective: with_objective.then(|| self.objective / n),
-            regression,
             per_class: (self.classes() > 0 && regression.is_none()).then(|| PerClass {
                 confusion: self
                     .confusion
@@ -176,29 +196,100 @@ impl EvalSums {
                     .map(|row| row.iter().map(|&c| c.round() as u64).collect())
                     .collect(),
             }),
+            regression,
         })
     }
 }
 
-/// A regression's evaluation: root mean squared error and mean absolute
-/// error (in the model's units, until [`Regression::in_units`]), and the
-/// coefficient of determination R² (which has none).
+/// One regression target's running sums, in the model's units: the
+/// errors' squares and absolute values, and the targets' sum and sum of
+/// squares (for R²).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TargetSums {
+    pub squared: f64,
+    pub absolute: f64,
+    pub sum: f64,
+    pub squares: f64,
+}
+
+impl TargetSums {
+    fn add(&mut self, o: &TargetSums) {
+        self.squared += o.squared;
+        self.absolute += o.absolute;
+        self.sum += o.sum;
+        self.squares += o.squares;
+    }
+
+    /// The scores of `n` values.
+    fn scores(&self, n: f64) -> TargetScores {
+        // The targets' spread about their mean: R² compares the errors with
+        // predicting that mean (scikit-learn's r2_score).
+        let spread = self.squares - self.sum * self.sum / n;
+        TargetScores {
+            rmse: (self.squared / n).sqrt(),
+            mae: self.absolute / n,
+            r2: match spread > 0.0 {
+                true => 1.0 - self.squared / spread,
+                false => f64::NAN,
+            },
+        }
+    }
+}
+
+/// A regression target's evaluation: root mean squared error and mean
+/// absolute error (in the model's units, until [`Regression::in_units`]),
+/// and the coefficient of determination R² (which has none).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Regression {
+pub struct TargetScores {
     pub rmse: f64,
     pub mae: f64,
     pub r2: f64,
 }
 
+/// A regression's evaluation, target by target (one for a single target).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Regression {
+    pub targets: Vec<TargetScores>,
+}
+
 impl Regression {
-    /// The errors in the target's units, for a model that predicts the
-    /// standardized target, `(value - mean) / std`.
-    pub fn in_units(self, std: f64) -> Regression {
+    /// The errors in the targets' units, for a model that predicts each
+    /// target standardized, `(value - mean) / std` (a target without a
+    /// deviation in `std` keeps its errors).
+    pub fn in_units(self, std: &[f64]) -> Regression {
+        let targets = self.targets.iter().enumerate().map(|(k, t)| {
+            let s = std.get(k).copied().unwrap_or(1.0);
+            TargetScores {
+                rmse: t.rmse * s,
+                mae: t.mae * s,
+                r2: t.r2,
+            }
+        });
         Regression {
-            rmse: self.rmse * std,
-            mae: self.mae * std,
-            r2: self.r2,
+            targets: targets.collect(),
         }
+    }
+
+    /// The mean over the targets of `score`, as scikit-learn's metrics
+    /// average several outputs (`multioutput="uniform_average"`); for one
+    /// target, its own.
+    fn mean(&self, score: impl Fn(&TargetScores) -> f64) -> f64 {
+        self.targets.iter().map(score).sum::<f64>() / self.targets.len().max(1) as f64
+    }
+
+    /// The root mean squared error (the mean of the targets').
+    pub fn rmse(&self) -> f64 {
+        self.mean(|t| t.rmse)
+    }
+
+    /// The mean absolute error (the mean of the targets').
+    pub fn mae(&self) -> f64 {
+        self.mean(|t| t.mae)
+    }
+
+    /// R² (the mean of the targets').
+    pub fn r2(&self) -> f64 {
+        self.mean(|t| t.r2)
     }
 }
 
@@ -308,7 +399,7 @@ mod tests {
             s.add_predictions(&logits, &y)?;
             sums.add(&s);
         }
-        let back = EvalSums::from_values(&sums.to_values());
+        let back = EvalSums::from_values(&sums.to_values(), 0);
         assert_eq!(back, sums);
         sums.count = pairs.len();
         let p = sums.eval(false).unwrap().per_class.unwrap();

@@ -171,9 +171,12 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
             columns["inputs"] = serde_json::json!(input.input_names());
         }
         props.push(entry("taper.table_input", &json(&columns)?));
-        if let Some(t) = &input.target {
-            // A regression: `logits` holds the target's predicted value.
-            props.push(entry("taper.target", &json(t)?));
+        match &input.targets[..] {
+            [] => {}
+            // A regression: `logits` holds the target's predicted value...
+            [t] => props.push(entry("taper.target", &json(t)?)),
+            // ...or each target's, in this order.
+            many => props.push(entry("taper.target", &json(many)?)),
         }
     }
     Ok(ModelProto {
