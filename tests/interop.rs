@@ -1151,25 +1151,85 @@ fn numpy_files_are_read_as_numpy_wrote_them() -> Result<()> {
     }
 
     // A classifier on the compressed archive: y is a linear function of x.
-    let report = Host::new(HostOptions::default())?.run_source(
+    let run = d("run");
+    Host::new(HostOptions {
+        out_dir: Some(run.clone()),
+        quiet: true,
+        ..HostOptions::default()
+    })?
+    .run_source(
         "recipe.lua",
         &format!(
             r#"
             local data = taper.data.numpy{{ path = {packed:?} }}
             local train, test = data:split{{ 0.8, 0.2, seed = 1 }}
+            train = train:standardize()
             local run = taper.run{{
               model = taper.model.mlp{{ inputs = 4, hidden = {{ 32 }}, outputs = 3 }},
               optim = taper.optim.adamw{{ lr = 1e-2 }},
               data = train:shuffle():batch(16),
             }}
             for _ in run:epochs(30) do for b in run:batches() do run:step(b) end end
-            run:evaluate(test:named("test"))
+            run:evaluate(test:named("test"):standardize(train))
+            run:evaluate(data:named("all"):standardize(train))
             "#
         ),
     )?;
-    let acc = report.runs[0].last_eval.as_ref().unwrap().accuracy;
+    let evals = common::records(&run, "eval");
+    let acc = evals[0]["accuracy"].as_f64().unwrap();
     eprintln!("numpy archive: held-out accuracy {acc}");
     assert!(acc > 0.9, "{acc}");
+
+    // `taper classify` of NumPy's own x.npy: read as the run read its
+    // inputs (standardized by the training part's statistics), its answers
+    // score as the run's evaluation of the same samples did.
+    let o = classify_rows(&run, &xf)?;
+    let labels = numpy(Some(&npz), "x", Targets::Labels("y"), 1.0, "all")?
+        .gather(&all)?
+        .1
+        .to_vec1::<u32>()?;
+    let printed = String::from_utf8(o.stdout)?;
+    let mut right = 0;
+    for (i, (line, label)) in printed.lines().zip(&labels).enumerate() {
+        let said = line
+            .strip_prefix(&format!("{}[{i}]: class ", xf.display()))
+            .unwrap_or_else(|| panic!("{line}"));
+        let class: u32 = said.split(' ').next().unwrap().parse()?;
+        right += usize::from(class == *label);
+    }
+    assert_eq!(printed.lines().count(), 300);
+    let all_acc = evals[1]["accuracy"].as_f64().unwrap();
+    assert_eq!(right as f64 / 300.0, all_acc, "{printed}");
+    // The same samples in an archive; other arrays are refused, named.
+    let o = classify_rows(&run, &npz)?;
+    assert_eq!(String::from_utf8(o.stdout)?.lines().count(), 300);
+    let refused = |file: &Path| -> Result<String> {
+        let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+            .arg("classify")
+            .arg(&run)
+            .arg(file)
+            .output()?;
+        ensure!(o.status.code() == Some(2), "{o:?}");
+        Ok(String::from_utf8(o.stderr)?)
+    };
+    let e = refused(&d("pixels.npy"))?;
+    assert!(
+        e.contains("pixels.npy: array `pixels` holds samples of shape [2, 2]; the run trained on samples of shape [4]"),
+        "{e}"
+    );
+    let floats = d("floats.safetensors");
+    candle_core::safetensors::save(
+        &std::collections::HashMap::from([(
+            "x",
+            Tensor::from_vec(vec![7u8; 12], (3, 4), &Device::Cpu)?,
+        )]),
+        &floats,
+    )?;
+    let e = refused(&floats)?;
+    assert!(
+        e.contains("tensor `x` holds bytes (u8, divided by the scale) (U8); the run trained on floats (F32)"),
+        "{e}"
+    );
     Ok(())
 }
 
@@ -1206,7 +1266,10 @@ fn a_standardized_safetensors_run_exports_its_standardization_to_onnx() -> Resul
             ("x", Tensor::from_vec(x, (n, 2), &Device::Cpu)?),
             ("mass", Tensor::from_vec(mass, n, &Device::Cpu)?),
             ("kind", Tensor::from_vec(kind, n, &Device::Cpu)?),
-            ("both", Tensor::from_vec(both, (n, 2), &Device::Cpu)?),
+            (
+                "both",
+                Tensor::from_vec(both.clone(), (n, 2), &Device::Cpu)?,
+            ),
         ]),
         &file,
     )?;
@@ -1274,6 +1337,31 @@ fn a_standardized_safetensors_run_exports_its_standardization_to_onnx() -> Resul
                     assert!((x - y).abs() <= 1e-4 * y.abs(), "{k}: {x} vs {y}");
                 }
                 assert!(a["r2"].as_f64().unwrap() > 0.9, "{ours}");
+            }
+            // `taper classify` of the file: each sample's two values, in
+            // the targets' units, whose errors are the record's.
+            let o = classify_rows(&out, &file)?;
+            let printed = String::from_utf8(o.stdout)?;
+            let mut squared = [0.0f64; 2];
+            for (i, line) in printed.lines().enumerate() {
+                let said = line
+                    .strip_prefix(&format!("{}[{i}]: ", file.display()))
+                    .unwrap_or_else(|| panic!("{line}"));
+                for (t, part) in said.split(", ").enumerate() {
+                    let v: f64 = part
+                        .strip_suffix(&format!(" target[{t}]"))
+                        .unwrap_or_else(|| panic!("{line}"))
+                        .parse()?;
+                    squared[t] += (v - both[i * 2 + t]).powi(2);
+                }
+            }
+            assert_eq!(printed.lines().count(), n);
+            for (t, sq) in squared.iter().enumerate() {
+                let (rmse, want) = (
+                    (sq / n as f64).sqrt(),
+                    ours["per_target"][t]["rmse"].as_f64().unwrap(),
+                );
+                assert!((rmse - want).abs() <= 1e-4 * want, "{rmse} vs {want}");
             }
         }
         if loss == "mse" {

@@ -76,9 +76,9 @@ pub enum Command {
     /// Generate text from a checkpoint of a sequence model (its vocabulary
     /// is in the checkpoint).
     Sample(SampleArgs),
-    /// Classify image files or CSV rows with a checkpoint of a classifier
-    /// trained on an image folder or a CSV file (its class names, and how it
-    /// read its inputs, are in the checkpoint).
+    /// Classify image files, CSV rows or array samples with a checkpoint of
+    /// a model trained on an image folder, a CSV file or arrays (its class
+    /// names, and how it read its inputs, are in the checkpoint).
     Classify(ClassifyArgs),
     /// Benchmarks that print figures; see `taper bench --help`.
     Bench(taper::bench::BenchArgs),
@@ -171,7 +171,8 @@ pub struct ClassifyArgs {
     /// A checkpoint, or a run folder (its newest valid checkpoint)
     pub checkpoint: PathBuf,
     /// Image files, or folders (the images in them), for a run on an image
-    /// folder; CSV files (a line per row), for a run on a CSV file
+    /// folder; CSV files (a line per row), for a run on a CSV file; .npy,
+    /// .npz or .safetensors files (a line per sample), for a run on arrays
     #[arg(required = true)]
     pub images: Vec<PathBuf>,
     /// How many classes to print for each image, most likely first

@@ -2,6 +2,7 @@
 //! builds over them. Batches are built natively on the host; Lua only holds
 //! handles.
 
+mod array_input;
 mod augment;
 mod builtin;
 mod csv;
@@ -21,6 +22,7 @@ mod tokenized;
 mod tokens;
 mod vocab;
 
+pub use array_input::{ArrayInput, ArrayRows};
 pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, TableRows};
@@ -88,6 +90,11 @@ pub trait Source: Send + Sync {
     }
     /// How a table row becomes a sample, for a CSV file.
     fn table_input(&self) -> Option<TableInput> {
+        None
+    }
+    /// How an array's sample becomes a sample, for a safetensors file or
+    /// NumPy arrays.
+    fn array_input(&self) -> Option<ArrayInput> {
         None
     }
 }

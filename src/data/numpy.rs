@@ -40,29 +40,48 @@ pub fn numpy(
     };
     let (name, xc, yc) = match archive {
         Some(path) => {
-            let map = Arc::new(Mapped::open(path)?);
-            let mut zip = zip::ZipArchive::new(std::io::Cursor::new(&map[..])).map_err(|e| {
-                Error::Data(format!(
-                    "{}: not an .npz archive (a zip of .npy files): {e}",
-                    path.display()
-                ))
-            })?;
-            let xc = member(path, &map, &mut zip, x)?;
-            let yc = member(path, &map, &mut zip, y)?;
+            let mut arrays = archive_arrays(path, &[x, y])?.into_iter();
+            let (Some(xc), Some(yc)) = (arrays.next(), arrays.next()) else {
+                unreachable!("two names, two arrays")
+            };
             (format!("numpy {}", path.display()), xc, yc)
         }
-        None => {
-            let open = |file: &str| -> Result<Column> {
-                let path = Path::new(file);
-                let map = Arc::new(Mapped::open(path)?);
-                let what = path.file_stem().and_then(|s| s.to_str()).unwrap_or(file);
-                let end = map.len();
-                array(map, 0..end, path.display().to_string(), what)
-            };
-            (format!("numpy {x}, {y}"), open(x)?, open(y)?)
-        }
+        None => (
+            format!("numpy {x}, {y}"),
+            npy_file(Path::new(x))?,
+            npy_file(Path::new(y))?,
+        ),
     };
     Samples::new(name, xc, yc, target, scale, split)
+}
+
+/// The array of an `.npy` file.
+pub(super) fn npy_file(path: &Path) -> Result<Column> {
+    let map = Arc::new(Mapped::open(path)?);
+    let file = path.display().to_string();
+    let what = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or(&file)
+        .to_string();
+    let end = map.len();
+    array(map, 0..end, file, &what)
+}
+
+/// Arrays `names` of the `.npz` archive at `path` (each named with or
+/// without `.npy`), in that order.
+pub(super) fn archive_arrays(path: &Path, names: &[&str]) -> Result<Vec<Column>> {
+    let map = Arc::new(Mapped::open(path)?);
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(&map[..])).map_err(|e| {
+        Error::Data(format!(
+            "{}: not an .npz archive (a zip of .npy files): {e}",
+            path.display()
+        ))
+    })?;
+    names
+        .iter()
+        .map(|n| member(path, &map, &mut zip, n))
+        .collect()
 }
 
 /// Array `name` of the archive, read in place when stored, else inflated.

@@ -165,6 +165,15 @@ impl Pipeline {
         })
     }
 
+    /// How an array's sample becomes one of this pipeline's samples, when
+    /// its source is a safetensors file or NumPy arrays and no transform
+    /// but a standardization (which [`Pipeline::sample_input`] carries)
+    /// changes the samples.
+    pub fn array_input(&self) -> Option<super::ArrayInput> {
+        self.only_standardized()?;
+        self.source.array_input()
+    }
+
     /// The source indices this pipeline reads.
     pub fn range(&self) -> Range<usize> {
         let end = self.end.unwrap_or(usize::MAX).min(self.source.len());
@@ -420,6 +429,9 @@ impl Source for Subset {
     }
     fn table_input(&self) -> Option<super::TableInput> {
         self.inner.table_input()
+    }
+    fn array_input(&self) -> Option<super::ArrayInput> {
+        self.inner.array_input()
     }
 }
 

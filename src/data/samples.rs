@@ -159,16 +159,26 @@ fn column(
     )
 }
 
-pub fn samples(path: &Path, x: &str, y: Targets, scale: f32, split: &str) -> Result<Samples> {
+/// Tensors `names` of the safetensors file at `path`, in that order.
+pub(super) fn tensors(path: &Path, names: &[&str]) -> Result<Vec<Column>> {
     let map = Arc::new(Mapped::open(path)?);
     let (header, meta) = SafeTensors::read_metadata(&map)
         .map_err(|e| err(path, format!("offset 0: not a safetensors file: {e}")))?;
-    let xc = column(path, &map, header, &meta, x)?;
+    names
+        .iter()
+        .map(|n| column(path, &map, header, &meta, n))
+        .collect()
+}
+
+pub fn samples(path: &Path, x: &str, y: Targets, scale: f32, split: &str) -> Result<Samples> {
     let (name, target) = match y {
         Targets::Labels(n) => (n, false),
         Targets::Values(n) => (n, true),
     };
-    let yc = column(path, &map, header, &meta, name)?;
+    let mut columns = tensors(path, &[x, name])?.into_iter();
+    let (Some(xc), Some(yc)) = (columns.next(), columns.next()) else {
+        unreachable!("two names, two tensors")
+    };
     Samples::new(
         format!("safetensors {}", path.display()),
         xc,
@@ -240,7 +250,7 @@ fn target_values(c: &Column) -> Result<()> {
 /// Checks that every value of `c` is a whole number, 0 or more (a class
 /// index or a token id); the first one that is not is named by sample and
 /// byte offset. For `labels`, a fraction says how to give numbers to predict.
-fn whole_values(c: &Column, labels: bool) -> Result<()> {
+pub(super) fn whole_values(c: &Column, labels: bool) -> Result<()> {
     let mut what = "is not a class index or token id (a whole number, 0 or more)".to_string();
     if labels && is_float(c.dtype) {
         what.push_str(&format!(
@@ -335,22 +345,35 @@ fn decode(dtype: Dtype, b: &[u8], out: &mut Vec<f64>) {
     }
 }
 
-impl Samples {
-    fn rows(&self, c: &Column, indices: &[usize]) -> Vec<f64> {
-        let mut out = Vec::with_capacity(indices.len() * c.row_bytes);
+impl Column {
+    /// The values of rows `indices`, row after row, as f64.
+    pub(super) fn rows(&self, indices: &[usize]) -> Vec<f64> {
+        let mut out = Vec::with_capacity(indices.len() * self.row_bytes);
         for &i in indices {
-            let s = c.start + i * c.row_bytes;
-            decode(c.dtype, &c.map[s..s + c.row_bytes], &mut out);
+            let s = self.start + i * self.row_bytes;
+            decode(self.dtype, &self.map[s..s + self.row_bytes], &mut out);
         }
         out
     }
 }
 
-fn is_float(d: Dtype) -> bool {
+pub(super) fn is_float(d: Dtype) -> bool {
     matches!(d, Dtype::F16 | Dtype::BF16 | Dtype::F32 | Dtype::F64)
 }
 
 impl Source for Samples {
+    fn array_input(&self) -> Option<super::ArrayInput> {
+        Some(super::ArrayInput {
+            x: self.x.name.clone(),
+            shape: self.x.shape[1..].to_vec(),
+            dtype: format!("{:?}", self.x.dtype),
+            scale: self.scale,
+            targets: match self.target {
+                true => self.y.shape.get(1).copied().unwrap_or(1),
+                false => 0,
+            },
+        })
+    }
     fn len(&self) -> usize {
         self.x.shape[0]
     }
@@ -377,7 +400,7 @@ impl Source for Samples {
         xs.extend(&self.x.shape[1..]);
         let mut ys = vec![b];
         ys.extend(&self.y.shape[1..]);
-        let xv = self.rows(&self.x, indices);
+        let xv = self.x.rows(indices);
         let x = if is_float(self.x.dtype) || self.x.dtype == Dtype::U8 {
             let scale = if self.x.dtype == Dtype::U8 {
                 self.scale
@@ -392,7 +415,7 @@ impl Source for Samples {
         } else {
             Tensor::from_vec(xv, xs, &Device::Cpu)?.to_dtype(DType::U32)?
         };
-        let yv = self.rows(&self.y, indices);
+        let yv = self.y.rows(indices);
         let y = if self.target {
             let v: Vec<f32> = yv.iter().map(|v| *v as f32).collect();
             let k = self.y.shape.get(1).copied().unwrap_or(1);

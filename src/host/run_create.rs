@@ -61,6 +61,7 @@ fn create(
         core.image_input = p.image_input();
         core.table_input = p.table_input();
         core.sample_input = p.sample_input();
+        core.array_input = p.array_input();
     }
     let mut run = RunState {
         id,

@@ -164,15 +164,76 @@ pub struct Predicted {
     pub value: f64,
 }
 
+/// A regression's targets, each one's name (a CSV file's column, or
+/// `target[k]` for an array's), mean and deviation (0 and 1 when the
+/// targets were not standardized); none for a classifier.
+fn regression_targets(meta: &CheckpointMeta) -> Vec<(String, f64, f64)> {
+    let (names, moments): (Vec<String>, _) = match (&meta.table_input, &meta.array_input) {
+        (Some(t), _) => (
+            t.targets.iter().map(|c| c.name()).collect(),
+            t.target_standardize.as_ref(),
+        ),
+        (None, Some(a)) => (
+            (0..a.targets).map(|k| format!("target[{k}]")).collect(),
+            meta.sample_input
+                .as_ref()
+                .and_then(|s| s.target_standardize.as_ref()),
+        ),
+        (None, None) => (Vec::new(), None),
+    };
+    let stat = |v: Option<&Vec<f32>>, k: usize, or: f64| {
+        v.and_then(|v| v.get(k)).map_or(or, |&x| f64::from(x))
+    };
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(k, name)| {
+            let mean = stat(moments.map(|m| &m.mean), k, 0.0);
+            let std = stat(moments.map(|m| &m.std), k, 1.0);
+            (name, mean, std)
+        })
+        .collect()
+}
+
+/// [`classify_checkpoint`] of array files (`.npy`, `.npz`, safetensors),
+/// read as the run read its inputs and standardized as its data was: an
+/// answer per sample, `FILE[i]` (0 the first, as NumPy indexes).
+fn classify_arrays(
+    input: &crate::data::ArrayInput,
+    standardize: Option<&crate::data::Moments>,
+    files: &[std::path::PathBuf],
+    guess: &dyn Fn(Vec<f32>, usize, usize) -> Result<Vec<Answer>>,
+    emit: &mut dyn FnMut(&str, &Answer),
+) -> Result<usize> {
+    let width = input.width();
+    let mut count = 0;
+    for f in files {
+        let rows = input.open(f)?;
+        for start in (0..rows.len()).step_by(1024) {
+            let end = (start + 1024).min(rows.len());
+            let mut values = rows.values(start..end);
+            if let Some(m) = standardize {
+                values.chunks_mut(width).for_each(|v| m.apply(v));
+            }
+            for (i, answer) in (start..end).zip(guess(values, end - start, width)?) {
+                emit(&format!("{}[{i}]", f.display()), &answer);
+            }
+        }
+        count += rows.len();
+    }
+    Ok(count)
+}
+
 /// `taper classify CHECKPOINT FILE...`: the `top` most likely classes with
 /// their probabilities, as `emit(what, guesses)`, for each image file (read
 /// as the checkpoint's run read its image folder: size, channels, scale; a
 /// folder stands for the images in it, in an image folder's order), or for
 /// each row of a CSV file (`FILE:LINE`, read as the run read its CSV file:
 /// the feature columns, scale and standardization; a row with a missing
-/// value is passed to `skip(what, why)`). For a regression run (a CSV
-/// file's `target`), the answer is each target's predicted value, in its
-/// units. Returns the count classified.
+/// value is passed to `skip(what, why)`), or for each sample of array files
+/// (`FILE[i]`, [`classify_arrays`]). For a regression run (a `target`), the
+/// answer is each target's predicted value, in its units. Returns the count
+/// classified.
 pub fn classify_checkpoint(
     arg: &Path,
     files: &[std::path::PathBuf],
@@ -184,23 +245,8 @@ pub fn classify_checkpoint(
     let saved = open(&path, &Device::Cpu)?;
     let classes = saved.meta.classes.clone().unwrap_or_default();
     let model = saved.trainer.frozen()?;
+    let targets = regression_targets(&saved.meta);
     // The `top` classes of each of `n` rows of `width` inputs.
-    // A regression's targets: each one's name, mean and deviation.
-    let targets: Vec<(String, f64, f64)> = match &saved.meta.table_input {
-        Some(t) => t
-            .targets
-            .iter()
-            .enumerate()
-            .map(|(k, c)| {
-                let (mean, std) = match &t.target_standardize {
-                    Some(m) => (f64::from(m.mean[k]), f64::from(m.std[k])),
-                    None => (0.0, 1.0),
-                };
-                (c.name(), mean, std)
-            })
-            .collect(),
-        None => Vec::new(),
-    };
     let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Answer>> {
         let x = candle_core::Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
         let out = model.forward(&x)?;
@@ -245,6 +291,14 @@ pub fn classify_checkpoint(
             })
             .collect())
     };
+    let arrays = |f: &std::path::PathBuf| {
+        let ext = f.extension().and_then(|e| e.to_str());
+        matches!(ext, Some("npy" | "npz" | "safetensors"))
+    };
+    if let (Some(input), true) = (&saved.meta.array_input, files.iter().all(arrays)) {
+        let standardize = saved.meta.sample_input.as_ref().map(|s| &s.standardize);
+        return classify_arrays(input, standardize, files, &guess, emit);
+    }
     if let Some(table) = &saved.meta.table_input {
         let mut count = 0;
         for f in files {
@@ -264,7 +318,10 @@ pub fn classify_checkpoint(
     }
     let input = saved.meta.image_input.clone().ok_or_else(|| Error::Checkpoint {
         path: path.clone(),
-        msg: "its run did not train on an image folder (taper.data.images) or a CSV file (taper.data.csv), so taper classify does not know how to read an input for it".into(),
+        msg: match saved.meta.array_input {
+            Some(_) => "its run trained on arrays (taper.data.safetensors or taper.data.numpy): give .npy, .npz or .safetensors files".into(),
+            None => "its run did not train on an image folder (taper.data.images), a CSV file (taper.data.csv) or arrays (taper.data.safetensors, taper.data.numpy), so taper classify does not know how to read an input for it".into(),
+        },
     })?;
     let mut images = Vec::new();
     for f in files {

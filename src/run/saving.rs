@@ -53,6 +53,7 @@ impl Run {
             image_input: self.image_input.clone(),
             table_input: self.table_input.clone(),
             sample_input: self.sample_input.clone(),
+            array_input: self.array_input.clone(),
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
             configured_lr: Some(self.trainer.optim_spec().lr()),

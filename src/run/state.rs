@@ -130,6 +130,9 @@ pub struct Run {
     pub table_input: Option<crate::data::TableInput>,
     /// Other data's standardization, saved likewise.
     pub sample_input: Option<crate::data::SampleInput>,
+    /// How a safetensors file's or NumPy array's sample becomes the
+    /// model's input, saved with checkpoints.
+    pub array_input: Option<crate::data::ArrayInput>,
 }
 
 impl Run {
@@ -153,6 +156,7 @@ impl Run {
             image_input: None,
             table_input: None,
             sample_input: None,
+            array_input: None,
         }
     }
 

@@ -81,6 +81,11 @@ pub struct CheckpointMeta {
     /// file's), for exports to apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_input: Option<crate::data::SampleInput>,
+    /// How a sample of a safetensors file or NumPy arrays becomes the
+    /// model's input: `{ "x": "x", "shape": [4], "dtype": "F32", "scale":
+    /// 255.0 }` (and `targets`, a regression's count), for `taper classify`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_input: Option<crate::data::ArrayInput>,
     pub optimizer: String,
     /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
@@ -382,6 +387,7 @@ mod tests {
             image_input: None,
             table_input: None,
             sample_input: None,
+            array_input: None,
             optimizer: "o".into(),
             lr: 0.1,
             configured_lr: None,
