@@ -639,6 +639,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             image_input: None,
             table_input: None,
             sample_input: None,
+            array_input: None,
             step: 7,
         };
         let ty = taper::quant::ExportFormat::parse("f32").unwrap();

@@ -32,7 +32,8 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         files taper refuses: big-endian, Fortran-order, string labels
     python interop_check.py onnx-samples MODEL.onnx FILE.safetensors X Y
         onnxruntime on a safetensors file's samples as a user would: tensor X
-        as f32, as the file holds it (the graph standardizes it); against
+        (named in the model's `taper.array_input`) as f32, u8 divided by its
+        scale (the graph standardizes it); against
         tensor Y, the accuracy (integer labels) or RMSE, MAE and R² (numbers:
         a regression; for a Y of [n, k], each target's and their means), in
         NumPy, f64
@@ -354,9 +355,15 @@ def onnx_samples(model, path, x_name, y_name):
     import onnxruntime as ort
     from safetensors.numpy import load_file
 
-    onnx.checker.check_model(onnx.load(model), full_check=True)
+    m = onnx.load(model)
+    onnx.checker.check_model(m, full_check=True)
+    # How the run read its inputs: the tensor, and the divisor of bytes.
+    read = json.loads({p.key: p.value for p in m.metadata_props}["taper.array_input"])
+    assert read["x"] == x_name, read
     t = load_file(path)
-    x, y = t[x_name].astype(np.float32), t[y_name]
+    x, y = t[read["x"]], t[y_name]
+    x = x.astype(np.float32) / (read["scale"] if x.dtype == np.uint8 else 1)
+    assert list(x.shape[1:]) == read["shape"], (x.shape, read)
     s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     out = s.run(["logits"], {"input": x})[0].astype(np.float64)
     if np.issubdtype(y.dtype, np.integer):

@@ -96,6 +96,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
         image_input: r.core.image_input.as_ref(),
         table_input: r.core.table_input.as_ref(),
         sample_input: r.core.sample_input.as_ref(),
+        array_input: r.core.array_input.as_ref(),
         step: r.core.trainer.step,
     };
     let w = crate::interop::export(&model, &path, format, gguf_type, o.merge)

@@ -26,6 +26,8 @@ pub struct Model<'a> {
     pub table_input: Option<&'a crate::data::TableInput>,
     /// How other data's samples were standardized, for a run on them.
     pub sample_input: Option<&'a crate::data::SampleInput>,
+    /// How a sample of arrays becomes the model's input, for a run on them.
+    pub array_input: Option<&'a crate::data::ArrayInput>,
     pub step: u64,
 }
 
@@ -129,6 +131,7 @@ fn onnx(model: &Model, path: &Path) -> Result<Written> {
         image_input: model.image_input,
         table_input: model.table_input,
         sample_input: model.sample_input,
+        array_input: model.array_input,
     };
     let bytes = super::onnx::export(path, net, &model.params, &meta)?;
     let input = match net {

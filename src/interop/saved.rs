@@ -65,6 +65,7 @@ impl Saved {
             image_input: self.meta.image_input.as_ref(),
             table_input: self.meta.table_input.as_ref(),
             sample_input: self.meta.sample_input.as_ref(),
+            array_input: self.meta.array_input.as_ref(),
             step: self.meta.step,
         }
     }

@@ -48,6 +48,9 @@ pub struct Meta<'a> {
     /// file's): the graph applies it, and takes the samples as their source
     /// gives them.
     pub sample_input: Option<&'a crate::data::SampleInput>,
+    /// How a sample of a safetensors file or NumPy arrays was read (its
+    /// name, shape, type and the divisor of bytes), for the metadata.
+    pub array_input: Option<&'a crate::data::ArrayInput>,
 }
 
 /// Writes `net` with its weights (`params`, by taper's names) to `path`
@@ -153,6 +156,10 @@ fn model(net: Classifier, params: &HashMap<String, Tensor>, meta: &Meta) -> Resu
             ..input.clone()
         };
         props.push(entry("taper.image_input", &json(&read)?));
+    }
+    if let Some(input) = meta.array_input {
+        // The graph standardizes; bytes are divided by `scale` before it.
+        props.push(entry("taper.array_input", &json(input)?));
     }
     if let Some(input) = meta.table_input {
         // The graph applies the scale and standardization itself.
