@@ -1502,14 +1502,14 @@ fn a_regression_of_two_targets_scores_each_as_numpy_and_onnxruntime() -> Result<
     let dir = tempfile::tempdir()?;
     let reading = r#"target = { "body_mass_g", "flipper_length_mm" },
           features = { "species", "sex", "bill_length_mm", "bill_depth_mm" }"#;
-    let recipe = |test_reading: &str| {
+    let recipe = |train_reading: &str, test_reading: &str| {
         format!(
             r#"
             local function read(reading)
               return taper.data.csv{{ path = {csv:?}, categorical = {{ "species", "sex" }},
                 missing = "drop", target = reading.target, features = reading.features }}
             end
-            local birds = read{{ {reading} }}
+            local birds = read{{ {train_reading} }}
             local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
             local _, other = read{{ {test_reading} }}:split{{ 0.8, 0.2, seed = 1 }}
             train = train:named("train"):standardize()
@@ -1532,7 +1532,7 @@ fn a_regression_of_two_targets_scores_each_as_numpy_and_onnxruntime() -> Result<
         quiet: true,
         ..HostOptions::default()
     };
-    Host::new(opts())?.run_source("two.lua", &recipe(reading))?;
+    Host::new(opts())?.run_source("two.lua", &recipe(reading, reading))?;
     let (ours, theirs) = scored_by_numpy(dir.path(), &csv, reading)?;
     for t in 0..2 {
         let (a, b) = (&ours["per_target"][t], &theirs["per_target"][t]);
@@ -1586,11 +1586,28 @@ fn a_regression_of_two_targets_scores_each_as_numpy_and_onnxruntime() -> Result<
         out_dir: Some(elsewhere.path().to_path_buf()),
         ..opts()
     })?
-    .run_source("two.lua", &recipe(swapped))
+    .run_source("two.lua", &recipe(reading, swapped))
     .unwrap_err()
     .to_string();
     assert!(
         err.contains("test's targets (2) are not the run's (2): the same names in another order; target 0 is `flipper_length_mm` in test's and `body_mass_g` in the run's"),
+        "{err}"
+    );
+    // Nor can the run be resumed on data whose targets are in another
+    // order: each output learned one.
+    let again = tempfile::tempdir()?;
+    let err = Host::new(HostOptions {
+        out_dir: Some(again.path().to_path_buf()),
+        resume: Some(dir.path().join("checkpoint.safetensors")),
+        ..opts()
+    })?
+    .run_source("two.lua", &recipe(swapped, swapped))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(
+            "the data's targets (2) are not the checkpoint's (2): the same names in another order"
+        ) && err.contains("each of its model's outputs learned one of the checkpoint's targets"),
         "{err}"
     );
     Ok(())

@@ -761,6 +761,35 @@ fn shipped_recipe_reloads(recipe: &str, set: &[&str]) {
 /// that moved, and the run goes on.
 #[test]
 fn a_reload_that_moves_a_tables_inputs_is_rejected() {
+    mass_edit_is_refused(
+        r#"categorical = { "species", "sex" },"#,
+        r#"categorical = { "species", sex = { "male", "female" } },"#,
+        &[
+            "a reload cannot change the model's inputs",
+            "input 3 is `sex_male` in the new data's and `sex_female` in the run's",
+        ],
+    );
+}
+
+/// The same recipe edited to predict another column (`year`, not a
+/// feature): the model's output learned the mass, so the reload is refused,
+/// naming both targets, and the run goes on.
+#[test]
+fn a_reload_that_changes_a_regressions_target_is_rejected() {
+    mass_edit_is_refused(
+        r#"target = "body_mass_g","#,
+        r#"target = "year","#,
+        &[
+            "a reload cannot change the model's targets",
+            "target 0 is `year` in the new data's and `body_mass_g` in the run's",
+            "start the edited recipe with another --out",
+        ],
+    );
+}
+
+/// `penguins_mass.lua` under `--watch`, `old` edited to `new`: the reload
+/// is refused saying each of `says`, and the run goes on.
+fn mass_edit_is_refused(old: &str, new: &str, says: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let recipe = "penguins_mass.lua";
     let path = dir.path().join(recipe);
@@ -769,27 +798,14 @@ fn a_reload_that_moves_a_tables_inputs_is_rejected() {
         r["event"] == "config"
     });
     let text = std::fs::read_to_string(&path).unwrap();
-    let old = r#"categorical = { "species", "sex" },"#;
-    assert!(
-        text.contains(old),
-        "the recipe names its categorical columns"
-    );
-    let edited = text.replace(
-        old,
-        r#"categorical = { "species", sex = { "male", "female" } },"#,
-    );
-    save(&path, &edited);
+    assert!(text.contains(old), "the recipe says {old}");
+    save(&path, &text.replace(old, new));
     let refused = wait_for(&mut child, dir.path(), "the refused reload", |r| {
         r["event"] == "reload"
     });
     assert_eq!(refused["ok"], false, "{refused}");
     let why = refused["error"].as_str().unwrap();
-    assert!(
-        why.contains("a reload cannot change the model's inputs")
-            && why
-                .contains("input 3 is `sex_male` in the new data's and `sex_female` in the run's"),
-        "{why}"
-    );
+    assert!(says.iter().all(|s| why.contains(s)), "{why}");
     let step = refused["step"].as_u64().unwrap_or(0);
     wait_for(&mut child, dir.path(), "a step after the refusal", |r| {
         r["step"].as_u64().is_some_and(|s| s > step) && r["event"] != "reload"

@@ -1,6 +1,7 @@
 //! What a resumed run is told about how it differs from its checkpoint,
 //! besides the learning rate (`Run::resume`), and the differences it is
-//! refused for: data of other classes, table data of other inputs.
+//! refused for: data of other classes, table data of other inputs or
+//! targets.
 
 /// Whether the data's class names (`data`) are those the checkpoint's model
 /// learned (`saved`), when both are known: a renamed class folder would
@@ -25,7 +26,8 @@ pub(super) fn same_classes(
 
 /// Whether the data gives the checkpoint's model the inputs it learned
 /// (`saved`), for table data: a column of categories read with other
-/// categories (the file gained one) would move them. Bad input (exit 2).
+/// categories (the file gained one) would move them; and a regression's
+/// targets in its order: each output learned one. Bad input (exit 2).
 pub(super) fn same_inputs(
     path: &std::path::Path,
     saved: Option<&crate::data::TableInput>,
@@ -34,10 +36,18 @@ pub(super) fn same_inputs(
     let (Some(saved), Some(data)) = (saved, data) else {
         return Ok(());
     };
-    match crate::data::input_difference(("the checkpoint's", saved), ("the data's", data)) {
+    if let Some(why) =
+        crate::data::input_difference(("the checkpoint's", saved), ("the data's", data))
+    {
+        return Err(crate::Error::Data(format!(
+            "resuming {}: {why}; its model learned the checkpoint's inputs. Resume with the data it was trained on, or give the checkpoint's categories: taper.data.csv{{ categorical = {{ column = {{...}} }} }}",
+            path.display()
+        )));
+    }
+    match crate::data::target_difference(("the checkpoint's", saved), ("the data's", data)) {
         None => Ok(()),
         Some(why) => Err(crate::Error::Data(format!(
-            "resuming {}: {why}; its model learned the checkpoint's inputs. Resume with the data it was trained on, or give the checkpoint's categories: taper.data.csv{{ categorical = {{ column = {{...}} }} }}",
+            "resuming {}: {why}; each of its model's outputs learned one of the checkpoint's targets, in its order. Resume with the data it was trained on, its `target` in that order",
             path.display()
         ))),
     }

@@ -127,6 +127,14 @@ fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
                     ),
                 ));
             }
+            if let Some(why) = crate::data::target_difference(("the run's", ours), theirs) {
+                return Err(config_error(
+                    lua,
+                    format!(
+                        "taper.run: a reload cannot change the model's targets: {why}; each output learned one of the run's targets, so other targets are a new run: start the edited recipe with another --out"
+                    ),
+                ));
+            }
         }
     }
     if o.seed != r.core.seed {
