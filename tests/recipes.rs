@@ -552,6 +552,46 @@ fn penguins_mlp_learns_from_a_table_with_names_and_missing_values() -> Result<()
     Ok(())
 }
 
+/// Regression of two targets on the penguins CSV: mass in grams and flipper
+/// length in millimetres, each scored in its own units, and the checkpoint
+/// keeping both targets in order. (`tests/interop.rs` checks each target's
+/// scores against NumPy on onnxruntime's predictions.)
+#[test]
+fn penguins_size_regression_predicts_grams_and_millimetres() -> Result<()> {
+    common::fetched("data/penguins/penguins.csv")?;
+    let dir = tempfile::tempdir()?;
+    let report = train("scripts/penguins_size.lua", dir.path(), &[])?;
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
+    assert_eq!(ev.samples, 67);
+    let g = ev.regression.expect("a regression's scores");
+    // Measured: mass R² 0.869, RMSE 308 g; flipper R² 0.860, RMSE 5.1 mm
+    // (seeds 1-5: 0.85-0.92 and 0.83-0.86).
+    let [mass, flipper] = g.targets[..] else {
+        panic!("two targets: {g:?}")
+    };
+    assert!(mass.r2 > 0.84 && mass.rmse < 340.0, "{mass:?}");
+    assert!(flipper.r2 > 0.82 && flipper.rmse < 6.5, "{flipper:?}");
+    let last = common::records(dir.path(), "eval").pop().unwrap();
+    assert_eq!(last["per_target"][1]["target"], "flipper_length_mm");
+    assert_eq!(last["per_target"][0]["rmse"].as_f64(), Some(mass.rmse));
+    let (_, meta) = taper::engine::checkpoint::load(
+        &dir.path().join("checkpoint.safetensors"),
+        &candle_core::Device::Cpu,
+    )?;
+    let input = meta.table_input.expect("a CSV run keeps its reading");
+    let names: Vec<String> = input.targets.iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["body_mass_g", "flipper_length_mm"]);
+    let m = input.target_standardize.expect("the targets' statistics");
+    assert!(
+        (m.mean[1] - 200.0).abs() < 5.0 && (m.std[1] - 14.0).abs() < 2.0,
+        "{m:?}"
+    );
+    Ok(())
+}
+
 /// Regression on the penguins CSV: body mass from the species, the sex (one
 /// input per category) and three measurements, the target standardized
 /// with the features and the errors reported in grams. (`tests/interop.rs`

@@ -854,6 +854,12 @@ fn shipped_penguins_reloads() {
 }
 
 #[test]
+fn shipped_penguins_size_reloads() {
+    common::fetched("data/penguins/penguins.csv").unwrap();
+    shipped_recipe_reloads("penguins_size.lua", &["epochs=100000"]);
+}
+
+#[test]
 fn shipped_penguins_mass_reloads() {
     common::fetched("data/penguins/penguins.csv").unwrap();
     shipped_recipe_reloads("penguins_mass.lua", &["epochs=100000"]);

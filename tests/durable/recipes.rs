@@ -69,6 +69,18 @@ fn the_penguins_mass_recipe_stops_and_resumes_to_the_same_weights() {
     );
 }
 
+/// The two-target regression (each target standardized with its own
+/// statistics), stopped by SIGINT and resumed.
+#[test]
+fn the_penguins_size_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/penguins/penguins.csv").unwrap();
+    stopped_after(
+        &["scripts/penguins_size.lua", "--set", "epochs=2000"],
+        libc::SIGINT,
+        40,
+    );
+}
+
 #[test]
 fn the_shakespeare_recipe_stops_and_resumes_to_the_same_weights() {
     stopped_in_its_second_epoch(
