@@ -52,9 +52,10 @@ pub(super) fn record_scores(
 
 /// The scores on the evaluation's printed line: `accuracy 93.10%` (with
 /// the balanced accuracy and macro F1 when there are per-class scores), or
-/// `rmse 310.2  mae 245.1  R² 0.8512`; with several targets, each target's
-/// on a line of its own after it.
-pub(super) fn score_line(ev: &Eval, targets: &[String]) -> String {
+/// `rmse 310.2  mae 245.1  R² 0.8512`; with several targets, the mean R²,
+/// and each target's scores on lines of their own, to follow the line (the
+/// second string, empty otherwise).
+pub(super) fn score_line(ev: &Eval, targets: &[String]) -> (String, String) {
     let Some(g) = &ev.regression else {
         let per_class = ev.per_class.as_ref().map(|p| {
             format!(
@@ -63,21 +64,24 @@ pub(super) fn score_line(ev: &Eval, targets: &[String]) -> String {
                 p.macro_f1()
             )
         });
-        return format!(
+        let line = format!(
             "accuracy {:.2}%{}",
             ev.accuracy * 100.0,
             per_class.unwrap_or_default()
         );
+        return (line, String::new());
     };
     if g.targets.len() == 1 {
-        return format!("rmse {:.4}  mae {:.4}  R² {:.4}", g.rmse(), g.mae(), g.r2());
+        let line = format!("rmse {:.4}  mae {:.4}  R² {:.4}", g.rmse(), g.mae(), g.r2());
+        return (line, String::new());
     }
-    per_target_lines(g, targets)
+    let line = format!("R² {:.4} (the mean of {} targets)", g.r2(), g.targets.len());
+    (line, per_target_lines(g, targets))
 }
 
-/// `R² 0.8512 (the mean of 2 targets)` and a line per target.
+/// A line per target, each starting with a line break.
 fn per_target_lines(g: &Regression, targets: &[String]) -> String {
-    let mut s = format!("R² {:.4} (the mean of {} targets)", g.r2(), g.targets.len());
+    let mut s = String::new();
     for (t, name) in g.targets.iter().zip(targets) {
         s += &format!(
             "\n    {name}: rmse {:.4}  mae {:.4}  R² {:.4}",

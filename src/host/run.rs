@@ -302,20 +302,13 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         }
     }
     host.out.record("eval", step, epoch, f).map_err(lua_err)?;
-    let score = super::eval_scores::score_line(&ev, &targets);
-    // The objective ends the first line, before any per-target lines.
+    let (score, per_target) = super::eval_scores::score_line(&ev, &targets);
     let objective = ev
         .objective
         .map(|o| format!("  objective {o:.4}"))
         .unwrap_or_default();
-    let (first, rest) = score.split_once('\n').unwrap_or((&score, ""));
-    let rest = if rest.is_empty() {
-        String::new()
-    } else {
-        format!("\n{rest}")
-    };
     host.out.line(&format!(
-        "  {split}: loss {:.4}  {first}{objective}{rest}",
+        "  {split}: loss {:.4}  {score}{objective}{per_target}",
         ev.loss
     ));
     let t = lua.create_table()?;
