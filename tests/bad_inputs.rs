@@ -393,6 +393,13 @@ print(run:generate{ prompt = { 1, 999 } })
             says: &["recipe.lua:3: taper.data.safetensors: ", "tensor `y` has shape [2, 1, 2]: a `target` is a number per sample (shape [n]) or a row of them, one per target (shape [n, k])"],
         },
         Case {
+            name: "a generator whose function returns a batch, not an iterator",
+            recipe: "local g = taper.data.generator(function(epoch)\n  return { x = { { 1.0 } }, y = { 0 } }\nend)\nfor b in g:batches() do end\n",
+            args: &[],
+            code: 2,
+            says: &["taper.data.generator: the function at recipe.lua:1 returned a table for epoch 1; it returns an iterator (a function, or coroutine.wrap(...)) whose calls give one batch each, then nil"],
+        },
+        Case {
             name: "an empty target list",
             recipe: "local d = taper.data.csv{ path = \"data.csv\", target = {} }\n",
             args: &[],

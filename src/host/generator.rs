@@ -129,7 +129,16 @@ impl Feed {
             ))),
             Feed::Lua(g) => {
                 let source = match &g.kind {
-                    Kind::Generator(f) => LuaSource::Iter(f.call(epoch)?),
+                    Kind::Generator(f) => match f.call::<Value>(epoch)? {
+                        Value::Function(iter) => LuaSource::Iter(iter),
+                        other => {
+                            return Err(Error::Config(format!(
+                                "taper.data.generator: the function at {} returned {} for epoch {epoch}; it returns an iterator (a function, or coroutine.wrap(...)) whose calls give one batch each, then nil",
+                                g.place,
+                                super::options::a_type(&other)
+                            )))
+                        }
+                    },
                     Kind::Map(p, f) => LuaSource::Map(
                         Box::new(p.epoch(epoch, default_batch, 0)),
                         f.clone(),
