@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use candle_core::DType;
-use taper::data::{digits, shakespeare, Pipeline};
-use taper::engine::loss::{CrossEntropy, Loss};
+use candle_core::{DType, Device, Tensor, D};
+use taper::data::{digits, shakespeare, Batch, Pipeline};
+use taper::engine::loss::{CrossEntropy, Loss, IGNORE};
 use taper::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
 use taper::engine::{Activation, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
 
@@ -231,5 +231,121 @@ fn chunked_cross_entropy_trains_like_the_full_logits() -> Result<()> {
         eprintln!("chunked cross-entropy, smoothing {smoothing}, micro {micro}: {d:e}");
         assert!(d < 1e-6, "max relative difference {d}");
     }
+    Ok(())
+}
+
+/// Batch `b`'s labels with positions ignored, as a chat's prompt and
+/// padding are: sample `i` ignores its first `(i * 5 + b) % 17` positions
+/// (all 16 of them for some samples), so micro-batches hold uneven counts
+/// of labelled positions and some hold none.
+fn masked(batch: Batch, b: usize) -> Result<Batch> {
+    let (n, t) = batch.y.dims2()?;
+    let mut y = batch.y.flatten_all()?.to_vec1::<u32>()?;
+    for i in 0..n {
+        let cut = (i * 5 + b) % 17;
+        for label in &mut y[i * t..i * t + cut.min(t)] {
+            *label = IGNORE;
+        }
+    }
+    Ok(Batch {
+        y: Tensor::from_vec(y, (n, t), &Device::Cpu)?,
+        ..batch
+    })
+}
+
+/// Parameters after `steps` steps over masked batches, with micro-batches
+/// of `micro`, and the losses the steps returned.
+fn train_masked(
+    spec: Arc<dyn ModelSpec>,
+    optim: &OptimSpec,
+    data: &Pipeline,
+    micro: usize,
+    loss: CrossEntropy,
+) -> Result<(Vec<Vec<f32>>, Vec<f64>)> {
+    let mut t = Trainer::new(
+        spec,
+        optim,
+        TrainerOptions {
+            seed: 4,
+            loss: Loss::CrossEntropy(loss),
+            ..Default::default()
+        },
+    )?;
+    let mut losses = Vec::new();
+    for (b, batch) in data.epoch(1, 64, 0).take(3).enumerate() {
+        let batch = masked(batch?, b)?;
+        // The mean over the labelled positions alone, in float64, from
+        // the model's logits before the step.
+        let logits = t.frozen()?.forward(&batch.x)?;
+        let (want, got) = (
+            labelled_mean(&logits, &batch.y)?,
+            t.train_step_micro(&batch, micro)?,
+        );
+        assert!(
+            (want - got).abs() < 1e-5 * want,
+            "step {b}: loss {got}, want {want}"
+        );
+        losses.push(got);
+    }
+    let params = t
+        .params()
+        .vars()
+        .iter()
+        .map(|(_, v)| Ok(v.as_tensor().flatten_all()?.to_vec1()?))
+        .collect::<Result<_>>()?;
+    Ok((params, losses))
+}
+
+/// The cross-entropy of `logits` over the positions whose label is not
+/// ignored, in float64.
+fn labelled_mean(logits: &Tensor, y: &Tensor) -> Result<f64> {
+    let v = logits.dim(D::Minus1)?;
+    let rows = logits
+        .to_dtype(DType::F64)?
+        .reshape(((), v))?
+        .to_vec2::<f64>()?;
+    let labels = y.flatten_all()?.to_vec1::<u32>()?;
+    let (mut sum, mut n) = (0.0, 0usize);
+    for (row, &label) in rows.iter().zip(&labels) {
+        if label == IGNORE {
+            continue;
+        }
+        let max = row.iter().cloned().fold(f64::MIN, f64::max);
+        let lse = max + row.iter().map(|z| (z - max).exp()).sum::<f64>().ln();
+        sum += lse - row[label as usize];
+        n += 1;
+    }
+    Ok(sum / n as f64)
+}
+
+/// Ignored positions (PyTorch's `ignore_index`) are left out of the loss
+/// and its mean over the whole batch: micro-batches weighted by their
+/// labelled positions (some pieces have none) give the full batch's
+/// gradient, the fused chunked loss gives the full logits', and the loss a
+/// step returns is the float64 mean over the labelled positions.
+#[test]
+fn ignored_positions_accumulate_to_the_full_batch_and_leave_the_mean() -> Result<()> {
+    let (spec, data) = tiny_gpt()?;
+    let optim = OptimSpec::Sgd(SgdConfig {
+        lr: 0.5,
+        ..Default::default()
+    });
+    let ce = |chunk| CrossEntropy {
+        chunk,
+        ..Default::default()
+    };
+    let (full, _) = train_masked(spec.clone(), &optim, &data, 64, ce(0))?;
+    for (micro, chunk) in [(24, 0), (1, 0), (64, 100), (7, 100)] {
+        let (acc, _) = train_masked(spec.clone(), &optim, &data, micro, ce(chunk))?;
+        let d = max_rel_diff(&full, &acc);
+        eprintln!("ignored positions, micro {micro}, chunk {chunk}: {d:e}");
+        assert!(
+            d < 1e-6,
+            "micro {micro}, chunk {chunk}: max relative difference {d}"
+        );
+    }
+    let plain = train(spec, &optim, &data, 64, 3)?;
+    let apart = max_rel_diff(&plain, &full);
+    assert!(apart > 1e-3, "ignoring positions changed nothing: {apart}");
     Ok(())
 }

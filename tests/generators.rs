@@ -84,12 +84,66 @@ fn generator_token_batches_feed_a_gpt() -> Result<()> {
     Ok(())
 }
 
+/// A sequence's labels may be -100 (PyTorch's `ignore_index`): positions
+/// the loss leaves out. Here every other next token is noise the model
+/// cannot learn and is ignored; the rest follow a rule. Evaluation scores
+/// the labelled positions alone: a run that counted the noise could not
+/// pass 55%.
+#[test]
+fn ignored_positions_are_left_out_of_training_and_evaluation() -> Result<()> {
+    let report = run(r#"
+        local function data(seed)
+          return taper.data.generator(function(epoch)
+            local s = seed * 7919 + epoch
+            local function noise() s = (s * 1103515245 + 12345) % 2147483648; return s % 10 end
+            return coroutine.wrap(function()
+              for _ = 1, 8 do
+                local x, y = {}, {}
+                for b = 1, 16 do
+                  x[b], y[b] = {}, {}
+                  for t = 1, 8 do x[b][t] = noise() end
+                  for t = 1, 8 do
+                    -- Odd positions: the next token is this one + 1 (mod 10).
+                    y[b][t] = t % 2 == 1 and (x[b][t] + 1) % 10 or -100
+                  end
+                end
+                coroutine.yield{ x = x, y = y, x_type = "u32" }
+              end
+            end)
+          end, { split = seed == 1 and "train" or "val" })
+        end
+        local run = taper.run{
+          model = taper.model.gpt{ vocab = 10, context = 8, width = 32, layers = 1, heads = 2 },
+          optim = taper.optim.adamw{ lr = 1e-2 },
+          data = data(1),
+        }
+        for epoch in run:epochs(15) do
+          for b in run:batches() do run:step(b) end
+        end
+        local ev = run:evaluate(data(2))
+        -- 8 batches of 16 sequences, 4 labelled positions each.
+        assert(ev.samples == 8 * 16 * 4, ev.samples)
+    "#)?;
+    let ev = report.runs[0].last_eval.clone().expect("evaluated");
+    assert!(ev.accuracy >= 0.95, "accuracy {}", ev.accuracy);
+    assert!(ev.loss < 0.3, "loss {}", ev.loss);
+    Ok(())
+}
+
 #[test]
 fn malformed_generator_batches_name_the_generator() {
     let cases = [
         (
             "{ x = { {1, 2}, {3} }, y = { 0, 1 } }",
             "x: a row at depth 1 has 1 values, expected 2",
+        ),
+        (
+            "{ x = { {1, 2} }, y = { -100 } }",
+            "y: -100 (sample 0) is not a class index or token id: those are whole numbers, 0 or more",
+        ),
+        (
+            "{ x = { {1, 2} }, y = { {1, -1} }, x_type = 'u32' }",
+            "y: -1 (sample 0) is not a class index or token id: those are whole numbers, 0 or more (or -100 where the loss leaves a position out)",
         ),
         (
             "{ x = { {1, 2} }, y = { 0, 1 } }",

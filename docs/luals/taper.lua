@@ -288,7 +288,7 @@ function taper.data.shakespeare(opts) end
 
 ---@class taper.BatchTable
 ---@field x number[][]|integer[][] samples first; every row the same length
----@field y integer[]|integer[][]|number[]|number[][] class labels, token ids, or (with `y_type = "f32"`) numbers to predict
+---@field y integer[]|integer[][]|number[]|number[][] class labels, token ids (-100: a position the loss leaves out), or (with `y_type = "f32"`) numbers to predict
 ---@field x_type? "f32"|"u32" `u32` for token ids (default f32)
 ---@field y_type? "u32"|"f32" `f32` for numbers to predict (a regression; default u32: labels or token ids)
 

@@ -153,7 +153,8 @@ pub fn weight_sum(targets: &Tensor, weights: &[f32]) -> Result<f64> {
         .to_dtype(DType::U32)?
         .to_vec1::<u32>()?;
     let mut sum = 0.0;
-    for l in labels {
+    // A sequence's ignored positions weigh nothing.
+    for l in labels.into_iter().filter(|&l| l != super::ignored::IGNORE) {
         match weights.get(l as usize) {
             Some(w) => sum += *w as f64,
             None => candle_core::bail!(

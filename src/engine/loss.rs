@@ -8,6 +8,8 @@ use serde::Deserialize;
 
 pub use super::class_weights::ClassWeights;
 use super::class_weights::{weight_sum, weighted_terms};
+use super::ignored;
+pub use super::ignored::IGNORE;
 
 /// What a run trains against.
 #[derive(Clone)]
@@ -206,7 +208,17 @@ fn flatten(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
 impl CrossEntropy {
     /// Mean loss over all positions: `logits [.., C]`, `targets [..]` (u32);
     /// with class weights, the weighted mean (0 when every weight is 0).
+    /// A sequence's positions labelled [`IGNORE`] are left out, as
+    /// PyTorch's `ignore_index` leaves them out: the mean is over the others.
     pub fn loss(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        if let Some(keep) = ignored::labelled_index(targets, targets.device())? {
+            if keep.elem_count() == 0 {
+                return ignored::nothing(logits);
+            }
+            let (logits, targets) = flatten(logits, targets)?;
+            let (logits, targets) = ignored::keep_rows(&logits, &targets, &keep)?;
+            return self.loss(&logits, &targets);
+        }
         if let Some((num, den)) = self.weighted(logits, targets)? {
             let den = den.maximum(f32::MIN_POSITIVE as f64)?; // stays > 0 in f32
             return num.broadcast_div(&den);
@@ -229,7 +241,19 @@ impl CrossEntropy {
         let Some(w) = self.resolved_weights()? else {
             return Ok(None);
         };
-        let (logits, targets) = flatten(logits, targets)?;
+        let (logits, targets) = match ignored::labelled_index(targets, targets.device())? {
+            Some(keep) if keep.elem_count() == 0 => {
+                return Ok(Some((
+                    ignored::nothing(logits)?,
+                    Tensor::new(0f32, logits.device())?,
+                )))
+            }
+            Some(keep) => {
+                let (logits, targets) = flatten(logits, targets)?;
+                ignored::keep_rows(&logits, &targets, &keep)?
+            }
+            None => flatten(logits, targets)?,
+        };
         weighted_terms(&logits, &targets, w, self.label_smoothing).map(Some)
     }
 

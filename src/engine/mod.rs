@@ -6,6 +6,7 @@ mod class_weights;
 mod cnn;
 mod device;
 mod gpt;
+pub mod ignored;
 pub mod linear;
 pub mod loss;
 mod mlp;

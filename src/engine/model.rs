@@ -146,7 +146,7 @@ pub fn check_batch(
                 format!("the inputs are floats, the model takes token ids (below {v})"),
             )));
         }
-        if let Some((at, id)) = first_at_or_above(x, v)? {
+        if let Some((at, id)) = first_at_or_above(x, v, false)? {
             return Ok(Err((
                 Some(at / per.max(1)),
                 format!(
@@ -169,7 +169,7 @@ pub fn check_batch(
     }
     if let (Some(c), false) = (i.classes, y.dtype().is_float()) {
         let per_y = y.elem_count() / y.dim(0)?.max(1);
-        if let Some((at, t)) = first_at_or_above(y, c)? {
+        if let Some((at, t)) = first_at_or_above(y, c, true)? {
             return Ok(Err((
                 Some(at / per_y.max(1)),
                 format!(
@@ -211,13 +211,16 @@ fn first_not_finite(t: &Tensor) -> Result<Option<(usize, f32)>> {
 }
 
 /// The first element of an integer tensor at or above `limit`: (flat index, value).
-fn first_at_or_above(t: &Tensor, limit: usize) -> Result<Option<(usize, i64)>> {
+/// `labels`: `t` is targets, where a sequence's ignored positions are no
+/// label (`engine::ignored`); inputs never hold one.
+fn first_at_or_above(t: &Tensor, limit: usize, labels: bool) -> Result<Option<(usize, i64)>> {
     let v = t
         .flatten_all()?
         .to_dtype(candle_core::DType::I64)?
         .to_vec1::<i64>()?;
+    let ignored = |e: i64| labels && t.rank() >= 2 && e == super::ignored::IGNORE as i64;
     Ok(v.iter()
-        .position(|&e| e < 0 || e as u64 >= limit as u64)
+        .position(|&e| (e < 0 || e as u64 >= limit as u64) && !ignored(e))
         .map(|p| (p, v[p])))
 }
 

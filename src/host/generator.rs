@@ -15,6 +15,7 @@ use mlua::{Function, Lua, MetaMethod, Table, UserData, UserDataFields, UserDataM
 
 use super::options::defined_at;
 use crate::data::{Batch, Epoch, Pipeline};
+use crate::engine::loss::IGNORE;
 use crate::error::lua_err;
 use crate::{Error, Result};
 
@@ -272,7 +273,9 @@ fn tensor_to_lua(lua: &Lua, t: &Tensor) -> Result<Value> {
     let flat: Vec<f64> = t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
     fn build(lua: &Lua, flat: &[f64], dims: &[usize], ints: bool) -> mlua::Result<Value> {
         if dims.is_empty() {
-            return Ok(if ints {
+            return Ok(if ints && flat[0] == IGNORE as f64 {
+                Value::Integer(IGNORED_IN_LUA as i64)
+            } else if ints {
                 Value::Integer(flat[0] as i64)
             } else {
                 Value::Number(flat[0])
@@ -292,6 +295,9 @@ fn tensor_to_lua(lua: &Lua, t: &Tensor) -> Result<Value> {
     }
     Ok(build(lua, &flat, &dims, ints)?)
 }
+
+/// How Lua writes a sequence position the loss leaves out ([`IGNORE`]).
+const IGNORED_IN_LUA: f64 = -100.0;
 
 fn batch_from_table(t: &Table, y_default: DType) -> std::result::Result<Batch, String> {
     for pair in t.pairs::<Value, Value>() {
@@ -373,14 +379,28 @@ fn to_tensor(v: &Value, dtype: DType, name: &str) -> std::result::Result<Tensor,
     }
     let mut flat = Vec::with_capacity(shape.iter().product());
     flatten(v, &shape, 0, name, &mut flat)?;
+    // A sequence's labels may be -100, PyTorch's `ignore_index`: a position
+    // the loss leaves out (a prompt's, padding's).
+    let ignores = dtype == DType::U32 && name == "y" && shape.len() >= 2;
+    if ignores {
+        for e in flat.iter_mut().filter(|e| **e == IGNORED_IN_LUA) {
+            *e = IGNORE as f64;
+        }
+    }
     // A cast would make -1 a 0 and 2.5 a 2: a wrong label, silently.
-    let whole = |e: &f64| *e >= 0.0 && e.fract() == 0.0 && *e <= u32::MAX as f64;
+    let whole = |e: &f64| *e >= 0.0 && e.fract() == 0.0 && *e < u32::MAX as f64;
+    let whole = |e: &f64| whole(e) || (ignores && *e == IGNORE as f64);
     if let (DType::U32, Some(p)) = (dtype, flat.iter().position(|e| !whole(e))) {
         let per = flat.len() / shape[0];
         return Err(format!(
-            "{name}: {} (sample {}) is not a class index or token id: those are whole numbers, 0 or more",
+            "{name}: {} (sample {}) is not a class index or token id: those are whole numbers, 0 or more{}",
             flat[p],
-            p / per.max(1)
+            p / per.max(1),
+            if ignores {
+                " (or -100 where the loss leaves a position out)"
+            } else {
+                ""
+            }
         ));
     }
     let t = Tensor::from_vec(flat, shape, &Device::Cpu).map_err(|e| e.to_string())?;

@@ -108,7 +108,12 @@ impl Trainer {
                 )
             };
             let logits = model.forward(&x).map_err(eval)?;
-            let count = y.elem_count();
+            // A sequence's ignored positions are not scored (nor counted).
+            let host_y = batch.y.narrow(0, start, len).map_err(eval)?;
+            let count = match crate::engine::ignored::per_sample(&host_y).map_err(eval)? {
+                Some(per) => per.iter().sum(),
+                None => y.elem_count(),
+            };
             let base = self.opts.loss.base();
             let l = base.loss(&x, &logits, &y).map_err(eval)?;
             sums.loss += scalar(&l).map_err(eval)? * count as f64;

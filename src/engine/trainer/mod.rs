@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
 
+use super::ignored;
 use super::loss::Loss;
 use super::model::TrainModule;
 use super::optim::{OptimSpec, Optimizer};
@@ -297,7 +298,25 @@ impl Trainer {
 
     /// The loss of the training model on `x`; in f32 under mixed precision.
     /// `summed`: a weighted cross-entropy's numerator rather than its mean.
-    fn train_loss(&self, x: &Tensor, y: &Tensor, summed: bool) -> candle_core::Result<Tensor> {
+    /// `keep`: the labelled positions of a sequence's `y` when some are
+    /// ignored ([`labelled`](Trainer::labelled)): the loss is over those
+    /// rows alone, so the fused loss never sees an ignored label.
+    fn train_loss(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        summed: bool,
+        keep: Option<&Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        let keep = match (&self.opts.loss, keep) {
+            // A distillation compares every position with the teacher's;
+            // its cross-entropy leaves the ignored ones out itself.
+            (Loss::CrossEntropy(_), Some(k)) if k.elem_count() == 0 => {
+                return ignored::nothing(&self.model.forward(x)?);
+            }
+            (Loss::CrossEntropy(_), keep) => keep,
+            _ => None,
+        };
         let mut logits = None;
         if let (Loss::CrossEntropy(c), false) = (&self.opts.loss, summed) {
             // On CUDA the fused kernels also take the unchunked loss, as one
@@ -311,10 +330,14 @@ impl Trainer {
                     if crate::kernels::covers(&h) {
                         let d = h.dim(candle_core::D::Minus1)?;
                         let h = h.reshape(((), d))?;
+                        let (h, y) = match keep {
+                            Some(k) => ignored::keep_rows(&h, &y.flatten_all()?, k)?,
+                            None => (h, y.clone()),
+                        };
                         return crate::kernels::chunked_cross_entropy(
                             &h,
                             &head,
-                            y,
+                            &y,
                             if c.chunk > 0 { c.chunk } else { usize::MAX },
                             c.label_smoothing,
                         );
@@ -333,10 +356,24 @@ impl Trainer {
             Some(_) => logits.to_dtype(DType::F32)?,
             None => logits,
         };
+        let (logits, y) = match keep {
+            Some(k) => {
+                let classes = logits.dim(candle_core::D::Minus1)?;
+                ignored::keep_rows(&logits.reshape(((), classes))?, &y.flatten_all()?, k)?
+            }
+            None => (logits, y.clone()),
+        };
         if summed {
-            return self.opts.loss.weighted_numerator(&logits, y);
+            return self.opts.loss.weighted_numerator(&logits, &y);
         }
-        self.opts.loss.loss(x, &logits, y)
+        self.opts.loss.loss(x, &logits, &y)
+    }
+
+    /// The labelled positions of `y` (a host batch's sequence labels), on
+    /// the device, when some are ignored; see [`ignored`].
+    fn labelled(&self, y: &Tensor) -> Result<Option<Tensor>> {
+        ignored::labelled_index(y, &self.opts.device)
+            .map_err(|e| Error::Data(format!("train step: {e}")))
     }
 
     /// Heap bytes (above the level before it) of a forward and backward pass
@@ -346,10 +383,11 @@ impl Trainer {
         let n = n.clamp(1, batch.len());
         let (x, y) = self.inputs(batch)?;
         let (x, y) = (x.narrow(0, 0, n)?, y.narrow(0, 0, n)?);
+        let keep = self.labelled(&batch.y.narrow(0, 0, n)?)?;
         let base = crate::memory::HostMemory::current();
         crate::memory::HostMemory::reset_peak();
         {
-            let loss = self.train_loss(&x, &y, false)?;
+            let loss = self.train_loss(&x, &y, false, keep.as_ref())?;
             let mut grads = loss.backward()?;
             super::recompute::merge_parameter_grads(&mut grads)?;
         }

@@ -84,6 +84,10 @@ impl Trainer {
             .loss
             .weight_sum(&batch.y)
             .map_err(|e| Error::Data(format!("train step: {e}")))?;
+        // A sequence with ignored positions: each piece's mean is over its
+        // labelled positions, weighted by its share of the whole batch's.
+        let labelled = crate::engine::ignored::per_sample(&batch.y)
+            .map_err(|e| Error::Data(format!("train step: {e}")))?;
         let (bx, by) = self.inputs(batch).map_err(|e| classify(e, Phase::Upload))?;
         guard(Phase::Upload)?;
         for from in (start..start + len).step_by(micro) {
@@ -93,14 +97,19 @@ impl Trainer {
             } else {
                 (bx.narrow(0, from, m)?, by.narrow(0, from, m)?)
             };
-            let (weight, summed) = match weight_sum {
+            let keep = match &labelled {
+                Some(_) => self.labelled(&batch.y.narrow(0, from, m)?)?,
+                None => None,
+            };
+            let (weight, summed) = match (weight_sum, &labelled) {
                 // A batch of weight 0 only: no gradient, as no sample counts.
-                Some(w) if w > 0.0 => (1.0 / w, true),
-                Some(_) => (0.0, true),
-                None => (m as f64 / total as f64, false),
+                (Some(w), _) if w > 0.0 => (1.0 / w, true),
+                (Some(_), _) => (0.0, true),
+                (None, Some(per)) => (share(per, from, m), false),
+                (None, None) => (m as f64 / total as f64, false),
             };
             let loss = self
-                .train_loss(&x, &y, summed)
+                .train_loss(&x, &y, summed, keep.as_ref())
                 .map_err(|e| classify(e.into(), Phase::Forward))?;
             guard(Phase::Forward)?;
             let g = (&loss * (weight * scale))
@@ -325,6 +334,16 @@ fn is_oom(e: &Error) -> bool {
 /// into a larger tensor of the backward, which they would keep alive
 /// through the next micro-batch (on the Shakespeare GPT, 85 KB per sample:
 /// 8% of a micro-batch's peak, which `taper plan` did not expect).
+/// The labelled positions of samples `[from, from + m)` over the whole
+/// batch's (`per`: each sample's); 0 when the batch has none.
+fn share(per: &[usize], from: usize, m: usize) -> f64 {
+    let all: usize = per.iter().sum();
+    match all {
+        0 => 0.0,
+        _ => per[from..from + m].iter().sum::<usize>() as f64 / all as f64,
+    }
+}
+
 fn accumulate(
     acc: &mut GradStore,
     vars: &[(String, Var)],
