@@ -1612,3 +1612,70 @@ fn a_regression_of_two_targets_scores_each_as_numpy_and_onnxruntime() -> Result<
     );
     Ok(())
 }
+
+/// `taper.data.chat` renders SmolLM2's conversations with the chat template
+/// in its GGUF file and tokenizes them as transformers' `apply_chat_template`
+/// does, and trains the tokens that transformers' assistant mask marks
+/// (the template marked with `{% generation %}`): every other position is
+/// ignored, and so is the padding.
+#[test]
+fn a_chat_is_tokenized_and_masked_as_transformers_apply_chat_template() -> Result<()> {
+    let tokenizer = common::fetched("data/smollm2/tokenizer.json")?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = root.join("data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let dir = tempfile::tempdir()?;
+    let jsonl = dir.path().join("chats.jsonl");
+    let lines = [
+        r#"{"messages": [{"role": "user", "content": "What is 2 plus 3?"}, {"role": "assistant", "content": "5."}]}"#,
+        r#"{"messages": [{"role": "system", "content": "Answer in German."}, {"role": "user", "content": "7 × 8?"}, {"role": "assistant", "content": "56 — sechsundfünfzig ☃"}, {"role": "user", "content": "And  9 x 9 ?\n"}, {"role": "assistant", "content": " 81\n\nEinundachtzig."}]}"#,
+        "",
+        r#"{"prompt": [{"role": "user", "content": "Name a colour."}], "completion": [{"role": "assistant", "content": "Blue"}]}"#,
+    ];
+    std::fs::write(&jsonl, lines.join("\n"))?;
+    let context = 128;
+    let chats = taper::data::chat(
+        &jsonl,
+        taper::data::ChatOptions {
+            tokenizer: &tokenizer,
+            template: &model,
+            context,
+            split: "all",
+            train_on: taper::data::TrainOn::Assistant,
+        },
+    )?;
+    use taper::data::Source;
+    assert_eq!(chats.len(), 3);
+    let (x, y) = chats.gather(&[0, 1, 2])?;
+    let (x, y) = (x.to_vec2::<u32>()?, y.to_vec2::<u32>()?);
+    let reference = check_with(
+        "transformers, gguf",
+        &[
+            "chat-tokens",
+            model.to_str().unwrap(),
+            tokenizer.to_str().unwrap(),
+            jsonl.to_str().unwrap(),
+        ],
+    )?;
+    let ignore = taper::engine::loss::IGNORE;
+    for k in 0..3 {
+        let ids: Vec<u32> = serde_json::from_value(reference["ids"][k].clone())?;
+        let mask: Vec<u32> = serde_json::from_value(reference["mask"][k].clone())?;
+        let n = ids.len();
+        assert!(n < context, "conversation {k}: {n} tokens");
+        let want_x: Vec<u32> = (0..context)
+            .map(|p| if p + 1 < n { ids[p] } else { 0 })
+            .collect();
+        let want_y: Vec<u32> = (0..context)
+            .map(|p| match p + 1 < n && mask[p + 1] == 1 {
+                true => ids[p + 1],
+                false => ignore,
+            })
+            .collect();
+        assert_eq!(x[k], want_x, "conversation {k}: ids");
+        assert_eq!(y[k], want_y, "conversation {k}: trained positions");
+        let trained = want_y.iter().filter(|&&t| t != ignore).count();
+        eprintln!("conversation {k}: {n} tokens, {trained} trained");
+        assert!(trained > 0);
+    }
+    Ok(())
+}

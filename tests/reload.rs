@@ -888,6 +888,16 @@ fn shipped_smollm2_qlora_reloads() {
     );
 }
 
+#[test]
+fn shipped_smollm2_chat_reloads() {
+    common::fetched("data/smollm2/tokenizer.json").unwrap();
+    // Many epochs: the recipe's reload points every 10 steps apply the edits.
+    shipped_recipe_reloads(
+        "smollm2_chat.lua",
+        &["layers=1", "epochs=100000", "chats=64", "answers=0"],
+    );
+}
+
 /// Every recipe in scripts/ has a reload test above.
 #[test]
 fn every_shipped_recipe_has_a_reload_test() {

@@ -1421,3 +1421,142 @@ fn split_folders_given_as_the_image_folder_are_told() -> Result<()> {
     assert_eq!(taper::data::split_like(root, src.classes()), None);
     Ok(())
 }
+
+/// Role words and a few others, for chats rendered by `CHAT_TEMPLATE`.
+const CHAT_TOKENIZER: &str = r#"{
+  "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+  "normalizer": null, "pre_tokenizer": { "type": "Whitespace" }, "post_processor": null,
+  "decoder": null,
+  "model": { "type": "WordLevel", "vocab": { "[UNK]": 0, "user": 1, "assistant": 2, "end": 3,
+    "the": 4, "cat": 5, "sat": 6, "on": 7, "mat": 8, "system": 9 }, "unk_token": "[UNK]" }
+}"#;
+
+const CHAT_TEMPLATE: &str = "{% for m in messages %}{{ m.role }} {{ m.content }} end {% endfor %}{% if add_generation_prompt %}assistant {% endif %}";
+
+fn chats(dir: &Path, lines: &str, context: usize) -> taper::Result<taper::data::Chats> {
+    let tok = write(dir, "tokenizer.json", CHAT_TOKENIZER.as_bytes());
+    let template = write(dir, "chat.jinja", CHAT_TEMPLATE.as_bytes());
+    let path = write(dir, "chats.jsonl", lines.as_bytes());
+    taper::data::chat(
+        &path,
+        taper::data::ChatOptions {
+            tokenizer: &tok,
+            template: &template,
+            context,
+            split: "train",
+            train_on: taper::data::TrainOn::Assistant,
+        },
+    )
+}
+
+/// A conversation's replies are trained, its prompt and padding ignored;
+/// one longer than `context` is cut and said to be, and one with no reply
+/// within `context` is left out, and said to be.
+#[test]
+fn a_chat_file_trains_its_replies_and_says_what_it_cuts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let i = taper::engine::loss::IGNORE;
+    let lines = r#"{"messages": [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat on the mat"}]}
+{"prompt": [{"role": "system", "content": "the"}, {"role": "user", "content": "cat"}], "completion": [{"role": "assistant", "content": "sat"}]}
+"#;
+    let src = chats(dir.path(), lines, 12)?;
+    assert_eq!(src.len(), 2);
+    assert!(src.notes().is_empty(), "{:?}", src.notes());
+    let (x, y) = src.gather(&[0, 1])?;
+    let (x, y) = (x.to_vec2::<u32>()?, y.to_vec2::<u32>()?);
+    // user the cat end assistant | sat on the mat end
+    assert_eq!(x[0], [1, 4, 5, 3, 2, 6, 7, 4, 8, 0, 0, 0]);
+    assert_eq!(y[0], [i, i, i, i, 6, 7, 4, 8, 3, i, i, i]);
+    // system the end user cat end assistant | sat end
+    assert_eq!(x[1], [9, 4, 3, 1, 5, 3, 2, 6, 0, 0, 0, 0]);
+    assert_eq!(y[1], [i, i, i, i, i, i, 6, 3, i, i, i, i]);
+    let d = src.describe();
+    assert!(
+        d.contains("2 conversations, 19 tokens, 7 of them trained, context 12"),
+        "{d}"
+    );
+
+    // Context 6: the first keeps 7 tokens, its reply's first two; the
+    // second's reply starts at its 8th token and is left out.
+    let cut = chats(dir.path(), lines, 6)?;
+    assert_eq!(cut.len(), 1);
+    let notes = cut.notes().join("\n");
+    assert!(
+        notes.contains("1 conversation(s) longer than context 6 + 1 tokens are cut there (line 1)"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains(
+            "1 conversation(s) have no reply token within context 6 and are left out (line 2)"
+        ),
+        "{notes}"
+    );
+    let (_, y) = cut.gather(&[0])?;
+    assert_eq!(y.to_vec2::<u32>()?[0], [i, i, i, i, 6, 7]);
+    Ok(())
+}
+
+#[test]
+fn chat_file_errors_name_the_line_and_the_format_to_give() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ok = r#"{"messages": [{"role": "user", "content": "the"}, {"role": "assistant", "content": "cat"}]}"#;
+    let cases = [
+        ("not json", "chats.jsonl:2: not a JSON object"),
+        (
+            r#"{"conversations": [{"from": "human", "value": "the"}]}"#,
+            "chats.jsonl:2: `conversations` (ShareGPT's format, `from` and `value`): rename it `messages`",
+        ),
+        (
+            r#"{"prompt": "the", "completion": "cat"}"#,
+            "chats.jsonl:2: `prompt` is text: give it as messages",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "the"}]}]}"#,
+            "chats.jsonl:2: messages[0]: its `content` is not text",
+        ),
+        (r#"{"text": "the cat"}"#, "chats.jsonl:2: no `messages` (or `prompt` and `completion`) in it; its keys are [\"text\"]"),
+    ];
+    for (line, says) in cases {
+        let e = err_text(chats(dir.path(), &format!("{ok}\n{line}\n"), 16));
+        assert!(e.contains(says), "{line}: {e}");
+    }
+    let e = err_text(chats(
+        dir.path(),
+        r#"{"messages": [{"role": "user", "content": "the"}]}"#,
+        16,
+    ));
+    assert!(
+        e.contains("chats.jsonl: no conversation with a reply to train on"),
+        "{e}"
+    );
+
+    // A template that renders earlier turns otherwise once the
+    // conversation goes on cannot tell a reply's tokens.
+    let tok = write(dir.path(), "tokenizer.json", CHAT_TOKENIZER.as_bytes());
+    let rewrites = write(
+        dir.path(),
+        "rewrites.jinja",
+        b"{% for m in messages %}{% if loop.last %}{{ m.role }} {% endif %}{{ m.content }} {% endfor %}{% if add_generation_prompt %}assistant {% endif %}",
+    );
+    let path = write(dir.path(), "two.jsonl", ok.as_bytes());
+    let opts = |template| taper::data::ChatOptions {
+        tokenizer: &tok,
+        template,
+        context: 16,
+        split: "train",
+        train_on: taper::data::TrainOn::Assistant,
+    };
+    let e = err_text(taper::data::chat(&path, opts(&rewrites)));
+    assert!(e.contains("two.jsonl:1: the chat template renders the conversation before message 1 differently once it goes on") && e.contains("train_on = \"all\""), "{e}");
+    let config = write(
+        dir.path(),
+        "tokenizer_config.json",
+        b"{\"bos_token\": \"<s>\"}",
+    );
+    let e = err_text(taper::data::chat(&path, opts(&config)));
+    assert!(
+        e.contains("tokenizer_config.json: no `chat_template` in it"),
+        "{e}"
+    );
+    Ok(())
+}

@@ -344,6 +344,18 @@ function taper.data.csv(opts) end
 ---@return taper.Data
 function taper.data.text(opts) end
 
+---Conversations to fine-tune a chat model on: a JSON Lines file, one per line, in
+---TRL's formats (`{"messages": [{"role": "user", "content": ...}, ...]}`, or a
+---`prompt` and its `completion` as lists of messages). Each is rendered with the
+---chat `template` (a GGUF model's, a tokenizer_config.json's, or a .jinja file), as
+---transformers' apply_chat_template renders it, and tokenized whole; one sample of
+---`context` positions (default 512) each, cut or padded. The loss learns the replies
+---(`train_on = "assistant"`: the assistant's messages, or the completion) or every
+---token (`"all"`); the other positions are ignored.
+---@param opts {path: string, tokenizer: string, template: string, context?: integer, split?: string, train_on?: "assistant"|"all"}
+---@return taper.Data
+function taper.data.chat(opts) end
+
 ---A folder of images, one subfolder per class (torchvision's ImageFolder layout):
 ---classes in sorted order, pixels channel first divided by `scale` (default 255).
 ---`size` ({height, width}) resizes every image (bilinear, as PIL); `channels` is 3

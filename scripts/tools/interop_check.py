@@ -424,6 +424,41 @@ def torch_cnn(weights, spec, input_json):
     print(json.dumps({"logits": logits.tolist()}))
 
 
+def chat_tokens(model, tokenizer, jsonl):
+    """transformers' apply_chat_template over each conversation of a JSON
+    Lines file (messages, or a prompt and its completion), with the model's
+    own template read from its GGUF file: the ids, and the assistant mask
+    that transformers gives for the same template marked with
+    `{% generation %}`. Prints {"ids": [...], "mask": [...]}, one per line."""
+    from gguf import GGUFReader
+    from transformers import PreTrainedTokenizerFast
+
+    f = GGUFReader(model).fields["tokenizer.chat_template"]
+    template = bytes(f.parts[f.data[0]]).decode()
+    # SmolLM2's template, the assistant's content and end marked.
+    marked = template.replace(
+        "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}",
+        "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}{% generation %}"
+        "{{ message['content'] + '<|im_end|>' + '\n' }}{% endgeneration %}{% else %}"
+        "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endif %}",
+    )
+    assert marked != template, "the template is not SmolLM2's"
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer)
+    ids, masks = [], []
+    for line in open(jsonl, encoding="utf-8"):
+        if not line.strip():
+            continue
+        c = json.loads(line)
+        messages = c.get("messages") or c["prompt"] + c["completion"]
+        plain = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True)
+        out = tok.apply_chat_template(messages, chat_template=marked, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+        assert out["input_ids"] == plain["input_ids"], "the marked template renders another text"
+        ids.append(plain["input_ids"])
+        masks.append(out["assistant_masks"])
+    print(json.dumps({"ids": ids, "mask": masks}))
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "hf-random":
@@ -448,6 +483,8 @@ def main():
         numpy_write(args[0])
     elif cmd == "onnx-samples":
         onnx_samples(args[0], args[1], args[2], args[3])
+    elif cmd == "chat-tokens":
+        chat_tokens(args[0], args[1], args[2])
     elif cmd == "torch-cnn":
         torch_cnn(args[0], args[1], args[2])
     elif cmd == "csv-dummies":

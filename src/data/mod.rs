@@ -5,6 +5,8 @@
 mod array_input;
 mod augment;
 mod builtin;
+mod chat;
+mod chat_template;
 mod csv;
 mod epoch;
 mod files;
@@ -25,6 +27,8 @@ mod vocab;
 pub use array_input::{ArrayInput, ArrayRows};
 pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
+pub use chat::{chat, ChatOptions, Chats, TrainOn};
+pub use chat_template::ChatTemplate;
 pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, TableRows};
 pub use epoch::Epoch;
 pub use files::{idx, text, Idx};

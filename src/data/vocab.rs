@@ -6,6 +6,9 @@ use std::sync::Arc;
 
 use crate::{Error, Result};
 
+/// A byte range of a text: where a token came from.
+pub type Span = (usize, usize);
+
 /// A text vocabulary: the characters of a corpus, or a `tokenizer.json`
 /// (any model the `tokenizers` crate reads: BPE, WordPiece, WordLevel, ...).
 #[derive(Clone)]
@@ -168,6 +171,24 @@ impl Vocab {
                 .map_err(|e| Error::Data(format!("tokenizer: {e}")))?
                 .get_ids()
                 .to_vec()),
+        }
+    }
+    /// The ids of `text` and the byte range each came from, for a
+    /// tokenizer (a character vocabulary: each character's).
+    pub fn encode_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<Span>)> {
+        match &self.kind {
+            VocabKind::Chars { .. } => Ok((
+                self.encode(text)?,
+                text.char_indices()
+                    .map(|(i, c)| (i, i + c.len_utf8()))
+                    .collect(),
+            )),
+            VocabKind::Tokenizer(t) => {
+                let e = t
+                    .encode(text, false)
+                    .map_err(|e| Error::Data(format!("tokenizer: {e}")))?;
+                Ok((e.get_ids().to_vec(), e.get_offsets().to_vec()))
+            }
         }
     }
     pub fn decode(&self, ids: &[u32]) -> String {

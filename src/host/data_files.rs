@@ -185,6 +185,27 @@ fn augment(lua: &Lua, o: &AugmentOpts, sized: bool) -> mlua::Result<data::Augmen
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ChatOpts {
+    path: std::path::PathBuf,
+    tokenizer: std::path::PathBuf,
+    template: std::path::PathBuf,
+    #[serde(default = "chat_context")]
+    context: usize,
+    #[serde(default = "all")]
+    split: String,
+    #[serde(default = "assistant")]
+    train_on: data::TrainOn,
+}
+
+fn chat_context() -> usize {
+    512
+}
+fn assistant() -> data::TrainOn {
+    data::TrainOn::Assistant
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TokenOpts {
     path: std::path::PathBuf,
     #[serde(default = "u16_tokens")]
@@ -341,6 +362,34 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
                 for n in v.notes() {
                     super::state(lua).out.warn(n);
                 }
+            }
+            Ok(source(src))
+        })?,
+    )?;
+    t.set(
+        "chat",
+        lua.create_function(|lua, opts: Value| {
+            let o: ChatOpts = decode(lua, "taper.data.chat", opts)?;
+            check_files(
+                lua,
+                "taper.data.chat",
+                &[&o.path, &o.tokenizer, &o.template],
+            )?;
+            let src = data::chat(
+                &o.path,
+                data::ChatOptions {
+                    tokenizer: &o.tokenizer,
+                    template: &o.template,
+                    context: o.context,
+                    split: &o.split,
+                    train_on: o.train_on,
+                },
+            )
+            .map_err(|e| at_caller(lua, "taper.data.chat", e))?;
+            let out = &super::state(lua).out;
+            let vocab_notes = crate::data::Source::vocab(&src).map(|v| v.notes().to_vec());
+            for n in vocab_notes.unwrap_or_default().iter().chain(src.notes()) {
+                out.warn(n);
             }
             Ok(source(src))
         })?,

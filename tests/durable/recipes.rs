@@ -134,7 +134,7 @@ fn the_mnist_csv_recipe_stops_and_resumes_to_the_same_weights() {
 #[test]
 fn the_smollm2_qlora_recipe_stops_and_resumes_to_the_same_weights() {
     common::fetched("data/smollm2/tokenizer.json").unwrap();
-    let recipe = &[
+    stopped_after_step_10_of_40(&[
         "scripts/smollm2_qlora.lua",
         "--set",
         "layers=1",
@@ -144,7 +144,30 @@ fn the_smollm2_qlora_recipe_stops_and_resumes_to_the_same_weights() {
         "steps=40",
         "--set",
         "val_windows=2",
-    ];
+    ]);
+}
+
+/// scripts/smollm2_chat.lua (conversations, the replies alone trained, on
+/// one block of SmolLM2), 5 epochs of 8 steps: the same.
+#[test]
+fn the_smollm2_chat_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/smollm2/tokenizer.json").unwrap();
+    stopped_after_step_10_of_40(&[
+        "scripts/smollm2_chat.lua",
+        "--set",
+        "layers=1",
+        "--set",
+        "chats=64",
+        "--set",
+        "epochs=5",
+        "--set",
+        "answers=0",
+    ]);
+}
+
+/// A run of 40 steps stopped by SIGTERM after its first step record (step
+/// 10), resumed: the same weights as a straight run.
+fn stopped_after_step_10_of_40(recipe: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let reference = weights(&straight_run(recipe, dir.path()));
     let out = dir.path().join("stopped");
@@ -154,9 +177,10 @@ fn the_smollm2_qlora_recipe_stops_and_resumes_to_the_same_weights() {
     let stopped_at = records(&out, "run")[1]["step"].as_u64().unwrap();
     assert!(
         (10..40).contains(&stopped_at),
-        "resumed at step {stopped_at}"
+        "{}: resumed at step {stopped_at}",
+        recipe[0]
     );
-    assert!(weights(&end) == reference, "weights differ");
+    assert!(weights(&end) == reference, "{}: weights differ", recipe[0]);
 }
 
 /// Every recipe in scripts/ is stopped and resumed by a test in this

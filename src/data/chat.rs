@@ -1,0 +1,311 @@
+//! `taper.data.chat`: conversations to fine-tune a chat model on, one per
+//! line of a JSON Lines file in the formats TRL's `SFTTrainer` takes:
+//! `{"messages": [{"role": "user", "content": ...}, ...]}`, or a prompt and
+//! its completion as lists of messages. Each conversation is rendered with
+//! the model's chat template and tokenized whole; the loss learns the
+//! replies (the assistant's messages, or the completion), and the prompt's
+//! and padding's positions are ignored (`engine::ignored`), as TRL's
+//! `assistant_only_loss` and `completion_only_loss` do.
+//!
+//! A reply is found by rendering the conversation up to it twice, with the
+//! generation prompt and with the reply (transformers' way to the same
+//! mask where a template has no `{% generation %}` markers): what the reply
+//! adds to the text is its span, and the tokens that hold any of it are
+//! trained. Each conversation is one sample of `context` positions, cut
+//! there when longer (said, with how many) and padded when shorter.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use serde_json::Value;
+
+use super::chat_template::ChatTemplate;
+use super::files::read_text;
+use super::{Source, Vocab};
+use crate::engine::loss::IGNORE;
+use crate::{Error, Result};
+
+/// Which positions a chat source trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainOn {
+    /// The replies: the assistant's messages, or a prompt's completion.
+    Assistant,
+    /// Every token of the rendered conversation.
+    All,
+}
+
+/// How a chat file becomes samples.
+pub struct ChatOptions<'a> {
+    pub tokenizer: &'a Path,
+    pub template: &'a Path,
+    pub context: usize,
+    pub split: &'a str,
+    pub train_on: TrainOn,
+}
+
+/// Tokenized conversations, each with its trained positions.
+pub struct Chats {
+    name: String,
+    split: String,
+    context: usize,
+    /// Every conversation's tokens (cut to `context + 1`), one after another.
+    ids: Vec<u32>,
+    /// Per token: whether it is trained (a reply's).
+    trained: Vec<bool>,
+    /// Conversation `k` is `ids[starts[k]..starts[k + 1]]`.
+    starts: Vec<usize>,
+    vocab: Arc<Vocab>,
+    notes: Vec<String>,
+}
+
+/// The conversations of `path`, rendered and tokenized.
+pub fn chat(path: &Path, o: ChatOptions) -> Result<Chats> {
+    if o.context == 0 {
+        return Err(Error::Config(
+            "taper.data.chat: context must be 1 or more".into(),
+        ));
+    }
+    let text = read_text(path)?;
+    let vocab = Arc::new(Vocab::from_tokenizer_file(o.tokenizer)?);
+    let template = ChatTemplate::load(o.template)?;
+    let name = path
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let mut chats = Chats {
+        name,
+        split: o.split.to_string(),
+        context: o.context,
+        ids: Vec::new(),
+        trained: Vec::new(),
+        starts: vec![0],
+        vocab,
+        notes: Vec::new(),
+    };
+    let (mut cut, mut empty) = (Vec::new(), Vec::new());
+    for (k, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = |why: String| Error::Data(format!("{}:{}: {why}", path.display(), k + 1));
+        let (ids, mut trained) =
+            tokenized(line, &template, &chats.vocab, o.train_on).map_err(at)?;
+        let (mut ids, keep) = (ids, o.context + 1);
+        let long = ids.len() > keep;
+        ids.truncate(keep);
+        trained.truncate(keep);
+        // A position is trained when the token it predicts is.
+        if ids.len() < 2 || !trained[1..].iter().any(|&t| t) {
+            empty.push(k + 1);
+            continue;
+        }
+        if long {
+            cut.push(k + 1);
+        }
+        chats.ids.extend_from_slice(&ids);
+        chats.trained.extend_from_slice(&trained);
+        chats.starts.push(chats.ids.len());
+    }
+    chats.notes = notes(path, o.context, &cut, &empty);
+    if chats.len() == 0 {
+        return Err(Error::Data(format!(
+            "{}: no conversation with a reply to train on{}",
+            path.display(),
+            chats
+                .notes
+                .first()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        )));
+    }
+    Ok(chats)
+}
+
+/// A line's conversation as token ids, and for each whether it is trained.
+fn tokenized(
+    line: &str,
+    template: &ChatTemplate,
+    vocab: &Vocab,
+    train_on: TrainOn,
+) -> std::result::Result<(Vec<u32>, Vec<bool>), String> {
+    let (messages, replies) = conversation(line)?;
+    let (text, spans) = match train_on {
+        TrainOn::All => (template.render(&messages, false)?, Vec::new()),
+        TrainOn::Assistant => reply_spans(template, &messages, &replies)?,
+    };
+    let (ids, offsets) = vocab.encode_offsets(&text).map_err(|e| e.to_string())?;
+    let trained = offsets
+        .iter()
+        .map(|&(a, b)| match train_on {
+            TrainOn::All => true,
+            // A token that holds any of a reply's text.
+            TrainOn::Assistant => spans.iter().any(|&(s, e)| a < e && s < b),
+        })
+        .collect();
+    Ok((ids, trained))
+}
+
+/// What a user should know of a file's conversations: those cut at
+/// `context` and those left out for having no reply within it.
+fn notes(path: &Path, context: usize, cut: &[usize], empty: &[usize]) -> Vec<String> {
+    let lines = |v: &[usize]| {
+        let shown: Vec<String> = v.iter().take(5).map(|l| l.to_string()).collect();
+        let more = if v.len() > 5 { ", ..." } else { "" };
+        format!("{}{more}", shown.join(", "))
+    };
+    let mut notes = Vec::new();
+    if !cut.is_empty() {
+        notes.push(format!(
+            "{}: {} conversation(s) longer than context {context} + 1 tokens are cut there (line {}): a larger `context` keeps them whole",
+            path.display(),
+            cut.len(),
+            lines(cut)
+        ));
+    }
+    if !empty.is_empty() {
+        notes.push(format!(
+            "{}: {} conversation(s) have no reply token within context {context} and are left out (line {})",
+            path.display(),
+            empty.len(),
+            lines(empty)
+        ));
+    }
+    notes
+}
+
+/// A line's messages and which of them are replies to train.
+fn conversation(line: &str) -> std::result::Result<(Vec<Value>, Vec<usize>), String> {
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("not a JSON object: {e}"))?;
+    let obj = v.as_object().ok_or("not a JSON object")?;
+    let list = |key: &str| -> std::result::Result<Vec<Value>, String> {
+        match obj.get(key) {
+            Some(Value::Array(m)) => {
+                for (i, msg) in m.iter().enumerate() {
+                    check_message(msg).map_err(|why| format!("{key}[{i}]: {why}"))?;
+                }
+                Ok(m.clone())
+            }
+            Some(Value::String(_)) => Err(format!(
+                "`{key}` is text: give it as messages, [{{\"role\": \"{}\", \"content\": \"...\"}}] (TRL's conversational format), so that the chat template renders it",
+                if key == "completion" { "assistant" } else { "user" }
+            )),
+            Some(_) => Err(format!("`{key}` is not a list of messages")),
+            None => Err(format!("no `{key}`")),
+        }
+    };
+    if obj.contains_key("messages") {
+        let messages = list("messages")?;
+        let replies = (0..messages.len())
+            .filter(|&i| messages[i]["role"] == "assistant")
+            .collect();
+        return Ok((messages, replies));
+    }
+    if obj.contains_key("prompt") || obj.contains_key("completion") {
+        let mut messages = list("prompt")?;
+        let from = messages.len();
+        messages.extend(list("completion")?);
+        return Ok((messages.clone(), (from..messages.len()).collect()));
+    }
+    if obj.contains_key("conversations") {
+        return Err("`conversations` (ShareGPT's format, `from` and `value`): rename it `messages`, each `from` to `role` (human: user, gpt: assistant) and `value` to `content`".into());
+    }
+    let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+    Err(format!(
+        "no `messages` (or `prompt` and `completion`) in it; its keys are {keys:?}"
+    ))
+}
+
+fn check_message(m: &Value) -> std::result::Result<(), String> {
+    match (m.get("role"), m.get("content")) {
+        (Some(Value::String(_)), Some(Value::String(_))) => Ok(()),
+        (Some(Value::String(_)), Some(_)) => {
+            Err("its `content` is not text (parts or images are not read)".into())
+        }
+        _ => Err("a message is an object with `role` and `content` text".into()),
+    }
+}
+
+/// The rendered conversation and the byte spans of its replies.
+fn reply_spans(
+    template: &ChatTemplate,
+    messages: &[Value],
+    replies: &[usize],
+) -> std::result::Result<(String, Vec<(usize, usize)>), String> {
+    let full = template.render(messages, false)?;
+    let mut spans = Vec::new();
+    for &i in replies {
+        let assistant = messages[i]["role"] == "assistant";
+        let before = template.render(&messages[..i], assistant)?;
+        let with = template.render(&messages[..=i], false)?;
+        if !with.starts_with(&before) || !full.starts_with(&with) {
+            return Err(format!(
+                "the chat template renders the conversation before message {i} differently once it goes on (it rewrites earlier turns), so message {i}'s tokens cannot be told apart: train on the whole text with `train_on = \"all\"`"
+            ));
+        }
+        spans.push((before.len(), with.len()));
+    }
+    Ok((full, spans))
+}
+
+impl Chats {
+    /// What the user should be told of the file (conversations cut or left
+    /// out).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+}
+
+impl Source for Chats {
+    fn len(&self) -> usize {
+        self.starts.len() - 1
+    }
+    fn split(&self) -> &str {
+        &self.split
+    }
+    fn describe(&self) -> String {
+        let trained = (0..self.len())
+            .map(|k| {
+                self.trained[self.starts[k] + 1..self.starts[k + 1]]
+                    .iter()
+                    .filter(|&&t| t)
+                    .count()
+            })
+            .sum::<usize>();
+        format!(
+            "{}/{} ({} conversations, {} tokens, {trained} of them trained, context {}, vocabulary {})",
+            self.name,
+            self.split,
+            self.len(),
+            self.ids.len(),
+            self.context,
+            self.vocab.len()
+        )
+    }
+    fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        let t = self.context;
+        // Padding: id 0 as input (a causal model's earlier positions never
+        // see it), ignored as a label.
+        let mut x = vec![0u32; indices.len() * t];
+        let mut y = vec![IGNORE; indices.len() * t];
+        for (row, &k) in indices.iter().enumerate() {
+            let (s, e) = (self.starts[k], self.starts[k + 1]);
+            for p in 0..e - s - 1 {
+                x[row * t + p] = self.ids[s + p];
+                if self.trained[s + p + 1] {
+                    y[row * t + p] = self.ids[s + p + 1];
+                }
+            }
+        }
+        let b = indices.len();
+        Ok((
+            Tensor::from_vec(x, (b, t), &Device::Cpu)?,
+            Tensor::from_vec(y, (b, t), &Device::Cpu)?,
+        ))
+    }
+    fn vocab(&self) -> Option<&Vocab> {
+        Some(&self.vocab)
+    }
+}
