@@ -88,17 +88,15 @@ local after = run:evaluate(val:batch(16))
 print(("held-out replies: cross-entropy %.4f -> %.4f, next-token accuracy %.1f%% -> %.1f%%"):format(
   run.state.before.loss, after.loss, 100 * run.state.before.accuracy, 100 * after.accuracy))
 
--- The model answers held-out questions of the built-in task, greedily, in
--- the template's words for a new turn (SmolLM2's ChatML, with the system
--- prompt its template adds).
+-- The model answers held-out questions of the built-in task, greedily:
+-- `messages` are rendered with the model's chat template, and the reply
+-- ends at its end token. (`taper sample RUN --chat "What is 3 plus 4?"`
+-- asks the trained run from the command line.)
 local right, asked = 0, 0
 if questions then
   for i = #questions - n_val + 1, math.min(#questions, #questions - n_val + cfg.answers) do
     local q = questions[i]
-    local prompt = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-      .. "<|im_start|>user\n" .. q.q .. "<|im_end|>\n<|im_start|>assistant\n"
-    local reply = run:generate{ prompt = prompt, tokens = 16, temperature = 0 }
-    reply = reply:match("^(.-)<|im_end|>") or reply
+    local reply = run:generate{ messages = { { role = "user", content = q.q } }, tokens = 16, temperature = 0 }
     local said = tonumber(reply:match("is (%d+)"))
     asked, right = asked + 1, right + (said == q.sum and 1 or 0)
     if asked <= 3 then print(("%s -> %s"):format(q.q, reply)) end

@@ -144,6 +144,24 @@ print(run:generate{ prompt = { 1, 999 } })
             code: 2,
             says: &["recipe.lua:2: run:generate: prompt id 999 is out of range: the model's vocabulary has 67 ids"],
         },
+        Case {
+            name: "a chat's messages to a run on plain text",
+            recipe: r#"local run = taper.run{ model = taper.model.gpt{ vocab = 67, context = 8 }, data = taper.data.shakespeare{ context = 8 } }
+print(run:generate{ messages = { { role = "user", content = "hi" } } })
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:2: run:generate: `messages` need a run on chats (taper.data.chat), whose chat template renders them"],
+        },
+        Case {
+            name: "a prompt and messages both",
+            recipe: r#"local run = taper.run{ model = taper.model.gpt{ vocab = 67, context = 8 } }
+print(run:generate{ prompt = { 1 }, messages = {} })
+"#,
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:2: run:generate: give a `prompt` or a chat's `messages`, not both"],
+        },
         optim(
             "a step decay every 0 steps",
             "schedule = taper.schedule.step{ lr = 0.1, every = 0, gamma = 0.5 },",

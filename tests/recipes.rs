@@ -814,5 +814,14 @@ fn smollm2_chat_learns_the_replies_and_not_the_prompts() -> Result<()> {
         (6 * 10..=6 * 16).contains(&scored),
         "{scored} positions scored"
     );
+    // The checkpoint keeps the chat template: `taper sample --chat` renders
+    // a message with it, and the reply ends at the template's end token.
+    use taper::interop::saved::{sample_checkpoint, Prompt};
+    let reply = sample_checkpoint(dir.path(), Prompt::Chat("What is 3 plus 4?"), 24, 0.0, 0)?;
+    eprintln!("What is 3 plus 4? -> {reply:?}");
+    let said = reply
+        .strip_prefix("3 plus 4 is ")
+        .and_then(|r| r.strip_suffix('.'));
+    assert!(said.is_some_and(|n| n.parse::<u32>().is_ok()), "{reply:?}");
     Ok(())
 }

@@ -108,13 +108,14 @@ function Run:evaluate(data, opts) end
 function Run:log(fields) end
 
 ---@class taper.GenerateOptions
----@field prompt string|integer[] text (needs text data on the run) or token ids
+---@field prompt? string|integer[] text (needs text data on the run) or token ids
+---@field messages? {role: string, content: string}[] a chat's messages (a run on `taper.data.chat`): the reply to them, rendered with the run's chat template and ended at its end token
 ---@field tokens? integer how many to generate (default 200)
 ---@field temperature? number 0 is greedy (default 1.0)
 ---@field seed? integer (default 0)
 
 ---Samples a continuation from a sequence model (`taper.model.gpt`). Returns
----text for a text prompt, token ids for an id prompt.
+---text for a text prompt or a chat's messages, token ids for an id prompt.
 ---@param opts taper.GenerateOptions
 ---@return string|integer[]
 function Run:generate(opts) end

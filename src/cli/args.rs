@@ -185,8 +185,17 @@ pub struct SampleArgs {
     /// A checkpoint, or a run folder (its newest valid checkpoint)
     pub checkpoint: PathBuf,
     /// Text to continue [default: a newline]
-    #[arg(long, default_value = "\n", hide_default_value = true)]
+    #[arg(
+        long,
+        default_value = "\n",
+        hide_default_value = true,
+        conflicts_with = "chat"
+    )]
     pub prompt: String,
+    /// A user's message to a run on chats (taper.data.chat): prints the
+    /// model's reply, the message rendered with the run's chat template
+    #[arg(long)]
+    pub chat: Option<String>,
     #[arg(long, default_value_t = 200)]
     pub tokens: usize,
     #[arg(long, default_value_t = 1.0)]

@@ -215,8 +215,12 @@ pub fn classify(a: ClassifyArgs) -> ExitCode {
 
 /// `taper sample`.
 pub fn sample(a: SampleArgs) -> ExitCode {
-    use taper::interop::saved::sample_checkpoint;
-    match sample_checkpoint(&a.checkpoint, &a.prompt, a.tokens, a.temperature, a.seed) {
+    use taper::interop::saved::{sample_checkpoint, Prompt};
+    let prompt = match &a.chat {
+        Some(message) => Prompt::Chat(message),
+        None => Prompt::Text(&a.prompt),
+    };
+    match sample_checkpoint(&a.checkpoint, prompt, a.tokens, a.temperature, a.seed) {
         Ok(text) => {
             say!("{text}");
             ExitCode::SUCCESS

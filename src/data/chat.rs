@@ -68,8 +68,11 @@ pub fn chat(path: &Path, o: ChatOptions) -> Result<Chats> {
         ));
     }
     let text = read_text(path)?;
-    let vocab = Arc::new(Vocab::from_tokenizer_file(o.tokenizer)?);
+    // The vocabulary keeps the template: checkpoints carry it, and
+    // `run:generate{ messages = ... }` and `taper sample --chat` render with it.
     let template = ChatTemplate::load(o.template)?;
+    let vocab = Arc::new(Vocab::from_tokenizer_file(o.tokenizer)?.with_chat(template));
+    let template = vocab.chat().expect("the template was just given");
     let name = path
         .file_name()
         .unwrap_or_default()
@@ -82,7 +85,7 @@ pub fn chat(path: &Path, o: ChatOptions) -> Result<Chats> {
         ids: Vec::new(),
         trained: Vec::new(),
         starts: vec![0],
-        vocab,
+        vocab: vocab.clone(),
         notes: Vec::new(),
     };
     let (mut cut, mut empty) = (Vec::new(), Vec::new());
@@ -91,8 +94,7 @@ pub fn chat(path: &Path, o: ChatOptions) -> Result<Chats> {
             continue;
         }
         let at = |why: String| Error::Data(format!("{}:{}: {why}", path.display(), k + 1));
-        let (ids, mut trained) =
-            tokenized(line, &template, &chats.vocab, o.train_on).map_err(at)?;
+        let (ids, mut trained) = tokenized(line, template, &vocab, o.train_on).map_err(at)?;
         let (mut ids, keep) = (ids, o.context + 1);
         let long = ids.len() > keep;
         ids.truncate(keep);

@@ -16,6 +16,8 @@ use crate::{Error, Result};
 /// A chat template ready to render conversations.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The Jinja, kept for checkpoints.
+    source: String,
     bos: Option<String>,
     eos: Option<String>,
     /// Where it came from, for messages.
@@ -66,17 +68,43 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
-        env.add_template_owned("chat", source).map_err(|e| {
-            Error::Data(format!(
-                "{origin}: the chat template is not Jinja that renders: {e}"
-            ))
-        })?;
+        env.add_template_owned("chat", source.clone())
+            .map_err(|e| {
+                Error::Data(format!(
+                    "{origin}: the chat template is not Jinja that renders: {e}"
+                ))
+            })?;
         Ok(ChatTemplate {
             env,
+            source,
             bos,
             eos,
             origin,
         })
+    }
+
+    /// The template as data, for checkpoints: `{"template": ..., "bos_token":
+    /// ..., "eos_token": ...}`.
+    pub fn record(&self) -> serde_json::Value {
+        serde_json::json!({ "template": self.source, "bos_token": self.bos, "eos_token": self.eos })
+    }
+
+    /// The template [`ChatTemplate::record`] wrote.
+    pub fn from_record(v: &serde_json::Value) -> Result<Self> {
+        let text = |key: &str| v.get(key).and_then(|s| s.as_str()).map(str::to_string);
+        let source = text("template")
+            .ok_or_else(|| Error::Data("chat template record has no `template`".into()))?;
+        Self::new(
+            source,
+            text("bos_token"),
+            text("eos_token"),
+            "the checkpoint's chat template".into(),
+        )
+    }
+
+    /// The token that ends a reply (the file's EOS), where it names one.
+    pub fn end_token(&self) -> Option<&str> {
+        self.eos.as_deref()
     }
 
     /// The text of `messages` (JSON objects with `role` and `content`), and

@@ -14,6 +14,9 @@ pub type Span = (usize, usize);
 #[derive(Clone)]
 pub struct Vocab {
     kind: VocabKind,
+    /// A chat model's template, for a run on conversations: prompts are
+    /// rendered with it, and replies end at its end token.
+    chat: Option<Arc<crate::data::ChatTemplate>>,
     /// What taper changed in a tokenizer file's settings, to say so.
     notes: Vec<String>,
 }
@@ -48,6 +51,7 @@ impl Vocab {
             .collect();
         Vocab {
             kind: VocabKind::Chars { chars, index },
+            chat: None,
             notes: Vec::new(),
         }
     }
@@ -81,6 +85,7 @@ impl Vocab {
         t.with_padding(None);
         Ok(Vocab {
             kind: VocabKind::Tokenizer(Arc::new(t)),
+            chat: None,
             notes,
         })
     }
@@ -96,7 +101,12 @@ impl Vocab {
                     .to_string(false)
                     .ok()
                     .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
-                serde_json::json!({ "tokenizer": json })
+                match &self.chat {
+                    Some(c) => {
+                        serde_json::json!({ "tokenizer": json, "chat_template": c.record() })
+                    }
+                    None => serde_json::json!({ "tokenizer": json }),
+                }
             }
         }
     }
@@ -111,6 +121,7 @@ impl Vocab {
                 .collect();
             return Ok(Vocab {
                 kind: VocabKind::Chars { chars, index },
+                chat: None,
                 notes: Vec::new(),
             });
         }
@@ -122,10 +133,45 @@ impl Vocab {
             })?;
         let t: tokenizers::Tokenizer = serde_json::from_value(json.clone())
             .map_err(|e| Error::Data(format!("vocabulary record: not a tokenizer: {e}")))?;
+        let chat = match record.get("chat_template") {
+            Some(c) => Some(Arc::new(crate::data::ChatTemplate::from_record(c)?)),
+            None => None,
+        };
         Ok(Vocab {
             kind: VocabKind::Tokenizer(Arc::new(t)),
+            chat,
             notes: Vec::new(),
         })
+    }
+    /// The vocabulary of a chat model, with its template.
+    pub fn with_chat(mut self, template: crate::data::ChatTemplate) -> Self {
+        self.chat = Some(Arc::new(template));
+        self
+    }
+    /// The chat template, for a run on conversations.
+    pub fn chat(&self) -> Option<&crate::data::ChatTemplate> {
+        self.chat.as_deref()
+    }
+    /// The ids of a chat's next reply's prompt: `messages` rendered with
+    /// the generation prompt, and the id that ends a reply, where the
+    /// template names one that is a single token. None without a template.
+    pub fn chat_prompt(
+        &self,
+        messages: &[serde_json::Value],
+    ) -> Option<Result<(Vec<u32>, Option<u32>)>> {
+        let t = self.chat()?;
+        let prompt = match t.render(messages, true) {
+            Ok(p) => p,
+            Err(e) => return Some(Err(Error::Data(e))),
+        };
+        let end = t
+            .end_token()
+            .and_then(|e| self.encode(e).ok())
+            .and_then(|ids| match ids[..] {
+                [id] => Some(id),
+                _ => None,
+            });
+        Some(self.encode(&prompt).map(|ids| (ids, end)))
     }
     /// The characters in id order, for a character vocabulary.
     pub fn chars(&self) -> Option<&[char]> {

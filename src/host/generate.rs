@@ -20,7 +20,10 @@ enum Prompt {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GenerateOpts {
-    prompt: Prompt,
+    prompt: Option<Prompt>,
+    /// A chat's messages: the reply to them, rendered with the run's chat
+    /// template and ended at its end token.
+    messages: Option<Vec<serde_json::Value>>,
     #[serde(default = "default_tokens")]
     tokens: usize,
     #[serde(default = "default_temperature")]
@@ -44,16 +47,7 @@ pub(crate) fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<
         Some(Feed::Pipeline(p)) => p.source().vocab().cloned(),
         _ => None,
     };
-    let ids = match (&o.prompt, &vocab) {
-        (Prompt::Ids(ids), _) => ids.clone(),
-        (Prompt::Text(s), Some(v)) => v.encode(s).map_err(|e| config_error(lua, e))?,
-        (Prompt::Text(_), None) => {
-            return Err(config_error(
-                lua,
-                "run:generate: a text prompt needs a run whose data is text",
-            ))
-        }
-    };
+    let (ids, end) = prompt_ids(lua, &o, vocab.as_ref())?;
     // `taper check` validates the call without sampling from an untrained model.
     let tokens = if check_only { 0 } else { o.tokens };
     let out = r
@@ -61,9 +55,10 @@ pub(crate) fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<
         .trainer
         // A signal stops a long sampling between tokens, as it stops an
         // evaluation between batches.
-        .generate(
+        .generate_until(
             &ids,
             tokens,
+            end,
             o.temperature,
             o.seed,
             &mut crate::run::interrupt::check,
@@ -73,7 +68,39 @@ pub(crate) fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<
             other => lua_err(other),
         })?;
     match (&o.prompt, vocab) {
-        (Prompt::Text(_), Some(v)) => Ok(Value::String(lua.create_string(v.decode(&out))?)),
-        _ => mlua::LuaSerdeExt::to_value(lua, &out),
+        (Some(Prompt::Ids(_)), _) | (_, None) => mlua::LuaSerdeExt::to_value(lua, &out),
+        (_, Some(v)) => Ok(Value::String(lua.create_string(v.decode(&out))?)),
+    }
+}
+
+/// The prompt's ids, and the id that ends a chat's reply: from ids, text
+/// through the run's vocabulary, or a chat's messages through its template.
+fn prompt_ids(
+    lua: &Lua,
+    o: &GenerateOpts,
+    vocab: Option<&crate::data::Vocab>,
+) -> mlua::Result<(Vec<u32>, Option<u32>)> {
+    let err = |e| config_error(lua, e);
+    match (&o.prompt, &o.messages, vocab) {
+        (Some(_), Some(_), _) => Err(err(
+            "run:generate: give a `prompt` or a chat's `messages`, not both".to_string(),
+        )),
+        (None, None, _) => Err(err(
+            "run:generate: give a `prompt` (text or ids) or a chat's `messages`".to_string(),
+        )),
+        (Some(Prompt::Ids(ids)), None, _) => Ok((ids.clone(), None)),
+        (Some(Prompt::Text(s)), None, Some(v)) => {
+            Ok((v.encode(s).map_err(|e| err(e.to_string()))?, None))
+        }
+        (Some(Prompt::Text(_)), None, None) => Err(err(
+            "run:generate: a text prompt needs a run whose data is text".to_string(),
+        )),
+        (None, Some(m), v) => match v.and_then(|v| v.chat_prompt(m)) {
+            Some(r) => r.map_err(|e| err(format!("run:generate: {e}"))),
+            None => Err(err(
+                "run:generate: `messages` need a run on chats (taper.data.chat), whose chat template renders them"
+                    .to_string(),
+            )),
+        },
     }
 }

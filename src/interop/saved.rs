@@ -124,11 +124,19 @@ pub fn export_checkpoint(
     super::export(&saved.model(), out, format, ty, merge)
 }
 
+/// What `taper sample` continues.
+pub enum Prompt<'a> {
+    /// Text, printed with what follows it.
+    Text(&'a str),
+    /// A user's message to a chat model: its reply alone is printed.
+    Chat(&'a str),
+}
+
 /// `taper sample CHECKPOINT`: the prompt and the text the checkpoint's
-/// model generates after it.
+/// model generates after it; or a chat model's reply to a message.
 pub fn sample_checkpoint(
     arg: &Path,
-    prompt: &str,
+    prompt: Prompt,
     tokens: usize,
     temperature: f64,
     seed: u64,
@@ -139,11 +147,21 @@ pub fn sample_checkpoint(
         path: path.clone(),
         msg: "it holds no vocabulary (its run's data was not text)".into(),
     })?;
-    let ids = vocab.encode(prompt)?;
+    let (ids, end, shown) = match prompt {
+        Prompt::Text(text) => (vocab.encode(text)?, None, text),
+        Prompt::Chat(message) => {
+            let messages = [serde_json::json!({ "role": "user", "content": message })];
+            let (ids, end) = vocab.chat_prompt(&messages).ok_or_else(|| Error::Checkpoint {
+                path: path.clone(),
+                msg: "it holds no chat template (its run's data was not conversations, taper.data.chat): give --prompt".into(),
+            })??;
+            (ids, end, "")
+        }
+    };
     let out = saved
         .trainer
-        .generate(&ids, tokens, temperature, seed, &mut || Ok(()))?;
-    Ok(format!("{prompt}{}", vocab.decode(&out)))
+        .generate_until(&ids, tokens, end, temperature, seed, &mut || Ok(()))?;
+    Ok(format!("{shown}{}", vocab.decode(&out)))
 }
 
 /// One of a classifier's answers for an input.

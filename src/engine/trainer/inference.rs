@@ -146,6 +146,20 @@ impl Trainer {
         seed: u64,
         stop: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Vec<u32>> {
+        self.generate_until(prompt, n, None, temperature, seed, stop)
+    }
+
+    /// [`Trainer::generate`], ending early at `end` (a chat's end-of-reply
+    /// token), which is not returned.
+    pub fn generate_until(
+        &self,
+        prompt: &[u32],
+        n: usize,
+        end: Option<u32>,
+        temperature: f64,
+        seed: u64,
+        stop: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Vec<u32>> {
         let context = self.spec.context().ok_or_else(|| {
             Error::Config(format!(
                 "generate: {} is not a sequence model",
@@ -178,7 +192,11 @@ impl Trainer {
             let logits = model.forward(&x)?;
             let last = logits.squeeze(0)?.get(window.len() - 1)?;
             let last: Vec<f64> = last.to_dtype(DType::F64)?.to_vec1()?;
-            ids.push(sample(&last, temperature, &mut rng));
+            let id = sample(&last, temperature, &mut rng);
+            if Some(id) == end {
+                break;
+            }
+            ids.push(id);
         }
         Ok(ids[prompt.len()..].to_vec())
     }
