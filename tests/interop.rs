@@ -1679,3 +1679,70 @@ fn a_chat_is_tokenized_and_masked_as_transformers_apply_chat_template() -> Resul
     }
     Ok(())
 }
+
+/// scripts/smollm2_chat.lua fine-tunes SmolLM2 on its conversations and
+/// exports the adapter and a merged model; llama.cpp's chat completion
+/// (the file's own chat template) then replies in the words the run
+/// trained, as `taper sample --chat` does, where the original model does
+/// not.
+#[test]
+fn llama_cpp_chats_with_the_fine_tuned_model_as_taper_does() -> Result<()> {
+    common::fetched("data/smollm2/tokenizer.json")?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir()?;
+    let exported = dir.path().join("export");
+    let set = [
+        ("chats", "64"),
+        ("epochs", "1"),
+        ("answers", "0"),
+        ("export", exported.to_str().unwrap()),
+    ];
+    let mut host = Host::new(HostOptions {
+        out_dir: Some(dir.path().to_path_buf()),
+        quiet: true,
+        overrides: set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..HostOptions::default()
+    })?;
+    std::env::set_current_dir(root)?;
+    host.run_file(&root.join("scripts/smollm2_chat.lua"))?;
+    let question = "What is 3 plus 4?";
+    let ours = saved::sample_checkpoint(dir.path(), saved::Prompt::Chat(question), 24, 0.0, 0)?;
+    let base = root.join("data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let (adapter, merged) = (
+        exported.join("adapter.gguf"),
+        exported.join("merged-q8_0.gguf"),
+    );
+    let reply = |args: &[&Path]| -> Result<String> {
+        let mut a = vec!["llama-chat", args[0].to_str().unwrap(), question];
+        a.extend(args[1..].iter().map(|p| p.to_str().unwrap()));
+        let v = check_with("llama_cpp", &a)?;
+        Ok(v["reply"].as_str().unwrap_or_default().to_string())
+    };
+    let (original, with_adapter, alone) = (
+        reply(&[&base])?,
+        reply(&[&base, &adapter])?,
+        reply(&[&merged])?,
+    );
+    eprintln!(
+        "taper: {ours:?}\noriginal: {original:?}\nadapter: {with_adapter:?}\nmerged: {alone:?}"
+    );
+    let trained = |r: &str| {
+        r.strip_prefix("3 plus 4 is ")
+            .and_then(|n| n.strip_suffix('.'))
+            .is_some_and(|n| n.parse::<u32>().is_ok())
+    };
+    ensure!(trained(&ours), "taper: {ours:?}");
+    ensure!(
+        !trained(&original),
+        "the original model already replies so: {original:?}"
+    );
+    ensure!(
+        trained(&with_adapter),
+        "llama.cpp with the adapter: {with_adapter:?}"
+    );
+    ensure!(trained(&alone), "llama.cpp on the merged model: {alone:?}");
+    Ok(())
+}

@@ -424,6 +424,17 @@ def torch_cnn(weights, spec, input_json):
     print(json.dumps({"logits": logits.tolist()}))
 
 
+def llama_chat(model, message, lora=None):
+    """llama.cpp's chat completion (the GGUF file's own chat template) of
+    one user message, greedy. Prints {"reply": ...}."""
+    from llama_cpp import Llama
+
+    m = Llama(model_path=model, lora_path=lora, n_ctx=128, n_threads=2, verbose=False)
+    out = m.create_chat_completion(messages=[{"role": "user", "content": message}],
+                                   temperature=0, max_tokens=24)
+    print(json.dumps({"reply": out["choices"][0]["message"]["content"]}))
+
+
 def chat_tokens(model, tokenizer, jsonl):
     """transformers' apply_chat_template over each conversation of a JSON
     Lines file (messages, or a prompt and its completion), with the model's
@@ -483,6 +494,8 @@ def main():
         numpy_write(args[0])
     elif cmd == "onnx-samples":
         onnx_samples(args[0], args[1], args[2], args[3])
+    elif cmd == "llama-chat":
+        llama_chat(args[0], args[1], args[2] if len(args) > 2 else None)
     elif cmd == "chat-tokens":
         chat_tokens(args[0], args[1], args[2])
     elif cmd == "torch-cnn":
