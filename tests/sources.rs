@@ -1493,6 +1493,20 @@ fn a_chat_file_trains_its_replies_and_says_what_it_cuts() -> Result<()> {
     );
     let (_, y) = cut.gather(&[0])?;
     assert_eq!(y.to_vec2::<u32>()?[0], [i, i, i, i, 6, 7]);
+
+    // `train_on = "all"`: every token of the text, the padding still not.
+    let every = taper::data::chat(
+        &dir.path().join("chats.jsonl"),
+        taper::data::ChatOptions {
+            tokenizer: &dir.path().join("tokenizer.json"),
+            template: &dir.path().join("chat.jinja"),
+            context: 12,
+            split: "train",
+            train_on: taper::data::TrainOn::All,
+        },
+    )?;
+    let (_, y) = every.gather(&[0])?;
+    assert_eq!(y.to_vec2::<u32>()?[0], [4, 5, 3, 2, 6, 7, 4, 8, 3, i, i, i]);
     Ok(())
 }
 
