@@ -163,7 +163,18 @@ impl Distill {
                 logits.dims()
             );
         }
-        let soft = kl_soft(&teacher, &logits.to_dtype(DType::F32)?, self.temperature)?;
+        let student = logits.to_dtype(DType::F32)?;
+        // A sequence's ignored positions (a prompt's) are left out of the
+        // soft term too: both are means over the labelled positions.
+        let (teacher, student) = match ignored::labelled_index(targets, targets.device())? {
+            Some(keep) if keep.elem_count() > 0 => {
+                let c = student.dim(D::Minus1)?;
+                let (t, s) = (teacher.reshape(((), c))?, student.reshape(((), c))?);
+                (t.index_select(&keep, 0)?, s.index_select(&keep, 0)?)
+            }
+            _ => (teacher, student),
+        };
+        let soft = kl_soft(&teacher, &student, self.temperature)?;
         let soft = soft.to_dtype(hard.dtype())?;
         (soft * self.alpha)? + (hard * (1.0 - self.alpha))?
     }
@@ -330,6 +341,38 @@ mod tests {
             .loss(&x, &s.to_dtype(DType::F32)?, &y)?
             .to_scalar::<f32>()?;
         assert!((l as f64 - LOSS).abs() < 1e-6, "{l}");
+        Ok(())
+    }
+
+    /// With ignored positions, both terms are over the labelled ones: the
+    /// same loss as the labelled rows alone give.
+    #[test]
+    fn distillation_leaves_ignored_positions_out_of_both_terms() -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let s = Tensor::new(
+            &[[[1.0f32, 2.0, 0.5], [0.1, -1.0, 3.0], [0.3, 0.3, 0.1]]],
+            &dev,
+        )?;
+        let t = Tensor::new(
+            &[[[0.3f32, 2.5, -1.0], [1.0, 0.0, 2.0], [4.0, -2.0, 0.0]]],
+            &dev,
+        )?;
+        let y = Tensor::new(&[[1u32, IGNORE, 2]], &dev)?;
+        let d = |teacher: &Tensor| Distill {
+            teacher: Rc::new(Fixed(teacher.clone())),
+            teacher_name: "fixed".into(),
+            temperature: 2.0,
+            alpha: 0.7,
+            base: CrossEntropy::default(),
+        };
+        let x = Tensor::zeros((1, 3), DType::U32, &dev)?;
+        let masked = d(&t).loss(&x, &s, &y)?.to_scalar::<f32>()?;
+        let rows = Tensor::new(&[0u32, 2], &dev)?;
+        let pick = |v: &Tensor| v.squeeze(0)?.index_select(&rows, 0);
+        let kept = d(&pick(&t)?)
+            .loss(&x, &pick(&s)?, &Tensor::new(&[1u32, 2], &dev)?)?
+            .to_scalar::<f32>()?;
+        assert!((masked - kept).abs() < 1e-6, "{masked} vs {kept}");
         Ok(())
     }
 
