@@ -211,6 +211,36 @@ mod tests {
         assert!(e.contains("no role tool"), "{e}");
     }
 
+    /// Llama 3's template, and one with `namespace`, whitespace control,
+    /// an undefined `tools` and Python's `split`: the text Python's jinja2
+    /// renders with transformers' settings (trim_blocks, lstrip_blocks).
+    #[test]
+    fn other_models_templates_render_as_jinja2_renders_them() {
+        let llama3 = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+        let t = ChatTemplate::new(
+            llama3.into(),
+            Some("<|begin_of_text|>".into()),
+            None,
+            "t".into(),
+        )
+        .unwrap();
+        let m = [
+            json!({"role": "user", "content": "  Hi "}),
+            json!({"role": "assistant", "content": "Yo"}),
+        ];
+        assert_eq!(
+            t.render(&m, true).unwrap(),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nYo<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        let other = "{%- if tools %}T{%- endif %}\n{%- set ns = namespace(n=0) %}\n{%- for m in messages %}\n    {%- set ns.n = ns.n + 1 %}\n    {{- m.role | upper }}:{{ m.content.split(',')[0] }}\n{%- endfor %}\n{{- ns.n }}";
+        let t = ChatTemplate::new(other.into(), None, None, "t".into()).unwrap();
+        let m = [
+            json!({"role": "user", "content": "a,b"}),
+            json!({"role": "assistant", "content": "c"}),
+        ];
+        assert_eq!(t.render(&m, false).unwrap(), "USER:aASSISTANT:c2");
+    }
+
     #[test]
     fn a_tokenizer_config_names_its_template_and_tokens() {
         let cfg = json!({"chat_template": [{"name": "default", "template": "x"}],

@@ -309,8 +309,8 @@ impl Trainer {
         keep: Option<&Tensor>,
     ) -> candle_core::Result<Tensor> {
         let keep = match (&self.opts.loss, keep) {
-            // A distillation compares every position with the teacher's;
-            // its cross-entropy leaves the ignored ones out itself.
+            // A distillation compares each position with the teacher's,
+            // and leaves the ignored ones out of both its terms itself.
             (Loss::CrossEntropy(_), Some(k)) if k.elem_count() == 0 => {
                 return ignored::nothing(&self.model.forward(x)?);
             }
