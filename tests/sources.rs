@@ -1464,6 +1464,7 @@ fn a_chat_file_trains_its_replies_and_says_what_it_cuts() -> Result<()> {
     assert!(src.notes().is_empty(), "{:?}", src.notes());
     let (x, y) = src.gather(&[0, 1])?;
     let (x, y) = (x.to_vec2::<u32>()?, y.to_vec2::<u32>()?);
+    let y_plain = y.clone();
     // user the cat end assistant | sat on the mat end
     assert_eq!(x[0], [1, 4, 5, 3, 2, 6, 7, 4, 8, 0, 0, 0]);
     assert_eq!(y[0], [i, i, i, i, 6, 7, 4, 8, 3, i, i, i]);
@@ -1507,6 +1508,11 @@ fn a_chat_file_trains_its_replies_and_says_what_it_cuts() -> Result<()> {
     )?;
     let (_, y) = every.gather(&[0])?;
     assert_eq!(y.to_vec2::<u32>()?[0], [4, 5, 3, 2, 6, 7, 4, 8, 3, i, i, i]);
+
+    // As Windows' Notepad saves it: a byte order mark, CRLF line ends.
+    let windows = format!("\u{feff}{}", lines.replace('\n', "\r\n"));
+    let (wx, wy) = chats(dir.path(), &windows, 12)?.gather(&[0, 1])?;
+    assert_eq!((wx.to_vec2::<u32>()?, wy.to_vec2::<u32>()?), (x, y_plain));
     Ok(())
 }
 

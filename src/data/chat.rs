@@ -68,6 +68,8 @@ pub fn chat(path: &Path, o: ChatOptions) -> Result<Chats> {
         ));
     }
     let text = read_text(path)?;
+    // Windows' editors start a UTF-8 file with a byte order mark.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     // The vocabulary keeps the template: checkpoints carry it, and
     // `run:generate{ messages = ... }` and `taper sample --chat` render with it.
     let template = ChatTemplate::load(o.template)?;
