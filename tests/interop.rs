@@ -66,6 +66,23 @@ fn trained() -> Result<tempfile::TempDir> {
     Ok(dir)
 }
 
+/// Runs a shipped recipe quietly into `out`, with `set`'s values.
+fn shipped(root: &Path, recipe: &str, out: &Path, set: &[(&str, &str)]) -> Result<()> {
+    let mut host = Host::new(HostOptions {
+        out_dir: Some(out.to_path_buf()),
+        quiet: true,
+        overrides: set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..HostOptions::default()
+    })?;
+    // The recipe names its files relative to the repository.
+    std::env::set_current_dir(root)?;
+    host.run_file(&root.join(recipe))?;
+    Ok(())
+}
+
 /// The logits `[t, vocab]` of one sequence through a model.
 fn logits(model: &dyn Module, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
     let x = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
@@ -263,18 +280,7 @@ fn llama_cpp_runs_the_qlora_adapter_and_the_merged_model() -> Result<()> {
         ("val_windows", "2"),
         ("export", exported.to_str().unwrap()),
     ];
-    let mut host = Host::new(HostOptions {
-        out_dir: Some(dir.path().to_path_buf()),
-        quiet: true,
-        overrides: set
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..HostOptions::default()
-    })?;
-    // The recipe names its files relative to the repository.
-    std::env::set_current_dir(root)?;
-    host.run_file(&root.join("scripts/smollm2_qlora.lua"))?;
+    shipped(root, "scripts/smollm2_qlora.lua", dir.path(), &set)?;
     let saved = saved::open(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
     let model = saved.trainer.frozen()?;
 
@@ -1697,17 +1703,7 @@ fn llama_cpp_chats_with_the_fine_tuned_model_as_taper_does() -> Result<()> {
         ("answers", "0"),
         ("export", exported.to_str().unwrap()),
     ];
-    let mut host = Host::new(HostOptions {
-        out_dir: Some(dir.path().to_path_buf()),
-        quiet: true,
-        overrides: set
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..HostOptions::default()
-    })?;
-    std::env::set_current_dir(root)?;
-    host.run_file(&root.join("scripts/smollm2_chat.lua"))?;
+    shipped(root, "scripts/smollm2_chat.lua", dir.path(), &set)?;
     let question = "What is 3 plus 4?";
     let ours = saved::sample_checkpoint(dir.path(), saved::Prompt::Chat(question), 24, 0.0, 0)?;
     let base = root.join("data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
