@@ -1623,7 +1623,9 @@ fn a_regression_of_two_targets_scores_each_as_numpy_and_onnxruntime() -> Result<
 /// in its GGUF file and tokenizes them as transformers' `apply_chat_template`
 /// does, and trains the tokens that transformers' assistant mask marks
 /// (the template marked with `{% generation %}`): every other position is
-/// ignored, and so is the padding.
+/// ignored, and so is the padding. A conversation the assistant opens
+/// (SmolLM2's template then adds its system prompt before the first reply)
+/// is one of them.
 #[test]
 fn a_chat_is_tokenized_and_masked_as_transformers_apply_chat_template() -> Result<()> {
     let tokenizer = common::fetched("data/smollm2/tokenizer.json")?;
@@ -1636,6 +1638,7 @@ fn a_chat_is_tokenized_and_masked_as_transformers_apply_chat_template() -> Resul
         r#"{"messages": [{"role": "system", "content": "Answer in German."}, {"role": "user", "content": "7 × 8?"}, {"role": "assistant", "content": "56 — sechsundfünfzig ☃"}, {"role": "user", "content": "And  9 x 9 ?\n"}, {"role": "assistant", "content": " 81\n\nEinundachtzig."}]}"#,
         "",
         r#"{"prompt": [{"role": "user", "content": "Name a colour."}], "completion": [{"role": "assistant", "content": "Blue"}]}"#,
+        r#"{"messages": [{"role": "assistant", "content": "Hello! Ask me a sum."}, {"role": "user", "content": "2 plus 2?"}, {"role": "assistant", "content": "4."}]}"#,
     ];
     std::fs::write(&jsonl, lines.join("\n"))?;
     let context = 128;
@@ -1650,8 +1653,8 @@ fn a_chat_is_tokenized_and_masked_as_transformers_apply_chat_template() -> Resul
         },
     )?;
     use taper::data::Source;
-    assert_eq!(chats.len(), 3);
-    let (x, y) = chats.gather(&[0, 1, 2])?;
+    assert_eq!(chats.len(), 4);
+    let (x, y) = chats.gather(&[0, 1, 2, 3])?;
     let (x, y) = (x.to_vec2::<u32>()?, y.to_vec2::<u32>()?);
     let reference = check_with(
         "transformers, gguf",
@@ -1663,7 +1666,7 @@ fn a_chat_is_tokenized_and_masked_as_transformers_apply_chat_template() -> Resul
         ],
     )?;
     let ignore = taper::engine::loss::IGNORE;
-    for k in 0..3 {
+    for k in 0..4 {
         let ids: Vec<u32> = serde_json::from_value(reference["ids"][k].clone())?;
         let mask: Vec<u32> = serde_json::from_value(reference["mask"][k].clone())?;
         let n = ids.len();

@@ -242,16 +242,42 @@ fn reply_spans(
     let mut spans = Vec::new();
     for &i in replies {
         let assistant = messages[i]["role"] == "assistant";
-        let before = template.render(&messages[..i], assistant)?;
         let with = template.render(&messages[..=i], false)?;
-        if !with.starts_with(&before) || !full.starts_with(&with) {
-            return Err(format!(
-                "the chat template renders the conversation before message {i} differently once it goes on (it rewrites earlier turns), so message {i}'s tokens cannot be told apart: train on the whole text with `train_on = \"all\"`"
-            ));
+        let before = template.render(&messages[..i], assistant)?;
+        let start = match with.starts_with(&before) {
+            true => Some(before.len()),
+            // A conversation the assistant opens: a template may render
+            // its first message with more than its header (SmolLM2's adds a
+            // system prompt), so the reply starts at its own text.
+            false => reply_text(template, messages, i, &with)?,
+        };
+        match start {
+            Some(start) if full.starts_with(&with) => spans.push((start, with.len())),
+            _ => {
+                return Err(format!(
+                    "the chat template renders the conversation before message {i} differently once it goes on (it rewrites earlier turns), so message {i}'s tokens cannot be told apart: train on the whole text with `train_on = \"all\"`"
+                ))
+            }
         }
-        spans.push((before.len(), with.len()));
     }
     Ok((full, spans))
+}
+
+/// Where message `i`'s own text starts in `with` (the conversation rendered
+/// up to it), after the rendering of the messages before it; None when that
+/// rendering is not where `with` starts.
+fn reply_text(
+    template: &ChatTemplate,
+    messages: &[Value],
+    i: usize,
+    with: &str,
+) -> std::result::Result<Option<usize>, String> {
+    let earlier = template.render(&messages[..i], false)?;
+    let content = messages[i]["content"].as_str().unwrap_or_default();
+    Ok(match with.strip_prefix(earlier.as_str()) {
+        Some(rest) => rest.rfind(content).map(|at| earlier.len() + at),
+        None => None,
+    })
 }
 
 impl Chats {
