@@ -2,12 +2,14 @@
 //! equals the same step computed as 8 micro-batches of 8, or as uneven
 //! 24 + 24 + 16, within float32 rounding.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::VarBuilder;
 use taper::data::{digits, shakespeare, Batch, Pipeline};
 use taper::engine::loss::{CrossEntropy, Loss, IGNORE};
+use taper::engine::model::TrainModule;
 use taper::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
 use taper::engine::{Activation, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
 
@@ -184,11 +186,16 @@ fn weighted_cross_entropy_accumulation_equals_full_batch() -> Result<()> {
 
 /// A one-layer GPT on Shakespeare with context 16, and its batches of 64.
 fn tiny_gpt() -> Result<(Arc<dyn ModelSpec>, Pipeline)> {
+    let (gpt, data) = tiny_gpt_of()?;
+    Ok((Arc::new(gpt), data))
+}
+
+fn tiny_gpt_of() -> Result<(Gpt, Pipeline)> {
     let src = shakespeare("train", 16, None)?;
     let vocab = taper::data::Source::vocab(&src)
         .map(|v| v.len())
         .unwrap_or(0);
-    let spec: Arc<dyn ModelSpec> = Arc::new(Gpt {
+    let spec = Gpt {
         vocab,
         context: 16,
         width: 16,
@@ -197,7 +204,7 @@ fn tiny_gpt() -> Result<(Arc<dyn ModelSpec>, Pipeline)> {
         mlp: 2,
         from: None,
         initial: None,
-    });
+    };
     Ok((spec, Pipeline::new(Arc::new(src)).batch(64, false)))
 }
 
@@ -263,8 +270,7 @@ fn masked(batch: Batch, b: usize) -> Result<Batch> {
 }
 
 /// Parameters after 3 steps over masked batches, with micro-batches of
-/// `micro`; each step's loss is checked against the float64 mean over the
-/// labelled positions, from the model's logits before the step.
+/// `micro`; each step's loss is checked ([`step_checked`]).
 fn train_masked(
     spec: Arc<dyn ModelSpec>,
     optim: &OptimSpec,
@@ -274,18 +280,24 @@ fn train_masked(
 ) -> Result<Vec<Vec<f32>>> {
     let mut t = trainer(spec, optim, loss)?;
     for (b, batch) in data.epoch(1, 64, 0).take(3).enumerate() {
-        let batch = masked(batch?, b)?;
-        let logits = t.frozen()?.forward(&batch.x)?;
-        let (want, got) = (
-            labelled_mean(&logits, &batch.y)?,
-            t.train_step_micro(&batch, micro)?,
-        );
-        assert!(
-            (want - got).abs() < 1e-5 * want,
-            "step {b}: loss {got}, want {want}"
-        );
+        step_checked(&mut t, &masked(batch?, b)?, micro, b)?;
     }
     params(&t)
+}
+
+/// One step over `batch` (step `b`), its loss checked against the float64
+/// mean over the labelled positions, from the model's logits before it.
+fn step_checked(t: &mut Trainer, batch: &Batch, micro: usize, b: usize) -> Result<()> {
+    let logits = t.frozen()?.forward(&batch.x)?;
+    let (want, got) = (
+        labelled_mean(&logits, &batch.y)?,
+        t.train_step_micro(batch, micro)?,
+    );
+    assert!(
+        (want - got).abs() < 1e-5 * want,
+        "step {b}: loss {got}, want {want}"
+    );
+    Ok(())
 }
 
 /// The cross-entropy of `logits` over the positions whose label is not
@@ -339,5 +351,142 @@ fn ignored_positions_accumulate_to_the_full_batch_and_leave_the_mean() -> Result
     let plain = train(spec, &optim, &data, 64, 3)?;
     let apart = max_rel_diff(&plain, &full);
     assert!(apart > 1e-3, "ignoring positions changed nothing: {apart}");
+    Ok(())
+}
+
+/// A GPT that records the positions of each input it is given; `causal`
+/// says whether taper may leave out positions no sample labels.
+struct Spy {
+    gpt: Gpt,
+    causal: bool,
+    widths: Arc<Mutex<Vec<usize>>>,
+}
+
+struct SpyModule {
+    inner: Box<dyn TrainModule>,
+    widths: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Module for SpyModule {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.widths.lock().unwrap().push(x.dim(1)?);
+        self.inner.forward(x)
+    }
+}
+
+impl TrainModule for SpyModule {
+    fn hidden_and_head(&self, x: &Tensor) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+        self.widths.lock().unwrap().push(x.dim(1)?);
+        self.inner.hidden_and_head(x)
+    }
+}
+
+impl ModelSpec for Spy {
+    fn describe(&self) -> String {
+        self.gpt.describe()
+    }
+    fn build(&self, vb: VarBuilder) -> candle_core::Result<Box<dyn Module>> {
+        self.gpt.build(vb)
+    }
+    fn build_train(&self, vb: VarBuilder) -> candle_core::Result<Box<dyn TrainModule>> {
+        Ok(Box::new(SpyModule {
+            inner: self.gpt.build_train(vb)?,
+            widths: self.widths.clone(),
+        }))
+    }
+    fn context(&self) -> Option<usize> {
+        self.gpt.context()
+    }
+    fn causal(&self) -> bool {
+        self.causal
+    }
+}
+
+/// Batch `b`'s labels as a batch of conversations padded to the context
+/// has them: sample `i` labels its positions from `(i + b) % 3` up to
+/// `(i * 7 + b) % 11` (none when that is not after the first), the rest
+/// ignored.
+fn padded(batch: Batch, b: usize) -> Result<Batch> {
+    let (n, t) = batch.y.dims2()?;
+    let mut y = batch.y.flatten_all()?.to_vec1::<u32>()?;
+    for i in 0..n {
+        let (from, end) = ((i + b) % 3, (i * 7 + b) % 11);
+        for (p, label) in y[i * t..(i + 1) * t].iter_mut().enumerate() {
+            if p < from || p >= end {
+                *label = IGNORE;
+            }
+        }
+    }
+    Ok(Batch {
+        y: Tensor::from_vec(y, (n, t), &Device::Cpu)?,
+        ..batch
+    })
+}
+
+/// The last labelled position of any of samples `[from, from + m)`, plus
+/// one (at least 1).
+fn width(y: &Tensor, from: usize, m: usize) -> Result<usize> {
+    let rows = y.narrow(0, from, m)?.to_vec2::<u32>()?;
+    let last = rows
+        .iter()
+        .filter_map(|r| r.iter().rposition(|&l| l != IGNORE))
+        .max();
+    Ok(last.map_or(1, |l| l + 1))
+}
+
+/// A causal model's positions after the last one any sample of a piece
+/// labels (a chat's padding) are not computed, and leaving them out
+/// changes nothing: the weights after three steps equal those of the same
+/// model computing every position, in one batch or in micro-batches (some
+/// with no labelled position), through the full logits or the chunked
+/// loss, and each step's loss is the float64 mean over the labelled
+/// positions. The model is given each piece's labelled width, no more.
+#[test]
+fn positions_after_the_last_labelled_one_are_not_computed_and_change_nothing() -> Result<()> {
+    let (gpt, data) = tiny_gpt_of()?;
+    let optim = OptimSpec::Sgd(SgdConfig {
+        lr: 0.5,
+        ..Default::default()
+    });
+    for (micro, chunk) in [(64, 0), (24, 0), (5, 100)] {
+        let ce = CrossEntropy {
+            chunk,
+            ..Default::default()
+        };
+        let mut weights = Vec::new();
+        for causal in [false, true] {
+            let widths = Arc::new(Mutex::new(Vec::new()));
+            let spy = Arc::new(Spy {
+                gpt: gpt.clone(),
+                causal,
+                widths: widths.clone(),
+            });
+            let mut t = trainer(spy, &optim, ce.clone())?;
+            let mut want = Vec::new();
+            for (b, batch) in data.epoch(1, 64, 0).take(3).enumerate() {
+                let batch = padded(batch?, b)?;
+                step_checked(&mut t, &batch, micro, b)?;
+                for from in (0..batch.len()).step_by(micro) {
+                    let m = micro.min(batch.len() - from);
+                    want.push(match causal {
+                        true => width(&batch.y, from, m)?,
+                        false => batch.y.dim(1)?,
+                    });
+                }
+            }
+            assert_eq!(
+                *widths.lock().unwrap(),
+                want,
+                "causal {causal}, micro {micro}"
+            );
+            weights.push(params(&t)?);
+        }
+        let d = max_rel_diff(&weights[0], &weights[1]);
+        eprintln!("padding left out, micro {micro}, chunk {chunk}: {d:e}");
+        assert!(
+            d < 1e-6,
+            "micro {micro}, chunk {chunk}: max relative difference {d}"
+        );
+    }
     Ok(())
 }

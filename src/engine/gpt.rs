@@ -241,6 +241,10 @@ impl ModelSpec for Gpt {
         Some(self.context)
     }
 
+    fn causal(&self) -> bool {
+        true
+    }
+
     fn interface(&self) -> crate::engine::model::Interface {
         crate::engine::model::Interface {
             features: None,

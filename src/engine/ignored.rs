@@ -41,6 +41,28 @@ pub fn per_sample(targets: &Tensor) -> Result<Option<Vec<usize>>> {
     ))
 }
 
+/// For a causal model's sequence labels (`[batch, t]`) holding
+/// [`IGNORE`]: how many leading positions hold every labelled one (the
+/// last labelled position of any sample, plus one; at least 1). None when
+/// that is all `t`. A causal model's positions after it change neither
+/// the loss nor its gradient, so a batch of conversations padded to the
+/// context is computed only as far as its longest reply goes, as
+/// transformers' collators pad a batch to its longest sample rather than
+/// to the context.
+pub fn labelled_width(targets: &Tensor) -> Result<Option<usize>> {
+    if !sequence_labels(targets) || targets.rank() != 2 {
+        return Ok(None);
+    }
+    let t = targets.dim(1)?;
+    let labels = targets.flatten_all()?.to_vec1::<u32>()?;
+    let width = labels
+        .chunks(t.max(1))
+        .filter_map(|s| s.iter().rposition(|&l| l != IGNORE))
+        .max()
+        .map_or(1, |last| last + 1);
+    Ok((width < t).then_some(width))
+}
+
 /// The flat positions of `targets` that are labelled, as an index tensor
 /// on `device`, when some are ignored; None when none is.
 pub fn labelled_index(targets: &Tensor, device: &Device) -> Result<Option<Tensor>> {
@@ -93,6 +115,24 @@ mod tests {
         // A classifier's labels are not sequences: never looked into.
         let classes = Tensor::new(&[IGNORE, 1], &dev)?;
         assert_eq!(per_sample(&classes)?, None);
+        assert_eq!(labelled_width(&classes)?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn the_width_holds_the_last_labelled_position_of_any_sample() -> Result<()> {
+        let dev = Device::Cpu;
+        let y = Tensor::new(
+            &[[IGNORE, 3, IGNORE, IGNORE], [5, IGNORE, IGNORE, IGNORE]],
+            &dev,
+        )?;
+        assert_eq!(labelled_width(&y)?, Some(2));
+        let none = Tensor::new(&[[IGNORE, IGNORE], [IGNORE, IGNORE]], &dev)?;
+        assert_eq!(labelled_width(&none)?, Some(1));
+        let last = Tensor::new(&[[IGNORE, 3], [IGNORE, IGNORE]], &dev)?;
+        assert_eq!(labelled_width(&last)?, None);
+        let plain = Tensor::new(&[[1u32, 3], [0, 2]], &dev)?;
+        assert_eq!(labelled_width(&plain)?, None);
         Ok(())
     }
 }

@@ -30,6 +30,13 @@ pub trait ModelSpec: Send + Sync {
     fn context(&self) -> Option<usize> {
         None
     }
+    /// Whether each position's output depends on its own input and earlier
+    /// ones only (a GPT's, a llama's). Then a batch's last positions that
+    /// no sample labels are not computed: they change neither the loss nor
+    /// its gradient ([`crate::engine::ignored::labelled_width`]).
+    fn causal(&self) -> bool {
+        false
+    }
     /// What the model takes and gives, so that each batch is checked
     /// against it (see [`check_batch`]); all unknown by default.
     fn interface(&self) -> Interface {

@@ -111,6 +111,9 @@ impl ModelSpec for WarmStart {
     fn context(&self) -> Option<usize> {
         self.inner.context()
     }
+    fn causal(&self) -> bool {
+        self.inner.causal()
+    }
     fn interface(&self) -> Interface {
         self.inner.interface()
     }

@@ -346,4 +346,8 @@ impl ModelSpec for LlamaGguf {
     fn context(&self) -> Option<usize> {
         Some(self.context)
     }
+
+    fn causal(&self) -> bool {
+        true
+    }
 }

@@ -107,9 +107,12 @@ impl Trainer {
                     by.narrow(0, start, len).map_err(eval)?,
                 )
             };
-            let logits = model.forward(&x).map_err(eval)?;
-            // A sequence's ignored positions are not scored (nor counted).
+            // A sequence's ignored positions are not scored (nor counted),
+            // and a causal model's last ones, when no sample labels them,
+            // not computed.
             let host_y = batch.y.narrow(0, start, len).map_err(eval)?;
+            let (x, y, host_y) = self.labelled_part(x, y, host_y).map_err(eval)?;
+            let logits = model.forward(&x).map_err(eval)?;
             let count = match crate::engine::ignored::per_sample(&host_y).map_err(eval)? {
                 Some(per) => per.iter().sum(),
                 None => y.elem_count(),

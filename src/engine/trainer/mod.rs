@@ -369,6 +369,29 @@ impl Trainer {
         self.opts.loss.loss(x, &logits, &y)
     }
 
+    /// A piece of a batch (`x` and `y` on the device, `host_y` the same
+    /// rows' labels on the host) cut after the last position any of its
+    /// samples labels, for a causal model ([`ignored::labelled_width`]);
+    /// as it is otherwise.
+    fn labelled_part(
+        &self,
+        x: Tensor,
+        y: Tensor,
+        host_y: Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        if !self.spec.causal() || x.rank() != 2 || x.dims() != y.dims() {
+            return Ok((x, y, host_y));
+        }
+        match ignored::labelled_width(&host_y)? {
+            Some(w) => Ok((
+                x.narrow(1, 0, w)?.contiguous()?,
+                y.narrow(1, 0, w)?.contiguous()?,
+                host_y.narrow(1, 0, w)?,
+            )),
+            None => Ok((x, y, host_y)),
+        }
+    }
+
     /// The labelled positions of `y` (a host batch's sequence labels), on
     /// the device, when some are ignored; see [`ignored`].
     fn labelled(&self, y: &Tensor) -> Result<Option<Tensor>> {
@@ -383,6 +406,8 @@ impl Trainer {
         let n = n.clamp(1, batch.len());
         let (x, y) = self.inputs(batch)?;
         let (x, y) = (x.narrow(0, 0, n)?, y.narrow(0, 0, n)?);
+        // Every position, as the batch gives them (no `labelled_part`):
+        // the plan holds for samples that label up to the last one.
         let keep = self.labelled(&batch.y.narrow(0, 0, n)?)?;
         let base = crate::memory::HostMemory::current();
         crate::memory::HostMemory::reset_peak();

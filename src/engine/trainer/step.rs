@@ -92,13 +92,20 @@ impl Trainer {
         guard(Phase::Upload)?;
         for from in (start..start + len).step_by(micro) {
             let m = micro.min(start + len - from);
-            let (x, y) = if m == bx.dim(0)? {
+            let (mut x, mut y) = if m == bx.dim(0)? {
                 (bx.clone(), by.clone())
             } else {
                 (bx.narrow(0, from, m)?, by.narrow(0, from, m)?)
             };
             let keep = match &labelled {
-                Some(_) => self.labelled(&batch.y.narrow(0, from, m)?)?,
+                Some(_) => {
+                    let host_y = batch.y.narrow(0, from, m)?;
+                    let (cut_x, cut_y, host_y) = self
+                        .labelled_part(x, y, host_y)
+                        .map_err(|e| classify(e.into(), Phase::Forward))?;
+                    (x, y) = (cut_x, cut_y);
+                    self.labelled(&host_y)?
+                }
                 None => None,
             };
             let (weight, summed) = match (weight_sum, &labelled) {
@@ -327,13 +334,6 @@ fn is_oom(e: &Error) -> bool {
     matches!(e, Error::Candle(c) if is_device_oom(c))
 }
 
-/// Adds the variables' gradients from `grads` into `acc`. Gradients of
-/// intermediate tensors are dropped here, so they do not stay alive while
-/// the next micro-batch runs. When `more` micro-batches follow, a first
-/// gradient is written into storage of its own: some of candle's are views
-/// into a larger tensor of the backward, which they would keep alive
-/// through the next micro-batch (on the Shakespeare GPT, 85 KB per sample:
-/// 8% of a micro-batch's peak, which `taper plan` did not expect).
 /// The labelled positions of samples `[from, from + m)` over the whole
 /// batch's (`per`: each sample's); 0 when the batch has none.
 fn share(per: &[usize], from: usize, m: usize) -> f64 {
@@ -344,6 +344,13 @@ fn share(per: &[usize], from: usize, m: usize) -> f64 {
     }
 }
 
+/// Adds the variables' gradients from `grads` into `acc`. Gradients of
+/// intermediate tensors are dropped here, so they do not stay alive while
+/// the next micro-batch runs. When `more` micro-batches follow, a first
+/// gradient is written into storage of its own: some of candle's are views
+/// into a larger tensor of the backward, which they would keep alive
+/// through the next micro-batch (on the Shakespeare GPT, 85 KB per sample:
+/// 8% of a micro-batch's peak, which `taper plan` did not expect).
 fn accumulate(
     acc: &mut GradStore,
     vars: &[(String, Var)],
