@@ -19,9 +19,10 @@ evaluation and the epoch's end in its metrics.jsonl):
 
 With `--chat FILE.jsonl --batch 8 --lr 2e-3`, the reference for
 scripts/smollm2_chat.lua's step: the file's conversations rendered with the
-GGUF's chat template by transformers' apply_chat_template, padded to
-`--context` tokens, labels -100 outside the assistant's replies (the loss
-then leaves them out, as TRL's assistant_only_loss does). Alternate it with
+GGUF's chat template by transformers' apply_chat_template, cut at
+`--context` + 1 tokens and padded to the longest of their batch (as TRL's
+collator pads), labels -100 outside the assistant's replies (the loss then
+leaves them out, as TRL's assistant_only_loss does). Alternate it with
 
     taper train scripts/smollm2_chat.lua --set data=FILE.jsonl --set epochs=1 --set answers=0 --log-every 1 --out DIR
 
@@ -83,11 +84,16 @@ def chat_batches():
             n0 = len(before["input_ids"] if hasattr(before, "keys") else before)
             n1 = len(upto["input_ids"] if hasattr(upto, "keys") else upto)
             labels[n0:n1] = ids[n0:n1]
-        pad = a.context + 1 - len(ids)
-        rows.append((ids + [0] * pad, [1] * len(ids) + [0] * pad, labels[: len(ids)] + [-100] * pad))
+        rows.append((ids, labels[: len(ids)]))
     for k in range(0, len(rows) - a.batch + 1, a.batch):
         part = rows[k : k + a.batch]
-        yield tuple(torch.tensor([r[j] for r in part]) for j in range(3))
+        longest = max(len(ids) for ids, _ in part)
+        pads = [longest - len(ids) for ids, _ in part]
+        yield (
+            torch.tensor([ids + [0] * p for (ids, _), p in zip(part, pads)]),
+            torch.tensor([[1] * len(ids) + [0] * p for (ids, _), p in zip(part, pads)]),
+            torch.tensor([labels + [-100] * p for (_, labels), p in zip(part, pads)]),
+        )
 
 
 if a.chat:
@@ -104,5 +110,6 @@ for s in range(a.steps):
     opt.zero_grad(set_to_none=True)
     times.append(time.perf_counter() - t)
 print("peft lora step s:", " ".join(f"{t:.2f}" for t in times))
+print(f"mean after warm-up: {statistics.mean(times[2:] or times):.2f} s")
 print(f"median after warm-up: {statistics.median(times[2:] or times):.2f} s "
       f"({sum(q.numel() for q in trained)} trained parameters)")
