@@ -1449,6 +1449,25 @@ fn chats(dir: &Path, lines: &str, context: usize) -> taper::Result<taper::data::
     )
 }
 
+/// Sources of one chat file (a recipe's splits, or those a reloaded recipe
+/// builds again) share one tokenization while any of them is alive; an
+/// edited file, or another `context`, is tokenized afresh.
+#[test]
+fn chat_sources_of_the_same_bytes_share_one_tokenization() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let line = r#"{"messages": [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"}]}"#;
+    let vocab = |c: &taper::data::Chats| c.vocab().expect("a vocabulary") as *const _;
+    let a = chats(dir.path(), line, 16)?;
+    let b = chats(dir.path(), line, 16)?;
+    assert_eq!(vocab(&a), vocab(&b));
+    let longer = chats(dir.path(), line, 32)?;
+    assert_ne!(vocab(&a), vocab(&longer));
+    let edited = chats(dir.path(), &format!("{line}\n{line}"), 16)?;
+    assert_ne!(vocab(&a), vocab(&edited));
+    assert_eq!((a.len(), edited.len()), (1, 2));
+    Ok(())
+}
+
 /// A conversation's replies are trained, its prompt and padding ignored;
 /// one longer than `context` is cut and said to be, and one with no reply
 /// within `context` is left out, and said to be.

@@ -1,8 +1,10 @@
-//! Text files tokenized once per process. A recipe's `train` and `val`
-//! sources of one file, and the same sources built again by a hot-reloaded
-//! version of the recipe, share one tokenization: with a `tokenizer.json`
-//! it is the slow part (SmolLM2's tokenizer over Shakespeare's 1 MB takes
-//! about 0.6 s, and a reload paused the run for both splits).
+//! Text and chat files tokenized once per process. A recipe's `train` and
+//! `val` sources of one file, and the same sources built again by a
+//! hot-reloaded version of the recipe, share one tokenization: with a
+//! `tokenizer.json` it is the slow part (SmolLM2's tokenizer over
+//! Shakespeare's 1 MB takes about 0.6 s, and a reload paused the run for
+//! both splits; a chat file's conversations are each rendered with the
+//! template, once per reply, before they are tokenized).
 //!
 //! The cache holds weak references only: the tokens live as long as a
 //! source uses them, and an entry is found again only while one does (as
@@ -16,20 +18,23 @@ use std::sync::{Arc, Mutex, Weak};
 use super::Vocab;
 use crate::Result;
 
-/// What a tokenization depends on: the text's bytes and the tokenizer
-/// file's (none for a character vocabulary), each as its length and hash.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) struct Key {
-    text: (usize, u64),
-    tokenizer: Option<(usize, u64)>,
-}
+/// What a tokenization depends on: the bytes it reads (the text's, the
+/// tokenizer file's, a chat template's and options), each as its length
+/// and hash.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(super) struct Key(Vec<(usize, u64)>);
 
 impl Key {
+    /// A text's key, with its tokenizer file's bytes (none for a character
+    /// vocabulary).
     pub(super) fn new(text: &[u8], tokenizer: Option<&[u8]>) -> Key {
-        Key {
-            text: digest(text),
-            tokenizer: tokenizer.map(digest),
-        }
+        let parts: Vec<&[u8]> = [Some(text), tokenizer].into_iter().flatten().collect();
+        Key::of(&parts)
+    }
+
+    /// The key of what is made from `parts`, in order.
+    pub(super) fn of(parts: &[&[u8]]) -> Key {
+        Key(parts.iter().map(|p| digest(p)).collect())
     }
 }
 
@@ -41,36 +46,83 @@ fn digest(bytes: &[u8]) -> (usize, u64) {
     (bytes.len(), h.finish())
 }
 
-type Entry = (Key, Weak<Vec<u32>>, Weak<Vocab>);
+/// What a cache hands out and keeps weakly: shared values.
+pub(super) trait Handles: Sized {
+    type Weak: Send;
+    fn downgrade(&self) -> Self::Weak;
+    fn upgrade(weak: &Self::Weak) -> Option<Self>;
+}
 
-static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+impl<T: Send + Sync> Handles for Arc<T> {
+    type Weak = Weak<T>;
+    fn downgrade(&self) -> Weak<T> {
+        Arc::downgrade(self)
+    }
+    fn upgrade(weak: &Weak<T>) -> Option<Self> {
+        weak.upgrade()
+    }
+}
 
-/// The tokens and vocabulary for `key`: shared with a live source made
-/// from the same bytes, or made by `tokenize` (outside the lock, so that
-/// other sources are not held up).
+impl<A: Send + Sync, B: Send + Sync> Handles for (Arc<A>, Arc<B>) {
+    type Weak = (Weak<A>, Weak<B>);
+    fn downgrade(&self) -> Self::Weak {
+        (Arc::downgrade(&self.0), Arc::downgrade(&self.1))
+    }
+    fn upgrade(weak: &Self::Weak) -> Option<Self> {
+        Some((weak.0.upgrade()?, weak.1.upgrade()?))
+    }
+}
+
+/// Tokenizations by [`Key`], found while a source still uses them.
+pub(super) struct Cache<H: Handles>(Mutex<Vec<(Key, H::Weak)>>);
+
+impl<H: Handles> Cache<H> {
+    pub(super) const fn new() -> Self {
+        Cache(Mutex::new(Vec::new()))
+    }
+
+    /// The value for `key`: shared with a live source made from the same
+    /// bytes, or made by `make` (outside the lock, so that other sources
+    /// are not held up).
+    pub(super) fn shared(&self, key: Key, make: impl FnOnce() -> Result<H>) -> Result<H> {
+        {
+            let mut entries = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut found = None;
+            entries.retain(|(k, weak)| match H::upgrade(weak) {
+                Some(live) => {
+                    if *k == key {
+                        found = Some(live);
+                    }
+                    true
+                }
+                None => false,
+            });
+            if let Some(found) = found {
+                return Ok(found);
+            }
+        }
+        let made = make()?;
+        let weak = made.downgrade();
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((key, weak));
+        Ok(made)
+    }
+}
+
+static TEXTS: Cache<(Arc<Vec<u32>>, Arc<Vocab>)> = Cache::new();
+
+/// The tokens and vocabulary for `key`: shared with a live text source
+/// made from the same bytes, or made by `tokenize`.
 pub(super) fn shared(
     key: Key,
     tokenize: impl FnOnce() -> Result<(Vec<u32>, Vocab)>,
 ) -> Result<(Arc<Vec<u32>>, Arc<Vocab>)> {
-    {
-        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        cache.retain(|(_, t, v)| t.strong_count() > 0 && v.strong_count() > 0);
-        let live = cache
-            .iter()
-            .find(|(k, ..)| *k == key)
-            .and_then(|(_, t, v)| Some((t.upgrade()?, v.upgrade()?)));
-        if let Some(found) = live {
-            return Ok(found);
-        }
-    }
-    let (tokens, vocab) = tokenize()?;
-    let (tokens, vocab) = (Arc::new(tokens), Arc::new(vocab));
-    CACHE.lock().unwrap_or_else(|p| p.into_inner()).push((
-        key,
-        Arc::downgrade(&tokens),
-        Arc::downgrade(&vocab),
-    ));
-    Ok((tokens, vocab))
+    TEXTS.shared(key, || {
+        let (tokens, vocab) = tokenize()?;
+        Ok((Arc::new(tokens), Arc::new(vocab)))
+    })
 }
 
 #[cfg(test)]
@@ -89,8 +141,8 @@ mod tests {
         let calls = Cell::new(0);
         let text = "shared by the train and val splits of one test";
         let key = Key::new(text.as_bytes(), None);
-        let (a, va) = shared(key, || chars(text, &calls)).unwrap();
-        let (b, vb) = shared(key, || chars(text, &calls)).unwrap();
+        let (a, va) = shared(key.clone(), || chars(text, &calls)).unwrap();
+        let (b, vb) = shared(key.clone(), || chars(text, &calls)).unwrap();
         assert_eq!(calls.get(), 1);
         assert!(Arc::ptr_eq(&a, &b) && Arc::ptr_eq(&va, &vb));
         drop((a, b, va, vb));
@@ -105,10 +157,10 @@ mod tests {
         let text = "the same text under three keys";
         let edited = "the same text under three keys!";
         let plain = Key::new(text.as_bytes(), None);
-        let (_a, _) = shared(plain, || chars(text, &calls)).unwrap();
+        let (_a, _) = shared(plain.clone(), || chars(text, &calls)).unwrap();
         let (b, _) = shared(Key::new(edited.as_bytes(), None), || chars(edited, &calls)).unwrap();
         let with_file = Key::new(text.as_bytes(), Some(b"{}"));
-        let (_c, _) = shared(with_file, || chars(text, &calls)).unwrap();
+        let (_c, _) = shared(with_file.clone(), || chars(text, &calls)).unwrap();
         assert_eq!(calls.get(), 3);
         assert_eq!(b.len(), edited.len());
         assert_ne!(with_file, Key::new(text.as_bytes(), Some(b"{ }")));
