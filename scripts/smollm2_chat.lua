@@ -13,7 +13,8 @@
 --   taper train scripts/smollm2_chat.lua --set data=chats.jsonl   (your conversations)
 --   taper train scripts/smollm2_chat.lua --set layers=2 --set chats=64   (a quick check)
 --   taper train scripts/smollm2_chat.lua --set export=out/   (then, for llama.cpp,
---     out/adapter.gguf over the original file, or out/merged-q8_0.gguf alone)
+--     out/adapter.gguf over the original file, or out/merged-q8_0.gguf alone;
+--     for transformers and PEFT, the adapter folder out/peft)
 local cfg = taper.config{
   data = "", -- a JSON Lines file of conversations; "" writes the built-in task
   chats = 200, -- conversations in the built-in task
@@ -112,6 +113,8 @@ results = {
 if cfg.export ~= "" then
   if cfg.layers == 0 then
     run:export{ path = cfg.export .. "/adapter.gguf", format = "gguf-lora" }
+    -- For transformers: PeftModel.from_pretrained(model, "<export>/peft").
+    run:export{ path = cfg.export .. "/peft", format = "peft" }
   end
   run:export{ path = cfg.export .. "/merged-q8_0.gguf", format = "gguf", type = "q8_0" }
 end

@@ -1690,12 +1690,13 @@ fn a_chat_is_tokenized_and_masked_as_transformers_apply_chat_template() -> Resul
 }
 
 /// scripts/smollm2_chat.lua fine-tunes SmolLM2 on its conversations and
-/// exports the adapter and a merged model; llama.cpp's chat completion
-/// (the file's own chat template) then replies in the words the run
-/// trained, as `taper sample --chat` does, where the original model does
-/// not.
+/// exports the adapter (for llama.cpp and for PEFT) and a merged model;
+/// llama.cpp's chat completion (the file's own chat template) then replies
+/// in the words the run trained, as `taper sample --chat` does, where the
+/// original model does not; and so does transformers with PEFT's adapter
+/// ([`peft_replies_as_taper`]).
 #[test]
-fn llama_cpp_chats_with_the_fine_tuned_model_as_taper_does() -> Result<()> {
+fn llama_cpp_and_peft_chat_with_the_fine_tuned_model_as_taper_does() -> Result<()> {
     common::fetched("data/smollm2/tokenizer.json")?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir()?;
@@ -1743,5 +1744,83 @@ fn llama_cpp_chats_with_the_fine_tuned_model_as_taper_does() -> Result<()> {
         "llama.cpp with the adapter: {with_adapter:?}"
     );
     ensure!(trained(&alone), "llama.cpp on the merged model: {alone:?}");
+    peft_replies_as_taper(
+        dir.path(),
+        &base,
+        &exported.join("peft"),
+        question,
+        &trained,
+    )
+}
+
+/// transformers reads the GGUF file and PEFT loads the run's `peft` export
+/// over it, as a user would: the greedy reply is the trained one (the
+/// original model's is not), and the log-probabilities of a trained
+/// reply's tokens are taper's model's within 0.02 nats, where the adapter
+/// moves them by more than 1. (Not the prompt's: on its unlikely tokens the
+/// two bases differ by up to 0.6, transformers multiplying by the
+/// dequantized weights and taper by the quantized blocks.)
+fn peft_replies_as_taper(
+    run: &Path,
+    base: &Path,
+    adapter: &Path,
+    question: &str,
+    trained: &dyn Fn(&str) -> bool,
+) -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tokenizer = root.join("data/smollm2/tokenizer.json");
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let (base, tokenizer, adapter) = (path(base), path(&tokenizer), path(adapter));
+    let v = check_with(
+        "peft",
+        &[
+            "peft-chat",
+            &base,
+            &tokenizer,
+            &adapter,
+            question,
+            "3 plus 4 is 7.",
+        ],
+    )?;
+    let (reply, original) = (
+        v["reply"].as_str().unwrap_or_default(),
+        v["original"].as_str().unwrap_or_default(),
+    );
+    eprintln!("peft: {reply:?}\npeft, adapter disabled: {original:?}");
+    ensure!(
+        trained(reply),
+        "transformers with the PEFT adapter: {reply:?}"
+    );
+    ensure!(!trained(original), "without the adapter: {original:?}");
+    let ids: Vec<u32> = serde_json::from_value(v["ids"].clone())?;
+    let theirs: Vec<f64> = serde_json::from_value(v["logprobs"].clone())?;
+    let before: Vec<f64> = serde_json::from_value(v["base_logprobs"].clone())?;
+    let saved = saved::open(&saved::locate(run)?, &Device::Cpu)?;
+    let model = saved.trainer.frozen()?;
+    let ours: Vec<f64> = logits(model.as_ref(), &ids[..ids.len() - 1])?
+        .iter()
+        .zip(&ids[1..])
+        .map(|(row, &next)| {
+            let max = row.iter().fold(f32::MIN, |m, &z| m.max(z)) as f64;
+            let sum: f64 = row.iter().map(|&z| (z as f64 - max).exp()).sum();
+            row[next as usize] as f64 - max - sum.ln()
+        })
+        .collect();
+    let most = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    };
+    let from = v["reply_from"].as_u64().unwrap_or_default() as usize - 1;
+    let (apart, moved) = (
+        most(&ours[from..], &theirs[from..]),
+        most(&theirs[from..], &before[from..]),
+    );
+    eprintln!("the reply's log-probabilities: taper and PEFT within {apart:.4} nats; the adapter moves them by up to {moved:.3}");
+    ensure!(
+        apart < 0.02 && moved > 1.0,
+        "taper and PEFT differ by {apart} where the adapter moves {moved}"
+    );
     Ok(())
 }

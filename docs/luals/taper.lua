@@ -139,11 +139,12 @@ function Run:prune(opts) end
 ---`taper`; weight matrices in `type` (post-training quantization), vectors f32.
 ---`format = "hf"`: a GPT as a transformers GPT-2 folder (model.safetensors,
 ---config.json, tokenizer.json). `format = "gguf-lora"`: a QLoRA run's adapters as a
----llama.cpp LoRA adapter. `format = "onnx"`: an MLP or CNN classifier as an ONNX
+---llama.cpp LoRA adapter. `format = "peft"`: the adapters as a PEFT adapter folder
+---(adapter_model.safetensors, adapter_config.json). `format = "onnx"`: an MLP or CNN classifier as an ONNX
 ---model for onnxruntime (input `[batch, channels, height, width]` for a CNN, output
 ---`logits`; class names in its metadata when the data knows them).
 ---`format = "q8_0"` (a type) is the older spelling of `format = "gguf", type = "q8_0"`.
----@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"onnx"|"f32"|"f16"|"q8_0"|"q4_0"|"q4_1", type?: "f32"|"f16"|"q8_0"|"q4_0"|"q4_1", merge?: boolean}
+---@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"peft"|"onnx"|"f32"|"f16"|"q8_0"|"q4_0"|"q4_1", type?: "f32"|"f16"|"q8_0"|"q4_0"|"q4_1", merge?: boolean}
 ---@return {bytes: integer, f32_bytes?: integer, quantized?: integer, kept_f32?: integer}
 function Run:export(opts) end
 

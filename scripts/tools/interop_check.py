@@ -37,6 +37,10 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         tensor Y, the accuracy (integer labels) or RMSE, MAE and R² (numbers:
         a regression; for a Y of [n, k], each target's and their means), in
         NumPy, f64
+    python interop_check.py peft-chat MODEL.gguf TOKENIZER ADAPTER_DIR MESSAGE REPLY
+        transformers and PEFT run the GGUF model with a PEFT adapter folder:
+        the greedy replies to MESSAGE with and without it, and the
+        log-probabilities of the conversation with REPLY
 """
 import ctypes
 import json
@@ -435,6 +439,55 @@ def llama_chat(model, message, lora=None):
     print(json.dumps({"reply": out["choices"][0]["message"]["content"]}))
 
 
+def peft_chat(model, tokenizer, adapter, message, reply):
+    """transformers reads the GGUF model (dequantized to f32) and PEFT loads
+    the adapter folder over it, as a user would. Prints {"reply",
+    "original"}: the greedy reply to one user message (the file's own chat
+    template, up to 24 tokens or its end token) with the adapter and with it
+    disabled; and {"ids", "reply_from", "logprobs", "base_logprobs"}: the
+    ids of the conversation with `reply` as the assistant's, where the
+    reply's start, and each position's log-probability of the next id, with
+    the adapter and without."""
+    import os
+
+    import torch
+    from gguf import GGUFReader
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    torch.set_num_threads(2)
+    f = GGUFReader(model).fields["tokenizer.chat_template"]
+    template = bytes(f.parts[f.data[0]]).decode()
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer)
+    base = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(model), gguf_file=os.path.basename(model), dtype=torch.float32)
+    m = PeftModel.from_pretrained(base, adapter).eval()
+    asked = [{"role": "user", "content": message}]
+    prompt = tok.apply_chat_template(asked, chat_template=template, add_generation_prompt=True,
+                                     tokenize=True, return_dict=True)["input_ids"]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    x = torch.tensor([prompt])
+
+    def answer():
+        out = m.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False,
+                         eos_token_id=end, pad_token_id=end)
+        return tok.decode(out[0, len(prompt):], skip_special_tokens=True)
+
+    ids = tok.apply_chat_template(asked + [{"role": "assistant", "content": reply}],
+                                  chat_template=template, tokenize=True, return_dict=True)["input_ids"]
+    y = torch.tensor([ids])
+
+    def logprobs():
+        lp = torch.log_softmax(m(input_ids=y[:, :-1]).logits.double(), -1)[0]
+        return lp.gather(1, y[0, 1:, None])[:, 0].tolist()
+
+    with torch.no_grad():
+        out = {"reply": answer(), "ids": ids, "reply_from": len(prompt), "logprobs": logprobs()}
+        with m.disable_adapter():
+            out.update(original=answer(), base_logprobs=logprobs())
+    print(json.dumps(out))
+
+
 def chat_tokens(model, tokenizer, jsonl):
     """transformers' apply_chat_template over each conversation of a JSON
     Lines file (messages, or a prompt and its completion), with the model's
@@ -496,6 +549,8 @@ def main():
         onnx_samples(args[0], args[1], args[2], args[3])
     elif cmd == "llama-chat":
         llama_chat(args[0], args[1], args[2] if len(args) > 2 else None)
+    elif cmd == "peft-chat":
+        peft_chat(*args[:5])
     elif cmd == "chat-tokens":
         chat_tokens(args[0], args[1], args[2])
     elif cmd == "torch-cnn":

@@ -70,8 +70,8 @@ pub enum Command {
     },
     /// Write a checkpoint's model for other tools: a transformers GPT-2
     /// folder (hf), a llama.cpp GGUF file (gguf), a QLoRA run's adapters as
-    /// a llama.cpp LoRA adapter (gguf-lora), or an MLP or CNN classifier as
-    /// an ONNX model for onnxruntime (onnx).
+    /// a llama.cpp LoRA adapter (gguf-lora) or a PEFT adapter folder (peft),
+    /// or an MLP or CNN classifier as an ONNX model for onnxruntime (onnx).
     Export(ExportArgs),
     /// Generate text from a checkpoint of a sequence model (its vocabulary
     /// is in the checkpoint).
@@ -151,7 +151,8 @@ pub struct TrainArgs {
 pub struct ExportArgs {
     /// A checkpoint, or a run folder (its newest valid checkpoint)
     pub checkpoint: PathBuf,
-    /// gguf, hf, gguf-lora or onnx (an MLP or CNN classifier, for onnxruntime)
+    /// gguf, hf, gguf-lora, peft (a QLoRA run's adapters, for PEFT and
+    /// transformers) or onnx (an MLP or CNN classifier, for onnxruntime)
     #[arg(long, default_value = "gguf")]
     pub format: String,
     /// GGUF weight type: f32, f16, q8_0, q4_0 or q4_1 [default: q8_0]
@@ -161,7 +162,7 @@ pub struct ExportArgs {
     /// (what gguf means for a llama run in any case; only a llama takes it)
     #[arg(long)]
     pub merge: bool,
-    /// The file (gguf, onnx) or folder (hf) to write
+    /// The file (gguf, onnx) or folder (hf, peft) to write
     #[arg(long)]
     pub out: PathBuf,
 }

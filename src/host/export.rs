@@ -7,7 +7,7 @@
 //! - `format = "gguf-lora"`: a QLoRA run's adapters as a llama.cpp adapter;
 //!   `merge = true` with `format = "gguf"` writes the base with the adapters
 //!   merged in.
-//!
+//! - `format = "peft"`: a QLoRA run's adapters as a PEFT adapter folder.
 //! - `format = "onnx"`: an MLP or CNN classifier as an ONNX model.
 //!
 //! `format = "f32" | "f16" | "q8_0" | "q4_0"` is the older spelling of
@@ -30,7 +30,7 @@ use crate::quant::ExportFormat;
 #[serde(deny_unknown_fields)]
 struct ExportOpts {
     path: String,
-    /// gguf, hf, gguf-lora or onnx (or a GGUF type, the older spelling).
+    /// gguf, hf, gguf-lora, peft or onnx (or a GGUF type, the older spelling).
     #[serde(default = "gguf")]
     format: String,
     /// GGUF weight type: f32, f16, q8_0 or q4_0.
@@ -58,13 +58,13 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
                 ),
             ))
         }
-        (f @ ("gguf" | "hf" | "gguf-lora" | "onnx"), t) => {
+        (f @ ("gguf" | "hf" | "gguf-lora" | "peft" | "onnx"), t) => {
             (f, t.clone().unwrap_or_else(|| "q8_0".into()))
         }
         (f, _) => {
             return Err(config_error(
                 lua,
-                format!("run:export: unknown format `{f}` (gguf, hf, gguf-lora, onnx)"),
+                format!("run:export: unknown format `{f}` (gguf, hf, gguf-lora, peft, onnx)"),
             ))
         }
     };
@@ -74,7 +74,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
             format!("run:export: unknown type `{ty}` ({})", ExportFormat::NAMES),
         ));
     };
-    if o.ty.is_some() && matches!(format, "hf" | "onnx") {
+    if o.ty.is_some() && matches!(format, "hf" | "peft" | "onnx") {
         return Err(config_error(
             lua,
             format!("run:export: format `{format}` writes f32 weights; `type` is for gguf"),

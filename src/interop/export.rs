@@ -42,7 +42,8 @@ pub struct Written {
     pub detail: String,
 }
 
-/// Writes `model` to `path` as `format` ("gguf", "hf", "gguf-lora" or "onnx"),
+/// Writes `model` to `path` as `format` ("gguf", "hf", "gguf-lora", "peft"
+/// or "onnx"),
 /// GGUF weight matrices in `ty`. A `taper.model.llama_gguf` as "gguf" is
 /// its base file with the training merged in (`merge`, which only a llama
 /// takes, says so explicitly).
@@ -59,13 +60,14 @@ pub fn export(
     match format {
         "hf" => hf(model, path),
         "gguf-lora" => lora_adapter(model, path),
+        "peft" => peft_adapter(model, path),
         "onnx" => onnx(model, path),
         // A llama's file is only useful to llama.cpp with the training in
         // it: merging is what `gguf` means for one.
         "gguf" if merge || as_llama(model, "gguf").is_ok() => merged(model, path, ty),
         "gguf" => gguf_file(model, path, ty),
         other => Err(Error::Config(format!(
-            "unknown format `{other}` (gguf, hf, gguf-lora, onnx)"
+            "unknown format `{other}` (gguf, hf, gguf-lora, peft, onnx)"
         ))),
     }
 }
@@ -194,6 +196,28 @@ fn lora_adapter(model: &Model, path: &Path) -> Result<Written> {
     if let Some(base) = &spec.base {
         detail.push_str(&format!(
             "; trained over the projections requantized to {base} (llama.cpp applies it over the file's own)"
+        ));
+    }
+    Ok(Written {
+        bytes: s.bytes,
+        detail,
+        ..Written::default()
+    })
+}
+
+fn peft_adapter(model: &Model, path: &Path) -> Result<Written> {
+    let spec = as_llama(model, "peft")?;
+    let s = super::peft::export_peft(path, &spec, &model.params)?;
+    let mut detail = format!(
+        ", a folder: adapter_model.safetensors ({} tensors on {}, r {}, alpha {}) and adapter_config.json",
+        s.tensors,
+        s.targets.join(", "),
+        spec.lora_rank,
+        spec.lora_alpha
+    );
+    if let Some(base) = &spec.base {
+        detail.push_str(&format!(
+            "; trained over the projections requantized to {base} (transformers dequantizes the file's own)"
         ));
     }
     Ok(Written {

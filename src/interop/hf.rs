@@ -116,28 +116,7 @@ pub fn export(
         tensors.push((n.hf, t));
     }
     let weights = dir.join("model.safetensors");
-    let raw: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(k, t)| {
-            let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
-            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            Ok((k.clone(), t.dims().to_vec(), bytes))
-        })
-        .collect::<Result<_>>()?;
-    let views = raw
-        .iter()
-        .map(|(k, shape, bytes)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
-                .map(|v| (k.clone(), v))
-                .map_err(|e| Error::Config(format!("export hf {k}: {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    // transformers refuses a safetensors file without `format`.
-    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    write_atomically(&weights, |tmp| {
-        safetensors::serialize_to_file(views, Some(meta), tmp)
-            .map_err(|e| Error::Config(format!("export hf {}: {e}", weights.display())))
-    })?;
+    write_f32_safetensors(&weights, &tensors)?;
     let mut files = vec![weights];
     let config = dir.join("config.json");
     write_json(&config, &config_json(spec))?;
@@ -159,6 +138,33 @@ pub fn export(
     Ok(HfExport { files, bytes, note })
 }
 
+/// Writes f32 CPU `tensors` by name as a safetensors file for PyTorch
+/// (`format: pt` in its metadata), whole, then renamed into place.
+pub(super) fn write_f32_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    let raw: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(k, t)| {
+            let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            Ok((k.clone(), t.dims().to_vec(), bytes))
+        })
+        .collect::<Result<_>>()?;
+    let views = raw
+        .iter()
+        .map(|(k, shape, bytes)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                .map(|v| (k.clone(), v))
+                .map_err(|e| Error::Config(format!("{}: {k}: {e}", path.display())))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // transformers refuses a safetensors file without `format`.
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    write_atomically(path, |tmp| {
+        safetensors::serialize_to_file(views, Some(meta), tmp)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    })
+}
+
 fn tokenizer_json(vocab: &Vocab) -> Result<Value> {
     match vocab.chars() {
         Some(chars) => super::bytelevel::char_tokenizer_json(chars),
@@ -166,7 +172,7 @@ fn tokenizer_json(vocab: &Vocab) -> Result<Value> {
     }
 }
 
-fn write_json(path: &Path, value: &Value) -> Result<()> {
+pub(super) fn write_json(path: &Path, value: &Value) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
     write_atomically(path, |tmp| {

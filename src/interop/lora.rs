@@ -19,13 +19,14 @@ use crate::quant::{ExportFormat, ExportSummary, LlamaGguf};
 use crate::{Error, Result};
 
 /// One adapted projection: its base weight's name and its trained A, B.
-struct Adapter {
-    weight: String,
-    a: Tensor,
-    b: Tensor,
+pub(super) struct Adapter {
+    pub(super) weight: String,
+    pub(super) a: Tensor,
+    pub(super) b: Tensor,
 }
 
-fn adapters(spec: &LlamaGguf, params: &HashMap<String, Tensor>) -> Result<Vec<Adapter>> {
+/// The run's adapters (f32, on the CPU), in order of their weights' names.
+pub(super) fn adapters(spec: &LlamaGguf, params: &HashMap<String, Tensor>) -> Result<Vec<Adapter>> {
     if spec.train != "lora" {
         return Err(Error::Config(format!(
             "the model trains `{}`, not LoRA adapters",

@@ -10,6 +10,7 @@ pub mod gguf_gpt2;
 pub mod hf;
 pub mod lora;
 pub mod onnx;
+pub mod peft;
 pub mod saved;
 
 use std::sync::Arc;

@@ -108,7 +108,7 @@ pub fn export_checkpoint(
     ty: Option<&str>,
     merge: bool,
 ) -> Result<super::Written> {
-    if let (Some(_), "hf" | "onnx") = (ty, format) {
+    if let (Some(_), "hf" | "peft" | "onnx") = (ty, format) {
         return Err(Error::Config(format!(
             "format {format} writes f32 weights; --type is for gguf"
         )));
