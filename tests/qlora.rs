@@ -236,7 +236,8 @@ fn a_llama_checkpoint_finds_its_file_from_any_folder() -> Result<()> {
 /// weights), as llama.cpp reads it: the model the run trained, also when it
 /// used only the first blocks or requantized the base. Loaded back as a
 /// `llama_gguf`, it gives the held-out loss the run ended with, not the
-/// base's. An adapter (`gguf-lora`) of the first blocks only is refused.
+/// base's. An adapter (`gguf-lora`, `peft`) of the first blocks only is
+/// refused.
 #[test]
 fn a_llama_run_exports_a_llama_file_with_its_training_in_it() -> Result<()> {
     for (train, more) in [
@@ -247,6 +248,7 @@ fn a_llama_run_exports_a_llama_file_with_its_training_in_it() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let (base, out) = (dir.path().join("tiny.gguf"), dir.path().join("out.gguf"));
         let adapter = dir.path().join("adapter.gguf");
+        let peft = dir.path().join("peft");
         tiny_llama::write(&base)?;
         let src = format!(
             r#"
@@ -270,13 +272,16 @@ local trained = run:evaluate(val).loss
 run:export{{ path = {out:?}, type = "f32" }}
 -- An adapter of the first blocks would run over all the file's in llama.cpp.
 local adapter_ok, adapter_err = pcall(run.export, run, {{ path = {adapter:?}, format = "gguf-lora" }})
+local peft_ok, peft_err = pcall(run.export, run, {{ path = {peft:?}, format = "peft" }})
 local again = taper.run{{ model = llama({out:?}, "lora"), optim = taper.optim.adamw{{}}, data = val }}
 results = {{ before = before, trained = trained, exported = again:evaluate(val).loss,
-  adapter_ok = adapter_ok, adapter_err = tostring(adapter_err) }}
+  adapter_ok = adapter_ok, adapter_err = tostring(adapter_err),
+  peft_ok = peft_ok, peft_err = tostring(peft_err) }}
 "#,
             base = base.display().to_string(),
             out = out.display().to_string(),
             adapter = adapter.display().to_string(),
+            peft = peft.display().to_string(),
         );
         let mut host = Host::new(HostOptions {
             out_dir: Some(dir.path().join("run")),
@@ -303,18 +308,27 @@ results = {{ before = before, trained = trained, exported = again:evaluate(val).
         let content = gguf_file::Content::read(&mut f)?;
         let arch = content.metadata["general.architecture"].to_string()?;
         assert_eq!(arch, "llama");
-        let (adapter_ok, adapter_err): (bool, String) =
-            (r.get("adapter_ok")?, r.get("adapter_err")?);
-        match (train, more.is_empty()) {
-            ("lora", true) => assert!(adapter_ok && adapter.exists(), "{adapter_err}"),
-            ("lora", false) => {
-                assert!(
-                    !adapter_ok && adapter_err.contains("first 1 of the 2 blocks"),
-                    "an adapter of 1 of 2 blocks: {adapter_err}"
-                );
-                assert!(!adapter.exists(), "a refused adapter was written");
+        for (format, ok, err, written) in [
+            ("gguf-lora", "adapter_ok", "adapter_err", adapter.clone()),
+            (
+                "peft",
+                "peft_ok",
+                "peft_err",
+                peft.join("adapter_model.safetensors"),
+            ),
+        ] {
+            let (ok, err): (bool, String) = (r.get(ok)?, r.get(err)?);
+            match (train, more.is_empty()) {
+                ("lora", true) => assert!(ok && written.exists(), "{format}: {err}"),
+                ("lora", false) => {
+                    assert!(
+                        !ok && err.contains("first 1 of the 2 blocks"),
+                        "{format}, an adapter of 1 of 2 blocks: {err}"
+                    );
+                    assert!(!written.exists(), "{format}: a refused adapter was written");
+                }
+                _ => assert!(err.contains("not LoRA adapters"), "{format}: {err}"),
             }
-            _ => assert!(adapter_err.contains("not LoRA adapters"), "{adapter_err}"),
         }
     }
     Ok(())
