@@ -230,3 +230,60 @@ fn a_record_cut_short_by_a_full_disk_is_taken_back() {
         serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
     }
 }
+
+/// A sequence model's `tokens_per_s` counts each sample's positions up to
+/// its last labelled one: a conversation's padding (labelled -100) is not a
+/// token, as TRL's `num_tokens` counts the attention mask. Both rates are
+/// over the same wall clock, so their ratio is the tokens per sample.
+#[test]
+fn tokens_per_second_leave_out_the_padding_after_the_last_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("padded.lua");
+    // Sample b of 8 labels positions 1 to b of 12: 1 + ... + 8 = 36 tokens.
+    std::fs::write(
+        &recipe,
+        r#"
+local gen = taper.data.generator(function(epoch)
+  local n = 0
+  return function()
+    n = n + 1
+    if n > 4 then return nil end
+    local x, y = {}, {}
+    for b = 1, 8 do
+      x[b], y[b] = {}, {}
+      for t = 1, 12 do
+        x[b][t] = (b + t) % 10
+        y[b][t] = t <= b and (b + t + 1) % 10 or -100
+      end
+    end
+    return { x = x, y = y, x_type = "u32" }
+  end
+end)
+local run = taper.run{
+  model = taper.model.gpt{ vocab = 10, context = 12, width = 16, layers = 1, heads = 2 },
+  data = gen,
+}
+for _ in run:epochs(1) do
+  for b in run:batches() do run:step(b) end
+end
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(["train", "--quiet", "--log-every", "1", "--out"])
+        .arg(&out)
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let steps = records(&out, "step");
+    assert_eq!(steps.len(), 4);
+    for r in &steps {
+        let per = r["tokens_per_s"].as_f64().unwrap() / r["samples_per_s"].as_f64().unwrap();
+        assert!(
+            (per - 36.0 / 8.0).abs() < 1e-9,
+            "{per} tokens per sample: {r}"
+        );
+    }
+}

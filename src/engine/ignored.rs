@@ -63,6 +63,26 @@ pub fn labelled_width(targets: &Tensor) -> Result<Option<usize>> {
     Ok((width < t).then_some(width))
 }
 
+/// The tokens of a batch's sequence labels, as a throughput counts them:
+/// each sample's positions up to its last labelled one (a conversation's
+/// padding after its reply is not a token; a sample with none labelled
+/// counts none). Every position when none is ignored.
+pub fn tokens(targets: &Tensor) -> Result<usize> {
+    if !sequence_labels(targets) || targets.dim(0)? == 0 {
+        return Ok(targets.elem_count());
+    }
+    let labels = targets.flatten_all()?.to_vec1::<u32>()?;
+    let per = labels.len() / targets.dim(0)?;
+    Ok(labels
+        .chunks(per.max(1))
+        .map(|s| {
+            s.iter()
+                .rposition(|&l| l != IGNORE)
+                .map_or(0, |last| last + 1)
+        })
+        .sum())
+}
+
 /// The flat positions of `targets` that are labelled, as an index tensor
 /// on `device`, when some are ignored; None when none is.
 pub fn labelled_index(targets: &Tensor, device: &Device) -> Result<Option<Tensor>> {
@@ -133,6 +153,9 @@ mod tests {
         assert_eq!(labelled_width(&last)?, None);
         let plain = Tensor::new(&[[1u32, 3], [0, 2]], &dev)?;
         assert_eq!(labelled_width(&plain)?, None);
+        assert_eq!(tokens(&y)?, 2 + 1);
+        assert_eq!(tokens(&none)?, 0);
+        assert_eq!(tokens(&plain)?, 4);
         Ok(())
     }
 }

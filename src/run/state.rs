@@ -231,11 +231,15 @@ impl Run {
                 w.steps += 1;
                 w.loss_sum += loss * n as f64;
                 w.samples += n as u64;
-                // Positions of a sequence model's labels; a regression's
-                // several targets per sample are not tokens.
+                // Positions of a sequence model's labels, up to each
+                // sample's last labelled one (not a conversation's
+                // padding); a regression's several targets per sample are
+                // not tokens.
                 w.tokens += match batch.y.dtype().is_float() {
                     true => n as u64,
-                    false => batch.y.elem_count() as u64,
+                    false => crate::engine::ignored::tokens(&batch.y)
+                        .unwrap_or_else(|_| batch.y.elem_count())
+                        as u64,
                 };
                 w.mem_peak = w.mem_peak.max(peak);
                 w.micro_batch = micro_batch;
