@@ -8,8 +8,9 @@
 --   taper train scripts/smollm2_qlora.lua --set train=full   (full fine-tuning of the
 --     dequantized model, for comparison: every weight in f32 with AdamW state)
 --   taper train scripts/smollm2_qlora.lua --set export=out/   (then, for llama.cpp:
---     out/adapter.gguf over the original file, or out/merged-q8_0.gguf alone; with
---     layers > 0 or train=full, only the merged model, the one the run trained)
+--     out/adapter.gguf over the original file, or out/merged-q8_0.gguf alone; for
+--     transformers and PEFT, the adapter folder out/peft; with layers > 0 or
+--     train=full, only the merged model, the one the run trained)
 local cfg = taper.config{
   steps = 40, batch = 4, context = 64, lr = 1e-3, rank = 8, alpha = 16,
   layers = 0, -- > 0: only the first n blocks (a smaller, quicker model)
@@ -64,6 +65,8 @@ print(("held-out cross-entropy: %.4f before, %.4f after %d steps"):format(run.st
 if cfg.export ~= "" then
   if cfg.train == "lora" and cfg.layers == 0 then
     run:export{ path = cfg.export .. "/adapter.gguf", format = "gguf-lora" }
+    -- For transformers: PeftModel.from_pretrained(model, "<export>/peft").
+    run:export{ path = cfg.export .. "/peft", format = "peft" }
   end
   run:export{ path = cfg.export .. "/merged-q8_0.gguf", format = "gguf", type = "q8_0" }
 end

@@ -281,6 +281,10 @@ fn llama_cpp_runs_the_qlora_adapter_and_the_merged_model() -> Result<()> {
         ("export", exported.to_str().unwrap()),
     ];
     shipped(root, "scripts/smollm2_qlora.lua", dir.path(), &set)?;
+    // The same adapters for PEFT (checked in transformers by the chat test).
+    for f in ["adapter_model.safetensors", "adapter_config.json"] {
+        ensure!(exported.join("peft").join(f).exists(), "no peft/{f}");
+    }
     let saved = saved::open(&dir.path().join("checkpoint.safetensors"), &Device::Cpu)?;
     let model = saved.trainer.frozen()?;
 
