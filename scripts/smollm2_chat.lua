@@ -19,6 +19,7 @@ local cfg = taper.config{
   data = "", -- a JSON Lines file of conversations; "" writes the built-in task
   chats = 200, -- conversations in the built-in task
   epochs = 2, batch = 8, context = 64, lr = 2e-3, rank = 8, alpha = 16,
+  group = false, -- true: batches of conversations of like lengths (less padding computed)
   layers = 0, -- > 0: only the first n blocks (a smaller, quicker model)
   val = 0.1, -- the share held out, to score the replies before and after
   answers = 10, -- held-out questions the model then answers, greedily
@@ -69,7 +70,10 @@ local run = taper.run{
   },
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0 },
   loss = taper.loss.cross_entropy{ chunk = 256 },
-  data = train:shuffle{ seed = cfg.seed }:batch(cfg.batch),
+  -- A batch is computed as far as its longest conversation goes; with
+  -- `group`, conversations of like lengths are batched together, as
+  -- transformers' `group_by_length` batches them.
+  data = train:shuffle{ seed = cfg.seed, group_by_length = cfg.group }:batch(cfg.batch),
   seed = cfg.seed,
 }
 print(("%s: %d trained parameters"):format(tostring(run), run.parameters))

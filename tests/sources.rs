@@ -1468,6 +1468,71 @@ fn chat_sources_of_the_same_bytes_share_one_tokenization() -> Result<()> {
     Ok(())
 }
 
+/// `data:shuffle{ group_by_length = true }` draws batches of conversations
+/// of like lengths, as transformers' `group_by_length`: every conversation
+/// once an epoch, each run of 50 batches sorted longest first, a new order
+/// every epoch, the same on a resume; the padding a batch computes (its
+/// longest conversation times its size) falls to a fraction of a plain
+/// shuffle's. Data of one length is refused.
+#[test]
+fn grouped_by_length_batches_pad_less_and_cover_every_conversation() -> Result<()> {
+    use taper::data::{Pipeline, Source};
+    let dir = tempfile::tempdir()?;
+    let lines: String = (0..600)
+        .map(|i| {
+            let words = "the cat sat on the mat ".repeat(1 + (i * 7919) % 13);
+            format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{words}\"}}, {{\"role\": \"assistant\", \"content\": \"sat\"}}]}}\n")
+        })
+        .collect();
+    let src: Arc<dyn Source> = Arc::new(chats(dir.path(), &lines, 128)?);
+    let lengths = src.lengths().expect("a chat file's lengths");
+    let batch = 4;
+    let grouped = Pipeline::new(src.clone())
+        .shuffle_by_length(7)?
+        .batch(batch, false);
+    let plain = Pipeline::new(src.clone()).shuffle(7).batch(batch, false);
+    // Positions a batch computes: its longest conversation, for each sample.
+    let padded = |p: &Pipeline, epoch| -> Result<(usize, Vec<usize>)> {
+        let (mut cost, mut order) = (0, Vec::new());
+        for b in p.epoch(epoch, batch, 0) {
+            let b = b?;
+            cost += b.indices.iter().map(|&i| lengths[i]).max().unwrap() * b.indices.len();
+            order.extend(b.indices);
+        }
+        Ok((cost, order))
+    };
+    let ((g1, order1), (g2, order2), (p1, _)) = (
+        padded(&grouped, 1)?,
+        padded(&grouped, 2)?,
+        padded(&plain, 1)?,
+    );
+    let real: usize = lengths.iter().sum();
+    eprintln!("positions computed: grouped {g1}, plain {p1}, the conversations' {real}");
+    assert!(
+        g1 < real + real / 10 && p1 > real + real / 2,
+        "grouped {g1}, plain {p1}, real {real}"
+    );
+    let mut seen = order1.clone();
+    seen.sort();
+    assert_eq!(seen, (0..600).collect::<Vec<_>>());
+    assert_ne!(order1, order2);
+    assert!(g2 < real + real / 10);
+    for group in order1.chunks(50 * batch) {
+        assert!(group.windows(2).all(|w| lengths[w[0]] >= lengths[w[1]]));
+    }
+    // A resume 13 batches in draws the rest of the same order.
+    let rest: Vec<usize> = grouped
+        .epoch(1, batch, 13 * batch)
+        .map(|b| b.map(|b| b.indices))
+        .collect::<taper::Result<Vec<_>>>()?
+        .concat();
+    assert_eq!(rest, order1[13 * batch..]);
+    let digits = Pipeline::new(Arc::new(taper::data::digits("train")?));
+    let e = err_text(digits.shuffle_by_length(1));
+    assert!(e.contains("all have one length"), "{e}");
+    Ok(())
+}
+
 /// A conversation's replies are trained, its prompt and padding ignored;
 /// one longer than `context` is cut and said to be, and one with no reply
 /// within `context` is left out, and said to be.

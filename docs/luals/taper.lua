@@ -170,8 +170,10 @@ function Run:save(path) end
 local Data = {}
 
 ---A new permutation of the samples every epoch, from `seed` (0 when not given;
----`--seed` is mixed in) and the epoch number.
----@param opts? {seed?: integer}
+---`--seed` is mixed in) and the epoch number. `group_by_length = true`: batches of
+---samples of like lengths (a chat file's conversations), each run of 50 batches
+---sorted longest first, as transformers' `group_by_length`.
+---@param opts? {seed?: integer, group_by_length?: boolean}
 ---@return taper.Data
 function Data:shuffle(opts) end
 

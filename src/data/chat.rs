@@ -382,4 +382,8 @@ impl Source for Chats {
     fn vocab(&self) -> Option<&Vocab> {
         Some(&self.data.vocab)
     }
+    /// Each conversation's tokens (cut at `context + 1`).
+    fn lengths(&self) -> Option<Vec<usize>> {
+        Some(self.data.starts.windows(2).map(|w| w[1] - w[0]).collect())
+    }
 }

@@ -13,11 +13,19 @@ use crate::{Error, Result};
 pub(super) struct Order {
     pub(super) start: usize,
     pub(super) perm: Option<Permutation>,
+    /// The epoch's positions in order, where they are not the
+    /// permutation's (samples grouped by length).
+    pub(super) listed: Option<Vec<usize>>,
 }
 
 impl Order {
     pub(super) fn get(&self, i: usize) -> usize {
-        self.start + self.perm.as_ref().map_or(i, |p| p.get(i))
+        self.start
+            + match (&self.listed, &self.perm) {
+                (Some(l), _) => l[i],
+                (None, Some(p)) => p.get(i),
+                (None, None) => i,
+            }
     }
 }
 

@@ -5,6 +5,7 @@
 mod array_input;
 mod augment;
 mod builtin;
+mod by_length;
 mod chat;
 mod chat_template;
 mod csv;
@@ -87,6 +88,13 @@ pub trait Source: Send + Sync {
             labels.extend(y.to_vec1::<u32>()?);
         }
         Ok(Some(labels))
+    }
+    /// Each sample's length, for sources of sequences of many lengths (a
+    /// chat file's conversations, in tokens); None where every sample is
+    /// as long as the next. `data:shuffle{ group_by_length = true }`
+    /// batches samples of like lengths by it.
+    fn lengths(&self) -> Option<Vec<usize>> {
+        None
     }
     /// How an image file becomes a sample, for an image folder.
     fn image_input(&self) -> Option<ImageInput> {

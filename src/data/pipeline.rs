@@ -16,6 +16,8 @@ pub struct Pipeline {
     start: usize,
     end: Option<usize>,
     shuffle: Option<u64>,
+    /// Shuffled batches of samples of like lengths (`shuffle_by_length`).
+    by_length: bool,
     batch_size: Option<usize>,
     drop_last: bool,
     prefetch: usize,
@@ -32,6 +34,7 @@ impl Pipeline {
             start: 0,
             end: None,
             shuffle: None,
+            by_length: false,
             batch_size: None,
             drop_last: false,
             prefetch: 0,
@@ -280,6 +283,22 @@ impl Pipeline {
         self
     }
 
+    /// [`Pipeline::shuffle`], then the samples grouped by length, as
+    /// transformers' `group_by_length` groups them: each run of 50 batches
+    /// of the epoch's order sorted longest first (see `by_length`). For
+    /// sources whose samples have lengths (a chat file's conversations).
+    pub fn shuffle_by_length(self, seed: u64) -> Result<Self> {
+        if self.source.lengths().is_none() {
+            return Err(Error::Config(format!(
+                "group_by_length: the samples of {} all have one length; it groups sources of many (a chat file's conversations)",
+                self.source.describe()
+            )));
+        }
+        let mut p = self.shuffle(seed);
+        p.by_length = true;
+        Ok(p)
+    }
+
     pub fn batch(mut self, size: usize, drop_last: bool) -> Self {
         self.batch_size = Some(size.max(1));
         self.drop_last = drop_last;
@@ -314,18 +333,29 @@ impl Pipeline {
         }
     }
 
-    fn order(&self, epoch: u64) -> Order {
+    /// The order of `epoch`'s samples, drawn in batches of `batch`.
+    fn order(&self, epoch: u64, batch: usize) -> Order {
+        let r = self.range();
+        let perm = self
+            .shuffle
+            .map(|seed| Permutation::new(self.len(), seed, &format!("epoch {epoch}")));
+        let listed = match (&perm, self.by_length) {
+            (Some(p), true) => self.source.lengths().map(|all| {
+                let group = batch.max(1) * super::by_length::GROUP_BATCHES;
+                super::by_length::grouped((0..r.len()).map(|i| p.get(i)), &all[r.clone()], group)
+            }),
+            _ => None,
+        };
         Order {
-            start: self.range().start,
-            perm: self
-                .shuffle
-                .map(|seed| Permutation::new(self.len(), seed, &format!("epoch {epoch}"))),
+            start: r.start,
+            perm,
+            listed,
         }
     }
 
     /// The source index of each sample of `epoch` (1-based), in order.
     pub fn indices(&self, epoch: u64) -> Vec<usize> {
-        let o = self.order(epoch);
+        let o = self.order(epoch, self.batch_size.unwrap_or(1));
         (0..self.len()).map(|i| o.get(i)).collect()
     }
 
@@ -336,7 +366,7 @@ impl Pipeline {
         let size = self.batch_size.unwrap_or(default_batch);
         let direct = Direct {
             source: self.source.clone(),
-            order: self.order(epoch),
+            order: self.order(epoch, size),
             len: self.len(),
             size,
             pos: skip.min(self.len()),
@@ -355,6 +385,9 @@ impl Pipeline {
         }
         if let Some(seed) = self.shuffle {
             s += &format!(" shuffle(seed {seed})");
+        }
+        if self.by_length {
+            s += " grouped by length";
         }
         if let Some(b) = self.batch_size {
             s += &format!(" batch {b}");
@@ -416,6 +449,10 @@ impl Source for Subset {
     }
     fn vocab(&self) -> Option<&super::Vocab> {
         self.inner.vocab()
+    }
+    fn lengths(&self) -> Option<Vec<usize>> {
+        let all = self.inner.lengths()?;
+        Some(self.indices.iter().map(|&i| all[i]).collect())
     }
     fn classes(&self) -> Option<&[String]> {
         self.inner.classes()

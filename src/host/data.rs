@@ -20,6 +20,9 @@ struct ShuffleOpts {
     /// 0 when not given (mixed with `--seed`, as every seed is).
     #[serde(default)]
     seed: u64,
+    /// Batches of samples of like lengths (transformers' `group_by_length`).
+    #[serde(default)]
+    group_by_length: bool,
 }
 
 #[derive(Deserialize)]
@@ -57,7 +60,13 @@ impl UserData for DataHandle {
         m.add_method("shuffle", |lua, this, opts: Value| {
             let o: ShuffleOpts = decode(lua, "data:shuffle", opts)?;
             let seed = o.seed ^ state(lua).opts.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            Ok(DataHandle(this.0.clone().shuffle(seed)))
+            let p = this.0.clone();
+            Ok(DataHandle(match o.group_by_length {
+                true => p
+                    .shuffle_by_length(seed)
+                    .map_err(|e| config_error(lua, format!("data:shuffle: {e}")))?,
+                false => p.shuffle(seed),
+            }))
         });
         m.add_method("batch", |lua, this, opts: Value| {
             let o = match opts {

@@ -148,12 +148,14 @@ fn the_smollm2_qlora_recipe_stops_and_resumes_to_the_same_weights() {
 }
 
 /// scripts/smollm2_chat.lua (conversations, the replies alone trained, on
-/// one block of SmolLM2), 5 epochs of 8 steps: the same.
+/// one block of SmolLM2, batched by length), 5 epochs of 8 steps: the same.
 #[test]
 fn the_smollm2_chat_recipe_stops_and_resumes_to_the_same_weights() {
     common::fetched("data/smollm2/tokenizer.json").unwrap();
     stopped_after_step_10_of_40(&[
         "scripts/smollm2_chat.lua",
+        "--set",
+        "group=true",
         "--set",
         "layers=1",
         "--set",
