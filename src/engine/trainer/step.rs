@@ -92,22 +92,7 @@ impl Trainer {
         guard(Phase::Upload)?;
         for from in (start..start + len).step_by(micro) {
             let m = micro.min(start + len - from);
-            let (mut x, mut y) = if m == bx.dim(0)? {
-                (bx.clone(), by.clone())
-            } else {
-                (bx.narrow(0, from, m)?, by.narrow(0, from, m)?)
-            };
-            let keep = match &labelled {
-                Some(_) => {
-                    let host_y = batch.y.narrow(0, from, m)?;
-                    let (cut_x, cut_y, host_y) = self
-                        .labelled_part(x, y, host_y)
-                        .map_err(|e| classify(e.into(), Phase::Forward))?;
-                    (x, y) = (cut_x, cut_y);
-                    self.labelled(&host_y)?
-                }
-                None => None,
-            };
+            let (x, y, keep) = self.piece((&bx, &by), batch, (from, m), labelled.is_some())?;
             let (weight, summed) = match (weight_sum, &labelled) {
                 // A batch of weight 0 only: no gradient, as no sample counts.
                 (Some(w), _) if w > 0.0 => (1.0 / w, true),
@@ -141,6 +126,32 @@ impl Trainer {
             guard(Phase::Accumulate)?;
         }
         Ok(grads)
+    }
+
+    /// Rows `[from, from + m)` of a step's batch (`bx`, `by`: on the
+    /// device), and with ignored positions (`ignoring`) cut after the last
+    /// labelled one, with the labelled positions' index
+    /// ([`Trainer::labelled_part`], [`Trainer::labelled`]).
+    fn piece(
+        &self,
+        (bx, by): (&Tensor, &Tensor),
+        batch: &Batch,
+        (from, m): (usize, usize),
+        ignoring: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let (x, y) = if m == bx.dim(0)? {
+            (bx.clone(), by.clone())
+        } else {
+            (bx.narrow(0, from, m)?, by.narrow(0, from, m)?)
+        };
+        if !ignoring {
+            return Ok((x, y, None));
+        }
+        let (x, y, host_y) = self
+            .labelled_part(x, y, batch.y.narrow(0, from, m)?)
+            .map_err(|e| classify(e.into(), Phase::Forward))?;
+        let keep = self.labelled(&host_y)?;
+        Ok((x, y, keep))
     }
 
     /// The variables the step's gradients are for, in a fixed order (the
