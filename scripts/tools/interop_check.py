@@ -37,6 +37,13 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         tensor Y, the accuracy (integer labels) or RMSE, MAE and R² (numbers:
         a regression; for a Y of [n, k], each target's and their means), in
         NumPy, f64
+    python interop_check.py bert-classifier BERT_DIR OUT_DIR LABELS TEXTS_JSON
+        a BertForSequenceClassification of LABELS classes over the BERT in
+        BERT_DIR (its head drawn from seed 0, times 50), saved to OUT_DIR: the ids of
+        the texts, padded as a batch, their attention mask, and its logits
+    python interop_check.py bert-logits DIR IDS_JSON
+        the logits of the BertForSequenceClassification in DIR for padded
+        ids (a mask from its pad token id)
     python interop_check.py peft-chat MODEL.gguf TOKENIZER ADAPTER_DIR MESSAGE REPLY
         transformers and PEFT run the GGUF model with a PEFT adapter folder:
         the greedy replies to MESSAGE with and without it, and the
@@ -81,6 +88,35 @@ def hf_tokenize(d, text):
 
     t = PreTrainedTokenizerFast(tokenizer_file=f"{d}/tokenizer.json")
     print(json.dumps({"ids": t(text)["input_ids"]}))
+
+
+def bert_classifier(d, out, labels, texts):
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    m = BertForSequenceClassification.from_pretrained(d, num_labels=labels).eval()
+    with torch.no_grad():  # logits of order 1, so that differences show
+        m.classifier.weight.mul_(50)
+    m.save_pretrained(out)
+    t = AutoTokenizer.from_pretrained(d)
+    t.save_pretrained(out)
+    batch = t(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+    with torch.no_grad():
+        logits = m.double()(**batch).logits
+    print(json.dumps({"ids": batch["input_ids"].tolist(),
+                      "mask": batch["attention_mask"].tolist(), "logits": logits.tolist()}))
+
+
+def bert_logits(d, ids):
+    import torch
+    from transformers import BertForSequenceClassification
+
+    m = BertForSequenceClassification.from_pretrained(d, torch_dtype=torch.float64).eval()
+    ids = torch.tensor(ids)
+    with torch.no_grad():
+        logits = m(input_ids=ids, attention_mask=(ids != m.config.pad_token_id).long()).logits
+    print(json.dumps({"logits": logits.tolist()}))
 
 
 def llama(model, ids, lora=None, text=None, kv="f16"):
@@ -531,6 +567,10 @@ def main():
         hf_logits(args[0], json.loads(args[1]))
     elif cmd == "hf-tokenize":
         hf_tokenize(args[0], args[1])
+    elif cmd == "bert-classifier":
+        bert_classifier(args[0], args[1], int(args[2]), json.loads(args[3]))
+    elif cmd == "bert-logits":
+        bert_logits(args[0], json.loads(args[1]))
     elif cmd == "llama":
         opts = dict(zip(args[2::2], args[3::2]))
         llama(args[0], json.loads(args[1]), opts.get("--lora"), opts.get("--text"),

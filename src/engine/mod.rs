@@ -1,6 +1,7 @@
 //! Training on candle: models, parameters, optimizers, losses, the step and
 //! checkpoints.
 
+mod bert;
 pub mod checkpoint;
 mod class_weights;
 mod cnn;
@@ -22,6 +23,7 @@ mod trainer;
 pub mod warm_start;
 mod workers;
 
+pub use bert::Bert;
 pub use cnn::{max_pool_2x2, Cnn};
 pub use device::{describe as describe_device, parse_device};
 pub use gpt::Gpt;

@@ -216,6 +216,44 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
     checked(lua, WHAT, spec)
 }
 
+/// `taper.model.bert{ from = "minilm/", outputs = 6, context = 128 }`: a
+/// Hugging Face BERT (its folder, or its model.safetensors with
+/// config.json beside it) with a classification head of `outputs`.
+fn bert(lua: &Lua, opts: Table) -> mlua::Result<ModelHandle> {
+    const WHAT: &str = "taper.model.bert";
+    super::options::check_keys(lua, WHAT, &opts, &["from", "outputs", "context"])?;
+    let from = match opts.get::<Value>("from")? {
+        Value::String(s) => s.to_str()?.to_string(),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{WHAT}: option `from` (a transformers BERT folder) is required, got {}",
+                    super::options::a_type(&other)
+                ),
+            ))
+        }
+    };
+    let Some(outputs) = positive(lua, WHAT, &opts, "outputs")? else {
+        return Err(config_error(
+            lua,
+            format!("{WHAT}: option `outputs` (one per class: `#train:classes()`) is required"),
+        ));
+    };
+    let context = positive(lua, WHAT, &opts, "context")?;
+    super::data_files::check_files(lua, WHAT, &[std::path::Path::new(&from)])?;
+    let imported = crate::interop::bert::import(std::path::Path::new(&from), outputs, context)
+        .map_err(|e| config_error(lua, format!("{WHAT}: {e}")))?;
+    // A run about to resume takes its own checkpoint's weights instead.
+    let host = super::state(lua);
+    if host.resume.borrow().is_none() {
+        for note in &imported.notes {
+            host.out.tell(&format!("note: {WHAT}: {note}"));
+        }
+    }
+    checked(lua, WHAT, imported.spec)
+}
+
 /// Option `key` of `t`: absent, or a whole number of 1 or more.
 fn positive(lua: &Lua, what: &str, t: &Table, key: &str) -> mlua::Result<Option<usize>> {
     match t.get::<Value>(key)? {
@@ -260,6 +298,7 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     models.set("cnn", model::<Cnn>(lua, "taper.model.cnn", "cnn")?)?;
     models.set("gpt", lua.create_function(gpt)?)?;
     models.set("llama_gguf", lua.create_function(llama_gguf)?)?;
+    models.set("bert", lua.create_function(bert)?)?;
     taper.set("model", models)?;
 
     let optim = lua.create_table()?;

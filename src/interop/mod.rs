@@ -4,6 +4,7 @@
 //! Depends on the engine, the data sources' vocabularies and the GGUF
 //! writer; nothing below depends on it.
 
+pub mod bert;
 pub mod bytelevel;
 mod export;
 pub mod gguf_gpt2;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 pub use export::{export, Model, Written};
 
-use crate::engine::{Cnn, Gpt, Mlp, ModelSpec};
+use crate::engine::{Bert, Cnn, Gpt, Mlp, ModelSpec};
 use crate::quant::LlamaGguf;
 use crate::{Error, Result};
 
@@ -39,6 +40,11 @@ pub fn spec_from_config(config: &serde_json::Value) -> Result<Arc<dyn ModelSpec>
             let mut g: Gpt = serde_json::from_value(o).map_err(bad)?;
             g.initial = None;
             Arc::new(g)
+        }
+        "bert" => {
+            let mut b: Bert = serde_json::from_value(o).map_err(bad)?;
+            b.initial = None;
+            Arc::new(b)
         }
         "llama_gguf" => Arc::new(serde_json::from_value::<LlamaGguf>(o).map_err(bad)?),
         other => {

@@ -1,0 +1,301 @@
+//! A BERT encoder with a classification head, as transformers'
+//! `BertForSequenceClassification` computes it: word, position and token
+//! type embeddings, post-norm blocks of bidirectional self-attention over
+//! the unpadded positions and an erf GELU MLP, the `[CLS]` position through
+//! the pooler (dense, tanh), then a dense head. Parameters keep
+//! transformers' names (`encoder.layer.0.attention.self.query.weight`), so
+//! a Hugging Face BERT (MiniLM, bert-base, ...) loads as it is
+//! (`interop::bert::import`). Dropout is not applied.
+//!
+//! Inputs are token ids padded with `pad` after each text (as
+//! `taper.data.csv{ text = ... }` gives them): the padded positions are
+//! masked out of attention, and a batch is computed only as wide as its
+//! longest text (dynamic padding), which changes no output.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Module, Result, Tensor, D};
+use candle_nn::{Init, VarBuilder};
+use serde::{Deserialize, Serialize};
+
+use super::linear::Linear;
+use super::model::{layer_norm, Interface, ModelSpec, TrainModule};
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bert {
+    pub vocab: usize,
+    /// Positions the model takes (at most the checkpoint's
+    /// `max_position_embeddings`).
+    pub context: usize,
+    pub width: usize,
+    pub layers: usize,
+    pub heads: usize,
+    /// The MLP's hidden size (`intermediate_size`).
+    pub intermediate: usize,
+    /// Token types (segments) the embedding has; every input is type 0.
+    pub type_vocab: usize,
+    pub eps: f64,
+    /// The padding token id: these positions are masked.
+    pub pad: u32,
+    /// Classes (or regression targets) of the head.
+    pub outputs: usize,
+    /// Where the starting weights came from, for the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Starting weights by name (`taper.model.bert{ from = ... }`).
+    #[serde(skip)]
+    pub initial: Option<Arc<Vec<(String, Tensor)>>>,
+}
+
+/// transformers' `initializer_range`, for the weights a checkpoint lacks
+/// (the head).
+const STD: f64 = 0.02;
+
+fn linear(vb: &VarBuilder, i: usize, o: usize) -> Result<Linear> {
+    let init = Init::Randn {
+        mean: 0.,
+        stdev: STD,
+    };
+    let w = vb.get_with_hints((o, i), "weight", init)?;
+    let b = vb.get_with_hints(o, "bias", Init::Const(0.))?;
+    Ok(Linear::new(w, Some(b)))
+}
+
+struct Norm {
+    w: Tensor,
+    b: Tensor,
+    eps: f64,
+}
+
+impl Norm {
+    fn new(vb: VarBuilder, width: usize, eps: f64) -> Result<Self> {
+        Ok(Norm {
+            w: vb.get_with_hints(width, "weight", Init::Const(1.))?,
+            b: vb.get_with_hints(width, "bias", Init::Const(0.))?,
+            eps,
+        })
+    }
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        layer_norm(x, &self.w, &self.b, self.eps)
+    }
+}
+
+struct Layer {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    out: Linear,
+    attn_norm: Norm,
+    up: Linear,
+    down: Linear,
+    out_norm: Norm,
+    heads: usize,
+}
+
+impl Layer {
+    fn new(vb: VarBuilder, cfg: &Bert) -> Result<Self> {
+        let (w, m) = (cfg.width, cfg.intermediate);
+        Ok(Layer {
+            query: linear(&vb.pp("attention.self.query"), w, w)?,
+            key: linear(&vb.pp("attention.self.key"), w, w)?,
+            value: linear(&vb.pp("attention.self.value"), w, w)?,
+            out: linear(&vb.pp("attention.output.dense"), w, w)?,
+            attn_norm: Norm::new(vb.pp("attention.output.LayerNorm"), w, cfg.eps)?,
+            up: linear(&vb.pp("intermediate.dense"), w, m)?,
+            down: linear(&vb.pp("output.dense"), m, w)?,
+            out_norm: Norm::new(vb.pp("output.LayerNorm"), w, cfg.eps)?,
+            heads: cfg.heads,
+        })
+    }
+
+    /// `[n, t, w]` → `[n, heads, t, w / heads]`.
+    fn split(&self, x: &Tensor) -> Result<Tensor> {
+        let (n, t, w) = x.dims3()?;
+        x.reshape((n, t, self.heads, w / self.heads))?
+            .transpose(1, 2)?
+            .contiguous()
+    }
+
+    /// `x [n, t, w]`, `mask [n, 1, 1, t]` (0 for a text's positions, a
+    /// large negative number for padding).
+    fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        use crate::kernels::add;
+        let (n, t, w) = x.dims3()?;
+        let q = self.split(&self.query.forward(x)?)?;
+        let k = self.split(&self.key.forward(x)?)?;
+        let v = self.split(&self.value.forward(x)?)?;
+        let scale = 1.0 / ((w / self.heads) as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
+        let p = softmax(&scores)?;
+        let ctx = p.matmul(&v)?.transpose(1, 2)?.reshape((n, t, w))?;
+        let x = self.attn_norm.forward(&add(x, &self.out.forward(&ctx)?)?)?;
+        let h = self.up.forward(&x)?.gelu_erf()?;
+        self.out_norm.forward(&add(&x, &self.down.forward(&h)?)?)
+    }
+}
+
+/// Softmax over the last dimension from ops with a backward (candle's
+/// fused one records none, candle #2168).
+fn softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+struct BertNet {
+    words: Tensor,
+    positions: Tensor,
+    types: Tensor,
+    norm: Norm,
+    layers: Vec<Layer>,
+    pooler: Linear,
+    head: Linear,
+    context: usize,
+    pad: u32,
+}
+
+impl BertNet {
+    /// The ids cut after the batch's longest text, and the attention mask
+    /// of their padding.
+    fn unpadded(&self, ids: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let (n, t) = ids.dims2()?;
+        if t > self.context {
+            candle_core::bail!(
+                "bert: a text of {t} tokens is longer than the model's context of {}",
+                self.context
+            );
+        }
+        let host = ids.to_dtype(DType::U32)?.to_vec2::<u32>()?;
+        let width = host
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .rposition(|&id| id != self.pad)
+                    .map_or(1, |p| p + 1)
+            })
+            .max()
+            .unwrap_or(1);
+        let mask: Vec<f32> = host
+            .iter()
+            .flat_map(|row| row[..width].iter())
+            .map(|&id| if id == self.pad { -1e9 } else { 0.0 })
+            .collect();
+        let mask = Tensor::from_vec(mask, (n, 1, 1, width), ids.device())?.to_dtype(dtype)?;
+        Ok((ids.narrow(1, 0, width)?, mask))
+    }
+}
+
+impl Module for BertNet {
+    /// `[batch, time]` token ids (u32) to `[batch, outputs]` logits.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (ids, mask) = self.unpadded(ids, self.words.dtype())?;
+        let t = ids.dim(1)?;
+        let x = crate::kernels::embedding(&self.words, &ids)?;
+        let x = x.broadcast_add(&self.positions.narrow(0, 0, t)?)?;
+        let x = x.broadcast_add(&self.types.narrow(0, 0, 1)?)?;
+        let mut x = self.norm.forward(&x)?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &mask)?;
+        }
+        let cls = x.narrow(1, 0, 1)?.squeeze(1)?;
+        let pooled = self.pooler.forward(&cls)?.tanh()?;
+        self.head.forward(&pooled)
+    }
+}
+
+impl TrainModule for BertNet {}
+
+impl ModelSpec for Bert {
+    fn check(&self) -> crate::Result<()> {
+        super::model::sizes_at_least_one(&[
+            ("vocab", self.vocab),
+            ("context", self.context),
+            ("width", self.width),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("intermediate", self.intermediate),
+            ("type_vocab", self.type_vocab),
+            ("outputs", self.outputs),
+        ])?;
+        if !self.width.is_multiple_of(self.heads) {
+            return Err(crate::Error::Config(format!(
+                "width {} is not divisible by heads {}",
+                self.width, self.heads
+            )));
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        let from = self
+            .from
+            .as_deref()
+            .map(|f| format!(" from {f}"))
+            .unwrap_or_default();
+        format!(
+            "bert vocab {} context {} width {} layers {} heads {} outputs {}{from}",
+            self.vocab, self.context, self.width, self.layers, self.heads, self.outputs
+        )
+    }
+
+    fn config(&self) -> Option<serde_json::Value> {
+        super::model::tagged_config("bert", self)
+    }
+
+    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
+        Ok(Box::new(self.net(vb)?))
+    }
+
+    fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {
+        Ok(Box::new(self.net(vb)?))
+    }
+
+    fn initial_params(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self.initial.as_deref().cloned().unwrap_or_default())
+    }
+
+    fn context(&self) -> Option<usize> {
+        Some(self.context)
+    }
+
+    fn interface(&self) -> Interface {
+        Interface {
+            features: None,
+            vocab: Some(self.vocab),
+            classes: Some(self.outputs),
+            image: None,
+        }
+    }
+}
+
+impl Bert {
+    fn net(&self, vb: VarBuilder) -> Result<BertNet> {
+        if self.heads == 0 || !self.width.is_multiple_of(self.heads) {
+            candle_core::bail!(
+                "bert: width {} is not divisible by heads {}",
+                self.width,
+                self.heads
+            );
+        }
+        let emb = Init::Randn {
+            mean: 0.,
+            stdev: STD,
+        };
+        let e = vb.pp("embeddings");
+        let w = self.width;
+        Ok(BertNet {
+            words: e.get_with_hints((self.vocab, w), "word_embeddings.weight", emb)?,
+            positions: e.get_with_hints((self.context, w), "position_embeddings.weight", emb)?,
+            types: e.get_with_hints((self.type_vocab, w), "token_type_embeddings.weight", emb)?,
+            norm: Norm::new(e.pp("LayerNorm"), w, self.eps)?,
+            layers: (0..self.layers)
+                .map(|i| Layer::new(vb.pp(format!("encoder.layer.{i}")), self))
+                .collect::<Result<_>>()?,
+            pooler: linear(&vb.pp("pooler.dense"), w, w)?,
+            head: linear(&vb.pp("classifier"), w, self.outputs)?,
+            context: self.context,
+            pad: self.pad,
+        })
+    }
+}
