@@ -608,3 +608,58 @@ fn a_named_entry_inside_a_list_is_an_error_not_dropped() -> Result<()> {
     ))?;
     Ok(())
 }
+
+/// A CSV column of text and a BERT: options that cannot work are errors at
+/// the recipe's line, saying what to give.
+#[test]
+fn text_columns_and_bert_options_are_checked_where_they_are_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    std::fs::write(&csv, "text,label\nthe cat,a\n").unwrap();
+    let csv = csv.display();
+    let roberta = dir.path().join("roberta");
+    std::fs::create_dir(&roberta).unwrap();
+    std::fs::write(roberta.join("config.json"), r#"{"model_type": "roberta"}"#).unwrap();
+    for (src, says) in [
+        (
+            format!("taper.data.csv{{ path = '{csv}', text = 'text', label = 'label' }}"),
+            "a column of `text` needs the model's `tokenizer`",
+        ),
+        (
+            format!("taper.data.csv{{ path = '{csv}', label = 'label', tokenizer = 't.json' }}"),
+            "`tokenizer` and `context` are for a column of text",
+        ),
+        (
+            format!("taper.data.csv{{ path = '{csv}', text = 'text', features = {{ 'text' }}, tokenizer = 't.json' }}"),
+            "give `features` (number columns) or `text`, not both",
+        ),
+        (
+            format!("taper.data.csv{{ path = '{csv}', text = 'text', tokenizer = 't.json', context = 0 }}"),
+            "`context` must be at least 1",
+        ),
+        (
+            format!("taper.data.csv{{ path = '{csv}', text = 'text', tokenizer = '{}/none.json' }}", dir.path().display()),
+            "none.json",
+        ),
+        (
+            "taper.model.bert{ outputs = 2 }".to_string(),
+            "option `from` (a transformers BERT folder) is required",
+        ),
+        (
+            format!("taper.model.bert{{ from = '{}' }}", dir.path().display()),
+            "option `outputs` (one per class: `#train:classes()`) is required",
+        ),
+        (
+            format!("taper.model.bert{{ from = '{}', outputs = 2 }}", dir.path().display()),
+            "config.json",
+        ),
+        (
+            format!("taper.model.bert{{ from = '{}', outputs = 2 }}", roberta.display()),
+            "model_type `roberta` is not bert",
+        ),
+    ] {
+        let msg = recipe_error(run(&format!("local x = 1\n{src}\n")));
+        assert!(msg.starts_with("recipe.lua:2: "), "{msg}");
+        assert!(msg.contains(says), "{src}: {msg}");
+    }
+}

@@ -775,6 +775,44 @@ fn image_folder_fine_tunes_from_a_trained_run() -> Result<()> {
     Ok(())
 }
 
+/// scripts/minilm_classify.lua fine-tunes MiniLM on passages of Jane
+/// Austen's novels: after 30 steps it names the novel of more than 45% of
+/// 120 held-out passages (six novels; the new head's guesses: 9-23%).
+#[test]
+fn minilm_classify_learns_which_novel_a_passage_is_from() -> Result<()> {
+    common::fetched("data/minilm/tokenizer.json")?;
+    common::fetched("data/austen/test.csv")?;
+    let dir = tempfile::tempdir()?;
+    train(
+        "scripts/minilm_classify.lua",
+        dir.path(),
+        &[
+            ("rows", "480"),
+            ("test_rows", "120"),
+            ("epochs", "1"),
+            ("context", "64"),
+            ("lr", "2e-4"),
+        ],
+    )?;
+    let all = records(dir.path())?;
+    let evals: Vec<&Value> = all.iter().filter(|r| r["event"] == "eval").collect();
+    let [before, after] = evals[..] else {
+        panic!("two evaluations: {evals:?}")
+    };
+    let accuracy = |r: &Value| r["accuracy"].as_f64().unwrap();
+    // Measured (seeds 1, 2): 9.2% -> 60.8%, 22.5% -> 56.7%.
+    eprintln!(
+        "held out: {:.3} -> {:.3}",
+        accuracy(before),
+        accuracy(after)
+    );
+    assert!(accuracy(before) < 0.3, "{before}");
+    assert!(accuracy(after) > 0.45, "{after}");
+    assert!(after["loss"].as_f64() < Some(before["loss"].as_f64().unwrap() - 0.3));
+    assert_eq!(after["samples"], 120);
+    Ok(())
+}
+
 /// Chat fine-tuning of SmolLM2 with LoRA on the recipe's own task (sums
 /// asked and answered in words), the replies alone trained: the held-out
 /// replies' cross-entropy falls to under a third and their next-token

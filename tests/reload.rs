@@ -898,6 +898,17 @@ fn shipped_smollm2_chat_reloads() {
     );
 }
 
+#[test]
+fn shipped_minilm_classify_reloads() {
+    common::fetched("data/minilm/tokenizer.json").unwrap();
+    common::fetched("data/austen/test.csv").unwrap();
+    // Many epochs: the recipe's reload points every 10 steps apply the edits.
+    shipped_recipe_reloads(
+        "minilm_classify.lua",
+        &["epochs=100000", "rows=64", "test_rows=16", "context=32"],
+    );
+}
+
 /// Every recipe in scripts/ has a reload test above.
 #[test]
 fn every_shipped_recipe_has_a_reload_test() {

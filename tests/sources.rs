@@ -830,6 +830,87 @@ fn text_with_a_tokenizer_json() -> Result<()> {
     Ok(())
 }
 
+/// A BERT-style tokenizer.json: `[CLS] text [SEP]` around each text, and
+/// `[PAD]` (id 0) its padding token.
+const BERT_TOKENIZER: &str = r#"{
+  "version": "1.0", "truncation": null,
+  "padding": { "strategy": { "Fixed": 128 }, "direction": "Right", "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]" },
+  "added_tokens": [
+    { "id": 0, "content": "[PAD]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true },
+    { "id": 2, "content": "[CLS]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true },
+    { "id": 3, "content": "[SEP]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true }
+  ],
+  "normalizer": null, "pre_tokenizer": { "type": "BertPreTokenizer" },
+  "post_processor": { "type": "TemplateProcessing",
+    "single": [ { "SpecialToken": { "id": "[CLS]", "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } }, { "SpecialToken": { "id": "[SEP]", "type_id": 0 } } ],
+    "pair": [ { "Sequence": { "id": "A", "type_id": 0 } }, { "Sequence": { "id": "B", "type_id": 1 } } ],
+    "special_tokens": { "[CLS]": { "id": "[CLS]", "ids": [2], "tokens": ["[CLS]"] }, "[SEP]": { "id": "[SEP]", "ids": [3], "tokens": ["[SEP]"] } } },
+  "decoder": null,
+  "model": { "type": "WordLevel", "vocab": { "[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "the": 4, "cat": 5, "sat": 6, "on": 7, "mat": 8, ",": 9 }, "unk_token": "[UNK]" }
+}"#;
+
+/// A CSV column of text: each cell tokenized with the tokenizer's special
+/// tokens, cut at `context` (its `[SEP]` kept, the cut counted) and padded
+/// with its padding token; the header is implied; class names sorted.
+#[test]
+fn a_csv_column_of_text_becomes_the_tokenizers_padded_ids() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tok = write(dir.path(), "tokenizer.json", BERT_TOKENIZER.as_bytes());
+    let path = write(
+        dir.path(),
+        "t.csv",
+        b"label,text\nb,the cat sat\na,\"the cat, on the mat, sat on the mat\"\nb,mat\n",
+    );
+    let opts = |context: usize, label: Column| CsvOptions {
+        label,
+        text: Some(taper::data::TextOptions {
+            column: Column::Index(1),
+            tokenizer: tok.clone(),
+            context,
+        }),
+        ..CsvOptions::default()
+    };
+    let src = csv(&path, &opts(6, Column::Index(0)))?;
+    assert_eq!(src.len(), 3, "the header is not a sample");
+    assert_eq!(src.classes(), Some(&["a".to_string(), "b".to_string()][..]));
+    assert_eq!(src.cut(), &[3]);
+    assert_eq!(src.lengths(), Some(vec![5, 6, 3]));
+    let (x, y) = src.gather(&[0, 1, 2])?;
+    assert_eq!(
+        x.to_vec2::<u32>()?,
+        vec![
+            vec![2, 4, 5, 6, 3, 0],
+            vec![2, 4, 5, 9, 7, 3],
+            vec![2, 8, 3, 0, 0, 0]
+        ]
+    );
+    assert_eq!(y.to_vec1::<u32>()?, vec![1, 0, 1]);
+    let d = src.describe();
+    assert!(
+        d.contains("3 rows of text `text`, up to 6 ids of tokenizer.json"),
+        "{d}"
+    );
+    assert!(src.table_input().is_none());
+
+    let pad = write(
+        dir.path(),
+        "pad.csv",
+        b"label,text\nb,the cat\na,the [PAD] mat\n",
+    );
+    let e = err_text(csv(&pad, &opts(6, Column::Index(0))));
+    assert!(
+        e.contains("pad.csv") && e.contains("line 3, column 2") && e.contains("`[PAD]`"),
+        "{e}"
+    );
+    let missing = write(dir.path(), "missing.csv", b"label,text\nb,the cat\na,\n");
+    let e = err_text(csv(&missing, &opts(6, Column::Index(0))));
+    assert!(
+        e.contains("line 3, column 2 (`text`): a missing value"),
+        "{e}"
+    );
+    Ok(())
+}
+
 /// The built-in Shakespeare with a tokenizer is the same data as its file
 /// read by `text` with that tokenizer: a recipe needs no path into the
 /// source tree to fine-tune a tokenized model on it.

@@ -337,8 +337,12 @@ function taper.data.idx(opts) end
 ---with `delimiter = ";"`). `categorical`
 ---names feature columns of categories, each one-hot encoded in place (one
 ---input per category: those the file holds, sorted, or the list given under
----the column's name, `{ sex = { "female", "male" } }`).
----@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---the column's name, `{ sex = { "female", "male" } }`). `text` instead of
+---`features`: a column of text, the input, each cell tokenized with
+---`tokenizer` (a tokenizer.json) and its special tokens, cut at `context`
+---ids (default 128) and padded with its padding token: for
+---`taper.model.bert` (the header is then implied).
+---@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string, tokenizer?: string, context?: integer, header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.csv(opts) end
 
@@ -431,6 +435,16 @@ function taper.model.gpt(opts) end
 ---@param opts {path: string, lora_rank?: integer, lora_alpha?: number, lora_targets?: string[], layers?: integer, context?: integer, base?: "q8_0"|"q4_0"|"q4_1"|"f16", train?: "lora"|"full"}
 ---@return taper.Model
 function taper.model.llama_gguf(opts) end
+
+---A transformers BERT (its folder: config.json and model.safetensors; MiniLM,
+---bert-base, or a BertForSequenceClassification) with a classification head of
+---`outputs` (new unless the file's has as many), computed as transformers'
+---BertForSequenceClassification: the `[CLS]` position through the pooler and the
+---head; padding (the config's `pad_token_id`) is masked. Every weight is trained.
+---`context` keeps the first positions (default: the config's).
+---@param opts {from: string, outputs: integer, context?: integer}
+---@return taper.Model
+function taper.model.bert(opts) end
 
 ---@class taper.Optim
 

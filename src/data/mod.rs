@@ -30,7 +30,9 @@ pub use augment::Augment;
 pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use chat::{chat, ChatOptions, Chats, TrainOn};
 pub use chat_template::ChatTemplate;
-pub use csv::{csv, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, TableRows};
+pub use csv::{
+    csv, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, TableRows, TextOptions,
+};
 pub use epoch::Epoch;
 pub use files::{idx, text, Idx};
 pub use image_files::{image_files, split_like, Listing, PassedOver};

@@ -21,6 +21,14 @@ struct CsvOpts {
     target: Option<TargetsOpt>,
     #[serde(default)]
     features: Option<Vec<ColumnOpt>>,
+    /// A column of text, tokenized with `tokenizer`, as the input.
+    #[serde(default)]
+    text: Option<ColumnOpt>,
+    #[serde(default)]
+    tokenizer: Option<std::path::PathBuf>,
+    /// The most ids of a text (default 128).
+    #[serde(default)]
+    context: Option<usize>,
     #[serde(default)]
     header: Option<bool>,
     #[serde(default)]
@@ -139,7 +147,8 @@ enum MissingOpt {
 }
 
 impl CsvOpts {
-    fn options(self, lua: &Lua) -> mlua::Result<data::CsvOptions> {
+    fn options(mut self, lua: &Lua) -> mlua::Result<data::CsvOptions> {
+        let text = self.text_options(lua)?;
         let tsv = {
             let p = self.path.to_string_lossy();
             p.ends_with(".tsv") || p.ends_with(".tsv.gz")
@@ -195,6 +204,7 @@ impl CsvOpts {
             (l, None) => (l.unwrap_or_else(last_column).0, Vec::new()),
         };
         Ok(data::CsvOptions {
+            text,
             label,
             targets,
             features: self.features.map(|f| f.into_iter().map(|c| c.0).collect()),
@@ -210,6 +220,51 @@ impl CsvOpts {
             },
             categorical: Vec::new(),
         })
+    }
+}
+
+impl CsvOpts {
+    /// `text = COLUMN, tokenizer = FILE, context = 128`, checked against
+    /// the other options.
+    fn text_options(&mut self, lua: &Lua) -> mlua::Result<Option<data::TextOptions>> {
+        let what = "taper.data.csv";
+        let Some(column) = self.text.take() else {
+            if self.tokenizer.is_some() || self.context.is_some() {
+                return Err(config_error(
+                    lua,
+                    format!("{what}: `tokenizer` and `context` are for a column of text: name it with `text = \"...\"`"),
+                ));
+            }
+            return Ok(None);
+        };
+        let Some(tokenizer) = self.tokenizer.take() else {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: a column of `text` needs the model's `tokenizer` (a tokenizer.json)"
+                ),
+            ));
+        };
+        if self.features.is_some() {
+            return Err(config_error(
+                lua,
+                format!("{what}: `text` is the input; give `features` (number columns) or `text`, not both"),
+            ));
+        }
+        let context = match self.context {
+            Some(0) => {
+                return Err(config_error(
+                    lua,
+                    format!("{what}: `context` must be at least 1"),
+                ))
+            }
+            c => c.unwrap_or(128),
+        };
+        Ok(Some(data::TextOptions {
+            column: column.0,
+            tokenizer,
+            context,
+        }))
     }
 }
 
@@ -315,7 +370,17 @@ pub(super) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
             let path = o.path.clone();
             let mut options = o.options(lua)?;
             options.categorical = categorical(lua, raw)?;
+            if options.text.is_some() && !options.categorical.is_empty() {
+                return Err(config_error(
+                    lua,
+                    "taper.data.csv: `text` is the input; give `categorical` (feature columns) or `text`, not both",
+                ));
+            }
+            let tokenizer = options.text.as_ref().map(|t| t.tokenizer.clone());
             check_files(lua, "taper.data.csv", &[&path])?;
+            if let Some(t) = &tokenizer {
+                check_files(lua, "taper.data.csv", &[t])?;
+            }
             let table = data::csv(&path, &options)
                 .map_err(|e| at_caller(lua, "taper.data.csv", e))?;
             if let Some(first) = table.dropped().first() {
@@ -324,6 +389,14 @@ pub(super) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
                     path.display(),
                     table.dropped().len(),
                     table.dropped().len() + table.len(),
+                ));
+            }
+            if let Some(first) = table.cut().first() {
+                super::state(lua).out.line(&format!(
+                    "taper.data.csv: {}: {} of {} texts are longer than `context` ids and are cut there (the first on line {first})",
+                    path.display(),
+                    table.cut().len(),
+                    table.len(),
                 ));
             }
             Ok(source(table))

@@ -167,6 +167,26 @@ fn the_smollm2_chat_recipe_stops_and_resumes_to_the_same_weights() {
     ]);
 }
 
+/// scripts/minilm_classify.lua (MiniLM, every weight trained, on texts of a
+/// CSV file batched by length, a warmup and cosine schedule), 4 epochs of
+/// 10 steps: the same.
+#[test]
+fn the_minilm_classify_recipe_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/minilm/tokenizer.json").unwrap();
+    common::fetched("data/austen/test.csv").unwrap();
+    stopped_after_step_10_of_40(&[
+        "scripts/minilm_classify.lua",
+        "--set",
+        "rows=160",
+        "--set",
+        "test_rows=16",
+        "--set",
+        "context=32",
+        "--set",
+        "epochs=4",
+    ]);
+}
+
 /// A run of 40 steps stopped by SIGTERM after its first step record (step
 /// 10), resumed: the same weights as a straight run.
 fn stopped_after_step_10_of_40(recipe: &[&str]) {

@@ -13,10 +13,12 @@ use candle_core::{Device, Tensor};
 mod categories;
 mod columns;
 mod input;
+mod text;
 
 use categories::{categorical_coders, settle, settled_names, Coder};
 use columns::{named, Layout, Lines};
 pub use input::{TableInput, TableRows};
+pub use text::TextOptions;
 
 use super::files::{data_err, read_text};
 use super::{name_list, Source};
@@ -88,6 +90,9 @@ pub struct CsvOptions {
     /// the categories given, in their order, or else those the file holds,
     /// sorted (numbers by value).
     pub categorical: Vec<(Column, Option<Vec<String>>)>,
+    /// A column of text, tokenized, as the only input (instead of
+    /// `features`).
+    pub text: Option<TextOptions>,
 }
 
 impl Default for CsvOptions {
@@ -104,6 +109,7 @@ impl Default for CsvOptions {
             classes: None,
             missing: Missing::Error,
             categorical: Vec::new(),
+            text: None,
         }
     }
 }
@@ -132,6 +138,8 @@ pub struct Csv {
     /// Lines of the rows left out for a missing value.
     dropped: Vec<usize>,
     input: TableInput,
+    /// With `text`: the column's texts as ids (`features` is empty).
+    texts: Option<text::Texts>,
 }
 
 /// Reads a CSV file, gzipped or plain.
@@ -242,7 +250,9 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         true => opts.targets.clone(),
         false => vec![opts.label.clone()],
     };
+    let text_column = opts.text.as_ref().map(|t| vec![t.column.clone()]);
     let by_name = labels_given.iter().any(named)
+        || text_column.iter().flatten().any(named)
         || opts.features.iter().flatten().any(named)
         || opts.categorical.iter().any(|(c, _)| named(c));
     let header = match opts.header {
@@ -253,7 +263,9 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
             )))
         }
         Some(h) => h,
-        None => by_name,
+        // A file of texts has a header, as pandas infers: a first row of
+        // names would otherwise be a sample.
+        None => by_name || opts.text.is_some(),
     };
     let shape = Shape {
         header,
@@ -264,7 +276,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         None => "; choose the columns with `features = { ... }`",
         Some(_) => "",
     };
-    let (mut features, mut labels) = (Vec::new(), Vec::new());
+    let (mut features, mut labels, mut texts) = (Vec::new(), Vec::new(), Vec::new());
     // Made at the first row, from the layout.
     let mut coders: Option<Vec<Option<Coder>>> = None;
     let mut label_lines = Vec::new();
@@ -278,7 +290,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
             Layout::resolve(
                 what,
                 (&labels_given, role),
-                opts.features.as_deref(),
+                text_column.as_deref().or(opts.features.as_deref()),
                 n,
                 names,
             )
@@ -303,6 +315,12 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
             }
             // A first row of names read as data: pandas' read_csv would
             // have taken it as the header.
+            if let Some(&at) = l.features.first().filter(|_| opts.text.is_some()) {
+                texts.push(record[at].to_string());
+                labels.extend(l.labels.iter().map(|&c| record[c].to_string()));
+                label_lines.push(line);
+                return Ok(());
+            }
             if label_lines.is_empty()
                 && dropped.is_empty()
                 && opts.header.is_none()
@@ -375,7 +393,13 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         target_standardize: None,
         categories: settled_names(&coders),
     };
-    let width = input.width();
+    let (width, texts) = match &opts.text {
+        Some(t) => {
+            let texts = text::tokenize(what, t, texts, &label_lines)?;
+            (texts.context(), Some(texts))
+        }
+        None => (input.width(), None),
+    };
     Ok(Csv {
         name: what
             .file_name()
@@ -388,6 +412,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         classes,
         dropped,
         input,
+        texts,
     })
 }
 
@@ -490,6 +515,11 @@ impl Csv {
     pub fn dropped(&self) -> &[usize] {
         &self.dropped
     }
+
+    /// With `text`: the lines of the texts cut at `context` ids.
+    pub fn cut(&self) -> &[usize] {
+        self.texts.as_ref().map_or(&[], |t| &t.cut)
+    }
 }
 
 impl Labels {
@@ -509,12 +539,22 @@ impl Source for Csv {
         &self.split
     }
     fn describe(&self) -> String {
-        let mut s = format!(
-            "csv {} ({} rows of {} features",
-            self.name,
-            self.labels.len(),
-            self.width
-        );
+        let mut s = match &self.texts {
+            Some(t) => format!(
+                "csv {} ({} rows of text {}, up to {} ids of {}",
+                self.name,
+                self.labels.len(),
+                self.input.columns[0].describe(),
+                self.width,
+                t.tokenizer
+            ),
+            None => format!(
+                "csv {} ({} rows of {} features",
+                self.name,
+                self.labels.len(),
+                self.width
+            ),
+        };
         let categorical = self.input.categories.iter().flatten().count();
         if categorical > 0 {
             s += &format!("; {categorical} columns of categories, one-hot encoded");
@@ -539,12 +579,17 @@ impl Source for Csv {
         s + ")"
     }
     fn gather(&self, indices: &[usize]) -> Result<(Tensor, Tensor)> {
-        let w = self.width;
-        let mut x = Vec::with_capacity(indices.len() * w);
-        for &i in indices {
-            x.extend_from_slice(&self.features[i * w..(i + 1) * w]);
-        }
-        let x = Tensor::from_vec(x, (indices.len(), w), &Device::Cpu)?;
+        let x = match &self.texts {
+            Some(t) => t.gather(indices)?,
+            None => {
+                let w = self.width;
+                let mut x = Vec::with_capacity(indices.len() * w);
+                for &i in indices {
+                    x.extend_from_slice(&self.features[i * w..(i + 1) * w]);
+                }
+                Tensor::from_vec(x, (indices.len(), w), &Device::Cpu)?
+            }
+        };
         let y = match &self.labels {
             Labels::Classes(l) => {
                 let y: Vec<u32> = indices.iter().map(|&i| l[i]).collect();
@@ -564,6 +609,11 @@ impl Source for Csv {
         self.classes.as_deref()
     }
     fn table_input(&self) -> Option<TableInput> {
-        Some(self.input.clone())
+        // Rows of text are read back with their tokenizer, which a table's
+        // description does not hold.
+        self.texts.is_none().then(|| self.input.clone())
+    }
+    fn lengths(&self) -> Option<Vec<usize>> {
+        self.texts.as_ref().map(text::Texts::lengths)
     }
 }

@@ -1,0 +1,138 @@
+//! A CSV column of text as a model's input (`taper.data.csv{ text = ...,
+//! tokenizer = ... }`): each cell tokenized as transformers' tokenizer
+//! does for a classifier, `tokenizer(text, truncation=True,
+//! max_length=context)`: the tokenizer's own special tokens (BERT's
+//! `[CLS]` and `[SEP]`) added, cut to `context` ids, then padded after the
+//! text with the tokenizer's padding token.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use tokenizers::{Tokenizer, TruncationParams};
+
+use super::super::files::data_err;
+use super::Column;
+use crate::{Error, Result};
+
+/// Which column holds the text, and how it becomes ids.
+#[derive(Debug, Clone)]
+pub struct TextOptions {
+    pub column: Column,
+    /// A `tokenizer.json`.
+    pub tokenizer: PathBuf,
+    /// The most ids a sample has, special tokens included.
+    pub context: usize,
+}
+
+/// The texts of a file's rows as ids, each `context` long once padded.
+pub(super) struct Texts {
+    ids: Vec<u32>,
+    /// Where each row's ids start in `ids` (one more than the rows).
+    starts: Vec<usize>,
+    context: usize,
+    pad: u32,
+    /// The lines of the texts cut at `context`.
+    pub cut: Vec<usize>,
+    /// The tokenizer file's name, for `describe`.
+    pub tokenizer: String,
+}
+
+/// The tokenizer of `o`, cutting at `o.context`, and its padding id.
+fn tokenizer(o: &TextOptions) -> Result<(Tokenizer, u32)> {
+    let path = &o.tokenizer;
+    let mut t = Tokenizer::from_file(path).map_err(|e| {
+        Error::Data(format!(
+            "{}: not a readable tokenizer.json: {e}",
+            path.display()
+        ))
+    })?;
+    let pad = t.get_padding().map(|p| p.pad_id).or_else(|| {
+        ["[PAD]", "<pad>", "<|pad|>"]
+            .iter()
+            .find_map(|n| t.token_to_id(n))
+    });
+    let Some(pad) = pad else {
+        return Err(Error::Data(format!(
+            "{}: the tokenizer names no padding token (its `padding`, or a `[PAD]` or `<pad>` token), which texts of several lengths need",
+            path.display()
+        )));
+    };
+    t.with_padding(None);
+    t.with_truncation(Some(TruncationParams {
+        max_length: o.context,
+        ..Default::default()
+    }))
+    .map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
+    Ok((t, pad))
+}
+
+/// The `cells` (read on `lines` of `what`) as ids.
+pub(super) fn tokenize(
+    what: &Path,
+    o: &TextOptions,
+    cells: Vec<String>,
+    lines: &[usize],
+) -> Result<Texts> {
+    let (t, pad) = tokenizer(o)?;
+    let encodings = t
+        .encode_batch(cells, true)
+        .map_err(|e| Error::Data(format!("{}: {e}", o.tokenizer.display())))?;
+    let mut texts = Texts {
+        ids: Vec::new(),
+        starts: vec![0],
+        context: o.context,
+        pad,
+        cut: Vec::new(),
+        tokenizer: o
+            .tokenizer
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    };
+    for (e, &line) in encodings.iter().zip(lines) {
+        let ids = e.get_ids();
+        if ids.contains(&pad) {
+            return Err(data_err(
+                what,
+                format!(
+                    "line {line}, {}: the text holds the tokenizer's padding token (`{}`), which the model would not see: take it out of the text",
+                    o.column.describe(),
+                    t.id_to_token(pad).unwrap_or_default()
+                ),
+            ));
+        }
+        if !e.get_overflowing().is_empty() {
+            texts.cut.push(line);
+        }
+        texts.ids.extend_from_slice(ids);
+        texts.starts.push(texts.ids.len());
+    }
+    Ok(texts)
+}
+
+impl Texts {
+    fn row(&self, i: usize) -> &[u32] {
+        &self.ids[self.starts[i]..self.starts[i + 1]]
+    }
+
+    /// Each text's ids, padded to `context`: u32 `[n, context]`.
+    pub(super) fn gather(&self, indices: &[usize]) -> Result<Tensor> {
+        let c = self.context;
+        let mut x = Vec::with_capacity(indices.len() * c);
+        for &i in indices {
+            let row = self.row(i);
+            x.extend_from_slice(row);
+            x.extend(std::iter::repeat_n(self.pad, c - row.len()));
+        }
+        Ok(Tensor::from_vec(x, (indices.len(), c), &Device::Cpu)?)
+    }
+
+    /// Each text's ids, special tokens included.
+    pub(super) fn lengths(&self) -> Vec<usize> {
+        self.starts.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    pub(super) fn context(&self) -> usize {
+        self.context
+    }
+}
