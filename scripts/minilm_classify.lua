@@ -9,13 +9,16 @@
 --   taper train scripts/minilm_classify.lua
 --   taper train scripts/minilm_classify.lua --set train=reviews.csv --set test=held_out.csv \
 --     --set text=review --set label=sentiment      (your own texts and labels)
+--   taper train scripts/minilm_classify.lua --set export=out/   (then, in Python:
+--     pipeline("text-classification", model="out/") names the novel)
 local cfg = taper.config{
   train = "data/austen/train.csv", test = "data/austen/test.csv",
   text = "text", label = "novel", -- the columns
   model = "data/minilm", -- a transformers BERT folder
   rows = 1800, test_rows = 600, -- 0: every row
-  epochs = 2, batch = 16, context = 128, lr = 1e-4, warmup = 0.1, seed = 1,
+  epochs = 2, batch = 16, context = 128, lr = 2e-4, warmup = 0.1, seed = 1,
   group = true, -- batches of texts of like lengths (less padding computed)
+  export = "", -- a folder: write the trained classifier for transformers
 }
 
 local function read(path, classes)
@@ -62,3 +65,9 @@ end
 print(("held out: cross-entropy %.4f -> %.4f, accuracy %.1f%% -> %.1f%%"):format(
   run.state.before.loss, after.loss, 100 * run.state.before.accuracy, 100 * after.accuracy))
 results = { before = run.state.before.accuracy, after = after.accuracy, loss = after.loss }
+
+if cfg.export ~= "" then
+  -- transformers' BertForSequenceClassification, the classes' names as its
+  -- labels, with the model's tokenizer files.
+  run:export{ path = cfg.export, format = "hf" }
+end

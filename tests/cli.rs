@@ -410,7 +410,7 @@ fn export_refuses_a_format_the_model_does_not_fit() {
     assert_eq!(e.status.code(), Some(2));
     let msg = String::from_utf8_lossy(&e.stderr);
     assert!(
-        msg.contains("format hf is for taper.model.gpt; this model is mlp"),
+        msg.contains("format hf is for taper.model.gpt and taper.model.bert; this model is mlp"),
         "{msg}"
     );
     // GGUF fits any model (architecture taper for an MLP).

@@ -234,6 +234,68 @@ fn taper_starts_from_a_transformers_bert_classifier_with_the_same_logits() -> Re
     Ok(())
 }
 
+/// scripts/minilm_classify.lua, trained briefly, writes its classifier for
+/// transformers: it loads with no weight missing or left over, its
+/// tokenizer and model give taper's logits within 1e-4, and the pipeline
+/// names the classes; it takes a text longer than the run's context too
+/// (the export keeps the original positions after those it trained).
+#[test]
+fn transformers_runs_the_minilm_classifier_export_as_taper_does() -> Result<()> {
+    common::fetched("data/minilm/tokenizer.json")?;
+    common::fetched("data/austen/test.csv")?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir()?;
+    let export = dir.path().join("classifier");
+    shipped(
+        root,
+        "scripts/minilm_classify.lua",
+        dir.path(),
+        &[
+            ("rows", "64"),
+            ("test_rows", "16"),
+            ("epochs", "1"),
+            ("context", "48"),
+            ("export", export.to_str().unwrap()),
+        ],
+    )?;
+    let long = "She was convinced that he had been the cause of it all, and that his regard for her, which she had once believed steady and sincere, had given way to the persuasions of his sisters and the coldness of his friend, whose influence over him she could not but lament.";
+    let texts = serde_json::to_string(&[
+        "Emma Woodhouse, handsome, clever, and rich.",
+        "Mr. Darcy bowed.",
+        long,
+    ])?;
+    let theirs = check(&["bert-pipeline", export.to_str().unwrap(), &texts])?;
+    let ids: Vec<Vec<u32>> = serde_json::from_value(theirs["ids"].clone())?;
+    ensure!(ids[2].len() > 48, "the long text is {} ids", ids[2].len());
+    let saved = saved::open(&saved::locate(dir.path())?, &Device::Cpu)?;
+    let model = saved.trainer.frozen()?;
+    let classes = saved.meta.classes.clone().expect("class names");
+    for (i, row) in ids.iter().enumerate() {
+        // taper's model takes its context: the first 47 ids and [SEP].
+        let mut row: Vec<u32> = row.iter().copied().filter(|&id| id != 0).collect();
+        let cut = row.len() > 48;
+        if cut {
+            row.truncate(47);
+            row.push(102);
+        }
+        let x = Tensor::from_vec(row.clone(), (1, row.len()), &Device::Cpu)?;
+        let ours: Vec<Vec<f32>> = model.forward(&x)?.to_vec2()?;
+        let best = (0..ours[0].len())
+            .max_by(|&a, &b| ours[0][a].total_cmp(&ours[0][b]))
+            .unwrap();
+        if cut {
+            // transformers saw the whole text; taper's run, its context.
+            eprintln!("text {i}: {} ids, past taper's context", ids[i].len());
+            continue;
+        }
+        let diff = max_diff(&ours, &Value::Array(vec![theirs["logits"][i].clone()]));
+        eprintln!("text {i}: logits differ by {diff:.2e}; {}", classes[best]);
+        ensure!(diff < 1e-4, "text {i}: logits differ by {diff}");
+        ensure!(theirs["labels"][i] == classes[best].as_str(), "{theirs}");
+    }
+    Ok(())
+}
+
 /// A transformers config taper's GPT is not: a clear error naming the file.
 #[test]
 fn a_gpt2_variant_taper_cannot_run_is_refused_by_name() -> Result<()> {

@@ -44,6 +44,10 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
     python interop_check.py bert-logits DIR IDS_JSON
         the logits of the BertForSequenceClassification in DIR for padded
         ids (a mask from its pad token id)
+    python interop_check.py bert-pipeline DIR TEXTS_JSON
+        transformers' text-classification pipeline over the classifier
+        folder DIR: the texts' ids padded as a batch, the model's logits,
+        and the pipeline's top label for each
     python interop_check.py peft-chat MODEL.gguf TOKENIZER ADAPTER_DIR MESSAGE REPLY
         transformers and PEFT run the GGUF model with a PEFT adapter folder:
         the greedy replies to MESSAGE with and without it, and the
@@ -117,6 +121,23 @@ def bert_logits(d, ids):
     with torch.no_grad():
         logits = m(input_ids=ids, attention_mask=(ids != m.config.pad_token_id).long()).logits
     print(json.dumps({"logits": logits.tolist()}))
+
+
+def bert_pipeline(d, texts):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    t = AutoTokenizer.from_pretrained(d)
+    m, info = AutoModelForSequenceClassification.from_pretrained(
+        d, torch_dtype=torch.float64, output_loading_info=True)
+    m.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    batch = t(texts, padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = m(**batch).logits
+    labels = [r["label"] for r in pipeline("text-classification", model=d)(texts)]
+    print(json.dumps({"ids": batch["input_ids"].tolist(), "logits": logits.tolist(),
+                      "labels": labels}))
 
 
 def llama(model, ids, lora=None, text=None, kv="f16"):
@@ -571,6 +592,8 @@ def main():
         bert_classifier(args[0], args[1], int(args[2]), json.loads(args[3]))
     elif cmd == "bert-logits":
         bert_logits(args[0], json.loads(args[1]))
+    elif cmd == "bert-pipeline":
+        bert_pipeline(args[0], json.loads(args[1]))
     elif cmd == "llama":
         opts = dict(zip(args[2::2], args[3::2]))
         llama(args[0], json.loads(args[1]), opts.get("--lora"), opts.get("--text"),

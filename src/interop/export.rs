@@ -97,8 +97,20 @@ fn as_llama(model: &Model, what: &str) -> Result<LlamaGguf> {
 }
 
 fn hf(model: &Model, path: &Path) -> Result<Written> {
-    let spec = as_gpt(model, "hf")?;
-    let out = super::hf::export(path, &spec, &model.params, model.vocab)?;
+    let (bert, gpt) = (
+        spec_as::<crate::engine::Bert>(model, "bert", "format hf"),
+        as_gpt(model, "hf"),
+    );
+    let out = match (bert, gpt) {
+        (Ok(bert), _) => super::bert_export::export(path, &bert, &model.params, model.classes)?,
+        (_, Ok(gpt)) => super::hf::export(path, &gpt, &model.params, model.vocab)?,
+        _ => {
+            return Err(Error::Config(format!(
+                "format hf is for taper.model.gpt and taper.model.bert; this model is {}",
+                model.spec.describe()
+            )))
+        }
+    };
     let mut detail = format!(", {} files", out.files.len());
     if let Some(note) = out.note {
         detail.push_str(&format!("; {note}"));

@@ -5,6 +5,7 @@
 //! writer; nothing below depends on it.
 
 pub mod bert;
+mod bert_export;
 pub mod bytelevel;
 mod export;
 pub mod gguf_gpt2;
