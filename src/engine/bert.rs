@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use candle_core::{DType, Module, Result, Tensor, D};
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use serde::{Deserialize, Serialize};
 
@@ -109,38 +109,25 @@ impl Layer {
         })
     }
 
-    /// `[n, t, w]` → `[n, heads, t, w / heads]`.
-    fn split(&self, x: &Tensor) -> Result<Tensor> {
-        let (n, t, w) = x.dims3()?;
-        x.reshape((n, t, self.heads, w / self.heads))?
-            .transpose(1, 2)?
-            .contiguous()
+    /// The query, key and value projections as one `[3w, w]` layer (their
+    /// outputs side by side, as the fused attention takes them).
+    fn qkv(&self) -> Result<Linear> {
+        let parts = [&self.query, &self.key, &self.value].map(|l| l.tensors());
+        let w = Tensor::cat(&[&parts[0][0], &parts[1][0], &parts[2][0]], 0)?;
+        let b = Tensor::cat(&[&parts[0][1], &parts[1][1], &parts[2][1]], 0)?;
+        Ok(Linear::new(w, Some(b)))
     }
 
-    /// `x [n, t, w]`, `mask [n, 1, 1, t]` (0 for a text's positions, a
-    /// large negative number for padding).
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    /// `x [n, t, w]`, each text's first `lens[i]` positions its own (the
+    /// rest padding, which no position attends to).
+    fn forward(&self, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
         use crate::kernels::add;
-        let (n, t, w) = x.dims3()?;
-        let q = self.split(&self.query.forward(x)?)?;
-        let k = self.split(&self.key.forward(x)?)?;
-        let v = self.split(&self.value.forward(x)?)?;
-        let scale = 1.0 / ((w / self.heads) as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
-        let p = softmax(&scores)?;
-        let ctx = p.matmul(&v)?.transpose(1, 2)?.reshape((n, t, w))?;
+        let qkv = self.qkv()?.forward(x)?;
+        let ctx = crate::kernels::padded_attention(&qkv, self.heads, lens)?;
         let x = self.attn_norm.forward(&add(x, &self.out.forward(&ctx)?)?)?;
-        let h = self.up.forward(&x)?.gelu_erf()?;
+        let h = crate::kernels::gelu_erf(&self.up.forward(&x)?)?;
         self.out_norm.forward(&add(&x, &self.down.forward(&h)?)?)
     }
-}
-
-/// Softmax over the last dimension from ops with a backward (candle's
-/// fused one records none, candle #2168).
-fn softmax(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
 struct BertNet {
@@ -156,9 +143,9 @@ struct BertNet {
 }
 
 impl BertNet {
-    /// The ids cut after the batch's longest text, and the attention mask
-    /// of their padding.
-    fn unpadded(&self, ids: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+    /// The ids cut after the batch's longest text, and each text's length
+    /// (its positions before the padding).
+    fn unpadded(&self, ids: &Tensor) -> Result<(Tensor, Vec<usize>)> {
         let (n, t) = ids.dims2()?;
         if t > self.context {
             candle_core::bail!(
@@ -167,36 +154,33 @@ impl BertNet {
             );
         }
         let host = ids.to_dtype(DType::U32)?.to_vec2::<u32>()?;
-        let width = host
+        // A text is padded after its end: its length is up to its last
+        // id that is not the padding one (at least 1, its [CLS]).
+        let lens: Vec<usize> = host
             .iter()
             .map(|row| {
                 row.iter()
                     .rposition(|&id| id != self.pad)
                     .map_or(1, |p| p + 1)
             })
-            .max()
-            .unwrap_or(1);
-        let mask: Vec<f32> = host
-            .iter()
-            .flat_map(|row| row[..width].iter())
-            .map(|&id| if id == self.pad { -1e9 } else { 0.0 })
             .collect();
-        let mask = Tensor::from_vec(mask, (n, 1, 1, width), ids.device())?.to_dtype(dtype)?;
-        Ok((ids.narrow(1, 0, width)?, mask))
+        let width = lens.iter().copied().max().unwrap_or(1);
+        debug_assert_eq!(lens.len(), n);
+        Ok((ids.narrow(1, 0, width)?, lens))
     }
 }
 
 impl Module for BertNet {
     /// `[batch, time]` token ids (u32) to `[batch, outputs]` logits.
     fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let (ids, mask) = self.unpadded(ids, self.words.dtype())?;
+        let (ids, lens) = self.unpadded(ids)?;
         let t = ids.dim(1)?;
         let x = crate::kernels::embedding(&self.words, &ids)?;
         let x = x.broadcast_add(&self.positions.narrow(0, 0, t)?)?;
         let x = x.broadcast_add(&self.types.narrow(0, 0, 1)?)?;
         let mut x = self.norm.forward(&x)?;
         for layer in &self.layers {
-            x = layer.forward(&x, &mask)?;
+            x = layer.forward(&x, &lens)?;
         }
         let cls = x.narrow(1, 0, 1)?.squeeze(1)?;
         let pooled = self.pooler.forward(&cls)?.tanh()?;

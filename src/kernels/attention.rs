@@ -183,7 +183,8 @@ impl CustomOp1 for Attention {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (b, d) = Dims::of(l, self.heads)?;
-        let y = super::attention_cpu::forward(super::f32_slice(s, l, "attention")?, b, d);
+        let qkv = super::f32_slice(s, l, "attention")?;
+        let y = super::attention_cpu::forward(qkv, b, d, super::attention_cpu::Keys::Causal);
         Ok((CpuStorage::F32(y), Shape::from((b, d.t, d.c()))))
     }
 
@@ -245,7 +246,8 @@ impl CustomOp3 for AttentionGrad {
         let y = super::f32_slice(s2, l2, "attention backward output")?;
         let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
         let (b, d) = Dims::of(l1, self.heads)?;
-        let dqkv = super::attention_cpu::backward((qkv, y, dy), b, d)?;
+        let keys = super::attention_cpu::Keys::Causal;
+        let dqkv = super::attention_cpu::backward((qkv, y, dy), b, d, keys)?;
         Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
     }
 

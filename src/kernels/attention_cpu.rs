@@ -1,7 +1,9 @@
-//! The CPU algorithm of the fused causal attention (`attention.rs` has
-//! the op and its dispatch): each (batch, head) pair is a rayon task that
-//! reads q, k and v in place with strided `gemm` calls, one block of query
-//! rows at a time, multiplying only the unmasked triangle.
+//! The CPU algorithm of the fused attention (`attention.rs` has the causal
+//! op and its dispatch, `padded_attention.rs` the bidirectional one over
+//! padded texts): each (batch, head) pair is a rayon task that reads q, k
+//! and v in place with strided `gemm` calls, one block of query rows at a
+//! time, multiplying only the keys each row sees: the unmasked triangle, or
+//! a padded text's own positions.
 
 use candle_core::{bail, Result};
 use gemm::{gemm, Parallelism};
@@ -12,6 +14,25 @@ use super::attention::Dims;
 
 /// Query rows per block.
 const BLOCK: usize = 64;
+
+/// The keys a query row sees.
+#[derive(Clone, Copy)]
+pub(super) enum Keys<'a> {
+    /// Its own and earlier ones.
+    Causal,
+    /// Every key of its batch element's text: the first `lens[b]`.
+    Lengths(&'a [usize]),
+}
+
+impl Keys<'_> {
+    /// Keys of query rows `r0..r0 + m` of batch element `b`.
+    fn of(self, b: usize, r0: usize, m: usize) -> usize {
+        match self {
+            Keys::Causal => r0 + m,
+            Keys::Lengths(lens) => lens[b],
+        }
+    }
+}
 
 /// A pointer that tasks share to write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
@@ -67,12 +88,20 @@ unsafe fn mm(
     )
 }
 
-/// The attention weights of query rows `r0..r0 + m` over keys `0..n`
-/// (`n = r0 + m`) into `p` (`m x n`): scaled scores, causal mask, softmax.
+/// The attention weights of query rows `r0..r0 + m` over keys `0..n` into
+/// `p` (`m x n`): scaled scores, the causal mask (`causal`: `n = r0 + m`),
+/// softmax.
 ///
 /// SAFETY: `q` and `k` point at this head's q and k in a `qkv` of `d`.
-unsafe fn weights(d: Dims, q: *const f32, k: *const f32, r0: usize, m: usize, p: &mut [f32]) {
-    let (n, rs) = (r0 + m, 3 * d.c());
+unsafe fn weights(
+    d: Dims,
+    q: *const f32,
+    k: *const f32,
+    (r0, m, n): (usize, usize, usize),
+    causal: bool,
+    p: &mut [f32],
+) {
+    let rs = 3 * d.c();
     mm(
         (m, n, d.hd),
         p.as_mut_ptr(),
@@ -82,7 +111,10 @@ unsafe fn weights(d: Dims, q: *const f32, k: *const f32, r0: usize, m: usize, p:
         (k, 1, rs),
         d.scale(),
     );
-    causal_softmax(p, n, r0);
+    match causal {
+        true => causal_softmax(p, n, r0),
+        false => p.chunks_mut(n).for_each(super::vexp::softmax),
+    }
 }
 
 /// Rows of `n` scores of the queries from `r0` on: softmax over the keys up
@@ -120,27 +152,29 @@ fn softmax_grad_rows(
 }
 
 /// `qkv [b, t, 3c]` to `y [b, t, c]`.
-pub(super) fn forward(qkv: &[f32], b: usize, d: Dims) -> Vec<f32> {
+pub(super) fn forward(qkv: &[f32], b: usize, d: Dims, keys: Keys) -> Vec<f32> {
     let (t, c) = (d.t, d.c());
     let mut y = vec![0f32; b * t * c];
     let out = Out(y.as_mut_ptr());
     (0..b * d.heads).into_par_iter().for_each(|task| {
         let (src, dst) = d.offsets(task / d.heads, task % d.heads);
         let mut p = vec![0f32; BLOCK.min(t) * t];
+        let causal = matches!(keys, Keys::Causal);
         for r0 in (0..t).step_by(BLOCK) {
             let m = BLOCK.min(t - r0);
-            let p = &mut p[..m * (r0 + m)];
+            let n = keys.of(task / d.heads, r0, m);
+            let p = &mut p[..m * n];
             // SAFETY: src and dst address this task's head inside
-            // buffers of the layout's size; rows stay below t.
+            // buffers of the layout's size; rows and keys stay below t.
             unsafe {
                 let q = qkv.as_ptr().add(src);
-                weights(d, q, q.add(c), r0, m, p);
+                weights(d, q, q.add(c), (r0, m, n), causal, p);
                 mm(
-                    (m, d.hd, r0 + m),
+                    (m, d.hd, n),
                     out.at(dst + r0 * c),
                     c,
                     false,
-                    (p.as_ptr(), r0 + m, 1),
+                    (p.as_ptr(), n, 1),
                     (q.add(2 * c), 3 * c, 1),
                     1.0,
                 );
@@ -157,6 +191,7 @@ pub(super) fn backward(
     (qkv, y, dy): (&[f32], &[f32], &[f32]),
     b: usize,
     d: Dims,
+    keys: Keys,
 ) -> Result<Vec<f32>> {
     let (t, c) = (d.t, d.c());
     if y.len() != b * t * c || dy.len() != y.len() {
@@ -168,9 +203,10 @@ pub(super) fn backward(
         let (src, col) = d.offsets(task / d.heads, task % d.heads);
         let rows = BLOCK.min(t);
         let (mut p, mut dp) = (vec![0f32; rows * t], vec![0f32; rows * t]);
+        let causal = matches!(keys, Keys::Causal);
         for r0 in (0..t).step_by(BLOCK) {
             let m = BLOCK.min(t - r0);
-            let n = r0 + m;
+            let n = keys.of(task / d.heads, r0, m);
             let (p, dp) = (&mut p[..m * n], &mut dp[..m * n]);
             // SAFETY: as in the forward; dq, dk and dv of this head are
             // written by this task only.
@@ -180,7 +216,7 @@ pub(super) fn backward(
                 let g = dy.as_ptr().add(col + r0 * c);
                 let dq = out.at(src);
                 let (dk, dv) = (dq.add(c), dq.add(2 * c));
-                weights(d, q, k, r0, m, p);
+                weights(d, q, k, (r0, m, n), causal, p);
                 mm(
                     (n, d.hd, m),
                     dv,

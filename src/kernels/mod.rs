@@ -35,6 +35,7 @@ mod embedding;
 #[cfg(feature = "cuda")]
 mod flash;
 mod gelu;
+mod gelu_erf;
 mod in_order;
 mod layer_norm;
 #[cfg(feature = "cuda")]
@@ -42,6 +43,7 @@ mod lt;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod mat;
 mod norm;
+mod padded_attention;
 mod pool;
 pub mod quant8;
 mod relu;
@@ -61,9 +63,11 @@ pub use conv::conv3x3;
 pub use dense::{linear, linear_grads};
 pub use embedding::embedding;
 pub use gelu::{gelu, gelu_grad};
+pub use gelu_erf::gelu_erf;
 use in_order::sum_in_order;
 pub use layer_norm::{layer_norm, layer_norm_grad};
 pub use norm::{clip_factor, clip_factor_of, sum_squares, sum_squares_all};
+pub use padded_attention::padded_attention;
 pub use pool::max_pool2x2;
 pub use relu::relu;
 pub use rms_norm::rms_norm;
