@@ -810,6 +810,47 @@ fn minilm_classify_learns_which_novel_a_passage_is_from() -> Result<()> {
     assert!(accuracy(after) > 0.45, "{after}");
     assert!(after["loss"].as_f64() < Some(before["loss"].as_f64().unwrap() - 0.3));
     assert_eq!(after["samples"], 120);
+
+    // `taper classify RUN FILE.csv` reads the held-out rows as the run
+    // read them (its column of text, its tokenizer and context): as many
+    // named right as the evaluation counted; a row without a text is
+    // passed over, named.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut reader = csv::Reader::from_path(root.join("data/austen/test.csv"))?;
+    let rows: Vec<(String, String)> = reader
+        .records()
+        .take(120)
+        .map(|r| r.map(|r| (r[0].to_string(), r[1].to_string())))
+        .collect::<Result<_, _>>()?;
+    let file = dir.path().join("held_out.csv");
+    let mut out = String::from("novel,text\n");
+    for (text, novel) in &rows {
+        out += &format!("{novel},\"{}\"\n", text.replace('"', "\"\""));
+    }
+    out += "emma,\n";
+    std::fs::write(&file, out)?;
+    let (mut right, mut answered, mut skipped) = (0, 0, Vec::new());
+    taper::interop::saved::classify_checkpoint(
+        dir.path(),
+        std::slice::from_ref(&file),
+        1,
+        &mut |what, answer| {
+            let line: usize = what.rsplit(':').next().unwrap().parse().unwrap();
+            let taper::interop::saved::Answer::Classes(guesses) = answer else {
+                panic!("a class")
+            };
+            answered += 1;
+            right += usize::from(guesses[0].class == rows[line - 2].1);
+        },
+        &mut |what, why| skipped.push(format!("{what}: {why}")),
+    )?;
+    assert_eq!(answered, 120);
+    assert_eq!(right as f64 / 120.0, accuracy(after), "{right} of 120");
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(
+        skipped[0].contains("held_out.csv:122: a missing value"),
+        "{skipped:?}"
+    );
     Ok(())
 }
 

@@ -890,7 +890,9 @@ fn a_csv_column_of_text_becomes_the_tokenizers_padded_ids() -> Result<()> {
         d.contains("3 rows of text `text`, up to 6 ids of tokenizer.json"),
         "{d}"
     );
-    assert!(src.table_input().is_none());
+    let text = src.table_input().and_then(|t| t.text).expect("the reading of its texts");
+    assert_eq!((text.context, text.pad), (6, 0));
+    assert_eq!(text.tokenizer["model"]["vocab"]["mat"], 8);
 
     let pad = write(
         dir.path(),

@@ -31,7 +31,8 @@ pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use chat::{chat, ChatOptions, Chats, TrainOn};
 pub use chat_template::ChatTemplate;
 pub use csv::{
-    csv, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, TableRows, TextOptions,
+    csv, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, TableRows, TextInput,
+    TextOptions, TextRows,
 };
 pub use epoch::Epoch;
 pub use files::{idx, text, Idx};
@@ -277,6 +278,7 @@ mod tests {
             targets: Vec::new(),
             target_standardize: None,
             categories,
+            text: None,
         };
         let named = table(
             vec![Column::Name("a".into()), Column::Name("b".into())],

@@ -248,8 +248,9 @@ fn classify_arrays(
 /// as the checkpoint's run read its image folder: size, channels, scale; a
 /// folder stands for the images in it, in an image folder's order), or for
 /// each row of a CSV file (`FILE:LINE`, read as the run read its CSV file:
-/// the feature columns, scale and standardization; a row with a missing
-/// value is passed to `skip(what, why)`), or for each sample of array files
+/// the feature columns, scale and standardization, or its column of text
+/// and tokenizer; a row with a missing value is passed to `skip(what,
+/// why)`), or for each sample of array files
 /// (`FILE[i]`, [`classify_arrays`]). For a regression run (a `target`), the
 /// answer is each target's predicted value, in its units. Returns the count
 /// classified.
@@ -265,9 +266,8 @@ pub fn classify_checkpoint(
     let classes = saved.meta.classes.clone().unwrap_or_default();
     let model = saved.trainer.frozen()?;
     let targets = regression_targets(&saved.meta);
-    // The `top` classes of each of `n` rows of `width` inputs.
-    let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Answer>> {
-        let x = candle_core::Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
+    // The `top` classes (or the targets' values) of each row of `x`.
+    let answer = |x: candle_core::Tensor| -> Result<Vec<Answer>> {
         let out = model.forward(&x)?;
         if !targets.is_empty() {
             let values: Vec<f64> = out
@@ -310,6 +310,14 @@ pub fn classify_checkpoint(
             })
             .collect())
     };
+    // ... of each of `n` rows of `width` inputs.
+    let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Answer>> {
+        answer(candle_core::Tensor::from_vec(
+            rows,
+            (n, width),
+            &Device::Cpu,
+        )?)
+    };
     let arrays = |f: &std::path::PathBuf| {
         let ext = f.extension().and_then(|e| e.to_str());
         matches!(ext, Some("npy" | "npz" | "safetensors"))
@@ -317,6 +325,24 @@ pub fn classify_checkpoint(
     if let (Some(input), true) = (&saved.meta.array_input, files.iter().all(arrays)) {
         let standardize = saved.meta.sample_input.as_ref().map(|s| &s.standardize);
         return classify_arrays(input, standardize, files, &guess, emit);
+    }
+    if let Some(table) = saved.meta.table_input.as_ref().filter(|t| t.text.is_some()) {
+        let mut count = 0;
+        for f in files {
+            let rows = table.read_texts(f)?;
+            let c = rows.context;
+            for (ids, at) in rows.ids.chunks(64 * c).zip(rows.lines.chunks(64)) {
+                let x = candle_core::Tensor::from_vec(ids.to_vec(), (at.len(), c), &Device::Cpu)?;
+                for (line, best) in at.iter().zip(answer(x)?) {
+                    emit(&format!("{}:{line}", f.display()), &best);
+                }
+            }
+            for (line, why) in &rows.missing {
+                skip(&format!("{}:{line}", f.display()), why);
+            }
+            count += rows.lines.len();
+        }
+        return Ok(count);
     }
     if let Some(table) = &saved.meta.table_input {
         let mut count = 0;

@@ -50,6 +50,10 @@ pub struct TableInput {
     /// has any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub categories: Vec<Option<Vec<String>>>,
+    /// For a run on a column of text (`columns` is that column): how its
+    /// texts became ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<super::TextInput>,
 }
 
 /// A list of columns saved as one column when it holds one, as checkpoints
@@ -100,7 +104,62 @@ pub struct TableRows {
     pub missing: Vec<(usize, String)>,
 }
 
+/// A CSV file's texts as a model's inputs.
+#[derive(Debug, Default)]
+pub struct TextRows {
+    /// Row after row, `context` ids each (padded).
+    pub ids: Vec<u32>,
+    pub context: usize,
+    /// The line of each row.
+    pub lines: Vec<usize>,
+    /// The rows passed over: their line, and why (an empty text).
+    pub missing: Vec<(usize, String)>,
+}
+
 impl TableInput {
+    /// The texts of a CSV file's text column (by name, or at the training
+    /// file's index) as a run on texts read its own: ids of its tokenizer,
+    /// cut at its context and padded. Rows with an empty text are passed
+    /// over, each listed with its line. An error for a run on numbers.
+    pub fn read_texts(&self, path: &Path) -> Result<TextRows> {
+        let (Some(text), [column]) = (&self.text, &self.columns[..]) else {
+            return Err(crate::Error::Config(
+                "the run read numbers, not texts, from its CSV file".into(),
+            ));
+        };
+        let data = read_text(path)?;
+        let shape = Shape {
+            header: self.header,
+            delimiter: self.delimiter.as_bytes().first().copied().unwrap_or(b','),
+            decimal: b'.',
+        };
+        let (mut cells, mut lines, mut missing) = (Vec::new(), Vec::new(), Vec::new());
+        each_row(
+            path,
+            &data,
+            shape,
+            |n, names| Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names),
+            |l, line, record| {
+                if let Some(c) = l.missing(record) {
+                    let why = format!("a missing value (`{}`) in {}", &record[c], l.column(c));
+                    missing.push((line, why));
+                } else {
+                    cells.push(record[l.features[0]].to_string());
+                    lines.push(line);
+                }
+                Ok(())
+            },
+        )?;
+        let texts = super::text::tokenize_as(path, text, column, cells, &lines)?;
+        let all: Vec<usize> = (0..texts.len()).collect();
+        Ok(TextRows {
+            ids: texts.padded(&all),
+            context: text.context,
+            lines,
+            missing,
+        })
+    }
+
     /// The model's inputs per row: one per column of numbers, one per
     /// category for a column of categories.
     pub fn width(&self) -> usize {

@@ -17,8 +17,8 @@ mod text;
 
 use categories::{categorical_coders, settle, settled_names, Coder};
 use columns::{named, Layout, Lines};
-pub use input::{TableInput, TableRows};
-pub use text::TextOptions;
+pub use input::{TableInput, TableRows, TextRows};
+pub use text::{TextInput, TextOptions};
 
 use super::files::{data_err, read_text};
 use super::{name_list, Source};
@@ -392,6 +392,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         targets,
         target_standardize: None,
         categories: settled_names(&coders),
+        text: None,
     };
     let (width, texts) = match &opts.text {
         Some(t) => {
@@ -399,6 +400,10 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
             (texts.context(), Some(texts))
         }
         None => (input.width(), None),
+    };
+    let input = TableInput {
+        text: texts.as_ref().map(|t| t.input.clone()),
+        ..input
     };
     Ok(Csv {
         name: what
@@ -609,9 +614,7 @@ impl Source for Csv {
         self.classes.as_deref()
     }
     fn table_input(&self) -> Option<TableInput> {
-        // Rows of text are read back with their tokenizer, which a table's
-        // description does not hold.
-        self.texts.is_none().then(|| self.input.clone())
+        Some(self.input.clone())
     }
     fn lengths(&self) -> Option<Vec<usize>> {
         self.texts.as_ref().map(text::Texts::lengths)

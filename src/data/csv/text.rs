@@ -24,6 +24,19 @@ pub struct TextOptions {
     pub context: usize,
 }
 
+/// How a run's texts became ids, saved with its checkpoints (in its
+/// [`super::TableInput`]), so that `taper classify` reads new rows the same
+/// way.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TextInput {
+    /// The most ids of a text.
+    pub context: usize,
+    /// The padding id.
+    pub pad: u32,
+    /// The tokenizer, as its `tokenizer.json` holds it.
+    pub tokenizer: serde_json::Value,
+}
+
 /// The texts of a file's rows as ids, each `context` long once padded.
 pub(super) struct Texts {
     ids: Vec<u32>,
@@ -35,17 +48,25 @@ pub(super) struct Texts {
     pub cut: Vec<usize>,
     /// The tokenizer file's name, for `describe`.
     pub tokenizer: String,
+    /// The reading, for checkpoints.
+    pub input: TextInput,
 }
 
 /// The tokenizer of `o`, cutting at `o.context`, and its padding id.
 fn tokenizer(o: &TextOptions) -> Result<(Tokenizer, u32)> {
     let path = &o.tokenizer;
-    let mut t = Tokenizer::from_file(path).map_err(|e| {
+    let t = Tokenizer::from_file(path).map_err(|e| {
         Error::Data(format!(
             "{}: not a readable tokenizer.json: {e}",
             path.display()
         ))
     })?;
+    cutting(t, path, o.context)
+}
+
+/// `t` cutting at `context` ids and padding nothing, and its padding id
+/// (`path` names it in errors).
+fn cutting(mut t: Tokenizer, path: &Path, context: usize) -> Result<(Tokenizer, u32)> {
     let pad = t.get_padding().map(|p| p.pad_id).or_else(|| {
         ["[PAD]", "<pad>", "<|pad|>"]
             .iter()
@@ -59,7 +80,7 @@ fn tokenizer(o: &TextOptions) -> Result<(Tokenizer, u32)> {
     };
     t.with_padding(None);
     t.with_truncation(Some(TruncationParams {
-        max_length: o.context,
+        max_length: context,
         ..Default::default()
     }))
     .map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
@@ -74,20 +95,68 @@ pub(super) fn tokenize(
     lines: &[usize],
 ) -> Result<Texts> {
     let (t, pad) = tokenizer(o)?;
+    let name = o
+        .tokenizer
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    encode(
+        (what, &o.tokenizer, name),
+        &o.column,
+        (t, pad, o.context),
+        cells,
+        lines,
+    )
+}
+
+/// The `cells` (read on `lines` of `what`) as ids, as the run that saved
+/// `input` read its texts (its column named `column` in errors).
+pub(super) fn tokenize_as(
+    what: &Path,
+    input: &TextInput,
+    column: &Column,
+    cells: Vec<String>,
+    lines: &[usize],
+) -> Result<Texts> {
+    let saved = Path::new("the checkpoint's tokenizer");
+    let t: Tokenizer = input
+        .tokenizer
+        .to_string()
+        .parse()
+        .map_err(|e| Error::Data(format!("{}: {e}", saved.display())))?;
+    let (t, _) = cutting(t, saved, input.context)?;
+    let source = (what, saved, "the run's tokenizer".to_string());
+    encode(source, column, (t, input.pad, input.context), cells, lines)
+}
+
+/// The `cells` as ids of `t`, padded with `pad` to `context`; `what`,
+/// `source` and `name`: the file read, the tokenizer's and its name.
+fn encode(
+    (what, source, name): (&Path, &Path, String),
+    column: &Column,
+    (t, pad, context): (Tokenizer, u32, usize),
+    cells: Vec<String>,
+    lines: &[usize],
+) -> Result<Texts> {
     let encodings = t
         .encode_batch(cells, true)
-        .map_err(|e| Error::Data(format!("{}: {e}", o.tokenizer.display())))?;
+        .map_err(|e| Error::Data(format!("{}: {e}", source.display())))?;
+    let json = t
+        .to_string(false)
+        .map_err(|e| Error::Data(format!("{}: {e}", source.display())))?;
     let mut texts = Texts {
         ids: Vec::new(),
         starts: vec![0],
-        context: o.context,
+        context,
         pad,
         cut: Vec::new(),
-        tokenizer: o
-            .tokenizer
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        tokenizer: name,
+        input: TextInput {
+            context,
+            pad,
+            tokenizer: serde_json::from_str(&json)
+                .map_err(|e| Error::Data(format!("{}: {e}", source.display())))?,
+        },
     };
     for (e, &line) in encodings.iter().zip(lines) {
         let ids = e.get_ids();
@@ -96,7 +165,7 @@ pub(super) fn tokenize(
                 what,
                 format!(
                     "line {line}, {}: the text holds the tokenizer's padding token (`{}`), which the model would not see: take it out of the text",
-                    o.column.describe(),
+                    column.describe(),
                     t.id_to_token(pad).unwrap_or_default()
                 ),
             ));
@@ -118,13 +187,27 @@ impl Texts {
     /// Each text's ids, padded to `context`: u32 `[n, context]`.
     pub(super) fn gather(&self, indices: &[usize]) -> Result<Tensor> {
         let c = self.context;
+        Ok(Tensor::from_vec(
+            self.padded(indices),
+            (indices.len(), c),
+            &Device::Cpu,
+        )?)
+    }
+
+    /// Each text's ids, padded to `context`, row after row.
+    pub(super) fn padded(&self, indices: &[usize]) -> Vec<u32> {
+        let c = self.context;
         let mut x = Vec::with_capacity(indices.len() * c);
         for &i in indices {
             let row = self.row(i);
             x.extend_from_slice(row);
             x.extend(std::iter::repeat_n(self.pad, c - row.len()));
         }
-        Ok(Tensor::from_vec(x, (indices.len(), c), &Device::Cpu)?)
+        x
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.starts.len() - 1
     }
 
     /// Each text's ids, special tokens included.
