@@ -890,9 +890,25 @@ fn a_csv_column_of_text_becomes_the_tokenizers_padded_ids() -> Result<()> {
         d.contains("3 rows of text `text`, up to 6 ids of tokenizer.json"),
         "{d}"
     );
-    let text = src.table_input().and_then(|t| t.text).expect("the reading of its texts");
+    let text = src
+        .table_input()
+        .and_then(|t| t.text)
+        .expect("the reading of its texts");
     assert_eq!((text.context, text.pad), (6, 0));
     assert_eq!(text.tokenizer["model"]["vocab"]["mat"], 8);
+
+    // A source of the same file and options (a reloaded recipe's) shares
+    // the tokenization; another context, or an edited file, does not.
+    assert!(src.shares_texts_with(&csv(&path, &opts(6, Column::Index(0)))?));
+    assert!(!src.shares_texts_with(&csv(&path, &opts(7, Column::Index(0)))?));
+    let edited = write(
+        dir.path(),
+        "t.csv",
+        b"label,text\nb,the cat sat\na,\"the cat, on the mat, sat on the mat\"\nb,mat on\n",
+    );
+    let again = csv(&edited, &opts(6, Column::Index(0)))?;
+    assert!(!src.shares_texts_with(&again));
+    assert_eq!(again.lengths(), Some(vec![5, 6, 4]));
 
     let pad = write(
         dir.path(),

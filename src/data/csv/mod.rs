@@ -138,8 +138,9 @@ pub struct Csv {
     /// Lines of the rows left out for a missing value.
     dropped: Vec<usize>,
     input: TableInput,
-    /// With `text`: the column's texts as ids (`features` is empty).
-    texts: Option<text::Texts>,
+    /// With `text`: the column's texts as ids (`features` is empty),
+    /// shared with other sources of the same texts.
+    texts: Option<std::sync::Arc<text::Texts>>,
 }
 
 /// Reads a CSV file, gzipped or plain.
@@ -521,6 +522,15 @@ impl Csv {
         &self.dropped
     }
 
+    /// Whether both sources hold one tokenization of their texts (a
+    /// reloaded recipe's source finds the running one's).
+    pub fn shares_texts_with(&self, other: &Csv) -> bool {
+        match (&self.texts, &other.texts) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// With `text`: the lines of the texts cut at `context` ids.
     pub fn cut(&self) -> &[usize] {
         self.texts.as_ref().map_or(&[], |t| &t.cut)
@@ -617,6 +627,6 @@ impl Source for Csv {
         Some(self.input.clone())
     }
     fn lengths(&self) -> Option<Vec<usize>> {
-        self.texts.as_ref().map(text::Texts::lengths)
+        self.texts.as_ref().map(|t| t.lengths())
     }
 }

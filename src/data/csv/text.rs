@@ -6,11 +6,13 @@
 //! text with the tokenizer's padding token.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use tokenizers::{Tokenizer, TruncationParams};
 
 use super::super::files::data_err;
+use super::super::tokenized::{Cache, Key};
 use super::Column;
 use crate::{Error, Result};
 
@@ -87,8 +89,38 @@ fn cutting(mut t: Tokenizer, path: &Path, context: usize) -> Result<(Tokenizer, 
     Ok((t, pad))
 }
 
-/// The `cells` (read on `lines` of `what`) as ids.
+/// Tokenized texts by what they were made from: a recipe's sources of one
+/// file, and those a hot-reloaded recipe builds again, share one
+/// tokenization while any of them is alive (`data/tokenized.rs`).
+static TEXTS: Cache<Arc<Texts>> = Cache::new();
+
+/// The `cells` (read on `lines` of `what`) as ids: shared with a live
+/// source of the same texts, lines, tokenizer file and options.
 pub(super) fn tokenize(
+    what: &Path,
+    o: &TextOptions,
+    cells: Vec<String>,
+    lines: &[usize],
+) -> Result<Arc<Texts>> {
+    let tokenizer_bytes = std::fs::read(&o.tokenizer).map_err(|e| Error::io(&o.tokenizer, e))?;
+    let mut rows = Vec::new();
+    for (cell, line) in cells.iter().zip(lines) {
+        rows.extend((cell.len() as u64).to_le_bytes());
+        rows.extend(cell.as_bytes());
+        rows.extend((*line as u64).to_le_bytes());
+    }
+    let key = Key::of(&[
+        &rows,
+        &tokenizer_bytes,
+        &o.context.to_le_bytes(),
+        o.column.describe().as_bytes(),
+        what.as_os_str().as_encoded_bytes(),
+    ]);
+    TEXTS.shared(key, || tokenize_now(what, o, cells, lines).map(Arc::new))
+}
+
+/// [`tokenize`], without the cache.
+fn tokenize_now(
     what: &Path,
     o: &TextOptions,
     cells: Vec<String>,
