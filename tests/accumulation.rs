@@ -2,6 +2,8 @@
 //! equals the same step computed as 8 micro-batches of 8, or as uneven
 //! 24 + 24 + 16, within float32 rounding.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
@@ -11,7 +13,7 @@ use taper::data::{digits, shakespeare, Batch, Pipeline};
 use taper::engine::loss::{CrossEntropy, Loss, IGNORE};
 use taper::engine::model::TrainModule;
 use taper::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
-use taper::engine::{Activation, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
+use taper::engine::{Activation, Bert, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
 
 /// Parameters after `steps` steps with micro-batches of `micro`.
 fn train(
@@ -487,6 +489,78 @@ fn positions_after_the_last_labelled_one_are_not_computed_and_change_nothing() -
             d < 1e-6,
             "micro {micro}, chunk {chunk}: max relative difference {d}"
         );
+    }
+    Ok(())
+}
+
+/// A BERT on texts of 1 to 12 words, padded: each micro-batch is computed
+/// only as wide as its own longest text, and 8 x 8 or 24 + 24 + 16 train to
+/// the weights of whole batches of 64 (the padding is masked, so the width
+/// a piece is cut to changes nothing).
+#[test]
+fn bert_accumulation_over_texts_of_many_lengths_equals_full_batch() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tok = dir.path().join("tokenizer.json");
+    std::fs::write(&tok, common::BERT_TOKENIZER)?;
+    let words = ["the", "cat", "sat", "on", "mat", ","];
+    let rows: String = (0..192)
+        .map(|i| {
+            let n = 1 + (i * 7) % 12;
+            let text: Vec<&str> = (0..n).map(|j| words[(i * 5 + j * 3) % 6]).collect();
+            format!("{},\"{}\"\n", i % 3, text.join(" "))
+        })
+        .collect();
+    let path = dir.path().join("texts.csv");
+    std::fs::write(&path, format!("label,text\n{rows}"))?;
+    let opts = taper::data::CsvOptions {
+        label: taper::data::Column::Index(0),
+        text: Some(taper::data::TextOptions {
+            column: taper::data::Column::Index(1),
+            tokenizer: tok,
+            context: 16,
+        }),
+        ..Default::default()
+    };
+    let data = Pipeline::new(Arc::new(taper::data::csv(&path, &opts)?));
+    let spec: Arc<dyn ModelSpec> = Arc::new(Bert {
+        vocab: 10,
+        context: 16,
+        width: 16,
+        layers: 2,
+        heads: 2,
+        intermediate: 32,
+        type_vocab: 2,
+        eps: 1e-12,
+        pad: 0,
+        outputs: 3,
+        from: None,
+        initial: None,
+    });
+    // SGD: the keys' biases have a gradient of 0 up to rounding (a bias
+    // added to every key moves a row's scores alike), which AdamW would
+    // scale up to steps of `lr` in directions set by the rounding (they
+    // change no output either way).
+    let optim = OptimSpec::Sgd(SgdConfig {
+        lr: 0.5,
+        momentum: 0.9,
+        ..Default::default()
+    });
+    let whole = train(spec.clone(), &optim, &data, 64, 3)?;
+    for micro in [8, 24] {
+        let split = train(spec.clone(), &optim, &data, micro, 3)?;
+        // Relative to each tensor's norm, or to 1 for the keys' biases,
+        // which stay 0 up to rounding (about 1e-13 here).
+        let d = whole
+            .iter()
+            .zip(&split)
+            .map(|(a, b)| {
+                let norm = a.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+                max_rel_diff(std::slice::from_ref(a), std::slice::from_ref(b)) * norm
+                    / norm.max(1.0)
+            })
+            .fold(0.0, f64::max);
+        eprintln!("bert: micro-batches of {micro}: {d:.2e} relative");
+        assert!(d < 1e-6, "micro-batches of {micro}: {d}");
     }
     Ok(())
 }

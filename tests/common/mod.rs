@@ -64,3 +64,23 @@ pub fn records(out: &Path, event: &str) -> Vec<serde_json::Value> {
         .filter(|r| r["event"] == event)
         .collect()
 }
+
+/// A BERT-style tokenizer.json: `[CLS] text [SEP]` around each text, and
+/// `[PAD]` (id 0) its padding token.
+#[allow(dead_code)] // not every test binary tokenizes texts
+pub const BERT_TOKENIZER: &str = r#"{
+  "version": "1.0", "truncation": null,
+  "padding": { "strategy": { "Fixed": 128 }, "direction": "Right", "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]" },
+  "added_tokens": [
+    { "id": 0, "content": "[PAD]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true },
+    { "id": 2, "content": "[CLS]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true },
+    { "id": 3, "content": "[SEP]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true }
+  ],
+  "normalizer": null, "pre_tokenizer": { "type": "BertPreTokenizer" },
+  "post_processor": { "type": "TemplateProcessing",
+    "single": [ { "SpecialToken": { "id": "[CLS]", "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } }, { "SpecialToken": { "id": "[SEP]", "type_id": 0 } } ],
+    "pair": [ { "Sequence": { "id": "A", "type_id": 0 } }, { "Sequence": { "id": "B", "type_id": 1 } } ],
+    "special_tokens": { "[CLS]": { "id": "[CLS]", "ids": [2], "tokens": ["[CLS]"] }, "[SEP]": { "id": "[SEP]", "ids": [3], "tokens": ["[SEP]"] } } },
+  "decoder": null,
+  "model": { "type": "WordLevel", "vocab": { "[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "the": 4, "cat": 5, "sat": 6, "on": 7, "mat": 8, ",": 9 }, "unk_token": "[UNK]" }
+}"#;
