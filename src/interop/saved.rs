@@ -243,6 +243,33 @@ fn classify_arrays(
     Ok(count)
 }
 
+/// [`classify_checkpoint`] of CSV files for a run on a column of text:
+/// each file's texts read as the run read its own (`FILE:LINE`).
+fn classify_texts(
+    table: &crate::data::TableInput,
+    files: &[std::path::PathBuf],
+    answer: &dyn Fn(candle_core::Tensor) -> Result<Vec<Answer>>,
+    emit: &mut dyn FnMut(&str, &Answer),
+    skip: &mut dyn FnMut(&str, &str),
+) -> Result<usize> {
+    let mut count = 0;
+    for f in files {
+        let rows = table.read_texts(f)?;
+        let c = rows.context;
+        for (ids, at) in rows.ids.chunks(64 * c).zip(rows.lines.chunks(64)) {
+            let x = candle_core::Tensor::from_vec(ids.to_vec(), (at.len(), c), &Device::Cpu)?;
+            for (line, best) in at.iter().zip(answer(x)?) {
+                emit(&format!("{}:{line}", f.display()), &best);
+            }
+        }
+        for (line, why) in &rows.missing {
+            skip(&format!("{}:{line}", f.display()), why);
+        }
+        count += rows.lines.len();
+    }
+    Ok(count)
+}
+
 /// `taper classify CHECKPOINT FILE...`: the `top` most likely classes with
 /// their probabilities, as `emit(what, guesses)`, for each image file (read
 /// as the checkpoint's run read its image folder: size, channels, scale; a
@@ -327,22 +354,7 @@ pub fn classify_checkpoint(
         return classify_arrays(input, standardize, files, &guess, emit);
     }
     if let Some(table) = saved.meta.table_input.as_ref().filter(|t| t.text.is_some()) {
-        let mut count = 0;
-        for f in files {
-            let rows = table.read_texts(f)?;
-            let c = rows.context;
-            for (ids, at) in rows.ids.chunks(64 * c).zip(rows.lines.chunks(64)) {
-                let x = candle_core::Tensor::from_vec(ids.to_vec(), (at.len(), c), &Device::Cpu)?;
-                for (line, best) in at.iter().zip(answer(x)?) {
-                    emit(&format!("{}:{line}", f.display()), &best);
-                }
-            }
-            for (line, why) in &rows.missing {
-                skip(&format!("{}:{line}", f.display()), why);
-            }
-            count += rows.lines.len();
-        }
-        return Ok(count);
+        return classify_texts(table, files, &answer, emit, skip);
     }
     if let Some(table) = &saved.meta.table_input {
         let mut count = 0;
