@@ -231,6 +231,15 @@ fn taper_starts_from_a_transformers_bert_classifier_with_the_same_logits() -> Re
     eprintln!("largest logit {largest:.3}, taper vs transformers: {diff:.2e}");
     ensure!(largest > 0.3, "logits too small to compare: {largest}");
     ensure!(diff < 1e-4, "logits differ by {diff}");
+    // A classifier does not generate text: `run:generate` and `taper
+    // sample` say so rather than sample from its class scores.
+    let e = trainer
+        .generate_until(&[101, 2009], 4, None, 0.0, 0, &mut || Ok(()))
+        .expect_err("a BERT does not generate");
+    ensure!(
+        e.to_string().contains("does not predict the next token"),
+        "{e}"
+    );
     Ok(())
 }
 

@@ -42,6 +42,16 @@ fn default_temperature() -> f64 {
 pub(crate) fn generate(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Value> {
     let o: GenerateOpts = decode(lua, "run:generate", opts)?;
     let r = run.get()?;
+    let spec = r.core.trainer.spec();
+    if spec.context().is_some() && !spec.causal() {
+        return Err(config_error(
+            lua,
+            format!(
+                "run:generate: {} does not predict the next token (generate from a language model: taper.model.gpt, taper.model.llama_gguf)",
+                spec.describe()
+            ),
+        ));
+    }
     let check_only = state(lua).opts.check_only;
     let vocab = match &r.data {
         Some(Feed::Pipeline(p)) => p.source().vocab().cloned(),

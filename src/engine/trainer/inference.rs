@@ -169,6 +169,12 @@ impl Trainer {
                 self.spec.describe()
             ))
         })?;
+        if !self.spec.causal() {
+            return Err(Error::Config(format!(
+                "generate: {} does not predict the next token (generate from a language model: taper.model.gpt, taper.model.llama_gguf)",
+                self.spec.describe()
+            )));
+        }
         if prompt.is_empty() {
             return Err(Error::Config("generate: the prompt is empty".into()));
         }
