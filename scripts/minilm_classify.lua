@@ -8,14 +8,15 @@
 -- passages from the R package janeaustenr). About 2 minutes on 2 CPU cores:
 --   taper train scripts/minilm_classify.lua
 --   taper train scripts/minilm_classify.lua --set train=reviews.csv --set test=held_out.csv \
---     --set text=review --set label=sentiment      (your own texts and labels)
+--     --set text=review --set label=sentiment --set rows=0 --set test_rows=0
+--     (your own texts and labels, every row of both files)
 --   taper train scripts/minilm_classify.lua --set export=out/   (then, in Python:
 --     pipeline("text-classification", model="out/") names the novel)
 local cfg = taper.config{
   train = "data/austen/train.csv", test = "data/austen/test.csv",
   text = "text", label = "novel", -- the columns
   model = "data/minilm", -- a transformers BERT folder
-  rows = 1800, test_rows = 600, -- 0: every row
+  rows = 1800, test_rows = 600, -- the first rows of each file used (0: every row)
   epochs = 2, batch = 16, context = 128, lr = 2e-4, warmup = 0.1, seed = 1,
   group = true, -- batches of texts of like lengths (less padding computed)
   export = "", -- a folder: write the trained classifier for transformers
