@@ -24,16 +24,7 @@ pub struct Imported {
 /// `config.json` beside it), with a head of `outputs`, reading at most
 /// `context` positions.
 pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imported> {
-    let (dir, weights) = if path.is_dir() {
-        (path.to_path_buf(), path.join("model.safetensors"))
-    } else {
-        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        (dir, path.to_path_buf())
-    };
-    let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-    let c: Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Config(format!("{}: not JSON: {e}", config_path.display())))?;
+    let (weights, config_path, c) = super::hf::folder(path, "BERT")?;
     let mut spec = spec_of(&config_path, &c, outputs)?;
     if let Some(ctx) = context {
         if ctx > spec.context {

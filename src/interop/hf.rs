@@ -180,14 +180,13 @@ pub(super) fn write_json(path: &Path, value: &Value) -> Result<()> {
     })
 }
 
-/// A transformers GPT-2 (`config.json` with `model.safetensors`) as a taper
-/// GPT spec whose parameters start from its weights. `path` is the model's
-/// folder or its `model.safetensors`; `context`, when given, keeps only the
-/// first positions.
-pub fn import(path: &Path, context: Option<usize>) -> Result<Gpt> {
+/// A transformers model's files from `path` (its folder, or its
+/// `model.safetensors` with `config.json` beside it): the weights' path,
+/// the config's path and the config. `what` names the model in errors.
+pub(super) fn folder(path: &Path, what: &str) -> Result<(PathBuf, PathBuf, Value)> {
     if !path.exists() {
         return Err(Error::Config(format!(
-            "{}: not found (a transformers GPT-2 folder, or its model.safetensors)",
+            "{}: not found (a transformers {what} folder, or its model.safetensors)",
             path.display()
         )));
     }
@@ -201,6 +200,15 @@ pub fn import(path: &Path, context: Option<usize>) -> Result<Gpt> {
     let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
     let c: Value = serde_json::from_str(&text)
         .map_err(|e| Error::Config(format!("{}: not JSON: {e}", config_path.display())))?;
+    Ok((weights, config_path, c))
+}
+
+/// A transformers GPT-2 (`config.json` with `model.safetensors`) as a taper
+/// GPT spec whose parameters start from its weights. `path` is the model's
+/// folder or its `model.safetensors`; `context`, when given, keeps only the
+/// first positions.
+pub fn import(path: &Path, context: Option<usize>) -> Result<Gpt> {
+    let (weights, config_path, c) = folder(path, "GPT-2")?;
     let mut spec = spec_of(&config_path, &c)?;
     let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
         .map_err(|e| Error::Config(format!("{}: {e}", weights.display())))?;

@@ -98,8 +98,15 @@ pub fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
 /// built here: only the fallback needs it, so the fused path's step builds
 /// (and on a GPU uploads) no `t x t` mask.
 fn composed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
-    let (b, t, c3) = qkv.dims3()?;
+    let t = qkv.dim(1)?;
     let mask = causal_mask(t, qkv.dtype(), qkv.device())?;
+    composed_masked(qkv, heads, &mask)
+}
+
+/// Softmax attention from candle's differentiable ops, `mask` (broadcast
+/// to `[b, heads, t, t]`) added to the scaled scores.
+pub(super) fn composed_masked(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Tensor> {
+    let (b, t, c3) = qkv.dims3()?;
     let (c, hd) = (c3 / 3, c3 / 3 / heads);
     let qkv = qkv.reshape((b, t, 3, heads, hd))?;
     let part = |i: usize| {
@@ -110,7 +117,7 @@ fn composed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
     };
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-    let att = super::softmax_last_dim(&att.broadcast_add(&mask)?)?;
+    let att = super::softmax_last_dim(&att.broadcast_add(mask)?)?;
     att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))
 }
 

@@ -6,7 +6,7 @@
 //! which recomputes the weights. f32 on the CPU; elsewhere the composed
 //! ops with an additive mask.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use super::attention::Dims;
 use super::attention_cpu::{backward, forward, Keys};
@@ -36,27 +36,13 @@ pub fn padded_attention(qkv: &Tensor, heads: usize, lens: &[usize]) -> Result<Te
 /// The same from candle's differentiable ops: padding keys get a large
 /// negative score before the softmax.
 fn composed(qkv: &Tensor, heads: usize, lens: &[usize]) -> Result<Tensor> {
-    let (b, t, c3) = qkv.dims3()?;
-    let (c, hd) = (c3 / 3, c3 / 3 / heads);
+    let (b, t, _) = qkv.dims3()?;
     let mask: Vec<f32> = lens
         .iter()
         .flat_map(|&n| (0..t).map(move |j| if j < n { 0.0 } else { -1e9 }))
         .collect();
     let mask = Tensor::from_vec(mask, (b, 1, 1, t), qkv.device())?.to_dtype(qkv.dtype())?;
-    let qkv = qkv.reshape((b, t, 3, heads, hd))?;
-    let part = |i: usize| {
-        qkv.narrow(2, i, 1)?
-            .squeeze(2)?
-            .transpose(1, 2)?
-            .contiguous()
-    };
-    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-    let scores = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?.broadcast_add(&mask)?;
-    // Softmax from ops with a backward (candle's fused one records none).
-    let top = scores.max_keepdim(D::Minus1)?.detach();
-    let e = scores.broadcast_sub(&top)?.exp()?;
-    let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
-    p.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))
+    super::attention::composed_masked(qkv, heads, &mask)
 }
 
 struct Padded {
