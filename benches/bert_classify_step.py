@@ -4,8 +4,9 @@ BertForSequenceClassification over MiniLM (data/minilm), every weight
 trained by AdamW(fused) lr 1e-4 and weight decay 0.01, on the first `--rows`
 passages of data/austen/train.csv, tokenized with truncation at `--context`,
 shuffled, in batches of 16 padded to their longest (transformers'
-DataCollatorWithPadding), on the CPU. Dropout is off, as taper's model has
-none (`--dropout`: transformers' default 0.1, as its Trainer runs it;
+DataCollatorWithPadding), on the CPU, with the config's dropout (0.1) as
+transformers' Trainer runs it and taper's recipe trains (`--no-dropout`: off,
+against the recipe's `--set dropout=0`;
 `--compile`: the model through `torch.compile`, best at a fixed width,
 `--context 64`, where it compiles once). Prints
 each step's seconds, then the mean and median after the first two.
@@ -37,7 +38,7 @@ p.add_argument("--context", type=int, default=128)
 p.add_argument("--threads", type=int, default=2)
 p.add_argument("--model", default="data/minilm")
 p.add_argument("--data", default="data/austen/train.csv")
-p.add_argument("--dropout", action="store_true")
+p.add_argument("--no-dropout", action="store_true")
 p.add_argument("--seed", type=int, default=1)
 p.add_argument("--compile", action="store_true", help="torch.compile the model (a labelled variant)")
 a = p.parse_args()
@@ -50,7 +51,7 @@ labels = [classes.index(r["novel"]) for r in rows]
 tok = AutoTokenizer.from_pretrained(a.model)
 enc = tok([r["text"] for r in rows], truncation=True, max_length=a.context)["input_ids"]
 
-extra = {} if a.dropout else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+extra = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0} if a.no_dropout else {}
 model = BertForSequenceClassification.from_pretrained(a.model, num_labels=len(classes), **extra)
 model.train()
 if a.compile:
@@ -77,4 +78,4 @@ for start in range(0, len(order) - a.batch + 1, a.batch):
     print(f"step {len(times)}: {times[-1]:.3f} s, width {width}, loss {loss.item():.4f}", flush=True)
 rest = times[2:]
 print(f"mean {statistics.mean(rest):.3f} s, median {statistics.median(rest):.3f} s over {len(rest)} steps "
-      f"(dropout {'0.1' if a.dropout else 'off'}{', torch.compile' if a.compile else ''}, torch {torch.__version__})")
+      f"(dropout {'off' if a.no_dropout else '0.1'}{', torch.compile' if a.compile else ''}, torch {torch.__version__})")

@@ -493,10 +493,12 @@ fn positions_after_the_last_labelled_one_are_not_computed_and_change_nothing() -
     Ok(())
 }
 
-/// A BERT on texts of 1 to 12 words, padded: each micro-batch is computed
-/// only as wide as its own longest text, and 8 x 8 or 24 + 24 + 16 train to
-/// the weights of whole batches of 64 (the padding is masked, so the width
-/// a piece is cut to changes nothing).
+/// A BERT on texts of 1 to 12 words, padded, trained with dropout: each
+/// micro-batch is computed only as wide as its own longest text, and 8 x 8
+/// or 24 + 24 + 16 train to the weights of whole batches of 64 (the padding
+/// is masked, so the width a piece is cut to changes nothing, and each
+/// sample's dropout masks are drawn for its place in the batch, whatever
+/// piece computes it).
 #[test]
 fn bert_accumulation_over_texts_of_many_lengths_equals_full_batch() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -522,20 +524,26 @@ fn bert_accumulation_over_texts_of_many_lengths_equals_full_batch() -> Result<()
         ..Default::default()
     };
     let data = Pipeline::new(Arc::new(taper::data::csv(&path, &opts)?));
-    let spec: Arc<dyn ModelSpec> = Arc::new(Bert {
-        vocab: 10,
-        context: 16,
-        width: 16,
-        layers: 2,
-        heads: 2,
-        intermediate: 32,
-        type_vocab: 2,
-        eps: 1e-12,
-        pad: 0,
-        outputs: 3,
-        from: None,
-        initial: None,
-    });
+    let bert = |rate: f64| -> Arc<dyn ModelSpec> {
+        Arc::new(Bert {
+            vocab: 10,
+            context: 16,
+            width: 16,
+            layers: 2,
+            heads: 2,
+            intermediate: 32,
+            type_vocab: 2,
+            eps: 1e-12,
+            pad: 0,
+            outputs: 3,
+            dropout: rate,
+            attention_dropout: rate,
+            classifier_dropout: rate,
+            from: None,
+            initial: None,
+        })
+    };
+    let spec = bert(0.1);
     // SGD: the keys' biases have a gradient of 0 up to rounding (a bias
     // added to every key moves a row's scores alike), which AdamW would
     // scale up to steps of `lr` in directions set by the rounding (they
@@ -546,6 +554,10 @@ fn bert_accumulation_over_texts_of_many_lengths_equals_full_batch() -> Result<()
         ..Default::default()
     });
     let whole = train(spec.clone(), &optim, &data, 64, 3)?;
+    // Dropout is on: the same run without it ends elsewhere.
+    let plain = train(bert(0.0), &optim, &data, 64, 3)?;
+    let moved = max_rel_diff(&whole, &plain);
+    assert!(moved > 1e-3, "dropout changed the weights by {moved} only");
     for micro in [8, 24] {
         let split = train(spec.clone(), &optim, &data, micro, 3)?;
         // Relative to each tensor's norm, or to 1 for the keys' biases,

@@ -6,17 +6,38 @@
 use anyhow::{anyhow, Result};
 use candle_core::{DType, Device, Tensor};
 use taper::engine::loss::CrossEntropy;
-use taper::engine::{Activation, Bert, Cnn, Gpt, Mlp, ModelSpec, ParamStore};
+use taper::engine::{Activation, Bert, Cnn, Draw, Gpt, Mlp, ModelSpec, ParamStore, TrainModule};
 
-fn loss_value(model: &dyn candle_core::Module, x: &Tensor, y: &Tensor) -> Result<f64> {
-    let l = CrossEntropy::default().loss(&model.forward(x)?, y)?;
+/// The model's forward pass: training's with dropout drawn from `draw`,
+/// else evaluation's.
+fn forward(model: &dyn TrainModule, x: &Tensor, draw: Option<Draw>) -> Result<Tensor> {
+    Ok(match draw {
+        Some(d) => model.forward_train(x, d)?,
+        None => model.forward(x)?,
+    })
+}
+
+fn loss_value(model: &dyn TrainModule, x: &Tensor, y: &Tensor, draw: Option<Draw>) -> Result<f64> {
+    let l = CrossEntropy::default().loss(&forward(model, x, draw)?, y)?;
     Ok(l.to_scalar::<f64>()?)
 }
 
 fn grad_check(spec: &dyn ModelSpec, x: &Tensor, y: &Tensor) -> Result<()> {
+    grad_check_drawn(spec, x, y, None)
+}
+
+/// [`grad_check`] of the training forward with dropout drawn from `draw`:
+/// its masks are a function of the draw, so finite differences see the
+/// same ones.
+fn grad_check_drawn(
+    spec: &dyn ModelSpec,
+    x: &Tensor,
+    y: &Tensor,
+    draw: Option<Draw>,
+) -> Result<()> {
     let store = ParamStore::new(11);
-    let model = spec.build(store.var_builder(DType::F64, &Device::Cpu))?;
-    let loss = CrossEntropy::default().loss(&model.forward(x)?, y)?;
+    let model = spec.build_train(store.var_builder(DType::F64, &Device::Cpu))?;
+    let loss = CrossEntropy::default().loss(&forward(model.as_ref(), x, draw)?, y)?;
     let grads = loss.backward()?;
     let vars = store.vars();
     assert!(!vars.is_empty());
@@ -41,7 +62,7 @@ fn grad_check(spec: &dyn ModelSpec, x: &Tensor, y: &Tensor) -> Result<()> {
                 let mut v = orig.clone();
                 v[i] += delta;
                 var.set(&Tensor::from_vec(v, var.shape(), &Device::Cpu)?)?;
-                loss_value(model.as_ref(), x, y)
+                loss_value(model.as_ref(), x, y, draw)
             };
             let numeric = (probe(eps)? - probe(-eps)?) / (2.0 * eps);
             var.set(&Tensor::from_vec(orig.clone(), var.shape(), &Device::Cpu)?)?;
@@ -114,10 +135,12 @@ fn gpt_gradients_match_finite_differences() -> Result<()> {
 }
 
 /// Texts of three lengths, padded with id 0: the padding is masked, and the
-/// batch is computed as wide as its longest text.
+/// batch is computed as wide as its longest text; in evaluation, and in
+/// training with dropout at every site (rates high enough that each mask
+/// drops some of these few values).
 #[test]
 fn bert_gradients_match_finite_differences() -> Result<()> {
-    let spec = Bert {
+    let mut spec = Bert {
         vocab: 11,
         context: 7,
         width: 8,
@@ -128,6 +151,9 @@ fn bert_gradients_match_finite_differences() -> Result<()> {
         eps: 1e-12,
         pad: 0,
         outputs: 3,
+        dropout: 0.0,
+        attention_dropout: 0.0,
+        classifier_dropout: 0.0,
         from: None,
         initial: None,
     };
@@ -140,7 +166,18 @@ fn bert_gradients_match_finite_differences() -> Result<()> {
         &Device::Cpu,
     )?;
     let y = Tensor::new(&[0u32, 2, 1], &Device::Cpu)?;
-    grad_check(&spec, &x, &y)
+    grad_check(&spec, &x, &y)?;
+    (
+        spec.dropout,
+        spec.attention_dropout,
+        spec.classifier_dropout,
+    ) = (0.3, 0.3, 0.3);
+    let draw = Draw {
+        seed: 3,
+        step: 5,
+        first: 2,
+    };
+    grad_check_drawn(&spec, &x, &y, Some(draw))
 }
 
 #[test]

@@ -12,8 +12,9 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{ensure, Result};
-use candle_core::{Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use serde_json::Value;
+use taper::engine::ModelSpec;
 use taper::interop::saved;
 use taper::{Host, HostOptions};
 
@@ -180,26 +181,33 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
     Ok(())
 }
 
-/// A transformers BertForSequenceClassification over the real MiniLM
-/// (saved with `bert.` names and its head) computes the same logits in
-/// taper as in transformers, for texts of several lengths padded as a batch.
-#[test]
-fn taper_starts_from_a_transformers_bert_classifier_with_the_same_logits() -> Result<()> {
+/// transformers' classifier of 3 classes over the real MiniLM, saved to
+/// `saved` (its head drawn from seed 0, times 50): three texts' ids, padded
+/// as a batch, and its logits for them.
+fn bert_classifier(saved: &Path) -> Result<Value> {
     let minilm = common::fetched("data/minilm/model.safetensors")?;
-    let dir = tempfile::tempdir()?;
-    let saved = dir.path().join("classifier");
     let texts = serde_json::to_string(&[
         "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition.",
         "It is a truth universally acknowledged!",
         "Short.",
     ])?;
-    let theirs = check(&[
+    check(&[
         "bert-classifier",
         minilm.parent().unwrap().to_str().unwrap(),
         saved.to_str().unwrap(),
         "3",
         &texts,
-    ])?;
+    ])
+}
+
+/// A transformers BertForSequenceClassification over the real MiniLM
+/// (saved with `bert.` names and its head) computes the same logits in
+/// taper as in transformers, for texts of several lengths padded as a batch.
+#[test]
+fn taper_starts_from_a_transformers_bert_classifier_with_the_same_logits() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let saved = dir.path().join("classifier");
+    let theirs = bert_classifier(&saved)?;
     let ids: Vec<Vec<u32>> = serde_json::from_value(theirs["ids"].clone())?;
     let imported = taper::interop::bert::import(&saved, 3, Some(64))?;
     // The file's head is used, not a new one.
@@ -240,6 +248,86 @@ fn taper_starts_from_a_transformers_bert_classifier_with_the_same_logits() -> Re
         e.to_string().contains("does not predict the next token"),
         "{e}"
     );
+    Ok(())
+}
+
+/// Dropout in training as transformers applies it: over 300 passes in
+/// training mode, each logit's mean and spread across the masks are
+/// transformers' (whose masks come from torch's generator, so only their
+/// distribution can agree). Checked with the pooled output's dropout off,
+/// where the encoder's sites make the spread (without the attention
+/// weights' dropout, or the attention outputs', it would be about 0.75x;
+/// without the embeddings', 0.9x), and on.
+#[test]
+fn bert_dropout_spreads_the_logits_as_transformers_does() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let saved = dir.path().join("classifier");
+    let made = bert_classifier(&saved)?;
+    let ids: Vec<Vec<u32>> = serde_json::from_value(made["ids"].clone())?;
+    let x = Tensor::from_vec(ids.concat(), (ids.len(), ids[0].len()), &Device::Cpu)?;
+    let draws = 300;
+    for classifier in [0.0, 0.1] {
+        let theirs = check(&[
+            "bert-dropout",
+            saved.to_str().unwrap(),
+            &serde_json::to_string(&ids)?,
+            &draws.to_string(),
+            &classifier.to_string(),
+        ])?;
+        let mut spec = taper::interop::bert::import(&saved, 3, None)?.spec;
+        spec.classifier_dropout = classifier;
+        ensure!(
+            (spec.dropout, spec.attention_dropout) == (0.1, 0.1),
+            "{spec:?}"
+        );
+        let spec = std::sync::Arc::new(spec);
+        let trainer = taper::engine::Trainer::new(
+            spec.clone(),
+            &taper::engine::optim::OptimSpec::AdamW(Default::default()),
+            Default::default(),
+        )?;
+        let vb = trainer.params().frozen_builder(DType::F32, &Device::Cpu);
+        let model = spec.build_train(vb)?;
+        let mut passes = Vec::new();
+        for step in 0..draws {
+            let draw = taper::engine::Draw {
+                seed: 1,
+                step,
+                first: 0,
+            };
+            let logits: Vec<Vec<f32>> = model.forward_train(&x, draw)?.to_vec2()?;
+            passes.push(logits.concat());
+        }
+        let n = draws as f64;
+        let k = passes[0].len();
+        let (mut ratios, mut worst) = (Vec::new(), 0f64);
+        for j in 0..k {
+            let v: Vec<f64> = passes.iter().map(|p| p[j] as f64).collect();
+            let mean = v.iter().sum::<f64>() / n;
+            let sd = (v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+            let (their_mean, their_sd) = (
+                theirs["mean"][j / 3][j % 3].as_f64().unwrap(),
+                theirs["sd"][j / 3][j % 3].as_f64().unwrap(),
+            );
+            // The means' difference in standard errors.
+            let se = ((sd * sd + their_sd * their_sd) / n).sqrt();
+            worst = worst.max((mean - their_mean).abs() / se);
+            ratios.push(sd / their_sd);
+        }
+        let ratio = ratios.iter().sum::<f64>() / k as f64;
+        eprintln!(
+            "classifier dropout {classifier}: spread {ratio:.3}x transformers' \
+             ({ratios:.2?}); means within {worst:.1} standard errors"
+        );
+        ensure!(
+            (0.93..1.07).contains(&ratio),
+            "spread {ratio}x transformers'"
+        );
+        ensure!(
+            worst < 4.5,
+            "a mean {worst} standard errors from transformers'"
+        );
+    }
     Ok(())
 }
 

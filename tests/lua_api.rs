@@ -657,6 +657,14 @@ fn text_columns_and_bert_options_are_checked_where_they_are_given() {
             format!("taper.model.bert{{ from = '{}', outputs = 2 }}", roberta.display()),
             "model_type `roberta` is not bert",
         ),
+        (
+            format!("taper.model.bert{{ from = '{}', outputs = 2, dropout = 1 }}", roberta.display()),
+            "option `dropout` must be a rate from 0 up to (not including) 1, got 1",
+        ),
+        (
+            format!("taper.model.bert{{ from = '{}', outputs = 2, attention_dropout = 'x' }}", roberta.display()),
+            "option `attention_dropout` must be a rate",
+        ),
     ] {
         let msg = recipe_error(run(&format!("local x = 1\n{src}\n")));
         assert!(msg.starts_with("recipe.lua:2: "), "{msg}");

@@ -776,8 +776,9 @@ fn image_folder_fine_tunes_from_a_trained_run() -> Result<()> {
 }
 
 /// scripts/minilm_classify.lua fine-tunes MiniLM on passages of Jane
-/// Austen's novels: after 30 steps it names the novel of more than 45% of
-/// 120 held-out passages (six novels; the new head's guesses: 9-23%).
+/// Austen's novels (with transformers' dropout): after 30 steps it names
+/// the novel of more than 40% of 120 held-out passages (six novels; the new
+/// head's guesses: 9-23%).
 #[test]
 fn minilm_classify_learns_which_novel_a_passage_is_from() -> Result<()> {
     common::fetched("data/minilm/tokenizer.json")?;
@@ -800,15 +801,19 @@ fn minilm_classify_learns_which_novel_a_passage_is_from() -> Result<()> {
         panic!("two evaluations: {evals:?}")
     };
     let accuracy = |r: &Value| r["accuracy"].as_f64().unwrap();
-    // Measured (seeds 1, 2): 9.2% -> 60.8%, 22.5% -> 56.7%.
+    // Measured (seeds 1, 2, 3): 9.2% -> 50.8%, 22.5% -> 50.0%, 17.5% ->
+    // 46.7%, the cross-entropy 1.79 -> 1.50-1.56 (without dropout, seeds
+    // 1 and 2: 60.8%, 56.7%).
     eprintln!(
-        "held out: {:.3} -> {:.3}",
+        "held out: {:.3} -> {:.3}, loss {} -> {}",
         accuracy(before),
-        accuracy(after)
+        accuracy(after),
+        before["loss"],
+        after["loss"]
     );
     assert!(accuracy(before) < 0.3, "{before}");
-    assert!(accuracy(after) > 0.45, "{after}");
-    assert!(after["loss"].as_f64() < Some(before["loss"].as_f64().unwrap() - 0.3));
+    assert!(accuracy(after) > 0.4, "{after}");
+    assert!(after["loss"].as_f64() < Some(before["loss"].as_f64().unwrap() - 0.2));
     assert_eq!(after["samples"], 120);
 
     // `taper classify RUN FILE.csv` reads the held-out rows as the run

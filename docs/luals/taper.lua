@@ -441,8 +441,12 @@ function taper.model.llama_gguf(opts) end
 ---`outputs` (new unless the file's has as many), computed as transformers'
 ---BertForSequenceClassification: the `[CLS]` position through the pooler and the
 ---head; padding (the config's `pad_token_id`) is masked. Every weight is trained.
----`context` keeps the first positions (default: the config's).
----@param opts {from: string, outputs: integer, context?: integer}
+---`context` keeps the first positions (default: the config's). Training applies
+---dropout at the config's rates (`hidden_dropout_prob`, `attention_probs_dropout_prob`,
+---`classifier_dropout`; transformers' 0.1 where it says none); `dropout` sets every
+---site's rate, `attention_dropout` and `classifier_dropout` one site's. Evaluation and
+---`taper classify` apply none.
+---@param opts {from: string, outputs: integer, context?: integer, dropout?: number, attention_dropout?: number, classifier_dropout?: number}
 ---@return taper.Model
 function taper.model.bert(opts) end
 

@@ -44,6 +44,10 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
     python interop_check.py bert-logits DIR IDS_JSON
         the logits of the BertForSequenceClassification in DIR for padded
         ids (a mask from its pad token id)
+    python interop_check.py bert-dropout DIR IDS_JSON DRAWS CLASSIFIER_DROPOUT
+        the mean and standard deviation of each logit of the
+        BertForSequenceClassification in DIR over DRAWS passes in training
+        mode (its config's dropout; the pooled output's at CLASSIFIER_DROPOUT)
     python interop_check.py bert-pipeline DIR TEXTS_JSON
         transformers' text-classification pipeline over the classifier
         folder DIR: the texts' ids padded as a batch, the model's logits,
@@ -121,6 +125,26 @@ def bert_logits(d, ids):
     with torch.no_grad():
         logits = m(input_ids=ids, attention_mask=(ids != m.config.pad_token_id).long()).logits
     print(json.dumps({"logits": logits.tolist()}))
+
+
+def bert_dropout(d, ids, draws, classifier_dropout):
+    """The mean and standard deviation of each logit over `draws` forward
+    passes in training mode (dropout at the config's rates, the pooled
+    output's at `classifier_dropout`), each pass its own seed."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    m = BertForSequenceClassification.from_pretrained(
+        d, torch_dtype=torch.float64, classifier_dropout=classifier_dropout).train()
+    ids = torch.tensor(ids)
+    mask = (ids != m.config.pad_token_id).long()
+    outs = []
+    with torch.no_grad():
+        for i in range(draws):
+            torch.manual_seed(i)
+            outs.append(m(input_ids=ids, attention_mask=mask).logits)
+    o = torch.stack(outs)
+    print(json.dumps({"mean": o.mean(0).tolist(), "sd": o.std(0).tolist()}))
 
 
 def bert_pipeline(d, texts):
@@ -592,6 +616,8 @@ def main():
         bert_classifier(args[0], args[1], int(args[2]), json.loads(args[3]))
     elif cmd == "bert-logits":
         bert_logits(args[0], json.loads(args[1]))
+    elif cmd == "bert-dropout":
+        bert_dropout(args[0], json.loads(args[1]), int(args[2]), float(args[3]))
     elif cmd == "bert-pipeline":
         bert_pipeline(args[0], json.loads(args[1]))
     elif cmd == "llama":

@@ -5,7 +5,11 @@
 //! the pooler (dense, tanh), then a dense head. Parameters keep
 //! transformers' names (`encoder.layer.0.attention.self.query.weight`), so
 //! a Hugging Face BERT (MiniLM, bert-base, ...) loads as it is
-//! (`interop::bert::import`). Dropout is not applied.
+//! (`interop::bert::import`). Training applies transformers' dropout
+//! (after the embeddings, on the attention weights, after each block's
+//! attention and MLP outputs, and on the pooled `[CLS]`) at the config's
+//! rates, with masks drawn as `kernels::Dropout` draws them: the same
+//! however a step's batch is split or resumed; evaluation applies none.
 //!
 //! Inputs are token ids padded with `pad` after each text (as
 //! `taper.data.csv{ text = ... }` gives them): the padded positions are
@@ -19,7 +23,8 @@ use candle_nn::{Init, VarBuilder};
 use serde::{Deserialize, Serialize};
 
 use super::linear::Linear;
-use super::model::{layer_norm, Interface, ModelSpec, TrainModule};
+use super::model::{layer_norm, Draw, Interface, ModelSpec, TrainModule};
+use crate::kernels::{dropout, Dropout};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +45,17 @@ pub struct Bert {
     pub pad: u32,
     /// Classes (or regression targets) of the head.
     pub outputs: usize,
+    /// Dropout after the embeddings and each block's attention and MLP
+    /// outputs (`hidden_dropout_prob`); 0 in checkpoints from before it.
+    #[serde(default)]
+    pub dropout: f64,
+    /// Dropout on the attention weights (`attention_probs_dropout_prob`).
+    #[serde(default)]
+    pub attention_dropout: f64,
+    /// Dropout on the pooled `[CLS]` before the head (`classifier_dropout`,
+    /// else `hidden_dropout_prob`).
+    #[serde(default)]
+    pub classifier_dropout: f64,
     /// Where the starting weights came from, for the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
@@ -119,15 +135,38 @@ impl Layer {
     }
 
     /// `x [n, t, w]`, each text's first `lens[i]` positions its own (the
-    /// rest padding, which no position attends to).
-    fn forward(&self, x: &Tensor, lens: &[usize]) -> Result<Tensor> {
+    /// rest padding, which no position attends to); in training, dropout
+    /// drawn by `drop` ([`Drops`]).
+    fn forward(&self, x: &Tensor, lens: &[usize], drop: &Drops) -> Result<Tensor> {
         use crate::kernels::add;
         let qkv = self.qkv()?.forward(x)?;
-        let ctx = crate::kernels::padded_attention(&qkv, self.heads, lens)?;
-        let x = self.attn_norm.forward(&add(x, &self.out.forward(&ctx)?)?)?;
+        let weights = drop.attention.map(|d| (d, drop.first));
+        let ctx = crate::kernels::padded_attention(&qkv, self.heads, lens, weights)?;
+        let a = dropout(
+            &self.out.forward(&ctx)?,
+            drop.attention_out.as_ref(),
+            drop.first,
+        )?;
+        let x = self.attn_norm.forward(&add(x, &a)?)?;
         let h = crate::kernels::gelu_erf(&self.up.forward(&x)?)?;
-        self.out_norm.forward(&add(&x, &self.down.forward(&h)?)?)
+        let m = dropout(&self.down.forward(&h)?, drop.mlp_out.as_ref(), drop.first)?;
+        self.out_norm.forward(&add(&x, &m)?)
     }
+}
+
+/// One block's dropout draws in a training step (none in evaluation).
+struct Drops {
+    attention: Option<Dropout>,
+    attention_out: Option<Dropout>,
+    mlp_out: Option<Dropout>,
+    /// The batch's place of the piece's first sample.
+    first: usize,
+}
+
+/// The draw of dropout site `site` (each site of the net its own) at
+/// `rate`; none in evaluation.
+fn site(draw: Option<Draw>, rate: f64, site: u64) -> Option<Dropout> {
+    draw.and_then(|d| Dropout::new(rate, d.seed, d.step, site))
 }
 
 struct BertNet {
@@ -140,6 +179,8 @@ struct BertNet {
     head: Linear,
     context: usize,
     pad: u32,
+    /// Dropout rates: hidden, attention weights, pooled.
+    rates: (f64, f64, f64),
 }
 
 impl BertNet {
@@ -170,25 +211,48 @@ impl BertNet {
     }
 }
 
-impl Module for BertNet {
-    /// `[batch, time]` token ids (u32) to `[batch, outputs]` logits.
-    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+impl BertNet {
+    /// `[batch, time]` token ids (u32) to `[batch, outputs]` logits, with
+    /// dropout drawn from `draw` (training) or none.
+    fn logits(&self, ids: &Tensor, draw: Option<Draw>) -> Result<Tensor> {
         let (ids, lens) = self.unpadded(ids)?;
         let t = ids.dim(1)?;
+        let first = draw.map_or(0, |d| d.first);
+        let (hidden, weights, pooled) = self.rates;
         let x = crate::kernels::embedding(&self.words, &ids)?;
         let x = x.broadcast_add(&self.positions.narrow(0, 0, t)?)?;
         let x = x.broadcast_add(&self.types.narrow(0, 0, 1)?)?;
-        let mut x = self.norm.forward(&x)?;
-        for layer in &self.layers {
-            x = layer.forward(&x, &lens)?;
+        let x = self.norm.forward(&x)?;
+        let mut x = dropout(&x, site(draw, hidden, 0).as_ref(), first)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let at = 1 + 3 * i as u64;
+            let drop = Drops {
+                attention: site(draw, weights, at),
+                attention_out: site(draw, hidden, at + 1),
+                mlp_out: site(draw, hidden, at + 2),
+                first,
+            };
+            x = layer.forward(&x, &lens, &drop)?;
         }
         let cls = x.narrow(1, 0, 1)?.squeeze(1)?;
-        let pooled = self.pooler.forward(&cls)?.tanh()?;
-        self.head.forward(&pooled)
+        let pooled_out = self.pooler.forward(&cls)?.tanh()?;
+        let pooled_out = dropout(&pooled_out, site(draw, pooled, u64::MAX).as_ref(), first)?;
+        self.head.forward(&pooled_out)
     }
 }
 
-impl TrainModule for BertNet {}
+impl Module for BertNet {
+    /// `[batch, time]` token ids (u32) to `[batch, outputs]` logits.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.logits(ids, None)
+    }
+}
+
+impl TrainModule for BertNet {
+    fn forward_train(&self, ids: &Tensor, draw: Draw) -> Result<Tensor> {
+        self.logits(ids, Some(draw))
+    }
+}
 
 impl ModelSpec for Bert {
     fn check(&self) -> crate::Result<()> {
@@ -208,6 +272,17 @@ impl ModelSpec for Bert {
                 self.width, self.heads
             )));
         }
+        for (name, rate) in [
+            ("dropout", self.dropout),
+            ("attention_dropout", self.attention_dropout),
+            ("classifier_dropout", self.classifier_dropout),
+        ] {
+            if !(0.0..1.0).contains(&rate) {
+                return Err(crate::Error::Config(format!(
+                    "{name} {rate} is not a rate in [0, 1)"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -217,8 +292,18 @@ impl ModelSpec for Bert {
             .as_deref()
             .map(|f| format!(" from {f}"))
             .unwrap_or_default();
+        let rates = [
+            self.dropout,
+            self.attention_dropout,
+            self.classifier_dropout,
+        ];
+        let drop = match rates {
+            [0.0, 0.0, 0.0] => String::new(),
+            [h, a, c] if h == a && a == c => format!(" dropout {h}"),
+            [h, a, c] => format!(" dropout {h} attention {a} classifier {c}"),
+        };
         format!(
-            "bert vocab {} context {} width {} layers {} heads {} outputs {}{from}",
+            "bert vocab {} context {} width {} layers {} heads {} outputs {}{drop}{from}",
             self.vocab, self.context, self.width, self.layers, self.heads, self.outputs
         )
     }
@@ -280,6 +365,11 @@ impl Bert {
             head: linear(&vb.pp("classifier"), w, self.outputs)?,
             context: self.context,
             pad: self.pad,
+            rates: (
+                self.dropout,
+                self.attention_dropout,
+                self.classifier_dropout,
+            ),
         })
     }
 }

@@ -28,7 +28,7 @@ pub use cnn::{max_pool_2x2, Cnn};
 pub use device::{describe as describe_device, parse_device};
 pub use gpt::Gpt;
 pub use mlp::{Activation, Mlp};
-pub use model::ModelSpec;
+pub use model::{Draw, ModelSpec, TrainModule};
 pub use params::ParamStore;
 pub use trainer::{
     ClassScores, Eval, EvalSums, Grads, LossSum, PerClass, Ready, Regression, TargetScores,

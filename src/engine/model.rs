@@ -232,7 +232,23 @@ fn first_at_or_above(t: &Tensor, limit: usize, labels: bool) -> Result<Option<(u
 }
 
 /// A model as the trainer sees it.
+/// Where a training forward's random draws (dropout) come from: the run's
+/// seed, the optimizer step, and the place in the step's batch of the
+/// piece's first sample. A step's masks are thereby the same however the
+/// batch is split, retried or resumed ([`crate::kernels::Dropout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Draw {
+    pub seed: u64,
+    pub step: u64,
+    pub first: usize,
+}
+
 pub trait TrainModule: Module {
+    /// The forward pass of training, with dropout where the model has it
+    /// (drawn from `draw`); `forward` (evaluation) has none.
+    fn forward_train(&self, x: &Tensor, _draw: Draw) -> Result<Tensor> {
+        self.forward(x)
+    }
     /// Recompute every `every`-th repeated block in the backward instead of
     /// keeping its activations (0: none). False when the model has no
     /// repeated blocks to recompute.

@@ -221,7 +221,19 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
 /// config.json beside it) with a classification head of `outputs`.
 fn bert(lua: &Lua, opts: Table) -> mlua::Result<ModelHandle> {
     const WHAT: &str = "taper.model.bert";
-    super::options::check_keys(lua, WHAT, &opts, &["from", "outputs", "context"])?;
+    super::options::check_keys(
+        lua,
+        WHAT,
+        &opts,
+        &[
+            "from",
+            "outputs",
+            "context",
+            "dropout",
+            "attention_dropout",
+            "classifier_dropout",
+        ],
+    )?;
     let from = match opts.get::<Value>("from")? {
         Value::String(s) => s.to_str()?.to_string(),
         other => {
@@ -241,9 +253,26 @@ fn bert(lua: &Lua, opts: Table) -> mlua::Result<ModelHandle> {
         ));
     };
     let context = positive(lua, WHAT, &opts, "context")?;
+    let rates = [
+        rate(lua, WHAT, &opts, "dropout")?,
+        rate(lua, WHAT, &opts, "attention_dropout")?,
+        rate(lua, WHAT, &opts, "classifier_dropout")?,
+    ];
     super::data_files::check_files(lua, WHAT, &[std::path::Path::new(&from)])?;
-    let imported = crate::interop::bert::import(std::path::Path::new(&from), outputs, context)
+    let mut imported = crate::interop::bert::import(std::path::Path::new(&from), outputs, context)
         .map_err(|e| config_error(lua, format!("{WHAT}: {e}")))?;
+    // `dropout` is every site's rate; the other two override theirs. The
+    // config's rates otherwise, as transformers trains.
+    let spec = &mut imported.spec;
+    if let Some(r) = rates[0] {
+        (
+            spec.dropout,
+            spec.attention_dropout,
+            spec.classifier_dropout,
+        ) = (r, r, r);
+    }
+    spec.attention_dropout = rates[1].unwrap_or(spec.attention_dropout);
+    spec.classifier_dropout = rates[2].unwrap_or(spec.classifier_dropout);
     // A run about to resume takes its own checkpoint's weights instead.
     let host = super::state(lua);
     if host.resume.borrow().is_none() {
@@ -252,6 +281,27 @@ fn bert(lua: &Lua, opts: Table) -> mlua::Result<ModelHandle> {
         }
     }
     checked(lua, WHAT, imported.spec)
+}
+
+/// Option `key` of `t`: absent, or a rate in `[0, 1)`.
+fn rate(lua: &Lua, what: &str, t: &Table, key: &str) -> mlua::Result<Option<f64>> {
+    let v = t.get::<Value>(key)?;
+    let r = match &v {
+        Value::Nil => return Ok(None),
+        Value::Integer(n) => *n as f64,
+        Value::Number(n) => *n,
+        _ => f64::NAN,
+    };
+    if (0.0..1.0).contains(&r) {
+        return Ok(Some(r));
+    }
+    Err(config_error(
+        lua,
+        format!(
+            "{what}: option `{key}` must be a rate from 0 up to (not including) 1, got {}",
+            super::options::brief(&v)
+        ),
+    ))
 }
 
 /// Option `key` of `t`: absent, or a whole number of 1 or more.

@@ -124,6 +124,21 @@ fn spec_of(path: &Path, c: &Value, outputs: usize) -> Result<Bert> {
         )));
     }
     let pad = c["pad_token_id"].as_u64().unwrap_or(0);
+    // transformers' defaults where the config says nothing (BertConfig).
+    let rate = |key: &str| -> Result<f64> {
+        match &c[key] {
+            Value::Null => Ok(0.1),
+            v => v
+                .as_f64()
+                .filter(|r| (0.0..1.0).contains(r))
+                .ok_or_else(|| bad(format!("`{key}` {v} is not a rate in [0, 1)"))),
+        }
+    };
+    let hidden = rate("hidden_dropout_prob")?;
+    let classifier = match &c["classifier_dropout"] {
+        Value::Null => hidden,
+        _ => rate("classifier_dropout")?,
+    };
     Ok(Bert {
         vocab: int("vocab_size")?,
         context: int("max_position_embeddings")?,
@@ -135,6 +150,9 @@ fn spec_of(path: &Path, c: &Value, outputs: usize) -> Result<Bert> {
         eps: c["layer_norm_eps"].as_f64().unwrap_or(1e-12),
         pad: pad as u32,
         outputs,
+        dropout: hidden,
+        attention_dropout: rate("attention_probs_dropout_prob")?,
+        classifier_dropout: classifier,
         from: None,
         initial: None,
     })
@@ -219,4 +237,50 @@ fn check_names(path: &Path, spec: &Bert, initial: &mut Vec<(String, Tensor)>) ->
     initial.retain(|(n, _)| want.iter().any(|(w, _)| w == n));
     initial.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: Value) -> Value {
+        let mut c = serde_json::json!({
+            "model_type": "bert", "vocab_size": 10, "max_position_embeddings": 8,
+            "hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 8,
+        });
+        c.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        c
+    }
+
+    /// The config's dropout rates, transformers' 0.1 where it gives none,
+    /// and the classifier's the hidden one's unless it has its own.
+    #[test]
+    fn dropout_rates_come_from_the_config() {
+        let p = Path::new("config.json");
+        let s = spec_of(p, &config(serde_json::json!({})), 2).unwrap();
+        assert_eq!(
+            (s.dropout, s.attention_dropout, s.classifier_dropout),
+            (0.1, 0.1, 0.1)
+        );
+        let c = config(serde_json::json!({
+            "hidden_dropout_prob": 0.05, "attention_probs_dropout_prob": 0.0,
+            "classifier_dropout": null,
+        }));
+        let s = spec_of(p, &c, 2).unwrap();
+        assert_eq!(
+            (s.dropout, s.attention_dropout, s.classifier_dropout),
+            (0.05, 0.0, 0.05)
+        );
+        let c = config(serde_json::json!({ "classifier_dropout": 0.3 }));
+        assert_eq!(spec_of(p, &c, 2).unwrap().classifier_dropout, 0.3);
+        let c = config(serde_json::json!({ "hidden_dropout_prob": 1.5 }));
+        let e = spec_of(p, &c, 2).unwrap_err().to_string();
+        assert!(
+            e.contains("config.json: `hidden_dropout_prob` 1.5 is not a rate"),
+            "{e}"
+        );
+    }
 }

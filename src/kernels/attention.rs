@@ -100,12 +100,18 @@ pub fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
 fn composed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
     let t = qkv.dim(1)?;
     let mask = causal_mask(t, qkv.dtype(), qkv.device())?;
-    composed_masked(qkv, heads, &mask)
+    composed_masked(qkv, heads, &mask, None)
 }
 
 /// Softmax attention from candle's differentiable ops, `mask` (broadcast
-/// to `[b, heads, t, t]`) added to the scaled scores.
-pub(super) fn composed_masked(qkv: &Tensor, heads: usize, mask: &Tensor) -> Result<Tensor> {
+/// to `[b, heads, t, t]`) added to the scaled scores; the weights times
+/// `drop` (`[b, heads, t, t]`: dropout's mask) when given.
+pub(super) fn composed_masked(
+    qkv: &Tensor,
+    heads: usize,
+    mask: &Tensor,
+    drop: Option<&Tensor>,
+) -> Result<Tensor> {
     let (b, t, c3) = qkv.dims3()?;
     let (c, hd) = (c3 / 3, c3 / 3 / heads);
     let qkv = qkv.reshape((b, t, 3, heads, hd))?;
@@ -117,7 +123,10 @@ pub(super) fn composed_masked(qkv: &Tensor, heads: usize, mask: &Tensor) -> Resu
     };
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-    let att = super::softmax_last_dim(&att.broadcast_add(mask)?)?;
+    let mut att = super::softmax_last_dim(&att.broadcast_add(mask)?)?;
+    if let Some(drop) = drop {
+        att = att.mul(drop)?;
+    }
     att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))
 }
 
@@ -191,7 +200,7 @@ impl CustomOp1 for Attention {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (b, d) = Dims::of(l, self.heads)?;
         let qkv = super::f32_slice(s, l, "attention")?;
-        let y = super::attention_cpu::forward(qkv, b, d, super::attention_cpu::Keys::Causal);
+        let y = super::attention_cpu::forward(qkv, b, d, super::attention_cpu::Keys::Causal, None);
         Ok((CpuStorage::F32(y), Shape::from((b, d.t, d.c()))))
     }
 
@@ -254,7 +263,7 @@ impl CustomOp3 for AttentionGrad {
         let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
         let (b, d) = Dims::of(l1, self.heads)?;
         let keys = super::attention_cpu::Keys::Causal;
-        let dqkv = super::attention_cpu::backward((qkv, y, dy), b, d, keys)?;
+        let dqkv = super::attention_cpu::backward((qkv, y, dy), b, d, keys, None)?;
         Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
     }
 

@@ -34,6 +34,25 @@ impl Keys<'_> {
     }
 }
 
+/// Dropout on the attention weights: the draw, and the batch's place of
+/// the call's first sample. A weight's row is (sample, head, query).
+#[derive(Clone, Copy)]
+pub(super) struct Drop<'a> {
+    pub(super) draw: &'a super::Dropout,
+    pub(super) first: usize,
+}
+
+impl Drop<'_> {
+    /// Rows `r0..` of `(b, h)`'s weights `p` (rows of `n`), dropped or
+    /// scaled.
+    fn apply(self, (b, h, r0): (usize, usize, usize), p: &mut [f32], n: usize) {
+        for (i, row) in p.chunks_mut(n).enumerate() {
+            let ids = [(self.first + b) as u64, h as u64, (r0 + i) as u64];
+            self.draw.apply(self.draw.row(&ids), row);
+        }
+    }
+}
+
 /// A pointer that tasks share to write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 struct Out(*mut f32);
@@ -151,8 +170,8 @@ fn softmax_grad_rows(
     }
 }
 
-/// `qkv [b, t, 3c]` to `y [b, t, c]`.
-pub(super) fn forward(qkv: &[f32], b: usize, d: Dims, keys: Keys) -> Vec<f32> {
+/// `qkv [b, t, 3c]` to `y [b, t, c]`, the weights dropped by `drop`.
+pub(super) fn forward(qkv: &[f32], b: usize, d: Dims, keys: Keys, drop: Option<Drop>) -> Vec<f32> {
     let (t, c) = (d.t, d.c());
     let mut y = vec![0f32; b * t * c];
     let out = Out(y.as_mut_ptr());
@@ -169,6 +188,9 @@ pub(super) fn forward(qkv: &[f32], b: usize, d: Dims, keys: Keys) -> Vec<f32> {
             unsafe {
                 let q = qkv.as_ptr().add(src);
                 weights(d, q, q.add(c), (r0, m, n), causal, p);
+                if let Some(drop) = drop {
+                    drop.apply((task / d.heads, task % d.heads, r0), p, n);
+                }
                 mm(
                     (m, d.hd, n),
                     out.at(dst + r0 * c),
@@ -186,12 +208,15 @@ pub(super) fn forward(qkv: &[f32], b: usize, d: Dims, keys: Keys) -> Vec<f32> {
 
 /// `(qkv, y, dy)` to `dqkv`, recomputing each block's weights `P`:
 /// `dV += P^T dY`, `dP = dY V^T`, `dS = P (dP - rowsum(dY y))`,
-/// `dQ = scale dS K`, `dK += scale dS^T Q`.
+/// `dQ = scale dS K`, `dK += scale dS^T Q`. With dropout (mask `M`,
+/// scaled) `dV += (P M)^T dY` and `dP = (dY V^T) M`; the row sums are
+/// still `dY y`, as `y = (P M) V`.
 pub(super) fn backward(
     (qkv, y, dy): (&[f32], &[f32], &[f32]),
     b: usize,
     d: Dims,
     keys: Keys,
+    drop: Option<Drop>,
 ) -> Result<Vec<f32>> {
     let (t, c) = (d.t, d.c());
     if y.len() != b * t * c || dy.len() != y.len() {
@@ -203,6 +228,8 @@ pub(super) fn backward(
         let (src, col) = d.offsets(task / d.heads, task % d.heads);
         let rows = BLOCK.min(t);
         let (mut p, mut dp) = (vec![0f32; rows * t], vec![0f32; rows * t]);
+        // The dropped weights, with dropout.
+        let mut pd = vec![0f32; if drop.is_some() { rows * t } else { 0 }];
         let causal = matches!(keys, Keys::Causal);
         for r0 in (0..t).step_by(BLOCK) {
             let m = BLOCK.min(t - r0);
@@ -217,15 +244,17 @@ pub(super) fn backward(
                 let dq = out.at(src);
                 let (dk, dv) = (dq.add(c), dq.add(2 * c));
                 weights(d, q, k, (r0, m, n), causal, p);
-                mm(
-                    (n, d.hd, m),
-                    dv,
-                    3 * c,
-                    true,
-                    (p.as_ptr(), 1, n),
-                    (g, c, 1),
-                    1.0,
-                );
+                let at = (task / d.heads, task % d.heads, r0);
+                let pv = match drop {
+                    Some(drop) => {
+                        let pd = &mut pd[..m * n];
+                        pd.copy_from_slice(p);
+                        drop.apply(at, pd, n);
+                        pd.as_ptr()
+                    }
+                    None => p.as_ptr(),
+                };
+                mm((n, d.hd, m), dv, 3 * c, true, (pv, 1, n), (g, c, 1), 1.0);
                 mm(
                     (m, n, d.hd),
                     dp.as_mut_ptr(),
@@ -235,6 +264,9 @@ pub(super) fn backward(
                     (v, 1, 3 * c),
                     1.0,
                 );
+                if let Some(drop) = drop {
+                    drop.apply(at, dp, n);
+                }
                 softmax_grad_rows(dp, p, n, (y, dy), (col + r0 * c, c, d.hd));
                 let ds = (dp.as_ptr(), n, 1);
                 mm(

@@ -31,6 +31,7 @@ mod dense;
 #[cfg(feature = "cuda")]
 mod dense_cuda;
 pub mod device_state;
+mod dropout;
 mod embedding;
 #[cfg(feature = "cuda")]
 mod flash;
@@ -61,6 +62,7 @@ pub use ce_rows::rows_loss_and_grad;
 pub use chunked_ce::{chunked_cross_entropy, padded_head};
 pub use conv::conv3x3;
 pub use dense::{linear, linear_grads};
+pub use dropout::{dropout, Dropout};
 pub use embedding::embedding;
 pub use gelu::{gelu, gelu_grad};
 pub use gelu_erf::gelu_erf;

@@ -9,12 +9,20 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use super::attention::Dims;
-use super::attention_cpu::{backward, forward, Keys};
+use super::attention_cpu::{backward, forward, Drop, Keys};
+use super::Dropout;
 
 /// `qkv [b, t, 3c]` (q, k and v side by side, each `[b, t, heads, c /
 /// heads]`) to `[b, t, c]`: softmax attention with scale `1 / sqrt(c /
-/// heads)`, batch element `i`'s rows over its first `lens[i]` keys.
-pub fn padded_attention(qkv: &Tensor, heads: usize, lens: &[usize]) -> Result<Tensor> {
+/// heads)`, batch element `i`'s rows over its first `lens[i]` keys. With
+/// `drop` (the draw, and the batch's place of `qkv`'s first sample) the
+/// weights are dropped out, each row `(sample, head, query)` of the draw.
+pub fn padded_attention(
+    qkv: &Tensor,
+    heads: usize,
+    lens: &[usize],
+    drop: Option<(Dropout, usize)>,
+) -> Result<Tensor> {
     let (b, t, c3) = qkv.dims3()?;
     if heads == 0 || c3 % (3 * heads) != 0 {
         candle_core::bail!("attention: qkv width {c3} is not 3 x a multiple of {heads} heads")
@@ -26,28 +34,51 @@ pub fn padded_attention(qkv: &Tensor, heads: usize, lens: &[usize]) -> Result<Te
         let op = Padded {
             heads,
             lens: lens.to_vec(),
+            drop,
         };
         qkv.contiguous()?.apply_op1(op)
     } else {
-        composed(qkv, heads, lens)
+        composed(qkv, heads, lens, drop)
     }
 }
 
 /// The same from candle's differentiable ops: padding keys get a large
-/// negative score before the softmax.
-fn composed(qkv: &Tensor, heads: usize, lens: &[usize]) -> Result<Tensor> {
+/// negative score before the softmax; dropout's mask drawn as the fused op
+/// draws it, in memory.
+fn composed(
+    qkv: &Tensor,
+    heads: usize,
+    lens: &[usize],
+    drop: Option<(Dropout, usize)>,
+) -> Result<Tensor> {
     let (b, t, _) = qkv.dims3()?;
     let mask: Vec<f32> = lens
         .iter()
         .flat_map(|&n| (0..t).map(move |j| if j < n { 0.0 } else { -1e9 }))
         .collect();
     let mask = Tensor::from_vec(mask, (b, 1, 1, t), qkv.device())?.to_dtype(qkv.dtype())?;
-    super::attention::composed_masked(qkv, heads, &mask)
+    let drop = match drop {
+        Some((d, first)) => Some(
+            d.mask(first, &[b, heads, t, t], qkv.device())?
+                .to_dtype(qkv.dtype())?,
+        ),
+        None => None,
+    };
+    super::attention::composed_masked(qkv, heads, &mask, drop.as_ref())
 }
 
 struct Padded {
     heads: usize,
     lens: Vec<usize>,
+    drop: Option<(Dropout, usize)>,
+}
+
+/// The kernels' view of `drop`.
+fn drawn(drop: &Option<(Dropout, usize)>) -> Option<Drop<'_>> {
+    drop.as_ref().map(|(draw, first)| Drop {
+        draw,
+        first: *first,
+    })
 }
 
 impl CustomOp1 for Padded {
@@ -58,7 +89,7 @@ impl CustomOp1 for Padded {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (b, d) = Dims::of(l, self.heads)?;
         let qkv = super::f32_slice(s, l, "attention")?;
-        let y = forward(qkv, b, d, Keys::Lengths(&self.lens));
+        let y = forward(qkv, b, d, Keys::Lengths(&self.lens), drawn(&self.drop));
         Ok((CpuStorage::F32(y), Shape::from((b, d.t, d.c()))))
     }
 
@@ -66,6 +97,7 @@ impl CustomOp1 for Padded {
         let grad = PaddedGrad {
             heads: self.heads,
             lens: self.lens.clone(),
+            drop: self.drop,
         };
         Ok(Some(qkv.apply_op3_no_bwd(y, &dy.contiguous()?, &grad)?))
     }
@@ -75,6 +107,7 @@ impl CustomOp1 for Padded {
 struct PaddedGrad {
     heads: usize,
     lens: Vec<usize>,
+    drop: Option<(Dropout, usize)>,
 }
 
 impl CustomOp3 for PaddedGrad {
@@ -95,7 +128,8 @@ impl CustomOp3 for PaddedGrad {
         let y = super::f32_slice(s2, l2, "attention backward output")?;
         let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
         let (b, d) = Dims::of(l1, self.heads)?;
-        let dqkv = backward((qkv, y, dy), b, d, Keys::Lengths(&self.lens))?;
+        let keys = Keys::Lengths(&self.lens);
+        let dqkv = backward((qkv, y, dy), b, d, keys, drawn(&self.drop))?;
         Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
     }
 }
@@ -107,7 +141,8 @@ mod tests {
 
     /// The fused op against the composed ops, forward and gradient, on
     /// texts of several lengths (one a single position, one the whole
-    /// width) and more than one block of rows.
+    /// width) and more than one block of rows; without dropout and with
+    /// it (the same masks, drawn in the kernel and in memory).
     #[test]
     fn matches_the_composed_attention() -> Result<()> {
         let (b, t, heads, hd) = (3, 70, 3, 8);
@@ -119,24 +154,38 @@ mod tests {
             &Device::Cpu,
         )?)?;
         let probe = Tensor::randn(0f32, 1.0, (b, t, heads * hd), &Device::Cpu)?;
-        let fused = padded_attention(qkv.as_tensor(), heads, &lens)?;
-        let plain = composed(qkv.as_tensor(), heads, &lens)?;
-        let diff = (&fused - &plain)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(diff < 1e-5, "outputs differ by {diff}");
-        let g1 = (&fused * &probe)?.sum_all()?.backward()?;
-        let g2 = (&plain * &probe)?.sum_all()?.backward()?;
-        let (g1, g2) = (g1.get(&qkv).unwrap(), g2.get(&qkv).unwrap());
-        let diff = (g1 - g2)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(diff < 1e-4, "gradients differ by {diff}");
-        // Padding keys get no gradient: their k and v never count.
-        let dk = g1.narrow(1, 1, t - 1)?.get(1)?;
-        assert_eq!(
-            dk.narrow(1, heads * hd, 2 * heads * hd)?
-                .abs()?
-                .max_all()?
-                .to_scalar::<f32>()?,
-            0.0
-        );
+        let draw = Dropout::new(0.2, 3, 4, 5).map(|d| (d, 2));
+        let mut outputs = Vec::new();
+        for drop in [None, draw] {
+            let fused = padded_attention(qkv.as_tensor(), heads, &lens, drop)?;
+            let plain = composed(qkv.as_tensor(), heads, &lens, drop)?;
+            let diff = (&fused - &plain)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(diff < 1e-5, "outputs differ by {diff}");
+            let g1 = (&fused * &probe)?.sum_all()?.backward()?;
+            let g2 = (&plain * &probe)?.sum_all()?.backward()?;
+            let (g1, g2) = (g1.get(&qkv).unwrap(), g2.get(&qkv).unwrap());
+            let diff = (g1 - g2)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(diff < 1e-4, "gradients differ by {diff}");
+            // Padding keys get no gradient: their k and v never count.
+            let dk = g1.narrow(1, 1, t - 1)?.get(1)?;
+            assert_eq!(
+                dk.narrow(1, heads * hd, 2 * heads * hd)?
+                    .abs()?
+                    .max_all()?
+                    .to_scalar::<f32>()?,
+                0.0
+            );
+            outputs.push(fused);
+        }
+        let moved = (&outputs[0] - &outputs[1])?.abs()?.max_all()?;
+        assert!(moved.to_scalar::<f32>()? > 0.1, "dropout changed nothing");
+        // The last two texts alone, as the batch's second and third: the
+        // same outputs as in the whole batch.
+        let (d, _) = draw.unwrap();
+        let part = qkv.as_tensor().narrow(0, 1, 2)?;
+        let part = padded_attention(&part, heads, &lens[1..], Some((d, 3)))?;
+        let diff = (outputs[1].narrow(0, 1, 2)? - part)?.abs()?.max_all()?;
+        assert_eq!(diff.to_scalar::<f32>()?, 0.0);
         Ok(())
     }
 }

@@ -300,19 +300,20 @@ impl Trainer {
     /// `summed`: a weighted cross-entropy's numerator rather than its mean.
     /// `keep`: the labelled positions of a sequence's `y` when some are
     /// ignored ([`labelled`](Trainer::labelled)): the loss is over those
-    /// rows alone, so the fused loss never sees an ignored label.
+    /// rows alone, so the fused loss never sees an ignored label. `draw`:
+    /// the dropout masks' source.
     fn train_loss(
         &self,
-        x: &Tensor,
-        y: &Tensor,
+        (x, y): (&Tensor, &Tensor),
         summed: bool,
         keep: Option<&Tensor>,
+        draw: crate::engine::Draw,
     ) -> candle_core::Result<Tensor> {
         let keep = match (&self.opts.loss, keep) {
             // A distillation compares each position with the teacher's,
             // and leaves the ignored ones out of both its terms itself.
             (Loss::CrossEntropy(_), Some(k)) if k.elem_count() == 0 => {
-                return ignored::nothing(&self.model.forward(x)?);
+                return ignored::nothing(&self.model.forward_train(x, draw)?);
             }
             (Loss::CrossEntropy(_), keep) => keep,
             _ => None,
@@ -350,7 +351,7 @@ impl Trainer {
         }
         let logits = match logits {
             Some(l) => l,
-            None => self.model.forward(x)?,
+            None => self.model.forward_train(x, draw)?,
         };
         let logits = match &self.mixed {
             Some(_) => logits.to_dtype(DType::F32)?,
@@ -399,6 +400,16 @@ impl Trainer {
             .map_err(|e| Error::Data(format!("train step: {e}")))
     }
 
+    /// The dropout masks' source for the piece of this step's batch that
+    /// starts at sample `first`.
+    pub(crate) fn draw(&self, first: usize) -> crate::engine::Draw {
+        crate::engine::Draw {
+            seed: self.opts.seed,
+            step: self.step,
+            first,
+        }
+    }
+
     /// Heap bytes (above the level before it) of a forward and backward pass
     /// over the first `n` samples of `batch`; no parameter changes. Needs the
     /// counting allocator. For the memory planner.
@@ -412,7 +423,7 @@ impl Trainer {
         let base = crate::memory::HostMemory::current();
         crate::memory::HostMemory::reset_peak();
         {
-            let loss = self.train_loss(&x, &y, false, keep.as_ref())?;
+            let loss = self.train_loss((&x, &y), false, keep.as_ref(), self.draw(0))?;
             let mut grads = loss.backward()?;
             super::recompute::merge_parameter_grads(&mut grads)?;
         }

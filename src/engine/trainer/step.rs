@@ -101,7 +101,7 @@ impl Trainer {
                 (None, None) => (m as f64 / total as f64, false),
             };
             let loss = self
-                .train_loss(&x, &y, summed, keep.as_ref())
+                .train_loss((&x, &y), summed, keep.as_ref(), self.draw(from))
                 .map_err(|e| classify(e.into(), Phase::Forward))?;
             guard(Phase::Forward)?;
             let g = (&loss * (weight * scale))

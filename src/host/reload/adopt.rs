@@ -100,7 +100,7 @@ fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
         return Err(config_error(
             lua,
             // Nor can a resume (trainer::state): a new model is a new run.
-            format!("taper.run: a reload cannot change the model's architecture (running: {was}; new: {now}); a changed model is a new run: stop this one and start the edited recipe with another --out"),
+            format!("taper.run: a reload cannot change the model's architecture or options (running: {was}; new: {now}); a changed model is a new run: stop this one and start the edited recipe with another --out"),
         ));
     }
     let old = r.core.trainer.optim_spec();
