@@ -4,11 +4,16 @@
 --   taper train scripts/shakespeare.lua
 --   taper train scripts/shakespeare.lua --set steps=100 --set sample=0   (a short run)
 --   taper train scripts/shakespeare.lua --set text=book.txt   (your UTF-8 text; its last tenth is val)
+--   taper train scripts/shakespeare.lua --set text=short.txt --set epochs=40 --set dropout=0.2
+--     (a short text, many epochs: dropout keeps the model from learning it by heart; on
+--     20 KB of Emma, validation loss 2.306 at the end with dropout 0.2, where without it
+--     it reaches 2.329 at epoch 20 and rises to 2.811)
 local cfg = taper.config{
   epochs = 3, batch = 32, context = 64, lr = 6e-3,
   steps = 0, -- when > 0: the number of batches per epoch (a shortened run)
   text = "", -- a UTF-8 text file to train on instead of the built-in Shakespeare
   width = 64, layers = 2, heads = 4, seed = 1,
+  dropout = 0.0, -- in training (nanoGPT's shakespeare_char: 0.2); here 0.2 ends at 2.039, not 1.73
   sample = 300, temperature = 0.8,
   prompt = "", -- the sample's start (default: "ROMEO:\n", or your text's first characters)
   precision = "f32", -- or bf16, f16 (see docs/reference/lua-api.md, Mixed precision)
@@ -44,7 +49,7 @@ end
 local run = taper.run{
   model = taper.model.gpt{
     vocab = train:vocab_size(), context = cfg.context,
-    width = cfg.width, layers = cfg.layers, heads = cfg.heads,
+    width = cfg.width, layers = cfg.layers, heads = cfg.heads, dropout = cfg.dropout,
   },
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0.1, clip_grad_norm = 1.0 },
   data = train,

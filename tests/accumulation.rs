@@ -13,7 +13,7 @@ use taper::data::{digits, shakespeare, Batch, Pipeline};
 use taper::engine::loss::{CrossEntropy, Loss, IGNORE};
 use taper::engine::model::TrainModule;
 use taper::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
-use taper::engine::{Activation, Bert, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
+use taper::engine::{Activation, Bert, Draw, Gpt, Mlp, ModelSpec, Trainer, TrainerOptions};
 
 /// Parameters after `steps` steps with micro-batches of `micro`.
 fn train(
@@ -204,24 +204,38 @@ fn tiny_gpt_of() -> Result<(Gpt, Pipeline)> {
         layers: 1,
         heads: 2,
         mlp: 2,
+        dropout: 0.0,
         from: None,
         initial: None,
     };
     Ok((spec, Pipeline::new(Arc::new(src)).batch(64, false)))
 }
 
+/// Micro-batches of 24 train to the weights of whole batches of 64,
+/// without dropout and with it (each sample's masks drawn for its place in
+/// the batch).
 #[test]
 fn gpt_accumulation_equals_full_batch() -> Result<()> {
-    let (spec, data) = tiny_gpt()?;
+    let (gpt, data) = tiny_gpt_of()?;
     let optim = OptimSpec::Sgd(SgdConfig {
         lr: 0.5,
         ..Default::default()
     });
-    let full = train(spec.clone(), &optim, &data, 64, 3)?;
-    let acc = train(spec, &optim, &data, 24, 3)?;
-    let d = max_rel_diff(&full, &acc);
-    eprintln!("gpt micro 24: {d:e}");
-    assert!(d < 1e-6, "max relative difference {d}");
+    let mut ends = Vec::new();
+    for dropout in [0.0, 0.2] {
+        let spec: Arc<dyn ModelSpec> = Arc::new(Gpt {
+            dropout,
+            ..gpt.clone()
+        });
+        let full = train(spec.clone(), &optim, &data, 64, 3)?;
+        let acc = train(spec, &optim, &data, 24, 3)?;
+        let d = max_rel_diff(&full, &acc);
+        eprintln!("gpt micro 24, dropout {dropout}: {d:e}");
+        assert!(d < 1e-6, "dropout {dropout}: max relative difference {d}");
+        ends.push(full);
+    }
+    let moved = max_rel_diff(&ends[0], &ends[1]);
+    assert!(moved > 1e-3, "dropout changed the weights by {moved} only");
     Ok(())
 }
 
@@ -377,9 +391,18 @@ impl Module for SpyModule {
 }
 
 impl TrainModule for SpyModule {
-    fn hidden_and_head(&self, x: &Tensor) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+    fn forward_train(&self, x: &Tensor, draw: Draw) -> candle_core::Result<Tensor> {
         self.widths.lock().unwrap().push(x.dim(1)?);
-        self.inner.hidden_and_head(x)
+        self.inner.forward_train(x, draw)
+    }
+
+    fn hidden_and_head(
+        &self,
+        x: &Tensor,
+        draw: Draw,
+    ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+        self.widths.lock().unwrap().push(x.dim(1)?);
+        self.inner.hidden_and_head(x, draw)
     }
 }
 

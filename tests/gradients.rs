@@ -117,21 +117,30 @@ fn cnn_gradients_match_finite_differences() -> Result<()> {
     grad_check(&spec, &features(3, 36, 2)?, &y)
 }
 
+/// In evaluation, and in training with dropout.
 #[test]
 fn gpt_gradients_match_finite_differences() -> Result<()> {
-    let spec = Gpt {
+    let mut spec = Gpt {
         vocab: 7,
         context: 5,
         width: 8,
         layers: 2,
         heads: 2,
         mlp: 2,
+        dropout: 0.0,
         from: None,
         initial: None,
     };
     let x = Tensor::new(&[[1u32, 4, 2, 6, 0], [3, 3, 5, 1, 2]], &Device::Cpu)?;
     let y = Tensor::new(&[[4u32, 2, 6, 0, 5], [3, 5, 1, 2, 2]], &Device::Cpu)?;
-    grad_check(&spec, &x, &y)
+    grad_check(&spec, &x, &y)?;
+    spec.dropout = 0.3;
+    let draw = Draw {
+        seed: 4,
+        step: 2,
+        first: 0,
+    };
+    grad_check_drawn(&spec, &x, &y, Some(draw))
 }
 
 /// Texts of three lengths, padded with id 0: the padding is masked, and the
@@ -190,6 +199,7 @@ fn gpt_is_causal() -> Result<()> {
         layers: 2,
         heads: 2,
         mlp: 2,
+        dropout: 0.0,
         from: None,
         initial: None,
     };
@@ -248,7 +258,8 @@ fn max_pool_matches_candle_forward() -> Result<()> {
 }
 
 /// Activation recomputation (every block, every other block) gives the
-/// gradients of the plain backward, in float64, for every parameter.
+/// gradients of the plain backward, in float64, for every parameter; with
+/// dropout too (a recomputed block draws its masks again, the same ones).
 #[test]
 fn recomputed_gpt_blocks_give_the_same_gradients() -> Result<()> {
     use taper::engine::recompute::merge_parameter_grads;
@@ -259,6 +270,7 @@ fn recomputed_gpt_blocks_give_the_same_gradients() -> Result<()> {
         layers: 3,
         heads: 2,
         mlp: 2,
+        dropout: 0.3,
         from: None,
         initial: None,
     };
@@ -268,7 +280,12 @@ fn recomputed_gpt_blocks_give_the_same_gradients() -> Result<()> {
     let model = spec.build_train(store.var_builder(DType::F64, &Device::Cpu))?;
     let grads = |every: usize| -> Result<(f64, Vec<Vec<f64>>)> {
         assert!(model.set_recompute(every));
-        let loss = CrossEntropy::default().loss(&model.forward(&x)?, &y)?;
+        let draw = Draw {
+            seed: 2,
+            step: 7,
+            first: 1,
+        };
+        let loss = CrossEntropy::default().loss(&model.forward_train(&x, draw)?, &y)?;
         let mut g = loss.backward()?;
         merge_parameter_grads(&mut g)?;
         let per_var = store

@@ -128,21 +128,41 @@ fn transformers_loads_the_hf_export_with_the_same_logits_and_tokens() -> Result<
     Ok(())
 }
 
+/// A trainer (AdamW) of `spec` on the CPU.
+fn trainer(spec: std::sync::Arc<dyn ModelSpec>) -> Result<taper::engine::Trainer> {
+    let adamw = taper::engine::optim::OptimSpec::AdamW(Default::default());
+    Ok(taper::engine::Trainer::new(
+        spec,
+        &adamw,
+        Default::default(),
+    )?)
+}
+
+/// transformers' GPT-2 of random weights (vocabulary 80, context 40, width
+/// 32, 2 layers, 4 heads), saved under `dir`, and 40 ids to run it on.
+fn random_gpt2(dir: &Path) -> Result<(std::path::PathBuf, Vec<u32>)> {
+    let model = dir.join("gpt2");
+    check(&[
+        "hf-random",
+        model.to_str().unwrap(),
+        "80",
+        "40",
+        "32",
+        "2",
+        "4",
+    ])?;
+    Ok((model, (0..40).map(|i| (i * 37 + 11) % 80).collect()))
+}
+
 #[test]
 fn taper_starts_from_a_transformers_gpt2_with_the_same_logits() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let model = dir.path().join("gpt2");
+    let (model, ids) = random_gpt2(dir.path())?;
     let m = model.to_str().unwrap();
-    check(&["hf-random", m, "80", "40", "32", "2", "4"])?;
-    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 80).collect();
     let theirs = check(&["hf-logits", m, &serde_json::to_string(&ids)?])?;
 
-    let spec = taper::interop::hf::import(&model, None)?;
-    let trainer = taper::engine::Trainer::new(
-        std::sync::Arc::new(spec),
-        &taper::engine::optim::OptimSpec::AdamW(Default::default()),
-        Default::default(),
-    )?;
+    let spec = taper::interop::hf::import(&model, None, None)?;
+    let trainer = trainer(std::sync::Arc::new(spec))?;
     let ours = logits(trainer.frozen()?.as_ref(), &ids)?;
     let diff = max_diff(&ours, &theirs["logits"]);
     eprintln!("largest logit difference, transformers vs taper: {diff:.2e}");
@@ -173,6 +193,8 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
     let meta = taper::engine::checkpoint::read_meta(&out.join("checkpoint.safetensors"))?;
     let config = meta.model_config.expect("model config");
     assert_eq!(config["gpt"]["context"], 16);
+    // The config's dropout (transformers' 0.1), as transformers would train.
+    assert_eq!(config["gpt"]["dropout"], 0.1);
     assert_eq!(config["gpt"]["vocab"], 80);
     assert!(config["gpt"]["from"]
         .as_str()
@@ -212,11 +234,7 @@ fn taper_starts_from_a_transformers_bert_classifier_with_the_same_logits() -> Re
     let imported = taper::interop::bert::import(&saved, 3, Some(64))?;
     // The file's head is used, not a new one.
     ensure!(imported.notes.is_empty(), "notes: {:?}", imported.notes);
-    let trainer = taper::engine::Trainer::new(
-        std::sync::Arc::new(imported.spec),
-        &taper::engine::optim::OptimSpec::AdamW(Default::default()),
-        Default::default(),
-    )?;
+    let trainer = trainer(std::sync::Arc::new(imported.spec))?;
     // Padded further than transformers padded them: the padding is masked.
     let flat: Vec<u32> = ids
         .iter()
@@ -280,41 +298,9 @@ fn bert_dropout_spreads_the_logits_as_transformers_does() -> Result<()> {
             (spec.dropout, spec.attention_dropout) == (0.1, 0.1),
             "{spec:?}"
         );
-        let spec = std::sync::Arc::new(spec);
-        let trainer = taper::engine::Trainer::new(
-            spec.clone(),
-            &taper::engine::optim::OptimSpec::AdamW(Default::default()),
-            Default::default(),
-        )?;
-        let vb = trainer.params().frozen_builder(DType::F32, &Device::Cpu);
-        let model = spec.build_train(vb)?;
-        let mut passes = Vec::new();
-        for step in 0..draws {
-            let draw = taper::engine::Draw {
-                seed: 1,
-                step,
-                first: 0,
-            };
-            let logits: Vec<Vec<f32>> = model.forward_train(&x, draw)?.to_vec2()?;
-            passes.push(logits.concat());
-        }
-        let n = draws as f64;
-        let k = passes[0].len();
-        let (mut ratios, mut worst) = (Vec::new(), 0f64);
-        for j in 0..k {
-            let v: Vec<f64> = passes.iter().map(|p| p[j] as f64).collect();
-            let mean = v.iter().sum::<f64>() / n;
-            let sd = (v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-            let (their_mean, their_sd) = (
-                theirs["mean"][j / 3][j % 3].as_f64().unwrap(),
-                theirs["sd"][j / 3][j % 3].as_f64().unwrap(),
-            );
-            // The means' difference in standard errors.
-            let se = ((sd * sd + their_sd * their_sd) / n).sqrt();
-            worst = worst.max((mean - their_mean).abs() / se);
-            ratios.push(sd / their_sd);
-        }
-        let ratio = ratios.iter().sum::<f64>() / k as f64;
+        let passes = training_passes(std::sync::Arc::new(spec), &x, draws)?;
+        let (ratios, worst) = spread_against(&passes, &theirs);
+        let ratio = ratios.iter().sum::<f64>() / ratios.len() as f64;
         eprintln!(
             "classifier dropout {classifier}: spread {ratio:.3}x transformers' \
              ({ratios:.2?}); means within {worst:.1} standard errors"
@@ -328,6 +314,78 @@ fn bert_dropout_spreads_the_logits_as_transformers_does() -> Result<()> {
             "a mean {worst} standard errors from transformers'"
         );
     }
+    Ok(())
+}
+
+/// `spec`'s outputs for `x` in `draws` passes of training's forward (with
+/// dropout; steps 0, 1, ... of seed 1), each flattened.
+fn training_passes(
+    spec: std::sync::Arc<dyn ModelSpec>,
+    x: &Tensor,
+    draws: u64,
+) -> Result<Vec<Vec<f32>>> {
+    let trainer = trainer(spec.clone())?;
+    let model = spec.build_train(trainer.params().frozen_builder(DType::F32, &Device::Cpu))?;
+    (0..draws)
+        .map(|step| {
+            let draw = taper::engine::Draw {
+                seed: 1,
+                step,
+                first: 0,
+            };
+            Ok(model.forward_train(x, draw)?.flatten_all()?.to_vec1()?)
+        })
+        .collect()
+}
+
+/// Each value's spread (standard deviation) over taper's `passes`, as a
+/// ratio to transformers' (`theirs`: `mean` and `sd`, flattened, from as
+/// many passes), and the largest difference of the means in standard
+/// errors.
+fn spread_against(passes: &[Vec<f32>], theirs: &Value) -> (Vec<f64>, f64) {
+    let n = passes.len() as f64;
+    let (mut ratios, mut worst) = (Vec::new(), 0f64);
+    for j in 0..passes[0].len() {
+        let v: Vec<f64> = passes.iter().map(|p| p[j] as f64).collect();
+        let mean = v.iter().sum::<f64>() / n;
+        let sd = (v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let their_mean = theirs["mean"][j].as_f64().unwrap();
+        let their_sd = theirs["sd"][j].as_f64().unwrap();
+        let se = ((sd * sd + their_sd * their_sd) / n).sqrt();
+        worst = worst.max((mean - their_mean).abs() / se);
+        ratios.push(sd / their_sd);
+    }
+    (ratios, worst)
+}
+
+/// GPT-2's dropout in training as transformers applies it (the embeddings'
+/// sum, the attention weights, each block's attention and MLP outputs, at
+/// the config's 0.1): over 200 passes in training mode, the logits' spread
+/// across the masks is transformers' (averaged over the 3,200 logits of 40
+/// positions), and each logit's mean agrees.
+#[test]
+fn gpt2_dropout_spreads_the_logits_as_transformers_does() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (model, ids) = random_gpt2(dir.path())?;
+    let m = model.to_str().unwrap();
+    let draws = 200;
+    let ids_json = serde_json::to_string(&ids)?;
+    let theirs = check(&["gpt2-dropout", m, &ids_json, &draws.to_string()])?;
+    let spec = std::sync::Arc::new(taper::interop::hf::import(&model, None, None)?);
+    ensure!(spec.dropout == 0.1, "the config's rate: {}", spec.dropout);
+    let x = Tensor::new(ids.as_slice(), &Device::Cpu)?.unsqueeze(0)?;
+    let passes = training_passes(spec, &x, draws)?;
+    let (ratios, worst) = spread_against(&passes, &theirs);
+    let ratio = ratios.iter().sum::<f64>() / ratios.len() as f64;
+    eprintln!("spread {ratio:.3}x transformers'; means within {worst:.1} standard errors");
+    ensure!(
+        (0.95..1.05).contains(&ratio),
+        "spread {ratio}x transformers'"
+    );
+    ensure!(
+        worst < 5.0,
+        "a mean {worst} standard errors from transformers'"
+    );
     Ok(())
 }
 
@@ -403,7 +461,7 @@ fn a_gpt2_variant_taper_cannot_run_is_refused_by_name() -> Result<()> {
     });
     std::fs::write(dir.path().join("config.json"), config.to_string())?;
     std::fs::write(dir.path().join("model.safetensors"), b"")?;
-    let e = taper::interop::hf::import(dir.path(), None)
+    let e = taper::interop::hf::import(dir.path(), None, None)
         .unwrap_err()
         .to_string();
     assert!(

@@ -148,6 +148,8 @@ fn defaults_follow_pytorch() -> Result<()> {
         assert(tostring(taper.optim.sgd{}) == "taper.optim(sgd lr 0.001 momentum 0 weight_decay 0)")
         assert(tostring(taper.model.gpt{ vocab = 10, context = 8 }) ==
           "taper.model(gpt vocab 10 context 8 width 128 layers 4 heads 4)")
+        assert(tostring(taper.model.gpt{ vocab = 10, context = 8, dropout = 0.2 }) ==
+          "taper.model(gpt vocab 10 context 8 width 128 layers 4 heads 4 dropout 0.2)")
         local m = taper.model.mlp{ inputs = 3, hidden = { 4 }, outputs = 2 }
         assert(m:parameters() == 3 * 4 + 4 + 4 * 2 + 2)
         assert(#taper.data.digits{} == 1437 and #taper.data.digits{ split = "test" } == 360)
@@ -656,6 +658,10 @@ fn text_columns_and_bert_options_are_checked_where_they_are_given() {
         (
             format!("taper.model.bert{{ from = '{}', outputs = 2 }}", roberta.display()),
             "model_type `roberta` is not bert",
+        ),
+        (
+            "taper.model.gpt{ vocab = 10, context = 8, dropout = 1 }".to_string(),
+            "dropout 1 is not a rate in [0, 1)",
         ),
         (
             format!("taper.model.bert{{ from = '{}', outputs = 2, dropout = 1 }}", roberta.display()),

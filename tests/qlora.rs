@@ -483,7 +483,14 @@ fn the_chunked_loss_takes_the_tied_frozen_head_dequantized() -> Result<()> {
     use taper::engine::loss::CrossEntropy;
     let (store, model, x, y) = two_blocks()?;
     let (hidden, head) = model
-        .hidden_and_head(&x)?
+        .hidden_and_head(
+            &x,
+            taper::engine::Draw {
+                seed: 0,
+                step: 0,
+                first: 0,
+            },
+        )?
         .expect("a tied frozen head is separable on the CPU");
     assert!(!head.track_op(), "the frozen head is not a parameter");
     let d = hidden.dim(2)?;

@@ -425,8 +425,10 @@ function taper.model.cnn(opts) end
 ---A GPT-2 style causal language model (pre-norm, learned positions, tied embeddings).
 ---With `from` (a transformers GPT-2 folder, or its model.safetensors with config.json
 ---beside it), the architecture comes from its config.json and the run starts from its
----weights; only `context` may be given too, to keep the first positions.
----@param opts {vocab?: integer, context?: integer, width?: integer, layers?: integer, heads?: integer, mlp?: integer, from?: string}
+---weights; only `context` (to keep the first positions) and `dropout` may be given too.
+---`dropout` (default 0; with `from`, the config's) drops out the embeddings' sum, the
+---attention weights and each block's outputs in training, as GPT-2 and nanoGPT do.
+---@param opts {vocab?: integer, context?: integer, width?: integer, layers?: integer, heads?: integer, mlp?: integer, dropout?: number, from?: string}
 ---@return taper.Model
 function taper.model.gpt(opts) end
 

@@ -47,7 +47,11 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
     python interop_check.py bert-dropout DIR IDS_JSON DRAWS CLASSIFIER_DROPOUT
         the mean and standard deviation of each logit of the
         BertForSequenceClassification in DIR over DRAWS passes in training
-        mode (its config's dropout; the pooled output's at CLASSIFIER_DROPOUT)
+        mode (its config's dropout; the pooled output's at CLASSIFIER_DROPOUT),
+        flattened
+    python interop_check.py gpt2-dropout DIR IDS_JSON DRAWS
+        the mean and standard deviation of each logit of the GPT-2 in DIR
+        over DRAWS passes in training mode (its config's dropout)
     python interop_check.py bert-pipeline DIR TEXTS_JSON
         transformers' text-classification pipeline over the classifier
         folder DIR: the texts' ids padded as a batch, the model's logits,
@@ -143,8 +147,33 @@ def bert_dropout(d, ids, draws, classifier_dropout):
         for i in range(draws):
             torch.manual_seed(i)
             outs.append(m(input_ids=ids, attention_mask=mask).logits)
-    o = torch.stack(outs)
-    print(json.dumps({"mean": o.mean(0).tolist(), "sd": o.std(0).tolist()}))
+    print(json.dumps(spread(outs)))
+
+
+def spread(outs):
+    """Each value's mean and standard deviation over the passes `outs`,
+    flattened."""
+    import torch
+
+    o = torch.stack(outs).flatten(1)
+    return {"mean": o.mean(0).tolist(), "sd": o.std(0).tolist()}
+
+
+def gpt2_dropout(d, ids, draws):
+    """The mean and standard deviation of each logit of the GPT-2 in `d`
+    for `ids` over `draws` passes in training mode (its config's dropout),
+    each pass its own seed."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    m = GPT2LMHeadModel.from_pretrained(d, torch_dtype=torch.float64).train()
+    ids = torch.tensor([ids])
+    outs = []
+    with torch.no_grad():
+        for i in range(draws):
+            torch.manual_seed(i)
+            outs.append(m(ids).logits)
+    print(json.dumps(spread(outs)))
 
 
 def bert_pipeline(d, texts):
@@ -618,6 +647,8 @@ def main():
         bert_logits(args[0], json.loads(args[1]))
     elif cmd == "bert-dropout":
         bert_dropout(args[0], json.loads(args[1]), int(args[2]), float(args[3]))
+    elif cmd == "gpt2-dropout":
+        gpt2_dropout(args[0], json.loads(args[1]), int(args[2]))
     elif cmd == "bert-pipeline":
         bert_pipeline(args[0], json.loads(args[1]))
     elif cmd == "llama":

@@ -215,6 +215,7 @@ fn shakespeare_gpt(lr: f64) -> Result<Trainer> {
         layers: 2,
         heads: 4,
         mlp: 4,
+        dropout: 0.0,
         from: None,
         initial: None,
     };
@@ -373,6 +374,7 @@ fn lua_overhead(
         layers,
         heads: 4,
         mlp: 4,
+        dropout: 0.0,
         from: None,
         initial: None,
     };

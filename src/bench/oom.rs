@@ -190,6 +190,7 @@ fn recompute(rounds: usize) -> Result<()> {
         layers: 6,
         heads: 4,
         mlp: 4,
+        dropout: 0.0,
         from: None,
         initial: None,
     };
@@ -252,6 +253,7 @@ fn offload(rounds: usize) -> Result<()> {
         layers: 4,
         heads: 4,
         mlp: 4,
+        dropout: 0.0,
         from: None,
         initial: None,
     });

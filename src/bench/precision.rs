@@ -43,6 +43,7 @@ pub fn run(steps: usize, width: usize, layers: usize) -> Result<()> {
             layers: l,
             heads: 4,
             mlp: 4,
+            dropout: 0.0,
             from: None,
             initial: None,
         };

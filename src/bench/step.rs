@@ -171,6 +171,7 @@ fn workload(
         layers,
         heads,
         mlp: 4,
+        dropout: 0.0,
         from: None,
         initial: None,
     };

@@ -1,6 +1,11 @@
 //! A small GPT-2 style causal language model (pre-norm blocks, learned
 //! positions, tied embeddings), built from differentiable ops only: candle's
-//! fused softmax/layer-norm record no backward op (candle #2168).
+//! fused softmax/layer-norm record no backward op (candle #2168). With
+//! `dropout`, training drops out as GPT-2 and nanoGPT do: the embeddings'
+//! sum, the attention weights, and each block's attention and MLP outputs
+//! before their residual adds, with masks drawn as `kernels::Dropout`
+//! draws them (the same however a step's batch is split, recomputed or
+//! resumed).
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
@@ -10,7 +15,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::linear::Linear;
-use super::model::{layer_norm, ModelSpec, TrainModule};
+use super::model::{layer_norm, Draw, ModelSpec, TrainModule};
+use crate::kernels::{dropout, Dropout};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -26,6 +32,10 @@ pub struct Gpt {
     /// Hidden size of the MLP as a multiple of `width`.
     #[serde(default = "Gpt::default_mlp")]
     pub mlp: usize,
+    /// Dropout in training at every site (nanoGPT's `dropout`; GPT-2's
+    /// `resid_pdrop`); 0, none, by default.
+    #[serde(default)]
+    pub dropout: f64,
     /// Where the starting weights came from (a Hugging Face GPT-2
     /// `model.safetensors`), for the record: see [`Gpt::initial`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,17 +133,54 @@ impl Block {
         })
     }
 
-    fn attention(&self, x: &Tensor) -> Result<Tensor> {
+    fn attention(&self, x: &Tensor, drop: &Drops) -> Result<Tensor> {
         let qkv = self.qkv.forward(x)?;
-        let y = crate::kernels::causal_attention(&qkv, self.heads)?;
-        self.proj.forward(&y)
+        let weights = drop.weights.map(|d| (d, drop.first));
+        let y = crate::kernels::causal_attention_dropped(&qkv, self.heads, weights)?;
+        dropout(
+            &self.proj.forward(&y)?,
+            drop.attention_out.as_ref(),
+            drop.first,
+        )
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, drop: &Drops) -> Result<Tensor> {
         use crate::kernels::add;
-        let x = add(x, &self.attention(&self.ln1.forward(x)?)?)?;
+        let x = add(x, &self.attention(&self.ln1.forward(x)?, drop)?)?;
         let h = crate::kernels::gelu(&self.fc.forward(&self.ln2.forward(&x)?)?)?;
-        add(&x, &self.fc_proj.forward(&h)?)
+        let m = dropout(
+            &self.fc_proj.forward(&h)?,
+            drop.mlp_out.as_ref(),
+            drop.first,
+        )?;
+        add(&x, &m)
+    }
+}
+
+/// One block's dropout draws in a training step; none in evaluation.
+#[derive(Clone, Copy, Default)]
+struct Drops {
+    weights: Option<Dropout>,
+    attention_out: Option<Dropout>,
+    mlp_out: Option<Dropout>,
+    /// The batch's place of the piece's first sample.
+    first: usize,
+}
+
+impl Drops {
+    /// Block `i`'s draws at `rate` (sites `1 + 3i` to `3 + 3i`; the
+    /// embeddings' is 0).
+    fn of(draw: Option<Draw>, rate: f64, i: usize) -> Drops {
+        let Some(d) = draw else {
+            return Drops::default();
+        };
+        let site = |k: u64| Dropout::new(rate, d.seed, d.step, 1 + 3 * i as u64 + k);
+        Drops {
+            weights: site(0),
+            attention_out: site(1),
+            mlp_out: site(2),
+            first: d.first,
+        }
     }
 }
 
@@ -143,6 +190,7 @@ struct GptNet {
     blocks: Vec<Arc<Block>>,
     ln_f: Norm,
     context: usize,
+    dropout: f64,
     /// Recompute every n-th block in the backward (0: none); see
     /// `engine::recompute`.
     recompute: AtomicUsize,
@@ -150,8 +198,9 @@ struct GptNet {
 
 impl GptNet {
     /// `[batch, time]` token ids (u32) to the final hidden states
-    /// `[batch, time, width]` (after the last layer norm).
-    fn hidden(&self, idx: &Tensor) -> Result<Tensor> {
+    /// `[batch, time, width]` (after the last layer norm), with dropout
+    /// drawn from `draw` (training) or none.
+    fn hidden(&self, idx: &Tensor, draw: Option<Draw>) -> Result<Tensor> {
         let (_, t) = idx.dims2()?;
         if t > self.context {
             candle_core::bail!(
@@ -161,15 +210,19 @@ impl GptNet {
         }
         let tok = crate::kernels::embedding(&self.wte, idx)?;
         let pos = self.wpe.narrow(0, 0, t)?;
-        let mut x = tok.broadcast_add(&pos)?;
+        let x = tok.broadcast_add(&pos)?;
+        let embedded = draw.and_then(|d| Dropout::new(self.dropout, d.seed, d.step, 0));
+        let mut x = dropout(&x, embedded.as_ref(), draw.map_or(0, |d| d.first))?;
         let every = self.recompute.load(Ordering::Relaxed);
         for (i, block) in self.blocks.iter().enumerate() {
+            // A recomputed block draws the same masks again.
+            let drop = Drops::of(draw, self.dropout, i);
             x = if every > 0 && i % every == 0 {
                 let b = Arc::clone(block);
-                let f: super::recompute::Block = Arc::new(move |x: &Tensor| b.forward(x));
+                let f: super::recompute::Block = Arc::new(move |x: &Tensor| b.forward(x, &drop));
                 super::recompute::checkpoint(&x, block.params(), f)?
             } else {
-                block.forward(&x)?
+                block.forward(&x, &drop)?
             };
         }
         self.ln_f.forward(&x)
@@ -180,7 +233,7 @@ impl Module for GptNet {
     /// `[batch, time]` token ids (u32) to `[batch, time, vocab]` logits.
     fn forward(&self, idx: &Tensor) -> Result<Tensor> {
         // Tied embeddings: the head is the token embedding transposed.
-        self.hidden(idx)?.broadcast_matmul(&self.wte.t()?)
+        self.hidden(idx, None)?.broadcast_matmul(&self.wte.t()?)
     }
 }
 
@@ -190,8 +243,13 @@ impl TrainModule for GptNet {
         true
     }
 
-    fn hidden_and_head(&self, idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-        Ok(Some((self.hidden(idx)?, self.wte.clone())))
+    fn forward_train(&self, idx: &Tensor, draw: Draw) -> Result<Tensor> {
+        self.hidden(idx, Some(draw))?
+            .broadcast_matmul(&self.wte.t()?)
+    }
+
+    fn hidden_and_head(&self, idx: &Tensor, draw: Draw) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(Some((self.hidden(idx, Some(draw))?, self.wte.clone())))
     }
 }
 
@@ -211,12 +269,22 @@ impl ModelSpec for Gpt {
                 self.width, self.heads
             )));
         }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(crate::Error::Config(format!(
+                "dropout {} is not a rate in [0, 1)",
+                self.dropout
+            )));
+        }
         Ok(())
     }
 
     fn describe(&self) -> String {
+        let drop = match self.dropout {
+            0.0 => String::new(),
+            r => format!(" dropout {r}"),
+        };
         format!(
-            "gpt vocab {} context {} width {} layers {} heads {}",
+            "gpt vocab {} context {} width {} layers {} heads {}{drop}",
             self.vocab, self.context, self.width, self.layers, self.heads
         )
     }
@@ -277,6 +345,7 @@ impl Gpt {
             blocks,
             ln_f: Norm::new(vb.pp("ln_f"), self.width)?,
             context: self.context,
+            dropout: self.dropout,
             recompute: AtomicUsize::new(0),
         })
     }

@@ -256,9 +256,10 @@ pub trait TrainModule: Module {
         false
     }
     /// The last hidden states `[.., hidden]` and the head's weight
-    /// `[classes, hidden]` whose product is `forward(x)`'s logits, for losses
-    /// that fuse the head; `None` when the model has no such head.
-    fn hidden_and_head(&self, _x: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    /// `[classes, hidden]` whose product is `forward_train(x, draw)`'s
+    /// logits, for losses that fuse the head; `None` when the model has no
+    /// such head.
+    fn hidden_and_head(&self, _x: &Tensor, _draw: Draw) -> Result<Option<(Tensor, Tensor)>> {
         Ok(None)
     }
 }

@@ -208,10 +208,16 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
         unreachable!("`from` came from a table")
     };
     // The file's config says what the model is; only the context may be
-    // shortened.
-    super::options::check_keys(lua, &format!("{WHAT} with `from`"), t, &["from", "context"])?;
+    // shortened, and the dropout chosen (the config's otherwise).
+    super::options::check_keys(
+        lua,
+        &format!("{WHAT} with `from`"),
+        t,
+        &["from", "context", "dropout"],
+    )?;
     let context = positive(lua, WHAT, t, "context")?;
-    let spec = crate::interop::hf::import(std::path::Path::new(&from), context)
+    let dropout = rate(lua, WHAT, t, "dropout")?;
+    let spec = crate::interop::hf::import(std::path::Path::new(&from), context, dropout)
         .map_err(|e| config_error(lua, format!("{WHAT}: {e}")))?;
     checked(lua, WHAT, spec)
 }

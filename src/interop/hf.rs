@@ -75,7 +75,7 @@ pub fn config_json(spec: &Gpt) -> Value {
         "scale_attn_weights": true,
         "scale_attn_by_inverse_layer_idx": false,
         "reorder_and_upcast_attn": false,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "resid_pdrop": spec.dropout, "embd_pdrop": spec.dropout, "attn_pdrop": spec.dropout,
         "bos_token_id": null, "eos_token_id": null,
         "dtype": "float32",
         "taper_model": spec_description(spec),
@@ -207,9 +207,9 @@ pub(super) fn folder(path: &Path, what: &str) -> Result<(PathBuf, PathBuf, Value
 /// GPT spec whose parameters start from its weights. `path` is the model's
 /// folder or its `model.safetensors`; `context`, when given, keeps only the
 /// first positions.
-pub fn import(path: &Path, context: Option<usize>) -> Result<Gpt> {
+pub fn import(path: &Path, context: Option<usize>, dropout: Option<f64>) -> Result<Gpt> {
     let (weights, config_path, c) = folder(path, "GPT-2")?;
-    let mut spec = spec_of(&config_path, &c)?;
+    let mut spec = spec_of(&config_path, &c, dropout)?;
     let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
         .map_err(|e| Error::Config(format!("{}: {e}", weights.display())))?;
     // transformers' own files say `transformer.h.0...`; OpenAI's original
@@ -267,7 +267,34 @@ pub fn import(path: &Path, context: Option<usize>) -> Result<Gpt> {
 
 /// The GPT a transformers `config.json` describes, or why taper's GPT is
 /// not that model.
-fn spec_of(path: &Path, c: &Value) -> Result<Gpt> {
+/// GPT-2's dropout (transformers' 0.1 where the config gives none): taper's
+/// GPT has one rate, so the config's three must agree.
+fn dropout_of(c: &Value) -> std::result::Result<f64, String> {
+    let mut rates = Vec::new();
+    for key in ["resid_pdrop", "embd_pdrop", "attn_pdrop"] {
+        let r = match &c[key] {
+            Value::Null => 0.1,
+            v => v
+                .as_f64()
+                .filter(|r| (0.0..1.0).contains(r))
+                .ok_or_else(|| format!("`{key}` {v} is not a rate in [0, 1)"))?,
+        };
+        rates.push((key, r));
+    }
+    match rates[..] {
+        [(_, a), (_, b), (_, c)] if a == b && b == c => Ok(a),
+        _ => Err(format!(
+            "dropout rates {}: taper's GPT drops out at one rate: give `dropout` to choose it",
+            rates
+                .iter()
+                .map(|(k, r)| format!("`{k}` {r}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+fn spec_of(path: &Path, c: &Value, dropout: Option<f64>) -> Result<Gpt> {
     let bad = |why: String| Error::Config(format!("{}: {why}", path.display()));
     let int = |key: &str| -> Result<usize> {
         c[key]
@@ -319,6 +346,10 @@ fn spec_of(path: &Path, c: &Value) -> Result<Gpt> {
         layers: int("n_layer")?,
         heads,
         mlp,
+        dropout: match dropout {
+            Some(r) => r,
+            None => dropout_of(c).map_err(bad)?,
+        },
         from: None,
         initial: None,
     })
@@ -347,4 +378,41 @@ fn check_shapes(path: &Path, spec: &Gpt, initial: &[(String, Tensor)]) -> Result
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: Value) -> Value {
+        let mut c = json!({
+            "model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_embd": 8,
+            "n_layer": 1, "n_head": 2,
+        });
+        c.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        c
+    }
+
+    /// GPT-2's three dropout rates become the GPT's one (transformers' 0.1
+    /// where the config gives none); rates that differ are an error unless
+    /// the recipe chooses the rate.
+    #[test]
+    fn dropout_comes_from_the_config_or_the_recipe() {
+        let p = Path::new("config.json");
+        assert_eq!(spec_of(p, &config(json!({})), None).unwrap().dropout, 0.1);
+        let zero = json!({ "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0 });
+        assert_eq!(spec_of(p, &config(zero), None).unwrap().dropout, 0.0);
+        let mixed = config(json!({ "attn_pdrop": 0.2 }));
+        let e = spec_of(p, &mixed, None).unwrap_err().to_string();
+        assert!(
+            e.contains("`resid_pdrop` 0.1, `embd_pdrop` 0.1, `attn_pdrop` 0.2")
+                && e.contains("give `dropout`"),
+            "{e}"
+        );
+        assert_eq!(spec_of(p, &mixed, Some(0.05)).unwrap().dropout, 0.05);
+        let exported = config_json(&spec_of(p, &mixed, Some(0.05)).unwrap());
+        assert_eq!(exported["attn_pdrop"], 0.05);
+    }
 }

@@ -20,20 +20,37 @@ use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape, Tensor,
 };
 
+use super::attention_cpu::{Dropped, Keys};
+use super::Dropout;
+
 /// `qkv [b, t, 3c]` (q, k and v side by side, each `[b, t, heads, c / heads]`,
 /// as `Linear(c, 3c)` writes them) to `[b, t, c]`: causal softmax attention
 /// with scale `1 / sqrt(c / heads)`.
 pub fn causal_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    causal_attention_dropped(qkv, heads, None)
+}
+
+/// [`causal_attention`] with the weights dropped out by `drop` (the draw,
+/// and the batch's place of `qkv`'s first sample; each row `(sample, head,
+/// query)` of the draw). The CPU's fused op draws the masks in place; on
+/// CUDA dropout takes the composed ops, with the `[b, heads, t, t]` mask in
+/// memory.
+pub fn causal_attention_dropped(
+    qkv: &Tensor,
+    heads: usize,
+    drop: Option<(Dropout, usize)>,
+) -> Result<Tensor> {
     let (_, _, c3) = qkv.dims3()?;
     if heads == 0 || c3 % (3 * heads) != 0 {
         bail!("attention: qkv width {c3} is not 3 x a multiple of {heads} heads")
     }
-    if super::covers(qkv) {
+    if super::covers(qkv) && (drop.is_none() || qkv.device().is_cpu()) {
         let flash = super::flash() && flash_takes(qkv, heads);
-        let op = Attention::new(heads, flash, super::flash_rows());
+        let mut op = Attention::new(heads, flash, super::flash_rows());
+        op.drop = drop;
         qkv.contiguous()?.apply_op1(op)
     } else {
-        composed(qkv, heads)
+        composed(qkv, heads, drop)
     }
 }
 
@@ -97,10 +114,17 @@ pub fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
 /// The same attention from candle's differentiable ops, with the mask
 /// built here: only the fallback needs it, so the fused path's step builds
 /// (and on a GPU uploads) no `t x t` mask.
-fn composed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
-    let t = qkv.dim(1)?;
+fn composed(qkv: &Tensor, heads: usize, drop: Option<(Dropout, usize)>) -> Result<Tensor> {
+    let (b, t, _) = qkv.dims3()?;
     let mask = causal_mask(t, qkv.dtype(), qkv.device())?;
-    composed_masked(qkv, heads, &mask, None)
+    let drop = match drop {
+        Some((d, first)) => Some(
+            d.mask(first, &[b, heads, t, t], qkv.device())?
+                .to_dtype(qkv.dtype())?,
+        ),
+        None => None,
+    };
+    composed_masked(qkv, heads, &mask, drop.as_ref())
 }
 
 /// Softmax attention from candle's differentiable ops, `mask` (broadcast
@@ -178,6 +202,8 @@ struct Attention {
     /// What the flash forward leaves for the backward.
     #[cfg(feature = "cuda")]
     lse: super::flash::Lse,
+    /// Dropout on the weights (the CPU's kernel only).
+    drop: Option<(Dropout, usize)>,
 }
 
 impl Attention {
@@ -188,6 +214,7 @@ impl Attention {
             rows,
             #[cfg(feature = "cuda")]
             lse: Default::default(),
+            drop: None,
         }
     }
 }
@@ -200,7 +227,8 @@ impl CustomOp1 for Attention {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (b, d) = Dims::of(l, self.heads)?;
         let qkv = super::f32_slice(s, l, "attention")?;
-        let y = super::attention_cpu::forward(qkv, b, d, super::attention_cpu::Keys::Causal, None);
+        let (keys, drop) = (Keys::Causal, Dropped::of(&self.drop));
+        let y = super::attention_cpu::forward(qkv, b, d, keys, drop);
         Ok((CpuStorage::F32(y), Shape::from((b, d.t, d.c()))))
     }
 
@@ -224,6 +252,7 @@ impl CustomOp1 for Attention {
     fn bwd(&self, qkv: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         let grad = AttentionGrad {
             heads: self.heads,
+            drop: self.drop,
             #[cfg(feature = "cuda")]
             rows: self.rows,
             #[cfg(feature = "cuda")]
@@ -238,6 +267,7 @@ impl CustomOp1 for Attention {
 /// `dQ = scale dS K`, `dK += scale dS^T Q`.
 struct AttentionGrad {
     heads: usize,
+    drop: Option<(Dropout, usize)>,
     #[cfg(feature = "cuda")]
     rows: usize,
     #[cfg(feature = "cuda")]
@@ -262,8 +292,8 @@ impl CustomOp3 for AttentionGrad {
         let y = super::f32_slice(s2, l2, "attention backward output")?;
         let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
         let (b, d) = Dims::of(l1, self.heads)?;
-        let keys = super::attention_cpu::Keys::Causal;
-        let dqkv = super::attention_cpu::backward((qkv, y, dy), b, d, keys, None)?;
+        let (keys, drop) = (Keys::Causal, Dropped::of(&self.drop));
+        let dqkv = super::attention_cpu::backward((qkv, y, dy), b, d, keys, drop)?;
         Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
     }
 
@@ -310,7 +340,37 @@ mod tests {
         check(3, 65, 1, 8)
     }
 
+    /// The same with dropout on the weights: the fused op's masks, drawn in
+    /// place, are the composed ops' (a mask in memory), forward and
+    /// gradient, and a sample's are those of its place in the batch.
+    #[test]
+    fn dropout_matches_composed_attention_in_float64() -> Result<()> {
+        let drop = Dropout::new(0.2, 1, 2, 3).map(|d| (d, 5));
+        check_with(2, 150, 3, 16, drop)?;
+        check_with(3, 65, 1, 8, drop)?;
+        let x = Tensor::randn(0f32, 1.0, (3, 70, 3 * 16), &Device::Cpu)?;
+        let whole = causal_attention_dropped(&x, 2, drop)?;
+        let (d, _) = drop.unwrap();
+        let part = causal_attention_dropped(&x.narrow(0, 1, 2)?, 2, Some((d, 6)))?;
+        let diff = (whole.narrow(0, 1, 2)? - part)?.abs()?.max_all()?;
+        assert_eq!(diff.to_scalar::<f32>()?, 0.0);
+        let plain = causal_attention(&x, 2)?;
+        let moved = (whole - plain)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(moved > 0.1, "dropout changed nothing");
+        Ok(())
+    }
+
     fn check(b: usize, t: usize, heads: usize, hd: usize) -> Result<()> {
+        check_with(b, t, heads, hd, None)
+    }
+
+    fn check_with(
+        b: usize,
+        t: usize,
+        heads: usize,
+        hd: usize,
+        drop: Option<(Dropout, usize)>,
+    ) -> Result<()> {
         let c = heads * hd;
         let n = b * t * 3 * c;
         let vals: Vec<f32> = (0..n)
@@ -321,12 +381,12 @@ mod tests {
             .collect();
         let x = Var::from_tensor(&Tensor::from_vec(vals, (b, t, 3 * c), &Device::Cpu)?)?;
         let probe = Tensor::from_vec(probe, (b, t, c), &Device::Cpu)?;
-        let y = causal_attention(x.as_tensor(), heads)?;
+        let y = causal_attention_dropped(x.as_tensor(), heads, drop)?;
         let g = (&y * &probe)?.sum_all()?.backward()?;
         let dx = g.get(x.as_tensor()).expect("gradient");
 
         let x64 = Var::from_tensor(&x.as_tensor().to_dtype(DType::F64)?)?;
-        let y64 = composed(x64.as_tensor(), heads)?;
+        let y64 = composed(x64.as_tensor(), heads, drop)?;
         let g64 = (&y64 * probe.to_dtype(DType::F64)?)?
             .sum_all()?
             .backward()?;

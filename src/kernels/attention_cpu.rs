@@ -37,12 +37,21 @@ impl Keys<'_> {
 /// Dropout on the attention weights: the draw, and the batch's place of
 /// the call's first sample. A weight's row is (sample, head, query).
 #[derive(Clone, Copy)]
-pub(super) struct Drop<'a> {
+pub(super) struct Dropped<'a> {
     pub(super) draw: &'a super::Dropout,
     pub(super) first: usize,
 }
 
-impl Drop<'_> {
+impl<'a> Dropped<'a> {
+    /// The kernels' view of an op's dropout: the draw and the batch's place
+    /// of its first sample.
+    pub(super) fn of(drop: &'a Option<(super::Dropout, usize)>) -> Option<Dropped<'a>> {
+        drop.as_ref().map(|(draw, first)| Dropped {
+            draw,
+            first: *first,
+        })
+    }
+
     /// Rows `r0..` of `(b, h)`'s weights `p` (rows of `n`), dropped or
     /// scaled.
     fn apply(self, (b, h, r0): (usize, usize, usize), p: &mut [f32], n: usize) {
@@ -171,7 +180,13 @@ fn softmax_grad_rows(
 }
 
 /// `qkv [b, t, 3c]` to `y [b, t, c]`, the weights dropped by `drop`.
-pub(super) fn forward(qkv: &[f32], b: usize, d: Dims, keys: Keys, drop: Option<Drop>) -> Vec<f32> {
+pub(super) fn forward(
+    qkv: &[f32],
+    b: usize,
+    d: Dims,
+    keys: Keys,
+    drop: Option<Dropped>,
+) -> Vec<f32> {
     let (t, c) = (d.t, d.c());
     let mut y = vec![0f32; b * t * c];
     let out = Out(y.as_mut_ptr());
@@ -216,7 +231,7 @@ pub(super) fn backward(
     b: usize,
     d: Dims,
     keys: Keys,
-    drop: Option<Drop>,
+    drop: Option<Dropped>,
 ) -> Result<Vec<f32>> {
     let (t, c) = (d.t, d.c());
     if y.len() != b * t * c || dy.len() != y.len() {

@@ -56,7 +56,9 @@ mod vexp;
 mod weight_grad;
 
 pub use add::{add, install as install_add};
-pub use attention::{causal_attention, causal_mask, flash_attention, flash_attention_rows};
+pub use attention::{
+    causal_attention, causal_attention_dropped, causal_mask, flash_attention, flash_attention_rows,
+};
 pub use bias::{bias_add, bias_grad};
 pub use ce_rows::rows_loss_and_grad;
 pub use chunked_ce::{chunked_cross_entropy, padded_head};

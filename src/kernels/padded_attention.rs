@@ -9,7 +9,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use super::attention::Dims;
-use super::attention_cpu::{backward, forward, Drop, Keys};
+use super::attention_cpu::{backward, forward, Dropped, Keys};
 use super::Dropout;
 
 /// `qkv [b, t, 3c]` (q, k and v side by side, each `[b, t, heads, c /
@@ -73,14 +73,6 @@ struct Padded {
     drop: Option<(Dropout, usize)>,
 }
 
-/// The kernels' view of `drop`.
-fn drawn(drop: &Option<(Dropout, usize)>) -> Option<Drop<'_>> {
-    drop.as_ref().map(|(draw, first)| Drop {
-        draw,
-        first: *first,
-    })
-}
-
 impl CustomOp1 for Padded {
     fn name(&self) -> &'static str {
         "taper-padded-attention"
@@ -89,7 +81,13 @@ impl CustomOp1 for Padded {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (b, d) = Dims::of(l, self.heads)?;
         let qkv = super::f32_slice(s, l, "attention")?;
-        let y = forward(qkv, b, d, Keys::Lengths(&self.lens), drawn(&self.drop));
+        let y = forward(
+            qkv,
+            b,
+            d,
+            Keys::Lengths(&self.lens),
+            Dropped::of(&self.drop),
+        );
         Ok((CpuStorage::F32(y), Shape::from((b, d.t, d.c()))))
     }
 
@@ -129,7 +127,7 @@ impl CustomOp3 for PaddedGrad {
         let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
         let (b, d) = Dims::of(l1, self.heads)?;
         let keys = Keys::Lengths(&self.lens);
-        let dqkv = backward((qkv, y, dy), b, d, keys, drawn(&self.drop))?;
+        let dqkv = backward((qkv, y, dy), b, d, keys, Dropped::of(&self.drop))?;
         Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
     }
 }

@@ -13,6 +13,7 @@ use candle_nn::{Init, VarBuilder};
 use super::llama::{LlamaGguf, Weights, PROJECTIONS};
 use super::lora::{LoraLinear, QLinear};
 use crate::engine::model::TrainModule;
+use crate::engine::Draw;
 
 enum Proj {
     Frozen(QLinear),
@@ -180,7 +181,7 @@ impl TrainModule for LlamaNet {
     /// products are then f32, without the 8-bit rounding of the hidden
     /// states that the quantized head (and llama.cpp) makes. A separate
     /// frozen head: none, and the loss takes the full logits.
-    fn hidden_and_head(&self, idx: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    fn hidden_and_head(&self, idx: &Tensor, _draw: Draw) -> Result<Option<(Tensor, Tensor)>> {
         let head = match &self.head {
             Proj::Full(w) => w.clone(),
             Proj::Frozen(_) if !self.w.tensors.contains_key("output.weight") => {

@@ -327,7 +327,7 @@ impl Trainer {
             let cuda = self.opts.device.is_cuda();
             // The fused kernels take no class weights.
             if (c.chunk > 0 || cuda) && c.weights.is_none() {
-                if let Some((h, head)) = self.model.hidden_and_head(x)? {
+                if let Some((h, head)) = self.model.hidden_and_head(x, draw)? {
                     if crate::kernels::covers(&h) {
                         let d = h.dim(candle_core::D::Minus1)?;
                         let h = h.reshape(((), d))?;
