@@ -5,7 +5,6 @@
 //! indices or class names; a column of categories is one-hot encoded. Each
 //! error names the file, the line and the column.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
@@ -13,11 +12,15 @@ use candle_core::{Device, Tensor};
 mod categories;
 mod columns;
 mod input;
+mod labels;
+mod records;
 mod text;
 
 use categories::{categorical_coders, settle, settled_names, Coder};
-use columns::{named, Layout, Lines};
+use columns::{named, Layout};
 pub use input::{TableInput, TableRows, TextRows};
+use labels::{label_ids, target_values, Labels};
+use records::{each_row, number, Shape};
 pub use text::{TextInput, TextOptions};
 
 use super::files::{data_err, read_text};
@@ -120,13 +123,6 @@ pub(super) const MISSING: [&str; 19] = [
     "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null",
 ];
 
-/// What a CSV file's samples are labelled with.
-enum Labels {
-    Classes(Vec<u32>),
-    /// A regression's target values, `k` per row.
-    Values(Vec<f32>, usize),
-}
-
 /// Rows of numeric features and a class label or target values.
 pub struct Csv {
     name: String,
@@ -146,102 +142,6 @@ pub struct Csv {
 /// Reads a CSV file, gzipped or plain.
 pub fn csv(path: &Path, opts: &CsvOptions) -> Result<Csv> {
     parse_csv(path, &read_text(path)?, opts)
-}
-
-/// How a CSV text is read: whether its first row names the columns, the
-/// delimiter and the decimal mark.
-#[derive(Clone, Copy)]
-struct Shape {
-    pub header: bool,
-    pub delimiter: u8,
-    pub decimal: u8,
-}
-
-/// A cell as a number whose decimal mark is `decimal`, as pandas'
-/// `read_csv(decimal=...)` reads it: with `,`, `2,5` is 2.5, and a cell
-/// holding a `.` is not a number.
-pub(super) fn number<T: std::str::FromStr>(cell: &str, decimal: u8) -> Option<T> {
-    match decimal {
-        b'.' => cell.parse().ok(),
-        _ if cell.contains('.') => None,
-        d => cell.replace(d as char, ".").parse().ok(),
-    }
-}
-
-/// Reads the records of `text`: `layout` is called with the number of
-/// columns and the header's names (empty without one), then `row` with each
-/// data record and its line. Returns the layout (none for a text without
-/// rows).
-fn each_row(
-    what: &Path,
-    text: &str,
-    shape: Shape,
-    layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
-    mut row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
-) -> Result<Option<Layout>> {
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .delimiter(shape.delimiter)
-        .from_reader(text.as_bytes());
-    let mut lines = Lines::new(text.as_bytes());
-    let mut layout = Some(layout);
-    let mut resolved: Option<Layout> = None;
-    let mut n = 0;
-    for record in reader.records() {
-        let record = record.map_err(|e| data_err(what, e))?;
-        let line = lines.of(record.position().map_or(0, |p| p.byte() as usize));
-        if record.len() == 1 && record[0].is_empty() {
-            continue;
-        }
-        if let Some(make) = layout.take() {
-            n = record.len();
-            if let Some(d) = other_delimiter(&record, shape.delimiter) {
-                return Err(data_err(
-                    what,
-                    format!(
-                        "line {line}, `{}`, looks {d:?}-separated: give `delimiter = {d:?}`",
-                        record
-                            .iter()
-                            .collect::<Vec<_>>()
-                            .join(&(shape.delimiter as char).to_string())
-                    ),
-                ));
-            }
-            let names = match shape.header {
-                true => record.iter().map(str::to_string).collect(),
-                false => Vec::new(),
-            };
-            let mut made = make(n, names)?;
-            made.decimal = shape.decimal;
-            resolved = Some(made);
-            if shape.header {
-                continue;
-            }
-        }
-        if record.len() != n {
-            return Err(data_err(
-                what,
-                format!("line {line}: {} columns, expected {n}", record.len()),
-            ));
-        }
-        row(
-            resolved.as_ref().expect("resolved at the first row"),
-            line,
-            &record,
-        )?;
-    }
-    Ok(resolved)
-}
-
-/// The delimiter a first record seems to use instead of `delimiter`: one
-/// that every cell holds (a European spreadsheet's `;`, whose decimal
-/// commas split `1;2,5;0` into `1;2` and `5;0`; a tab; a `|`).
-fn other_delimiter(record: &csv::StringRecord, delimiter: u8) -> Option<char> {
-    [';', '\t', '|']
-        .into_iter()
-        .find(|&d| d as u8 != delimiter && record.iter().all(|c| c.contains(d)))
 }
 
 /// Parses CSV text as [`csv`] reads a file; `what` names it in errors.
@@ -422,95 +322,6 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     })
 }
 
-/// The target cells (row after row, a cell per target column) as numbers,
-/// or an error naming the first that is not a finite one.
-fn target_values(
-    what: &Path,
-    layout: &Layout,
-    cells: &[String],
-    lines: &[usize],
-) -> Result<Vec<f32>> {
-    let k = layout.labels.len();
-    cells
-        .iter()
-        .enumerate()
-        .map(|(i, cell)| match number::<f32>(cell, layout.decimal) {
-            Some(v) if v.is_finite() => Ok(v),
-            _ => Err(data_err(
-                what,
-                format!(
-                    "line {}, {}: target `{cell}` is not a finite number{}",
-                    lines[i / k],
-                    layout.column(layout.labels[i % k]),
-                    layout.decimal_comma(cell).unwrap_or_default()
-                ),
-            )),
-        })
-        .collect()
-}
-
-/// The label cells as class ids, and the class names where there are any.
-fn label_ids(
-    what: &Path,
-    layout: &Layout,
-    cells: &[String],
-    lines: &[usize],
-    opts: &CsvOptions,
-) -> Result<(Vec<u32>, Option<Vec<String>>)> {
-    let label = layout.labels[0];
-    let at = |k: usize| format!("line {}, {}", lines[k], layout.column(label));
-    if let Some(classes) = &opts.classes {
-        let ids = cells
-            .iter()
-            .enumerate()
-            .map(|(k, cell)| {
-                let index = cell.parse::<usize>().ok().filter(|&i| i < classes.len());
-                match classes.iter().position(|c| c == cell).or(index) {
-                    Some(id) => Ok(id as u32),
-                    None => Err(data_err(
-                        what,
-                        format!(
-                            "{}: label `{cell}` is not one of the classes ({})",
-                            at(k),
-                            name_list(classes)
-                        ),
-                    )),
-                }
-            })
-            .collect::<Result<_>>()?;
-        return Ok((ids, Some(classes.clone())));
-    }
-    if cells.iter().all(|c| c.parse::<f64>().is_ok()) {
-        let ids = cells
-            .iter()
-            .enumerate()
-            .map(|(k, cell)| match cell.parse::<f64>() {
-                Ok(v) if v >= 0.0 && v.fract() == 0.0 && v < u32::MAX as f64 => Ok(v as u32),
-                _ => Err(data_err(
-                    what,
-                    format!(
-                        "{}: label `{cell}` is not a class index: labels are classes (to predict a number, give the column as `target` instead of `label`)",
-                        at(k)
-                    ),
-                )),
-            })
-            .collect::<Result<_>>()?;
-        return Ok((ids, None));
-    }
-    // Class names: sorted, as scikit-learn's LabelEncoder orders them.
-    let names: Vec<String> = cells
-        .iter()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .cloned()
-        .collect();
-    let ids = cells
-        .iter()
-        .map(|c| names.binary_search(c).expect("a name of the set") as u32)
-        .collect();
-    Ok((ids, Some(names)))
-}
-
 impl Csv {
     /// Features per sample.
     pub fn width(&self) -> usize {
@@ -534,15 +345,6 @@ impl Csv {
     /// With `text`: the lines of the texts cut at `context` ids.
     pub fn cut(&self) -> &[usize] {
         self.texts.as_ref().map_or(&[], |t| &t.cut)
-    }
-}
-
-impl Labels {
-    fn len(&self) -> usize {
-        match self {
-            Labels::Classes(v) => v.len(),
-            Labels::Values(v, k) => v.len() / k,
-        }
     }
 }
 

@@ -1,0 +1,105 @@
+//! Reading a CSV text's records: the header, the delimiter (and a first
+//! row that seems to use another), the decimal mark, the line of each
+//! record, and rows of the wrong width.
+
+use std::path::Path;
+
+use super::columns::{Layout, Lines};
+use crate::data::files::data_err;
+use crate::Result;
+
+/// How a CSV text is read: whether its first row names the columns, the
+/// delimiter and the decimal mark.
+#[derive(Clone, Copy)]
+pub(super) struct Shape {
+    pub header: bool,
+    pub delimiter: u8,
+    pub decimal: u8,
+}
+
+/// A cell as a number whose decimal mark is `decimal`, as pandas'
+/// `read_csv(decimal=...)` reads it: with `,`, `2,5` is 2.5, and a cell
+/// holding a `.` is not a number.
+pub(super) fn number<T: std::str::FromStr>(cell: &str, decimal: u8) -> Option<T> {
+    match decimal {
+        b'.' => cell.parse().ok(),
+        _ if cell.contains('.') => None,
+        d => cell.replace(d as char, ".").parse().ok(),
+    }
+}
+
+/// Reads the records of `text`: `layout` is called with the number of
+/// columns and the header's names (empty without one), then `row` with each
+/// data record and its line. Returns the layout (none for a text without
+/// rows).
+pub(super) fn each_row(
+    what: &Path,
+    text: &str,
+    shape: Shape,
+    layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
+    mut row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
+) -> Result<Option<Layout>> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .delimiter(shape.delimiter)
+        .from_reader(text.as_bytes());
+    let mut lines = Lines::new(text.as_bytes());
+    let mut layout = Some(layout);
+    let mut resolved: Option<Layout> = None;
+    let mut n = 0;
+    for record in reader.records() {
+        let record = record.map_err(|e| data_err(what, e))?;
+        let line = lines.of(record.position().map_or(0, |p| p.byte() as usize));
+        if record.len() == 1 && record[0].is_empty() {
+            continue;
+        }
+        if let Some(make) = layout.take() {
+            n = record.len();
+            if let Some(d) = other_delimiter(&record, shape.delimiter) {
+                return Err(data_err(
+                    what,
+                    format!(
+                        "line {line}, `{}`, looks {d:?}-separated: give `delimiter = {d:?}`",
+                        record
+                            .iter()
+                            .collect::<Vec<_>>()
+                            .join(&(shape.delimiter as char).to_string())
+                    ),
+                ));
+            }
+            let names = match shape.header {
+                true => record.iter().map(str::to_string).collect(),
+                false => Vec::new(),
+            };
+            let mut made = make(n, names)?;
+            made.decimal = shape.decimal;
+            resolved = Some(made);
+            if shape.header {
+                continue;
+            }
+        }
+        if record.len() != n {
+            return Err(data_err(
+                what,
+                format!("line {line}: {} columns, expected {n}", record.len()),
+            ));
+        }
+        row(
+            resolved.as_ref().expect("resolved at the first row"),
+            line,
+            &record,
+        )?;
+    }
+    Ok(resolved)
+}
+
+/// The delimiter a first record seems to use instead of `delimiter`: one
+/// that every cell holds (a European spreadsheet's `;`, whose decimal
+/// commas split `1;2,5;0` into `1;2` and `5;0`; a tab; a `|`).
+fn other_delimiter(record: &csv::StringRecord, delimiter: u8) -> Option<char> {
+    [';', '\t', '|']
+        .into_iter()
+        .find(|&d| d as u8 != delimiter && record.iter().all(|c| c.contains(d)))
+}
