@@ -22,6 +22,7 @@ pub fn train(epochs: u64, faults: Vec<Injection>, quiet: bool) -> taper::Result<
         hidden: vec![128, 64],
         outputs: 10,
         activation: Activation::Relu,
+        dropout: 0.0,
     };
     let optim = OptimSpec::AdamW(AdamWConfig {
         lr: 3e-3,

@@ -82,13 +82,15 @@ fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     worst
 }
 
-/// An MLP on the digits, and their batches of 64.
-fn digits_mlp() -> Result<(Arc<dyn ModelSpec>, Pipeline)> {
+/// An MLP on the digits (with `dropout` after its hidden layer), and their
+/// batches of 64.
+fn digits_mlp(dropout: f64) -> Result<(Arc<dyn ModelSpec>, Pipeline)> {
     let spec: Arc<dyn ModelSpec> = Arc::new(Mlp {
         inputs: 64,
         hidden: vec![32],
         outputs: 10,
         activation: Activation::Relu,
+        dropout,
     });
     let data = Pipeline::new(Arc::new(digits("train")?))
         .shuffle(2)
@@ -96,9 +98,21 @@ fn digits_mlp() -> Result<(Arc<dyn ModelSpec>, Pipeline)> {
     Ok((spec, data))
 }
 
+/// Without dropout and with it: each sample's mask is drawn for its place
+/// in the batch, whatever micro-batch computes it.
 #[test]
 fn mlp_accumulation_equals_full_batch() -> Result<()> {
-    let (spec, data) = digits_mlp()?;
+    let plain = mlp_accumulation(0.0)?;
+    let dropped = mlp_accumulation(0.5)?;
+    let moved = max_rel_diff(&plain, &dropped);
+    assert!(moved > 1e-3, "dropout changed the weights by {moved} only");
+    Ok(())
+}
+
+/// The weights AdamW trains the whole batches to.
+fn mlp_accumulation(dropout: f64) -> Result<Vec<Vec<f32>>> {
+    let mut ends = Vec::new();
+    let (spec, data) = digits_mlp(dropout)?;
     for optim in [
         OptimSpec::Sgd(SgdConfig {
             lr: 0.1,
@@ -112,10 +126,14 @@ fn mlp_accumulation_equals_full_batch() -> Result<()> {
         }),
     ] {
         let full = train(spec.clone(), &optim, &data, 64, 5)?;
+        ends.push(full.clone());
         for micro in [8, 24, 1] {
             let acc = train(spec.clone(), &optim, &data, micro, 5)?;
             let d = max_rel_diff(&full, &acc);
-            eprintln!("{} micro {micro}: {d:e}", optim.describe());
+            eprintln!(
+                "dropout {dropout}, {} micro {micro}: {d:e}",
+                optim.describe()
+            );
             assert!(
                 d < 1e-6,
                 "{} micro {micro}: max relative difference {d}",
@@ -123,7 +141,7 @@ fn mlp_accumulation_equals_full_batch() -> Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(ends.pop().expect("trained"))
 }
 
 /// With class weights (PyTorch's `CrossEntropyLoss(weight=)`) the batch's
@@ -132,7 +150,7 @@ fn mlp_accumulation_equals_full_batch() -> Result<()> {
 /// weight 0 adds nothing, and weights all equal are the plain loss.
 #[test]
 fn weighted_cross_entropy_accumulation_equals_full_batch() -> Result<()> {
-    let (spec, data) = digits_mlp()?;
+    let (spec, data) = digits_mlp(0.0)?;
     let optim = OptimSpec::Sgd(SgdConfig {
         lr: 0.1,
         momentum: 0.9,

@@ -20,6 +20,7 @@ fn evaluation_memory_does_not_grow_with_data() -> Result<()> {
         hidden: vec![512, 512],
         outputs: 10,
         activation: Activation::Relu,
+        dropout: 0.0,
     };
     let trainer = Trainer::new(
         Arc::new(spec),

@@ -55,6 +55,7 @@ fn accuracy(weights: HashMap<String, Tensor>) -> Result<f64> {
         hidden: vec![128, 64],
         outputs: 10,
         activation: Activation::Relu,
+        dropout: 0.0,
     };
     let t = Trainer::new(
         Arc::new(spec),

@@ -22,6 +22,12 @@ fn loss_value(model: &dyn TrainModule, x: &Tensor, y: &Tensor, draw: Option<Draw
     Ok(l.to_scalar::<f64>()?)
 }
 
+/// Dropout's draw for step `step` of seed `seed`, the piece's first sample
+/// at the batch's place `first`.
+fn draw(seed: u64, step: u64, first: usize) -> Draw {
+    Draw { seed, step, first }
+}
+
 fn grad_check(spec: &dyn ModelSpec, x: &Tensor, y: &Tensor) -> Result<()> {
     grad_check_drawn(spec, x, y, None)
 }
@@ -93,28 +99,37 @@ fn mlp_gradients_match_finite_differences() -> Result<()> {
         Activation::Tanh,
         Activation::Silu,
     ] {
-        let spec = Mlp {
+        let mut spec = Mlp {
             inputs: 5,
             hidden: vec![4, 3],
             outputs: 3,
             activation: act,
+            dropout: 0.0,
         };
         grad_check(&spec, &features(4, 5, 1)?, &y)?;
+        // In training, with dropout after each hidden layer.
+        spec.dropout = 0.3;
+        let draw = draw(1, 3, 2);
+        grad_check_drawn(&spec, &features(4, 5, 1)?, &y, Some(draw))?;
     }
     Ok(())
 }
 
 #[test]
 fn cnn_gradients_match_finite_differences() -> Result<()> {
-    let spec = Cnn {
+    let mut spec = Cnn {
         input: [1, 6, 6],
         channels: vec![2, 3],
         hidden: vec![4],
         outputs: 3,
         activation: Activation::Tanh,
+        dropout: 0.0,
     };
     let y = Tensor::new(&[0u32, 2, 1], &Device::Cpu)?;
-    grad_check(&spec, &features(3, 36, 2)?, &y)
+    grad_check(&spec, &features(3, 36, 2)?, &y)?;
+    spec.dropout = 0.3;
+    let draw = draw(1, 4, 0);
+    grad_check_drawn(&spec, &features(3, 36, 2)?, &y, Some(draw))
 }
 
 /// In evaluation, and in training with dropout.
@@ -135,11 +150,7 @@ fn gpt_gradients_match_finite_differences() -> Result<()> {
     let y = Tensor::new(&[[4u32, 2, 6, 0, 5], [3, 5, 1, 2, 2]], &Device::Cpu)?;
     grad_check(&spec, &x, &y)?;
     spec.dropout = 0.3;
-    let draw = Draw {
-        seed: 4,
-        step: 2,
-        first: 0,
-    };
+    let draw = draw(4, 2, 0);
     grad_check_drawn(&spec, &x, &y, Some(draw))
 }
 
@@ -181,11 +192,7 @@ fn bert_gradients_match_finite_differences() -> Result<()> {
         spec.attention_dropout,
         spec.classifier_dropout,
     ) = (0.3, 0.3, 0.3);
-    let draw = Draw {
-        seed: 3,
-        step: 5,
-        first: 2,
-    };
+    let draw = draw(3, 5, 2);
     grad_check_drawn(&spec, &x, &y, Some(draw))
 }
 
@@ -225,6 +232,7 @@ fn init_is_seeded_and_order_independent() -> Result<()> {
         hidden: vec![4],
         outputs: 2,
         activation: Activation::Relu,
+        dropout: 0.0,
     };
     let (a, b) = (ParamStore::new(9), ParamStore::new(9));
     spec.build(a.var_builder(DType::F32, &Device::Cpu))?;
@@ -280,11 +288,7 @@ fn recomputed_gpt_blocks_give_the_same_gradients() -> Result<()> {
     let model = spec.build_train(store.var_builder(DType::F64, &Device::Cpu))?;
     let grads = |every: usize| -> Result<(f64, Vec<Vec<f64>>)> {
         assert!(model.set_recompute(every));
-        let draw = Draw {
-            seed: 2,
-            step: 7,
-            first: 1,
-        };
+        let draw = draw(2, 7, 1);
         let loss = CrossEntropy::default().loss(&model.forward_train(&x, draw)?, &y)?;
         let mut g = loss.backward()?;
         merge_parameter_grads(&mut g)?;

@@ -825,6 +825,7 @@ fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
             hidden: vec![8],
             outputs: 5,
             activation,
+            dropout: 0.0,
         };
         let options = serde_json::to_string(&spec)?;
         let spec: Arc<dyn ModelSpec> = Arc::new(spec);
@@ -873,6 +874,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             hidden: vec![],
             outputs: 3,
             activation: Activation::Relu,
+            dropout: 0.0,
         }),
         vec![4, 2, 5, 3],
     )];
@@ -888,6 +890,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
                 hidden: vec![10, 7],
                 outputs: 5,
                 activation,
+                dropout: 0.0,
             }),
             vec![3, 12],
         ));
@@ -898,6 +901,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
                 hidden: vec![8],
                 outputs: 5,
                 activation,
+                dropout: 0.0,
             }),
             vec![3, 3, 9, 7],
         ));

@@ -150,6 +150,8 @@ fn defaults_follow_pytorch() -> Result<()> {
           "taper.model(gpt vocab 10 context 8 width 128 layers 4 heads 4)")
         assert(tostring(taper.model.gpt{ vocab = 10, context = 8, dropout = 0.2 }) ==
           "taper.model(gpt vocab 10 context 8 width 128 layers 4 heads 4 dropout 0.2)")
+        assert(tostring(taper.model.mlp{ inputs = 4, hidden = { 3 }, outputs = 2, dropout = 0.5 }) ==
+          "taper.model(mlp 4-3-2 relu dropout 0.5)")
         local m = taper.model.mlp{ inputs = 3, hidden = { 4 }, outputs = 2 }
         assert(m:parameters() == 3 * 4 + 4 + 4 * 2 + 2)
         assert(#taper.data.digits{} == 1437 and #taper.data.digits{ split = "test" } == 360)
@@ -662,6 +664,10 @@ fn text_columns_and_bert_options_are_checked_where_they_are_given() {
         (
             "taper.model.gpt{ vocab = 10, context = 8, dropout = 1 }".to_string(),
             "dropout 1 is not a rate in [0, 1)",
+        ),
+        (
+            "taper.model.mlp{ inputs = 4, outputs = 2, dropout = -0.5 }".to_string(),
+            "dropout -0.5 is not a rate in [0, 1)",
         ),
         (
             format!("taper.model.bert{{ from = '{}', outputs = 2, dropout = 1 }}", roberta.display()),

@@ -341,6 +341,7 @@ fn cleanup_returns_memory_to_the_pre_step_level() -> Result<()> {
         hidden: vec![256],
         outputs: 10,
         activation: Activation::Relu,
+        dropout: 0.0,
     };
     let mut t = Trainer::new(
         Arc::new(spec),

@@ -18,6 +18,7 @@ fn mlp() -> Arc<dyn ModelSpec> {
         hidden: vec![64],
         outputs: 10,
         activation: Activation::Relu,
+        dropout: 0.0,
     })
 }
 

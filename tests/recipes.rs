@@ -88,6 +88,29 @@ fn digits_in_bf16_and_f16_reach_the_f32_bar() -> Result<()> {
     Ok(())
 }
 
+/// `--set dropout=0.2`: the recipe's 30 epochs end at a lower held-out
+/// loss than without dropout (measured 0.077 against 0.089; over seeds 1-3
+/// lower each time), and in bf16 dropout still reaches the bar.
+#[test]
+fn digits_with_dropout_end_at_a_lower_held_out_loss() -> Result<()> {
+    let mut losses = Vec::new();
+    for set in [[("dropout", "0.0")], [("dropout", "0.2")]] {
+        let dir = tempfile::tempdir()?;
+        let report = train("scripts/digits.lua", dir.path(), &set)?;
+        let ev = report.runs[0].last_eval.clone().expect("an evaluation");
+        eprintln!("{set:?}: loss {:.4}, accuracy {:.4}", ev.loss, ev.accuracy);
+        assert!(ev.accuracy >= 0.97, "{set:?}: {}", ev.accuracy);
+        losses.push(ev.loss);
+    }
+    assert!(losses[1] < losses[0], "{losses:?}");
+    let dir = tempfile::tempdir()?;
+    let set = [("epochs", "10"), ("precision", "bf16"), ("dropout", "0.2")];
+    let report = train("scripts/digits.lua", dir.path(), &set)?;
+    let ev = report.runs[0].last_eval.clone().expect("an evaluation");
+    assert!(ev.accuracy >= 0.95, "bf16 with dropout: {}", ev.accuracy);
+    Ok(())
+}
+
 #[test]
 fn digits_with_8bit_adamw_state_reaches_95_percent() -> Result<()> {
     let dir = tempfile::tempdir()?;

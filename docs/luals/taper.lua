@@ -408,8 +408,9 @@ function Model:describe() end
 taper.model = {}
 
 ---A multi-layer perceptron; shaped samples are read flat. `{from = RUN, outputs?}`: the model a run trained, from its
----checkpoint, with a new head when `outputs` differs (fine-tuning).
----@param opts {inputs?: integer, hidden?: integer[], outputs?: integer, activation?: taper.Activation, from?: string}
+---checkpoint, with a new head when `outputs` differs (fine-tuning). `dropout` (default 0):
+---after each hidden activation, in training.
+---@param opts {inputs?: integer, hidden?: integer[], outputs?: integer, activation?: taper.Activation, dropout?: number, from?: string}
 ---@return taper.Model
 function taper.model.mlp(opts) end
 
@@ -417,8 +418,9 @@ function taper.model.mlp(opts) end
 ---`input` is `{channels, height, width}`; flat samples are reshaped to it (channels-last
 ---samples, `[n, H, W, C]`, are refused: transpose them).
 ---`{from = RUN, outputs?}`: the model a run trained, from its checkpoint, with a new
----head when `outputs` differs (fine-tuning).
----@param opts {input?: integer[], channels?: integer[], hidden?: integer[], outputs?: integer, activation?: taper.Activation, from?: string}
+---head when `outputs` differs (fine-tuning). `dropout` (default 0): before each dense
+---layer, in training.
+---@param opts {input?: integer[], channels?: integer[], hidden?: integer[], outputs?: integer, activation?: taper.Activation, dropout?: number, from?: string}
 ---@return taper.Model
 function taper.model.cnn(opts) end
 

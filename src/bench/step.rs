@@ -131,6 +131,7 @@ fn cnn_workload(b: usize, rng: &mut Rng) -> Result<Workload> {
         hidden: vec![64],
         outputs: 10,
         activation: Default::default(),
+        dropout: 0.0,
     };
     let n = 28 * 28;
     let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
@@ -185,6 +186,7 @@ fn workload(
                 hidden: vec![256],
                 outputs: 10,
                 activation: Default::default(),
+                dropout: 0.0,
             };
             Ok(Workload {
                 batch: Batch {

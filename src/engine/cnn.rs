@@ -5,11 +5,14 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
-use super::mlp::{Activation, Dense};
-use super::model::{tagged_config, Interface, ModelSpec};
+use super::mlp::{check_rate, describe_rate, Activation, Dense};
+use super::model::{tagged_config, Draw, Interface, ModelSpec, TrainModule};
+use crate::kernels::{dropout, Dropout};
 
 /// A small convolutional net: per entry of `channels`, a 3x3 convolution
-/// (padding 1), the activation and a 2x2 max-pool; then a dense head.
+/// (padding 1), the activation and a 2x2 max-pool; then a dense head. With
+/// `dropout`, training drops out the head's inputs (the flattened features)
+/// and each of its hidden activations, as PyTorch's MNIST example does.
 /// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -22,6 +25,9 @@ pub struct Cnn {
     pub outputs: usize,
     #[serde(default)]
     pub activation: Activation,
+    /// Dropout before each dense layer, in training; 0, none.
+    #[serde(default)]
+    pub dropout: f64,
 }
 
 struct CnnNet {
@@ -29,10 +35,12 @@ struct CnnNet {
     convs: Vec<candle_nn::Conv2d>,
     head: Dense,
     act: Activation,
+    dropout: f64,
 }
 
-impl Module for CnnNet {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl CnnNet {
+    /// The logits of `x`, with dropout drawn from `draw` (training) or none.
+    fn logits(&self, x: &Tensor, draw: Option<Draw>) -> Result<Tensor> {
         let b = x.dim(0)?;
         let [c, h, w] = self.input;
         let mut x = x.reshape((b, c, h, w))?;
@@ -50,7 +58,25 @@ impl Module for CnnNet {
                 _ => max_pool_2x2(&self.act.apply(&y)?)?,
             };
         }
-        self.head.forward(&x.flatten_from(1)?)
+        let x = x.flatten_from(1)?;
+        let Some(d) = draw else {
+            return self.head.forward_drawn(&x, None);
+        };
+        let site = Dropout::new(self.dropout, d.seed, d.step, 0);
+        let x = dropout(&x, site.as_ref(), d.first)?;
+        self.head.forward_drawn(&x, Some((d, self.dropout)))
+    }
+}
+
+impl Module for CnnNet {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.logits(x, None)
+    }
+}
+
+impl TrainModule for CnnNet {
+    fn forward_train(&self, x: &Tensor, draw: Draw) -> Result<Tensor> {
+        self.logits(x, Some(draw))
     }
 }
 
@@ -83,7 +109,7 @@ impl ModelSpec for Cnn {
                 self.channels.len()
             )));
         }
-        Ok(())
+        check_rate(self.dropout)
     }
     fn interface(&self) -> Interface {
         Interface {
@@ -100,14 +126,24 @@ impl ModelSpec for Cnn {
     fn describe(&self) -> String {
         let [c, h, w] = self.input;
         format!(
-            "cnn {c}x{h}x{w} conv{:?} hidden{:?} -> {} {}",
+            "cnn {c}x{h}x{w} conv{:?} hidden{:?} -> {} {}{}",
             self.channels,
             self.hidden,
             self.outputs,
-            self.activation.name()
+            self.activation.name(),
+            describe_rate(self.dropout)
         )
     }
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
+        Ok(Box::new(self.net(vb)?))
+    }
+    fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {
+        Ok(Box::new(self.net(vb)?))
+    }
+}
+
+impl Cnn {
+    fn net(&self, vb: VarBuilder) -> Result<CnnNet> {
         let [_, h, w] = self.input;
         if h >> self.channels.len() == 0 || w >> self.channels.len() == 0 {
             candle_core::bail!(
@@ -135,12 +171,13 @@ impl ModelSpec for Cnn {
         sizes.extend(&self.hidden);
         sizes.push(self.outputs);
         let head = Dense::new(&vb, "fc", &sizes, self.activation)?;
-        Ok(Box::new(CnnNet {
+        Ok(CnnNet {
             input: self.input,
             convs,
             head,
             act: self.activation,
-        }))
+            dropout: self.dropout,
+        })
     }
 }
 

@@ -6,7 +6,8 @@ use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
 use super::linear::Linear;
-use super::model::{tagged_config, Interface, ModelSpec};
+use super::model::{tagged_config, Draw, Interface, ModelSpec, TrainModule};
+use crate::kernels::{dropout, Dropout};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -47,8 +48,13 @@ pub struct Mlp {
     pub outputs: usize,
     #[serde(default)]
     pub activation: Activation,
+    /// Dropout after each hidden layer's activation, in training (as
+    /// `nn.Dropout` between PyTorch's or Keras' dense layers); 0, none.
+    #[serde(default)]
+    pub dropout: f64,
 }
 
+/// Dense layers: `sizes[0] -> .. -> sizes[n]`, the activation between.
 pub(super) struct Dense {
     layers: Vec<Linear>,
     act: Activation,
@@ -70,31 +76,69 @@ impl Dense {
             .collect::<Result<Vec<_>>>()?;
         Ok(Dense { layers, act })
     }
-}
 
-/// An MLP: its dense layers, taking samples flat or shaped (a NumPy array
-/// of `[n, 28, 28]` images), whose values it reads in order.
-struct MlpNet(Dense);
-
-impl Module for MlpNet {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match x.rank() {
-            0..=2 => self.0.forward(x),
-            _ => self.0.forward(&x.flatten_from(1)?),
-        }
-    }
-}
-
-impl Module for Dense {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The layers on `x`; with `drop` (the draw and the rate: training),
+    /// dropout after each hidden activation, layer `i`'s at site `1 + i`.
+    pub(super) fn forward_drawn(&self, x: &Tensor, drop: Option<(Draw, f64)>) -> Result<Tensor> {
         let mut x = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
             x = l.forward(&x)?;
             if i + 1 < self.layers.len() {
                 x = self.act.apply(&x)?;
+                if let Some((d, rate)) = drop {
+                    let site = Dropout::new(rate, d.seed, d.step, 1 + i as u64);
+                    x = dropout(&x, site.as_ref(), d.first)?;
+                }
             }
         }
         Ok(x)
+    }
+}
+
+/// Whether the rate `dropout` is one, as an error of the model's check.
+pub(super) fn check_rate(rate: f64) -> crate::Result<()> {
+    match (0.0..1.0).contains(&rate) {
+        true => Ok(()),
+        false => Err(crate::Error::Config(format!(
+            "dropout {rate} is not a rate in [0, 1)"
+        ))),
+    }
+}
+
+/// ` dropout r` for a model's description, nothing at 0.
+pub(super) fn describe_rate(rate: f64) -> String {
+    match rate {
+        0.0 => String::new(),
+        r => format!(" dropout {r}"),
+    }
+}
+
+/// An MLP: its dense layers, taking samples flat or shaped (a NumPy array
+/// of `[n, 28, 28]` images), whose values it reads in order.
+struct MlpNet {
+    dense: Dense,
+    dropout: f64,
+}
+
+impl MlpNet {
+    fn logits(&self, x: &Tensor, draw: Option<Draw>) -> Result<Tensor> {
+        let drop = draw.map(|d| (d, self.dropout));
+        match x.rank() {
+            0..=2 => self.dense.forward_drawn(x, drop),
+            _ => self.dense.forward_drawn(&x.flatten_from(1)?, drop),
+        }
+    }
+}
+
+impl Module for MlpNet {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.logits(x, None)
+    }
+}
+
+impl TrainModule for MlpNet {
+    fn forward_train(&self, x: &Tensor, draw: Draw) -> Result<Tensor> {
+        self.logits(x, Some(draw))
     }
 }
 
@@ -102,7 +146,8 @@ impl ModelSpec for Mlp {
     fn check(&self) -> crate::Result<()> {
         let mut sizes = vec![("inputs", self.inputs), ("outputs", self.outputs)];
         sizes.extend(self.hidden.iter().map(|&h| ("each hidden width", h)));
-        super::model::sizes_at_least_one(&sizes)
+        super::model::sizes_at_least_one(&sizes)?;
+        check_rate(self.dropout)
     }
     fn interface(&self) -> Interface {
         Interface {
@@ -118,19 +163,25 @@ impl ModelSpec for Mlp {
 
     fn describe(&self) -> String {
         let sizes: Vec<String> = self.sizes().iter().map(|s| s.to_string()).collect();
-        format!("mlp {} {}", sizes.join("-"), self.activation.name())
+        let drop = describe_rate(self.dropout);
+        format!("mlp {} {}{drop}", sizes.join("-"), self.activation.name())
     }
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
-        Ok(Box::new(MlpNet(Dense::new(
-            &vb,
-            "fc",
-            &self.sizes(),
-            self.activation,
-        )?)))
+        Ok(Box::new(self.net(vb)?))
+    }
+    fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {
+        Ok(Box::new(self.net(vb)?))
     }
 }
 
 impl Mlp {
+    fn net(&self, vb: VarBuilder) -> Result<MlpNet> {
+        Ok(MlpNet {
+            dense: Dense::new(&vb, "fc", &self.sizes(), self.activation)?,
+            dropout: self.dropout,
+        })
+    }
+
     fn sizes(&self) -> Vec<usize> {
         let mut s = vec![self.inputs];
         s.extend(&self.hidden);

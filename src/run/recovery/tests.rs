@@ -16,6 +16,7 @@ fn trainer() -> Trainer {
         hidden: vec![32],
         outputs: 10,
         activation: Activation::Relu,
+        dropout: 0.0,
     };
     let optim = OptimSpec::AdamW(Default::default());
     Trainer::new(Arc::new(spec), &optim, TrainerOptions::default()).unwrap()
