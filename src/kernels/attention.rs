@@ -288,13 +288,8 @@ impl CustomOp3 for AttentionGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let qkv = super::f32_slice(s1, l1, "attention backward")?;
-        let y = super::f32_slice(s2, l2, "attention backward output")?;
-        let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
-        let (b, d) = Dims::of(l1, self.heads)?;
-        let (keys, drop) = (Keys::Causal, Dropped::of(&self.drop));
-        let dqkv = super::attention_cpu::backward((qkv, y, dy), b, d, keys, drop)?;
-        Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
+        let keys = (Keys::Causal, Dropped::of(&self.drop));
+        super::attention_cpu::backward_storage((s1, l1), (s2, l2), (s3, l3), self.heads, keys)
     }
 
     /// After a flash forward, the flash backward (from its log-sum-exp and

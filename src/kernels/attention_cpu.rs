@@ -5,7 +5,7 @@
 //! time, multiplying only the keys each row sees: the unmasked triangle, or
 //! a padded text's own positions.
 
-use candle_core::{bail, Result};
+use candle_core::{bail, CpuStorage, Layout, Result, Shape};
 use gemm::{gemm, Parallelism};
 use multiversion::multiversion;
 use rayon::prelude::*;
@@ -307,4 +307,21 @@ pub(super) fn backward(
         }
     });
     Ok(dqkv)
+}
+
+/// The backward ops' CPU side: `(qkv, y, dy)` as candle hands them to a
+/// `CustomOp3`, to `dqkv` in `qkv`'s shape.
+pub(super) fn backward_storage(
+    (s1, l1): (&CpuStorage, &Layout),
+    (s2, l2): (&CpuStorage, &Layout),
+    (s3, l3): (&CpuStorage, &Layout),
+    heads: usize,
+    (keys, drop): (Keys, Option<Dropped>),
+) -> Result<(CpuStorage, Shape)> {
+    let qkv = super::f32_slice(s1, l1, "attention backward")?;
+    let y = super::f32_slice(s2, l2, "attention backward output")?;
+    let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
+    let (b, d) = Dims::of(l1, heads)?;
+    let dqkv = backward((qkv, y, dy), b, d, keys, drop)?;
+    Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
 }

@@ -9,7 +9,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use super::attention::Dims;
-use super::attention_cpu::{backward, forward, Dropped, Keys};
+use super::attention_cpu::{backward_storage, forward, Dropped, Keys};
 use super::Dropout;
 
 /// `qkv [b, t, 3c]` (q, k and v side by side, each `[b, t, heads, c /
@@ -122,13 +122,8 @@ impl CustomOp3 for PaddedGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let qkv = super::f32_slice(s1, l1, "attention backward")?;
-        let y = super::f32_slice(s2, l2, "attention backward output")?;
-        let dy = super::f32_slice(s3, l3, "attention backward gradient")?;
-        let (b, d) = Dims::of(l1, self.heads)?;
-        let keys = Keys::Lengths(&self.lens);
-        let dqkv = backward((qkv, y, dy), b, d, keys, Dropped::of(&self.drop))?;
-        Ok((CpuStorage::F32(dqkv), l1.shape().clone()))
+        let keys = (Keys::Lengths(&self.lens), Dropped::of(&self.drop));
+        backward_storage((s1, l1), (s2, l2), (s3, l3), self.heads, keys)
     }
 }
 
