@@ -22,9 +22,10 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use serde::{Deserialize, Serialize};
 
+use super::dropout::{site, BlockDrops};
 use super::linear::Linear;
 use super::model::{layer_norm, Draw, Interface, ModelSpec, TrainModule};
-use crate::kernels::{dropout, Dropout};
+use crate::kernels::dropout;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -136,12 +137,11 @@ impl Layer {
 
     /// `x [n, t, w]`, each text's first `lens[i]` positions its own (the
     /// rest padding, which no position attends to); in training, dropout
-    /// drawn by `drop` ([`Drops`]).
-    fn forward(&self, x: &Tensor, lens: &[usize], drop: &Drops) -> Result<Tensor> {
+    /// drawn by `drop` ([`BlockDrops`]).
+    fn forward(&self, x: &Tensor, lens: &[usize], drop: &BlockDrops) -> Result<Tensor> {
         use crate::kernels::add;
         let qkv = self.qkv()?.forward(x)?;
-        let weights = drop.attention.map(|d| (d, drop.first));
-        let ctx = crate::kernels::padded_attention(&qkv, self.heads, lens, weights)?;
+        let ctx = crate::kernels::padded_attention(&qkv, self.heads, lens, drop.on_weights())?;
         let a = dropout(
             &self.out.forward(&ctx)?,
             drop.attention_out.as_ref(),
@@ -152,21 +152,6 @@ impl Layer {
         let m = dropout(&self.down.forward(&h)?, drop.mlp_out.as_ref(), drop.first)?;
         self.out_norm.forward(&add(&x, &m)?)
     }
-}
-
-/// One block's dropout draws in a training step (none in evaluation).
-struct Drops {
-    attention: Option<Dropout>,
-    attention_out: Option<Dropout>,
-    mlp_out: Option<Dropout>,
-    /// The batch's place of the piece's first sample.
-    first: usize,
-}
-
-/// The draw of dropout site `site` (each site of the net its own) at
-/// `rate`; none in evaluation.
-fn site(draw: Option<Draw>, rate: f64, site: u64) -> Option<Dropout> {
-    draw.and_then(|d| Dropout::new(rate, d.seed, d.step, site))
 }
 
 struct BertNet {
@@ -225,13 +210,7 @@ impl BertNet {
         let x = self.norm.forward(&x)?;
         let mut x = dropout(&x, site(draw, hidden, 0).as_ref(), first)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            let at = 1 + 3 * i as u64;
-            let drop = Drops {
-                attention: site(draw, weights, at),
-                attention_out: site(draw, hidden, at + 1),
-                mlp_out: site(draw, hidden, at + 2),
-                first,
-            };
+            let drop = BlockDrops::of(draw, (weights, hidden), i);
             x = layer.forward(&x, &lens, &drop)?;
         }
         let cls = x.narrow(1, 0, 1)?.squeeze(1)?;

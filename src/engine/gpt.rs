@@ -14,9 +14,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::dropout::{site, BlockDrops};
 use super::linear::Linear;
 use super::model::{layer_norm, Draw, ModelSpec, TrainModule};
-use crate::kernels::{dropout, Dropout};
+use crate::kernels::dropout;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -133,10 +134,9 @@ impl Block {
         })
     }
 
-    fn attention(&self, x: &Tensor, drop: &Drops) -> Result<Tensor> {
+    fn attention(&self, x: &Tensor, drop: &BlockDrops) -> Result<Tensor> {
         let qkv = self.qkv.forward(x)?;
-        let weights = drop.weights.map(|d| (d, drop.first));
-        let y = crate::kernels::causal_attention_dropped(&qkv, self.heads, weights)?;
+        let y = crate::kernels::causal_attention_dropped(&qkv, self.heads, drop.on_weights())?;
         dropout(
             &self.proj.forward(&y)?,
             drop.attention_out.as_ref(),
@@ -144,7 +144,7 @@ impl Block {
         )
     }
 
-    fn forward(&self, x: &Tensor, drop: &Drops) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, drop: &BlockDrops) -> Result<Tensor> {
         use crate::kernels::add;
         let x = add(x, &self.attention(&self.ln1.forward(x)?, drop)?)?;
         let h = crate::kernels::gelu(&self.fc.forward(&self.ln2.forward(&x)?)?)?;
@@ -154,33 +154,6 @@ impl Block {
             drop.first,
         )?;
         add(&x, &m)
-    }
-}
-
-/// One block's dropout draws in a training step; none in evaluation.
-#[derive(Clone, Copy, Default)]
-struct Drops {
-    weights: Option<Dropout>,
-    attention_out: Option<Dropout>,
-    mlp_out: Option<Dropout>,
-    /// The batch's place of the piece's first sample.
-    first: usize,
-}
-
-impl Drops {
-    /// Block `i`'s draws at `rate` (sites `1 + 3i` to `3 + 3i`; the
-    /// embeddings' is 0).
-    fn of(draw: Option<Draw>, rate: f64, i: usize) -> Drops {
-        let Some(d) = draw else {
-            return Drops::default();
-        };
-        let site = |k: u64| Dropout::new(rate, d.seed, d.step, 1 + 3 * i as u64 + k);
-        Drops {
-            weights: site(0),
-            attention_out: site(1),
-            mlp_out: site(2),
-            first: d.first,
-        }
     }
 }
 
@@ -211,12 +184,12 @@ impl GptNet {
         let tok = crate::kernels::embedding(&self.wte, idx)?;
         let pos = self.wpe.narrow(0, 0, t)?;
         let x = tok.broadcast_add(&pos)?;
-        let embedded = draw.and_then(|d| Dropout::new(self.dropout, d.seed, d.step, 0));
+        let embedded = site(draw, self.dropout, 0);
         let mut x = dropout(&x, embedded.as_ref(), draw.map_or(0, |d| d.first))?;
         let every = self.recompute.load(Ordering::Relaxed);
         for (i, block) in self.blocks.iter().enumerate() {
             // A recomputed block draws the same masks again.
-            let drop = Drops::of(draw, self.dropout, i);
+            let drop = BlockDrops::of(draw, (self.dropout, self.dropout), i);
             x = if every > 0 && i % every == 0 {
                 let b = Arc::clone(block);
                 let f: super::recompute::Block = Arc::new(move |x: &Tensor| b.forward(x, &drop));
