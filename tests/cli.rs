@@ -230,14 +230,14 @@ fn bad_learning_rates_and_diverged_weights_are_clear_errors() {
         (
             "lr=NaN",
             2,
-            "digits.lua:17: taper.optim.adamw: option `lr`: bad learning rate NaN",
+            "digits.lua:22: taper.optim.adamw: option `lr`: bad learning rate NaN",
         ),
         ("lr=-1", 2, "bad learning rate -1"),
         ("lr=inf", 2, "bad learning rate inf"),
         (
             "lr=1e30",
             1,
-            "digits.lua:26: run:step: the loss of step 2 (epoch 1, batch 2) is NaN: the training diverged (lower the learning rate, now 1e30, clip gradients with clip_grad_norm, or look for extreme values in the data); its model is not saved, and no checkpoint was written before it: start again",
+            "digits.lua:31: run:step: the loss of step 2 (epoch 1, batch 2) is NaN: the training diverged (lower the learning rate, now 1e30, clip gradients with clip_grad_norm, or look for extreme values in the data); its model is not saved, and no checkpoint was written before it: start again",
         ),
     ];
     for (i, (set, code, says)) in cases.iter().enumerate() {

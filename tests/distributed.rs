@@ -485,7 +485,7 @@ fn a_data_parallel_run_that_diverges_stops_on_every_rank_at_that_step() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{stderr}");
     assert!(secs < 30.0, "the ranks took {secs:.1}s to stop");
-    let says = "digits.lua:26: run:step: the loss of step 2 (epoch 1, batch 2) is NaN: the training diverged";
+    let says = "digits.lua:31: run:step: the loss of step 2 (epoch 1, batch 2) is NaN: the training diverged";
     assert!(
         stderr.contains(&format!("{says} (lower the learning rate, now 1e30,"))
             && stderr.contains("no checkpoint was written before it: start again"),
