@@ -115,8 +115,22 @@ pub fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
 /// built here: only the fallback needs it, so the fused path's step builds
 /// (and on a GPU uploads) no `t x t` mask.
 fn composed(qkv: &Tensor, heads: usize, drop: Option<(Dropout, usize)>) -> Result<Tensor> {
-    let (b, t, _) = qkv.dims3()?;
+    let t = qkv.dim(1)?;
     let mask = causal_mask(t, qkv.dtype(), qkv.device())?;
+    composed_masked(qkv, heads, &mask, drop)
+}
+
+/// Softmax attention from candle's differentiable ops, `mask` (broadcast
+/// to `[b, heads, t, t]`) added to the scaled scores; with `drop` (the
+/// draw, and the batch's place of `qkv`'s first sample) the weights times
+/// its `[b, heads, t, t]` mask, in memory, as the fused ops draw it.
+pub(super) fn composed_masked(
+    qkv: &Tensor,
+    heads: usize,
+    mask: &Tensor,
+    drop: Option<(Dropout, usize)>,
+) -> Result<Tensor> {
+    let (b, t, c3) = qkv.dims3()?;
     let drop = match drop {
         Some((d, first)) => Some(
             d.mask(first, &[b, heads, t, t], qkv.device())?
@@ -124,19 +138,6 @@ fn composed(qkv: &Tensor, heads: usize, drop: Option<(Dropout, usize)>) -> Resul
         ),
         None => None,
     };
-    composed_masked(qkv, heads, &mask, drop.as_ref())
-}
-
-/// Softmax attention from candle's differentiable ops, `mask` (broadcast
-/// to `[b, heads, t, t]`) added to the scaled scores; the weights times
-/// `drop` (`[b, heads, t, t]`: dropout's mask) when given.
-pub(super) fn composed_masked(
-    qkv: &Tensor,
-    heads: usize,
-    mask: &Tensor,
-    drop: Option<&Tensor>,
-) -> Result<Tensor> {
-    let (b, t, c3) = qkv.dims3()?;
     let (c, hd) = (c3 / 3, c3 / 3 / heads);
     let qkv = qkv.reshape((b, t, 3, heads, hd))?;
     let part = |i: usize| {
@@ -148,7 +149,7 @@ pub(super) fn composed_masked(
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let att = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
     let mut att = super::softmax_last_dim(&att.broadcast_add(mask)?)?;
-    if let Some(drop) = drop {
+    if let Some(drop) = &drop {
         att = att.mul(drop)?;
     }
     att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))

@@ -57,14 +57,7 @@ fn composed(
         .flat_map(|&n| (0..t).map(move |j| if j < n { 0.0 } else { -1e9 }))
         .collect();
     let mask = Tensor::from_vec(mask, (b, 1, 1, t), qkv.device())?.to_dtype(qkv.dtype())?;
-    let drop = match drop {
-        Some((d, first)) => Some(
-            d.mask(first, &[b, heads, t, t], qkv.device())?
-                .to_dtype(qkv.dtype())?,
-        ),
-        None => None,
-    };
-    super::attention::composed_masked(qkv, heads, &mask, drop.as_ref())
+    super::attention::composed_masked(qkv, heads, &mask, drop)
 }
 
 struct Padded {
