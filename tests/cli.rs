@@ -478,6 +478,10 @@ fn export_refuses_a_format_the_model_does_not_fit() {
             format!("taper.model.mlp{{ from = {o:?}, outputs = 0 }}"),
             "option `outputs` must be a positive whole number, got 0".to_string(),
         ),
+        (
+            format!("taper.model.mlp{{ from = {o:?}, dropout = 1 }}"),
+            "option `dropout` must be a rate from 0 up to (not including) 1, got 1".to_string(),
+        ),
     ] {
         std::fs::write(
             &from,
@@ -498,6 +502,28 @@ fn export_refuses_a_format_the_model_does_not_fit() {
         let msg = String::from_utf8_lossy(&e.stderr);
         assert!(msg.contains("from.lua:1: ") && msg.contains(&says), "{msg}");
     }
+    // Fine-tuning with more dropout than the first run trained with.
+    std::fs::write(
+        &from,
+        format!("print(taper.model.mlp{{ from = {o:?}, dropout = 0.25 }})\n"),
+    )
+    .unwrap();
+    let said = taper(&[
+        "train",
+        from.to_str().unwrap(),
+        "--out",
+        from_run.to_str().unwrap(),
+    ]);
+    assert!(
+        said.status.success(),
+        "{}",
+        String::from_utf8_lossy(&said.stderr)
+    );
+    let said = String::from_utf8_lossy(&said.stdout);
+    assert!(
+        said.contains("mlp 64-128-64-10 relu dropout 0.25"),
+        "{said}"
+    );
     // A GPT is not an ONNX classifier: refused by name, from a recipe too.
     let recipe = dir.path().join("gpt.lua");
     std::fs::write(

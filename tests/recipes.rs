@@ -777,7 +777,7 @@ fn image_folder_fine_tunes_from_a_trained_run() -> Result<()> {
             .model_config
             .as_ref(),
         taper::engine::checkpoint::load(&ckpt(&first), &candle_core::Device::Cpu)?.0,
-        Some(2),
+        (Some(2), None),
     )?;
     assert_eq!(started.new_head, Some(("fc1".to_string(), 10)));
     let initial: Vec<String> = taper::engine::ModelSpec::initial_params(&started.spec)?

@@ -100,14 +100,17 @@ fn stderr(child: &mut Child) -> String {
     s
 }
 
-fn finish(mut child: Child) {
+/// Waits for a successful end; returns what it wrote to stderr.
+fn finish(mut child: Child) -> String {
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() {
         assert!(start.elapsed() < DEADLINE, "taper did not finish");
         std::thread::sleep(Duration::from_millis(20));
     }
     let status = child.wait().unwrap();
-    assert!(status.success(), "taper failed: {}", stderr(&mut child));
+    let said = stderr(&mut child);
+    assert!(status.success(), "taper failed: {said}");
+    said
 }
 
 fn epoch_record(dir: &Path, epoch: u64) -> Value {
@@ -429,6 +432,64 @@ fn a_mid_epoch_reload_continues_from_the_data_cursor_with_the_state() {
     let reference = dir_with(&[("recipe.lua", &v2)]);
     let out = train_unwatched(reference.path());
     assert_same_weights(&dir.path().join("out"), &out);
+}
+
+/// A reload that changes the model's dropout only (a regularizer: no
+/// weight depends on it) applies from the next step: the run ends where a
+/// run resumed at that step with the new rate ends, to the bit, and not
+/// where the old rate would have taken it.
+#[test]
+fn a_reload_may_change_the_dropout_from_the_next_step() {
+    let with_dropout = |text: String| {
+        let edited = text.replacen("outputs = 10 }", "outputs = 10, dropout = 0.3 }", 1);
+        assert_ne!(edited, text);
+        edited
+    };
+    let dir = dir_with(&[("recipe.lua", &held_at_40("", ""))]);
+    let mut child = watched(dir.path(), "recipe.lua");
+    holding(&mut child, dir.path());
+    save(
+        &dir.path().join("recipe.lua"),
+        &with_dropout(held_at_40("", "")),
+    );
+    let said = finish(child);
+    assert!(
+        said.contains("note: dropout 0 -> 0.3 from step 41 on, over the same weights"),
+        "{said}"
+    );
+    let reload = &events(dir.path(), "reload")[0];
+    assert_eq!((&reload["ok"], &reload["step"]), (&true.into(), &40.into()));
+    let (_, meta) =
+        checkpoint::load(&dir.path().join("out/checkpoint.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(meta.model, "mlp 64-24-10 relu dropout 0.3");
+
+    // Without dropout to the end, saving after step 40 on the way.
+    let reference = tempfile::tempdir().unwrap();
+    let mid = reference.path().join("mid.safetensors");
+    let save_at_40 = format!("if run.steps == 40 then run:save([[{}]]) end", s(&mid));
+    std::fs::write(
+        reference.path().join("recipe.lua"),
+        held_at_40("", &save_at_40),
+    )
+    .unwrap();
+    let kept = train_unwatched(reference.path());
+    // Resumed from step 40 with the new rate.
+    let resumed = tempfile::tempdir().unwrap();
+    let recipe = resumed.path().join("recipe.lua");
+    std::fs::write(&recipe, with_dropout(held_at_40("", ""))).unwrap();
+    let out = resumed.path().join("out");
+    let args = ["train", s(&recipe), "--quiet", "--out", s(&out)];
+    finish(taper(&[&args[..], &["--resume", s(&mid)]].concat()));
+    assert_same_weights(&dir.path().join("out"), &out);
+    let w = |d: &Path| {
+        let (t, _) = checkpoint::load(&d.join("checkpoint.safetensors"), &Device::Cpu).unwrap();
+        t["model.fc0.weight"]
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    assert_ne!(w(&kept), w(&out), "the new rate changed nothing");
 }
 
 #[test]

@@ -407,9 +407,9 @@ function Model:describe() end
 
 taper.model = {}
 
----A multi-layer perceptron; shaped samples are read flat. `{from = RUN, outputs?}`: the model a run trained, from its
----checkpoint, with a new head when `outputs` differs (fine-tuning). `dropout` (default 0):
----after each hidden activation, in training.
+---A multi-layer perceptron; shaped samples are read flat. `{from = RUN, outputs?, dropout?}`: the model a run trained, from its
+---checkpoint, with a new head when `outputs` differs (fine-tuning). `dropout` (default 0, or
+---the checkpoint's): after each hidden activation, in training; a reload or resume may change it.
 ---@param opts {inputs?: integer, hidden?: integer[], outputs?: integer, activation?: taper.Activation, dropout?: number, from?: string}
 ---@return taper.Model
 function taper.model.mlp(opts) end
@@ -417,9 +417,9 @@ function taper.model.mlp(opts) end
 ---Convolutions (3x3, padding 1, then activation and 2x2 max-pool) and a dense head.
 ---`input` is `{channels, height, width}`; flat samples are reshaped to it (channels-last
 ---samples, `[n, H, W, C]`, are refused: transpose them).
----`{from = RUN, outputs?}`: the model a run trained, from its checkpoint, with a new
----head when `outputs` differs (fine-tuning). `dropout` (default 0): before each dense
----layer, in training.
+---`{from = RUN, outputs?, dropout?}`: the model a run trained, from its checkpoint, with a new
+---head when `outputs` differs (fine-tuning). `dropout` (default 0, or the checkpoint's):
+---before each dense layer, in training; a reload or resume may change it.
 ---@param opts {input?: integer[], channels?: integer[], hidden?: integer[], outputs?: integer, activation?: taper.Activation, dropout?: number, from?: string}
 ---@return taper.Model
 function taper.model.cnn(opts) end

@@ -1,8 +1,11 @@
 //! The dropout draws of the transformers' blocks (the GPT's and the
 //! BERT's): each site of a net is its own draw of `kernels::Dropout`, the
-//! embeddings' site 0 and block `i`'s sites `1 + 3i` to `3 + 3i`.
+//! embeddings' site 0 and block `i`'s sites `1 + 3i` to `3 + 3i`; and
+//! which rates a run may change on resume or reload ([`rate_changes`]).
 
-use super::model::Draw;
+use serde_json::{Map, Value};
+
+use super::model::{Draw, ModelSpec};
 use crate::kernels::Dropout;
 
 /// The draw of dropout site `site` at `rate` in training (`draw`); none in
@@ -40,5 +43,137 @@ impl BlockDrops {
     /// The weights' draw as the attention kernels take it.
     pub(super) fn on_weights(&self) -> Option<(Dropout, usize)> {
         self.weights.map(|d| (d, self.first))
+    }
+}
+
+/// The options of the built-in models' constructors that set a dropout
+/// rate. A rate changes how a model trains, not what it is (no weight
+/// depends on it), so a run resumed or reloaded with other rates goes on
+/// with the same weights, as a PyTorch module's `p` may be set between
+/// steps.
+const RATE_OPTIONS: [&str; 3] = ["dropout", "attention_dropout", "classifier_dropout"];
+
+/// A dropout rate that differs between two versions of a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateChange {
+    pub option: &'static str,
+    pub was: f64,
+    pub now: f64,
+}
+
+/// Whether `was` and `now` are the same model but for their dropout rates:
+/// the rates that differ (none if the models are the same), or None when
+/// anything else differs. Models without a config (an embedder's own) are
+/// the same when their descriptions are.
+pub fn rate_changes(was: &dyn ModelSpec, now: &dyn ModelSpec) -> Option<Vec<RateChange>> {
+    if was.describe() == now.describe() {
+        return Some(Vec::new());
+    }
+    config_rate_changes(&was.config()?, &now.config()?)
+}
+
+/// [`rate_changes`] between model configs (`{ kind = options }`, as
+/// [`ModelSpec::config`] gives them and checkpoints hold them); a rate a
+/// config lacks is 0 (checkpoints from before the option).
+pub fn config_rate_changes(was: &Value, now: &Value) -> Option<Vec<RateChange>> {
+    let (was_kind, was) = single(was)?;
+    let (now_kind, now) = single(now)?;
+    let rest = |o: &Map<String, Value>| {
+        let mut o = o.clone();
+        o.retain(|k, _| !RATE_OPTIONS.contains(&k.as_str()));
+        o
+    };
+    if was_kind != now_kind || rest(was) != rest(now) {
+        return None;
+    }
+    let rate = |o: &Map<String, Value>, k: &str| o.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    Some(
+        RATE_OPTIONS
+            .iter()
+            .map(|&option| RateChange {
+                option,
+                was: rate(was, option),
+                now: rate(now, option),
+            })
+            .filter(|c| c.was != c.now)
+            .collect(),
+    )
+}
+
+/// `dropout 0.1 -> 0.2, attention_dropout 0 -> 0.1`, for notes.
+pub fn describe_changes(changes: &[RateChange]) -> String {
+    changes
+        .iter()
+        .map(|c| format!("{} {} -> {}", c.option, c.was, c.now))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The kind and options of a `{ kind = options }` config.
+fn single(config: &Value) -> Option<(&String, &Map<String, Value>)> {
+    let o = config.as_object().filter(|o| o.len() == 1)?;
+    let (kind, options) = o.iter().next()?;
+    Some((kind, options.as_object()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Bert, Mlp};
+    use serde_json::json;
+
+    fn mlp(hidden: usize, dropout: f64) -> Mlp {
+        serde_json::from_value(json!({
+            "inputs": 4, "hidden": [hidden], "outputs": 3, "dropout": dropout
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn rates_alone_may_change() {
+        assert_eq!(rate_changes(&mlp(8, 0.1), &mlp(8, 0.1)), Some(vec![]));
+        assert_eq!(
+            rate_changes(&mlp(8, 0.0), &mlp(8, 0.2)),
+            Some(vec![RateChange {
+                option: "dropout",
+                was: 0.0,
+                now: 0.2
+            }])
+        );
+        assert_eq!(rate_changes(&mlp(8, 0.1), &mlp(16, 0.1)), None);
+        assert_eq!(rate_changes(&mlp(8, 0.1), &mlp(16, 0.2)), None);
+    }
+
+    #[test]
+    fn a_rate_a_config_lacks_is_0_and_kinds_differ() {
+        let bert = |o: Value| json!({ "bert": o });
+        let old = bert(json!({ "vocab": 10, "width": 8 }));
+        let new = bert(json!({ "vocab": 10, "width": 8, "dropout": 0.1,
+                               "attention_dropout": 0.1, "classifier_dropout": 0.0 }));
+        let changes = config_rate_changes(&old, &new).unwrap();
+        assert_eq!(
+            describe_changes(&changes),
+            "dropout 0 -> 0.1, attention_dropout 0 -> 0.1"
+        );
+        let gpt = json!({ "gpt": { "vocab": 10, "width": 8 } });
+        assert_eq!(config_rate_changes(&old, &gpt), None);
+        assert_eq!(config_rate_changes(&json!(3), &old), None);
+        // The BERT's three rates are its options by these names.
+        let b: Bert = serde_json::from_value(json!({
+            "vocab": 10, "context": 8, "width": 8, "layers": 1, "heads": 2,
+            "intermediate": 16, "type_vocab": 2, "eps": 1e-12, "pad": 0, "outputs": 2,
+            "dropout": 0.1, "attention_dropout": 0.2, "classifier_dropout": 0.3
+        }))
+        .unwrap();
+        let c = Bert {
+            dropout: 0.0,
+            attention_dropout: 0.0,
+            classifier_dropout: 0.0,
+            ..b.clone()
+        };
+        assert_eq!(
+            describe_changes(&rate_changes(&b, &c).unwrap()),
+            "dropout 0.1 -> 0, attention_dropout 0.2 -> 0, classifier_dropout 0.3 -> 0"
+        );
     }
 }

@@ -6,7 +6,7 @@ pub mod checkpoint;
 mod class_weights;
 mod cnn;
 mod device;
-mod dropout;
+pub mod dropout;
 mod gpt;
 pub mod ignored;
 pub mod linear;

@@ -32,13 +32,14 @@ pub struct Started {
 /// The `kind` (`mlp` or `cnn`) model of the checkpoint at `path`
 /// (`tensors`, `config`: what [`super::checkpoint::load`] read), with
 /// `outputs` classes when given: a head of another size starts afresh,
-/// every other weight from the checkpoint.
+/// every other weight from the checkpoint; and `dropout` for the
+/// checkpoint's rate when given (fine-tuning often drops out more).
 pub fn start_from(
     path: &Path,
     kind: &str,
     config: Option<&serde_json::Value>,
     mut tensors: HashMap<String, Tensor>,
-    outputs: Option<usize>,
+    (outputs, dropout): (Option<usize>, Option<f64>),
 ) -> Result<Started> {
     let bad = |msg: String| Error::Checkpoint {
         path: PathBuf::from(path),
@@ -60,6 +61,7 @@ pub fn start_from(
             let mut m: Mlp = serde_json::from_value(options).map_err(parse)?;
             let trained = m.outputs;
             m.outputs = outputs.unwrap_or(trained);
+            m.dropout = dropout.unwrap_or(m.dropout);
             let hidden = m.hidden.len();
             (Arc::new(m), hidden, trained)
         }
@@ -67,6 +69,7 @@ pub fn start_from(
             let mut c: Cnn = serde_json::from_value(options).map_err(parse)?;
             let trained = c.outputs;
             c.outputs = outputs.unwrap_or(trained);
+            c.dropout = dropout.unwrap_or(c.dropout);
             let hidden = c.hidden.len();
             (Arc::new(c), hidden, trained)
         }

@@ -137,11 +137,13 @@ fn model<T: ModelSpec + serde::de::DeserializeOwned + 'static>(
     })
 }
 
-/// `taper.model.cnn{ from = "runs/pets", outputs = 5 }`: the architecture
-/// and trained weights of a checkpoint (or a run folder's newest), with a
-/// new head when `outputs` differs from the checkpoint's.
+/// `taper.model.cnn{ from = "runs/pets", outputs = 5, dropout = 0.2 }`:
+/// the architecture and trained weights of a checkpoint (or a run folder's
+/// newest), with a new head when `outputs` differs from the checkpoint's,
+/// and the checkpoint's dropout unless `dropout` is given.
 fn warm_start(lua: &Lua, what: &str, kind: &str, t: &Table) -> mlua::Result<ModelHandle> {
-    super::options::check_keys(lua, &format!("{what} with `from`"), t, &["from", "outputs"])?;
+    let keys = ["from", "outputs", "dropout"];
+    super::options::check_keys(lua, &format!("{what} with `from`"), t, &keys)?;
     let from: String = match t.get::<Value>("from")? {
         Value::String(s) => s.to_str()?.to_string(),
         other => {
@@ -155,6 +157,7 @@ fn warm_start(lua: &Lua, what: &str, kind: &str, t: &Table) -> mlua::Result<Mode
         }
     };
     let outputs = positive(lua, what, t, "outputs")?;
+    let dropout = rate(lua, what, t, "dropout")?;
     let fail = |e: crate::Error| config_error(lua, format!("{what}: {e}"));
     super::data_files::check_files(lua, what, &[std::path::Path::new(&from)])?;
     let path = crate::interop::saved::locate(std::path::Path::new(&from)).map_err(fail)?;
@@ -165,7 +168,7 @@ fn warm_start(lua: &Lua, what: &str, kind: &str, t: &Table) -> mlua::Result<Mode
         kind,
         meta.model_config.as_ref(),
         tensors,
-        outputs,
+        (outputs, dropout),
     )
     .map_err(fail)?;
     let host = super::state(lua);

@@ -97,6 +97,19 @@ impl Run {
                 meta.lr
             ));
         }
+        let rates = meta
+            .model_config
+            .as_ref()
+            .zip(self.trainer.spec().config())
+            .and_then(|(was, now)| crate::engine::dropout::config_rate_changes(was, &now))
+            .unwrap_or_default();
+        if !rates.is_empty() {
+            notes.push(format!(
+                "note: dropout as the recipe declares it ({}) from here on; the weights are {}'s",
+                crate::engine::dropout::describe_changes(&rates),
+                path.display()
+            ));
+        }
         if meta.seed != self.seed {
             notes.push(format!(
                 "note: the run's seed differs from the one {} was trained with (--seed or the recipe's seed changed): what it seeds follows the new one from here on, and a changed --seed reorders the data's shuffles too{}",

@@ -520,6 +520,42 @@ fn a_resume_refused_for_another_model_does_not_offer_the_same_resume() {
     );
 }
 
+/// Dropout is a regularizer, not part of what the model is (no weight
+/// depends on it): the shipped digits recipe trained without it resumes
+/// with `--set dropout=0.2`, says so, and its checkpoints hold the new rate
+/// (anything else about the model still refuses the resume: the test
+/// above).
+#[test]
+fn a_resume_may_change_the_dropout() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let base = ["train", "scripts/digits.lua", "--quiet", "--out", s(&out)];
+    let o = cmd(&[&base[..], &["--set", "epochs=1"]].concat())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let set = [
+        "--set",
+        "epochs=2",
+        "--set",
+        "dropout=0.2",
+        "--resume",
+        "auto",
+    ];
+    let o = cmd(&[&base[..], &set].concat()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("note: dropout as the recipe declares it (dropout 0 -> 0.2) from here on"),
+        "{err}"
+    );
+    let meta = checkpoint::read_meta(&out.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(
+        (meta.epoch, meta.model.as_str()),
+        (2, "mlp 64-128-64-10 relu dropout 0.2")
+    );
+}
+
 /// A run stopped mid-epoch (os.exit after step 3: 150 of 600 samples) and
 /// resumed: into the same data, quietly; into data of another size (500
 /// samples), with a note that says what the rest of the epoch will be. The

@@ -122,7 +122,6 @@ impl Trainer {
         if p == self.precision() {
             return Ok(());
         }
-        let dev = self.opts.device.clone();
         if p != Precision::F32 && self.opts.dtype != DType::F32 {
             return Err(Error::Config(format!(
                 "precision {}: the model's weights are {:?}, mixed precision needs f32 masters",
@@ -130,11 +129,33 @@ impl Trainer {
                 self.opts.dtype
             )));
         }
-        let mixed = match p.low() {
+        self.mixed = match p.low() {
             None => None,
             Some(_) => Some(Mixed::new(&self.store, p)?),
         };
-        self.model = match &mixed {
+        self.rebuild()
+    }
+
+    /// Trains `spec` from the next step on: the same model but for its
+    /// dropout rates ([`crate::engine::dropout::rate_changes`]), over the
+    /// same weights and optimizer state (a reload that changed them).
+    pub fn set_spec(&mut self, spec: Arc<dyn ModelSpec>) -> Result<()> {
+        if crate::engine::dropout::rate_changes(&*self.spec, &*spec).is_none() {
+            return Err(Error::Config(format!(
+                "the model {} cannot become {}: only its dropout rates may change",
+                self.spec.describe(),
+                spec.describe()
+            )));
+        }
+        self.spec = spec;
+        self.rebuild()
+    }
+
+    /// Builds the forward function again, over the working copy under mixed
+    /// precision or the parameters themselves.
+    fn rebuild(&mut self) -> Result<()> {
+        let dev = self.opts.device.clone();
+        self.model = match &self.mixed {
             Some(m) => self
                 .spec
                 .build_train(m.work.var_builder(m.work_dtype(), &dev))?,
@@ -142,7 +163,6 @@ impl Trainer {
                 .spec
                 .build_train(self.store.var_builder(self.opts.dtype, &dev))?,
         };
-        self.mixed = mixed;
         self.model.set_recompute(self.recompute);
         Ok(())
     }

@@ -41,8 +41,14 @@ impl Trainer {
     /// Restores weights and optimizer state from a checkpoint.
     pub fn load(&mut self, path: &Path) -> Result<CheckpointMeta> {
         let (tensors, meta) = checkpoint::load(path, &self.opts.device)?;
-        if meta.model != self.spec.describe() {
-            // The recipe's model changed since the run: a usage error.
+        let same_but_rates = meta
+            .model_config
+            .as_ref()
+            .zip(self.spec.config())
+            .and_then(|(was, now)| crate::engine::dropout::config_rate_changes(was, &now));
+        if meta.model != self.spec.describe() && same_but_rates.is_none() {
+            // The recipe's model changed since the run: a usage error
+            // (its dropout rates alone may change: `run::saving` notes it).
             return Err(Error::Config(format!(
                 "resuming {}: it holds `{}`, the recipe builds `{}`; a changed \
                  model cannot continue this run: start it in another folder \

@@ -4,7 +4,8 @@
 //! reload may change:
 //!
 //! - may change: `data` (the cursor carries over), `schedule`, `on_oom`,
-//!   `mem_limit`, `micro_batch`, `loss` options, `precision`, `recompute`,
+//!   `mem_limit`, `micro_batch`, `loss` options, the model's dropout
+//!   rates, `precision`, `recompute`,
 //!   `offload` (each applied only when the new version declares it
 //!   differently from the previous one, so that what an OOM policy chose
 //!   stays otherwise), the optimizer's `lr`, and everything the recipe's
@@ -46,6 +47,8 @@ pub(crate) struct Staged {
     precision: Precision,
     recompute: usize,
     offload: Option<crate::engine::optim::offload::Place>,
+    /// The model, whose dropout rates may differ from the run's.
+    model: std::sync::Arc<dyn crate::engine::ModelSpec>,
 }
 
 /// In a reloaded version, the existing run for this `taper.run{}` call,
@@ -82,10 +85,13 @@ pub(crate) fn adopt(
         precision: o.precision,
         recompute: o.recompute,
         offload: o.offload,
+        model: o.model.0,
     };
     if committed {
         // A run the new version reaches after its first safe point.
-        commit(vec![staged]).map_err(|e| config_error(lua, e))?;
+        for note in commit(vec![staged]).map_err(|e| config_error(lua, e))? {
+            host.out.tell(&note);
+        }
     } else if let Some(trial) = host.reload.borrow_mut().trial.as_mut() {
         trial.push(staged);
     }
@@ -95,12 +101,13 @@ pub(crate) fn adopt(
 fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
     let restart =
         "stop the run and start it again (taper train ... --resume <checkpoint>) to change it";
-    let (was, now) = (r.core.trainer.spec().describe(), o.model.0.describe());
-    if was != now {
+    let (was, now) = (r.core.trainer.spec(), &o.model.0);
+    if crate::engine::dropout::rate_changes(&**was, &**now).is_none() {
+        let (was, now) = (was.describe(), now.describe());
         return Err(config_error(
             lua,
             // Nor can a resume (trainer::state): a new model is a new run.
-            format!("taper.run: a reload cannot change the model's architecture or options (running: {was}; new: {now}); a changed model is a new run: stop this one and start the edited recipe with another --out"),
+            format!("taper.run: a reload cannot change the model's architecture or options other than dropout (running: {was}; new: {now}); a changed model is a new run: stop this one and start the edited recipe with another --out"),
         ));
     }
     let old = r.core.trainer.optim_spec();
@@ -148,8 +155,9 @@ fn check(lua: &Lua, r: &RunState, o: &RunOptions) -> mlua::Result<()> {
 
 /// Applies a new version's staged strategies: first everything that runs
 /// the new code (the schedule's plan for the next step, `on_reload`), and
-/// only when all of it succeeded, the swap.
-pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<(), String> {
+/// only when all of it succeeded, the swap. Returns notes for the user on
+/// what changed that the records do not show (a model's dropout).
+pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<Vec<String>, String> {
     let mut ready = Vec::with_capacity(staged.len());
     for s in staged {
         let (step, epoch, old_state) = {
@@ -187,17 +195,18 @@ pub(crate) fn commit(staged: Vec<Staged>) -> std::result::Result<(), String> {
         };
         ready.push((s, plan, new_state));
     }
+    let mut notes = Vec::new();
     for (s, plan, new_state) in ready {
-        apply(s, plan, new_state)?;
+        notes.extend(apply(s, plan, new_state)?);
     }
-    Ok(())
+    Ok(notes)
 }
 
 fn apply(
     s: Staged,
     plan: Option<(u64, u64, StepPlan)>,
     state: Table,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Option<String>, String> {
     let mut r = s.run.borrow_mut();
     // Only what the new version declares differently: an OOM policy's
     // precision, recompute or offload stays through a reload that leaves
@@ -227,6 +236,20 @@ fn apply(
             .set_offload(now.offload.is_some())
             .map_err(|e| e.to_string())?;
     }
+    let rates = crate::engine::dropout::rate_changes(&**r.core.trainer.spec(), &*s.model)
+        .unwrap_or_default();
+    let mut note = None;
+    if !rates.is_empty() {
+        r.core
+            .trainer
+            .set_spec(s.model)
+            .map_err(|e| e.to_string())?;
+        note = Some(format!(
+            "note: {} from step {} on, over the same weights",
+            crate::engine::dropout::describe_changes(&rates),
+            r.core.trainer.step + 1
+        ));
+    }
     if s.optim.lr() != r.core.trainer.optim_spec().lr() {
         r.core.trainer.set_learning_rate(s.optim.lr());
     }
@@ -240,5 +263,5 @@ fn apply(
     r.state = state;
     r.core.pending = plan;
     r.reenter = r.core.cursor.in_epoch;
-    Ok(())
+    Ok(note)
 }

@@ -238,7 +238,11 @@ fn try_version(
     let result = src.and_then(|src| {
         let (thread, env) = run_trial(lua, &recipe.1, &src)?;
         let staged = host.reload.borrow_mut().trial.take().unwrap_or_default();
-        adopt::commit(staged).map(|()| (thread, env, src))
+        let notes = adopt::commit(staged)?;
+        for note in notes {
+            host.out.tell(&note);
+        }
+        Ok((thread, env, src))
     });
     match result {
         Ok((thread, env, src)) => {
