@@ -19,6 +19,7 @@ local cfg = taper.config{
   export = "", -- a folder: write the adapters for llama.cpp, and a merged model
   recompute = false, -- true: recompute each block in the backward (less memory, more time)
   chunk = 256, -- the loss takes this many positions at a time through the head (0: all at once)
+  lora_dropout = 0.0, -- dropout on the adapters' inputs in training (PEFT's lora_dropout)
 }
 
 local dir = "data/smollm2/"
@@ -34,6 +35,7 @@ local run = taper.run{
     path = dir .. "SmolLM2-135M-Instruct.Q4_1.gguf", context = cfg.context,
     lora_rank = cfg.rank, lora_alpha = cfg.alpha, layers = cfg.layers > 0 and cfg.layers or nil,
     train = cfg.train, base = cfg.base ~= "file" and cfg.base or nil,
+    lora_dropout = cfg.train == "lora" and cfg.lora_dropout or nil,
   },
   optim = taper.optim.adamw{ lr = cfg.lr, weight_decay = 0 },
   loss = taper.loss.cross_entropy{ chunk = cfg.chunk },

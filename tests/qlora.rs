@@ -156,6 +156,16 @@ fn bad_llama_options_and_files_are_refused_at_the_recipe_line() -> Result<()> {
         (p(&good), r#"train = "half""#.into(), "unknown train `half`"),
         (p(&good), r#"base = "q5_k""#.into(), "unknown base `q5_k`"),
         (
+            p(&good),
+            "lora_dropout = 1".into(),
+            "lora_dropout 1 is not a rate in [0, 1)",
+        ),
+        (
+            p(&good),
+            r#"train = "full", lora_dropout = 0.1"#.into(),
+            r#"lora_dropout 0.1: train = "full" has no adapters"#,
+        ),
+        (
             p(&dir.path().join("absent.gguf")),
             String::new(),
             "absent.gguf does not exist",
@@ -441,14 +451,23 @@ fn the_base_can_be_requantized_to_8_or_4_bits() -> Result<()> {
 }
 
 /// Recomputing the blocks in the backward gives the adapters the gradients
-/// of the plain backward.
+/// of the plain backward, with `lora_dropout` too (a recomputed block draws
+/// the same masks).
 #[test]
 fn recomputed_llama_blocks_give_the_adapters_the_same_gradients() -> Result<()> {
+    for rate in [0.0, 0.3] {
+        recomputed_blocks_match(rate)?;
+    }
+    Ok(())
+}
+
+fn recomputed_blocks_match(rate: f64) -> Result<()> {
     use taper::engine::loss::CrossEntropy;
-    let (store, model, x, y) = two_blocks()?;
+    let (store, model, x, y) = two_blocks(rate)?;
     let grads = |every: usize| -> Result<Vec<Vec<f32>>> {
         assert!(model.set_recompute(every));
-        let loss = CrossEntropy::default().loss(&model.forward(&x)?, &y)?;
+        let logits = model.forward_train(&x, DRAW)?;
+        let loss = CrossEntropy::default().loss(&logits, &y)?;
         let mut g = loss.backward()?;
         taper::engine::recompute::merge_parameter_grads(&mut g)?;
         store
@@ -481,7 +500,7 @@ fn recomputed_llama_blocks_give_the_adapters_the_same_gradients() -> Result<()> 
 fn the_chunked_loss_takes_the_tied_frozen_head_dequantized() -> Result<()> {
     use candle_core::Tensor;
     use taper::engine::loss::CrossEntropy;
-    let (store, model, x, y) = two_blocks()?;
+    let (store, model, x, y) = two_blocks(0.0)?;
     let (hidden, head) = model
         .hidden_and_head(
             &x,
@@ -536,10 +555,56 @@ fn the_chunked_loss_takes_the_tied_frozen_head_dequantized() -> Result<()> {
     Ok(())
 }
 
-/// The first two blocks of SmolLM2 with adapters whose B is random (it
-/// starts at zero, which would give A no gradient), and 8 tokens with their
-/// next ones.
-fn two_blocks() -> Result<(
+/// A training step's draw: seed 7, step 3, the batch's first sample.
+const DRAW: taper::engine::Draw = taper::engine::Draw {
+    seed: 7,
+    step: 3,
+    first: 0,
+};
+
+/// `lora_dropout` drops out each adapter's input in training only; each
+/// sample's masks follow from its place in the step's batch, so a
+/// micro-batch of the batch's later samples (after an OOM) draws what the
+/// whole batch would have drawn for them.
+#[test]
+fn lora_dropout_draws_by_the_samples_place_and_only_in_training() -> Result<()> {
+    use candle_core::Tensor;
+    let (_, plain, _, _) = two_blocks(0.0)?;
+    let (_, dropped, _, _) = two_blocks(0.3)?;
+    let x = Tensor::new(
+        &[
+            [1u32, 504, 2030, 28, 339, 9, 77, 1860],
+            [504, 2030, 28, 339, 9, 77, 1860, 11],
+            [9, 77, 1860, 11, 1, 504, 2030, 28],
+        ],
+        &Device::Cpu,
+    )?;
+    let values = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1()?) };
+    let gap = |a: &[f32], b: &[f32]| {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale
+    };
+    // The same weights (B set alike in both), so evaluation is the same.
+    let eval = values(plain.forward(&x)?)?;
+    assert_eq!(values(dropped.forward(&x)?)?, eval);
+    assert_eq!(values(plain.forward_train(&x, DRAW)?)?, eval);
+    let train = values(dropped.forward_train(&x, DRAW)?)?;
+    assert_eq!(values(dropped.forward_train(&x, DRAW)?)?, train);
+    let moved = gap(&train, &eval);
+    assert!(moved > 1e-3, "dropout moved the logits by {moved} only");
+    let later = taper::engine::Draw { first: 1, ..DRAW };
+    let part = values(dropped.forward_train(&x.narrow(0, 1, 2)?, later)?)?;
+    let whole = &train[train.len() / 3..];
+    assert!(gap(&part, whole) < 1e-5, "{}", gap(&part, whole));
+    Ok(())
+}
+
+/// The first two blocks of SmolLM2 with adapters (dropping out their
+/// inputs at `lora_dropout`) whose B is random (it starts at zero, which
+/// would give A no gradient), and 8 tokens with their next ones.
+fn two_blocks(
+    lora_dropout: f64,
+) -> Result<(
     taper::engine::ParamStore,
     Box<dyn taper::engine::model::TrainModule>,
     candle_core::Tensor,
@@ -549,7 +614,7 @@ fn two_blocks() -> Result<(
     common::fetched("data/smollm2/tokenizer.json")?;
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
     let spec: LlamaGguf = serde_json::from_value(serde_json::json!({
-        "path": path, "layers": 2, "context": 16,
+        "path": path, "layers": 2, "context": 16, "lora_dropout": lora_dropout,
     }))?;
     let store = taper::engine::ParamStore::new(3);
     let model = spec.build_train(store.var_builder(DType::F32, &Device::Cpu))?;

@@ -435,8 +435,9 @@ function taper.model.cnn(opts) end
 function taper.model.gpt(opts) end
 
 ---A llama-architecture GGUF model (e.g. SmolLM2) with frozen quantized weights and
----trainable low-rank adapters (QLoRA).
----@param opts {path: string, lora_rank?: integer, lora_alpha?: number, lora_targets?: string[], layers?: integer, context?: integer, base?: "q8_0"|"q4_0"|"q4_1"|"f16", train?: "lora"|"full"}
+---trainable low-rank adapters (QLoRA). `lora_dropout` (default 0) drops out each
+---adapter's input in training, as PEFT's.
+---@param opts {path: string, lora_rank?: integer, lora_alpha?: number, lora_targets?: string[], lora_dropout?: number, layers?: integer, context?: integer, base?: "q8_0"|"q4_0"|"q4_1"|"f16", train?: "lora"|"full"}
 ---@return taper.Model
 function taper.model.llama_gguf(opts) end
 

@@ -51,7 +51,12 @@ impl BlockDrops {
 /// depends on it), so a run resumed or reloaded with other rates goes on
 /// with the same weights, as a PyTorch module's `p` may be set between
 /// steps.
-const RATE_OPTIONS: [&str; 3] = ["dropout", "attention_dropout", "classifier_dropout"];
+const RATE_OPTIONS: [&str; 4] = [
+    "dropout",
+    "attention_dropout",
+    "classifier_dropout",
+    "lora_dropout",
+];
 
 /// A dropout rate that differs between two versions of a model.
 #[derive(Debug, Clone, PartialEq)]

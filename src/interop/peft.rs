@@ -110,7 +110,7 @@ pub fn export_peft(
             "task_type": "CAUSAL_LM",
             "r": spec.lora_rank,
             "lora_alpha": spec.lora_alpha,
-            "lora_dropout": 0.0,
+            "lora_dropout": spec.lora_dropout,
             "target_modules": targets,
             "bias": "none",
             "fan_in_fan_out": false,

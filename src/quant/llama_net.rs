@@ -14,6 +14,7 @@ use super::llama::{LlamaGguf, Weights, PROJECTIONS};
 use super::lora::{LoraLinear, QLinear};
 use crate::engine::model::TrainModule;
 use crate::engine::Draw;
+use crate::kernels::Dropout;
 
 enum Proj {
     Frozen(QLinear),
@@ -22,13 +23,21 @@ enum Proj {
     Full(Tensor),
 }
 
-impl Module for Proj {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl Proj {
+    /// `x` through the projection; an adapter's input dropped out by
+    /// `drop` (training with `lora_dropout`).
+    fn forward_drawn(&self, x: &Tensor, drop: Option<&Dropout>, first: usize) -> Result<Tensor> {
         match self {
             Proj::Frozen(p) => p.forward(x),
-            Proj::Lora(p) => p.forward(x),
+            Proj::Lora(p) => p.forward_drawn(x, drop, first),
             Proj::Full(w) => x.broadcast_matmul(&w.t()?),
         }
+    }
+}
+
+impl Module for Proj {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_drawn(x, None, 0)
     }
 }
 
@@ -36,6 +45,30 @@ struct Block {
     attn_norm: Tensor,
     ffn_norm: Tensor,
     p: HashMap<&'static str, Proj>,
+}
+
+/// A block's draws of `lora_dropout` in a training step, one per
+/// projection (each adapter drops out its own input, as each of PEFT's
+/// LoRA layers has its own `nn.Dropout`): block `i`'s projection `j` (in
+/// [`PROJECTIONS`]' order) is site `1 + 7i + j`. None in evaluation.
+#[derive(Clone, Copy, Default)]
+struct Drops {
+    sites: [Option<Dropout>; PROJECTIONS.len()],
+    /// The batch's place of the piece's first sample.
+    first: usize,
+}
+
+impl Drops {
+    fn of(draw: Option<Draw>, rate: f64, block: usize) -> Drops {
+        let Some(d) = draw else {
+            return Drops::default();
+        };
+        let at = 1 + (PROJECTIONS.len() * block) as u64;
+        Drops {
+            sites: std::array::from_fn(|j| Dropout::new(rate, d.seed, d.step, at + j as u64)),
+            first: d.first,
+        }
+    }
 }
 
 pub struct LlamaNet {
@@ -46,6 +79,8 @@ pub struct LlamaNet {
     norm: Tensor,
     blocks: Vec<Arc<Block>>,
     context: usize,
+    /// Dropout on each adapter's input in training (PEFT's `lora_dropout`).
+    lora_dropout: f64,
     /// Recompute every n-th block in the backward (0: none).
     recompute: AtomicUsize,
 }
@@ -64,18 +99,26 @@ impl Block {
         out
     }
 
+    /// Projection `name` of `x`, with its draw of `drop`.
+    fn proj(&self, name: &str, x: &Tensor, drop: &Drops) -> Result<Tensor> {
+        let j = PROJECTIONS.iter().position(|p| *p == name);
+        let site = j.and_then(|j| drop.sites[j].as_ref());
+        self.p[name].forward_drawn(x, site, drop.first)
+    }
+
     /// `x` through the block: attention and MLP, each with its residual.
-    fn forward(&self, w: &Weights, x: &Tensor, rope: &Rope) -> Result<Tensor> {
+    fn forward(&self, w: &Weights, x: &Tensor, rope: &Rope, drop: &Drops) -> Result<Tensor> {
         let h = crate::kernels::rms_norm(x, &self.attn_norm, w.eps)?;
         let heads = Heads {
             nh: w.heads,
             nkv: w.kv_heads,
         };
-        let x = (x + attention(heads, self, &h, rope)?)?;
+        let x = (x + attention(heads, (self, drop), &h, rope)?)?;
         let h = crate::kernels::rms_norm(&x, &self.ffn_norm, w.eps)?;
-        let gate = self.p["ffn_gate"].forward(&h)?;
-        let up = self.p["ffn_up"].forward(&h)?;
-        x + self.p["ffn_down"].forward(&crate::kernels::swiglu(&gate, &up)?)?
+        let gate = self.proj("ffn_gate", &h, drop)?;
+        let up = self.proj("ffn_up", &h, drop)?;
+        let down = self.proj("ffn_down", &crate::kernels::swiglu(&gate, &up)?, drop)?;
+        x + down
     }
 }
 
@@ -94,13 +137,18 @@ struct Heads {
     nkv: usize,
 }
 
-fn attention(heads: Heads, blk: &Block, x: &Tensor, rope: &Rope) -> Result<Tensor> {
+fn attention(
+    heads: Heads,
+    (blk, drop): (&Block, &Drops),
+    x: &Tensor,
+    rope: &Rope,
+) -> Result<Tensor> {
     let (b, t, c) = x.dims3()?;
     let Heads { nh, nkv } = heads;
     let hd = c / nh;
     // A projection as `[b, t, n, hd]`; q and k rotated (the rotation works
     // on `[b, n, t, hd]`).
-    let proj = |p: &str, n: usize| blk.p[p].forward(x)?.reshape((b, t, n, hd));
+    let proj = |p: &str, n: usize| blk.proj(p, x, drop)?.reshape((b, t, n, hd));
     let rotated = |p: &str, n: usize| -> Result<Tensor> {
         let z = proj(p, n)?.transpose(1, 2)?;
         crate::kernels::rope_interleaved(&z, &rope.cos, &rope.sin)?.transpose(1, 2)
@@ -122,11 +170,13 @@ fn attention(heads: Heads, blk: &Block, x: &Tensor, rope: &Rope) -> Result<Tenso
     // backward; composed ops where it does not apply).
     let qkv = Tensor::cat(&[q, k, v], 2)?.reshape((b, t, 3 * c))?;
     let y = crate::kernels::causal_attention(&qkv, nh)?;
-    blk.p["attn_output"].forward(&y)
+    blk.proj("attn_output", &y, drop)
 }
 
 impl LlamaNet {
-    fn hidden(&self, idx: &Tensor) -> Result<Tensor> {
+    /// The last hidden states of `idx`, with `lora_dropout` drawn from
+    /// `draw` (training) or none.
+    fn hidden(&self, idx: &Tensor, draw: Option<Draw>) -> Result<Tensor> {
         let (b, t) = idx.dims2()?;
         if t > self.context {
             candle_core::bail!("llama: {t} tokens exceed the context of {}", self.context);
@@ -149,13 +199,15 @@ impl LlamaNet {
         };
         let every = self.recompute.load(Ordering::Relaxed);
         for (i, blk) in self.blocks.iter().enumerate() {
+            // A recomputed block draws the same masks again.
+            let drop = Drops::of(draw, self.lora_dropout, i);
             x = if every > 0 && i % every == 0 {
                 let (b, w, r) = (Arc::clone(blk), Arc::clone(&self.w), rope.clone());
                 let f: crate::engine::recompute::Block =
-                    Arc::new(move |x: &Tensor| b.forward(&w, x, &r));
+                    Arc::new(move |x: &Tensor| b.forward(&w, x, &r, &drop));
                 crate::engine::recompute::checkpoint(&x, blk.params(), f)?
             } else {
-                blk.forward(&self.w, &x, &rope)?
+                blk.forward(&self.w, &x, &rope, &drop)?
             };
         }
         crate::kernels::rms_norm(&x, &self.norm, self.w.eps)
@@ -164,11 +216,15 @@ impl LlamaNet {
 
 impl Module for LlamaNet {
     fn forward(&self, idx: &Tensor) -> Result<Tensor> {
-        self.head.forward(&self.hidden(idx)?)
+        self.head.forward(&self.hidden(idx, None)?)
     }
 }
 
 impl TrainModule for LlamaNet {
+    fn forward_train(&self, idx: &Tensor, draw: Draw) -> Result<Tensor> {
+        self.head.forward(&self.hidden(idx, Some(draw))?)
+    }
+
     fn set_recompute(&self, every: usize) -> bool {
         self.recompute.store(every, Ordering::Relaxed);
         true
@@ -181,7 +237,7 @@ impl TrainModule for LlamaNet {
     /// products are then f32, without the 8-bit rounding of the hidden
     /// states that the quantized head (and llama.cpp) makes. A separate
     /// frozen head: none, and the loss takes the full logits.
-    fn hidden_and_head(&self, idx: &Tensor, _draw: Draw) -> Result<Option<(Tensor, Tensor)>> {
+    fn hidden_and_head(&self, idx: &Tensor, draw: Draw) -> Result<Option<(Tensor, Tensor)>> {
         let head = match &self.head {
             Proj::Full(w) => w.clone(),
             Proj::Frozen(_) if !self.w.tensors.contains_key("output.weight") => {
@@ -189,7 +245,7 @@ impl TrainModule for LlamaNet {
             }
             _ => return Ok(None),
         };
-        Ok(Some((self.hidden(idx)?, head)))
+        Ok(Some((self.hidden(idx, Some(draw))?, head)))
     }
 }
 
@@ -280,6 +336,7 @@ impl LlamaGguf {
             blocks,
             context: self.context,
             w,
+            lora_dropout: self.lora_dropout,
             recompute: AtomicUsize::new(0),
         })
     }
@@ -378,7 +435,7 @@ mod tests {
             }
             Ok(out)
         };
-        let fused = run(&|| attention(h, &blk, &x, &rope))?;
+        let fused = run(&|| attention(h, (&blk, &Drops::default()), &x, &rope))?;
         let reference = run(&|| composed(h, &blk, &x, &rope))?;
         for (i, (a, r)) in fused.iter().zip(&reference).enumerate() {
             let scale = r.iter().fold(0f32, |m, v| m.max(v.abs()));

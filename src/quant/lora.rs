@@ -14,6 +14,8 @@ use candle_core::{
     CpuStorage, CustomOp1, DType, Device, Layout, Module, Result, Shape, Storage, Tensor,
 };
 
+use crate::kernels::{dropout, Dropout};
+
 /// `x @ W^T` with a frozen quantized `W [out, in]`, differentiable in `x`.
 #[derive(Clone)]
 pub struct QLinear {
@@ -131,12 +133,26 @@ pub struct LoraLinear {
     pub scale: f64,
 }
 
-impl Module for LoraLinear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+impl LoraLinear {
+    /// `forward` with `drop` applied to the adapter's input in training, as
+    /// PEFT's `lora_dropout`: `x W^T + (alpha / r) (drop(x) A^T) B^T`
+    /// (`first`: the batch's place of `x`'s first sample).
+    pub fn forward_drawn(
+        &self,
+        x: &Tensor,
+        drop: Option<&Dropout>,
+        first: usize,
+    ) -> Result<Tensor> {
         let y = self.base.forward(x)?;
-        let low = x.broadcast_matmul(&self.a.t()?)?;
+        let low = dropout(x, drop, first)?.broadcast_matmul(&self.a.t()?)?;
         let up = low.broadcast_matmul(&self.b.t()?)?;
         y + (up * self.scale)?
+    }
+}
+
+impl Module for LoraLinear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_drawn(x, None, 0)
     }
 }
 
@@ -205,7 +221,13 @@ mod tests {
             .map(|k| ((k as f32) * 0.377).sin() * 0.2)
             .collect();
         let w = Tensor::from_vec(w, (o, i), &dev)?;
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
+        // With `lora_dropout`, its mask multiplies the adapter's input only
+        // (the batch's samples 1 and 2: `first` = 1).
+        let drop = Dropout::new(0.3, 5, 2, 9);
+        let cases = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1]
+            .into_iter()
+            .flat_map(|d| [(d, None), (d, drop.as_ref())]);
+        for (dtype, drop) in cases {
             let q = Arc::new(QTensor::quantize(&w, dtype)?);
             let wd = q.dequantize(&dev)?;
             // Fixed inputs: candle's randn is unseeded, and with some draws
@@ -219,7 +241,7 @@ mod tests {
                 b: b.as_tensor().clone(),
                 scale: 2.0,
             };
-            let y = layer.forward(x.as_tensor())?;
+            let y = layer.forward_drawn(x.as_tensor(), drop, 1)?;
             let g = (y.sqr()?.sum_all()? * 0.5)?.backward()?;
 
             let f64v = |t: &Tensor| Var::from_tensor(&t.to_dtype(DType::F64).unwrap()).unwrap();
@@ -229,9 +251,12 @@ mod tests {
                 f64v(b.as_tensor()),
             );
             let w2 = wd.to_dtype(DType::F64)?;
+            let kept = match drop {
+                Some(d) => (x2.as_tensor() * d.mask(1, &[2, 3, i], &dev)?.to_dtype(DType::F64)?)?,
+                None => x2.as_tensor().clone(),
+            };
             let y2 = (x2.as_tensor().broadcast_matmul(&w2.t()?)?
-                + (x2
-                    .as_tensor()
+                + (kept
                     .broadcast_matmul(&a2.as_tensor().t()?)?
                     .broadcast_matmul(&b2.as_tensor().t()?)?
                     * 2.0)?)?;
@@ -249,13 +274,22 @@ mod tests {
             // llama.cpp does): relative errors of 1e-3 to 4e-3 here.
             let ry = rel(&y, &y2)?;
             assert!(ry < 1e-2, "{dtype:?} forward {ry}");
+            if drop.is_some() {
+                // The mask moved the output: against the reference without
+                // it, the error is far above the quantization's.
+                let plain = layer.forward(x.as_tensor())?;
+                assert!(
+                    rel(&plain, &y2)? > 0.05,
+                    "{dtype:?}: the mask changed nothing"
+                );
+            }
             for (name, p, q) in [
                 ("x", g.get(x.as_tensor()), g2.get(x2.as_tensor())),
                 ("a", g.get(a.as_tensor()), g2.get(a2.as_tensor())),
                 ("b", g.get(b.as_tensor()), g2.get(b2.as_tensor())),
             ] {
                 let e = rel(p.expect("gradient"), q.expect("gradient"))?;
-                assert!(e < 1e-2, "{dtype:?} d{name}: {e}");
+                assert!(e < 1e-2, "{dtype:?} {drop:?} d{name}: {e}");
             }
         }
         Ok(())

@@ -129,13 +129,16 @@ fn the_mnist_csv_recipe_stops_and_resumes_to_the_same_weights() {
 }
 
 /// One epoch of 40 steps over the first block of SmolLM2 (a GGUF file's
-/// frozen Q4_1 weights, LoRA adapters trained): stopped after its step-10
-/// record, resumed, the same adapters and moments as a straight run.
+/// frozen Q4_1 weights, LoRA adapters trained, their inputs dropped out):
+/// stopped after its step-10 record, resumed, the same adapters and
+/// moments as a straight run.
 #[test]
 fn the_smollm2_qlora_recipe_stops_and_resumes_to_the_same_weights() {
     common::fetched("data/smollm2/tokenizer.json").unwrap();
     stopped_after_step_10_of_40(&[
         "scripts/smollm2_qlora.lua",
+        "--set",
+        "lora_dropout=0.1",
         "--set",
         "layers=1",
         "--set",
