@@ -10,11 +10,15 @@
 --   taper train scripts/minilm_classify.lua --set train=reviews.csv --set test=held_out.csv \
 --     --set text=review --set label=sentiment --set rows=0 --set test_rows=0
 --     (your own texts and labels, every row of both files)
+--   taper train scripts/minilm_classify.lua --set train=nli.csv --set test=nli_test.csv \
+--     --set text=premise --set pair=hypothesis --set label=label --set rows=0 --set test_rows=0
+--     (text pairs: entailment, paraphrase, question and answer)
 --   taper train scripts/minilm_classify.lua --set export=out/   (then, in Python:
 --     pipeline("text-classification", model="out/") names the novel)
 local cfg = taper.config{
   train = "data/austen/train.csv", test = "data/austen/test.csv",
   text = "text", label = "novel", -- the columns
+  pair = "", -- a second column of text: each row's two texts are a pair ([CLS] a [SEP] b [SEP])
   model = "data/minilm", -- a transformers BERT folder
   rows = 1800, test_rows = 600, -- the first rows of each file used (0: every row)
   epochs = 2, batch = 16, context = 128, lr = 2e-4, warmup = 0.1, seed = 1,
@@ -29,7 +33,8 @@ local cfg = taper.config{
 
 local function read(path, classes)
   return taper.data.csv{
-    path = path, text = cfg.text, label = cfg.label, classes = classes,
+    path = path, text = cfg.pair ~= "" and { cfg.text, cfg.pair } or cfg.text,
+    label = cfg.label, classes = classes,
     tokenizer = cfg.model .. "/tokenizer.json", context = cfg.context,
   }
 end

@@ -558,7 +558,7 @@ fn bert_accumulation_over_texts_of_many_lengths_equals_full_batch() -> Result<()
     let opts = taper::data::CsvOptions {
         label: taper::data::Column::Index(0),
         text: Some(taper::data::TextOptions {
-            column: taper::data::Column::Index(1),
+            columns: vec![taper::data::Column::Index(1)],
             tokenizer: tok,
             context: 16,
         }),
@@ -580,6 +580,7 @@ fn bert_accumulation_over_texts_of_many_lengths_equals_full_batch() -> Result<()
             dropout: rate,
             attention_dropout: rate,
             classifier_dropout: rate,
+            sep: None,
             from: None,
             initial: None,
         })

@@ -154,8 +154,8 @@ fn gpt_gradients_match_finite_differences() -> Result<()> {
     grad_check_drawn(&spec, &x, &y, Some(draw))
 }
 
-/// Texts of three lengths, padded with id 0: the padding is masked, and the
-/// batch is computed as wide as its longest text; in evaluation, and in
+/// Texts of three lengths, padded with id 0, one a pair: the padding is
+/// masked, and the batch is computed as wide as its longest text; in evaluation, and in
 /// training with dropout at every site (rates high enough that each mask
 /// drops some of these few values).
 #[test]
@@ -174,14 +174,17 @@ fn bert_gradients_match_finite_differences() -> Result<()> {
         dropout: 0.0,
         attention_dropout: 0.0,
         classifier_dropout: 0.0,
+        sep: Some(3),
         from: None,
         initial: None,
     };
+    // The last is a pair (`[CLS] a [SEP] b [SEP]`): its second text's ids
+    // are type 1.
     let x = Tensor::new(
         &[
             [2u32, 5, 9, 3, 0, 0, 0],
             [2, 7, 3, 0, 0, 0, 0],
-            [2, 4, 4, 8, 10, 3, 0],
+            [2, 4, 3, 8, 10, 3, 0],
         ],
         &Device::Cpu,
     )?;

@@ -269,6 +269,168 @@ fn taper_starts_from_a_transformers_bert_classifier_with_the_same_logits() -> Re
     Ok(())
 }
 
+/// Text pairs (`taper.data.csv{ text = { "a", "b" } }`) as transformers'
+/// tokenizer and classifier take them: `tokenizer(a, b, truncation=True,
+/// max_length=24)` (`[CLS] a [SEP] b [SEP]`, the longer text cut first)
+/// gives taper's ids, and the classifier with its `token_type_ids` (the
+/// second text's type 1) gives taper's logits, whose BERT finds the types
+/// from the `[SEP]` of the tokenizer saved beside it.
+#[test]
+fn text_pairs_read_and_classify_as_in_transformers() -> Result<()> {
+    use taper::data::{Column, CsvOptions, Source, TextOptions};
+    let minilm = common::fetched("data/minilm/model.safetensors")?;
+    let dir = tempfile::tempdir()?;
+    let saved = dir.path().join("classifier");
+    let pairs = [
+        [
+            "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition, seemed to unite some of the best blessings of existence.",
+            "She was rich.",
+        ],
+        [
+            "It is a truth universally acknowledged.",
+            "A single man in possession of a good fortune must be in want of a wife, however little known his feelings may be.",
+        ],
+        ["Short.", "Also \"short\", with a comma."],
+    ];
+    let theirs = check(&[
+        "bert-classifier",
+        minilm.parent().unwrap().to_str().unwrap(),
+        saved.to_str().unwrap(),
+        "3",
+        &serde_json::to_string(&pairs)?,
+        "24",
+    ])?;
+    let quoted = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let mut rows = String::from("first,second,label\n");
+    for (i, [a, b]) in pairs.iter().enumerate() {
+        rows += &format!("{},{},{}\n", quoted(a), quoted(b), i);
+    }
+    let path = dir.path().join("pairs.csv");
+    std::fs::write(&path, rows)?;
+    let opts = CsvOptions {
+        label: Column::Name("label".into()),
+        text: Some(TextOptions {
+            columns: vec![Column::Name("first".into()), Column::Name("second".into())],
+            tokenizer: saved.join("tokenizer.json"),
+            context: 24,
+        }),
+        ..CsvOptions::default()
+    };
+    let data = taper::data::csv(&path, &opts)?;
+    let (x, _) = data.gather(&[0, 1, 2])?;
+    let ours: Vec<Vec<u32>> = x.to_vec2()?;
+    let ids: Vec<Vec<u32>> = serde_json::from_value(theirs["ids"].clone())?;
+    let unpadded = |rows: &[Vec<u32>]| -> Vec<Vec<u32>> {
+        rows.iter()
+            .map(|r| r.iter().copied().filter(|&id| id != 0).collect())
+            .collect()
+    };
+    ensure!(
+        unpadded(&ours) == unpadded(&ids),
+        "taper's ids {ours:?}, transformers' {ids:?}"
+    );
+    // The first two pairs were cut (the first's first text, the second's
+    // second), to 24 ids.
+    ensure!(ours[..2].iter().all(|r| !r.contains(&0)), "{ours:?}");
+    let types: Vec<Vec<u32>> = serde_json::from_value(theirs["types"].clone())?;
+    ensure!(types.iter().all(|t| t.contains(&1)), "{types:?}");
+
+    let imported = taper::interop::bert::import(&saved, 3, Some(24))?;
+    ensure!(imported.spec.sep == Some(102), "{:?}", imported.spec.sep);
+    let logits = |spec: taper::engine::Bert| -> Result<Vec<Vec<f32>>> {
+        let trainer = trainer(std::sync::Arc::new(spec))?;
+        Ok(trainer.frozen()?.forward(&x)?.to_vec2()?)
+    };
+    let diff = max_diff(&logits(imported.spec.clone())?, &theirs["logits"]);
+    eprintln!("text pairs: taper vs transformers {diff:.2e}");
+    ensure!(diff < 1e-4, "logits differ by {diff}");
+    // Every id of type 0 instead: the types matter to these logits.
+    let untyped = taper::engine::Bert {
+        sep: None,
+        ..imported.spec
+    };
+    let off = max_diff(&logits(untyped)?, &theirs["logits"]);
+    ensure!(
+        off > 1e-2,
+        "without token types the logits moved by {off} only"
+    );
+
+    // A run on the pairs (its steps too small to move the weights) keeps
+    // their reading in its checkpoint: `taper classify RUN pairs.csv`
+    // reads both columns again and names transformers' likeliest classes.
+    let run = dir.path().join("run");
+    let mut host = taper::Host::new(taper::HostOptions {
+        out_dir: Some(run.clone()),
+        quiet: true,
+        ..taper::HostOptions::default()
+    })?;
+    let recipe = format!(
+        r#"local pairs = taper.data.csv{{ path = {path:?}, text = {{ "first", "second" }}, label = "label",
+  tokenizer = {tokenizer:?}, context = 24 }}
+local run = taper.run{{
+  model = taper.model.bert{{ from = {saved:?}, outputs = 3, dropout = 0 }},
+  optim = taper.optim.adamw{{ lr = 1e-12, weight_decay = 0 }}, data = pairs:batch(3),
+}}
+for _ in run:epochs(1) do for batch in run:batches() do run:step(batch) end end
+"#,
+        path = path.display().to_string(),
+        tokenizer = saved.join("tokenizer.json").display().to_string(),
+        saved = saved.display().to_string(),
+    );
+    host.run_source("pairs.lua", &recipe)?;
+    let expected: Vec<Vec<f64>> = serde_json::from_value(theirs["logits"].clone())?;
+    let mut named = Vec::new();
+    taper::interop::saved::classify_checkpoint(
+        &run,
+        std::slice::from_ref(&path),
+        1,
+        &mut |_, answer| {
+            if let taper::interop::saved::Answer::Classes(g) = answer {
+                named.push(g[0].class.clone());
+            }
+        },
+        &mut |what, why| panic!("{what}: {why}"),
+    )?;
+    let likeliest: Vec<String> = expected
+        .iter()
+        .map(|r| {
+            let best = (0..r.len()).max_by(|&i, &j| r[i].total_cmp(&r[j])).unwrap();
+            format!("class {best}")
+        })
+        .collect();
+    ensure!(
+        named == likeliest,
+        "classify: {named:?}, transformers: {likeliest:?}"
+    );
+
+    // The same BERT in a folder without its tokenizer knows no separator:
+    // a run on pairs is refused rather than read every id as type 0.
+    let bare = dir.path().join("bare");
+    std::fs::create_dir(&bare)?;
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(saved.join(f), bare.join(f))?;
+    }
+    let e = taper::Host::new(taper::HostOptions {
+        out_dir: Some(dir.path().join("bare-run")),
+        quiet: true,
+        ..taper::HostOptions::default()
+    })?
+    .run_source(
+        "pairs.lua",
+        &recipe.replace(
+            &format!("from = {:?}", saved.display().to_string()),
+            &format!("from = {:?}", bare.display().to_string()),
+        ),
+    )
+    .expect_err("pairs need a separator");
+    ensure!(
+        format!("{e:#}").contains("pairs.lua:3: taper.run: the data is text pairs")
+            && format!("{e:#}").contains("this BERT knows no separator id"),
+        "{e:#}"
+    );
+    Ok(())
+}
+
 /// Dropout in training as transformers applies it: over 300 passes in
 /// training mode, each logit's mean and spread across the masks are
 /// transformers' (whose masks come from torch's generator, so only their

@@ -642,6 +642,10 @@ fn text_columns_and_bert_options_are_checked_where_they_are_given() {
             "`context` must be at least 1",
         ),
         (
+            format!("taper.data.csv{{ path = '{csv}', text = {{ 'a', 'b', 'c' }}, tokenizer = 't.json' }}"),
+            "`text` is one column, or two for text pairs (`{ \"premise\", \"hypothesis\" }`), not 3",
+        ),
+        (
             format!("taper.data.csv{{ path = '{csv}', text = 'text', tokenizer = '{}/none.json' }}", dir.path().display()),
             "none.json",
         ),

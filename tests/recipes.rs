@@ -941,6 +941,60 @@ fn minilm_classify_learns_which_novel_a_passage_is_from() -> Result<()> {
     Ok(())
 }
 
+/// scripts/minilm_classify.lua on text pairs (`--set pair=COLUMN`): two
+/// passages, from one novel or from two. It runs, evaluates every held-out
+/// pair, and its checkpoint reads both columns again. (Whether MiniLM
+/// learns the task is another matter: 75 steps left it at 50%;
+/// `tests/interop.rs` checks the pairs' ids and logits against
+/// transformers'.)
+#[test]
+fn minilm_classify_takes_text_pairs() -> Result<()> {
+    common::fetched("data/minilm/tokenizer.json")?;
+    let dir = tempfile::tempdir()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut reader = csv::Reader::from_path(root.join("data/austen/test.csv"))?;
+    let rows: Vec<(String, String)> = reader
+        .records()
+        .take(40)
+        .map(|r| r.map(|r| (r[0].to_string(), r[1].to_string())))
+        .collect::<Result<_, _>>()?;
+    let quoted = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let mut pairs = String::from("first,second,same\n");
+    for (a, b) in rows.iter().zip(rows.iter().rev()) {
+        let same = if a.1 == b.1 { "yes" } else { "no" };
+        pairs += &format!("{},{},{same}\n", quoted(&a.0), quoted(&b.0));
+    }
+    let file = dir.path().join("pairs.csv");
+    std::fs::write(&file, pairs)?;
+    let f = file.to_str().unwrap();
+    train(
+        "scripts/minilm_classify.lua",
+        &dir.path().join("run"),
+        &[
+            ("train", f),
+            ("test", f),
+            ("text", "first"),
+            ("pair", "second"),
+            ("label", "same"),
+            ("rows", "16"),
+            ("test_rows", "24"),
+            ("epochs", "1"),
+            ("context", "48"),
+        ],
+    )?;
+    let all = records(&dir.path().join("run"))?;
+    let evals: Vec<&Value> = all.iter().filter(|r| r["event"] == "eval").collect();
+    assert_eq!(evals.len(), 2, "{evals:?}");
+    assert_eq!(evals[1]["samples"], 24);
+    let (_, meta) = taper::engine::checkpoint::load(
+        &dir.path().join("run/checkpoint.safetensors"),
+        &candle_core::Device::Cpu,
+    )?;
+    let columns = serde_json::to_value(&meta.table_input.unwrap().columns)?;
+    assert_eq!(columns, serde_json::json!(["first", "second"]));
+    Ok(())
+}
+
 /// Chat fine-tuning of SmolLM2 with LoRA on the recipe's own task (sums
 /// asked and answered in words), the replies alone trained: the held-out
 /// replies' cross-entropy falls to under a third and their next-token

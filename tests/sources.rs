@@ -832,6 +832,53 @@ fn text_with_a_tokenizer_json() -> Result<()> {
     Ok(())
 }
 
+/// Two CSV columns of text are a pair, `[CLS] a [SEP] b [SEP]` (the longer
+/// text cut first, as transformers' `truncation=True`); a first text that
+/// holds the separator itself is refused, naming its line, since the
+/// second text's token types start after the first separator.
+#[test]
+fn two_csv_columns_of_text_are_a_pair() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tok = write(
+        dir.path(),
+        "tokenizer.json",
+        common::BERT_TOKENIZER.as_bytes(),
+    );
+    let opts = CsvOptions {
+        label: Column::Name("label".into()),
+        text: Some(taper::data::TextOptions {
+            columns: vec![Column::Name("a".into()), Column::Name("b".into())],
+            tokenizer: tok.clone(),
+            context: 7,
+        }),
+        ..CsvOptions::default()
+    };
+    let path = write(
+        dir.path(),
+        "pairs.csv",
+        b"a,b,label\nthe cat sat on the mat,mat,x\nthe,cat sat,y\n",
+    );
+    let src = csv(&path, &opts)?;
+    let (x, _) = src.gather(&[0, 1])?;
+    assert_eq!(
+        x.to_vec2::<u32>()?,
+        [[2, 4, 5, 6, 3, 8, 3], [2, 4, 3, 5, 6, 3, 0]]
+    );
+    assert_eq!(src.cut(), [2]);
+    assert!(
+        src.describe().contains("rows of text columns `a` and `b`"),
+        "{}",
+        src.describe()
+    );
+    let bad = write(dir.path(), "bad.csv", b"a,b,label\nthe [SEP] cat,mat,x\n");
+    let e = err_text(csv(&bad, &opts));
+    assert!(
+        e.contains("bad.csv: line 2, columns `a` and `b`: the first text holds the separator token (`[SEP]`)"),
+        "{e}"
+    );
+    Ok(())
+}
+
 /// A CSV column of text: each cell tokenized with the tokenizer's special
 /// tokens, cut at `context` (its `[SEP]` kept, the cut counted) and padded
 /// with its padding token; the header is implied; class names sorted.
@@ -851,7 +898,7 @@ fn a_csv_column_of_text_becomes_the_tokenizers_padded_ids() -> Result<()> {
     let opts = |context: usize, label: Column| CsvOptions {
         label,
         text: Some(taper::data::TextOptions {
-            column: Column::Index(1),
+            columns: vec![Column::Index(1)],
             tokenizer: tok.clone(),
             context,
         }),

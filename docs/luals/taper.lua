@@ -341,8 +341,9 @@ function taper.data.idx(opts) end
 ---`features`: a column of text, the input, each cell tokenized with
 ---`tokenizer` (a tokenizer.json) and its special tokens, cut at `context`
 ---ids (default 128) and padded with its padding token: for
----`taper.model.bert` (the header is then implied).
----@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string, tokenizer?: string, context?: integer, header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---`taper.model.bert` (the header is then implied). Two columns,
+---`{ "premise", "hypothesis" }`, are a text pair: `[CLS] a [SEP] b [SEP]`.
+---@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.csv(opts) end
 

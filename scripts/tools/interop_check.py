@@ -37,10 +37,11 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         tensor Y, the accuracy (integer labels) or RMSE, MAE and R² (numbers:
         a regression; for a Y of [n, k], each target's and their means), in
         NumPy, f64
-    python interop_check.py bert-classifier BERT_DIR OUT_DIR LABELS TEXTS_JSON
+    python interop_check.py bert-classifier BERT_DIR OUT_DIR LABELS TEXTS_JSON [MAX_LENGTH]
         a BertForSequenceClassification of LABELS classes over the BERT in
         BERT_DIR (its head drawn from seed 0, times 50), saved to OUT_DIR: the ids of
-        the texts, padded as a batch, their attention mask, and its logits
+        the texts (strings, or [a, b] pairs), cut at MAX_LENGTH (128) and padded as
+        a batch, their token types and attention mask, and its logits
     python interop_check.py bert-logits DIR IDS_JSON
         the logits of the BertForSequenceClassification in DIR for padded
         ids (a mask from its pad token id)
@@ -102,7 +103,9 @@ def hf_tokenize(d, text):
     print(json.dumps({"ids": t(text)["input_ids"]}))
 
 
-def bert_classifier(d, out, labels, texts):
+def bert_classifier(d, out, labels, texts, max_length=128):
+    """A classifier over the BERT at `d` saved to `out`, and its logits for
+    `texts`: strings, or [a, b] pairs (tokenized as tokenizer(a, b))."""
     import torch
     from transformers import AutoTokenizer, BertForSequenceClassification
 
@@ -113,10 +116,11 @@ def bert_classifier(d, out, labels, texts):
     m.save_pretrained(out)
     t = AutoTokenizer.from_pretrained(d)
     t.save_pretrained(out)
-    batch = t(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+    given = [[p[0] for p in texts], [p[1] for p in texts]] if isinstance(texts[0], list) else [texts]
+    batch = t(*given, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     with torch.no_grad():
         logits = m.double()(**batch).logits
-    print(json.dumps({"ids": batch["input_ids"].tolist(),
+    print(json.dumps({"ids": batch["input_ids"].tolist(), "types": batch["token_type_ids"].tolist(),
                       "mask": batch["attention_mask"].tolist(), "logits": logits.tolist()}))
 
 
@@ -642,7 +646,7 @@ def main():
     elif cmd == "hf-tokenize":
         hf_tokenize(args[0], args[1])
     elif cmd == "bert-classifier":
-        bert_classifier(args[0], args[1], int(args[2]), json.loads(args[3]))
+        bert_classifier(args[0], args[1], int(args[2]), json.loads(args[3]), *map(int, args[4:5]))
     elif cmd == "bert-logits":
         bert_logits(args[0], json.loads(args[1]))
     elif cmd == "bert-dropout":

@@ -39,11 +39,18 @@ pub struct Bert {
     pub heads: usize,
     /// The MLP's hidden size (`intermediate_size`).
     pub intermediate: usize,
-    /// Token types (segments) the embedding has; every input is type 0.
+    /// Token types (segments) the embedding has: a text's are type 0; a
+    /// pair's second text, after the first `sep`, type 1.
     pub type_vocab: usize,
     pub eps: f64,
     /// The padding token id: these positions are masked.
     pub pad: u32,
+    /// The separator token id (`[SEP]`): a text pair, `[CLS] a [SEP] b
+    /// [SEP]`, has its ids after the first one as type 1, as transformers'
+    /// tokenizer gives `token_type_ids`. None (checkpoints from before
+    /// pairs, a folder without a tokenizer): every id is type 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sep: Option<u32>,
     /// Classes (or regression targets) of the head.
     pub outputs: usize,
     /// Dropout after the embeddings and each block's attention and MLP
@@ -164,14 +171,16 @@ struct BertNet {
     head: Linear,
     context: usize,
     pad: u32,
+    sep: Option<u32>,
     /// Dropout rates: hidden, attention weights, pooled.
     rates: (f64, f64, f64),
 }
 
 impl BertNet {
-    /// The ids cut after the batch's longest text, and each text's length
-    /// (its positions before the padding).
-    fn unpadded(&self, ids: &Tensor) -> Result<(Tensor, Vec<usize>)> {
+    /// The ids cut after the batch's longest text, each text's length (its
+    /// positions before the padding), and the token types when a text is a
+    /// pair (None: every one type 0).
+    fn unpadded(&self, ids: &Tensor) -> Result<(Tensor, Vec<usize>, Option<Tensor>)> {
         let (n, t) = ids.dims2()?;
         if t > self.context {
             candle_core::bail!(
@@ -192,7 +201,38 @@ impl BertNet {
             .collect();
         let width = lens.iter().copied().max().unwrap_or(1);
         debug_assert_eq!(lens.len(), n);
-        Ok((ids.narrow(1, 0, width)?, lens))
+        let types = self.types_of(&host, &lens, width, ids.device())?;
+        Ok((ids.narrow(1, 0, width)?, lens, types))
+    }
+
+    /// Type 1 after each row's first separator when it is not the row's
+    /// last id (a pair's second text), else 0; None when no row is a pair.
+    fn types_of(
+        &self,
+        rows: &[Vec<u32>],
+        lens: &[usize],
+        width: usize,
+        dev: &candle_core::Device,
+    ) -> Result<Option<Tensor>> {
+        let Some(sep) = self.sep else {
+            return Ok(None);
+        };
+        let second: Vec<Option<usize>> = rows
+            .iter()
+            .zip(lens)
+            .map(|(row, &len)| {
+                let at = row[..len].iter().position(|&id| id == sep)?;
+                (at + 1 < len).then_some(at + 1)
+            })
+            .collect();
+        if second.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let types: Vec<u32> = second
+            .iter()
+            .flat_map(|s| (0..width).map(move |p| s.is_some_and(|s| p >= s) as u32))
+            .collect();
+        Ok(Some(Tensor::from_vec(types, (rows.len(), width), dev)?))
     }
 }
 
@@ -200,13 +240,18 @@ impl BertNet {
     /// `[batch, time]` token ids (u32) to `[batch, outputs]` logits, with
     /// dropout drawn from `draw` (training) or none.
     fn logits(&self, ids: &Tensor, draw: Option<Draw>) -> Result<Tensor> {
-        let (ids, lens) = self.unpadded(ids)?;
+        let (ids, lens, types) = self.unpadded(ids)?;
         let t = ids.dim(1)?;
         let first = draw.map_or(0, |d| d.first);
         let (hidden, weights, pooled) = self.rates;
         let x = crate::kernels::embedding(&self.words, &ids)?;
         let x = x.broadcast_add(&self.positions.narrow(0, 0, t)?)?;
-        let x = x.broadcast_add(&self.types.narrow(0, 0, 1)?)?;
+        let x = match types {
+            // Single texts: every position type 0 (padding's type is
+            // never seen: no position attends to it).
+            None => x.broadcast_add(&self.types.narrow(0, 0, 1)?)?,
+            Some(types) => (x + crate::kernels::embedding(&self.types, &types)?)?,
+        };
         let x = self.norm.forward(&x)?;
         let mut x = dropout(&x, site(draw, hidden, 0).as_ref(), first)?;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -344,6 +389,7 @@ impl Bert {
             head: linear(&vb.pp("classifier"), w, self.outputs)?,
             context: self.context,
             pad: self.pad,
+            sep: self.sep.filter(|_| self.type_vocab > 1),
             rates: (
                 self.dropout,
                 self.attention_dropout,

@@ -18,12 +18,13 @@ struct CsvOpts {
     /// Number columns to predict (regression), instead of a label: one
     /// column, or a list of them.
     #[serde(default)]
-    target: Option<TargetsOpt>,
+    target: Option<ColumnsOpt>,
     #[serde(default)]
     features: Option<Vec<ColumnOpt>>,
-    /// A column of text, tokenized with `tokenizer`, as the input.
+    /// A column of text, tokenized with `tokenizer`, as the input; or two,
+    /// a text pair.
     #[serde(default)]
-    text: Option<ColumnOpt>,
+    text: Option<ColumnsOpt>,
     #[serde(default)]
     tokenizer: Option<std::path::PathBuf>,
     /// The most ids of a text (default 128).
@@ -88,45 +89,45 @@ impl<'de> Deserialize<'de> for ColumnOpt {
 
 /// `target`: a column, or a list of columns (`{ "body_mass_g",
 /// "flipper_length_mm" }`), each an index or a name.
-struct TargetsOpt(Vec<data::Column>);
+struct ColumnsOpt(Vec<data::Column>);
 
-impl<'de> Deserialize<'de> for TargetsOpt {
+impl<'de> Deserialize<'de> for ColumnsOpt {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Visitor;
         impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = TargetsOpt;
+            type Value = ColumnsOpt;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a column (an index, 0 the first and -1 the last, or a name), or a list of columns")
             }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TargetsOpt, E> {
-                Ok(TargetsOpt(vec![ColumnVisitor.visit_i64(v)?.0]))
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ColumnsOpt, E> {
+                Ok(ColumnsOpt(vec![ColumnVisitor.visit_i64(v)?.0]))
             }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TargetsOpt, E> {
-                Ok(TargetsOpt(vec![ColumnVisitor.visit_u64(v)?.0]))
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ColumnsOpt, E> {
+                Ok(ColumnsOpt(vec![ColumnVisitor.visit_u64(v)?.0]))
             }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<TargetsOpt, E> {
-                Ok(TargetsOpt(vec![ColumnVisitor.visit_f64(v)?.0]))
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ColumnsOpt, E> {
+                Ok(ColumnsOpt(vec![ColumnVisitor.visit_f64(v)?.0]))
             }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TargetsOpt, E> {
-                Ok(TargetsOpt(vec![ColumnVisitor.visit_str(v)?.0]))
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ColumnsOpt, E> {
+                Ok(ColumnsOpt(vec![ColumnVisitor.visit_str(v)?.0]))
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
                 mut seq: A,
-            ) -> Result<TargetsOpt, A::Error> {
+            ) -> Result<ColumnsOpt, A::Error> {
                 let mut out = Vec::new();
                 while let Some(c) = seq.next_element::<ColumnOpt>()? {
                     out.push(c.0);
                 }
-                Ok(TargetsOpt(out))
+                Ok(ColumnsOpt(out))
             }
             // An empty Lua table reads as an empty map.
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<TargetsOpt, A::Error> {
+            ) -> Result<ColumnsOpt, A::Error> {
                 match map.next_key::<serde::de::IgnoredAny>()? {
-                    None => Ok(TargetsOpt(Vec::new())),
+                    None => Ok(ColumnsOpt(Vec::new())),
                     Some(_) => Err(serde::de::Error::invalid_type(
                         serde::de::Unexpected::Map,
                         &self,
@@ -228,7 +229,7 @@ impl CsvOpts {
     /// the other options.
     fn text_options(&mut self, lua: &Lua) -> mlua::Result<Option<data::TextOptions>> {
         let what = "taper.data.csv";
-        let Some(column) = self.text.take() else {
+        let Some(columns) = self.text.take() else {
             if self.tokenizer.is_some() || self.context.is_some() {
                 return Err(config_error(
                     lua,
@@ -260,8 +261,17 @@ impl CsvOpts {
             }
             c => c.unwrap_or(128),
         };
+        if !(1..=2).contains(&columns.0.len()) {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: `text` is one column, or two for text pairs (`{{ \"premise\", \"hypothesis\" }}`), not {}",
+                    columns.0.len()
+                ),
+            ));
+        }
         Ok(Some(data::TextOptions {
-            column: column.0,
+            columns: columns.0,
             tokenizer,
             context,
         }))

@@ -91,6 +91,7 @@ pub(crate) fn decode_run(
                 .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;
         }
     }
+    pairs_have_a_separator(lua, &model, data.as_ref())?;
     let seed = option(lua, opts, "seed", "a non-negative integer", |v| {
         Ok(match v {
             Value::Nil => Some(0),
@@ -148,6 +149,26 @@ pub(crate) fn decode_run(
 }
 
 /// `data`: a feed whose training pipeline yields at least one batch.
+/// Text pairs give a BERT its second texts as token type 1, after the
+/// separator its tokenizer put between them: a BERT that knows no separator
+/// would read them as type 0, and train on other inputs than transformers'.
+fn pairs_have_a_separator(lua: &Lua, model: &ModelHandle, data: Option<&Feed>) -> mlua::Result<()> {
+    let Some(Feed::Pipeline(p)) = data else {
+        return Ok(());
+    };
+    let pairs = p
+        .table_input()
+        .is_some_and(|t| t.text.is_some() && t.columns.len() == 2);
+    let config = model.0.config().unwrap_or_default();
+    if pairs && config.get("bert").is_some_and(|b| b["sep"].is_null()) {
+        return Err(config_error(
+            lua,
+            "taper.run: the data is text pairs, whose second texts a BERT reads as token type 1, after the separator (`[SEP]`); this BERT knows no separator id (its config has no `sep_token_id`, and its folder no tokenizer.json or vocab.txt): put the model's tokenizer.json beside its config.json",
+        ));
+    }
+    Ok(())
+}
+
 fn run_data(lua: &Lua, opts: &Table) -> mlua::Result<Option<Feed>> {
     let data = super::data::feed_of(lua, "taper.run: option `data`", &opts.get::<Value>("data")?)?;
     if let Some(Feed::Pipeline(p)) = &data {

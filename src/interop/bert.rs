@@ -95,6 +95,24 @@ pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imp
     Ok(Imported { spec, notes })
 }
 
+/// The separator token's id, which marks a text pair's second text: the
+/// config's `sep_token_id`, else the `[SEP]` of the tokenizer beside it
+/// (`tokenizer.json`, or `vocab.txt`, a line per id); None without either.
+fn separator(config: &Path, c: &Value) -> Option<u32> {
+    if let Some(id) = c["sep_token_id"].as_u64() {
+        return Some(id as u32);
+    }
+    let dir = config.parent()?;
+    if let Ok(t) = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")) {
+        return t.token_to_id("[SEP]");
+    }
+    let vocab = std::fs::read_to_string(dir.join("vocab.txt")).ok()?;
+    vocab
+        .lines()
+        .position(|l| l.trim_end() == "[SEP]")
+        .map(|p| p as u32)
+}
+
 /// The model a transformers `config.json` describes, or why it is not a
 /// BERT taper computes.
 fn spec_of(path: &Path, c: &Value, outputs: usize) -> Result<Bert> {
@@ -149,6 +167,7 @@ fn spec_of(path: &Path, c: &Value, outputs: usize) -> Result<Bert> {
         type_vocab: c["type_vocab_size"].as_u64().unwrap_or(2) as usize,
         eps: c["layer_norm_eps"].as_f64().unwrap_or(1e-12),
         pad: pad as u32,
+        sep: separator(path, c),
         outputs,
         dropout: hidden,
         attention_dropout: rate("attention_probs_dropout_prob")?,

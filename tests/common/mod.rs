@@ -79,7 +79,7 @@ pub const BERT_TOKENIZER: &str = r#"{
   "normalizer": null, "pre_tokenizer": { "type": "BertPreTokenizer" },
   "post_processor": { "type": "TemplateProcessing",
     "single": [ { "SpecialToken": { "id": "[CLS]", "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } }, { "SpecialToken": { "id": "[SEP]", "type_id": 0 } } ],
-    "pair": [ { "Sequence": { "id": "A", "type_id": 0 } }, { "Sequence": { "id": "B", "type_id": 1 } } ],
+    "pair": [ { "SpecialToken": { "id": "[CLS]", "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } }, { "SpecialToken": { "id": "[SEP]", "type_id": 0 } }, { "Sequence": { "id": "B", "type_id": 1 } }, { "SpecialToken": { "id": "[SEP]", "type_id": 1 } } ],
     "special_tokens": { "[CLS]": { "id": "[CLS]", "ids": [2], "tokens": ["[CLS]"] }, "[SEP]": { "id": "[SEP]", "ids": [3], "tokens": ["[SEP]"] } } },
   "decoder": null,
   "model": { "type": "WordLevel", "vocab": { "[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "the": 4, "cat": 5, "sat": 6, "on": 7, "mat": 8, ",": 9 }, "unk_token": "[UNK]" }

@@ -122,7 +122,11 @@ impl TableInput {
     /// cut at its context and padded. Rows with an empty text are passed
     /// over, each listed with its line. An error for a run on numbers.
     pub fn read_texts(&self, path: &Path) -> Result<TextRows> {
-        let (Some(text), [column]) = (&self.text, &self.columns[..]) else {
+        let Some(text) = self
+            .text
+            .as_ref()
+            .filter(|_| (1..=2).contains(&self.columns.len()))
+        else {
             return Err(crate::Error::Config(
                 "the run read numbers, not texts, from its CSV file".into(),
             ));
@@ -144,13 +148,18 @@ impl TableInput {
                     let why = format!("a missing value (`{}`) in {}", &record[c], l.column(c));
                     missing.push((line, why));
                 } else {
-                    cells.push(record[l.features[0]].to_string());
+                    cells.push(
+                        l.features
+                            .iter()
+                            .map(|&at| record[at].to_string())
+                            .collect(),
+                    );
                     lines.push(line);
                 }
                 Ok(())
             },
         )?;
-        let texts = super::text::tokenize_as(path, text, column, cells, &lines)?;
+        let texts = super::text::tokenize_as(path, text, &self.columns, cells, &lines)?;
         let all: Vec<usize> = (0..texts.len()).collect();
         Ok(TextRows {
             ids: texts.padded(&all),

@@ -151,7 +151,7 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         true => opts.targets.clone(),
         false => vec![opts.label.clone()],
     };
-    let text_column = opts.text.as_ref().map(|t| vec![t.column.clone()]);
+    let text_column = opts.text.as_ref().map(|t| t.columns.clone());
     let by_name = labels_given.iter().any(named)
         || text_column.iter().flatten().any(named)
         || opts.features.iter().flatten().any(named)
@@ -216,8 +216,13 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
             }
             // A first row of names read as data: pandas' read_csv would
             // have taken it as the header.
-            if let Some(&at) = l.features.first().filter(|_| opts.text.is_some()) {
-                texts.push(record[at].to_string());
+            if opts.text.is_some() {
+                texts.push(
+                    l.features
+                        .iter()
+                        .map(|&at| record[at].to_string())
+                        .collect(),
+                );
                 labels.extend(l.labels.iter().map(|&c| record[c].to_string()));
                 label_lines.push(line);
                 return Ok(());
@@ -361,7 +366,7 @@ impl Source for Csv {
                 "csv {} ({} rows of text {}, up to {} ids of {}",
                 self.name,
                 self.labels.len(),
-                self.input.columns[0].describe(),
+                text::describe_columns(&self.input.columns),
                 self.width,
                 t.tokenizer
             ),

@@ -3,13 +3,16 @@
 //! does for a classifier, `tokenizer(text, truncation=True,
 //! max_length=context)`: the tokenizer's own special tokens (BERT's
 //! `[CLS]` and `[SEP]`) added, cut to `context` ids, then padded after the
-//! text with the tokenizer's padding token.
+//! text with the tokenizer's padding token. Two columns are a text pair
+//! (`text = { "premise", "hypothesis" }`), tokenized as `tokenizer(a, b,
+//! truncation=True, max_length=context)`: `[CLS] a [SEP] b [SEP]`, the
+//! longer text cut first.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
-use tokenizers::{Tokenizer, TruncationParams};
+use tokenizers::{EncodeInput, Tokenizer, TruncationParams};
 
 use super::super::files::data_err;
 use super::super::tokenized::{Cache, Key};
@@ -19,7 +22,8 @@ use crate::{Error, Result};
 /// Which column holds the text, and how it becomes ids.
 #[derive(Debug, Clone)]
 pub struct TextOptions {
-    pub column: Column,
+    /// One column, or two: a text pair.
+    pub columns: Vec<Column>,
     /// A `tokenizer.json`.
     pub tokenizer: PathBuf,
     /// The most ids a sample has, special tokens included.
@@ -94,38 +98,53 @@ fn cutting(mut t: Tokenizer, path: &Path, context: usize) -> Result<(Tokenizer, 
 /// tokenization while any of them is alive (`data/tokenized.rs`).
 static TEXTS: Cache<Arc<Texts>> = Cache::new();
 
+/// A row's text, or its pair of texts: one cell per text column.
+pub(super) type Cells = Vec<String>;
+
+/// `column `a``, or `columns `a` and `b`` for a pair, in errors.
+pub(super) fn describe_columns(columns: &[Column]) -> String {
+    match columns {
+        [c] => c.describe(),
+        _ => format!(
+            "columns {}",
+            columns
+                .iter()
+                .map(|c| c.describe().trim_start_matches("column ").to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
+    }
+}
+
 /// The `cells` (read on `lines` of `what`) as ids: shared with a live
 /// source of the same texts, lines, tokenizer file and options.
 pub(super) fn tokenize(
     what: &Path,
     o: &TextOptions,
-    cells: Vec<String>,
+    cells: Vec<Cells>,
     lines: &[usize],
 ) -> Result<Arc<Texts>> {
     let tokenizer_bytes = std::fs::read(&o.tokenizer).map_err(|e| Error::io(&o.tokenizer, e))?;
     let mut rows = Vec::new();
-    for (cell, line) in cells.iter().zip(lines) {
-        rows.extend((cell.len() as u64).to_le_bytes());
-        rows.extend(cell.as_bytes());
+    for (row, line) in cells.iter().zip(lines) {
+        for cell in row {
+            rows.extend((cell.len() as u64).to_le_bytes());
+            rows.extend(cell.as_bytes());
+        }
         rows.extend((*line as u64).to_le_bytes());
     }
     let key = Key::of(&[
         &rows,
         &tokenizer_bytes,
         &o.context.to_le_bytes(),
-        o.column.describe().as_bytes(),
+        describe_columns(&o.columns).as_bytes(),
         what.as_os_str().as_encoded_bytes(),
     ]);
     TEXTS.shared(key, || tokenize_now(what, o, cells, lines).map(Arc::new))
 }
 
 /// [`tokenize`], without the cache.
-fn tokenize_now(
-    what: &Path,
-    o: &TextOptions,
-    cells: Vec<String>,
-    lines: &[usize],
-) -> Result<Texts> {
+fn tokenize_now(what: &Path, o: &TextOptions, cells: Vec<Cells>, lines: &[usize]) -> Result<Texts> {
     let (t, pad) = tokenizer(o)?;
     let name = o
         .tokenizer
@@ -134,7 +153,7 @@ fn tokenize_now(
         .unwrap_or_default();
     encode(
         (what, &o.tokenizer, name),
-        &o.column,
+        &o.columns,
         (t, pad, o.context),
         cells,
         lines,
@@ -146,8 +165,8 @@ fn tokenize_now(
 pub(super) fn tokenize_as(
     what: &Path,
     input: &TextInput,
-    column: &Column,
-    cells: Vec<String>,
+    columns: &[Column],
+    cells: Vec<Cells>,
     lines: &[usize],
 ) -> Result<Texts> {
     let saved = Path::new("the checkpoint's tokenizer");
@@ -158,20 +177,31 @@ pub(super) fn tokenize_as(
         .map_err(|e| Error::Data(format!("{}: {e}", saved.display())))?;
     let (t, _) = cutting(t, saved, input.context)?;
     let source = (what, saved, "the run's tokenizer".to_string());
-    encode(source, column, (t, input.pad, input.context), cells, lines)
+    encode(source, columns, (t, input.pad, input.context), cells, lines)
 }
 
 /// The `cells` as ids of `t`, padded with `pad` to `context`; `what`,
 /// `source` and `name`: the file read, the tokenizer's and its name.
 fn encode(
     (what, source, name): (&Path, &Path, String),
-    column: &Column,
+    columns: &[Column],
     (t, pad, context): (Tokenizer, u32, usize),
-    cells: Vec<String>,
+    cells: Vec<Cells>,
     lines: &[usize],
 ) -> Result<Texts> {
+    let inputs: Vec<EncodeInput> = cells
+        .into_iter()
+        .map(|row| {
+            let mut row = row.into_iter();
+            let a = row.next().unwrap_or_default();
+            match row.next() {
+                None => EncodeInput::Single(a.into()),
+                Some(b) => EncodeInput::Dual(a.into(), b.into()),
+            }
+        })
+        .collect();
     let encodings = t
-        .encode_batch(cells, true)
+        .encode_batch(inputs, true)
         .map_err(|e| Error::Data(format!("{}: {e}", source.display())))?;
     let json = t
         .to_string(false)
@@ -197,10 +227,26 @@ fn encode(
                 what,
                 format!(
                     "line {line}, {}: the text holds the tokenizer's padding token (`{}`), which the model would not see: take it out of the text",
-                    column.describe(),
+                    describe_columns(columns),
                     t.id_to_token(pad).unwrap_or_default()
                 ),
             ));
+        }
+        // A pair's second text starts after the first separator (BERT's
+        // types follow from it): a first text holding that token would
+        // shift them.
+        if let Some(second) = e.get_type_ids().iter().position(|&t| t == 1) {
+            let sep = ids[second.saturating_sub(1)];
+            if ids[..second.saturating_sub(1)].contains(&sep) {
+                return Err(data_err(
+                    what,
+                    format!(
+                        "line {line}, {}: the first text holds the separator token (`{}`) that the pair's texts are joined with: take it out of the text",
+                        describe_columns(columns),
+                        t.id_to_token(sep).unwrap_or_default()
+                    ),
+                ));
+            }
         }
         if !e.get_overflowing().is_empty() {
             texts.cut.push(line);
