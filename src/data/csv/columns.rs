@@ -6,7 +6,8 @@ use std::path::Path;
 use csv::StringRecord;
 
 use super::categories::Coder;
-use super::{number, Column, MISSING};
+use super::records::number;
+use super::{Column, MISSING};
 use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::Result;

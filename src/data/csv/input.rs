@@ -8,7 +8,8 @@ use std::path::Path;
 
 use super::categories::{one_hot, Coder};
 use super::columns::Layout;
-use super::{each_row, read_text, Column, Shape};
+use super::records::{each_row, Shape};
+use super::{read_text, Column};
 use crate::data::name_list;
 use crate::data::Moments;
 use crate::Result;

@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use super::columns::Layout;
-use super::{number, CsvOptions};
+use super::records::number;
+use super::CsvOptions;
 use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::Result;

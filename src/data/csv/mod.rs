@@ -13,19 +13,18 @@ mod categories;
 mod columns;
 mod input;
 mod labels;
+mod parse;
 mod records;
 mod text;
 
-use categories::{categorical_coders, settle, settled_names, Coder};
-use columns::{named, Layout};
 pub use input::{TableInput, TableRows, TextRows};
-use labels::{label_ids, target_values, Labels};
-use records::{each_row, number, Shape};
+use labels::Labels;
+pub use parse::parse_csv;
 pub use text::{TextInput, TextOptions};
 
-use super::files::{data_err, read_text};
+use super::files::read_text;
 use super::{name_list, Source};
-use crate::{Error, Result};
+use crate::Result;
 
 /// A column, by its 0-based index (negative: counted from the end) or by its
 /// header name.
@@ -142,189 +141,6 @@ pub struct Csv {
 /// Reads a CSV file, gzipped or plain.
 pub fn csv(path: &Path, opts: &CsvOptions) -> Result<Csv> {
     parse_csv(path, &read_text(path)?, opts)
-}
-
-/// Parses CSV text as [`csv`] reads a file; `what` names it in errors.
-pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
-    let regression = !opts.targets.is_empty();
-    let labels_given = match regression {
-        true => opts.targets.clone(),
-        false => vec![opts.label.clone()],
-    };
-    let text_column = opts.text.as_ref().map(|t| t.columns.clone());
-    let by_name = labels_given.iter().any(named)
-        || text_column.iter().flatten().any(named)
-        || opts.features.iter().flatten().any(named)
-        || opts.categorical.iter().any(|(c, _)| named(c));
-    let header = match opts.header {
-        Some(false) if by_name => {
-            return Err(Error::Config(format!(
-                "{}: columns are named but `header` is false: name columns only in a file whose first row names them",
-                what.display()
-            )))
-        }
-        Some(h) => h,
-        // A file of texts has a header, as pandas infers: a first row of
-        // names would otherwise be a sample.
-        None => by_name || opts.text.is_some(),
-    };
-    let shape = Shape {
-        header,
-        delimiter: opts.delimiter,
-        decimal: opts.decimal,
-    };
-    let hint = match opts.features {
-        None => "; choose the columns with `features = { ... }`",
-        Some(_) => "",
-    };
-    let (mut features, mut labels, mut texts) = (Vec::new(), Vec::new(), Vec::new());
-    // Made at the first row, from the layout.
-    let mut coders: Option<Vec<Option<Coder>>> = None;
-    let mut label_lines = Vec::new();
-    let mut dropped = Vec::new();
-    let layout = each_row(
-        what,
-        text,
-        shape,
-        |n, names| {
-            let role = if regression { "target" } else { "label" };
-            Layout::resolve(
-                what,
-                (&labels_given, role),
-                text_column.as_deref().or(opts.features.as_deref()),
-                n,
-                names,
-            )
-        },
-        |l, line, record| {
-            if coders.is_none() {
-                coders = Some(categorical_coders(what, l, &opts.categorical)?);
-            }
-            if let Some(c) = l.missing(record) {
-                if opts.missing == Missing::Drop {
-                    dropped.push(line);
-                    return Ok(());
-                }
-                return Err(data_err(
-                    what,
-                    format!(
-                        "line {line}, {}: a missing value (`{}`); `missing = \"drop\"` leaves such rows out",
-                        l.column(c),
-                        &record[c]
-                    ),
-                ));
-            }
-            // A first row of names read as data: pandas' read_csv would
-            // have taken it as the header.
-            if opts.text.is_some() {
-                texts.push(
-                    l.features
-                        .iter()
-                        .map(|&at| record[at].to_string())
-                        .collect(),
-                );
-                labels.extend(l.labels.iter().map(|&c| record[c].to_string()));
-                label_lines.push(line);
-                return Ok(());
-            }
-            if label_lines.is_empty()
-                && dropped.is_empty()
-                && opts.header.is_none()
-                && !header
-                && record
-                    .iter()
-                    .all(|c| number::<f64>(c, opts.decimal).is_none())
-            {
-                let names: Vec<String> = record.iter().map(|c| format!("`{c}`")).collect();
-                let role = if regression { "target" } else { "label" };
-                return Err(data_err(
-                    what,
-                    format!(
-                        "line {line} looks like column names ({}), read as data: give `header = true`, or name the {role} column (`{role} = \"{}\"`), which implies it",
-                        names.join(", "),
-                        &record[l.labels[0]]
-                    ),
-                ));
-            }
-            l.features_into(
-                (what, line),
-                record,
-                opts.scale,
-                Some(hint),
-                coders.as_mut().expect("made at the first row"),
-                &mut features,
-            )?;
-            labels.extend(l.labels.iter().map(|&c| record[c].to_string()));
-            label_lines.push(line);
-            Ok(())
-        },
-    )?;
-    let Some(layout) = layout else {
-        return Err(data_err(what, "no rows"));
-    };
-    let mut coders = match coders {
-        Some(c) => c,
-        None => categorical_coders(what, &layout, &opts.categorical)?,
-    };
-    let features = settle(features, &mut coders);
-    let (labels, classes) = match regression {
-        true => (
-            Labels::Values(
-                target_values(what, &layout, &labels, &label_lines)?,
-                layout.labels.len(),
-            ),
-            None,
-        ),
-        false => {
-            let (ids, classes) = label_ids(what, &layout, &labels, &label_lines, opts)?;
-            (Labels::Classes(ids), classes)
-        }
-    };
-    let column = |at: usize| match header {
-        true => Column::Name(layout.names[at].clone()),
-        false => Column::Index(at as i64),
-    };
-    let targets = match regression {
-        true => layout.labels.iter().map(|&at| column(at)).collect(),
-        false => Vec::new(),
-    };
-    let input = TableInput {
-        columns: layout.features.iter().map(|&c| column(c)).collect(),
-        header,
-        delimiter: (opts.delimiter as char).to_string(),
-        decimal: (opts.decimal as char).to_string(),
-        scale: opts.scale,
-        standardize: None,
-        targets,
-        target_standardize: None,
-        categories: settled_names(&coders),
-        text: None,
-    };
-    let (width, texts) = match &opts.text {
-        Some(t) => {
-            let texts = text::tokenize(what, t, texts, &label_lines)?;
-            (texts.context(), Some(texts))
-        }
-        None => (input.width(), None),
-    };
-    let input = TableInput {
-        text: texts.as_ref().map(|t| t.input.clone()),
-        ..input
-    };
-    Ok(Csv {
-        name: what
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        split: opts.split.clone(),
-        features,
-        labels,
-        width,
-        classes,
-        dropped,
-        input,
-        texts,
-    })
 }
 
 impl Csv {
