@@ -6,6 +6,7 @@ mod dequant;
 mod device_copies;
 mod gguf;
 pub mod llama;
+mod llama_attention;
 mod llama_net;
 pub mod lora;
 mod tiled;
