@@ -70,7 +70,20 @@ fn drill(signal: i32, every: u64) {
     );
     let mut saved = 0;
     for stop in 1..=STOPS {
-        let child = cmd(&args)
+        let mut command = cmd(&args);
+        // A background job of a script starts with SIGINT ignored (so CI
+        // runs these tests), and a stop before taper's handlers are in
+        // place would then be lost; at a terminal it finds the default
+        // action, which the checks below expect.
+        // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
