@@ -814,6 +814,13 @@ fn shipped_recipe_reloads(recipe: &str, set: &[&str]) {
     );
     child.kill().unwrap();
     child.wait().unwrap();
+    // A reloaded version builds its model again, but the run goes on with
+    // its weights: a note that a head starts afresh is the first version's.
+    let said = stderr(&mut child);
+    assert!(
+        said.matches("starts afresh").count() <= 1,
+        "{recipe}: {said}"
+    );
 }
 
 /// The shipped mass regression, edited under `--watch` to give the sex

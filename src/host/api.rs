@@ -4,7 +4,9 @@
 use mlua::{Lua, Table, Value};
 
 use super::HostState;
-use super::{config, data, data_files, models, plugin, policies, reload, run, schedule, state};
+use super::{
+    config, data, data_files, models, optim_loss, plugin, policies, reload, run, schedule, state,
+};
 use crate::Error;
 
 /// The `taper` table (`require "taper"` too), `print` through the host's
@@ -20,6 +22,7 @@ pub(super) fn register_api(lua: &Lua, state: &HostState) -> crate::Result<()> {
     )?;
     config::register(lua, &taper)?;
     models::register(lua, &taper)?;
+    optim_loss::register(lua, &taper)?;
     data::register(lua, &taper)?;
     // The file formats, into the same `taper.data` table.
     data_files::register(lua, &taper.get::<Table>("data")?)?;

@@ -19,6 +19,7 @@ mod memory_limit;
 mod models;
 mod oom;
 mod oom_policy;
+mod optim_loss;
 mod options;
 mod output;
 mod passes;

@@ -7,8 +7,6 @@ use candle_core::{DType, Device};
 use mlua::{Lua, MetaMethod, Table, UserData, UserDataMethods, Value};
 
 use super::options::{config_error, decode};
-use crate::engine::loss::{CrossEntropy, Distill, Loss};
-use crate::engine::optim::{AdamWConfig, OptimSpec, SgdConfig};
 use crate::engine::{Cnn, Gpt, Mlp, ModelSpec, ParamStore};
 
 #[derive(Clone)]
@@ -30,95 +28,6 @@ impl UserData for ModelHandle {
         });
         m.add_method("describe", |_, this, ()| Ok(this.0.describe()));
     }
-}
-
-#[derive(Clone)]
-pub struct OptimHandle(pub OptimSpec);
-
-impl UserData for OptimHandle {
-    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
-        super::members::unknown_is_an_error(m, "Optim");
-        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
-            Ok(format!("taper.optim({})", this.0.describe()))
-        });
-    }
-}
-
-#[derive(Clone)]
-pub struct LossHandle(pub Loss);
-
-impl UserData for LossHandle {
-    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
-        super::members::unknown_is_an_error(m, "Loss");
-        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
-            Ok(format!("taper.loss({})", this.0.describe()))
-        });
-    }
-}
-
-/// `taper.loss.distill{ teacher = run, temperature = 2, alpha = 0.5,
-/// label_smoothing = 0 }`: the teacher is frozen as it is now.
-fn distill(lua: &Lua, opts: Table) -> mlua::Result<LossHandle> {
-    let what = "taper.loss.distill";
-    super::options::check_keys(
-        lua,
-        what,
-        &opts,
-        &["teacher", "temperature", "alpha", "label_smoothing"],
-    )?;
-    let teacher: super::run_state::RunHandle =
-        super::options::handle(lua, what, &opts, "teacher", "a taper.run")?.ok_or_else(|| {
-            config_error(
-                lua,
-                "taper.loss.distill: option `teacher` (a run) is required",
-            )
-        })?;
-    let num = |key: &str, default: f64| -> mlua::Result<f64> {
-        match opts.get::<Value>(key)? {
-            Value::Nil => Ok(default),
-            Value::Integer(i) => Ok(i as f64),
-            Value::Number(n) => Ok(n),
-            other => Err(config_error(
-                lua,
-                format!(
-                    "{what}: option `{key}` must be a number, got {}",
-                    super::options::a_type(&other)
-                ),
-            )),
-        }
-    };
-    let (temperature, alpha) = (num("temperature", 2.0)?, num("alpha", 0.5)?);
-    let label_smoothing = num("label_smoothing", 0.0)?;
-    if !(temperature > 0.0 && temperature.is_finite()) {
-        return Err(config_error(
-            lua,
-            format!("{what}: temperature {temperature} must be positive"),
-        ));
-    }
-    if !(0.0..=1.0).contains(&alpha) {
-        return Err(config_error(
-            lua,
-            format!("{what}: alpha {alpha} must be in [0, 1]"),
-        ));
-    }
-    if !(0.0..1.0).contains(&label_smoothing) {
-        return Err(config_error(
-            lua,
-            format!("{what}: label_smoothing must be in [0, 1)"),
-        ));
-    }
-    let r = teacher.get()?;
-    let model = r.core.trainer.snapshot().map_err(crate::error::lua_err)?;
-    Ok(LossHandle(Loss::Distill(Distill {
-        teacher: std::rc::Rc::from(model),
-        teacher_name: r.core.trainer.spec().describe(),
-        temperature,
-        alpha,
-        base: CrossEntropy {
-            label_smoothing,
-            ..Default::default()
-        },
-    })))
 }
 
 /// `taper.model.mlp{...}` / `taper.model.cnn{...}` (`kind`), or, with
@@ -172,9 +81,7 @@ fn warm_start(lua: &Lua, what: &str, kind: &str, t: &Table) -> mlua::Result<Mode
     )
     .map_err(fail)?;
     let host = super::state(lua);
-    // A run about to resume takes its own checkpoint's weights instead.
-    let resuming = host.resume.borrow().is_some();
-    if let (Some((head, trained)), false) = (&started.new_head, resuming) {
+    if let (Some((head, trained)), true) = (&started.new_head, starts_from_file(&host)) {
         host.out.tell(&format!(
             "note: {what}: `{head}`, the head, starts afresh with {} outputs (the checkpoint's has {trained}); every other weight from {}",
             outputs.unwrap_or(*trained),
@@ -282,14 +189,22 @@ fn bert(lua: &Lua, opts: Table) -> mlua::Result<ModelHandle> {
     }
     spec.attention_dropout = rates[1].unwrap_or(spec.attention_dropout);
     spec.classifier_dropout = rates[2].unwrap_or(spec.classifier_dropout);
-    // A run about to resume takes its own checkpoint's weights instead.
     let host = super::state(lua);
-    if host.resume.borrow().is_none() {
+    if starts_from_file(&host) {
         for note in &imported.notes {
             host.out.tell(&format!("note: {WHAT}: {note}"));
         }
     }
     checked(lua, WHAT, imported.spec)
+}
+
+/// Whether a run will start from the weights a constructor reads (and its
+/// notes on them, such as a head that starts afresh, are worth telling):
+/// not when it resumes from its own checkpoint, nor in a reloaded version,
+/// whose `taper.run{}` goes on with the running model's weights.
+fn starts_from_file(host: &super::HostState) -> bool {
+    let reload = host.reload.borrow();
+    host.resume.borrow().is_none() && reload.generation == 0 && reload.trial.is_none()
 }
 
 /// Option `key` of `t`: absent, or a rate in `[0, 1)`.
@@ -358,68 +273,5 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
     models.set("gpt", lua.create_function(gpt)?)?;
     models.set("llama_gguf", lua.create_function(llama_gguf)?)?;
     models.set("bert", lua.create_function(bert)?)?;
-    taper.set("model", models)?;
-
-    let optim = lua.create_table()?;
-    optim.set(
-        "adamw",
-        lua.create_function(|lua, opts: Value| {
-            let c: AdamWConfig = decode(lua, "taper.optim.adamw", opts)?;
-            check_lr(lua, "taper.optim.adamw", c.lr)?;
-            c.check()
-                .map_err(|e| config_error(lua, format!("taper.optim.adamw: {e}")))?;
-            Ok(OptimHandle(OptimSpec::AdamW(c)))
-        })?,
-    )?;
-    optim.set(
-        "sgd",
-        lua.create_function(|lua, opts: Value| {
-            let c: SgdConfig = decode(lua, "taper.optim.sgd", opts)?;
-            check_lr(lua, "taper.optim.sgd", c.lr)?;
-            c.check()
-                .map_err(|e| config_error(lua, format!("taper.optim.sgd: {e}")))?;
-            Ok(OptimHandle(OptimSpec::Sgd(c)))
-        })?,
-    )?;
-    taper.set("optim", optim)?;
-
-    let loss = lua.create_table()?;
-    loss.set(
-        "cross_entropy",
-        lua.create_function(|lua, opts: Value| {
-            let (opts, class_weights) = super::class_weights::take(lua, opts)?;
-            let mut c: CrossEntropy = decode(lua, "taper.loss.cross_entropy", opts)?;
-            c.class_weights = class_weights;
-            if !(0.0..1.0).contains(&c.label_smoothing) {
-                return Err(super::options::config_error(
-                    lua,
-                    "taper.loss.cross_entropy: label_smoothing must be in [0, 1)",
-                ));
-            }
-            Ok(LossHandle(Loss::CrossEntropy(c)))
-        })?,
-    )?;
-    loss.set(
-        "mse",
-        lua.create_function(|lua, opts: Option<Table>| {
-            if let Some(t) = opts {
-                super::options::check_keys(lua, "taper.loss.mse", &t, &[])?;
-            }
-            Ok(LossHandle(Loss::Mse))
-        })?,
-    )?;
-    loss.set(
-        "distill",
-        lua.create_function(|lua, opts: Table| distill(lua, opts))?,
-    )?;
-    taper.set("loss", loss)
-}
-
-/// A learning rate must be a finite number >= 0 (`--set lr=NaN` arrives here
-/// through `taper.config`).
-fn check_lr(lua: &Lua, what: &str, lr: f64) -> mlua::Result<()> {
-    match crate::run::check_lr(lr) {
-        Ok(()) => Ok(()),
-        Err(why) => Err(config_error(lua, format!("{what}: option `lr`: {why}"))),
-    }
+    taper.set("model", models)
 }

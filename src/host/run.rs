@@ -205,7 +205,7 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         None => None,
         Some(t) => {
             super::options::check_keys(lua, "run:evaluate", t, &["loss"])?;
-            super::options::handle::<super::models::LossHandle>(
+            super::options::handle::<super::optim_loss::LossHandle>(
                 lua,
                 "run:evaluate",
                 t,

@@ -8,8 +8,9 @@ use mlua::{Function, Lua, Table, Value};
 use serde::Deserialize;
 
 use super::generator::Feed;
-use super::models::{LossHandle, ModelHandle, OptimHandle};
+use super::models::ModelHandle;
 use super::oom_policy::LuaPolicy;
+use super::optim_loss::{LossHandle, OptimHandle};
 use super::options::{brief, check_keys, config_error, decode, handle};
 use super::schedule::{LuaSchedule, ScheduleHandle};
 use crate::engine::loss::Loss;
