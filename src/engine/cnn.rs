@@ -5,7 +5,8 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
-use super::mlp::{check_rate, describe_rate, Activation, Dense};
+use super::dropout::describe_rate;
+use super::mlp::{check_rate, Activation, Dense};
 use super::model::{tagged_config, Draw, Interface, ModelSpec, TrainModule};
 use crate::kernels::{dropout, Dropout};
 

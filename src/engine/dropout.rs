@@ -46,6 +46,14 @@ impl BlockDrops {
     }
 }
 
+/// ` dropout r` for a model's description, nothing at 0.
+pub fn describe_rate(rate: f64) -> String {
+    match rate {
+        0.0 => String::new(),
+        r => format!(" dropout {r}"),
+    }
+}
+
 /// The options of the built-in models' constructors that set a dropout
 /// rate. A rate changes how a model trains, not what it is (no weight
 /// depends on it), so a run resumed or reloaded with other rates goes on

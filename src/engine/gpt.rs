@@ -252,10 +252,7 @@ impl ModelSpec for Gpt {
     }
 
     fn describe(&self) -> String {
-        let drop = match self.dropout {
-            0.0 => String::new(),
-            r => format!(" dropout {r}"),
-        };
+        let drop = super::dropout::describe_rate(self.dropout);
         format!(
             "gpt vocab {} context {} width {} layers {} heads {}{drop}",
             self.vocab, self.context, self.width, self.layers, self.heads

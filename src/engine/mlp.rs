@@ -105,14 +105,6 @@ pub(super) fn check_rate(rate: f64) -> crate::Result<()> {
     }
 }
 
-/// ` dropout r` for a model's description, nothing at 0.
-pub(super) fn describe_rate(rate: f64) -> String {
-    match rate {
-        0.0 => String::new(),
-        r => format!(" dropout {r}"),
-    }
-}
-
 /// An MLP: its dense layers, taking samples flat or shaped (a NumPy array
 /// of `[n, 28, 28]` images), whose values it reads in order.
 struct MlpNet {
@@ -163,7 +155,7 @@ impl ModelSpec for Mlp {
 
     fn describe(&self) -> String {
         let sizes: Vec<String> = self.sizes().iter().map(|s| s.to_string()).collect();
-        let drop = describe_rate(self.dropout);
+        let drop = super::dropout::describe_rate(self.dropout);
         format!("mlp {} {}{drop}", sizes.join("-"), self.activation.name())
     }
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {

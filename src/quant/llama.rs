@@ -333,10 +333,7 @@ impl ModelSpec for LlamaGguf {
             .as_ref()
             .map(|b| format!(" base {b}"))
             .unwrap_or_default();
-        let drop = match self.lora_dropout {
-            0.0 => String::new(),
-            r => format!(" dropout {r}"),
-        };
+        let drop = crate::engine::dropout::describe_rate(self.lora_dropout);
         format!(
             "llama_gguf {name}{layers}{base} lora rank {} alpha {} on {}{drop}",
             self.lora_rank,
