@@ -19,7 +19,7 @@ local cfg = taper.config{
   train = "data/austen/train.csv", test = "data/austen/test.csv",
   text = "text", label = "novel", -- the columns
   pair = "", -- a second column of text: each row's two texts are a pair ([CLS] a [SEP] b [SEP])
-  model = "data/minilm", -- a transformers BERT folder
+  model = "data/minilm", -- a transformers BERT folder (or a DistilBERT or RoBERTa one)
   rows = 1800, test_rows = 600, -- the first rows of each file used (0: every row)
   epochs = 2, batch = 16, context = 128, lr = 2e-4, warmup = 0.1, seed = 1,
   group = true, -- batches of texts of like lengths (less padding computed)

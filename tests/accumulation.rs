@@ -567,6 +567,7 @@ fn bert_accumulation_over_texts_of_many_lengths_equals_full_batch() -> Result<()
     let data = Pipeline::new(Arc::new(taper::data::csv(&path, &opts)?));
     let bert = |rate: f64| -> Arc<dyn ModelSpec> {
         Arc::new(Bert {
+            family: Default::default(),
             vocab: 10,
             context: 16,
             width: 16,

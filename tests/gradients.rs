@@ -161,6 +161,7 @@ fn gpt_gradients_match_finite_differences() -> Result<()> {
 #[test]
 fn bert_gradients_match_finite_differences() -> Result<()> {
     let mut spec = Bert {
+        family: Default::default(),
         vocab: 11,
         context: 7,
         width: 8,

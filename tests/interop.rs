@@ -35,23 +35,8 @@ fn check(args: &[&str]) -> Result<Value> {
     check_with("torch, transformers, llama_cpp", args)
 }
 
-/// interop_check.py in the test virtualenv, once it can import `modules`.
 fn check_with(modules: &str, args: &[&str]) -> Result<Value> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = common::test_python(modules)?;
-    let out = Command::new(python)
-        .arg(root.join("scripts/tools/interop_check.py"))
-        .args(args)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "interop_check.py {}: {}",
-        args[0],
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().last().unwrap_or_default();
-    Ok(serde_json::from_str(last)?)
+    common::interop_check(modules, args)
 }
 
 /// Runs RECIPE into a fresh folder; returns it.

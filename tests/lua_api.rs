@@ -621,9 +621,9 @@ fn text_columns_and_bert_options_are_checked_where_they_are_given() {
     let csv = dir.path().join("t.csv");
     std::fs::write(&csv, "text,label\nthe cat,a\n").unwrap();
     let csv = csv.display();
-    let roberta = dir.path().join("roberta");
-    std::fs::create_dir(&roberta).unwrap();
-    std::fs::write(roberta.join("config.json"), r#"{"model_type": "roberta"}"#).unwrap();
+    let electra = dir.path().join("electra");
+    std::fs::create_dir(&electra).unwrap();
+    std::fs::write(electra.join("config.json"), r#"{"model_type": "electra"}"#).unwrap();
     for (src, says) in [
         (
             format!("taper.data.csv{{ path = '{csv}', text = 'text', label = 'label' }}"),
@@ -651,7 +651,7 @@ fn text_columns_and_bert_options_are_checked_where_they_are_given() {
         ),
         (
             "taper.model.bert{ outputs = 2 }".to_string(),
-            "option `from` (a transformers BERT folder) is required",
+            "option `from` (a transformers BERT, DistilBERT or RoBERTa folder) is required",
         ),
         (
             format!("taper.model.bert{{ from = '{}' }}", dir.path().display()),
@@ -662,8 +662,8 @@ fn text_columns_and_bert_options_are_checked_where_they_are_given() {
             "config.json",
         ),
         (
-            format!("taper.model.bert{{ from = '{}', outputs = 2 }}", roberta.display()),
-            "model_type `roberta` is not bert",
+            format!("taper.model.bert{{ from = '{}', outputs = 2 }}", electra.display()),
+            "model_type `electra` is not bert, nor one of the classifiers taper.model.bert computes like it (distilbert, roberta, xlm-roberta)",
         ),
         (
             "taper.model.gpt{ vocab = 10, context = 8, dropout = 1 }".to_string(),
@@ -674,11 +674,11 @@ fn text_columns_and_bert_options_are_checked_where_they_are_given() {
             "dropout -0.5 is not a rate in [0, 1)",
         ),
         (
-            format!("taper.model.bert{{ from = '{}', outputs = 2, dropout = 1 }}", roberta.display()),
+            format!("taper.model.bert{{ from = '{}', outputs = 2, dropout = 1 }}", electra.display()),
             "option `dropout` must be a rate from 0 up to (not including) 1, got 1",
         ),
         (
-            format!("taper.model.bert{{ from = '{}', outputs = 2, attention_dropout = 'x' }}", roberta.display()),
+            format!("taper.model.bert{{ from = '{}', outputs = 2, attention_dropout = 'x' }}", electra.display()),
             "option `attention_dropout` must be a rate",
         ),
     ] {

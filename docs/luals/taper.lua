@@ -451,7 +451,9 @@ function taper.model.llama_gguf(opts) end
 ---dropout at the config's rates (`hidden_dropout_prob`, `attention_probs_dropout_prob`,
 ---`classifier_dropout`; transformers' 0.1 where it says none); `dropout` sets every
 ---site's rate, `attention_dropout` and `classifier_dropout` one site's. Evaluation and
----`taper classify` apply none.
+---`taper classify` apply none. A DistilBERT or RoBERTa (XLM-RoBERTa) folder is
+---computed as its own transformers classifier (DistilBertForSequenceClassification,
+---RobertaForSequenceClassification) and exported as one.
 ---@param opts {from: string, outputs: integer, context?: integer, dropout?: number, attention_dropout?: number, classifier_dropout?: number}
 ---@return taper.Model
 function taper.model.bert(opts) end

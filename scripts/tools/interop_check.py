@@ -42,6 +42,15 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         BERT_DIR (its head drawn from seed 0, times 50), saved to OUT_DIR: the ids of
         the texts (strings, or [a, b] pairs), cut at MAX_LENGTH (128) and padded as
         a batch, their token types and attention mask, and its logits
+    python interop_check.py classifier-random FAMILY OUT_DIR LABELS TEXTS_JSON CORPUS_CSV [MAX_LENGTH]
+        a small DistilBertForSequenceClassification or RobertaForSequenceClassification
+        (FAMILY distilbert or roberta; 2 blocks, width 32, seed 0, weights of standard
+        deviation 0.4, norms and biases drawn away from 1 and 0) saved to OUT_DIR with a real tokenizer: for
+        DistilBERT, MiniLM's (bert-base-uncased's vocabulary, as distilbert-base-uncased
+        has), from the folder beside CORPUS_CSV's ../minilm; for RoBERTa, a byte-level
+        BPE of 400 ids trained by tokenizers on the CSV's `text` column, with
+        RoBERTa's special tokens and template. The texts' (or [a, b] pairs') ids, cut
+        at MAX_LENGTH (24), padded as a batch, and the logits
     python interop_check.py bert-logits DIR IDS_JSON
         the logits of the BertForSequenceClassification in DIR for padded
         ids (a mask from its pad token id)
@@ -122,6 +131,65 @@ def bert_classifier(d, out, labels, texts, max_length=128):
         logits = m.double()(**batch).logits
     print(json.dumps({"ids": batch["input_ids"].tolist(), "types": batch["token_type_ids"].tolist(),
                       "mask": batch["attention_mask"].tolist(), "logits": logits.tolist()}))
+
+
+def roberta_tokenizer(corpus_csv):
+    """A RoBERTa tokenizer (byte-level BPE, `<s>` `<pad>` `</s>` `<unk>`
+    `<mask>` as ids 0-4, `<s> a </s></s> b </s>` for pairs) trained on the
+    CSV's `text` column."""
+    import csv
+
+    from tokenizers import ByteLevelBPETokenizer, processors
+    from transformers import RobertaTokenizerFast
+
+    with open(corpus_csv, newline="") as f:
+        texts = [row["text"] for row in csv.DictReader(f)][:400]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=400, min_frequency=2,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return RobertaTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
+                                sep_token="</s>", cls_token="<s>", unk_token="<unk>",
+                                pad_token="<pad>", mask_token="<mask>")
+
+
+def classifier_random(family, out, labels, texts, corpus_csv, max_length=24):
+    import os
+
+    import torch
+    from transformers import (AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification,
+                              RobertaConfig, RobertaForSequenceClassification)
+
+    torch.manual_seed(0)
+    if family == "distilbert":
+        t = AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(corpus_csv), "..", "minilm"))
+        c = DistilBertConfig(vocab_size=t.vocab_size, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                             max_position_embeddings=64, num_labels=labels, initializer_range=0.4,
+                             pad_token_id=t.pad_token_id)
+        m = DistilBertForSequenceClassification(c)
+    else:
+        t = roberta_tokenizer(corpus_csv)
+        c = RobertaConfig(vocab_size=len(t), hidden_size=32, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=64,
+                          max_position_embeddings=max_length + 2, type_vocab_size=1,
+                          layer_norm_eps=1e-5, num_labels=labels, pad_token_id=1, initializer_range=0.4,
+                          bos_token_id=0, eos_token_id=2)
+        m = RobertaForSequenceClassification(c)
+    # The longest text the model takes, as a real checkpoint's tokenizer says.
+    t.model_max_length = c.max_position_embeddings - (2 if family == "roberta" else 0)
+    with torch.no_grad():  # norms and biases away from 1 and 0
+        for name, p in m.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+    m.eval().save_pretrained(out)
+    t.save_pretrained(out)
+    given = [[p[0] for p in texts], [p[1] for p in texts]] if isinstance(texts[0], list) else [texts]
+    batch = t(*given, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    batch.pop("token_type_ids", None)
+    with torch.no_grad():
+        logits = m.double()(**batch).logits
+    print(json.dumps({"ids": batch["input_ids"].tolist(), "mask": batch["attention_mask"].tolist(),
+                      "pad": t.pad_token_id, "logits": logits.tolist()}))
 
 
 def bert_logits(d, ids):
@@ -647,6 +715,9 @@ def main():
         hf_tokenize(args[0], args[1])
     elif cmd == "bert-classifier":
         bert_classifier(args[0], args[1], int(args[2]), json.loads(args[3]), *map(int, args[4:5]))
+    elif cmd == "classifier-random":
+        classifier_random(args[0], args[1], int(args[2]), json.loads(args[3]), args[4],
+                          *(int(a) for a in args[5:]))
     elif cmd == "bert-logits":
         bert_logits(args[0], json.loads(args[1]))
     elif cmd == "bert-dropout":

@@ -24,7 +24,7 @@ mod trainer;
 pub mod warm_start;
 mod workers;
 
-pub use bert::Bert;
+pub use bert::{Bert, Family};
 pub use cnn::{max_pool_2x2, Cnn};
 pub use device::{describe as describe_device, parse_device};
 pub use gpt::Gpt;

@@ -133,8 +133,9 @@ fn gpt(lua: &Lua, opts: Value) -> mlua::Result<ModelHandle> {
 }
 
 /// `taper.model.bert{ from = "minilm/", outputs = 6, context = 128 }`: a
-/// Hugging Face BERT (its folder, or its model.safetensors with
-/// config.json beside it) with a classification head of `outputs`.
+/// Hugging Face BERT, DistilBERT or RoBERTa (its folder, or its
+/// model.safetensors with config.json beside it) with a classification
+/// head of `outputs`.
 fn bert(lua: &Lua, opts: Table) -> mlua::Result<ModelHandle> {
     const WHAT: &str = "taper.model.bert";
     super::options::check_keys(
@@ -156,7 +157,7 @@ fn bert(lua: &Lua, opts: Table) -> mlua::Result<ModelHandle> {
             return Err(config_error(
                 lua,
                 format!(
-                    "{WHAT}: option `from` (a transformers BERT folder) is required, got {}",
+                    "{WHAT}: option `from` (a transformers BERT, DistilBERT or RoBERTa folder) is required, got {}",
                     super::options::a_type(&other)
                 ),
             ))

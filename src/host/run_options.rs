@@ -161,7 +161,14 @@ fn pairs_have_a_separator(lua: &Lua, model: &ModelHandle, data: Option<&Feed>) -
         .table_input()
         .is_some_and(|t| t.text.is_some() && t.columns.len() == 2);
     let config = model.0.config().unwrap_or_default();
-    if pairs && config.get("bert").is_some_and(|b| b["sep"].is_null()) {
+    // Only a BERT has a second token type (a DistilBERT has none, a
+    // RoBERTa one: their pairs are told apart by the separators alone).
+    let typed = |b: &serde_json::Value| b["type_vocab"].as_u64().is_some_and(|n| n > 1);
+    if pairs
+        && config
+            .get("bert")
+            .is_some_and(|b| typed(b) && b["sep"].is_null())
+    {
         return Err(config_error(
             lua,
             "taper.run: the data is text pairs, whose second texts a BERT reads as token type 1, after the separator (`[SEP]`); this BERT knows no separator id (its config has no `sep_token_id`, and its folder no tokenizer.json or vocab.txt): put the model's tokenizer.json beside its config.json",

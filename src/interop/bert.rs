@@ -1,7 +1,9 @@
 //! A Hugging Face BERT (its folder: `config.json`, `model.safetensors`) as
 //! the starting weights of `taper.model.bert`: a `BertModel` as
 //! sentence-transformers saves one (MiniLM), or a
-//! `BertForSequenceClassification` (names under `bert.`, and its head).
+//! `BertForSequenceClassification` (names under `bert.`, and its head); or
+//! a DistilBERT or RoBERTa (XLM-RoBERTa) model or classifier, its tensors
+//! renamed to BERT's ([`super::bert_names`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +11,9 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
-use crate::engine::Bert;
+use super::bert_config::{position_offset, spec_of};
+use super::bert_names::{head_names, to_hf, to_taper};
+use crate::engine::{Bert, Family};
 use crate::{Error, Result};
 
 /// What [`import`] made: the model, and what it said about the weights.
@@ -26,6 +30,9 @@ pub struct Imported {
 pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imported> {
     let (weights, config_path, c) = super::hf::folder(path, "BERT")?;
     let mut spec = spec_of(&config_path, &c, outputs)?;
+    if spec.family == Family::Bert {
+        spec.sep = separator(&config_path, &c);
+    }
     if let Some(ctx) = context {
         if ctx > spec.context {
             return Err(Error::Config(format!(
@@ -40,27 +47,28 @@ pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imp
         .map_err(|e| Error::Config(format!("{}: {e}", weights.display())))?;
     let mut initial = Vec::new();
     let mut unused = Vec::new();
-    for (name, t) in tensors {
-        let name = name.strip_prefix("bert.").unwrap_or(&name).to_string();
-        if name == "embeddings.position_ids" {
+    let offset = position_offset(&spec);
+    for (file_name, t) in tensors {
+        let Some(name) = to_taper(spec.family, &file_name) else {
+            unused.push(file_name);
             continue;
-        }
-        if !(name.starts_with("embeddings.")
-            || name.starts_with("encoder.layer.")
-            || name.starts_with("pooler.")
-            || name.starts_with("classifier."))
-        {
-            unused.push(name);
+        };
+        if name == "embeddings.position_ids" {
             continue;
         }
         let t = t.to_dtype(DType::F32)?;
         let t = match name.as_str() {
-            "embeddings.position_embeddings.weight" => t.narrow(0, 0, spec.context)?,
+            // RoBERTa's first rows are the padding's and one never read.
+            "embeddings.position_embeddings.weight" => {
+                check_rows(&weights, &file_name, &t, offset + spec.context)?;
+                t.narrow(0, offset, spec.context)?
+            }
             _ => t,
         };
         initial.push((name, t));
     }
     let mut notes = Vec::new();
+    let (dense, out) = head_names(spec.family);
     let head = initial
         .iter()
         .find(|(n, _)| n == "classifier.weight")
@@ -71,20 +79,21 @@ pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imp
         Some(n) => {
             initial.retain(|(n, _)| !n.starts_with("classifier."));
             notes.push(format!(
-                "the head (`classifier`) starts afresh with {outputs} outputs (the file's has {n})"
+                "the head ({out}) starts afresh with {outputs} outputs (the file's has {n})"
             ));
         }
         None => notes.push(format!(
-            "the head (`classifier`, {outputs} outputs) starts afresh, as transformers' BertForSequenceClassification starts it"
+            "the head ({out}, {outputs} outputs) starts afresh, as transformers' {} starts it",
+            classifier_class(spec.family)
         )),
     }
     if !initial.iter().any(|(n, _)| n == "pooler.dense.weight") {
-        notes.push("the pooler starts afresh: the file has none".into());
+        notes.push(format!("{dense} starts afresh: the file has none"));
     }
     if !unused.is_empty() {
         unused.sort();
         notes.push(format!(
-            "{} tensors of the file are not the encoder's and are left out (such as `{}`: a pre-training head)",
+            "{} tensors of the file are not the classifier's and are left out (such as `{}`: a pre-training head)",
             unused.len(),
             unused[0]
         ));
@@ -113,68 +122,25 @@ fn separator(config: &Path, c: &Value) -> Option<u32> {
         .map(|p| p as u32)
 }
 
-/// The model a transformers `config.json` describes, or why it is not a
-/// BERT taper computes.
-fn spec_of(path: &Path, c: &Value, outputs: usize) -> Result<Bert> {
-    let bad = |why: String| Error::Config(format!("{}: {why}", path.display()));
-    let int = |key: &str| -> Result<usize> {
-        c[key]
-            .as_u64()
-            .map(|v| v as usize)
-            .ok_or_else(|| bad(format!("`{key}` is missing or not a whole number")))
-    };
-    let model_type = c["model_type"].as_str().unwrap_or("");
-    if model_type != "bert" {
-        return Err(bad(format!(
-            "model_type `{model_type}` is not bert (taper.model.bert is BERT's architecture)"
-        )));
+/// transformers' class of a `family` classifier.
+fn classifier_class(family: Family) -> &'static str {
+    match family {
+        Family::Bert => "BertForSequenceClassification",
+        Family::Distilbert => "DistilBertForSequenceClassification",
+        Family::Roberta => "RobertaForSequenceClassification",
     }
-    let act = c["hidden_act"].as_str().unwrap_or("gelu");
-    if act != "gelu" {
-        return Err(bad(format!(
-            "hidden_act `{act}`: taper's BERT uses the erf GELU (`gelu`)"
-        )));
+}
+
+/// The position table `name` of the file `path` has at least `rows` rows.
+fn check_rows(path: &Path, name: &str, t: &Tensor, rows: usize) -> Result<()> {
+    match t.dim(0)? >= rows {
+        true => Ok(()),
+        false => Err(Error::Config(format!(
+            "{}: tensor `{name}` has {} positions, the config makes it {rows}",
+            path.display(),
+            t.dim(0)?
+        ))),
     }
-    let position = c["position_embedding_type"].as_str().unwrap_or("absolute");
-    if position != "absolute" {
-        return Err(bad(format!(
-            "position_embedding_type `{position}`: taper's BERT has absolute positions"
-        )));
-    }
-    let pad = c["pad_token_id"].as_u64().unwrap_or(0);
-    // transformers' defaults where the config says nothing (BertConfig).
-    let rate = |key: &str| -> Result<f64> {
-        match &c[key] {
-            Value::Null => Ok(0.1),
-            v => v
-                .as_f64()
-                .filter(|r| (0.0..1.0).contains(r))
-                .ok_or_else(|| bad(format!("`{key}` {v} is not a rate in [0, 1)"))),
-        }
-    };
-    let hidden = rate("hidden_dropout_prob")?;
-    let classifier = match &c["classifier_dropout"] {
-        Value::Null => hidden,
-        _ => rate("classifier_dropout")?,
-    };
-    Ok(Bert {
-        vocab: int("vocab_size")?,
-        context: int("max_position_embeddings")?,
-        width: int("hidden_size")?,
-        layers: int("num_hidden_layers")?,
-        heads: int("num_attention_heads")?,
-        intermediate: int("intermediate_size")?,
-        type_vocab: c["type_vocab_size"].as_u64().unwrap_or(2) as usize,
-        eps: c["layer_norm_eps"].as_f64().unwrap_or(1e-12),
-        pad: pad as u32,
-        sep: separator(path, c),
-        outputs,
-        dropout: hidden,
-        attention_dropout: rate("attention_probs_dropout_prob")?,
-        classifier_dropout: classifier,
-        from: None,
-        initial: None,
-    })
 }
 
 /// Every encoder weight the spec needs is in the file, in its shape; the
@@ -190,13 +156,15 @@ fn check_names(path: &Path, spec: &Bert, initial: &mut Vec<(String, Tensor)>) ->
             "embeddings.position_embeddings.weight".into(),
             vec![spec.context, w],
         ),
-        (
-            "embeddings.token_type_embeddings.weight".into(),
-            vec![spec.type_vocab, w],
-        ),
         ("embeddings.LayerNorm.weight".into(), vec![w]),
         ("embeddings.LayerNorm.bias".into(), vec![w]),
     ];
+    if spec.type_vocab > 0 {
+        want.push((
+            "embeddings.token_type_embeddings.weight".into(),
+            vec![spec.type_vocab, w],
+        ));
+    }
     for i in 0..spec.layers {
         let p = format!("encoder.layer.{i}");
         for (name, shape) in [
@@ -219,15 +187,17 @@ fn check_names(path: &Path, spec: &Bert, initial: &mut Vec<(String, Tensor)>) ->
         match initial.iter().find(|(n, _)| n == name) {
             None => {
                 return Err(Error::Config(format!(
-                    "{}: no tensor `{name}` (the config says {} layers)",
+                    "{}: no tensor `{}` (the config says {} layers)",
                     path.display(),
+                    to_hf(spec.family, name),
                     spec.layers
                 )))
             }
             Some((_, t)) if t.dims() != shape.as_slice() => {
                 return Err(Error::Config(format!(
-                    "{}: tensor `{name}` is {:?}, the config makes it {shape:?}",
+                    "{}: tensor `{}` is {:?}, the config makes it {shape:?}",
                     path.display(),
+                    to_hf(spec.family, name),
                     t.dims()
                 )))
             }
@@ -245,8 +215,9 @@ fn check_names(path: &Path, spec: &Bert, initial: &mut Vec<(String, Tensor)>) ->
         if let Some((_, t)) = initial.iter().find(|(n, _)| n == name) {
             if t.dims() != shape.as_slice() {
                 return Err(Error::Config(format!(
-                    "{}: tensor `{name}` is {:?}, the config makes it {shape:?}",
+                    "{}: tensor `{}` is {:?}, the config makes it {shape:?}",
                     path.display(),
+                    to_hf(spec.family, name),
                     t.dims()
                 )));
             }
@@ -256,50 +227,4 @@ fn check_names(path: &Path, spec: &Bert, initial: &mut Vec<(String, Tensor)>) ->
     initial.retain(|(n, _)| want.iter().any(|(w, _)| w == n));
     initial.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(extra: Value) -> Value {
-        let mut c = serde_json::json!({
-            "model_type": "bert", "vocab_size": 10, "max_position_embeddings": 8,
-            "hidden_size": 4, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "intermediate_size": 8,
-        });
-        c.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        c
-    }
-
-    /// The config's dropout rates, transformers' 0.1 where it gives none,
-    /// and the classifier's the hidden one's unless it has its own.
-    #[test]
-    fn dropout_rates_come_from_the_config() {
-        let p = Path::new("config.json");
-        let s = spec_of(p, &config(serde_json::json!({})), 2).unwrap();
-        assert_eq!(
-            (s.dropout, s.attention_dropout, s.classifier_dropout),
-            (0.1, 0.1, 0.1)
-        );
-        let c = config(serde_json::json!({
-            "hidden_dropout_prob": 0.05, "attention_probs_dropout_prob": 0.0,
-            "classifier_dropout": null,
-        }));
-        let s = spec_of(p, &c, 2).unwrap();
-        assert_eq!(
-            (s.dropout, s.attention_dropout, s.classifier_dropout),
-            (0.05, 0.0, 0.05)
-        );
-        let c = config(serde_json::json!({ "classifier_dropout": 0.3 }));
-        assert_eq!(spec_of(p, &c, 2).unwrap().classifier_dropout, 0.3);
-        let c = config(serde_json::json!({ "hidden_dropout_prob": 1.5 }));
-        let e = spec_of(p, &c, 2).unwrap_err().to_string();
-        assert!(
-            e.contains("config.json: `hidden_dropout_prob` 1.5 is not a rate"),
-            "{e}"
-        );
-    }
 }

@@ -1,7 +1,8 @@
 //! A `taper.model.bert` run written for transformers: a
 //! `BertForSequenceClassification` folder (`model.safetensors` with the
-//! encoder under `bert.`, `config.json` naming the classes), with the
-//! tokenizer files of the folder the run started from, so that
+//! encoder under `bert.`, `config.json` naming the classes), or the
+//! DistilBERT or RoBERTa classifier it started from, with the tokenizer
+//! files of the folder the run started from, so that
 //! `pipeline("text-classification", model=DIR)` answers with the classes'
 //! names.
 
@@ -9,74 +10,31 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use serde_json::{json, Map, Value};
 
+use super::bert_config::{config_json, position_offset};
+use super::bert_names::to_hf;
 use super::hf::{write_f32_safetensors, write_json, HfExport};
 use crate::engine::Bert;
 use crate::{Error, Result};
 
-/// The tokenizer files transformers' `AutoTokenizer` reads for a BERT.
-const TOKENIZER_FILES: [&str; 4] = [
+/// The tokenizer files transformers' `AutoTokenizer` reads: a BERT's
+/// WordPiece (`vocab.txt`), a RoBERTa's BPE (`vocab.json`, `merges.txt`), an
+/// XLM-RoBERTa's SentencePiece model.
+const TOKENIZER_FILES: [&str; 7] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
     "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "sentencepiece.bpe.model",
 ];
 
-/// transformers' config for `spec` with `positions` position embeddings,
-/// its classes named `classes` (label 0 first) or `LABEL_0`, ... as
-/// transformers names them.
-fn config_json(spec: &Bert, positions: usize, classes: Option<&[String]>) -> Value {
-    let names: Vec<String> = match classes {
-        Some(c) if c.len() == spec.outputs => c.to_vec(),
-        _ => (0..spec.outputs).map(|i| format!("LABEL_{i}")).collect(),
-    };
-    let id2label: Map<String, Value> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (i.to_string(), json!(n)))
-        .collect();
-    let label2id: Map<String, Value> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.clone(), json!(i)))
-        .collect();
-    json!({
-        "architectures": ["BertForSequenceClassification"],
-        "model_type": "bert",
-        "vocab_size": spec.vocab,
-        "hidden_size": spec.width,
-        "num_hidden_layers": spec.layers,
-        "num_attention_heads": spec.heads,
-        "intermediate_size": spec.intermediate,
-        "hidden_act": "gelu",
-        "max_position_embeddings": positions,
-        "type_vocab_size": spec.type_vocab,
-        "layer_norm_eps": spec.eps,
-        "pad_token_id": spec.pad,
-        "position_embedding_type": "absolute",
-        "hidden_dropout_prob": spec.dropout,
-        "attention_probs_dropout_prob": spec.attention_dropout,
-        "classifier_dropout": spec.classifier_dropout,
-        "initializer_range": 0.02,
-        "id2label": id2label,
-        "label2id": label2id,
-        "torch_dtype": "float32",
-    })
-}
-
-/// transformers' name for a parameter of taper's BERT.
-fn hf_name(name: &str) -> String {
-    match name.starts_with("classifier.") {
-        true => name.to_string(),
-        false => format!("bert.{name}"),
-    }
-}
-
 /// Writes the folder `dir`. The tokenizer files, and the position
-/// embeddings past the run's `context` (which it did not train, so that
-/// transformers takes texts as long as the original did), come from the
-/// file of `spec.from`; where it is gone, the note says so.
+/// embeddings the run did not train (past its `context`, so that
+/// transformers takes texts as long as the original did; RoBERTa's first
+/// `pad + 1`), come from the file of `spec.from`; where it is gone, the
+/// note says so.
 pub fn export(
     dir: &Path,
     spec: &Bert,
@@ -88,25 +46,19 @@ pub fn export(
         .iter()
         .map(|(k, t)| {
             let t = t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
-            Ok((hf_name(k), t.contiguous()?))
+            Ok((to_hf(spec.family, k), t.contiguous()?))
         })
         .collect::<Result<_>>()?;
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let mut notes = Vec::new();
-    let positions = "bert.embeddings.position_embeddings.weight";
-    if let Some((_, trained)) = tensors.iter_mut().find(|(k, _)| k == positions) {
-        match later_positions(spec)? {
-            Some(rest) => *trained = Tensor::cat(&[&*trained, &rest], 0)?,
-            None => notes.push(format!(
-                "max_position_embeddings is the run's context, {}: its starting weights are gone",
-                spec.context
-            )),
-        }
+    let positions = to_hf(spec.family, "embeddings.position_embeddings.weight");
+    let mut rows = spec.context;
+    if let Some((_, trained)) = tensors.iter_mut().find(|(k, _)| *k == positions) {
+        let (table, note) = whole_positions(spec, trained)?;
+        rows = table.dim(0)?;
+        *trained = table;
+        notes.extend(note);
     }
-    let rows = tensors
-        .iter()
-        .find(|(k, _)| k == positions)
-        .map_or(Ok(spec.context), |(_, t)| t.dim(0))?;
     let weights = dir.join("model.safetensors");
     write_f32_safetensors(&weights, &tensors)?;
     let config = dir.join("config.json");
@@ -123,25 +75,52 @@ pub fn export(
     Ok(HfExport { files, bytes, note })
 }
 
-/// The position embeddings of the starting weights past the run's
-/// `context`, or None where the file is gone (or has none).
-fn later_positions(spec: &Bert) -> Result<Option<Tensor>> {
+/// The position table transformers reads: the `trained` rows, the
+/// starting weights' before them (RoBERTa's `pad + 1`) and past them; and
+/// a note where the file of the starting weights is gone (the rows before
+/// are then zeros: the padding's, and one never read).
+fn whole_positions(spec: &Bert, trained: &Tensor) -> Result<(Tensor, Option<String>)> {
+    let offset = position_offset(spec);
+    let end = offset + spec.context;
+    let Some(file) = starting_positions(spec)?.filter(|t| t.dim(0).is_ok_and(|n| n >= end)) else {
+        let note = format!(
+            "max_position_embeddings is the run's context, {}: its starting weights are gone",
+            spec.context
+        );
+        let table = match offset {
+            0 => trained.clone(),
+            _ => {
+                let before = Tensor::zeros((offset, spec.width), DType::F32, &Device::Cpu)?;
+                Tensor::cat(&[&before, trained], 0)?
+            }
+        };
+        return Ok((table, Some(note)));
+    };
+    let rows = file.dim(0)?;
+    let parts = [
+        file.narrow(0, 0, offset)?,
+        trained.clone(),
+        file.narrow(0, end, rows - end)?,
+    ];
+    let parts: Vec<&Tensor> = parts
+        .iter()
+        .filter(|t| t.dim(0).is_ok_and(|n| n > 0))
+        .collect();
+    Ok((Tensor::cat(&parts, 0)?, None))
+}
+
+/// The position table of the starting weights, or None where the file is
+/// gone (or has none).
+fn starting_positions(spec: &Bert) -> Result<Option<Tensor>> {
     let Some(from) = spec.from.as_deref().map(Path::new).filter(|p| p.exists()) else {
         return Ok(None);
     };
     let file = unsafe { candle_core::safetensors::MmapedSafetensors::new(from) }
         .map_err(|e| Error::Data(format!("{}: {e}", from.display())))?;
-    for name in [
-        "embeddings.position_embeddings.weight",
-        "bert.embeddings.position_embeddings.weight",
-    ] {
-        if let Ok(t) = file.load(name, &Device::Cpu) {
-            let rows = t.dim(0)?;
-            if rows <= spec.context {
-                return Ok(None);
-            }
-            let rest = t.narrow(0, spec.context, rows - spec.context)?;
-            return Ok(Some(rest.to_dtype(DType::F32)?));
+    let name = "embeddings.position_embeddings.weight";
+    for name in [name.to_string(), to_hf(spec.family, name)] {
+        if let Ok(t) = file.load(&name, &Device::Cpu) {
+            return Ok(Some(t.to_dtype(DType::F32)?));
         }
     }
     Ok(None)

@@ -5,7 +5,9 @@
 //! writer; nothing below depends on it.
 
 pub mod bert;
+mod bert_config;
 mod bert_export;
+mod bert_names;
 pub mod bytelevel;
 mod export;
 pub mod gguf_gpt2;

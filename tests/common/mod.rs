@@ -53,6 +53,27 @@ pub fn test_python(modules: &str) -> Result<PathBuf> {
     Ok(python)
 }
 
+/// scripts/tools/interop_check.py in the test virtualenv, once it can
+/// import `modules`: its last line of output, as JSON.
+#[allow(dead_code)] // not every test binary drives the real tools
+pub fn interop_check(modules: &str, args: &[&str]) -> Result<serde_json::Value> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = test_python(modules)?;
+    let out = Command::new(python)
+        .arg(root.join("scripts/tools/interop_check.py"))
+        .args(args)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "interop_check.py {}: {}",
+        args[0],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    Ok(serde_json::from_str(last)?)
+}
+
 /// The records of one `event` in a run folder's `metrics.jsonl`; none while
 /// the file is missing or a line is half-written (a run still going).
 #[allow(dead_code)] // not every test binary reads records

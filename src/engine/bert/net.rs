@@ -1,76 +1,15 @@
-//! A BERT encoder with a classification head, as transformers'
-//! `BertForSequenceClassification` computes it: word, position and token
-//! type embeddings, post-norm blocks of bidirectional self-attention over
-//! the unpadded positions and an erf GELU MLP, the `[CLS]` position through
-//! the pooler (dense, tanh), then a dense head. Parameters keep
-//! transformers' names (`encoder.layer.0.attention.self.query.weight`), so
-//! a Hugging Face BERT (MiniLM, bert-base, ...) loads as it is
-//! (`interop::bert::import`). Training applies transformers' dropout
-//! (after the embeddings, on the attention weights, after each block's
-//! attention and MLP outputs, and on the pooled `[CLS]`) at the config's
-//! rates, with masks drawn as `kernels::Dropout` draws them: the same
-//! however a step's batch is split or resumed; evaluation applies none.
-//!
-//! Inputs are token ids padded with `pad` after each text (as
-//! `taper.data.csv{ text = ... }` gives them): the padded positions are
-//! masked out of attention, and a batch is computed only as wide as its
-//! longest text (dynamic padding), which changes no output.
-
-use std::sync::Arc;
+//! The BERT encoder's computation: embeddings, post-norm blocks, the
+//! first position through the head, as each family (see [`Family`])
+//! computes it in transformers.
 
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use serde::{Deserialize, Serialize};
 
-use super::dropout::{site, BlockDrops};
-use super::linear::Linear;
-use super::model::{layer_norm, Draw, Interface, ModelSpec, TrainModule};
+use super::{Bert, Family};
+use crate::engine::dropout::{site, BlockDrops};
+use crate::engine::linear::Linear;
+use crate::engine::model::{layer_norm, Draw, TrainModule};
 use crate::kernels::dropout;
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bert {
-    pub vocab: usize,
-    /// Positions the model takes (at most the checkpoint's
-    /// `max_position_embeddings`).
-    pub context: usize,
-    pub width: usize,
-    pub layers: usize,
-    pub heads: usize,
-    /// The MLP's hidden size (`intermediate_size`).
-    pub intermediate: usize,
-    /// Token types (segments) the embedding has: a text's are type 0; a
-    /// pair's second text, after the first `sep`, type 1.
-    pub type_vocab: usize,
-    pub eps: f64,
-    /// The padding token id: these positions are masked.
-    pub pad: u32,
-    /// The separator token id (`[SEP]`): a text pair, `[CLS] a [SEP] b
-    /// [SEP]`, has its ids after the first one as type 1, as transformers'
-    /// tokenizer gives `token_type_ids`. None (checkpoints from before
-    /// pairs, a folder without a tokenizer): every id is type 0.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sep: Option<u32>,
-    /// Classes (or regression targets) of the head.
-    pub outputs: usize,
-    /// Dropout after the embeddings and each block's attention and MLP
-    /// outputs (`hidden_dropout_prob`); 0 in checkpoints from before it.
-    #[serde(default)]
-    pub dropout: f64,
-    /// Dropout on the attention weights (`attention_probs_dropout_prob`).
-    #[serde(default)]
-    pub attention_dropout: f64,
-    /// Dropout on the pooled `[CLS]` before the head (`classifier_dropout`,
-    /// else `hidden_dropout_prob`).
-    #[serde(default)]
-    pub classifier_dropout: f64,
-    /// Where the starting weights came from, for the record.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<String>,
-    /// Starting weights by name (`taper.model.bert{ from = ... }`).
-    #[serde(skip)]
-    pub initial: Option<Arc<Vec<(String, Tensor)>>>,
-}
 
 /// transformers' `initializer_range`, for the weights a checkpoint lacks
 /// (the head).
@@ -115,6 +54,7 @@ struct Layer {
     down: Linear,
     out_norm: Norm,
     heads: usize,
+    family: Family,
 }
 
 impl Layer {
@@ -130,6 +70,7 @@ impl Layer {
             down: linear(&vb.pp("output.dense"), m, w)?,
             out_norm: Norm::new(vb.pp("output.LayerNorm"), w, cfg.eps)?,
             heads: cfg.heads,
+            family: cfg.family,
         })
     }
 
@@ -149,11 +90,15 @@ impl Layer {
         use crate::kernels::add;
         let qkv = self.qkv()?.forward(x)?;
         let ctx = crate::kernels::padded_attention(&qkv, self.heads, lens, drop.on_weights())?;
-        let a = dropout(
-            &self.out.forward(&ctx)?,
-            drop.attention_out.as_ref(),
-            drop.first,
-        )?;
+        // DistilBERT has no dropout on the attention's output.
+        let a = match self.family {
+            Family::Distilbert => self.out.forward(&ctx)?,
+            _ => dropout(
+                &self.out.forward(&ctx)?,
+                drop.attention_out.as_ref(),
+                drop.first,
+            )?,
+        };
         let x = self.attn_norm.forward(&add(x, &a)?)?;
         let h = crate::kernels::gelu_erf(&self.up.forward(&x)?)?;
         let m = dropout(&self.down.forward(&h)?, drop.mlp_out.as_ref(), drop.first)?;
@@ -161,14 +106,18 @@ impl Layer {
     }
 }
 
-struct BertNet {
+pub(super) struct BertNet {
     words: Tensor,
     positions: Tensor,
-    types: Tensor,
+    /// None for a DistilBERT, which has no token types.
+    types: Option<Tensor>,
     norm: Norm,
     layers: Vec<Layer>,
+    /// The dense layer between the first position and the head: BERT's
+    /// pooler, DistilBERT's `pre_classifier`, RoBERTa's `classifier.dense`.
     pooler: Linear,
     head: Linear,
+    family: Family,
     context: usize,
     pad: u32,
     sep: Option<u32>,
@@ -246,11 +195,12 @@ impl BertNet {
         let (hidden, weights, pooled) = self.rates;
         let x = crate::kernels::embedding(&self.words, &ids)?;
         let x = x.broadcast_add(&self.positions.narrow(0, 0, t)?)?;
-        let x = match types {
+        let x = match (&self.types, types) {
+            (None, _) => x,
             // Single texts: every position type 0 (padding's type is
             // never seen: no position attends to it).
-            None => x.broadcast_add(&self.types.narrow(0, 0, 1)?)?,
-            Some(types) => (x + crate::kernels::embedding(&self.types, &types)?)?,
+            (Some(table), None) => x.broadcast_add(&table.narrow(0, 0, 1)?)?,
+            (Some(table), Some(types)) => (x + crate::kernels::embedding(table, &types)?)?,
         };
         let x = self.norm.forward(&x)?;
         let mut x = dropout(&x, site(draw, hidden, 0).as_ref(), first)?;
@@ -259,8 +209,18 @@ impl BertNet {
             x = layer.forward(&x, &lens, &drop)?;
         }
         let cls = x.narrow(1, 0, 1)?.squeeze(1)?;
-        let pooled_out = self.pooler.forward(&cls)?.tanh()?;
-        let pooled_out = dropout(&pooled_out, site(draw, pooled, u64::MAX).as_ref(), first)?;
+        let after = site(draw, pooled, u64::MAX);
+        let pooled_out = match self.family {
+            Family::Bert => self.pooler.forward(&cls)?.tanh()?,
+            Family::Distilbert => self.pooler.forward(&cls)?.relu()?,
+            // RobertaClassificationHead: dropout before its dense layer too.
+            Family::Roberta => {
+                let before = site(draw, pooled, u64::MAX - 1);
+                let cls = dropout(&cls, before.as_ref(), first)?;
+                self.pooler.forward(&cls)?.tanh()?
+            }
+        };
+        let pooled_out = dropout(&pooled_out, after.as_ref(), first)?;
         self.head.forward(&pooled_out)
     }
 }
@@ -278,92 +238,8 @@ impl TrainModule for BertNet {
     }
 }
 
-impl ModelSpec for Bert {
-    fn check(&self) -> crate::Result<()> {
-        super::model::sizes_at_least_one(&[
-            ("vocab", self.vocab),
-            ("context", self.context),
-            ("width", self.width),
-            ("layers", self.layers),
-            ("heads", self.heads),
-            ("intermediate", self.intermediate),
-            ("type_vocab", self.type_vocab),
-            ("outputs", self.outputs),
-        ])?;
-        if !self.width.is_multiple_of(self.heads) {
-            return Err(crate::Error::Config(format!(
-                "width {} is not divisible by heads {}",
-                self.width, self.heads
-            )));
-        }
-        for (name, rate) in [
-            ("dropout", self.dropout),
-            ("attention_dropout", self.attention_dropout),
-            ("classifier_dropout", self.classifier_dropout),
-        ] {
-            if !(0.0..1.0).contains(&rate) {
-                return Err(crate::Error::Config(format!(
-                    "{name} {rate} is not a rate in [0, 1)"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    fn describe(&self) -> String {
-        let from = self
-            .from
-            .as_deref()
-            .map(|f| format!(" from {f}"))
-            .unwrap_or_default();
-        let rates = [
-            self.dropout,
-            self.attention_dropout,
-            self.classifier_dropout,
-        ];
-        let drop = match rates {
-            [0.0, 0.0, 0.0] => String::new(),
-            [h, a, c] if h == a && a == c => format!(" dropout {h}"),
-            [h, a, c] => format!(" dropout {h} attention {a} classifier {c}"),
-        };
-        format!(
-            "bert vocab {} context {} width {} layers {} heads {} outputs {}{drop}{from}",
-            self.vocab, self.context, self.width, self.layers, self.heads, self.outputs
-        )
-    }
-
-    fn config(&self) -> Option<serde_json::Value> {
-        super::model::tagged_config("bert", self)
-    }
-
-    fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
-        Ok(Box::new(self.net(vb)?))
-    }
-
-    fn build_train(&self, vb: VarBuilder) -> Result<Box<dyn TrainModule>> {
-        Ok(Box::new(self.net(vb)?))
-    }
-
-    fn initial_params(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(self.initial.as_deref().cloned().unwrap_or_default())
-    }
-
-    fn context(&self) -> Option<usize> {
-        Some(self.context)
-    }
-
-    fn interface(&self) -> Interface {
-        Interface {
-            features: None,
-            vocab: Some(self.vocab),
-            classes: Some(self.outputs),
-            image: None,
-        }
-    }
-}
-
 impl Bert {
-    fn net(&self, vb: VarBuilder) -> Result<BertNet> {
+    pub(super) fn net(&self, vb: VarBuilder) -> Result<BertNet> {
         if self.heads == 0 || !self.width.is_multiple_of(self.heads) {
             candle_core::bail!(
                 "bert: width {} is not divisible by heads {}",
@@ -380,13 +256,18 @@ impl Bert {
         Ok(BertNet {
             words: e.get_with_hints((self.vocab, w), "word_embeddings.weight", emb)?,
             positions: e.get_with_hints((self.context, w), "position_embeddings.weight", emb)?,
-            types: e.get_with_hints((self.type_vocab, w), "token_type_embeddings.weight", emb)?,
+            types: (self.type_vocab > 0)
+                .then(|| {
+                    e.get_with_hints((self.type_vocab, w), "token_type_embeddings.weight", emb)
+                })
+                .transpose()?,
             norm: Norm::new(e.pp("LayerNorm"), w, self.eps)?,
             layers: (0..self.layers)
                 .map(|i| Layer::new(vb.pp(format!("encoder.layer.{i}")), self))
                 .collect::<Result<_>>()?,
             pooler: linear(&vb.pp("pooler.dense"), w, w)?,
             head: linear(&vb.pp("classifier"), w, self.outputs)?,
+            family: self.family,
             context: self.context,
             pad: self.pad,
             sep: self.sep.filter(|_| self.type_vocab > 1),
