@@ -180,3 +180,53 @@ fn the_shipped_recipe_fine_tunes_a_distilbert_and_a_roberta_for_transformers() -
     }
     Ok(())
 }
+
+/// A folder whose weights are PyTorch's pickle (as transformers saved them
+/// before safetensors) or safetensors shards is refused with the Python
+/// line that writes them as one file; that line, run, makes a folder taper
+/// starts from with the same logits.
+#[test]
+fn pickled_or_sharded_weights_are_refused_with_a_line_that_converts_them() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let pairs = serde_json::to_string(&PAIRS)?;
+    let python = common::test_python("torch, transformers")?;
+    for (kind, says) in [
+        ("pickle", "PyTorch's pickle (pytorch_model.bin)"),
+        ("shards", "in shards (model.safetensors.index.json)"),
+    ] {
+        let (saved, theirs) = made("distilbert", &dir.path().join(kind), &pairs)?;
+        let files = common::interop_check(
+            "torch, transformers",
+            &["legacy-weights", saved.to_str().unwrap(), kind],
+        )?;
+        eprintln!("{kind}: {files}");
+        let e = taper::interop::bert::import(&saved, 3, None)
+            .err()
+            .expect("no model.safetensors")
+            .to_string();
+        ensure!(e.contains(says), "{kind}: {e}");
+        let line = e.split('`').nth(1).expect("a line in backticks");
+        let ran = std::process::Command::new(&python)
+            .args(["-c", &format!("import transformers; {line}")])
+            .output()?;
+        ensure!(
+            ran.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&ran.stderr)
+        );
+        let spec = taper::interop::bert::import(&saved, 3, None)?.spec;
+        let ids: Vec<Vec<u32>> = serde_json::from_value(theirs["ids"].clone())?;
+        let width = ids[0].len();
+        let x = Tensor::from_vec(ids.concat(), (ids.len(), width), &Device::Cpu)?;
+        let adamw = taper::engine::optim::OptimSpec::AdamW(Default::default());
+        let trainer =
+            taper::engine::Trainer::new(std::sync::Arc::new(spec), &adamw, Default::default())?;
+        let ours: Vec<Vec<f32>> = trainer.frozen()?.forward(&x)?.to_vec2()?;
+        let diff = max_diff(&ours, &theirs["logits"])?;
+        ensure!(
+            diff < 1e-4,
+            "{kind}: logits differ by {diff} once converted"
+        );
+    }
+    Ok(())
+}

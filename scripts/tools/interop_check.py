@@ -51,6 +51,10 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         BPE of 400 ids trained by tokenizers on the CSV's `text` column, with
         RoBERTa's special tokens and template. The texts' (or [a, b] pairs') ids, cut
         at MAX_LENGTH (24), padded as a batch, and the logits
+    python interop_check.py legacy-weights DIR KIND
+        rewrites the classifier folder DIR's weights as transformers once saved them
+        (KIND pickle: PyTorch's pytorch_model.bin, no model.safetensors) or as a
+        large model's are (KIND shards: safetensors shards of 200 kB and their index)
     python interop_check.py bert-logits DIR IDS_JSON
         the logits of the BertForSequenceClassification in DIR for padded
         ids (a mask from its pad token id)
@@ -190,6 +194,21 @@ def classifier_random(family, out, labels, texts, corpus_csv, max_length=24):
         logits = m.double()(**batch).logits
     print(json.dumps({"ids": batch["input_ids"].tolist(), "mask": batch["attention_mask"].tolist(),
                       "pad": t.pad_token_id, "logits": logits.tolist()}))
+
+
+def legacy_weights(d, kind):
+    import os
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    m = AutoModelForSequenceClassification.from_pretrained(d)
+    os.remove(os.path.join(d, "model.safetensors"))
+    if kind == "pickle":
+        torch.save(m.state_dict(), os.path.join(d, "pytorch_model.bin"))
+    else:
+        m.save_pretrained(d, max_shard_size="200KB")
+    print(json.dumps({"files": sorted(os.listdir(d))}))
 
 
 def bert_logits(d, ids):
@@ -718,6 +737,8 @@ def main():
     elif cmd == "classifier-random":
         classifier_random(args[0], args[1], int(args[2]), json.loads(args[3]), args[4],
                           *(int(a) for a in args[5:]))
+    elif cmd == "legacy-weights":
+        legacy_weights(args[0], args[1])
     elif cmd == "bert-logits":
         bert_logits(args[0], json.loads(args[1]))
     elif cmd == "bert-dropout":

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use serde_json::Value;
 
 use super::bert_config::{position_offset, spec_of};
@@ -43,8 +43,7 @@ pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imp
         }
         spec.context = ctx;
     }
-    let tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
-        .map_err(|e| Error::Config(format!("{}: {e}", weights.display())))?;
+    let tensors = super::hf::load_weights(&weights, &c)?;
     let mut initial = Vec::new();
     let mut unused = Vec::new();
     let offset = position_offset(&spec);

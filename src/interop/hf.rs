@@ -203,6 +203,40 @@ pub(super) fn folder(path: &Path, what: &str) -> Result<(PathBuf, PathBuf, Value
     Ok((weights, config_path, c))
 }
 
+/// The tensors of the `weights` [`folder`] found, whose config is `c`.
+pub(super) fn load_weights(weights: &Path, c: &Value) -> Result<HashMap<String, Tensor>> {
+    if !weights.exists() {
+        let dir = weights.parent().unwrap_or(Path::new("."));
+        return Err(Error::Config(missing_weights(dir, weights, c)));
+    }
+    candle_core::safetensors::load(weights, &Device::Cpu)
+        .map_err(|e| Error::Config(format!("{}: {e}", weights.display())))
+}
+
+/// Why a folder's `weights` are missing, and how to write them as taper
+/// reads them: transformers' older pickle files, or safetensors shards.
+/// `c` is the folder's config, whose class the advice loads them with.
+fn missing_weights(dir: &Path, weights: &Path, c: &Value) -> String {
+    let class = c["architectures"][0].as_str().unwrap_or("AutoModel");
+    let convert = |how: &str| {
+        format!(
+            "{}: not found; the folder's weights are {how}: write them as one safetensors file with `transformers.{class}.from_pretrained(\"{d}\").save_pretrained(\"{d}\", max_shard_size=\"100GB\")` (in Python)",
+            weights.display(),
+            d = dir.display()
+        )
+    };
+    if dir.join("model.safetensors.index.json").exists() {
+        convert("in shards (model.safetensors.index.json), and taper reads one model.safetensors")
+    } else if dir.join("pytorch_model.bin").exists() {
+        convert("PyTorch's pickle (pytorch_model.bin), which taper does not read")
+    } else {
+        format!(
+            "{}: not found (the folder has no model.safetensors)",
+            weights.display()
+        )
+    }
+}
+
 /// A transformers GPT-2 (`config.json` with `model.safetensors`) as a taper
 /// GPT spec whose parameters start from its weights. `path` is the model's
 /// folder or its `model.safetensors`; `context`, when given, keeps only the
@@ -210,8 +244,7 @@ pub(super) fn folder(path: &Path, what: &str) -> Result<(PathBuf, PathBuf, Value
 pub fn import(path: &Path, context: Option<usize>, dropout: Option<f64>) -> Result<Gpt> {
     let (weights, config_path, c) = folder(path, "GPT-2")?;
     let mut spec = spec_of(&config_path, &c, dropout)?;
-    let mut tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
-        .map_err(|e| Error::Config(format!("{}: {e}", weights.display())))?;
+    let mut tensors = load_weights(&weights, &c)?;
     // transformers' own files say `transformer.h.0...`; OpenAI's original
     // GPT-2 upload says `h.0...` and keeps the causal-mask buffers.
     let keys: Vec<String> = tensors.keys().cloned().collect();
