@@ -992,6 +992,49 @@ fn minilm_classify_takes_text_pairs() -> Result<()> {
     )?;
     let columns = serde_json::to_value(&meta.table_input.unwrap().columns)?;
     assert_eq!(columns, serde_json::json!(["first", "second"]));
+
+    // `taper classify RUN --text A --pair B` answers as for the file's rows
+    // (lines 2 and 3), to the digit; a pair run without `--pair` is refused.
+    let classify = |args: &[&str]| -> Result<std::process::Output> {
+        Ok(std::process::Command::new(env!("CARGO_BIN_EXE_taper"))
+            .arg("classify")
+            .arg(dir.path().join("run"))
+            .args(args)
+            .args(["--top", "2"])
+            .output()?)
+    };
+    let from_file = classify(&[f])?;
+    let lines: Vec<String> = String::from_utf8(from_file.stdout)?
+        .lines()
+        .take(2)
+        .map(|l| l.split_once(": ").unwrap().1.to_string())
+        .collect();
+    let (a, b) = (rows.iter(), rows.iter().rev());
+    let given: Vec<[&str; 2]> = a
+        .zip(b)
+        .take(2)
+        .map(|(a, b)| [&a.0[..], &b.0[..]])
+        .collect();
+    let o = classify(&[
+        "--text",
+        given[0][0],
+        "--pair",
+        given[0][1],
+        "--text",
+        given[1][0],
+        "--pair",
+        given[1][1],
+    ])?;
+    let out = String::from_utf8(o.stdout)?;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let expected = format!("text 1: {}\ntext 2: {}\n", lines[0], lines[1]);
+    assert_eq!(out, expected);
+    let o = classify(&["--text", given[0][0]])?;
+    let err = String::from_utf8(o.stderr)?;
+    assert!(
+        !o.status.success() && err.contains("give each text's second one (`--pair`)"),
+        "{err}"
+    );
     Ok(())
 }
 

@@ -174,8 +174,16 @@ pub struct ClassifyArgs {
     /// Image files, or folders (the images in them), for a run on an image
     /// folder; CSV files (a line per row), for a run on a CSV file; .npy,
     /// .npz or .safetensors files (a line per sample), for a run on arrays
-    #[arg(required = true)]
+    #[arg(required_unless_present = "text", conflicts_with = "text")]
     pub images: Vec<PathBuf>,
+    /// A text to classify, for a run on a CSV file's texts (repeat it for
+    /// several: a line each, `text 1: ...`)
+    #[arg(long)]
+    pub text: Vec<String>,
+    /// Each `--text`'s second text, for a run on text pairs (as many as
+    /// `--text`, in order)
+    #[arg(long, requires = "text")]
+    pub pair: Vec<String>,
     /// How many classes to print for each image, most likely first
     #[arg(long, default_value_t = 1)]
     pub top: usize,

@@ -179,7 +179,7 @@ pub fn export(a: ExportArgs) -> ExitCode {
 /// 5.2%...]` or `FILE:LINE: ...`; for a regression run `FILE:LINE: 4211.7
 /// body_mass_g[, 201.3 flipper_length_mm...]`.
 pub fn classify(a: ClassifyArgs) -> ExitCode {
-    use taper::interop::saved::{classify_checkpoint, Answer};
+    use taper::interop::saved::{classify_checkpoint, classify_given_texts, Answer};
     let mut emit = |what: &str, answer: &Answer| match answer {
         Answer::Classes(best) => {
             let ranked: Vec<String> = best
@@ -198,10 +198,17 @@ pub fn classify(a: ClassifyArgs) -> ExitCode {
     };
     let mut skip =
         |what: &str, why: &str| taper::tell!("taper classify: {what}: passed over: {why}");
-    match classify_checkpoint(&a.checkpoint, &a.images, a.top, &mut emit, &mut skip) {
+    let classified = match a.text.is_empty() {
+        true => classify_checkpoint(&a.checkpoint, &a.images, a.top, &mut emit, &mut skip),
+        false => match given_texts(a.text, a.pair) {
+            Ok(texts) => classify_given_texts(&a.checkpoint, texts, a.top, &mut emit, &mut skip),
+            Err(why) => Err(taper::Error::Config(why)),
+        },
+    };
+    match classified {
         Ok(0) => {
             taper::tell!(
-                "taper classify: no image files in the folders given, or no rows in the CSV files"
+                "taper classify: no image files in the folders given, no rows in the CSV files, or no text"
             );
             ExitCode::from(2)
         }
@@ -229,5 +236,22 @@ pub fn sample(a: SampleArgs) -> ExitCode {
             taper::tell!("taper sample: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `--text` and `--pair` as rows: each text alone, or with its pair's.
+fn given_texts(texts: Vec<String>, pairs: Vec<String>) -> Result<Vec<Vec<String>>, String> {
+    match (pairs.is_empty(), texts.len() == pairs.len()) {
+        (true, _) => Ok(texts.into_iter().map(|t| vec![t]).collect()),
+        (false, true) => Ok(texts
+            .into_iter()
+            .zip(pairs)
+            .map(|(a, b)| vec![a, b])
+            .collect()),
+        (false, false) => Err(format!(
+            "{} `--text` and {} `--pair`: give each text's pair, in order",
+            texts.len(),
+            pairs.len()
+        )),
     }
 }

@@ -270,6 +270,59 @@ fn classify_texts(
     Ok(count)
 }
 
+/// The `top` classes with their probabilities (or a regression's
+/// `targets`' values: name, mean and deviation) of each row of `x` through
+/// `model`, whose classes are named `classes`.
+fn answers(
+    model: &dyn candle_core::Module,
+    classes: &[String],
+    targets: &[(String, f64, f64)],
+    top: usize,
+    x: candle_core::Tensor,
+) -> Result<Vec<Answer>> {
+    let out = model.forward(&x)?;
+    if !targets.is_empty() {
+        let values: Vec<f64> = out
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F64)?
+            .to_vec1()?;
+        return Ok(values
+            .chunks(targets.len())
+            .map(|row| {
+                let each = row
+                    .iter()
+                    .zip(targets)
+                    .map(|(v, (name, mean, std))| Predicted {
+                        target: name.clone(),
+                        value: v * std + mean,
+                    });
+                Answer::Values(each.collect())
+            })
+            .collect());
+    }
+    let probs = candle_nn::ops::softmax_last_dim(&out)?.to_vec2::<f32>()?;
+    Ok(probs
+        .into_iter()
+        .map(|p| {
+            let mut ranked: Vec<(usize, f32)> = p.into_iter().enumerate().collect();
+            ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+            Answer::Classes(
+                ranked
+                    .into_iter()
+                    .take(top.max(1))
+                    .map(|(i, probability)| Guess {
+                        class: classes
+                            .get(i)
+                            .cloned()
+                            .unwrap_or_else(|| format!("class {i}")),
+                        probability,
+                    })
+                    .collect(),
+            )
+        })
+        .collect())
+}
+
 /// `taper classify CHECKPOINT FILE...`: the `top` most likely classes with
 /// their probabilities, as `emit(what, guesses)`, for each image file (read
 /// as the checkpoint's run read its image folder: size, channels, scale; a
@@ -293,50 +346,7 @@ pub fn classify_checkpoint(
     let classes = saved.meta.classes.clone().unwrap_or_default();
     let model = saved.trainer.frozen()?;
     let targets = regression_targets(&saved.meta);
-    // The `top` classes (or the targets' values) of each row of `x`.
-    let answer = |x: candle_core::Tensor| -> Result<Vec<Answer>> {
-        let out = model.forward(&x)?;
-        if !targets.is_empty() {
-            let values: Vec<f64> = out
-                .flatten_all()?
-                .to_dtype(candle_core::DType::F64)?
-                .to_vec1()?;
-            return Ok(values
-                .chunks(targets.len())
-                .map(|row| {
-                    let each = row
-                        .iter()
-                        .zip(&targets)
-                        .map(|(v, (name, mean, std))| Predicted {
-                            target: name.clone(),
-                            value: v * std + mean,
-                        });
-                    Answer::Values(each.collect())
-                })
-                .collect());
-        }
-        let probs = candle_nn::ops::softmax_last_dim(&out)?.to_vec2::<f32>()?;
-        Ok(probs
-            .into_iter()
-            .map(|p| {
-                let mut ranked: Vec<(usize, f32)> = p.into_iter().enumerate().collect();
-                ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-                Answer::Classes(
-                    ranked
-                        .into_iter()
-                        .take(top.max(1))
-                        .map(|(i, probability)| Guess {
-                            class: classes
-                                .get(i)
-                                .cloned()
-                                .unwrap_or_else(|| format!("class {i}")),
-                            probability,
-                        })
-                        .collect(),
-                )
-            })
-            .collect())
-    };
+    let answer = |x: candle_core::Tensor| answers(&*model, &classes, &targets, top, x);
     // ... of each of `n` rows of `width` inputs.
     let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Answer>> {
         answer(candle_core::Tensor::from_vec(
@@ -408,4 +418,41 @@ pub fn classify_checkpoint(
         }
     }
     Ok(images.len())
+}
+
+/// `taper classify CHECKPOINT --text TEXT...`: [`classify_checkpoint`] for
+/// texts given as they are (each a row: its text, and its pair's second
+/// for a run on pairs), read as the run read its column of text; emitted as
+/// `text 1`, `text 2`, ..., an empty one passed to `skip`. Returns the count
+/// classified.
+pub fn classify_given_texts(
+    arg: &Path,
+    texts: Vec<Vec<String>>,
+    top: usize,
+    emit: &mut dyn FnMut(&str, &Answer),
+    skip: &mut dyn FnMut(&str, &str),
+) -> Result<usize> {
+    let path = locate(arg)?;
+    let saved = open(&path, &Device::Cpu)?;
+    let Some(table) = saved.meta.table_input.as_ref().filter(|t| t.text.is_some()) else {
+        return Err(Error::Checkpoint {
+            path,
+            msg: "its run did not train on a CSV file's texts (taper.data.csv{ text = ... }): give it files, not `--text`".into(),
+        });
+    };
+    let classes = saved.meta.classes.clone().unwrap_or_default();
+    let targets = regression_targets(&saved.meta);
+    let model = saved.trainer.frozen()?;
+    let rows = table.given_texts(Path::new("--text"), texts)?;
+    let c = rows.context;
+    for (ids, at) in rows.ids.chunks(64 * c).zip(rows.lines.chunks(64)) {
+        let x = candle_core::Tensor::from_vec(ids.to_vec(), (at.len(), c), &Device::Cpu)?;
+        for (n, best) in at.iter().zip(answers(&*model, &classes, &targets, top, x)?) {
+            emit(&format!("text {n}"), &best);
+        }
+    }
+    for (n, why) in &rows.missing {
+        skip(&format!("text {n}"), why);
+    }
+    Ok(rows.lines.len())
 }

@@ -123,15 +123,11 @@ impl TableInput {
     /// cut at its context and padded. Rows with an empty text are passed
     /// over, each listed with its line. An error for a run on numbers.
     pub fn read_texts(&self, path: &Path) -> Result<TextRows> {
-        let Some(text) = self
-            .text
-            .as_ref()
-            .filter(|_| (1..=2).contains(&self.columns.len()))
-        else {
+        if self.text.is_none() || !(1..=2).contains(&self.columns.len()) {
             return Err(crate::Error::Config(
                 "the run read numbers, not texts, from its CSV file".into(),
             ));
-        };
+        }
         let data = read_text(path)?;
         let shape = Shape {
             header: self.header,
@@ -160,7 +156,47 @@ impl TableInput {
                 Ok(())
             },
         )?;
-        let texts = super::text::tokenize_as(path, text, &self.columns, cells, &lines)?;
+        self.texts_as_rows(path, cells, lines, missing)
+    }
+
+    /// `texts` given as they are (`taper classify --text`), a row each
+    /// (with its pair's second text, for a run on pairs): read as the run
+    /// read its column of text, their "lines" numbered from 1, an empty one
+    /// passed over; `what` names them in errors.
+    pub fn given_texts(&self, what: &Path, texts: Vec<Vec<String>>) -> Result<TextRows> {
+        if self.text.is_none() || texts.iter().any(|t| t.len() != self.columns.len()) {
+            return Err(crate::Error::Config(
+                match (&self.text, self.columns.len()) {
+                    (None, _) => "the run read numbers, not texts, from its CSV file".into(),
+                    (_, 2) => {
+                        "the run read text pairs: give each text's second one (`--pair`)".into()
+                    }
+                    _ => "the run read single texts, not pairs: give no `--pair`".into(),
+                },
+            ));
+        }
+        let (mut cells, mut lines, mut missing) = (Vec::new(), Vec::new(), Vec::new());
+        for (n, row) in (1..).zip(texts) {
+            match row.iter().any(|t| t.trim().is_empty()) {
+                true => missing.push((n, "an empty text".to_string())),
+                false => {
+                    cells.push(row);
+                    lines.push(n);
+                }
+            }
+        }
+        self.texts_as_rows(what, cells, lines, missing)
+    }
+
+    fn texts_as_rows(
+        &self,
+        what: &Path,
+        cells: Vec<Vec<String>>,
+        lines: Vec<usize>,
+        missing: Vec<(usize, String)>,
+    ) -> Result<TextRows> {
+        let text = self.text.as_ref().expect("a run on texts");
+        let texts = super::text::tokenize_as(what, text, &self.columns, cells, &lines)?;
         let all: Vec<usize> = (0..texts.len()).collect();
         Ok(TextRows {
             ids: texts.padded(&all),
