@@ -66,6 +66,25 @@ pub(crate) struct Output {
     tensorboard: RefCell<Option<EventWriter>>,
 }
 
+/// Whether the records of `path` show a run that began (`taper.run{}` made,
+/// a step taken), rather than only what a recipe recorded before it: its
+/// config, a data note. Only a regular file is read.
+fn a_run_began(path: &Path) -> bool {
+    use std::io::BufRead;
+    let Ok(f) = File::open(path) else {
+        return true;
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return true;
+    }
+    std::io::BufReader::new(f).lines().any(|l| {
+        let Ok(line) = l else { return true };
+        // A line cut short or not JSON: not a record to judge by.
+        let event = serde_json::from_str::<Value>(&line).map(|r| r["event"].clone());
+        !matches!(event.as_ref().map(|e| e.as_str()), Ok(Some("config")) | Err(_))
+    })
+}
+
 /// Why a new run may not write into `dir`, whose `metrics.jsonl` holds an
 /// earlier run's records, and what to do instead: a run that stopped before
 /// its first checkpoint (a recipe error, say) has nothing to resume from.
@@ -104,7 +123,16 @@ impl Output {
                 lock = FolderLock::take(dir)?;
                 let held = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
                 if held && !resuming {
-                    return Err(Error::Config(held_folder(dir)));
+                    // An attempt that stopped before its run began (a
+                    // recipe error, fixed since) is no run to keep apart:
+                    // this one's records follow its config.
+                    if a_run_began(&path) {
+                        return Err(Error::Config(held_folder(dir)));
+                    }
+                    crate::tell!(
+                        "note: --out {}: the attempt before stopped before its run began; its records stay, this run's follow them",
+                        dir.display()
+                    );
                 }
                 Some(Appender::open(&path)?)
             }

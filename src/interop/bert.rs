@@ -35,8 +35,16 @@ pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imp
     }
     if let Some(ctx) = context {
         if ctx > spec.context {
+            let offset = position_offset(&spec);
+            let why = match offset {
+                0 => String::new(),
+                n => format!(
+                    " (max_position_embeddings {}, less the {n} before a text's first: RoBERTa's positions start after its padding id)",
+                    spec.context + n
+                ),
+            };
             return Err(Error::Config(format!(
-                "{}: context {ctx} is longer than the model's {} positions",
+                "{}: context {ctx} is longer than the model's {} positions{why}",
                 config_path.display(),
                 spec.context
             )));

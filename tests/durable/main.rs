@@ -692,15 +692,35 @@ fn resume_arguments_and_run_folders_get_clear_errors() {
     );
     assert_eq!(records(&job, "config").len(), 2, "appended");
 
-    // A recipe error after its config record leaves records and no
-    // checkpoint: the same command, fixed, is told how to go on, not to
-    // resume what cannot be resumed.
+    // A recipe error before its run began (at `taper.run{}`, after its
+    // config record) leaves records and no checkpoint: the same command,
+    // fixed, runs there, its records after the attempt's.
     let typo = dir.path().join("typo");
     let o = cmd(&train_args(&typo, &["--set", "lr=-1"]))
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
+    assert_eq!(records(&typo, "config").len(), 1);
     let o = cmd(&train_args(&typo, &["--set", "epochs=1"]))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("the attempt before stopped before its run began; its records stay"),
+        "{err}"
+    );
+    assert_eq!(records(&typo, "config").len(), 2, "the attempt's kept");
+    assert_eq!(records(&typo, "run").len(), 1);
+
+    // A run that began and was killed before its first checkpoint (its
+    // `run` record and a step's, no checkpoint) is a run's records: a
+    // fresh run is told how to go on, not written after them.
+    let killed = dir.path().join("killed");
+    std::fs::create_dir(&killed).unwrap();
+    let began = "{\"event\":\"config\"}\n{\"event\":\"run\"}\n{\"event\":\"step\"}\n";
+    std::fs::write(killed.join("metrics.jsonl"), began).unwrap();
+    let o = cmd(&train_args(&killed, &["--set", "epochs=1"]))
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
