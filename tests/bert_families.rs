@@ -230,3 +230,98 @@ fn pickled_or_sharded_weights_are_refused_with_a_line_that_converts_them() -> Re
     }
     Ok(())
 }
+
+/// A multi-label classifier (`taper.loss.bce{}`: a passage's labels, whether
+/// it has the word "she", and "he") fine-tuned from the DistilBERT exports
+/// as one: `problem_type` multi-label, its labels the target columns, and
+/// transformers' pipeline gives each label the sigmoid `taper classify
+/// --text` gives it.
+#[test]
+fn a_multi_label_text_classifier_exports_for_transformers_pipeline() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let texts = [
+        "She said nothing.",
+        "He was gone.",
+        "Mr. Darcy bowed to her.",
+    ];
+    let (saved, _) = made("distilbert", dir.path(), &serde_json::to_string(&texts)?)?;
+    let source = common::fetched("data/austen/train.csv")?;
+    let mut csv = String::from("text,she,he\n");
+    for r in csv::Reader::from_path(source)?.records().take(160) {
+        let text = r?[0].to_string();
+        let words: Vec<String> = text
+            .split(|c: char| !c.is_alphabetic())
+            .map(str::to_lowercase)
+            .collect();
+        let has = |w: &str| u8::from(words.iter().any(|x| x == w));
+        csv += &format!(
+            "\"{}\",{},{}\n",
+            text.replace('"', "\"\""),
+            has("she"),
+            has("he")
+        );
+    }
+    let data = dir.path().join("texts.csv");
+    std::fs::write(&data, csv)?;
+    let export = dir.path().join("export");
+    let recipe = format!(
+        r#"local d = taper.data.csv{{ path = {data:?}, text = "text", target = {{ "she", "he" }},
+  tokenizer = {tokenizer:?}, context = 24 }}
+local run = taper.run{{
+  model = taper.model.bert{{ from = {saved:?}, outputs = 2, dropout = 0 }},
+  optim = taper.optim.adamw{{ lr = 1e-3 }}, loss = taper.loss.bce{{}}, data = d:batch(16), seed = 1,
+}}
+for _ in run:epochs(2) do for b in run:batches() do run:step(b) end end
+run:export{{ path = {export:?}, format = "hf" }}
+"#,
+        data = data.display().to_string(),
+        tokenizer = saved.join("tokenizer.json").display().to_string(),
+        saved = saved.display().to_string(),
+        export = export.display().to_string(),
+    );
+    let out = dir.path().join("run");
+    let mut host = taper::Host::new(taper::HostOptions {
+        out_dir: Some(out.clone()),
+        quiet: true,
+        ..taper::HostOptions::default()
+    })?;
+    host.run_source("multi.lua", &recipe)?;
+    let theirs = common::interop_check(
+        "torch, transformers",
+        &[
+            "pipeline-scores",
+            export.to_str().unwrap(),
+            &serde_json::to_string(&texts)?,
+        ],
+    )?;
+    ensure!(
+        theirs["problem_type"] == "multi_label_classification",
+        "{theirs}"
+    );
+    let mut asked = vec!["classify".to_string(), out.display().to_string()];
+    for t in texts {
+        asked.extend(["--text".to_string(), t.to_string()]);
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(&asked)
+        .output()?;
+    ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines = String::from_utf8(o.stdout)?;
+    for (i, line) in lines.lines().enumerate() {
+        // `text 1: she 61.2%, he 20.3%`: every label, most likely first.
+        let (_, answers) = line.split_once(": ").unwrap();
+        let mut n = 0;
+        for a in answers.split(", ") {
+            let (label, p) = a.split_once(' ').unwrap();
+            let ours: f64 = p.trim_end_matches('%').parse::<f64>()? / 100.0;
+            let their = theirs["scores"][i][label].as_f64().unwrap();
+            ensure!(
+                (ours - their).abs() < 0.0006,
+                "text {i}, {label}: {ours} against {their}"
+            );
+            n += 1;
+        }
+        ensure!(n == 2, "{line}");
+    }
+    Ok(())
+}

@@ -1072,6 +1072,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             table_input: None,
             sample_input: None,
             array_input: None,
+            multi_label: false,
             step: 7,
         };
         let ty = taper::quant::ExportFormat::parse("f32").unwrap();

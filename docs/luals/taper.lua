@@ -217,7 +217,9 @@ function Data:map(fn) end
 ---`test = test:standardize(train)`. A regression target (a CSV or safetensors `target`) is
 ---standardized too, and evaluation reports errors in its units. The
 ---checkpoint keeps them.
----@param from? taper.Data|{mean: number[], std: number[]}
+---`{ target = false }`: this data's statistics, the features alone (a multi-label
+---classifier's 0/1 targets stay as they are).
+---@param from? taper.Data|{mean: number[], std: number[]}|{target: boolean}
 ---@return taper.Data
 function Data:standardize(from) end
 
@@ -585,6 +587,15 @@ function taper.loss.cross_entropy(opts) end
 ---@param opts? {}
 ---@return taper.Loss
 function taper.loss.mse(opts) end
+
+---Multi-label classification: each output a label's yes or no, against 0/1 targets (a
+---CSV file's `target = { ... }` columns), through the binary cross-entropy on the
+---logits (torch.nn.BCEWithLogitsLoss, mean). `pos_weight` weighs each label's positives
+---(one number, or one per label). Evaluation reports `accuracy` (of the label
+---decisions), `exact_match`, `f1_micro`, `f1_macro` and `per_label`.
+---@param opts? {pos_weight?: number|number[]}
+---@return taper.Loss
+function taper.loss.bce(opts) end
 
 ---Knowledge distillation from a teacher run (frozen as it is now):
 ---`alpha * T^2 * KL(softmax(teacher/T) || softmax(student/T)) + (1 - alpha) * cross_entropy`.

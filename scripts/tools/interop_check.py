@@ -7,6 +7,10 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         transformers loads DIR and gives the logits of the ids (one sequence)
     python interop_check.py hf-tokenize DIR TEXT
         the ids DIR's tokenizer.json gives the text (transformers' fast tokenizer)
+    python interop_check.py pipeline-scores DIR TEXTS_JSON
+        transformers' text-classification pipeline over DIR with every label's
+        score (`top_k=None`: a softmax over classes, or each label's sigmoid for a
+        multi-label classifier's `problem_type`), and the config's problem_type
     python interop_check.py llama MODEL.gguf IDS_JSON [--lora ADAPTER.gguf] [--text TEXT] [--kv f32]
         llama.cpp (PyPI llama-cpp-python, built from its sdist) loads the model (and the
         adapter) and gives the mean cross-entropy of each next id, the
@@ -282,6 +286,14 @@ def bert_pipeline(d, texts):
     labels = [r["label"] for r in pipeline("text-classification", model=d)(texts)]
     print(json.dumps({"ids": batch["input_ids"].tolist(), "logits": logits.tolist(),
                       "labels": labels}))
+
+
+def pipeline_scores(d, texts):
+    from transformers import AutoConfig, pipeline
+
+    scores = pipeline("text-classification", model=d, top_k=None)(texts)
+    print(json.dumps({"scores": [{s["label"]: s["score"] for s in row} for row in scores],
+                      "problem_type": AutoConfig.from_pretrained(d).problem_type}))
 
 
 def llama(model, ids, lora=None, text=None, kv="f16"):
@@ -747,6 +759,8 @@ def main():
         gpt2_dropout(args[0], json.loads(args[1]), int(args[2]))
     elif cmd == "bert-pipeline":
         bert_pipeline(args[0], json.loads(args[1]))
+    elif cmd == "pipeline-scores":
+        pipeline_scores(args[0], json.loads(args[1]))
     elif cmd == "llama":
         opts = dict(zip(args[2::2], args[3::2]))
         llama(args[0], json.loads(args[1]), opts.get("--lora"), opts.get("--text"),

@@ -185,8 +185,9 @@ pub struct ClassifyArgs {
     #[arg(long, requires = "text")]
     pub pair: Vec<String>,
     /// How many classes to print for each image, most likely first
-    #[arg(long, default_value_t = 1)]
-    pub top: usize,
+    /// [default: 1; for a multi-label run, every label]
+    #[arg(long)]
+    pub top: Option<usize>,
 }
 
 #[derive(clap::Args)]

@@ -199,9 +199,21 @@ pub fn classify(a: ClassifyArgs) -> ExitCode {
     let mut skip =
         |what: &str, why: &str| taper::tell!("taper classify: {what}: passed over: {why}");
     let classified = match a.text.is_empty() {
-        true => classify_checkpoint(&a.checkpoint, &a.images, a.top, &mut emit, &mut skip),
+        true => classify_checkpoint(
+            &a.checkpoint,
+            &a.images,
+            a.top.unwrap_or(0),
+            &mut emit,
+            &mut skip,
+        ),
         false => match given_texts(a.text, a.pair) {
-            Ok(texts) => classify_given_texts(&a.checkpoint, texts, a.top, &mut emit, &mut skip),
+            Ok(texts) => classify_given_texts(
+                &a.checkpoint,
+                texts,
+                a.top.unwrap_or(0),
+                &mut emit,
+                &mut skip,
+            ),
             Err(why) => Err(taper::Error::Config(why)),
         },
     };

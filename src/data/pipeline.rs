@@ -65,6 +65,7 @@ impl Pipeline {
             }) => s.clone(),
             Stats::Like(other) => Arc::new(Standardize::of(other, stop)?),
             Stats::Own => Arc::new(Standardize::of(&self, stop)?),
+            Stats::OwnFeatures => Arc::new(Standardize::of(&self, stop)?.without_target()),
             Stats::Given(m) => {
                 let features = match self.in_order(1).next() {
                     Some(b) => b?.x.elem_count(),
@@ -406,6 +407,9 @@ impl Pipeline {
 pub enum Stats<'a> {
     /// This data's own samples.
     Own,
+    /// This data's own samples, its features only: the targets stay as
+    /// they are (a multi-label classifier's 0s and 1s).
+    OwnFeatures,
     /// Those another data applies, or else its samples'.
     Like(&'a Pipeline),
     /// These: one mean and deviation per feature, per channel, or for all.

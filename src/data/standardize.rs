@@ -181,6 +181,12 @@ impl Standardize {
         Ok(self)
     }
 
+    /// These statistics with the target left as it is.
+    pub fn without_target(mut self) -> Standardize {
+        self.target = None;
+        self
+    }
+
     /// The regression target's statistics, when it is standardized.
     pub fn target(&self) -> Option<&Moments> {
         self.target.as_ref().map(|t| &t.0)

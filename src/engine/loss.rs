@@ -6,6 +6,7 @@ use std::sync::Arc;
 use candle_core::{DType, Module, Result, Tensor, D};
 use serde::Deserialize;
 
+pub use super::bce::Bce;
 pub use super::class_weights::ClassWeights;
 use super::class_weights::{weight_sum, weighted_terms};
 use super::ignored;
@@ -18,6 +19,8 @@ pub enum Loss {
     Distill(Distill),
     /// Mean squared error against a regression target.
     Mse,
+    /// Binary cross-entropy of each of several labels (multi-label).
+    Bce(Bce),
 }
 
 impl Default for Loss {
@@ -34,6 +37,7 @@ impl Loss {
             Loss::CrossEntropy(c) => c.loss(logits, targets),
             Loss::Distill(d) => d.loss(x, logits, targets),
             Loss::Mse => mse(logits, targets),
+            Loss::Bce(b) => b.loss(logits, targets),
         }
     }
 
@@ -68,6 +72,7 @@ impl Loss {
             Loss::CrossEntropy(c) => Loss::CrossEntropy(c.unweighted()),
             Loss::Distill(d) => Loss::CrossEntropy(d.base.unweighted()),
             Loss::Mse => Loss::Mse,
+            Loss::Bce(b) => Loss::Bce(b.clone()),
         }
     }
 
@@ -77,16 +82,32 @@ impl Loss {
         matches!(self, Loss::Mse)
     }
 
-    /// Why `targets` cannot be this loss's (class labels for a regression,
-    /// numbers for a classifier), or None.
+    /// Whether each sample has several yes-or-no labels (0 or 1 targets,
+    /// one per output).
+    pub fn multi_label(&self) -> bool {
+        matches!(self, Loss::Bce(_))
+    }
+
+    /// Whether its targets are numbers, one per output (a regression's, or
+    /// a multi-label classifier's 0s and 1s), rather than class labels.
+    pub fn float_targets(&self) -> bool {
+        self.regression() || self.multi_label()
+    }
+
+    /// Why `targets` cannot be this loss's (class labels for a regression
+    /// or multi-label classifier, numbers for a classifier), or None.
     pub fn refuses(&self, targets: &Tensor) -> Option<String> {
-        match (self.regression(), targets.dtype().is_float()) {
-            (true, false) => Some(
+        match (self, targets.dtype().is_float()) {
+            (Loss::Mse, false) => Some(
                 "the targets are class labels, and the loss (mse) takes numbers: give a CSV file's number column or a safetensors file's tensor as `target`, or train classes with taper.loss.cross_entropy{}"
                     .into(),
             ),
-            (false, true) => Some(
-                "the targets are numbers (a regression target), and the loss (cross-entropy) takes class labels: train numbers with `loss = taper.loss.mse{}`"
+            (Loss::Bce(_), false) => Some(
+                "the targets are class labels, and the loss (bce) takes each sample's labels as 0s and 1s, one per output: give a CSV file's 0/1 columns as `target = { ... }` (or a safetensors file's tensor), or train one class per sample with taper.loss.cross_entropy{}"
+                    .into(),
+            ),
+            (Loss::CrossEntropy(_) | Loss::Distill(_), true) => Some(
+                "the targets are numbers (a regression target), and the loss (cross-entropy) takes class labels: train numbers with `loss = taper.loss.mse{}`, or several 0/1 labels per sample with `loss = taper.loss.bce{}`"
                     .into(),
             ),
             _ => None,
@@ -110,6 +131,7 @@ impl Loss {
                 d.teacher_name, d.temperature, d.alpha
             ),
             Loss::Mse => "mse".into(),
+            Loss::Bce(b) => b.describe(),
         }
     }
 }
@@ -431,7 +453,7 @@ mod tests {
         let (va, vb) = (a.to_values(), b.to_values());
         let summed: Vec<f64> = va.iter().zip(&vb).map(|(x, y)| x + y).collect();
         a.add(&b);
-        assert_eq!(crate::engine::EvalSums::from_values(&summed, 2), a);
+        assert_eq!(crate::engine::EvalSums::from_values(&summed, 2, 0), a);
         let g = a.eval(false)?.regression.expect("regression scores");
         let sst0 = [1.0f64, 0.5, -1.0]
             .iter()

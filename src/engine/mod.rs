@@ -1,6 +1,7 @@
 //! Training on candle: models, parameters, optimizers, losses, the step and
 //! checkpoints.
 
+mod bce;
 mod bert;
 pub mod checkpoint;
 mod class_weights;

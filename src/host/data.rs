@@ -167,6 +167,24 @@ impl UserData for DataHandle {
                     like = ud.borrow::<DataHandle>()?.0.clone();
                     crate::data::Stats::Like(&like)
                 }
+                // `{ target = false }`: this data's statistics, the
+                // features alone (a multi-label classifier's 0/1 targets).
+                Value::Table(t) if t.contains_key("target")? => {
+                    super::options::check_keys(lua, "data:standardize", t, &["target"])?;
+                    match t.get::<Value>("target")? {
+                        Value::Boolean(false) => crate::data::Stats::OwnFeatures,
+                        Value::Boolean(true) => crate::data::Stats::Own,
+                        v => {
+                            return Err(config_error(
+                                lua,
+                                format!(
+                                    "data:standardize: `target` is true or false, got {}",
+                                    super::options::a_type(&v)
+                                ),
+                            ))
+                        }
+                    }
+                }
                 Value::Table(_) => {
                     let m: crate::data::Moments = super::options::decode(lua, "data:standardize", from.clone())?;
                     crate::data::Stats::Given(m)

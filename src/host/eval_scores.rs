@@ -3,7 +3,9 @@
 //! confusion matrix, each class's precision, recall, F1 and support, the
 //! macro F1 and the balanced accuracy, under the class names the run's data
 //! gave; a regression's RMSE, MAE and R², target by target when there are
-//! several, under the target columns' names.
+//! several, under the target columns' names; a multi-label classifier's
+//! share of label decisions right, exact matches, micro and macro F1, and
+//! each label's precision, recall and F1, under its column's name.
 
 use mlua::{Lua, Table};
 use serde_json::{json, Map, Value};
@@ -11,9 +13,10 @@ use serde_json::{json, Map, Value};
 use crate::data::TableInput;
 use crate::engine::{Eval, PerClass, Regression};
 
-/// The name of each of a regression's `k` targets: the CSV file's target
-/// columns (`body_mass_g`, or `column 3` without a header), else
-/// `target[0]`, `target[1]`, ... (the targets tensor's columns).
+/// The name of each of a regression's (or multi-label classifier's) `k`
+/// targets: the CSV file's target columns (`body_mass_g`, or `column 3`
+/// without a header), else `target[0]`, `target[1]`, ... (the targets
+/// tensor's columns).
 pub(super) fn target_names(table: Option<&TableInput>, k: usize) -> Vec<String> {
     match table {
         Some(t) if t.targets.len() == k => t.targets.iter().map(|c| c.name()).collect(),
@@ -36,6 +39,16 @@ pub(super) fn record_scores(
         if let Some(p) = &ev.per_class {
             record(f, p, classes);
         }
+        if let Some(m) = &ev.multi_label {
+            f.insert("exact_match".into(), json!(m.exact_match));
+            f.insert("f1_micro".into(), json!(m.f1_micro));
+            f.insert("f1_macro".into(), json!(m.f1_macro));
+            let rows = m.labels.iter().zip(targets).map(|(l, name)| {
+                json!({ "label": name, "precision": l.precision, "recall": l.recall,
+                        "f1": l.f1, "support": l.support })
+            });
+            f.insert("per_label".into(), Value::Array(rows.collect()));
+        }
         return;
     };
     f.insert("rmse".into(), json!(g.rmse()));
@@ -56,6 +69,16 @@ pub(super) fn record_scores(
 /// and each target's scores on lines of their own, to follow the line (the
 /// second string, empty otherwise).
 pub(super) fn score_line(ev: &Eval, targets: &[String]) -> (String, String) {
+    if let Some(m) = &ev.multi_label {
+        let line = format!(
+            "accuracy {:.2}% (of the labels)  exact {:.2}%  micro F1 {:.4}  macro F1 {:.4}",
+            ev.accuracy * 100.0,
+            m.exact_match * 100.0,
+            m.f1_micro,
+            m.f1_macro
+        );
+        return (line, String::new());
+    }
     let Some(g) = &ev.regression else {
         let per_class = ev.per_class.as_ref().map(|p| {
             format!(
@@ -105,6 +128,21 @@ pub(super) fn lua_scores(
         t.set("accuracy", ev.accuracy)?;
         if let Some(p) = &ev.per_class {
             lua_fields(lua, t, p, classes)?;
+        }
+        if let Some(m) = &ev.multi_label {
+            t.set("exact_match", m.exact_match)?;
+            t.set("f1_micro", m.f1_micro)?;
+            t.set("f1_macro", m.f1_macro)?;
+            let per = lua.create_table()?;
+            for (l, name) in m.labels.iter().zip(targets) {
+                let row = lua.create_table()?;
+                row.set("precision", l.precision)?;
+                row.set("recall", l.recall)?;
+                row.set("f1", l.f1)?;
+                row.set("support", l.support)?;
+                per.set(name.as_str(), row)?;
+            }
+            t.set("per_label", per)?;
         }
         return Ok(());
     };

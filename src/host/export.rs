@@ -97,6 +97,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
         table_input: r.core.table_input.as_ref(),
         sample_input: r.core.sample_input.as_ref(),
         array_input: r.core.array_input.as_ref(),
+        multi_label: r.core.trainer.loss().multi_label(),
         step: r.core.trainer.step,
     };
     let w = crate::interop::export(&model, &path, format, gguf_type, o.merge)

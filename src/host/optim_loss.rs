@@ -147,6 +147,10 @@ pub(crate) fn register(lua: &Lua, taper: &Table) -> mlua::Result<()> {
         })?,
     )?;
     loss.set(
+        "bce",
+        lua.create_function(|lua, opts: Option<Table>| bce(lua, opts))?,
+    )?;
+    loss.set(
         "distill",
         lua.create_function(|lua, opts: Table| distill(lua, opts))?,
     )?;
@@ -160,4 +164,41 @@ fn check_lr(lua: &Lua, what: &str, lr: f64) -> mlua::Result<()> {
         Ok(()) => Ok(()),
         Err(why) => Err(config_error(lua, format!("{what}: option `lr`: {why}"))),
     }
+}
+
+/// `taper.loss.bce{ pos_weight = 3 }` (or `{ 3, 1, 0.5 }`, one per label):
+/// multi-label classification, as `torch.nn.BCEWithLogitsLoss`.
+fn bce(lua: &Lua, opts: Option<Table>) -> mlua::Result<LossHandle> {
+    const WHAT: &str = "taper.loss.bce";
+    let Some(t) = opts else {
+        return Ok(LossHandle(Loss::Bce(Default::default())));
+    };
+    super::options::check_keys(lua, WHAT, &t, &["pos_weight"])?;
+    let bad = |got: String| {
+        super::options::config_error(
+            lua,
+            format!("{WHAT}: `pos_weight` is a number above 0, or a list of them (one per label); got {got}"),
+        )
+    };
+    let weights: Vec<f64> = match t.get::<Value>("pos_weight")? {
+        Value::Nil => return Ok(LossHandle(Loss::Bce(Default::default()))),
+        Value::Integer(n) => vec![n as f64],
+        Value::Number(n) => vec![n],
+        Value::Table(list) => list
+            .sequence_values::<Value>()
+            .map(|v| match v? {
+                Value::Integer(n) => Ok(n as f64),
+                Value::Number(n) => Ok(n),
+                other => Err(bad(super::options::a_type(&other).to_string())),
+            })
+            .collect::<mlua::Result<_>>()?,
+        other => return Err(bad(super::options::a_type(&other).to_string())),
+    };
+    if weights.is_empty() || weights.iter().any(|w| !(w.is_finite() && *w > 0.0)) {
+        return Err(bad(format!("{weights:?}")));
+    }
+    let pos_weight = Some(weights.into_iter().map(|w| w as f32).collect());
+    Ok(LossHandle(Loss::Bce(crate::engine::loss::Bce {
+        pos_weight,
+    })))
 }

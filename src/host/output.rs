@@ -81,7 +81,10 @@ fn a_run_began(path: &Path) -> bool {
         let Ok(line) = l else { return true };
         // A line cut short or not JSON: not a record to judge by.
         let event = serde_json::from_str::<Value>(&line).map(|r| r["event"].clone());
-        !matches!(event.as_ref().map(|e| e.as_str()), Ok(Some("config")) | Err(_))
+        !matches!(
+            event.as_ref().map(|e| e.as_str()),
+            Ok(Some("config")) | Err(_)
+        )
     })
 }
 

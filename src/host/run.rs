@@ -282,7 +282,11 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     }
     let targets = super::eval_scores::target_names(
         r.core.table_input.as_ref(),
-        ev.regression.as_ref().map_or(0, |g| g.targets.len()),
+        ev.regression
+            .as_ref()
+            .map(|g| g.targets.len())
+            .or(ev.multi_label.as_ref().map(|m| m.labels.len()))
+            .unwrap_or(0),
     );
     let classes = r.core.classes.clone();
     let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);

@@ -86,7 +86,16 @@ pub(crate) fn decode_run(
         .unwrap_or_default();
     let loss =
         super::class_weights::resolve(lua, loss, model.0.interface().classes, data.as_ref())?;
-    if !loss.regression() {
+    if let (crate::engine::loss::Loss::Bce(b), Some(k)) = (&loss, model.0.interface().classes) {
+        let n = b.pos_weight.as_ref().map_or(1, Vec::len);
+        if n != 1 && n != k {
+            return Err(config_error(
+                lua,
+                format!("taper.run: taper.loss.bce's `pos_weight` has {n} values, and the model gives {k} labels (its `outputs`): give one per label, or one for all"),
+            ));
+        }
+    }
+    if !loss.float_targets() {
         if let Some(outputs) = model.0.interface().classes {
             crate::engine::model::classifier_outputs(outputs)
                 .map_err(|e| config_error(lua, format!("taper.run: {e}")))?;

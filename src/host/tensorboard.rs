@@ -117,8 +117,20 @@ fn scalars(event: &str, rec: &Map<String, Value>) -> Vec<(String, f64)> {
                 "rmse",
                 "mae",
                 "r2",
+                "exact_match",
+                "f1_micro",
+                "f1_macro",
             ] {
                 put(format!("eval/{split}/{k}"), get(k));
+            }
+            // A multi-label classifier's labels, each under its name.
+            let per_label = rec.get("per_label").and_then(Value::as_array);
+            for l in per_label.into_iter().flatten() {
+                let name = l.get("label").and_then(Value::as_str).unwrap_or("label");
+                put(
+                    format!("eval/{split}/f1/{name}"),
+                    l.get("f1").and_then(Value::as_f64),
+                );
             }
             // A regression's targets, each under its name.
             let per_target = rec.get("per_target").and_then(Value::as_array);
@@ -234,5 +246,27 @@ mod tests {
             assert!(s.contains(&(tag.to_string(), v)), "{tag}: {s:?}");
         }
         assert_eq!(s.len(), 4 + 6);
+    }
+
+    #[test]
+    fn a_multi_label_classifier_charts_its_f1s_and_each_label() {
+        let rec = serde_json::json!({
+            "split": "test", "loss": 0.2, "accuracy": 0.9, "exact_match": 0.75,
+            "f1_micro": 0.91, "f1_macro": 0.92,
+            "per_label": [
+                { "label": "gentoo", "precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 26 },
+                { "label": "female", "precision": 0.9, "recall": 0.8, "f1": 0.85, "support": 36 },
+            ],
+        });
+        let s = scalars("eval", rec.as_object().unwrap());
+        for (tag, v) in [
+            ("eval/test/exact_match", 0.75),
+            ("eval/test/f1_micro", 0.91),
+            ("eval/test/f1/gentoo", 1.0),
+            ("eval/test/f1/female", 0.85),
+        ] {
+            assert!(s.contains(&(tag.to_string(), v)), "{tag}: {s:?}");
+        }
+        assert_eq!(s.len(), 5 + 2);
     }
 }

@@ -30,6 +30,14 @@ const TOKENIZER_FILES: [&str; 7] = [
     "sentencepiece.bpe.model",
 ];
 
+/// The classifier's output names (label 0 first), and whether each output
+/// is a label's yes or no (`problem_type` multi-label, which transformers'
+/// pipeline scores with a sigmoid) rather than a class.
+pub struct Labels<'a> {
+    pub names: Option<&'a [String]>,
+    pub multi_label: bool,
+}
+
 /// Writes the folder `dir`. The tokenizer files, and the position
 /// embeddings the run did not train (past its `context`, so that
 /// transformers takes texts as long as the original did; RoBERTa's first
@@ -39,7 +47,7 @@ pub fn export(
     dir: &Path,
     spec: &Bert,
     params: &HashMap<String, Tensor>,
-    classes: Option<&[String]>,
+    labels: Labels<'_>,
 ) -> Result<HfExport> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let mut tensors: Vec<(String, Tensor)> = params
@@ -62,7 +70,11 @@ pub fn export(
     let weights = dir.join("model.safetensors");
     write_f32_safetensors(&weights, &tensors)?;
     let config = dir.join("config.json");
-    write_json(&config, &config_json(spec, rows, classes))?;
+    let mut c = config_json(spec, rows, labels.names);
+    if labels.multi_label {
+        c["problem_type"] = "multi_label_classification".into();
+    }
+    write_json(&config, &c)?;
     let mut files = vec![weights, config];
     let (copied, note) = tokenizer_files(dir, spec)?;
     files.extend(copied);

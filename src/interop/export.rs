@@ -28,6 +28,8 @@ pub struct Model<'a> {
     pub sample_input: Option<&'a crate::data::SampleInput>,
     /// How a sample of arrays becomes the model's input, for a run on them.
     pub array_input: Option<&'a crate::data::ArrayInput>,
+    /// A multi-label classifier (its labels: the table's target columns).
+    pub multi_label: bool,
     pub step: u64,
 }
 
@@ -102,7 +104,20 @@ fn hf(model: &Model, path: &Path) -> Result<Written> {
         as_gpt(model, "hf"),
     );
     let out = match (bert, gpt) {
-        (Ok(bert), _) => super::bert_export::export(path, &bert, &model.params, model.classes)?,
+        (Ok(bert), _) => {
+            // A multi-label classifier's labels are its target columns.
+            let labels: Option<Vec<String>> = match model.multi_label {
+                true => model
+                    .table_input
+                    .map(|t| t.targets.iter().map(|c| c.name()).collect()),
+                false => model.classes.map(<[String]>::to_vec),
+            };
+            let names = super::bert_export::Labels {
+                names: labels.as_deref(),
+                multi_label: model.multi_label,
+            };
+            super::bert_export::export(path, &bert, &model.params, names)?
+        }
         (_, Ok(gpt)) => super::hf::export(path, &gpt, &model.params, model.vocab)?,
         _ => {
             return Err(Error::Config(format!(

@@ -355,9 +355,9 @@ pub fn eval_total(
         other => other,
     });
     let (sums, st, result) = status_of(mine, device, None, 0);
-    let targets = empty.targets.len();
+    let (targets, labels) = (empty.targets.len(), empty.labels.labels.len());
     let s = sums.unwrap_or(empty);
     let agreed = agree(w, &st, &s.to_values())?;
     outcome(w, &agreed, result, None)?;
-    Ok(EvalSums::from_values(agreed.extra(), targets))
+    Ok(EvalSums::from_values(agreed.extra(), targets, labels))
 }

@@ -54,6 +54,7 @@ impl Run {
             table_input: self.table_input.clone(),
             sample_input: self.sample_input.clone(),
             array_input: self.array_input.clone(),
+            multi_label: self.trainer.loss().multi_label(),
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
             configured_lr: Some(self.trainer.optim_spec().lr()),

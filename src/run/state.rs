@@ -350,7 +350,7 @@ impl Run {
         observe: &mut Observer<'_>,
     ) -> Result<Eval> {
         let own = match self.trainer.loss() {
-            Loss::CrossEntropy(_) | Loss::Mse => None,
+            Loss::CrossEntropy(_) | Loss::Mse | Loss::Bce(_) => None,
             other => Some(other.clone()),
         };
         let objective = objective.or(own.as_ref());
@@ -412,20 +412,53 @@ impl Run {
     }
 }
 
+/// A multi-label batch's targets are 0 to 1 (a no, a yes, or a soft label
+/// between): else a data error naming the first sample that is not.
+fn labels_are_yes_or_no(batch: &Batch) -> Result<()> {
+    let y: Vec<f32> = batch
+        .y
+        .flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1()?;
+    let per = (y.len() / batch.len().max(1)).max(1);
+    let Some(at) = y.iter().position(|v| !(0.0..=1.0).contains(v)) else {
+        return Ok(());
+    };
+    let row = at / per;
+    let sample = batch
+        .indices
+        .get(row)
+        .map_or(String::new(), |i| format!("sample {i} "));
+    Err(crate::Error::Data(format!(
+        "{sample}(row {row} of the batch): label {} is {}, and the loss (bce) takes 0 (no) to 1 (yes): {}",
+        at % per,
+        y[at],
+        "a target standardized by data:standardize() (standardize the features alone: `train:standardize{ target = false }`), or a column that is not yes/no"
+    )))
+}
+
 /// A batch that does not fit the model, or whose targets are not its
 /// loss's: a data error naming the sample.
 fn check(interface: &Interface, loss: &Loss, batch: &Batch) -> Result<()> {
     if let Some(why) = loss.refuses(&batch.y) {
         return Err(crate::Error::Data(why));
     }
-    if let (true, Some(outputs)) = (loss.regression(), interface.classes) {
+    if let (true, Some(outputs)) = (loss.float_targets(), interface.classes) {
         let per = batch.y.elem_count() / batch.len().max(1);
         if per != outputs {
+            let what = if loss.multi_label() {
+                "label"
+            } else {
+                "target value"
+            };
             return Err(crate::Error::Data(format!(
-                "each sample has {per} target value{}, and the model gives {outputs} (its `outputs`)",
+                "each sample has {per} {what}{}, and the model gives {outputs} (its `outputs`)",
                 if per == 1 { "" } else { "s" }
             )));
         }
+    }
+    if loss.multi_label() {
+        labels_are_yes_or_no(batch)?;
     }
     match check_batch(interface, &batch.x, &batch.y)? {
         Ok(()) => Ok(()),

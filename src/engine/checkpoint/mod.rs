@@ -86,6 +86,11 @@ pub struct CheckpointMeta {
     /// 255.0 }` (and `targets`, a regression's count), for `taper classify`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array_input: Option<crate::data::ArrayInput>,
+    /// Whether the run trained a multi-label classifier (`taper.loss.bce`):
+    /// each output a label's yes or no, its targets' names those of the
+    /// input's target columns.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multi_label: bool,
     pub optimizer: String,
     /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
@@ -388,6 +393,7 @@ mod tests {
             table_input: None,
             sample_input: None,
             array_input: None,
+            multi_label: false,
             optimizer: "o".into(),
             lr: 0.1,
             configured_lr: None,

@@ -35,7 +35,7 @@ impl Trainer {
 
     pub fn evaluate(&self, batches: impl Iterator<Item = Result<Batch>>) -> Result<Eval> {
         let objective = match &self.opts.loss {
-            Loss::CrossEntropy(_) | Loss::Mse => None,
+            Loss::CrossEntropy(_) | Loss::Mse | Loss::Bce(_) => None,
             other => Some(other.clone()),
         };
         self.evaluate_with(batches, objective.as_ref())
@@ -72,9 +72,11 @@ impl Trainer {
     /// (the model's outputs).
     pub fn eval_sums(&self) -> EvalSums {
         let i = self.spec.interface();
-        match (i.classes, i.vocab, self.opts.loss.base().regression()) {
-            (Some(k), None, false) if k <= MAX_CONFUSION_CLASSES => EvalSums::with_classes(k),
-            (Some(k), None, true) => EvalSums::with_targets(k),
+        let loss = self.opts.loss.base();
+        match (i.classes, i.vocab, loss.regression(), loss.multi_label()) {
+            (Some(k), None, _, true) => EvalSums::with_labels(k),
+            (Some(k), None, false, _) if k <= MAX_CONFUSION_CLASSES => EvalSums::with_classes(k),
+            (Some(k), None, true, _) => EvalSums::with_targets(k),
             _ => EvalSums::default(),
         }
     }
@@ -126,6 +128,10 @@ impl Trainer {
             }
             if base.regression() {
                 sums.add_errors(&logits, &y).map_err(eval)?;
+            } else if base.multi_label() {
+                let c = crate::engine::bce::label_counts(&logits, &y).map_err(eval)?;
+                sums.correct += c.labels.iter().map(|l| l[0] + l[3]).sum::<f64>();
+                sums.labels.add(&c);
             } else {
                 sums.correct += match sums.add_predictions(&logits, &y).map_err(eval)? {
                     Some(right) => right,

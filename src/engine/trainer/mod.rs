@@ -2,14 +2,14 @@
 //! It knows nothing about Lua; the host drives it.
 
 mod inference;
+mod regression;
 mod scores;
 mod state;
 mod step;
 mod switches;
 
-pub use scores::{
-    ClassScores, EvalSums, PerClass, Regression, TargetScores, MAX_CONFUSION_CLASSES,
-};
+pub use regression::{Regression, TargetScores};
+pub use scores::{ClassScores, EvalSums, PerClass, MAX_CONFUSION_CLASSES};
 pub use step::{Grads, LossSum, Ready};
 
 use std::sync::Arc;
@@ -60,6 +60,9 @@ pub struct Eval {
     /// A classifier's confusion matrix and per-class scores (up to
     /// [`MAX_CONFUSION_CLASSES`] classes, one label per sample).
     pub per_class: Option<PerClass>,
+    /// A multi-label classifier's scores (its `accuracy`: the share of
+    /// label decisions right).
+    pub multi_label: Option<crate::engine::bce::MultiLabel>,
 }
 
 pub struct Trainer {

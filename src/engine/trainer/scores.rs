@@ -5,7 +5,9 @@
 
 use candle_core::{DType, Tensor};
 
+use super::regression::{Regression, TargetSums};
 use super::Eval;
+use crate::engine::bce::LabelCounts;
 use crate::{Error, Result};
 
 /// The most classes whose confusion matrix an evaluation keeps.
@@ -26,6 +28,9 @@ pub struct EvalSums {
     /// A classifier's confusion matrix, `k x k` row by row (row: the
     /// class, column: the prediction); empty when not kept.
     pub confusion: Vec<f64>,
+    /// A multi-label classifier's decisions, label by label (none
+    /// otherwise).
+    pub labels: LabelCounts,
 }
 
 impl EvalSums {
@@ -42,6 +47,9 @@ impl EvalSums {
             }
         }
         self.regression += o.regression;
+        if !o.labels.labels.is_empty() {
+            self.labels.add(&o.labels);
+        }
         if self.confusion.is_empty() {
             self.confusion = o.confusion.clone();
         } else if o.confusion.len() == self.confusion.len() {
@@ -55,6 +63,17 @@ impl EvalSums {
     pub fn with_classes(classes: usize) -> EvalSums {
         EvalSums {
             confusion: vec![0.0; classes * classes],
+            ..EvalSums::default()
+        }
+    }
+
+    /// No sums yet, for a multi-label classifier of `labels` labels.
+    pub fn with_labels(labels: usize) -> EvalSums {
+        EvalSums {
+            labels: LabelCounts {
+                labels: vec![[0.0; 4]; labels],
+                exact: 0.0,
+            },
             ..EvalSums::default()
         }
     }
@@ -98,7 +117,8 @@ impl EvalSums {
     }
 
     /// The sums as numbers, in a fixed order (for summing over ranks):
-    /// the regression's target by target, then the confusion matrix.
+    /// the regression's target by target, a multi-label classifier's
+    /// label by label and its exact count, then the confusion matrix.
     pub fn to_values(&self) -> Vec<f64> {
         let mut v = vec![
             self.loss,
@@ -110,14 +130,38 @@ impl EvalSums {
         for t in &self.targets {
             v.extend([t.squared, t.absolute, t.sum, t.squares]);
         }
+        for c in &self.labels.labels {
+            v.extend(c);
+        }
+        if !self.labels.labels.is_empty() {
+            v.push(self.labels.exact);
+        }
         v.extend(&self.confusion);
         v
     }
 
     /// The sums [`EvalSums::to_values`] gave, of a regression of `targets`
-    /// values per sample (0 for none).
-    pub fn from_values(v: &[f64], targets: usize) -> EvalSums {
+    /// values per sample, or a multi-label classifier of `labels` (0 for
+    /// none).
+    pub fn from_values(v: &[f64], targets: usize, labels: usize) -> EvalSums {
         let end = 5 + 4 * targets;
+        let (counts, rest) = match labels {
+            0 => (LabelCounts::default(), end),
+            k => {
+                let at = end + 4 * k;
+                let labels = v[end..at]
+                    .chunks_exact(4)
+                    .map(|c| [c[0], c[1], c[2], c[3]])
+                    .collect();
+                (
+                    LabelCounts {
+                        labels,
+                        exact: v[at],
+                    },
+                    at + 1,
+                )
+            }
+        };
         EvalSums {
             loss: v[0],
             objective: v[1],
@@ -133,7 +177,8 @@ impl EvalSums {
                     squares: t[3],
                 })
                 .collect(),
-            confusion: v[end..].to_vec(),
+            confusion: v[rest..].to_vec(),
+            labels: counts,
         }
     }
 
@@ -186,8 +231,9 @@ impl EvalSums {
         Ok(Eval {
             loss: self.loss / n,
             accuracy: self.correct / n,
-            // A regression counted each target's value.
-            samples: self.count / self.targets.len().max(1),
+            // A regression counted each target's value, a multi-label
+            // classifier each label's.
+            samples: self.count / self.targets.len().max(self.labels.labels.len()).max(1),
             objective: with_objective.then(|| self.objective / n),
             per_class: (self.classes() > 0 && regression.is_none()).then(|| PerClass {
                 confusion: self
@@ -197,99 +243,9 @@ impl EvalSums {
                     .collect(),
             }),
             regression,
+            multi_label: (!self.labels.labels.is_empty())
+                .then(|| self.labels.scores(n / self.labels.labels.len() as f64)),
         })
-    }
-}
-
-/// One regression target's running sums, in the model's units: the
-/// errors' squares and absolute values, and the targets' sum and sum of
-/// squares (for R²).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct TargetSums {
-    pub squared: f64,
-    pub absolute: f64,
-    pub sum: f64,
-    pub squares: f64,
-}
-
-impl TargetSums {
-    fn add(&mut self, o: &TargetSums) {
-        self.squared += o.squared;
-        self.absolute += o.absolute;
-        self.sum += o.sum;
-        self.squares += o.squares;
-    }
-
-    /// The scores of `n` values.
-    fn scores(&self, n: f64) -> TargetScores {
-        // The targets' spread about their mean: R² compares the errors with
-        // predicting that mean (scikit-learn's r2_score).
-        let spread = self.squares - self.sum * self.sum / n;
-        TargetScores {
-            rmse: (self.squared / n).sqrt(),
-            mae: self.absolute / n,
-            r2: match spread > 0.0 {
-                true => 1.0 - self.squared / spread,
-                false => f64::NAN,
-            },
-        }
-    }
-}
-
-/// A regression target's evaluation: root mean squared error and mean
-/// absolute error (in the model's units, until [`Regression::in_units`]),
-/// and the coefficient of determination R² (which has none).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TargetScores {
-    pub rmse: f64,
-    pub mae: f64,
-    pub r2: f64,
-}
-
-/// A regression's evaluation, target by target (one for a single target).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Regression {
-    pub targets: Vec<TargetScores>,
-}
-
-impl Regression {
-    /// The errors in the targets' units, for a model that predicts each
-    /// target standardized, `(value - mean) / std` (a target without a
-    /// deviation in `std` keeps its errors).
-    pub fn in_units(self, std: &[f64]) -> Regression {
-        let targets = self.targets.iter().enumerate().map(|(k, t)| {
-            let s = std.get(k).copied().unwrap_or(1.0);
-            TargetScores {
-                rmse: t.rmse * s,
-                mae: t.mae * s,
-                r2: t.r2,
-            }
-        });
-        Regression {
-            targets: targets.collect(),
-        }
-    }
-
-    /// The mean over the targets of `score`, as scikit-learn's metrics
-    /// average several outputs (`multioutput="uniform_average"`); for one
-    /// target, its own.
-    fn mean(&self, score: impl Fn(&TargetScores) -> f64) -> f64 {
-        self.targets.iter().map(score).sum::<f64>() / self.targets.len().max(1) as f64
-    }
-
-    /// The root mean squared error (the mean of the targets').
-    pub fn rmse(&self) -> f64 {
-        self.mean(|t| t.rmse)
-    }
-
-    /// The mean absolute error (the mean of the targets').
-    pub fn mae(&self) -> f64 {
-        self.mean(|t| t.mae)
-    }
-
-    /// R² (the mean of the targets').
-    pub fn r2(&self) -> f64 {
-        self.mean(|t| t.r2)
     }
 }
 
@@ -399,7 +355,7 @@ mod tests {
             s.add_predictions(&logits, &y)?;
             sums.add(&s);
         }
-        let back = EvalSums::from_values(&sums.to_values(), 0);
+        let back = EvalSums::from_values(&sums.to_values(), 0, 0);
         assert_eq!(back, sums);
         sums.count = pairs.len();
         let p = sums.eval(false).unwrap().per_class.unwrap();

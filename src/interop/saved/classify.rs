@@ -1,168 +1,15 @@
-//! A checkpoint alone, without its recipe: its model rebuilt from the
-//! structured config the checkpoint holds, its trained weights, and its
-//! vocabulary. `taper export` and `taper sample` start here.
+//! `taper classify`: a checkpoint's answers for image files, CSV rows,
+//! arrays or texts, read as its run read its data: the likeliest classes,
+//! a regression's values in their units, or a multi-label classifier's
+//! labels.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::Device;
 
-use crate::data::Vocab;
-use crate::engine::checkpoint::{self, CheckpointMeta};
-use crate::engine::optim::OptimSpec;
-use crate::engine::{Trainer, TrainerOptions};
+use super::{locate, open};
+use crate::engine::checkpoint::CheckpointMeta;
 use crate::{Error, Result};
-
-pub struct Saved {
-    pub trainer: Trainer,
-    pub vocab: Option<Vocab>,
-    pub meta: CheckpointMeta,
-}
-
-/// Opens a checkpoint written by a run (verified as a resume is).
-pub fn open(path: &Path, device: &Device) -> Result<Saved> {
-    let (tensors, meta) = checkpoint::load(path, device)?;
-    let config = meta.model_config.as_ref().ok_or_else(|| Error::Checkpoint {
-        path: path.to_path_buf(),
-        msg: format!(
-            "it names its model only as `{}` (written before checkpoints held the model's config): open it with its recipe",
-            meta.model
-        ),
-    })?;
-    let spec = super::spec_from_config(config)?;
-    let opts = TrainerOptions {
-        device: device.clone(),
-        ..TrainerOptions::default()
-    };
-    let trainer = Trainer::new(spec, &OptimSpec::AdamW(Default::default()), opts)?;
-    let weights: HashMap<String, candle_core::Tensor> = tensors
-        .into_iter()
-        .filter_map(|(k, t)| k.strip_prefix("model.").map(|k| (k.to_string(), t)))
-        .collect();
-    trainer
-        .params()
-        .load(&weights)
-        .map_err(|msg| Error::Checkpoint {
-            path: path.to_path_buf(),
-            msg,
-        })?;
-    let vocab = meta.vocab.as_ref().map(Vocab::from_record).transpose()?;
-    Ok(Saved {
-        trainer,
-        vocab,
-        meta,
-    })
-}
-
-impl Saved {
-    /// The model to write with [`super::export`].
-    pub fn model(&self) -> super::Model<'_> {
-        super::Model {
-            spec: self.trainer.spec().as_ref(),
-            params: self.trainer.params().tensors(),
-            vocab: self.vocab.as_ref(),
-            classes: self.meta.classes.as_deref(),
-            image_input: self.meta.image_input.as_ref(),
-            table_input: self.meta.table_input.as_ref(),
-            sample_input: self.meta.sample_input.as_ref(),
-            array_input: self.meta.array_input.as_ref(),
-            step: self.meta.step,
-        }
-    }
-}
-
-/// A checkpoint file, or a run folder's newest valid checkpoint.
-pub fn locate(arg: &Path) -> Result<std::path::PathBuf> {
-    if !arg.is_dir() {
-        return Ok(arg.to_path_buf());
-    }
-    let latest = arg.join(checkpoint::file_name(1));
-    match checkpoint::latest_valid(&latest, false)? {
-        Some((path, _)) => Ok(path),
-        None => Err(Error::Config(no_checkpoint(arg))),
-    }
-}
-
-/// Why a folder gives no checkpoint: a run in it has not saved one yet,
-/// or it is not a run folder.
-fn no_checkpoint(dir: &Path) -> String {
-    let records = std::fs::metadata(dir.join("metrics.jsonl")).is_ok_and(|m| m.len() > 0);
-    if records {
-        format!(
-            "{}: no checkpoint yet: the run in this folder writes one every `checkpoint_every` (5 minutes unless its recipe or --checkpoint-every says otherwise), when it is stopped and when it ends; a run that ended before its first step wrote none",
-            dir.display()
-        )
-    } else {
-        format!(
-            "{}: not a run folder: it holds no checkpoint and no records (give a run's --out folder or a checkpoint file)",
-            dir.display()
-        )
-    }
-}
-
-/// `taper export CHECKPOINT`: the checkpoint's model written as `format`.
-pub fn export_checkpoint(
-    arg: &Path,
-    out: &Path,
-    format: &str,
-    ty: Option<&str>,
-    merge: bool,
-) -> Result<super::Written> {
-    if let (Some(_), "hf" | "peft" | "onnx") = (ty, format) {
-        return Err(Error::Config(format!(
-            "format {format} writes f32 weights; --type is for gguf"
-        )));
-    }
-    let ty = ty.unwrap_or("q8_0");
-    let ty = crate::quant::ExportFormat::parse(ty).ok_or_else(|| {
-        Error::Config(format!(
-            "unknown type `{ty}` ({})",
-            crate::quant::ExportFormat::NAMES
-        ))
-    })?;
-    let saved = open(&locate(arg)?, &Device::Cpu)?;
-    super::export(&saved.model(), out, format, ty, merge)
-}
-
-/// What `taper sample` continues.
-pub enum Prompt<'a> {
-    /// Text, printed with what follows it.
-    Text(&'a str),
-    /// A user's message to a chat model: its reply alone is printed.
-    Chat(&'a str),
-}
-
-/// `taper sample CHECKPOINT`: the prompt and the text the checkpoint's
-/// model generates after it; or a chat model's reply to a message.
-pub fn sample_checkpoint(
-    arg: &Path,
-    prompt: Prompt,
-    tokens: usize,
-    temperature: f64,
-    seed: u64,
-) -> Result<String> {
-    let path = locate(arg)?;
-    let saved = open(&path, &Device::Cpu)?;
-    let vocab = saved.vocab.as_ref().ok_or_else(|| Error::Checkpoint {
-        path: path.clone(),
-        msg: "it holds no vocabulary (its run's data was not text)".into(),
-    })?;
-    let (ids, end, shown) = match prompt {
-        Prompt::Text(text) => (vocab.encode(text)?, None, text),
-        Prompt::Chat(message) => {
-            let messages = [serde_json::json!({ "role": "user", "content": message })];
-            let (ids, end) = vocab.chat_prompt(&messages).ok_or_else(|| Error::Checkpoint {
-                path: path.clone(),
-                msg: "it holds no chat template (its run's data was not conversations, taper.data.chat): give --prompt".into(),
-            })??;
-            (ids, end, "")
-        }
-    };
-    let out = saved
-        .trainer
-        .generate_until(&ids, tokens, end, temperature, seed, &mut || Ok(()))?;
-    Ok(format!("{shown}{}", vocab.decode(&out)))
-}
 
 /// One of a classifier's answers for an input.
 pub struct Guess {
@@ -270,17 +117,59 @@ fn classify_texts(
     Ok(count)
 }
 
-/// The `top` classes with their probabilities (or a regression's
-/// `targets`' values: name, mean and deviation) of each row of `x` through
-/// `model`, whose classes are named `classes`.
+/// What [`answers`] names the outputs by: the classes, a regression's
+/// targets (name, mean and deviation), or a multi-label classifier's labels
+/// (the targets' names).
+struct Outputs {
+    classes: Vec<String>,
+    targets: Vec<(String, f64, f64)>,
+    multi_label: bool,
+}
+
+impl Outputs {
+    fn of(meta: &CheckpointMeta) -> Outputs {
+        Outputs {
+            classes: meta.classes.clone().unwrap_or_default(),
+            targets: regression_targets(meta),
+            multi_label: meta.multi_label,
+        }
+    }
+}
+
+/// The `top` classes with their probabilities (or a regression's targets'
+/// values, or a multi-label classifier's `top` likeliest labels, each a
+/// sigmoid's probability) of each row of `x` through `model`. A `top` of 0
+/// is one class, or every label.
 fn answers(
     model: &dyn candle_core::Module,
-    classes: &[String],
-    targets: &[(String, f64, f64)],
+    outputs: &Outputs,
     top: usize,
     x: candle_core::Tensor,
 ) -> Result<Vec<Answer>> {
     let out = model.forward(&x)?;
+    let Outputs {
+        classes,
+        targets,
+        multi_label,
+    } = outputs;
+    if *multi_label {
+        let k = targets.len().max(1);
+        let p: Vec<f32> = candle_nn::ops::sigmoid(&out.to_dtype(candle_core::DType::F32)?)?
+            .flatten_all()?
+            .to_vec1()?;
+        let names: Vec<String> = targets.iter().map(|t| t.0.clone()).collect();
+        return Ok(p
+            .chunks(k)
+            .map(|row| {
+                ranked(
+                    row.to_vec(),
+                    &names,
+                    if top == 0 { k } else { top },
+                    "label",
+                )
+            })
+            .collect());
+    }
     if !targets.is_empty() {
         let values: Vec<f64> = out
             .flatten_all()?
@@ -303,24 +192,28 @@ fn answers(
     let probs = candle_nn::ops::softmax_last_dim(&out)?.to_vec2::<f32>()?;
     Ok(probs
         .into_iter()
-        .map(|p| {
-            let mut ranked: Vec<(usize, f32)> = p.into_iter().enumerate().collect();
-            ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-            Answer::Classes(
-                ranked
-                    .into_iter()
-                    .take(top.max(1))
-                    .map(|(i, probability)| Guess {
-                        class: classes
-                            .get(i)
-                            .cloned()
-                            .unwrap_or_else(|| format!("class {i}")),
-                        probability,
-                    })
-                    .collect(),
-            )
-        })
+        .map(|p| ranked(p, classes, top.max(1), "class"))
         .collect())
+}
+
+/// The `top` likeliest of `probabilities`, most likely first, named by
+/// `names` (else `what i`).
+fn ranked(probabilities: Vec<f32>, names: &[String], top: usize, what: &str) -> Answer {
+    let mut ranked: Vec<(usize, f32)> = probabilities.into_iter().enumerate().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Answer::Classes(
+        ranked
+            .into_iter()
+            .take(top)
+            .map(|(i, probability)| Guess {
+                class: names
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{what} {i}")),
+                probability,
+            })
+            .collect(),
+    )
 }
 
 /// `taper classify CHECKPOINT FILE...`: the `top` most likely classes with
@@ -343,10 +236,9 @@ pub fn classify_checkpoint(
 ) -> Result<usize> {
     let path = locate(arg)?;
     let saved = open(&path, &Device::Cpu)?;
-    let classes = saved.meta.classes.clone().unwrap_or_default();
     let model = saved.trainer.frozen()?;
-    let targets = regression_targets(&saved.meta);
-    let answer = |x: candle_core::Tensor| answers(&*model, &classes, &targets, top, x);
+    let outputs = Outputs::of(&saved.meta);
+    let answer = |x: candle_core::Tensor| answers(&*model, &outputs, top, x);
     // ... of each of `n` rows of `width` inputs.
     let guess = |rows: Vec<f32>, n: usize, width: usize| -> Result<Vec<Answer>> {
         answer(candle_core::Tensor::from_vec(
@@ -440,14 +332,13 @@ pub fn classify_given_texts(
             msg: "its run did not train on a CSV file's texts (taper.data.csv{ text = ... }): give it files, not `--text`".into(),
         });
     };
-    let classes = saved.meta.classes.clone().unwrap_or_default();
-    let targets = regression_targets(&saved.meta);
+    let outputs = Outputs::of(&saved.meta);
     let model = saved.trainer.frozen()?;
     let rows = table.given_texts(Path::new("--text"), texts)?;
     let c = rows.context;
     for (ids, at) in rows.ids.chunks(64 * c).zip(rows.lines.chunks(64)) {
         let x = candle_core::Tensor::from_vec(ids.to_vec(), (at.len(), c), &Device::Cpu)?;
-        for (n, best) in at.iter().zip(answers(&*model, &classes, &targets, top, x)?) {
+        for (n, best) in at.iter().zip(answers(&*model, &outputs, top, x)?) {
             emit(&format!("text {n}"), &best);
         }
     }
