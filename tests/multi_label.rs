@@ -77,6 +77,17 @@ fn taper(args: &[&str]) -> Result<std::process::Output> {
         .output()?)
 }
 
+/// `taper train LUA --quiet --out OUT`.
+fn train(lua: &Path, out: &Path) -> Result<std::process::Output> {
+    taper(&[
+        "train",
+        lua.to_str().unwrap(),
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}
+
 /// 60 epochs (about a second) learn the labels: of every bird's, 90% or
 /// more decided right (measured 92.2%), every Gentoo told apart (F1 above
 /// 0.97), and 70% of the birds with all three right (measured 76%). The
@@ -91,13 +102,7 @@ fn penguins_labels_are_learned_and_scored_as_their_predictions_say() -> Result<(
     let lua = dir.path().join("multi.lua");
     std::fs::write(&lua, recipe(&csv, "taper.loss.bce{}", "{ target = false }"))?;
     let out = dir.path().join("run");
-    let o = taper(&[
-        "train",
-        lua.to_str().unwrap(),
-        "--quiet",
-        "--out",
-        out.to_str().unwrap(),
-    ])?;
+    let o = train(&lua, &out)?;
     ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let eval = common::records(&out, "eval").pop().expect("an eval record");
     eprintln!("{eval}");
@@ -220,13 +225,7 @@ fn multi_label_setups_that_cannot_work_say_why() -> Result<()> {
         let lua = dir.path().join("multi.lua");
         std::fs::write(&lua, src)?;
         let out = dir.path().join(format!("run{i}"));
-        let o = taper(&[
-            "train",
-            lua.to_str().unwrap(),
-            "--quiet",
-            "--out",
-            out.to_str().unwrap(),
-        ])?;
+        let o = train(&lua, &out)?;
         let err = String::from_utf8_lossy(&o.stderr);
         ensure!(!o.status.success() && err.contains(says), "case {i}: {err}");
     }

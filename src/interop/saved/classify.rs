@@ -102,19 +102,32 @@ fn classify_texts(
     let mut count = 0;
     for f in files {
         let rows = table.read_texts(f)?;
-        let c = rows.context;
-        for (ids, at) in rows.ids.chunks(64 * c).zip(rows.lines.chunks(64)) {
-            let x = candle_core::Tensor::from_vec(ids.to_vec(), (at.len(), c), &Device::Cpu)?;
-            for (line, best) in at.iter().zip(answer(x)?) {
-                emit(&format!("{}:{line}", f.display()), &best);
-            }
-        }
-        for (line, why) in &rows.missing {
-            skip(&format!("{}:{line}", f.display()), why);
-        }
-        count += rows.lines.len();
+        let at = |line: usize| format!("{}:{line}", f.display());
+        count += emit_texts(&rows, &at, answer, emit, skip)?;
     }
     Ok(count)
+}
+
+/// The answers for `rows` of text, 64 at a time, each emitted as `at(its
+/// line)`; the rows passed over told to `skip`. Returns the count answered.
+fn emit_texts(
+    rows: &crate::data::TextRows,
+    at: &dyn Fn(usize) -> String,
+    answer: &dyn Fn(candle_core::Tensor) -> Result<Vec<Answer>>,
+    emit: &mut dyn FnMut(&str, &Answer),
+    skip: &mut dyn FnMut(&str, &str),
+) -> Result<usize> {
+    let c = rows.context;
+    for (ids, lines) in rows.ids.chunks(64 * c).zip(rows.lines.chunks(64)) {
+        let x = candle_core::Tensor::from_vec(ids.to_vec(), (lines.len(), c), &Device::Cpu)?;
+        for (&line, best) in lines.iter().zip(answer(x)?) {
+            emit(&at(line), &best);
+        }
+    }
+    for (line, why) in &rows.missing {
+        skip(&at(*line), why);
+    }
+    Ok(rows.lines.len())
 }
 
 /// What [`answers`] names the outputs by: the classes, a regression's
@@ -335,15 +348,6 @@ pub fn classify_given_texts(
     let outputs = Outputs::of(&saved.meta);
     let model = saved.trainer.frozen()?;
     let rows = table.given_texts(Path::new("--text"), texts)?;
-    let c = rows.context;
-    for (ids, at) in rows.ids.chunks(64 * c).zip(rows.lines.chunks(64)) {
-        let x = candle_core::Tensor::from_vec(ids.to_vec(), (at.len(), c), &Device::Cpu)?;
-        for (n, best) in at.iter().zip(answers(&*model, &outputs, top, x)?) {
-            emit(&format!("text {n}"), &best);
-        }
-    }
-    for (n, why) in &rows.missing {
-        skip(&format!("text {n}"), why);
-    }
-    Ok(rows.lines.len())
+    let answer = |x: candle_core::Tensor| answers(&*model, &outputs, top, x);
+    emit_texts(&rows, &|n| format!("text {n}"), &answer, emit, skip)
 }
