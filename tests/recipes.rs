@@ -805,26 +805,9 @@ fn image_folder_fine_tunes_from_a_trained_run() -> Result<()> {
 /// end, against 2.306 and 2.307.
 #[test]
 fn dropout_keeps_a_gpt_on_a_short_text_from_learning_it_by_heart() -> Result<()> {
-    let data = common::fetched("data/austen/train.csv")?;
-    let mut reader = csv::Reader::from_path(data)?;
-    let mut text = String::new();
-    for r in reader.records() {
-        let r = r?;
-        if &r[1] == "emma" {
-            text += &r[0];
-            text += "\n\n";
-        }
-        if text.len() >= 20_000 {
-            break;
-        }
-    }
-    let cut = (0..=20_000)
-        .rev()
-        .find(|&i| text.is_char_boundary(i))
-        .unwrap();
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("emma.txt");
-    std::fs::write(&path, &text[..cut])?;
+    std::fs::write(&path, common::emma(20_000)?)?;
     let mut ends = Vec::new();
     for dropout in ["0.0", "0.2"] {
         let out = dir.path().join(format!("d{dropout}"));

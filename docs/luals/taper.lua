@@ -54,7 +54,21 @@ function taper.run(opts) end
 ---@field recompute integer every how many blocks the backward recomputes now (0: none)
 ---@field offload boolean whether AdamW's moments are offloaded now
 ---@field state table the recipe's own table; survives reloads
+---@field best? taper.Best the best evaluation so far (nil before an evaluation with `keep_best`)
 local Run = {}
+
+---The best evaluation of a run that keeps its best model
+---(`run:evaluate(data, { keep_best = ... })`); checkpoints carry it.
+---@class taper.Best
+---@field metric string the score that decides (`loss`, `accuracy`, ...)
+---@field split string the evaluated data's split name
+---@field value number its best value
+---@field step integer steps taken when it was evaluated
+---@field epoch integer the epoch then
+---@field evals_since integer evaluations since, none better
+---@field patience? integer the `patience` last given
+---@field path? string the checkpoint that holds its model (`OUT/best.safetensors`)
+---@field stopped boolean whether `evals_since` reached `patience`: the run stopped early
 
 ---Iterates epoch numbers up to `n` (continuing after the resumed epoch under
 ---`--resume`). Ending an epoch writes an `epoch` record. Yields nothing under
@@ -96,10 +110,19 @@ function Run:step(batch) end
 ---classifier of one label per sample (up to 100 classes) also gets
 ---`balanced_accuracy`, `macro_f1`, `per_class` (by class name, or label without names: `precision`,
 ---`recall`, `f1`, `support`) and `confusion` (rows: classes, columns:
----predictions, label 0 first).
+---predictions, label 0 first). A multi-label classifier (`taper.loss.bce{}`)
+---gets `exact_match`, `f1_micro`, `f1_macro` and `per_label`.
+---With `keep_best` (a score's name: `"loss"`, `"accuracy"`, `"r2"`, ...), an
+---evaluation better than every earlier one (lower for `loss`, `objective`,
+---`rmse`, `mae`; higher for the others) writes the run's model to
+---`OUT/best.safetensors` (`best-2.safetensors` for the recipe's second run)
+---and a `best` record, and `improved` says whether it was; with `patience`,
+---that many evaluations in a row without a better one stop the run early:
+---`run:epochs()` and `run:batches()` give no more (an `early_stop` record),
+---and a resumed run that had stopped trains no more.
 ---@param data taper.Data|taper.Generator
----@param opts? {loss?: taper.Loss}
----@return {loss: number, accuracy?: number, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string|integer, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, per_target?: table<string, {rmse: number, mae: number, r2: number}>, samples: integer, split: string, objective?: number}
+---@param opts? {loss?: taper.Loss, keep_best?: string, patience?: integer}
+---@return {loss: number, accuracy?: number, exact_match?: number, f1_micro?: number, f1_macro?: number, per_label?: table<string, {precision: number, recall: number, f1: number, support: integer}>, improved?: boolean, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string|integer, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, per_target?: table<string, {rmse: number, mae: number, r2: number}>, samples: integer, split: string, objective?: number}
 function Run:evaluate(data, opts) end
 
 ---Writes a `log` record to metrics.jsonl (with `step` and `epoch` added) and

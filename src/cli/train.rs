@@ -138,6 +138,11 @@ pub fn run_recipe(recipe: &Path, opts: HostOptions) -> ExitCode {
                 for c in host.checkpoints() {
                     say!("checkpoint: {}", c.display());
                 }
+                for b in report.runs.iter().filter_map(|r| r.best.as_ref()) {
+                    if let Some(p) = &b.path {
+                        say!("best: {p} ({})", b.describe());
+                    }
+                }
             }
             ExitCode::SUCCESS
         }

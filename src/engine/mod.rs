@@ -3,6 +3,7 @@
 
 mod bce;
 mod bert;
+pub mod best;
 pub mod checkpoint;
 mod class_weights;
 mod cnn;

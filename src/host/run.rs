@@ -59,6 +59,18 @@ fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     let waited = std::cell::Cell::new(std::time::Duration::ZERO);
     let issuer = BatchIssuer::default();
     lua.create_function(move |lua, ()| {
+        // A run that stopped early (an evaluation inside the epoch used up
+        // its patience) takes no more batches: the epoch closes here.
+        {
+            let mut r = write(&run)?;
+            if super::best::stopped(&state(lua), &mut r) {
+                issuer.issue(None);
+                if r.core.total_epochs > 0 {
+                    finish_epoch(&state(lua), &mut r).map_err(lua_err)?;
+                }
+                return Ok(None);
+            }
+        }
         // A batch-size schedule decides the size of the next batch.
         let plan = plan_next(&run)?;
         let item = match plan.batch_size {
@@ -201,10 +213,14 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     let Some(feed) = super::data::feed_of(lua, "run:evaluate", &data)? else {
         return Err(config_error(lua, "run:evaluate(data): data is required"));
     };
+    let keep_best = match &opts {
+        None => None,
+        Some(t) => super::best::options(lua, t)?,
+    };
     let objective = match &opts {
         None => None,
         Some(t) => {
-            super::options::check_keys(lua, "run:evaluate", t, &["loss"])?;
+            super::options::check_keys(lua, "run:evaluate", t, &["loss", "keep_best", "patience"])?;
             super::options::handle::<super::optim_loss::LossHandle>(
                 lua,
                 "run:evaluate",
@@ -315,8 +331,13 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         "  {split}: loss {:.4}  {score}{objective}{per_target}",
         ev.loss
     ));
+    let improved = match &keep_best {
+        Some(k) => Some(super::best::offer(lua, &host, &mut r, &ev, &split, k)?),
+        None => None,
+    };
     let t = lua.create_table()?;
     t.set("loss", ev.loss)?;
+    t.set("improved", improved)?;
     super::eval_scores::lua_scores(lua, &t, &ev, classes.as_deref(), &targets)?;
     t.set("samples", ev.samples)?;
     t.set("split", split)?;
@@ -381,6 +402,9 @@ impl UserData for RunHandle {
         // Lua functions, so that a reload can yield from them.
         f.add_field_function_get("epochs", |lua, _| super::reload::epochs_fn(lua));
         f.add_field_function_get("reload_point", |lua, _| super::reload::reload_point_fn(lua));
+        f.add_field_method_get("best", |lua, this| {
+            super::best::lua_best(lua, &*this.get()?)
+        });
         f.add_field_method_get("state", |_, this| Ok(this.get()?.state.clone()));
         f.add_field_method_set("state", |lua, this, t: Value| match t {
             Value::Table(t) => {

@@ -81,6 +81,7 @@ fn create(
         saves_seen: 0,
         warned_unstandardized: false,
         warned_same_name: false,
+        told_stopped: false,
         plan: None,
         under_host_limit: o.host_budget && host.budget.is_some(),
         declared,

@@ -36,6 +36,9 @@ pub(crate) struct RunState {
     /// Whether `run:evaluate` warned of other data under the training
     /// data's split name (once).
     pub warned_same_name: bool,
+    /// Whether the run's early stop was told (when it happened, or once
+    /// after a resume found the run stopped).
+    pub told_stopped: bool,
     /// With a memory budget: the planner's prediction, which each epoch
     /// record puts next to the measured peak.
     pub plan: Option<crate::memory::planner::Plan>,
@@ -94,6 +97,8 @@ pub struct RunSummary {
     pub step: u64,
     pub epoch: u64,
     pub last_eval: Option<Eval>,
+    /// The best evaluation, when the run kept its best model.
+    pub best: Option<crate::engine::best::Best>,
 }
 
 impl RunState {
@@ -102,6 +107,7 @@ impl RunState {
             step: self.core.trainer.step,
             epoch: self.core.cursor.epoch,
             last_eval: self.core.last_eval.clone(),
+            best: self.core.best.clone(),
         }
     }
 

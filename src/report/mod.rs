@@ -212,6 +212,19 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
             }));
         }
     }
+    // The kept best only: a marker per improvement would crowd the chart.
+    if let Some(r) = mine_of(folder, run, "best").next_back() {
+        markers.push(json!({
+            "step": r["step"], "kind": "best",
+            "label": format!("best {} {} {} (the model kept)", show(&r["split"]), show(&r["metric"]), show(&r["value"])),
+        }));
+    }
+    for r in mine_of(folder, run, "early_stop") {
+        markers.push(json!({
+            "step": r["step"], "kind": "early-stop",
+            "label": format!("stopped early: {} evaluations since the best", show(&r["evaluations"])),
+        }));
+    }
     json!({
         "name": name,
         "steps": steps,
@@ -221,6 +234,18 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
         "limit": limit,
         "table": table(folder, run, &run_record),
     })
+}
+
+/// Run `run`'s records of `event` in the folder.
+fn mine_of<'a>(
+    folder: &'a RunFolder,
+    run: u64,
+    event: &'a str,
+) -> impl DoubleEndedIterator<Item = &'a Value> {
+    folder
+        .records
+        .iter()
+        .filter(move |r| r["event"] == event && r["run"].as_u64().unwrap_or(1) == run)
 }
 
 fn file_part(p: &str) -> String {
@@ -252,12 +277,7 @@ fn table(folder: &RunFolder, run: u64, run_record: &Value) -> Vec<(String, Strin
             }
         }
     }
-    let mine = |event: &'static str| {
-        folder
-            .records
-            .iter()
-            .filter(move |r| r["event"] == event && r["run"].as_u64().unwrap_or(1) == run)
-    };
+    let mine = |event: &'static str| mine_of(folder, run, event);
     if let Some(last) = mine("epoch").next_back() {
         rows.push(("epochs".into(), show(&last["epoch"])));
         rows.push(("steps".into(), show(&last["step"])));
@@ -290,6 +310,17 @@ fn table(folder: &RunFolder, run: u64, run_record: &Value) -> Vec<(String, Strin
                 rows.extend(class_rows(ev));
             }
         }
+    }
+    if let Some(b) = mine("best").next_back() {
+        let at = format!("{} (step {})", show(&b["value"]), show(&b["step"]));
+        let key = format!("best {} {}", show(&b["split"]), show(&b["metric"]));
+        rows.push((key, at));
+        if let Some(p) = b["path"].as_str() {
+            rows.push(("best model".into(), p.to_string()));
+        }
+    }
+    if let Some(s) = mine("early_stop").next_back() {
+        rows.push(("stopped early at step".into(), show(&s["step"])));
     }
     rows.push(("OOMs recovered".into(), mine("oom").count().to_string()));
     let reloads = folder.records.iter().filter(|r| r["event"] == "reload");

@@ -6,7 +6,7 @@
   const data = JSON.parse(document.getElementById("taper-data").textContent);
   const runs = data.runs;
   const palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
-  const markerColors = { oom: "#d62728", skip: "#ff7f0e", reload: "#2ca02c", "reload-failed": "#9467bd", checkpoint: "#888888", "checkpoint-failed": "#8c564b", diverged: "#000000" };
+  const markerColors = { oom: "#d62728", skip: "#ff7f0e", reload: "#2ca02c", "reload-failed": "#9467bd", checkpoint: "#888888", "checkpoint-failed": "#8c564b", diverged: "#000000", best: "#1f77b4", "early-stop": "#17becf" };
   const width = Math.max(600, Math.min(1100, document.body.clientWidth - 20));
   const charts = document.getElementById("charts");
   let drawn = 0;

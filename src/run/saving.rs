@@ -55,6 +55,7 @@ impl Run {
             sample_input: self.sample_input.clone(),
             array_input: self.array_input.clone(),
             multi_label: self.trainer.loss().multi_label(),
+            best: self.best.clone(),
             optimizer: self.trainer.optimizer_description().to_string(),
             lr: self.trainer.learning_rate(),
             configured_lr: Some(self.trainer.optim_spec().lr()),
@@ -138,6 +139,7 @@ impl Run {
             self.cursor.data_len = meta.epoch_data;
         }
         self.skipped = meta.skipped.clone();
+        self.best = meta.best.clone();
         Ok((meta, notice))
     }
 }

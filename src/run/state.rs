@@ -113,6 +113,8 @@ pub struct Run {
     /// Epochs the loop asked for (0: not in an epoch loop).
     pub total_epochs: u64,
     pub last_eval: Option<Eval>,
+    /// The best evaluation so far of a run that keeps its best model.
+    pub best: Option<crate::engine::best::Best>,
     /// Batches an OOM policy skipped: (epoch, batch position in the epoch).
     pub skipped: Vec<(u64, u64)>,
     /// The schedule's plan for (step, epoch), computed before its batch was
@@ -149,6 +151,7 @@ impl Run {
             window: Window::default(),
             total_epochs: 0,
             last_eval: None,
+            best: None,
             skipped: Vec::new(),
             pending: None,
             vocab: None,

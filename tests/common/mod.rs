@@ -74,6 +74,31 @@ pub fn interop_check(modules: &str, args: &[&str]) -> Result<serde_json::Value> 
     Ok(serde_json::from_str(last)?)
 }
 
+/// The first `bytes` of Jane Austen's Emma (at most; whole characters), as
+/// passages of the fetched Austen data: a short text of one's own.
+#[allow(dead_code)] // not every test binary trains on a text
+pub fn emma(bytes: usize) -> Result<String> {
+    let data = fetched("data/austen/train.csv")?;
+    let mut reader = csv::Reader::from_path(data)?;
+    let mut text = String::new();
+    for r in reader.records() {
+        let r = r?;
+        if &r[1] == "emma" {
+            text += &r[0];
+            text += "\n\n";
+        }
+        if text.len() >= bytes {
+            break;
+        }
+    }
+    let cut = (0..=bytes.min(text.len()))
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    text.truncate(cut);
+    Ok(text)
+}
+
 /// The records of one `event` in a run folder's `metrics.jsonl`; none while
 /// the file is missing or a line is half-written (a run still going).
 #[allow(dead_code)] // not every test binary reads records

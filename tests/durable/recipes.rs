@@ -6,6 +6,8 @@
 
 use std::process::Child;
 
+use taper::engine::checkpoint;
+
 use super::{
     common, records, stop_and_resume, stop_and_resume_when, straight_run, wait_until, weights,
 };
@@ -17,13 +19,29 @@ fn stopped_in_its_second_epoch(recipe: &[&str], signal: i32) {
 }
 
 /// `recipe` stopped by `signal` once it has written `epochs` epoch
-/// records, and resumed: the same weights as a straight run.
+/// records, and resumed: the same weights as a straight run, and, for a
+/// recipe that keeps its best model, the same best model and best state.
 fn stopped_after(recipe: &[&str], signal: i32, epochs: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let reference = weights(&straight_run(recipe, dir.path()));
+    let straight = straight_run(recipe, dir.path());
+    let reference = weights(&straight);
     let out = dir.path().join("stopped");
     let end = stop_and_resume(recipe, &out, signal, epochs, &[]);
     assert!(weights(&end) == reference, "{recipe:?}: weights differ");
+    let best = straight.with_file_name("best.safetensors");
+    if best.exists() {
+        let resumed = out.join("best.safetensors");
+        assert!(
+            weights(&resumed) == weights(&best),
+            "{recipe:?}: best models differ"
+        );
+        let state = |p: &std::path::Path| {
+            let mut b = checkpoint::read_meta(p).unwrap().best.unwrap();
+            b.path = None;
+            b
+        };
+        assert_eq!(state(&resumed), state(&best), "{recipe:?}");
+    }
 }
 
 /// The image folder recipe (images decoded and augmented on the prefetch

@@ -18,6 +18,22 @@ pub fn file_name(id: usize) -> String {
     }
 }
 
+/// The checkpoint of run `id`'s best model (see [`crate::engine::best`]):
+/// `best.safetensors`, `best-2.safetensors`, ...
+pub fn best_file_name(id: usize) -> String {
+    match id {
+        1 => "best.safetensors".into(),
+        n => format!("best-{n}.safetensors"),
+    }
+}
+
+/// Whether a file in a run folder is one of taper's checkpoints (or its
+/// sidecar, or a save's temporary file): the newest, the older ones kept,
+/// or the best model's.
+fn is_checkpoint_file(name: &str) -> bool {
+    name.starts_with("checkpoint") || name.starts_with("best")
+}
+
 /// `checkpoint` for `.../checkpoint.safetensors`.
 fn stem(latest: &Path) -> String {
     latest
@@ -201,7 +217,7 @@ fn same_folder(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Readies a run folder: removes `checkpoint*.tmp` files a killed save left
+/// Readies a run folder: removes `checkpoint*.tmp` and `best*.tmp` files a killed save left
 /// (never renamed into place, so nothing refers to them), and rewrites
 /// sidecars that disagree with their checkpoint. Returns how many files it
 /// removed or rewrote.
@@ -214,7 +230,7 @@ pub fn tidy(dir: &Path) -> usize {
         .map(|e| e.path())
         .filter(|p| {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("checkpoint") && name.ends_with(".tmp")
+            is_checkpoint_file(name) && name.ends_with(".tmp")
         })
         .filter(|p| std::fs::remove_file(p).is_ok())
         .count();
@@ -231,7 +247,7 @@ pub fn repair_sidecars(dir: &Path) -> usize {
     let mut fixed = 0;
     for p in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !(name.starts_with("checkpoint") && name.ends_with(".safetensors")) {
+        if !(is_checkpoint_file(name) && name.ends_with(".safetensors")) {
             continue;
         }
         let Ok(meta) = read_meta(&p) else { continue };

@@ -17,8 +17,8 @@ use crate::{Error, Result};
 mod folder;
 
 pub use folder::{
-    archive_latest, disk_full, file_name, keep_newest, latest_valid, make_room, repair_sidecars,
-    resolve_resume, tidy,
+    archive_latest, best_file_name, disk_full, file_name, keep_newest, latest_valid, make_room,
+    repair_sidecars, resolve_resume, tidy,
 };
 
 pub const FORMAT: &str = "taper-checkpoint/1";
@@ -91,6 +91,10 @@ pub struct CheckpointMeta {
     /// input's target columns.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub multi_label: bool,
+    /// The run's best evaluation so far, when it keeps its best model
+    /// (`run:evaluate(data, { keep_best = ... })`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<crate::engine::best::Best>,
     pub optimizer: String,
     /// The learning rate in use (a schedule's or `run:set_lr`'s).
     pub lr: f64,
@@ -394,6 +398,7 @@ mod tests {
             sample_input: None,
             array_input: None,
             multi_label: false,
+            best: None,
             optimizer: "o".into(),
             lr: 0.1,
             configured_lr: None,

@@ -102,6 +102,11 @@ fn epoch_end(lua: &Lua, run: &RunHandle) -> mlua::Result<()> {
 fn epoch_begin(lua: &Lua, run: &RunHandle, n: u64) -> mlua::Result<Option<u64>> {
     let host = state(lua);
     let mut r = run.get_mut()?;
+    // Stopped early (now, or before the checkpoint it resumed from).
+    if !host.opts.check_only && crate::host::best::stopped(&host, &mut r) {
+        r.reenter = false;
+        return Ok(None);
+    }
     if std::mem::take(&mut r.reenter) && r.core.cursor.in_epoch {
         // A reload in the middle of an epoch: go on from the data cursor.
         r.core.cursor.skip_batches = r.core.cursor.steps as usize;

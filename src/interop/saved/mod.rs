@@ -76,16 +76,38 @@ impl Saved {
     }
 }
 
-/// A checkpoint file, or a run folder's newest valid checkpoint.
+/// A checkpoint file, or a run folder's newest valid checkpoint. A folder
+/// that also holds its run's best model is noted, naming that file.
 pub fn locate(arg: &Path) -> Result<std::path::PathBuf> {
     if !arg.is_dir() {
         return Ok(arg.to_path_buf());
     }
     let latest = arg.join(checkpoint::file_name(1));
     match checkpoint::latest_valid(&latest, false)? {
-        Some((path, _)) => Ok(path),
+        Some((path, _)) => {
+            if let Some(note) = best_note(arg, &path) {
+                crate::tell!("{note}");
+            }
+            Ok(path)
+        }
         None => Err(Error::Config(no_checkpoint(arg))),
     }
+}
+
+/// "note: RUN also holds the run's best model ...", when it does and it is
+/// not the newest checkpoint's.
+fn best_note(dir: &Path, newest: &Path) -> Option<String> {
+    let best = dir.join(checkpoint::best_file_name(1));
+    let b = checkpoint::read_meta(&best).ok()?.best?;
+    let step = checkpoint::read_meta(newest).ok()?.step;
+    (b.step != step).then(|| {
+        format!(
+            "note: {} is the newest checkpoint (step {step}); the run's best model ({}) is {}: give that file for it",
+            newest.display(),
+            b.describe(),
+            best.display()
+        )
+    })
 }
 
 /// Why a folder gives no checkpoint: a run in it has not saved one yet,

@@ -1,0 +1,261 @@
+//! `run:evaluate(data, { keep_best = "loss", patience = 3 })`: the run's
+//! best model kept in `OUT/best.safetensors` (written when an evaluation
+//! beats every one before it), `run.best`, and stopping early once
+//! `patience` evaluations in a row have not done better.
+
+use mlua::{Lua, Table, Value};
+use serde_json::{json, Map};
+
+use super::options::config_error;
+use super::run_state::RunState;
+use super::HostState;
+use crate::engine::best::{lower_is_better, Best, Candidate, Offer, SCORES};
+use crate::engine::{checkpoint, Eval};
+
+/// What an evaluation was asked to keep.
+pub(super) struct KeepBest {
+    metric: String,
+    patience: Option<u64>,
+}
+
+/// Reads `keep_best` and `patience` from `run:evaluate`'s options.
+pub(super) fn options(lua: &Lua, t: &Table) -> mlua::Result<Option<KeepBest>> {
+    let what = "run:evaluate";
+    let metric = match t.get::<Value>("keep_best")? {
+        Value::Nil => None,
+        Value::String(s) => Some(s.to_str()?.to_string()),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: option `keep_best` must be the name of a score (`loss`, `accuracy`, ...), got {}",
+                    super::options::a_type(&other)
+                ),
+            ))
+        }
+    };
+    let patience = match t.get::<Value>("patience")? {
+        Value::Nil => None,
+        Value::Integer(n) if n >= 1 => Some(n as u64),
+        other => {
+            return Err(config_error(
+                lua,
+                format!(
+                    "{what}: option `patience` must be a whole number of evaluations, 1 or more, got {}",
+                    super::options::brief(&other)
+                ),
+            ))
+        }
+    };
+    let Some(metric) = metric else {
+        if patience.is_some() {
+            return Err(config_error(
+                lua,
+                format!("{what}: option `patience` counts evaluations that did not beat the best one: it needs `keep_best` (the score that decides, such as \"loss\")"),
+            ));
+        }
+        return Ok(None);
+    };
+    if !SCORES.contains(&metric.as_str()) {
+        return Err(config_error(
+            lua,
+            format!(
+                "{what}: keep_best = \"{metric}\" is not a score; one of {}",
+                SCORES.join(", ")
+            ),
+        ));
+    }
+    Ok(Some(KeepBest { metric, patience }))
+}
+
+/// Compares the evaluation `ev` of `split` with the run's best; a better
+/// one's model is written to the run folder's best checkpoint. Returns
+/// whether it was better. Prints and records what happened: a `best`
+/// record for a new best, an `early_stop` record when patience ran out.
+pub(super) fn offer(
+    lua: &Lua,
+    host: &HostState,
+    r: &mut RunState,
+    ev: &Eval,
+    split: &str,
+    k: &KeepBest,
+) -> mlua::Result<bool> {
+    let Some(value) = ev.score(&k.metric) else {
+        let has: Vec<&str> = ev.scores().iter().map(|(n, _)| *n).collect();
+        return Err(config_error(
+            lua,
+            format!(
+                "run:evaluate: keep_best = \"{}\": this evaluation has no such score; it has {}",
+                k.metric,
+                has.join(", ")
+            ),
+        ));
+    };
+    let before = r.core.best.clone();
+    let offer = Best::offer(
+        &mut r.core.best,
+        &Candidate {
+            metric: &k.metric,
+            split,
+            value,
+            step: r.core.trainer.step,
+            epoch: r.core.cursor.epoch,
+            patience: k.patience,
+        },
+    );
+    match offer {
+        Offer::NotBetter => {
+            not_better(host, r, before.as_ref()).map_err(crate::error::lua_err)?;
+            Ok(false)
+        }
+        Offer::Better | Offer::Restarted => {
+            if let (Offer::Restarted, Some(b)) = (offer, &before) {
+                host.out.line(&format!(
+                    "  note: the best so far was by {}; from here on {} {} decides",
+                    Best::describe_value(&b.metric, &b.split, b.value),
+                    split,
+                    k.metric
+                ));
+            }
+            save(host, r).map_err(crate::error::lua_err)?;
+            Ok(true)
+        }
+    }
+}
+
+/// Writes the new best's model (when the run has a folder), a `best`
+/// record and a line. A save that fails (a full disk) is a warning: the
+/// run goes on, and the best so far has no file.
+fn save(host: &HostState, r: &mut RunState) -> crate::Result<()> {
+    let path = host
+        .opts
+        .out_dir
+        .as_ref()
+        .map(|d| d.join(checkpoint::best_file_name(r.id)));
+    let step = r.core.trainer.step;
+    let mut saved = None;
+    if let Some(path) = &path {
+        if let Some(b) = r.core.best.as_mut() {
+            b.path = Some(path.display().to_string());
+        }
+        let state = serde_json::to_value(&r.state).ok();
+        match r.core.save(path, state) {
+            Ok(()) => saved = Some(path.display().to_string()),
+            Err(e) if e.find(|e| matches!(e, crate::Error::Diverged(_))) => return Err(e),
+            Err(e) => {
+                host.out.warn(&format!(
+                    "step {step}: the best model so far could not be saved, training goes on: {e}"
+                ));
+                if let Some(b) = r.core.best.as_mut() {
+                    b.path = None;
+                }
+            }
+        }
+    }
+    let Some(b) = r.core.best.clone() else {
+        return Ok(());
+    };
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    f.insert("metric".into(), b.metric.clone().into());
+    f.insert("split".into(), b.split.clone().into());
+    f.insert("value".into(), json!(b.value));
+    if let Some(p) = &saved {
+        f.insert("path".into(), p.clone().into());
+    }
+    host.out.record("best", step, r.core.cursor.epoch, f)?;
+    host.out.line(&match &saved {
+        Some(p) => format!("  best so far: saved {p}"),
+        None => "  best so far".to_string(),
+    });
+    Ok(())
+}
+
+/// An evaluation no better than the best: a line, and the early stop when
+/// this one used up the patience.
+fn not_better(host: &HostState, r: &mut RunState, before: Option<&Best>) -> crate::Result<()> {
+    let Some(b) = r.core.best.clone() else {
+        return Ok(());
+    };
+    let of = match b.patience {
+        Some(p) => format!(" ({} of patience {p})", b.evals_since),
+        None => String::new(),
+    };
+    host.out
+        .line(&format!("  no better than {}{of}", b.describe()));
+    let was_stopped = before.is_some_and(|p| p.stopped());
+    if !b.stopped() || was_stopped {
+        return Ok(());
+    }
+    r.told_stopped = true;
+    let mut f = Map::new();
+    f.insert("run".into(), r.id.into());
+    f.insert("metric".into(), b.metric.clone().into());
+    f.insert("split".into(), b.split.clone().into());
+    f.insert("best".into(), json!(b.value));
+    f.insert("best_step".into(), b.step.into());
+    f.insert("evaluations".into(), b.evals_since.into());
+    if let Some(p) = &b.path {
+        f.insert("path".into(), p.clone().into());
+    }
+    host.out
+        .record("early_stop", r.core.trainer.step, r.core.cursor.epoch, f)?;
+    host.out.line(&stop_line(r.id, &b));
+    Ok(())
+}
+
+/// `run 1 stops early: val loss has not fallen below its best (1.7123 at
+/// step 880, epoch 2) in 3 evaluations; the best model is in ...`.
+pub(super) fn stop_line(id: usize, b: &Best) -> String {
+    let direction = if lower_is_better(&b.metric) {
+        "fallen below"
+    } else {
+        "risen above"
+    };
+    let kept = match &b.path {
+        Some(p) => format!("; the best model is in {p}"),
+        None => String::new(),
+    };
+    let value = Best::describe_value(&b.metric, &b.split, b.value);
+    let value = value.rsplit(' ').next().unwrap_or_default();
+    format!(
+        "run {id} stops early: {} {} has not {direction} its best ({value} at step {}, epoch {}) in {} evaluations{kept}",
+        b.split, b.metric, b.step, b.epoch, b.evals_since
+    )
+}
+
+/// Whether the run stopped early, so that `run:epochs()` and
+/// `run:batches()` give no more. A run resumed after it stopped is told so
+/// once.
+pub(crate) fn stopped(host: &HostState, r: &mut RunState) -> bool {
+    let Some(b) = r.core.best.as_ref().filter(|b| b.stopped()) else {
+        return false;
+    };
+    if !std::mem::replace(&mut r.told_stopped, true) {
+        host.out.tell(&format!(
+            "note: {}; it trains no more (to train on from its best model, start a new run with --resume {})",
+            stop_line(r.id, b).replacen(" stops early", " stopped early", 1),
+            b.path.as_deref().unwrap_or("its best checkpoint")
+        ));
+    }
+    true
+}
+
+/// `run.best`: nil before an evaluation with `keep_best`, else `{ metric,
+/// split, value, step, epoch, evals_since, patience?, path?, stopped }`.
+pub(super) fn lua_best(lua: &Lua, r: &RunState) -> mlua::Result<Value> {
+    let Some(b) = &r.core.best else {
+        return Ok(Value::Nil);
+    };
+    let t = lua.create_table()?;
+    t.set("metric", b.metric.as_str())?;
+    t.set("split", b.split.as_str())?;
+    t.set("value", b.value)?;
+    t.set("step", b.step)?;
+    t.set("epoch", b.epoch)?;
+    t.set("evals_since", b.evals_since)?;
+    t.set("patience", b.patience)?;
+    t.set("path", b.path.as_deref())?;
+    t.set("stopped", b.stopped())?;
+    Ok(Value::Table(t))
+}
