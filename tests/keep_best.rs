@@ -233,6 +233,74 @@ fn the_best_model_is_kept_and_patience_stops_the_run() -> Result<()> {
     Ok(())
 }
 
+/// `model = "best"`: an evaluation of the kept model gives the best's own
+/// score on the same data, to the bit, and the run's model is back after it
+/// (the next evaluation gives the last one's score); its export equals the
+/// export of best.safetensors.
+#[test]
+fn the_best_model_is_evaluated_and_exported_in_place_of_the_last() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let recipe = dir.path().join("best.lua");
+    let onnx = dir.path().join("best.onnx");
+    std::fs::write(
+        &recipe,
+        format!(
+            r#"local train, val = taper.data.digits{{ split = "train" }}:split{{ 0.9, 0.1, seed = 1 }}
+val = val:named("val"):batch(256)
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 64, hidden = {{ 64 }}, outputs = 10 }},
+  optim = taper.optim.adamw{{ lr = 3e-3 }},
+  data = train:named("train"):shuffle{{ seed = 1 }}:batch(32),
+}}
+local last
+for epoch in run:epochs(40) do
+  for batch in run:batches() do run:step(batch) end
+  last = run:evaluate(val, {{ keep_best = "loss", patience = 3 }})
+end
+assert(run.best.stopped and run.best.evals_since == 3)
+local best = run:evaluate(val, {{ model = "best" }})
+assert(best.loss == run.best.value, best.loss .. " vs " .. run.best.value)
+assert(best.loss < last.loss)
+local again = run:evaluate(val)
+assert(again.loss == last.loss, again.loss .. " vs " .. last.loss)
+run:export{{ path = "{}", format = "onnx", model = "best" }}
+"#,
+            onnx.display()
+        ),
+    )?;
+    let out = dir.path().join("o");
+    let (said, _) = ok(&[
+        "train",
+        recipe.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])?;
+    assert!(said.contains("  val (the best model, step "), "{said}");
+    let evals = common::records(&out, "eval");
+    let by_best = &evals[evals.len() - 2];
+    assert_eq!(by_best["model"], "best");
+    let b = checkpoint::read_meta(&out.join("best.safetensors"))?
+        .best
+        .unwrap();
+    assert_eq!(by_best["model_step"], b.step);
+    assert!(b.step < evals.last().unwrap()["step"].as_u64().unwrap());
+    let same = dir.path().join("same.onnx");
+    let best = out.join("best.safetensors");
+    ok(&[
+        "export",
+        best.to_str().unwrap(),
+        "--format",
+        "onnx",
+        "--out",
+        same.to_str().unwrap(),
+    ])?;
+    assert!(
+        std::fs::read(&onnx)? == std::fs::read(&same)?,
+        "the exports differ"
+    );
+    Ok(())
+}
+
 /// A score the evaluation lacks, a name that is no score, and a patience
 /// without `keep_best` are errors at the recipe's line.
 #[test]
@@ -253,6 +321,18 @@ fn keep_best_options_are_checked() -> Result<()> {
             "option `patience` must be a whole number of evaluations, 1 or more, got 0",
         ),
         (r#"{ keep_best = 1 }"#, "option `keep_best` must be the name of a score"),
+        (
+            r#"{ model = "best" }"#,
+            "run:evaluate: model = \"best\": run 1 has no best model saved yet",
+        ),
+        (
+            r#"{ model = "best", keep_best = "loss" }"#,
+            "would compare the best model with itself",
+        ),
+        (
+            r#"{ model = "worst" }"#,
+            "option `model` is \"best\" (the model an evaluation with keep_best kept) or \"last\" (the run's own, the default), got \"worst\"",
+        ),
     ];
     for (i, (opts, want)) in cases.iter().enumerate() {
         let recipe = dir.path().join(format!("r{i}.lua"));

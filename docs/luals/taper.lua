@@ -119,9 +119,10 @@ function Run:step(batch) end
 ---and a `best` record, and `improved` says whether it was; with `patience`,
 ---that many evaluations in a row without a better one stop the run early:
 ---`run:epochs()` and `run:batches()` give no more (an `early_stop` record),
----and a resumed run that had stopped trains no more.
+---and a resumed run that had stopped trains no more. `model = "best"` evaluates
+---the kept best model instead of the run's own (which is back afterwards).
 ---@param data taper.Data|taper.Generator
----@param opts? {loss?: taper.Loss, keep_best?: string, patience?: integer}
+---@param opts? {loss?: taper.Loss, keep_best?: string, patience?: integer, model?: "best"|"last"}
 ---@return {loss: number, accuracy?: number, exact_match?: number, f1_micro?: number, f1_macro?: number, per_label?: table<string, {precision: number, recall: number, f1: number, support: integer}>, improved?: boolean, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string|integer, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, per_target?: table<string, {rmse: number, mae: number, r2: number}>, samples: integer, split: string, objective?: number}
 function Run:evaluate(data, opts) end
 
@@ -167,7 +168,8 @@ function Run:prune(opts) end
 ---model for onnxruntime (input `[batch, channels, height, width]` for a CNN, output
 ---`logits`; class names in its metadata when the data knows them).
 ---`format = "q8_0"` (a type) is the older spelling of `format = "gguf", type = "q8_0"`.
----@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"peft"|"onnx"|"f32"|"f16"|"q8_0"|"q4_0"|"q4_1", type?: "f32"|"f16"|"q8_0"|"q4_0"|"q4_1", merge?: boolean}
+---`model = "best"` exports the model an evaluation with `keep_best` kept.
+---@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"peft"|"onnx"|"f32"|"f16"|"q8_0"|"q4_0"|"q4_1", type?: "f32"|"f16"|"q8_0"|"q4_0"|"q4_1", merge?: boolean, model?: "best"|"last"}
 ---@return {bytes: integer, f32_bytes?: integer, quantized?: integer, kept_f32?: integer}
 function Run:export(opts) end
 

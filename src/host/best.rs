@@ -1,8 +1,12 @@
 //! `run:evaluate(data, { keep_best = "loss", patience = 3 })`: the run's
 //! best model kept in `OUT/best.safetensors` (written when an evaluation
-//! beats every one before it), `run.best`, and stopping early once
-//! `patience` evaluations in a row have not done better.
+//! beats every one before it), `run.best`, stopping early once `patience`
+//! evaluations in a row have not done better, and `model = "best"`: the kept
+//! model evaluated or exported in place of the run's own.
 
+use std::collections::HashMap;
+
+use candle_core::Tensor;
 use mlua::{Lua, Table, Value};
 use serde_json::{json, Map};
 
@@ -258,4 +262,48 @@ pub(super) fn lua_best(lua: &Lua, r: &RunState) -> mlua::Result<Value> {
     t.set("path", b.path.as_deref())?;
     t.set("stopped", b.stopped())?;
     Ok(Value::Table(t))
+}
+
+/// `model = "best"` (or `"last"`, the default) in `run:evaluate`'s or
+/// `run:export`'s options: whether the kept best model is asked for.
+pub(super) fn wants_best(lua: &Lua, what: &str, v: Option<&str>) -> mlua::Result<bool> {
+    match v {
+        None | Some("last") => Ok(false),
+        Some("best") => Ok(true),
+        Some(other) => Err(config_error(
+            lua,
+            format!(
+                "{what}: option `model` is \"best\" (the model an evaluation with keep_best kept) or \"last\" (the run's own, the default), got \"{other}\""
+            ),
+        )),
+    }
+}
+
+/// The kept best model's weights, on the run's device, and its best
+/// state; an error when the run has not written one.
+pub(super) fn best_weights(
+    lua: &Lua,
+    what: &str,
+    r: &RunState,
+) -> mlua::Result<(HashMap<String, Tensor>, Best)> {
+    let Some((b, path)) = r
+        .core
+        .best
+        .as_ref()
+        .and_then(|b| Some((b, b.path.clone()?)))
+    else {
+        return Err(config_error(
+            lua,
+            format!(
+                "{what}: model = \"best\": run {} has no best model saved yet (an evaluation with `keep_best`, in a run with an output folder, saves one)",
+                r.id
+            ),
+        ));
+    };
+    let (weights, _) = r
+        .core
+        .trainer
+        .weights_of(std::path::Path::new(&path))
+        .map_err(|e| config_error(lua, format!("{what}: model = \"best\": {e}")))?;
+    Ok((weights, b.clone()))
 }

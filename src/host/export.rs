@@ -40,6 +40,9 @@ struct ExportOpts {
     /// merged in.
     #[serde(default)]
     merge: bool,
+    /// "best": the model an evaluation with `keep_best` kept; "last" (the
+    /// default): the run's own.
+    model: Option<String>,
 }
 
 fn gguf() -> String {
@@ -87,10 +90,18 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
         ));
     }
     let r = run.get()?;
+    let of_best = super::best::wants_best(lua, "run:export", o.model.as_deref())?;
+    let (params, step) = match of_best {
+        true => {
+            let (weights, b) = super::best::best_weights(lua, "run:export", &r)?;
+            (weights, b.step)
+        }
+        false => (r.core.trainer.params().tensors(), r.core.trainer.step),
+    };
     let path = PathBuf::from(&o.path);
     let model = Model {
         spec: r.core.trainer.spec().as_ref(),
-        params: r.core.trainer.params().tensors(),
+        params,
         vocab: r.core.vocab.as_deref(),
         classes: r.core.classes.as_deref(),
         image_input: r.core.image_input.as_ref(),
@@ -98,7 +109,7 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
         sample_input: r.core.sample_input.as_ref(),
         array_input: r.core.array_input.as_ref(),
         multi_label: r.core.trainer.loss().multi_label(),
-        step: r.core.trainer.step,
+        step,
     };
     let w = crate::interop::export(&model, &path, format, gguf_type, o.merge)
         .map_err(|e| config_error(lua, format!("run:export: {e}")))?;
@@ -110,6 +121,10 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
     f.insert("format".into(), format.into());
     if !matches!(format, "hf" | "onnx") {
         f.insert("type".into(), ty.clone().into());
+    }
+    if of_best {
+        f.insert("model".into(), "best".into());
+        f.insert("model_step".into(), step.into());
     }
     f.insert("bytes".into(), w.bytes.into());
     if let Some(b) = w.f32_bytes {

@@ -217,10 +217,40 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         None => None,
         Some(t) => super::best::options(lua, t)?,
     };
+    let of_best = match &opts {
+        None => false,
+        Some(t) => {
+            let model = match t.get::<Value>("model")? {
+                Value::Nil => None,
+                Value::String(m) => Some(m.to_str()?.to_string()),
+                other => {
+                    return Err(config_error(
+                        lua,
+                        format!(
+                            "run:evaluate: option `model` must be \"best\" or \"last\", got {}",
+                            super::options::a_type(&other)
+                        ),
+                    ))
+                }
+            };
+            super::best::wants_best(lua, "run:evaluate", model.as_deref())?
+        }
+    };
+    if of_best && keep_best.is_some() {
+        return Err(config_error(
+            lua,
+            "run:evaluate: model = \"best\" with keep_best would compare the best model with itself: evaluate the run's own model to keep the best",
+        ));
+    }
     let objective = match &opts {
         None => None,
         Some(t) => {
-            super::options::check_keys(lua, "run:evaluate", t, &["loss", "keep_best", "patience"])?;
+            super::options::check_keys(
+                lua,
+                "run:evaluate",
+                t,
+                &["loss", "keep_best", "patience", "model"],
+            )?;
             super::options::handle::<super::optim_loss::LossHandle>(
                 lua,
                 "run:evaluate",
@@ -286,12 +316,22 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     if own_peak {
         crate::memory::device::reset_pool_peak(r.core.trainer.device()).map_err(lua_err)?;
     }
-    let mut ev = r
-        .core
-        .evaluate(batches, objective.as_ref(), &mut |rec| {
-            super::oom::record(&host.out, id, rec)
-        })
-        .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
+    // The kept best model in place of the run's own, for this evaluation.
+    let swapped = match of_best {
+        true => {
+            let (weights, b) = super::best::best_weights(lua, "run:evaluate", &r)?;
+            let mine = r.core.trainer.swap_weights(&weights).map_err(lua_err)?;
+            Some((mine, b))
+        }
+        false => None,
+    };
+    let ev = r.core.evaluate(batches, objective.as_ref(), &mut |rec| {
+        super::oom::record(&host.out, id, rec)
+    });
+    if let Some((mine, _)) = &swapped {
+        r.core.trainer.swap_weights(mine).map_err(lua_err)?;
+    }
+    let mut ev = ev.map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
     if let Some(std) = &target_std {
         ev.regression = ev.regression.map(|g| g.in_units(std));
         r.core.last_eval = Some(ev.clone());
@@ -313,6 +353,10 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
     f.insert("loss".into(), json!(ev.loss));
     super::eval_scores::record_scores(&mut f, &ev, classes.as_deref(), &targets);
     f.insert("samples".into(), ev.samples.into());
+    if let Some((_, b)) = &swapped {
+        f.insert("model".into(), "best".into());
+        f.insert("model_step".into(), b.step.into());
+    }
     if let Some(o) = ev.objective {
         f.insert("objective".into(), json!(o));
     }
@@ -327,8 +371,12 @@ fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlu
         .objective
         .map(|o| format!("  objective {o:.4}"))
         .unwrap_or_default();
+    let whose = match &swapped {
+        Some((_, b)) => format!(" (the best model, step {})", b.step),
+        None => String::new(),
+    };
     host.out.line(&format!(
-        "  {split}: loss {:.4}  {score}{objective}{per_target}",
+        "  {split}{whose}: loss {:.4}  {score}{objective}{per_target}",
         ev.loss
     ));
     let improved = match &keep_best {

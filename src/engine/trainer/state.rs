@@ -38,9 +38,41 @@ impl Trainer {
         checkpoint::save(path, self.state(), meta)
     }
 
-    /// Restores weights and optimizer state from a checkpoint.
-    pub fn load(&mut self, path: &Path) -> Result<CheckpointMeta> {
+    /// The model weights of another checkpoint of this run (its best
+    /// model, say), by parameter name, on the run's device; an error when
+    /// it holds another model.
+    pub fn weights_of(&self, path: &Path) -> Result<(HashMap<String, Tensor>, CheckpointMeta)> {
         let (tensors, meta) = checkpoint::load(path, &self.opts.device)?;
+        self.check_same_model(path, &meta)?;
+        let model = tensors
+            .into_iter()
+            .filter_map(|(k, t)| Some((k.strip_prefix("model.")?.to_string(), t)))
+            .collect();
+        Ok((model, meta))
+    }
+
+    /// Puts `weights` (from [`Trainer::weights_of`]) in place of the
+    /// model's and returns copies of the ones they replaced, to put back
+    /// the same way. No step may come between: the optimizer's state
+    /// belongs to the weights put back.
+    pub fn swap_weights(
+        &mut self,
+        weights: &HashMap<String, Tensor>,
+    ) -> Result<HashMap<String, Tensor>> {
+        let mine = self
+            .store
+            .vars()
+            .into_iter()
+            .map(|(k, v)| Ok((k, v.as_tensor().copy()?)))
+            .collect::<candle_core::Result<HashMap<_, _>>>()?;
+        self.store.load(weights).map_err(Error::Config)?;
+        if let Some(m) = &self.mixed {
+            m.sync(&self.store.vars())?;
+        }
+        Ok(mine)
+    }
+
+    fn check_same_model(&self, path: &Path, meta: &CheckpointMeta) -> Result<()> {
         let same_but_rates = meta
             .model_config
             .as_ref()
@@ -58,6 +90,13 @@ impl Trainer {
                 self.spec.describe()
             )));
         }
+        Ok(())
+    }
+
+    /// Restores weights and optimizer state from a checkpoint.
+    pub fn load(&mut self, path: &Path) -> Result<CheckpointMeta> {
+        let (tensors, meta) = checkpoint::load(path, &self.opts.device)?;
+        self.check_same_model(path, &meta)?;
         let mut model = HashMap::new();
         let mut state = HashMap::new();
         self.masks
