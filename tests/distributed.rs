@@ -545,3 +545,65 @@ fn launch_and_rank_options_get_clear_errors() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// Keeping the best model on two ranks: rank 0 writes best.safetensors,
+/// every rank stops early at the same evaluation, and `model = "best"`
+/// evaluates the file's weights on each (the Lua asserts run on every
+/// rank: the best's own score, to the bit, and the run's model back after
+/// it); the same best model and stop as one process with the same batch.
+#[test]
+fn the_best_model_is_kept_and_evaluated_on_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("best.lua");
+    std::fs::write(
+        &recipe,
+        r#"local train, val = taper.data.digits{ split = "train" }:split{ 0.9, 0.1, seed = 1 }
+val = val:named("val"):batch(256)
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 64 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = 3e-3 },
+  data = train:named("train"):shuffle{ seed = 1 }:batch(32),
+}
+local last
+for epoch in run:epochs(40) do
+  for batch in run:batches() do run:step(batch) end
+  last = run:evaluate(val, { keep_best = "loss", patience = 3 })
+end
+assert(run.best.stopped and run.best.path, "stopped, with the file's path")
+local best = run:evaluate(val, { model = "best" })
+assert(best.loss == run.best.value, best.loss .. " vs " .. run.best.value)
+assert(run:evaluate(val).loss == last.loss)
+"#,
+    )
+    .unwrap();
+    let one = dir.path().join("one");
+    train(0, &[s(&recipe)], &one, &[]);
+    let two = dir.path().join("two");
+    train(2, &[s(&recipe)], &two, &[]);
+    let stop = |out: &Path| records(out, "early_stop")[0]["step"].clone();
+    assert_eq!(stop(&two), stop(&one));
+    let best = |out: &Path| {
+        let (t, _) = checkpoint::load(&out.join("best.safetensors"), &Device::Cpu).unwrap();
+        let mut w: Vec<(String, Vec<f32>)> = t
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("model."))
+            .map(|(k, v)| (k, v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+            .collect();
+        w.sort_by(|a, b| a.0.cmp(&b.0));
+        w
+    };
+    // Sums over ranks round otherwise than over one batch: close, not
+    // bitwise, after the epochs to the best.
+    let (a, b) = (best(&one), best(&two));
+    assert_eq!(a.len(), b.len());
+    let worst = a
+        .iter()
+        .zip(&b)
+        .flat_map(|(x, y)| {
+            x.1.iter()
+                .zip(&y.1)
+                .map(|(p, q)| (p - q).abs() / p.abs().max(1e-2))
+        })
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-3, "best models differ by {worst} (relative)");
+}

@@ -156,6 +156,17 @@ fn save(host: &HostState, r: &mut RunState) -> crate::Result<()> {
             }
         }
     }
+    // Several ranks: rank 0 wrote the file; every rank learns its path
+    // once it is in place (the ranks share its folder, as --resume has
+    // them), so that `model = "best"` reads the same weights on each.
+    if let Some(w) = crate::dist::world().filter(|w| w.size() > 1) {
+        let mut shared = saved.clone().unwrap_or_default().into_bytes();
+        w.broadcast_bytes(0, &mut shared)?;
+        let shared = String::from_utf8_lossy(&shared).into_owned();
+        if let Some(b) = r.core.best.as_mut() {
+            b.path = (!shared.is_empty()).then_some(shared);
+        }
+    }
     let Some(b) = r.core.best.clone() else {
         return Ok(());
     };
