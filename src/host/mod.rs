@@ -10,6 +10,7 @@ mod data;
 mod data_csv;
 mod data_files;
 mod eval_scores;
+mod evaluate;
 mod export;
 mod folder_lock;
 mod generate;

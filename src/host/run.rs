@@ -18,9 +18,6 @@ use crate::memory::inject::Injection;
 
 use super::generator::TRAIN_BATCH;
 
-/// Batch size for evaluation data without `:batch(n)`.
-const EVAL_BATCH: usize = 256;
-
 fn batches(lua: &Lua, run: &RunHandle, data: Value) -> mlua::Result<Function> {
     let host = state(lua);
     let given = super::data::feed_of(lua, "run:batches", &data)?;
@@ -197,7 +194,7 @@ fn diverged(lua: &Lua, host: &super::HostState, r: &RunState, why: String) -> ml
 
 /// A data error of a step or an evaluation (a sample that does not fit the
 /// model, a file that cannot be read), with the recipe line and the data.
-fn in_data(lua: &Lua, what: &str, data: Option<String>, e: crate::Error) -> mlua::Error {
+pub(super) fn in_data(lua: &Lua, what: &str, data: Option<String>, e: crate::Error) -> mlua::Error {
     match e {
         crate::Error::Data(msg) => lua_err(crate::Error::Data(format!(
             "{}{what}: {}{msg}",
@@ -206,206 +203,6 @@ fn in_data(lua: &Lua, what: &str, data: Option<String>, e: crate::Error) -> mlua
         ))),
         other => lua_err(other),
     }
-}
-
-fn evaluate(lua: &Lua, run: &RunHandle, data: Value, opts: Option<Table>) -> mlua::Result<Table> {
-    let host = state(lua);
-    let Some(feed) = super::data::feed_of(lua, "run:evaluate", &data)? else {
-        return Err(config_error(lua, "run:evaluate(data): data is required"));
-    };
-    let keep_best = match &opts {
-        None => None,
-        Some(t) => super::best::options(lua, t)?,
-    };
-    let of_best = match &opts {
-        None => false,
-        Some(t) => {
-            let model = match t.get::<Value>("model")? {
-                Value::Nil => None,
-                Value::String(m) => Some(m.to_str()?.to_string()),
-                other => {
-                    return Err(config_error(
-                        lua,
-                        format!(
-                            "run:evaluate: option `model` must be \"best\" or \"last\", got {}",
-                            super::options::a_type(&other)
-                        ),
-                    ))
-                }
-            };
-            super::best::wants_best(lua, "run:evaluate", model.as_deref())?
-        }
-    };
-    if of_best && keep_best.is_some() {
-        return Err(config_error(
-            lua,
-            "run:evaluate: model = \"best\" with keep_best would compare the best model with itself: evaluate the run's own model to keep the best",
-        ));
-    }
-    let objective = match &opts {
-        None => None,
-        Some(t) => {
-            super::options::check_keys(
-                lua,
-                "run:evaluate",
-                t,
-                &["loss", "keep_best", "patience", "model"],
-            )?;
-            super::options::handle::<super::optim_loss::LossHandle>(
-                lua,
-                "run:evaluate",
-                t,
-                "loss",
-                "a taper.loss",
-            )?
-            .map(|h| h.0)
-        }
-    };
-    if let Some(crate::engine::loss::Loss::CrossEntropy(c)) = &objective {
-        if c.class_weights.is_some() {
-            return Err(config_error(
-                lua,
-                "run:evaluate: option `loss`: a cross-entropy with class weights; evaluation reports the unweighted cross-entropy as `loss`, and `balanced_accuracy` and `macro_f1` score the classes alike",
-            ));
-        }
-    }
-    if let super::generator::Feed::Pipeline(p) = &feed {
-        let whose = format!("{}'s", feed.split_name());
-        let mut r = run.get_mut()?;
-        r.core
-            .check_classes(&whose, p.source().classes())
-            .and_then(|()| {
-                r.core
-                    .check_inputs(&whose, p.source().table_input().as_ref())
-            })
-            .map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
-        if let (false, Some(Feed::Pipeline(train))) = (r.warned_same_name, &r.data) {
-            let name = p.split_name();
-            if train.split_name() == name && !train.overlaps(p) {
-                r.warned_same_name = true;
-                host.out.warn(&format!(
-                    "{}run:evaluate on data named `{name}`, as the run's training data is, but other samples: its eval records would read as the training data's; name the parts, e.g. `train:named(\"train\")`, `test:named(\"test\")`, or give each file's `split`",
-                    super::options::location(lua)
-                ));
-            }
-        }
-        if !r.warned_unstandardized && unstandardized(&r.core, p) {
-            r.warned_unstandardized = true;
-            host.out.warn(&format!(
-                "{}run:evaluate on {} data that is not standardized, while the run trained on standardized data: its model takes standardized values; standardize it with the training data's statistics (`test = test:standardize(train)`)",
-                super::options::location(lua),
-                feed.split_name()
-            ));
-        }
-    }
-    // A standardized regression target: errors go back to its units.
-    let target_std: Option<Vec<f64>> = match &feed {
-        super::generator::Feed::Pipeline(p) => p
-            .standardized()
-            .and_then(|s| s.target())
-            .map(|m| m.std.iter().map(|&s| f64::from(s)).collect()),
-        super::generator::Feed::Lua(_) => None,
-    };
-    let batches = feed.epoch(lua, 1, EVAL_BATCH, 0, 0).map_err(lua_err)?;
-    let mut r = run.get_mut()?;
-    let id = r.id;
-    // Outside an epoch, the pool's high-water mark restarts with the
-    // evaluation (a device sync), so that its record tells the evaluation's
-    // own peak; inside one, it belongs to the epoch's record.
-    let own_peak = !r.core.cursor.in_epoch;
-    if own_peak {
-        crate::memory::device::reset_pool_peak(r.core.trainer.device()).map_err(lua_err)?;
-    }
-    // The kept best model in place of the run's own, for this evaluation.
-    let swapped = match of_best {
-        true => {
-            let (weights, b) = super::best::best_weights(lua, "run:evaluate", &r)?;
-            let mine = r.core.trainer.swap_weights(&weights).map_err(lua_err)?;
-            Some((mine, b))
-        }
-        false => None,
-    };
-    let ev = r.core.evaluate(batches, objective.as_ref(), &mut |rec| {
-        super::oom::record(&host.out, id, rec)
-    });
-    if let Some((mine, _)) = &swapped {
-        r.core.trainer.swap_weights(mine).map_err(lua_err)?;
-    }
-    let mut ev = ev.map_err(|e| in_data(lua, "run:evaluate", Some(feed.describe()), e))?;
-    if let Some(std) = &target_std {
-        ev.regression = ev.regression.map(|g| g.in_units(std));
-        r.core.last_eval = Some(ev.clone());
-    }
-    let targets = super::eval_scores::target_names(
-        r.core.table_input.as_ref(),
-        ev.regression
-            .as_ref()
-            .map(|g| g.targets.len())
-            .or(ev.multi_label.as_ref().map(|m| m.labels.len()))
-            .unwrap_or(0),
-    );
-    let classes = r.core.classes.clone();
-    let (step, epoch) = (r.core.trainer.step, r.core.cursor.epoch);
-    let split = feed.split_name();
-    let mut f = Map::new();
-    f.insert("run".into(), r.id.into());
-    f.insert("split".into(), split.clone().into());
-    f.insert("loss".into(), json!(ev.loss));
-    super::eval_scores::record_scores(&mut f, &ev, classes.as_deref(), &targets);
-    f.insert("samples".into(), ev.samples.into());
-    if let Some((_, b)) = &swapped {
-        f.insert("model".into(), "best".into());
-        f.insert("model_step".into(), b.step.into());
-    }
-    if let Some(o) = ev.objective {
-        f.insert("objective".into(), json!(o));
-    }
-    if let Some(peak) = super::run_state::pool_peak(&host, r.core.trainer.device()) {
-        if own_peak {
-            f.insert("device_memory_peak".into(), json!(peak));
-        }
-    }
-    host.out.record("eval", step, epoch, f).map_err(lua_err)?;
-    let (score, per_target) = super::eval_scores::score_line(&ev, &targets);
-    let objective = ev
-        .objective
-        .map(|o| format!("  objective {o:.4}"))
-        .unwrap_or_default();
-    let whose = match &swapped {
-        Some((_, b)) => format!(" (the best model, step {})", b.step),
-        None => String::new(),
-    };
-    host.out.line(&format!(
-        "  {split}{whose}: loss {:.4}  {score}{objective}{per_target}",
-        ev.loss
-    ));
-    let improved = match &keep_best {
-        Some(k) => Some(super::best::offer(lua, &host, &mut r, &ev, &split, k)?),
-        None => None,
-    };
-    let t = lua.create_table()?;
-    t.set("loss", ev.loss)?;
-    t.set("improved", improved)?;
-    super::eval_scores::lua_scores(lua, &t, &ev, classes.as_deref(), &targets)?;
-    t.set("samples", ev.samples)?;
-    t.set("split", split)?;
-    t.set("objective", ev.objective)?;
-    Ok(t)
-}
-
-/// Whether the run trained on standardized table rows or images and `data`
-/// (of the same kind) is not standardized: evaluated, its raw values would
-/// meet a model that takes standardized ones.
-fn unstandardized(core: &crate::run::Run, data: &crate::data::Pipeline) -> bool {
-    let table = match (&core.table_input, data.table_input()) {
-        (Some(ours), Some(theirs)) => ours.standardize.is_some() && theirs.standardize.is_none(),
-        _ => false,
-    };
-    let image = match (&core.image_input, data.image_input()) {
-        (Some(ours), Some(theirs)) => ours.standardize.is_some() && theirs.standardize.is_none(),
-        _ => false,
-    };
-    table || image
 }
 
 fn log(lua: &Lua, run: &RunHandle, fields: Table) -> mlua::Result<()> {
@@ -485,7 +282,7 @@ impl UserData for RunHandle {
             step(lua, this, &b)
         });
         m.add_method("evaluate", |lua, this, (d, o): (Value, Option<Table>)| {
-            evaluate(lua, this, d, o)
+            super::evaluate::evaluate(lua, this, d, o)
         });
         m.add_method("log", |lua, this, t: Table| log(lua, this, t));
         m.add_method("generate", |lua, this, o: Value| {
