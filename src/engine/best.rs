@@ -163,13 +163,18 @@ impl Best {
         self.patience.is_some_and(|p| self.evals_since >= p)
     }
 
-    /// `val loss 1.7123` / `val accuracy 97.50%`.
-    pub fn describe_value(metric: &str, split: &str, value: f64) -> String {
-        let shown = match metric {
+    /// A value of score `metric` as the lines show it: `1.7123`, or
+    /// `97.50%` for a share.
+    pub fn shown(metric: &str, value: f64) -> String {
+        match metric {
             "accuracy" | "balanced_accuracy" | "exact_match" => format!("{:.2}%", value * 100.0),
             _ => format!("{value:.4}"),
-        };
-        format!("{split} {metric} {shown}")
+        }
+    }
+
+    /// `val loss 1.7123` / `val accuracy 97.50%`.
+    pub fn describe_value(metric: &str, split: &str, value: f64) -> String {
+        format!("{split} {metric} {}", Best::shown(metric, value))
     }
 
     /// `val loss 1.7123 at step 880, epoch 2`.

@@ -231,8 +231,7 @@ pub(super) fn stop_line(id: usize, b: &Best) -> String {
         Some(p) => format!("; the best model is in {p}"),
         None => String::new(),
     };
-    let value = Best::describe_value(&b.metric, &b.split, b.value);
-    let value = value.rsplit(' ').next().unwrap_or_default();
+    let value = Best::shown(&b.metric, b.value);
     format!(
         "run {id} stops early: {} {} has not {direction} its best ({value} at step {}, epoch {}) in {} evaluations{kept}",
         b.split, b.metric, b.step, b.epoch, b.evals_since
