@@ -182,52 +182,135 @@ fn the_shipped_recipe_fine_tunes_a_distilbert_and_a_roberta_for_transformers() -
 }
 
 /// A folder whose weights are PyTorch's pickle (as transformers saved them
-/// before safetensors) or safetensors shards is refused with the Python
-/// line that writes them as one file; that line, run, makes a folder taper
-/// starts from with the same logits.
+/// before safetensors) is refused with the Python line that writes them as
+/// safetensors; that line, run, makes a folder taper starts from with the
+/// same logits.
 #[test]
-fn pickled_or_sharded_weights_are_refused_with_a_line_that_converts_them() -> Result<()> {
+fn pickled_weights_are_refused_with_a_line_that_converts_them() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let pairs = serde_json::to_string(&PAIRS)?;
     let python = common::test_python("torch, transformers")?;
-    for (kind, says) in [
-        ("pickle", "PyTorch's pickle (pytorch_model.bin)"),
-        ("shards", "in shards (model.safetensors.index.json)"),
-    ] {
-        let (saved, theirs) = made("distilbert", &dir.path().join(kind), &pairs)?;
-        let files = common::interop_check(
-            "torch, transformers",
-            &["legacy-weights", saved.to_str().unwrap(), kind],
-        )?;
-        eprintln!("{kind}: {files}");
-        let e = taper::interop::bert::import(&saved, 3, None)
-            .err()
-            .expect("no model.safetensors")
-            .to_string();
-        ensure!(e.contains(says), "{kind}: {e}");
-        let line = e.split('`').nth(1).expect("a line in backticks");
-        let ran = std::process::Command::new(&python)
-            .args(["-c", &format!("import transformers; {line}")])
-            .output()?;
-        ensure!(
-            ran.status.success(),
-            "{line}: {}",
-            String::from_utf8_lossy(&ran.stderr)
-        );
-        let spec = taper::interop::bert::import(&saved, 3, None)?.spec;
-        let ids: Vec<Vec<u32>> = serde_json::from_value(theirs["ids"].clone())?;
-        let width = ids[0].len();
-        let x = Tensor::from_vec(ids.concat(), (ids.len(), width), &Device::Cpu)?;
-        let adamw = taper::engine::optim::OptimSpec::AdamW(Default::default());
-        let trainer =
-            taper::engine::Trainer::new(std::sync::Arc::new(spec), &adamw, Default::default())?;
-        let ours: Vec<Vec<f32>> = trainer.frozen()?.forward(&x)?.to_vec2()?;
-        let diff = max_diff(&ours, &theirs["logits"])?;
-        ensure!(
-            diff < 1e-4,
-            "{kind}: logits differ by {diff} once converted"
-        );
-    }
+    let (saved, theirs) = made("distilbert", dir.path(), &pairs)?;
+    let files = common::interop_check(
+        "torch, transformers",
+        &["legacy-weights", saved.to_str().unwrap(), "pickle"],
+    )?;
+    eprintln!("{files}");
+    let e = taper::interop::bert::import(&saved, 3, None)
+        .err()
+        .expect("no model.safetensors")
+        .to_string();
+    ensure!(e.contains("PyTorch's pickle (pytorch_model.bin)"), "{e}");
+    let line = e.split('`').nth(1).expect("a line in backticks");
+    let ran = std::process::Command::new(&python)
+        .args(["-c", &format!("import transformers; {line}")])
+        .output()?;
+    ensure!(
+        ran.status.success(),
+        "{line}: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let spec = taper::interop::bert::import(&saved, 3, None)?.spec;
+    let ours = logits(spec, &theirs)?;
+    let diff = max_diff(&ours, &theirs["logits"])?;
+    ensure!(diff < 1e-4, "logits differ by {diff} once converted");
+    Ok(())
+}
+
+/// taper's logits, through a fresh trainer of `spec`, for the padded ids
+/// transformers ran (`theirs["ids"]`).
+fn logits(spec: taper::engine::Bert, theirs: &Value) -> Result<Vec<Vec<f32>>> {
+    let ids: Vec<Vec<u32>> = serde_json::from_value(theirs["ids"].clone())?;
+    let width = ids[0].len();
+    let x = Tensor::from_vec(ids.concat(), (ids.len(), width), &Device::Cpu)?;
+    let adamw = taper::engine::optim::OptimSpec::AdamW(Default::default());
+    let trainer =
+        taper::engine::Trainer::new(std::sync::Arc::new(spec), &adamw, Default::default())?;
+    Ok(trainer.frozen()?.forward(&x)?.to_vec2()?)
+}
+
+/// A RoBERTa whose weights transformers wrote in shards (as
+/// `save_pretrained` writes a model larger than its `max_shard_size`: here
+/// 40 kB, so a small model has several) is read through the shards' index
+/// with transformers' logits; started with a shorter context, its export
+/// takes the positions past it from the shards, so transformers' logits
+/// for the full texts are the starting model's.
+#[test]
+fn sharded_weights_are_read_through_their_index() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let pairs = serde_json::to_string(&PAIRS)?;
+    let (saved, theirs) = made("roberta", dir.path(), &pairs)?;
+    let files = common::interop_check(
+        "torch, transformers",
+        &["legacy-weights", saved.to_str().unwrap(), "shards", "40KB"],
+    )?;
+    eprintln!("{files}");
+    let names: Vec<&str> = files["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let shards = names.iter().filter(|n| n.ends_with(".safetensors")).count();
+    ensure!(
+        shards >= 2 && names.contains(&"model.safetensors.index.json"),
+        "{names:?}"
+    );
+    ensure!(!names.contains(&"model.safetensors"), "{names:?}");
+    let imported = taper::interop::bert::import(&saved, 3, None)?;
+    ensure!(imported.notes.is_empty(), "{:?}", imported.notes);
+    let ours = logits(imported.spec, &theirs)?;
+    let diff = max_diff(&ours, &theirs["logits"])?;
+    eprintln!("sharded: taper vs transformers {diff:.2e}");
+    ensure!(diff < 1e-4, "logits differ by {diff}");
+
+    // Started at context 8: the export's positions after the 8 come from
+    // the shards.
+    let spec = taper::interop::bert::import(&saved, 3, Some(8))?.spec;
+    ensure!(
+        spec.from
+            .as_deref()
+            .is_some_and(|f| f.ends_with("model.safetensors.index.json")),
+        "{:?}",
+        spec.from
+    );
+    let params = spec
+        .initial
+        .as_ref()
+        .expect("starting weights")
+        .iter()
+        .cloned()
+        .collect();
+    let export = dir.path().join("export");
+    let model = taper::interop::Model {
+        spec: &spec,
+        params,
+        vocab: None,
+        classes: None,
+        image_input: None,
+        table_input: None,
+        sample_input: None,
+        array_input: None,
+        multi_label: false,
+        step: 0,
+    };
+    let written = taper::interop::export(
+        &model,
+        &export,
+        "hf",
+        taper::quant::ExportFormat::F32,
+        false,
+    )?;
+    ensure!(!written.detail.contains("gone"), "{}", written.detail);
+    let ids = serde_json::to_string(&theirs["ids"])?;
+    let again = common::interop_check(
+        "torch, transformers",
+        &["bert-logits", export.to_str().unwrap(), &ids],
+    )?;
+    let again: Vec<Vec<f32>> = serde_json::from_value(again["logits"].clone())?;
+    let diff = max_diff(&again, &theirs["logits"])?;
+    eprintln!("its export from context 8: transformers vs the start {diff:.2e}");
+    ensure!(diff < 1e-4, "the export's logits differ by {diff}");
     Ok(())
 }
 

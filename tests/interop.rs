@@ -188,6 +188,34 @@ for _ in run:epochs(1) do for b in run:batches() do run:step(b) end end
     Ok(())
 }
 
+/// A GPT-2 that transformers saved in shards (`max_shard_size` 20 kB here;
+/// transformers 4 shards a model over 5 GB by default, as GPT-2 XL's f32
+/// weights, transformers 5 over 50 GB) starts a taper GPT through the
+/// shards' index with transformers' logits.
+#[test]
+fn taper_starts_from_a_sharded_transformers_gpt2() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (model, ids) = random_gpt2(dir.path())?;
+    let m = model.to_str().unwrap();
+    let theirs = check(&["hf-logits", m, &serde_json::to_string(&ids)?])?;
+    let files = check(&["legacy-weights", m, "shards", "20KB"])?;
+    eprintln!("{files}");
+    let spec = taper::interop::hf::import(&model, None, None)?;
+    assert!(
+        spec.from
+            .as_deref()
+            .is_some_and(|f| f.ends_with("model.safetensors.index.json")),
+        "{:?} from {files}",
+        spec.from
+    );
+    let trainer = trainer(std::sync::Arc::new(spec))?;
+    let ours = logits(trainer.frozen()?.as_ref(), &ids)?;
+    let diff = max_diff(&ours, &theirs["logits"]);
+    eprintln!("largest logit difference, transformers vs taper: {diff:.2e}");
+    assert!(diff < 1e-4, "logits differ by {diff}");
+    Ok(())
+}
+
 /// transformers' classifier of 3 classes over the real MiniLM, saved to
 /// `saved` (its head drawn from seed 0, times 50): three texts' ids, padded
 /// as a batch, and its logits for them.

@@ -454,7 +454,7 @@ function taper.model.cnn(opts) end
 
 ---A GPT-2 style causal language model (pre-norm, learned positions, tied embeddings).
 ---With `from` (a transformers GPT-2 folder, or its model.safetensors with config.json
----beside it), the architecture comes from its config.json and the run starts from its
+---beside it; shards are read through model.safetensors.index.json), the architecture comes from its config.json and the run starts from its
 ---weights; only `context` (to keep the first positions) and `dropout` may be given too.
 ---`dropout` (default 0; with `from`, the config's) drops out the embeddings' sum, the
 ---attention weights and each block's outputs in training, as GPT-2 and nanoGPT do.
@@ -469,7 +469,8 @@ function taper.model.gpt(opts) end
 ---@return taper.Model
 function taper.model.llama_gguf(opts) end
 
----A transformers BERT (its folder: config.json and model.safetensors; MiniLM,
+---A transformers BERT (its folder: config.json and model.safetensors, or shards and
+---model.safetensors.index.json; MiniLM,
 ---bert-base, or a BertForSequenceClassification) with a classification head of
 ---`outputs` (new unless the file's has as many), computed as transformers'
 ---BertForSequenceClassification: the `[CLS]` position through the pooler and the

@@ -55,12 +55,13 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         BPE of 400 ids trained by tokenizers on the CSV's `text` column, with
         RoBERTa's special tokens and template. The texts' (or [a, b] pairs') ids, cut
         at MAX_LENGTH (24), padded as a batch, and the logits
-    python interop_check.py legacy-weights DIR KIND
-        rewrites the classifier folder DIR's weights as transformers once saved them
-        (KIND pickle: PyTorch's pytorch_model.bin, no model.safetensors) or as a
-        large model's are (KIND shards: safetensors shards of 200 kB and their index)
+    python interop_check.py legacy-weights DIR KIND [SHARD_SIZE]
+        rewrites the model folder DIR's weights (its config's class) as transformers
+        once saved them (KIND pickle: PyTorch's pytorch_model.bin, no
+        model.safetensors) or as a large model's are (KIND shards: safetensors shards
+        of SHARD_SIZE, 200KB unless given, and their index)
     python interop_check.py bert-logits DIR IDS_JSON
-        the logits of the BertForSequenceClassification in DIR for padded
+        the logits of the sequence classifier (a BERT, DistilBERT or RoBERTa) in DIR for padded
         ids (a mask from its pad token id)
     python interop_check.py bert-dropout DIR IDS_JSON DRAWS CLASSIFIER_DROPOUT
         the mean and standard deviation of each logit of the
@@ -200,26 +201,28 @@ def classifier_random(family, out, labels, texts, corpus_csv, max_length=24):
                       "pad": t.pad_token_id, "logits": logits.tolist()}))
 
 
-def legacy_weights(d, kind):
+def legacy_weights(d, kind, shard_size="200KB"):
     import os
 
     import torch
-    from transformers import AutoModelForSequenceClassification
+    import transformers
 
-    m = AutoModelForSequenceClassification.from_pretrained(d)
+    with open(os.path.join(d, "config.json")) as f:
+        cls = getattr(transformers, json.load(f)["architectures"][0])
+    m = cls.from_pretrained(d)
     os.remove(os.path.join(d, "model.safetensors"))
     if kind == "pickle":
         torch.save(m.state_dict(), os.path.join(d, "pytorch_model.bin"))
     else:
-        m.save_pretrained(d, max_shard_size="200KB")
+        m.save_pretrained(d, max_shard_size=shard_size)
     print(json.dumps({"files": sorted(os.listdir(d))}))
 
 
 def bert_logits(d, ids):
     import torch
-    from transformers import BertForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
-    m = BertForSequenceClassification.from_pretrained(d, torch_dtype=torch.float64).eval()
+    m = AutoModelForSequenceClassification.from_pretrained(d, torch_dtype=torch.float64).eval()
     ids = torch.tensor(ids)
     with torch.no_grad():
         logits = m(input_ids=ids, attention_mask=(ids != m.config.pad_token_id).long()).logits
@@ -750,7 +753,7 @@ def main():
         classifier_random(args[0], args[1], int(args[2]), json.loads(args[3]), args[4],
                           *(int(a) for a in args[5:]))
     elif cmd == "legacy-weights":
-        legacy_weights(args[0], args[1])
+        legacy_weights(*args)
     elif cmd == "bert-logits":
         bert_logits(args[0], json.loads(args[1]))
     elif cmd == "bert-dropout":

@@ -28,7 +28,7 @@ pub struct Imported {
 /// `config.json` beside it), with a head of `outputs`, reading at most
 /// `context` positions.
 pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imported> {
-    let (weights, config_path, c) = super::hf::folder(path, "BERT")?;
+    let (weights, config_path, c) = super::hf_files::folder(path, "BERT")?;
     let mut spec = spec_of(&config_path, &c, outputs)?;
     if spec.family == Family::Bert {
         spec.sep = separator(&config_path, &c);
@@ -51,7 +51,7 @@ pub fn import(path: &Path, outputs: usize, context: Option<usize>) -> Result<Imp
         }
         spec.context = ctx;
     }
-    let tensors = super::hf::load_weights(&weights, &c)?;
+    let tensors = super::hf_files::load_weights(&weights, &c)?;
     let mut initial = Vec::new();
     let mut unused = Vec::new();
     let offset = position_offset(&spec);

@@ -127,7 +127,9 @@ fn starting_positions(spec: &Bert) -> Result<Option<Tensor>> {
     let Some(from) = spec.from.as_deref().map(Path::new).filter(|p| p.exists()) else {
         return Ok(None);
     };
-    let file = unsafe { candle_core::safetensors::MmapedSafetensors::new(from) }
+    // The file, or the shards its index lists.
+    let files = super::hf_files::weight_files(from)?;
+    let file = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
         .map_err(|e| Error::Data(format!("{}: {e}", from.display())))?;
     let name = "embeddings.position_embeddings.weight";
     for name in [name.to_string(), to_hf(spec.family, name)] {

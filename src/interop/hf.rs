@@ -12,6 +12,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
+use super::hf_files::{folder, load_weights};
 use crate::data::Vocab;
 use crate::engine::checkpoint::write_atomically;
 use crate::engine::Gpt;
@@ -178,63 +179,6 @@ pub(super) fn write_json(path: &Path, value: &Value) -> Result<()> {
     write_atomically(path, |tmp| {
         std::fs::write(tmp, text + "\n").map_err(|e| Error::io(tmp, e))
     })
-}
-
-/// A transformers model's files from `path` (its folder, or its
-/// `model.safetensors` with `config.json` beside it): the weights' path,
-/// the config's path and the config. `what` names the model in errors.
-pub(super) fn folder(path: &Path, what: &str) -> Result<(PathBuf, PathBuf, Value)> {
-    if !path.exists() {
-        return Err(Error::Config(format!(
-            "{}: not found (a transformers {what} folder, or its model.safetensors)",
-            path.display()
-        )));
-    }
-    let (dir, weights) = if path.is_dir() {
-        (path.to_path_buf(), path.join("model.safetensors"))
-    } else {
-        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        (dir, path.to_path_buf())
-    };
-    let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-    let c: Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Config(format!("{}: not JSON: {e}", config_path.display())))?;
-    Ok((weights, config_path, c))
-}
-
-/// The tensors of the `weights` [`folder`] found, whose config is `c`.
-pub(super) fn load_weights(weights: &Path, c: &Value) -> Result<HashMap<String, Tensor>> {
-    if !weights.exists() {
-        let dir = weights.parent().unwrap_or(Path::new("."));
-        return Err(Error::Config(missing_weights(dir, weights, c)));
-    }
-    candle_core::safetensors::load(weights, &Device::Cpu)
-        .map_err(|e| Error::Config(format!("{}: {e}", weights.display())))
-}
-
-/// Why a folder's `weights` are missing, and how to write them as taper
-/// reads them: transformers' older pickle files, or safetensors shards.
-/// `c` is the folder's config, whose class the advice loads them with.
-fn missing_weights(dir: &Path, weights: &Path, c: &Value) -> String {
-    let class = c["architectures"][0].as_str().unwrap_or("AutoModel");
-    let convert = |how: &str| {
-        format!(
-            "{}: not found; the folder's weights are {how}: write them as one safetensors file with `transformers.{class}.from_pretrained(\"{d}\").save_pretrained(\"{d}\", max_shard_size=\"100GB\")` (in Python)",
-            weights.display(),
-            d = dir.display()
-        )
-    };
-    if dir.join("model.safetensors.index.json").exists() {
-        convert("in shards (model.safetensors.index.json), and taper reads one model.safetensors")
-    } else if dir.join("pytorch_model.bin").exists() {
-        convert("PyTorch's pickle (pytorch_model.bin), which taper does not read")
-    } else {
-        format!(
-            "{}: not found (the folder has no model.safetensors)",
-            weights.display()
-        )
-    }
 }
 
 /// A transformers GPT-2 (`config.json` with `model.safetensors`) as a taper

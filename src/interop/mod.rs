@@ -12,6 +12,7 @@ pub mod bytelevel;
 mod export;
 pub mod gguf_gpt2;
 pub mod hf;
+mod hf_files;
 pub mod lora;
 pub mod onnx;
 pub mod peft;
