@@ -8,8 +8,9 @@
 --   taper train scripts/image_folder.lua --set data=pets --set size=64 --set channels=3
 --   taper train scripts/image_folder.lua --set data=pets --set holdout=0.1   (pets/CLASS/*.jpg)
 --   taper train scripts/image_folder.lua --set data=pets --set from=runs/fashion   (fine-tuning)
---   taper train scripts/image_folder.lua --set export=fashion.onnx   (for onnxruntime:
---     input [batch, channels, size, size], pixels / 255; class names in its metadata)
+--   taper train scripts/image_folder.lua --set export=fashion.onnx   (the best model, for
+--     onnxruntime: input [batch, channels, size, size], pixels / 255; class names in its
+--     metadata)
 local cfg = taper.config{
   epochs = 3, batch = 64, lr = 2e-3, seed = 1,
   data = "data/fashion-mnist-png",
@@ -89,9 +90,13 @@ for epoch in run:epochs(cfg.epochs) do
   for batch in run:batches() do
     run:step(batch)
   end
-  run:evaluate(val:batch(500))
+  -- The model of the best val accuracy so far is kept in OUT/best.safetensors,
+  -- as torchvision's transfer-learning tutorial keeps its best weights:
+  -- `taper classify OUT/best.safetensors photo.jpg`.
+  run:evaluate(val:batch(500), { keep_best = "accuracy" })
 end
 
 if cfg.export ~= "" then
-  run:export{ path = cfg.export, format = "onnx" }
+  -- The kept best model, not the last one.
+  run:export{ path = cfg.export, format = "onnx", model = "best" }
 end

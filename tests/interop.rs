@@ -1119,8 +1119,9 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
     Ok(())
 }
 
-/// The image folder recipe, trained briefly, exporting ONNX at its end;
-/// `taper export --format onnx` of its checkpoint writes the same bytes.
+/// The image folder recipe, trained briefly, exporting ONNX at its end (its
+/// kept best model: one epoch, so the one evaluation's); `taper export
+/// --format onnx` of `OUT/best.safetensors` writes the same bytes.
 /// onnxruntime, fed the val PNGs as a user reads them with Pillow and
 /// naming classes from the model's metadata, scores the accuracy taper's
 /// evaluation recorded.
@@ -1175,10 +1176,10 @@ fn classifies_as_the_run_did(standardize: bool) -> Result<()> {
         .as_f64()
         .unwrap();
     let model = dir.path().join("fashion.onnx");
-    export_onnx(&out, &model)?;
+    export_onnx(&out.join("best.safetensors"), &model)?;
     ensure!(
         std::fs::read(&model)? == std::fs::read(dir.path().join("recipe.onnx"))?,
-        "the recipe's export and the checkpoint's differ"
+        "the recipe's export and the best model's differ"
     );
     let val = root.join("data/fashion-mnist-png/val");
     let theirs = check_with(

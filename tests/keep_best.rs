@@ -301,6 +301,58 @@ run:export{{ path = "{}", format = "onnx", model = "best" }}
     Ok(())
 }
 
+/// `taper check` trains nothing, so keeps no best model: a recipe that
+/// evaluates and exports its best after the loop (as
+/// scripts/image_folder.lua exports it) is checked to its end with the
+/// run's own model in its place, where `taper train` of a run that has
+/// not saved a best is an error at the recipe's line.
+#[test]
+fn taper_check_goes_through_a_recipe_that_uses_its_best_model() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let recipe = dir.path().join("after.lua");
+    let onnx = dir.path().join("after.onnx");
+    std::fs::write(
+        &recipe,
+        format!(
+            r#"local test = taper.data.digits{{ split = "test" }}:batch(360)
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 64, hidden = {{ 32 }}, outputs = 10 }},
+  optim = taper.optim.adamw{{ lr = 3e-3 }},
+  data = taper.data.digits{{ split = "train" }}:batch(64),
+}}
+for epoch in run:epochs(2) do
+  for batch in run:batches() do run:step(batch) end
+end
+local e = run:evaluate(test, {{ model = "best" }})
+run:export{{ path = "{}", format = "onnx", model = "best" }}
+print(("checked: %.1f"):format(e.loss))
+"#,
+            onnx.display()
+        ),
+    )?;
+    let (said, _) = ok(&["check", recipe.to_str().unwrap()])?;
+    assert!(
+        said.contains("checked: ") && said.contains(": ok"),
+        "{said}"
+    );
+    let out = dir.path().join("o");
+    let o = taper(&[
+        "train",
+        recipe.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "after.lua:10: run:evaluate: model = \"best\": run 1 has no best model saved yet"
+        ),
+        "{err}"
+    );
+    Ok(())
+}
+
 /// A score the evaluation lacks, a name that is no score, and a patience
 /// without `keep_best` are errors at the recipe's line.
 #[test]

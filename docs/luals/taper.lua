@@ -120,7 +120,8 @@ function Run:step(batch) end
 ---that many evaluations in a row without a better one stop the run early:
 ---`run:epochs()` and `run:batches()` give no more (an `early_stop` record),
 ---and a resumed run that had stopped trains no more. `model = "best"` evaluates
----the kept best model instead of the run's own (which is back afterwards).
+---the kept best model instead of the run's own (which is back afterwards; under
+---`taper check`, which keeps no best, the run's own).
 ---@param data taper.Data|taper.Generator
 ---@param opts? {loss?: taper.Loss, keep_best?: string, patience?: integer, model?: "best"|"last"}
 ---@return {loss: number, accuracy?: number, exact_match?: number, f1_micro?: number, f1_macro?: number, per_label?: table<string, {precision: number, recall: number, f1: number, support: integer}>, improved?: boolean, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string|integer, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, per_target?: table<string, {rmse: number, mae: number, r2: number}>, samples: integer, split: string, objective?: number}
@@ -168,7 +169,8 @@ function Run:prune(opts) end
 ---model for onnxruntime (input `[batch, channels, height, width]` for a CNN, output
 ---`logits`; class names in its metadata when the data knows them).
 ---`format = "q8_0"` (a type) is the older spelling of `format = "gguf", type = "q8_0"`.
----`model = "best"` exports the model an evaluation with `keep_best` kept.
+---`model = "best"` exports the model an evaluation with `keep_best` kept (under
+---`taper check`, the run's own).
 ---@param opts {path: string, format?: "gguf"|"hf"|"gguf-lora"|"peft"|"onnx"|"f32"|"f16"|"q8_0"|"q4_0"|"q4_1", type?: "f32"|"f16"|"q8_0"|"q4_0"|"q4_1", merge?: boolean, model?: "best"|"last"}
 ---@return {bytes: integer, f32_bytes?: integer, quantized?: integer, kept_f32?: integer}
 function Run:export(opts) end

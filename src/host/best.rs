@@ -290,18 +290,23 @@ pub(super) fn wants_best(lua: &Lua, what: &str, v: Option<&str>) -> mlua::Result
 }
 
 /// The kept best model's weights, on the run's device, and its best
-/// state; an error when the run has not written one.
+/// state; an error when the run has not written one, except under `taper
+/// check`, which trains nothing and so keeps no best: None, the run's own
+/// model stands in, so that the recipe is checked to its end.
 pub(super) fn best_weights(
     lua: &Lua,
     what: &str,
     r: &RunState,
-) -> mlua::Result<(HashMap<String, Tensor>, Best)> {
+) -> mlua::Result<Option<(HashMap<String, Tensor>, Best)>> {
     let Some((b, path)) = r
         .core
         .best
         .as_ref()
         .and_then(|b| Some((b, b.path.clone()?)))
     else {
+        if super::state(lua).opts.check_only {
+            return Ok(None);
+        }
         return Err(config_error(
             lua,
             format!(
@@ -315,5 +320,5 @@ pub(super) fn best_weights(
         .trainer
         .weights_of(std::path::Path::new(&path))
         .map_err(|e| config_error(lua, format!("{what}: model = \"best\": {e}")))?;
-    Ok((weights, b.clone()))
+    Ok(Some((weights, b.clone())))
 }

@@ -120,7 +120,7 @@ pub(super) fn evaluate(
         crate::memory::device::reset_pool_peak(r.core.trainer.device()).map_err(lua_err)?;
     }
     let best = match o.of_best {
-        true => Some(super::best::best_weights(lua, "run:evaluate", &r)?),
+        true => super::best::best_weights(lua, "run:evaluate", &r)?,
         false => None,
     };
     let (ev, of_best) = scored(&host, &mut r, batches, o.objective.as_ref(), best)

@@ -90,13 +90,14 @@ pub(super) fn export(lua: &Lua, run: &RunHandle, opts: Value) -> mlua::Result<Ta
         ));
     }
     let r = run.get()?;
-    let of_best = super::best::wants_best(lua, "run:export", o.model.as_deref())?;
-    let (params, step) = match of_best {
-        true => {
-            let (weights, b) = super::best::best_weights(lua, "run:export", &r)?;
-            (weights, b.step)
-        }
-        false => (r.core.trainer.params().tensors(), r.core.trainer.step),
+    let best = match super::best::wants_best(lua, "run:export", o.model.as_deref())? {
+        true => super::best::best_weights(lua, "run:export", &r)?,
+        false => None,
+    };
+    let of_best = best.is_some();
+    let (params, step) = match best {
+        Some((weights, b)) => (weights, b.step),
+        None => (r.core.trainer.params().tensors(), r.core.trainer.step),
     };
     let path = PathBuf::from(&o.path);
     let model = Model {
