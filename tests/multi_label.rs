@@ -231,3 +231,218 @@ fn multi_label_setups_that_cannot_work_say_why() -> Result<()> {
     }
     Ok(())
 }
+
+/// The penguins as [`penguins`] writes them, with a column of label sets
+/// besides (`tags`: `biscoe|gentoo`, `female`, or empty for none), its
+/// labels in varied order.
+fn penguin_tags(dir: &Path) -> Result<PathBuf> {
+    let (plain, truth) = penguins(dir)?;
+    let text = std::fs::read_to_string(plain)?;
+    let mut lines = text.lines();
+    let mut out = format!("{},tags\n", lines.next().unwrap());
+    for (i, (line, labels)) in lines.zip(&truth).enumerate() {
+        let mut tags: Vec<&str> = LABELS
+            .iter()
+            .zip(labels)
+            .filter(|(_, &yes)| yes)
+            .map(|(l, _)| *l)
+            .collect();
+        if i % 2 == 1 {
+            tags.reverse();
+        }
+        out += &format!("{line},{}\n", tags.join("|"));
+    }
+    let path = dir.join("tags.csv");
+    std::fs::write(&path, out)?;
+    Ok(path)
+}
+
+const MEASURES: &str =
+    r#"features = { "bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g" }"#;
+
+/// A multi-label recipe on `birds` (a `taper.data.csv{}` expression),
+/// whose training part is standardized with `standardize`.
+fn tags_recipe(birds: &str, standardize: &str) -> String {
+    format!(
+        r#"local birds = {birds}
+local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
+train = train:named("train"):standardize{standardize}
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 4, hidden = {{ 32 }}, outputs = 3 }},
+  optim = taper.optim.adamw{{ lr = 3e-3 }},
+  loss = taper.loss.bce{{}},
+  data = train:shuffle{{ seed = 1 }}:batch(16), seed = 1,
+}}
+for epoch in run:epochs(30) do
+  for b in run:batches() do run:step(b) end
+end
+run:evaluate(test:named("test"):standardize(train))
+"#
+    )
+}
+
+/// A column of label sets (`label = "tags", label_sep = "|"`) is read as
+/// pandas' `str.get_dummies("|")` splits it: the same labels, sorted, and
+/// the same 0s and 1s, an empty cell none; given `classes`, in their
+/// order, a run on it is the run on the 0/1 columns, to the bit. Its
+/// `data:standardize()` leaves the labels as they are.
+#[test]
+fn a_column_of_label_sets_reads_as_pandas_splits_it_and_trains_as_its_columns() -> Result<()> {
+    use taper::data::{Column, CsvOptions, Source};
+    let dir = tempfile::tempdir()?;
+    let tags = penguin_tags(dir.path())?;
+    let theirs = common::interop_check(
+        "pandas",
+        &["label-sets", tags.to_str().unwrap(), "tags", "|"],
+    )?;
+    let opts = CsvOptions {
+        label: Column::Name("tags".into()),
+        label_sep: Some("|".into()),
+        features: Some(
+            [
+                "bill_length_mm",
+                "bill_depth_mm",
+                "flipper_length_mm",
+                "body_mass_g",
+            ]
+            .map(|c| Column::Name(c.into()))
+            .to_vec(),
+        ),
+        ..CsvOptions::default()
+    };
+    let birds = taper::data::csv(&tags, &opts)?;
+    let input = birds.table_input().unwrap();
+    ensure!(
+        serde_json::json!(input.label_names()) == theirs["columns"],
+        "{:?} vs pandas' {}",
+        input.label_names(),
+        theirs["columns"]
+    );
+    let all: Vec<usize> = (0..birds.len()).collect();
+    let (_, y) = birds.gather(&all)?;
+    let ours: Vec<Vec<f32>> = y.to_vec2()?;
+    let pandas: Vec<Vec<f32>> = serde_json::from_value(theirs["values"].clone())?;
+    ensure!(ours == pandas, "the 0s and 1s differ from pandas'");
+    ensure!(
+        ours.iter().any(|r| r.iter().all(|&v| v == 0.0)),
+        "no empty set"
+    );
+
+    let columns = format!(
+        r#"taper.data.csv{{ path = {:?}, target = {{ "gentoo", "female", "biscoe" }}, {MEASURES} }}"#,
+        tags.display().to_string()
+    );
+    let sets = format!(
+        r#"taper.data.csv{{ path = {:?}, label = "tags", label_sep = "|", classes = {{ "gentoo", "female", "biscoe" }}, {MEASURES} }}"#,
+        tags.display().to_string()
+    );
+    let mut evals = Vec::new();
+    for (name, src) in [
+        ("columns", tags_recipe(&columns, "{ target = false }")),
+        ("sets", tags_recipe(&sets, "()")),
+    ] {
+        let lua = dir.path().join(format!("{name}.lua"));
+        std::fs::write(&lua, src)?;
+        let out = dir.path().join(name);
+        let o = train(&lua, &out)?;
+        ensure!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let mut eval = common::records(&out, "eval").pop().expect("an eval record");
+        for k in [
+            "t",
+            "run",
+            "elapsed_s",
+            "peak_bytes",
+            "samples_per_s",
+            "split",
+        ] {
+            eval.as_object_mut().unwrap().remove(k);
+        }
+        evals.push(eval);
+    }
+    eprintln!("{}", evals[1]);
+    ensure!(evals[0]["loss"] == evals[1]["loss"], "{evals:?}");
+    ensure!(evals[0]["per_label"] == evals[1]["per_label"], "{evals:?}");
+    ensure!(evals[1]["f1_micro"].as_f64().unwrap() > 0.8, "{evals:?}");
+    Ok(())
+}
+
+/// Data whose label sets name other labels than the training data's is
+/// refused, saying how to read it with the training data's; a label
+/// outside the given classes names its line; `label_sep` with `target`
+/// columns, or empty, is refused at the recipe's line.
+#[test]
+fn label_sets_that_cannot_work_say_why() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let train_csv = dir.path().join("train.csv");
+    std::fs::write(&train_csv, "x,tags\n1,a|b\n2,b\n3,c\n4,\n")?;
+    let val_csv = dir.path().join("val.csv");
+    std::fs::write(&val_csv, "x,tags\n1,a\n2,c|a\n3,d\n")?;
+    let recipe = |val: &str| {
+        format!(
+            r#"local train = taper.data.csv{{ path = {:?}, label = "tags", label_sep = "|" }}
+assert(table.concat(train:classes(), ",") == "a,b,c")
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 1, outputs = #train:classes() }},
+  optim = taper.optim.adamw{{ lr = 1e-3 }}, loss = taper.loss.bce{{}}, data = train:batch(2),
+}}
+run:evaluate({val})
+"#,
+            train_csv.display().to_string()
+        )
+    };
+    let val = |extra: &str| {
+        format!(
+            r#"taper.data.csv{{ path = {:?}, label = "tags", label_sep = "|"{extra} }}"#,
+            val_csv.display().to_string()
+        )
+    };
+    let cases = [
+        (
+            recipe(&val("")),
+            "the model's outputs are the run's labels, in its order; read it with the training data's: taper.data.csv{ path = ..., label_sep = ..., classes = train:classes() }",
+        ),
+        (
+            recipe(&val(", classes = train:classes()")),
+            "val.csv: line 4, column 2 (`tags`): label `d` is not one of the classes (`a`, `b`, `c`)",
+        ),
+        (
+            recipe(&val(", label_sep = \"\"").replace(r#"label_sep = "|", "#, "")),
+            "sets.lua:7: taper.data.csv: `label_sep` is what a cell's labels are split at",
+        ),
+        (
+            recipe(&val("")).replace(
+                r#"label = "tags", label_sep = "|" }"#,
+                r#"target = "x", label_sep = "|" }"#,
+            ),
+            "sets.lua:1: taper.data.csv: `label_sep` splits a `label` column's cells",
+        ),
+    ];
+    for (i, (src, says)) in cases.iter().enumerate() {
+        let lua = dir.path().join("sets.lua");
+        std::fs::write(&lua, src)?;
+        let out = dir.path().join(format!("run{i}"));
+        let o = train(&lua, &out)?;
+        let err = String::from_utf8_lossy(&o.stderr);
+        ensure!(!o.status.success() && err.contains(says), "case {i}: {err}");
+    }
+    // A cell's labels lose the spaces around them; empty pieces and
+    // missing cells are no label.
+    let spaced = dir.path().join("spaced.csv");
+    std::fs::write(&spaced, "x,tags\n1, a | b \n2,NA\n3,b||c|\n")?;
+    let opts = taper::data::CsvOptions {
+        label: taper::data::Column::Name("tags".into()),
+        label_sep: Some("|".into()),
+        ..Default::default()
+    };
+    let table = taper::data::csv(&spaced, &opts)?;
+    let (_, y) = taper::data::Source::gather(&table, &[0, 1, 2])?;
+    ensure!(
+        y.to_vec2::<f32>()? == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]],
+        "{y}"
+    );
+    Ok(())
+}

@@ -288,7 +288,8 @@ function Data:encode(text) end
 function Data:decode(ids) end
 
 ---Class names, label 0 first (`classes[label + 1]`), for data that knows them
----(an image folder, a CSV file with class names); nil otherwise.
+---(an image folder, a CSV file with class names), or a CSV column of label
+---sets' labels (`label_sep`); nil otherwise.
 ---@return string[]?
 function Data:classes() end
 
@@ -372,7 +373,10 @@ function taper.data.idx(opts) end
 ---ids (default 128) and padded with its padding token: for
 ---`taper.model.bert` (the header is then implied). Two columns,
 ---`{ "premise", "hypothesis" }`, are a text pair: `[CLS] a [SEP] b [SEP]`.
----@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---`label_sep` ("|"): the label column holds each sample's set of labels
+---(`gentoo|female`; empty: none), the 0/1 targets of `taper.loss.bce{}`, one per
+---label (`classes`, or the file's, sorted: `data:classes()`).
+---@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.csv(opts) end
 

@@ -55,6 +55,9 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         BPE of 400 ids trained by tokenizers on the CSV's `text` column, with
         RoBERTa's special tokens and template. The texts' (or [a, b] pairs') ids, cut
         at MAX_LENGTH (24), padded as a batch, and the logits
+    python interop_check.py label-sets CSV COLUMN SEP
+        pandas' str.get_dummies(SEP) of the CSV's COLUMN of label sets: the
+        labels and each row's 0s and 1s
     python interop_check.py legacy-weights DIR KIND [SHARD_SIZE]
         rewrites the model folder DIR's weights (its config's class) as transformers
         once saved them (KIND pickle: PyTorch's pytorch_model.bin, no
@@ -444,6 +447,16 @@ def table_x(df, table):
     return x.to_numpy(np.float32)
 
 
+def label_sets(path, column, sep):
+    """pandas reads the CSV and splits its column of label sets with
+    `str.get_dummies(sep)` (a missing cell: no label): the labels' names, in
+    its order, and each row's 0s and 1s."""
+    import pandas as pd
+
+    dummies = pd.read_csv(path)[column].str.get_dummies(sep)
+    print(json.dumps({"columns": list(dummies.columns), "values": dummies.to_numpy().tolist()}))
+
+
 def csv_dummies(path, label, features, categorical):
     """pandas reads the CSV, drops rows missing a used value and one-hot encodes
     each column of categories with get_dummies (its categories, its order: by
@@ -788,6 +801,8 @@ def main():
         chat_tokens(args[0], args[1], args[2])
     elif cmd == "torch-cnn":
         torch_cnn(args[0], args[1], args[2])
+    elif cmd == "label-sets":
+        label_sets(args[0], args[1], args[2])
     elif cmd == "csv-dummies":
         csv_dummies(args[0], args[1], args[2], args[3])
     elif cmd == "csv-standardize":

@@ -192,11 +192,11 @@ pub fn target_difference(ours: (&str, &TableInput), theirs: (&str, &TableInput))
         return None;
     }
     let names = |i: &TableInput| i.targets.iter().map(Column::name).collect::<Vec<_>>();
-    list_difference(
-        ("targets", "target"),
-        (ours.0, &names(o)),
-        (theirs.0, &names(t)),
-    )
+    let words = match o.label_sep.is_some() || t.label_sep.is_some() {
+        true => ("labels", "label"),
+        false => ("targets", "target"),
+    };
+    list_difference(words, (ours.0, &names(o)), (theirs.0, &names(t)))
 }
 
 /// [`class_difference`] for a list of any `kind` (`classes`), whose
@@ -279,6 +279,8 @@ mod tests {
             target_standardize: None,
             categories,
             text: None,
+            label_column: None,
+            label_sep: None,
         };
         let named = table(
             vec![Column::Name("a".into()), Column::Name("b".into())],

@@ -166,7 +166,10 @@ impl Standardize {
             }
         }
         let mut s = Standardize::new(moments, span)?;
-        if !targets.is_empty() {
+        // A column of label sets gives a classifier's 0s and 1s, not
+        // numbers to predict.
+        let label_sets = data.table_input().is_some_and(|t| t.label_sep.is_some());
+        if !targets.is_empty() && !label_sets {
             s = s.with_target(moments_of(&targets))?;
         }
         Ok(s)

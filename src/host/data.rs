@@ -238,9 +238,14 @@ impl UserData for DataHandle {
         m.add_method("decode", |lua, this, ids: Vec<u32>| {
             Ok(vocab_of(lua, this, "data:decode")?.decode(&ids))
         });
-        // Class names, label 0 first (an image folder's); nil when unknown.
+        // Class names, label 0 first (an image folder's), or a column of
+        // label sets' labels in order; nil when unknown.
         m.add_method("classes", |_, this, ()| {
-            Ok(this.0.source().classes().map(<[String]>::to_vec))
+            let source = this.0.source();
+            Ok(source
+                .classes()
+                .map(<[String]>::to_vec)
+                .or_else(|| source.table_input().and_then(|t| t.label_names())))
         });
         // A CSV file's model inputs by name, one per category for a column
         // of categories (`sex_female`); nil for other data.

@@ -5,6 +5,7 @@
 use mlua::{Lua, Table, Value};
 use serde::Deserialize;
 
+use super::csv_columns::{ColumnOpt, ColumnsOpt};
 use super::data_files::{check_files, check_scale, source};
 use super::options::{at_caller, config_error, decode_mixed};
 use crate::data::{self, Source};
@@ -43,6 +44,9 @@ struct CsvOpts {
     split: String,
     #[serde(default)]
     classes: Option<Vec<String>>,
+    /// The label column holds sets of labels split at this.
+    #[serde(default)]
+    label_sep: Option<String>,
     #[serde(default)]
     missing: MissingOpt,
     /// Read from the Lua table itself ([`categorical`]): serde would see
@@ -50,93 +54,6 @@ struct CsvOpts {
     #[serde(default)]
     #[allow(dead_code)]
     categorical: Option<serde::de::IgnoredAny>,
-}
-
-/// A CSV column: an index (0 the first, -1 the last) or a header name.
-struct ColumnOpt(data::Column);
-
-/// Reads a column: an index or a name.
-struct ColumnVisitor;
-
-impl serde::de::Visitor<'_> for ColumnVisitor {
-    type Value = ColumnOpt;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a column index (0 the first, -1 the last) or a column name")
-    }
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ColumnOpt, E> {
-        Ok(ColumnOpt(data::Column::Index(v)))
-    }
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ColumnOpt, E> {
-        let v = i64::try_from(v).map_err(|_| E::custom("column index too large"))?;
-        Ok(ColumnOpt(data::Column::Index(v)))
-    }
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ColumnOpt, E> {
-        match v.fract() == 0.0 && v.abs() < 1e15 {
-            true => Ok(ColumnOpt(data::Column::Index(v as i64))),
-            false => Err(E::invalid_value(serde::de::Unexpected::Float(v), &self)),
-        }
-    }
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ColumnOpt, E> {
-        Ok(ColumnOpt(data::Column::Name(v.to_string())))
-    }
-}
-
-impl<'de> Deserialize<'de> for ColumnOpt {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ColumnVisitor)
-    }
-}
-
-/// `target`: a column, or a list of columns (`{ "body_mass_g",
-/// "flipper_length_mm" }`), each an index or a name.
-struct ColumnsOpt(Vec<data::Column>);
-
-impl<'de> Deserialize<'de> for ColumnsOpt {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = ColumnsOpt;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a column (an index, 0 the first and -1 the last, or a name), or a list of columns")
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ColumnsOpt, E> {
-                Ok(ColumnsOpt(vec![ColumnVisitor.visit_i64(v)?.0]))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ColumnsOpt, E> {
-                Ok(ColumnsOpt(vec![ColumnVisitor.visit_u64(v)?.0]))
-            }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ColumnsOpt, E> {
-                Ok(ColumnsOpt(vec![ColumnVisitor.visit_f64(v)?.0]))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ColumnsOpt, E> {
-                Ok(ColumnsOpt(vec![ColumnVisitor.visit_str(v)?.0]))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<ColumnsOpt, A::Error> {
-                let mut out = Vec::new();
-                while let Some(c) = seq.next_element::<ColumnOpt>()? {
-                    out.push(c.0);
-                }
-                Ok(ColumnsOpt(out))
-            }
-            // An empty Lua table reads as an empty map.
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<ColumnsOpt, A::Error> {
-                match map.next_key::<serde::de::IgnoredAny>()? {
-                    None => Ok(ColumnsOpt(Vec::new())),
-                    Some(_) => Err(serde::de::Error::invalid_type(
-                        serde::de::Unexpected::Map,
-                        &self,
-                    )),
-                }
-            }
-        }
-        d.deserialize_any(Visitor)
-    }
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -181,7 +98,33 @@ impl CsvOpts {
                 ))
             }
         };
-        let (label, targets) = match (self.label, self.target) {
+        let (label, targets) = self.label_and_targets(lua)?;
+        Ok(data::CsvOptions {
+            text,
+            label,
+            targets,
+            features: self.features.map(|f| f.into_iter().map(|c| c.0).collect()),
+            header: self.header,
+            delimiter,
+            decimal,
+            scale: self.scale,
+            split: self.split,
+            classes: self.classes,
+            label_sep: self.label_sep,
+            missing: match self.missing {
+                MissingOpt::Error => data::Missing::Error,
+                MissingOpt::Drop => data::Missing::Drop,
+            },
+            categorical: Vec::new(),
+        })
+    }
+}
+
+impl CsvOpts {
+    /// The label column, or the target columns (a regression), and
+    /// `label_sep` checked against them.
+    fn label_and_targets(&mut self, lua: &Lua) -> mlua::Result<(data::Column, Vec<data::Column>)> {
+        let (label, targets) = match (self.label.take(), self.target.take()) {
             (Some(_), Some(_)) => {
                 return Err(config_error(
                     lua,
@@ -204,27 +147,24 @@ impl CsvOpts {
             (None, Some(t)) => (last_column().0, t.0),
             (l, None) => (l.unwrap_or_else(last_column).0, Vec::new()),
         };
-        Ok(data::CsvOptions {
-            text,
-            label,
-            targets,
-            features: self.features.map(|f| f.into_iter().map(|c| c.0).collect()),
-            header: self.header,
-            delimiter,
-            decimal,
-            scale: self.scale,
-            split: self.split,
-            classes: self.classes,
-            missing: match self.missing {
-                MissingOpt::Error => data::Missing::Error,
-                MissingOpt::Drop => data::Missing::Drop,
-            },
-            categorical: Vec::new(),
-        })
+        match self.label_sep.as_deref() {
+            Some(_) if !targets.is_empty() => {
+                return Err(config_error(
+                    lua,
+                    "taper.data.csv: `label_sep` splits a `label` column's cells into sets of labels; `target` columns are 0/1 (or numbers) already",
+                ))
+            }
+            Some("") => {
+                return Err(config_error(
+                    lua,
+                    "taper.data.csv: `label_sep` is what a cell's labels are split at (\"|\", \",\", \" \"), not an empty string",
+                ))
+            }
+            _ => {}
+        }
+        Ok((label, targets))
     }
-}
 
-impl CsvOpts {
     /// `text = COLUMN, tokenizer = FILE, context = 128`, checked against
     /// the other options.
     fn text_options(&mut self, lua: &Lua) -> mlua::Result<Option<data::TextOptions>> {

@@ -6,6 +6,7 @@ mod batch;
 mod best;
 mod class_weights;
 mod config;
+mod csv_columns;
 mod data;
 mod data_csv;
 mod data_files;

@@ -338,6 +338,9 @@ impl Run {
         }
         match crate::data::target_difference(("the run's", ours), (name, theirs)) {
             None => Ok(()),
+            Some(why) if ours.label_sep.is_some() => Err(crate::Error::Data(format!(
+                "{why}: the model's outputs are the run's labels, in its order; read it with the training data's: taper.data.csv{{ path = ..., label_sep = ..., classes = train:classes() }}"
+            ))),
             Some(why) => Err(crate::Error::Data(format!(
                 "{why}: the model's outputs are the run's targets, in its order; read it with the run's `target`"
             ))),

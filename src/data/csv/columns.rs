@@ -186,7 +186,14 @@ impl Layout {
 impl Layout {
     /// The first used column whose cell is a missing value.
     pub(super) fn missing(&self, record: &StringRecord) -> Option<usize> {
-        self.labels
+        self.missing_in(record, true)
+    }
+
+    /// [`Layout::missing`], the label columns among those looked at only
+    /// when `labels` (a column of label sets holds none for an empty cell).
+    pub(super) fn missing_in(&self, record: &StringRecord, labels: bool) -> Option<usize> {
+        let labels = if labels { &self.labels[..] } else { &[] };
+        labels
             .iter()
             .chain(&self.features)
             .copied()

@@ -55,6 +55,13 @@ pub struct TableInput {
     /// texts became ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<super::TextInput>,
+    /// For a multi-label classifier of a column of label sets: that column
+    /// (`targets` are then the labels' names, in the outputs' order)...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_column: Option<Column>,
+    /// ...and what its cells' labels are split at (`|`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_sep: Option<String>,
 }
 
 /// A list of columns saved as one column when it holds one, as checkpoints
@@ -217,6 +224,14 @@ impl TableInput {
     /// The categories of the `p`th column, when it holds categories.
     pub fn categories_of(&self, p: usize) -> Option<&[String]> {
         self.categories.get(p)?.as_deref()
+    }
+
+    /// A multi-label classifier's labels, in its outputs' order, when they
+    /// came from a column of label sets (`label_sep`).
+    pub fn label_names(&self) -> Option<Vec<String>> {
+        self.label_sep
+            .as_ref()
+            .map(|_| self.targets.iter().map(Column::name).collect())
     }
 
     /// The name of each of the model's inputs: the column's (its header

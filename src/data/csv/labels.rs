@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::columns::Layout;
 use super::records::number;
-use super::CsvOptions;
+use super::{CsvOptions, MISSING};
 use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::Result;
@@ -53,6 +53,69 @@ pub(super) fn target_values(
             )),
         })
         .collect()
+}
+
+/// A column of label sets (`gentoo|female`) as a multi-label classifier's
+/// targets: row after row, a 0 or 1 for each label, and the labels' names.
+/// A cell is split at `sep` (as pandas' `str.get_dummies(sep)` splits it;
+/// spaces around a label are dropped, and so are empty pieces); an empty or
+/// missing cell is a sample with no label. The labels are `classes`, in
+/// their order (a label the cell names outside them is an error naming its
+/// line), or else every label the file holds, sorted (as scikit-learn's
+/// `MultiLabelBinarizer` sorts them).
+pub(super) fn label_sets(
+    what: &Path,
+    layout: &Layout,
+    cells: &[String],
+    lines: &[usize],
+    (sep, classes): (&str, Option<&[String]>),
+) -> Result<(Vec<f32>, Vec<String>)> {
+    let sets: Vec<Vec<&str>> = cells
+        .iter()
+        .map(|cell| match MISSING.contains(&cell.as_str()) {
+            true => Vec::new(),
+            false => cell
+                .split(sep)
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect(),
+        })
+        .collect();
+    let names: Vec<String> = match classes {
+        Some(c) => c.to_vec(),
+        None => {
+            let all: BTreeSet<&str> = sets.iter().flatten().copied().collect();
+            all.into_iter().map(str::to_string).collect()
+        }
+    };
+    if names.is_empty() {
+        return Err(data_err(
+            what,
+            format!(
+                "{}: no row has a label (each cell a set of labels split at {sep:?})",
+                layout.column(layout.labels[0])
+            ),
+        ));
+    }
+    let k = names.len();
+    let mut values = vec![0f32; sets.len() * k];
+    for (row, set) in sets.iter().enumerate() {
+        for label in set {
+            let Some(at) = names.iter().position(|n| n == label) else {
+                return Err(data_err(
+                    what,
+                    format!(
+                        "line {}, {}: label `{label}` is not one of the classes ({})",
+                        lines[row],
+                        layout.column(layout.labels[0]),
+                        name_list(&names)
+                    ),
+                ));
+            };
+            values[row * k + at] = 1.0;
+        }
+    }
+    Ok((values, names))
 }
 
 /// The label cells as class ids, and the class names where there are any.

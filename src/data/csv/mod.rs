@@ -87,6 +87,11 @@ pub struct CsvOptions {
     /// indices). Without it, labels are class indices, or, when any label is
     /// not a number, class names in sorted order.
     pub classes: Option<Vec<String>>,
+    /// The label column holds each sample's set of labels, split at this
+    /// (`gentoo|female`; an empty cell: none): a multi-label classifier's
+    /// 0/1 targets, one per label (`classes`, or the labels the file
+    /// holds, sorted).
+    pub label_sep: Option<String>,
     pub missing: Missing,
     /// Feature columns of categories, each one-hot encoded in place: with
     /// the categories given, in their order, or else those the file holds,
@@ -109,6 +114,7 @@ impl Default for CsvOptions {
             scale: 1.0,
             split: "all".into(),
             classes: None,
+            label_sep: None,
             missing: Missing::Error,
             categorical: Vec::new(),
             text: None,
@@ -200,8 +206,23 @@ impl Source for Csv {
         if let Some(c) = &self.classes {
             s += &format!("; {} classes: {}", c.len(), name_list(c));
         }
+        let sets = self
+            .input
+            .label_column
+            .as_ref()
+            .zip(self.input.label_sep.as_ref());
         match &self.input.targets[..] {
             [] => {}
+            labels if sets.is_some() => {
+                let (column, sep) = sets.expect("a column of label sets");
+                let names: Vec<String> = labels.iter().map(Column::name).collect();
+                s += &format!(
+                    "; {} labels of {} split at {sep:?}: {}",
+                    names.len(),
+                    column.describe(),
+                    name_list(&names)
+                );
+            }
             [t] => s += &format!("; target {}", t.describe()),
             many => {
                 let names: Vec<String> = many.iter().map(Column::describe).collect();

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::categories::{categorical_coders, settle, settled_names, Coder};
 use super::columns::{named, Layout};
-use super::labels::{label_ids, target_values, Labels};
+use super::labels::{label_ids, label_sets, target_values, Labels};
 use super::records::{each_row, number, Shape};
 use super::text::{self, Cells};
 use super::{Column, Csv, CsvOptions, Missing, TableInput};
@@ -108,7 +108,7 @@ impl Rows {
         if self.coders.is_none() {
             self.coders = Some(categorical_coders(what, l, &opts.categorical)?);
         }
-        if let Some(c) = l.missing(record) {
+        if let Some(c) = l.missing_in(record, opts.label_sep.is_none()) {
             if opts.missing == Missing::Drop {
                 self.dropped.push(line);
                 return Ok(());
@@ -156,17 +156,34 @@ impl Rows {
             None => categorical_coders(what, &layout, &opts.categorical)?,
         };
         let features = settle(self.features, &mut coders);
-        let (labels, classes) = match regression(opts) {
-            true => {
+        let mut label_names = Vec::new();
+        let (labels, classes) = match (regression(opts), &opts.label_sep) {
+            (true, _) => {
                 let values = target_values(what, &layout, &self.labels, &self.lines)?;
                 (Labels::Values(values, layout.labels.len()), None)
             }
-            false => {
+            (false, Some(sep)) => {
+                let given = (sep.as_str(), opts.classes.as_deref());
+                let (values, names) = label_sets(what, &layout, &self.labels, &self.lines, given)?;
+                let k = names.len();
+                label_names = names;
+                (Labels::Values(values, k), None)
+            }
+            (false, None) => {
                 let (ids, classes) = label_ids(what, &layout, &self.labels, &self.lines, opts)?;
                 (Labels::Classes(ids), classes)
             }
         };
-        let input = table_input(opts, header, &layout, &coders);
+        let mut input = table_input(opts, header, &layout, &coders);
+        if let Some(sep) = &opts.label_sep {
+            // A multi-label classifier's outputs are its labels, in order.
+            input.targets = label_names.into_iter().map(Column::Name).collect();
+            input.label_column = Some(match header {
+                true => Column::Name(layout.names[layout.labels[0]].clone()),
+                false => Column::Index(layout.labels[0] as i64),
+            });
+            input.label_sep = Some(sep.clone());
+        }
         let (width, texts) = match &opts.text {
             Some(t) => {
                 let texts = text::tokenize(what, t, self.texts, &self.lines)?;
@@ -247,5 +264,7 @@ fn table_input(
         target_standardize: None,
         categories: settled_names(coders),
         text: None,
+        label_column: None,
+        label_sep: None,
     }
 }
