@@ -444,5 +444,19 @@ run:evaluate({val})
         y.to_vec2::<f32>()? == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]],
         "{y}"
     );
+    // Labels that are numbers are sorted by value (GoEmotions' `2,27`).
+    let numbers = dir.path().join("numbers.tsv");
+    std::fs::write(&numbers, "x\ttags\n1\t2,27\n2\t10\n3\t2\n")?;
+    let opts = taper::data::CsvOptions {
+        delimiter: b'\t',
+        label_sep: Some(",".into()),
+        ..opts
+    };
+    let table = taper::data::csv(&numbers, &opts)?;
+    let names = taper::data::Source::table_input(&table).and_then(|t| t.label_names());
+    ensure!(
+        names == Some(vec!["2".into(), "10".into(), "27".into()]),
+        "{names:?}"
+    );
     Ok(())
 }

@@ -61,8 +61,8 @@ pub(super) fn target_values(
 /// spaces around a label are dropped, and so are empty pieces); an empty or
 /// missing cell is a sample with no label. The labels are `classes`, in
 /// their order (a label the cell names outside them is an error naming its
-/// line), or else every label the file holds, sorted (as scikit-learn's
-/// `MultiLabelBinarizer` sorts them).
+/// line), or else every label the file holds, sorted (numbers by value, as
+/// scikit-learn's `MultiLabelBinarizer` sorts them).
 pub(super) fn label_sets(
     what: &Path,
     layout: &Layout,
@@ -85,7 +85,16 @@ pub(super) fn label_sets(
         Some(c) => c.to_vec(),
         None => {
             let all: BTreeSet<&str> = sets.iter().flatten().copied().collect();
-            all.into_iter().map(str::to_string).collect()
+            let mut names: Vec<String> = all.into_iter().map(str::to_string).collect();
+            // Numbers by value (`2` before `10`), as the columns of
+            // categories are sorted.
+            let values: Option<Vec<f64>> = names.iter().map(|n| n.parse().ok()).collect();
+            if let Some(v) = values {
+                let mut order: Vec<usize> = (0..names.len()).collect();
+                order.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+                names = order.iter().map(|&k| names[k].clone()).collect();
+            }
+            names
         }
     };
     if names.is_empty() {
