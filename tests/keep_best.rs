@@ -353,6 +353,81 @@ print(("checked: %.1f"):format(e.loss))
     Ok(())
 }
 
+/// With `min_delta`, an evaluation better by that much or less does not
+/// count (Keras' and Lightning's EarlyStopping): digits' val loss falls by
+/// less than 0.05 after its first epochs, so the run stops `patience`
+/// evaluations after the last fall that large, and the kept best is that
+/// evaluation's model, though later ones were lower.
+#[test]
+fn min_delta_is_the_least_improvement_that_counts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let recipe = dir.path().join("delta.lua");
+    std::fs::write(
+        &recipe,
+        r#"local delta = tonumber(taper.config{ delta = 0.0 }.delta)
+local train, val = taper.data.digits{ split = "train" }:split{ 0.9, 0.1, seed = 1 }
+val = val:named("val"):batch(256)
+local run = taper.run{
+  model = taper.model.mlp{ inputs = 64, hidden = { 64 }, outputs = 10 },
+  optim = taper.optim.adamw{ lr = 3e-3 },
+  data = train:named("train"):shuffle{ seed = 1 }:batch(32),
+}
+local losses = {}
+for epoch in run:epochs(12) do
+  for batch in run:batches() do run:step(batch) end
+  local e = run:evaluate(val, { keep_best = "loss", patience = 2, min_delta = delta })
+  losses[#losses + 1] = ("%.17g"):format(e.loss)
+end
+print(("best %d %.17g stopped %s delta %s"):format(run.best.epoch, run.best.value, tostring(run.best.stopped), tostring(run.best.min_delta)))
+print("losses " .. table.concat(losses, " "))
+"#,
+    )?;
+    let run = |delta: &str, out: &str| -> Result<(u64, f64, bool, Vec<f64>)> {
+        let out = dir.path().join(out);
+        let (said, _) = ok(&[
+            "train",
+            recipe.to_str().unwrap(),
+            "--set",
+            &format!("delta={delta}"),
+            "--out",
+            out.to_str().unwrap(),
+        ])?;
+        let best = said.lines().find(|l| l.starts_with("best ")).unwrap();
+        let w: Vec<&str> = best.split(' ').collect();
+        let losses = said.lines().find(|l| l.starts_with("losses ")).unwrap();
+        let losses = losses
+            .split(' ')
+            .skip(1)
+            .map(|v| v.parse().unwrap())
+            .collect();
+        Ok((w[1].parse()?, w[2].parse()?, w[4] == "true", losses))
+    };
+    let (epoch, value, stopped, losses) = run("0.05", "delta")?;
+    let said = std::fs::read_to_string(dir.path().join("delta/metrics.jsonl"))?;
+    assert!(said.contains("early_stop"), "no early_stop record");
+    eprintln!("min_delta 0.05: best at epoch {epoch} ({value}), losses {losses:?}");
+    // The epoch the rule picks: each best beats the one before by more
+    // than 0.05; the run stops two evaluations after the last.
+    let mut best = (0, f64::INFINITY);
+    for (i, &l) in losses.iter().enumerate() {
+        if l < best.1 - 0.05 {
+            best = (i + 1, l);
+        }
+    }
+    assert_eq!((epoch, value), (best.0 as u64, best.1));
+    assert!(stopped && losses.len() == best.0 + 2, "{losses:?}");
+    assert!(
+        losses.iter().skip(best.0).any(|&l| l < value),
+        "a later loss was lower, by no more than min_delta: {losses:?}"
+    );
+    // Without it, the run goes on longer and keeps a lower loss.
+    let (_, plain, _, longer) = run("0", "plain")?;
+    assert!(longer.len() > losses.len() && plain < value, "{longer:?}");
+    let meta = checkpoint::read_meta(&dir.path().join("delta/checkpoint.safetensors"))?;
+    assert_eq!(meta.best.unwrap().min_delta, 0.05);
+    Ok(())
+}
+
 /// A score the evaluation lacks, a name that is no score, and a patience
 /// without `keep_best` are errors at the recipe's line.
 #[test]
@@ -367,7 +442,12 @@ fn keep_best_options_are_checked() -> Result<()> {
             r#"{ keep_best = "acc" }"#,
             "keep_best = \"acc\" is not a score; one of loss, accuracy,",
         ),
-        (r#"{ patience = 3 }"#, "option `patience` counts evaluations that did not beat the best one: it needs `keep_best`"),
+        (r#"{ patience = 3 }"#, "option `patience` is about evaluations that do not beat the best one: it needs `keep_best`"),
+        (r#"{ min_delta = 0.01 }"#, "option `min_delta` is about evaluations that do not beat the best one: it needs `keep_best`"),
+        (
+            r#"{ keep_best = "loss", min_delta = -0.1 }"#,
+            "option `min_delta` is how much better than the best an evaluation must be to count, a number 0 or more (in the score's units), got -0.1",
+        ),
         (
             r#"{ keep_best = "loss", patience = 0 }"#,
             "option `patience` must be a whole number of evaluations, 1 or more, got 0",

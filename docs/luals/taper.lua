@@ -67,6 +67,7 @@ local Run = {}
 ---@field epoch integer the epoch then
 ---@field evals_since integer evaluations since, none better
 ---@field patience? integer the `patience` last given
+---@field min_delta number the `min_delta` last given (0: any improvement counts)
 ---@field path? string the checkpoint that holds its model (`OUT/best.safetensors`)
 ---@field stopped boolean whether `evals_since` reached `patience`: the run stopped early
 
@@ -116,14 +117,15 @@ function Run:step(batch) end
 ---evaluation better than every earlier one (lower for `loss`, `objective`,
 ---`rmse`, `mae`; higher for the others) writes the run's model to
 ---`OUT/best.safetensors` (`best-2.safetensors` for the recipe's second run)
----and a `best` record, and `improved` says whether it was; with `patience`,
+---and a `best` record, and `improved` says whether it was (with `min_delta`,
+---better by more than that); with `patience`,
 ---that many evaluations in a row without a better one stop the run early:
 ---`run:epochs()` and `run:batches()` give no more (an `early_stop` record),
 ---and a resumed run that had stopped trains no more. `model = "best"` evaluates
 ---the kept best model instead of the run's own (which is back afterwards; under
 ---`taper check`, which keeps no best, the run's own).
 ---@param data taper.Data|taper.Generator
----@param opts? {loss?: taper.Loss, keep_best?: string, patience?: integer, model?: "best"|"last"}
+---@param opts? {loss?: taper.Loss, keep_best?: string, patience?: integer, min_delta?: number, model?: "best"|"last"}
 ---@return {loss: number, accuracy?: number, exact_match?: number, f1_micro?: number, f1_macro?: number, per_label?: table<string, {precision: number, recall: number, f1: number, support: integer}>, improved?: boolean, balanced_accuracy?: number, macro_f1?: number, per_class?: table<string|integer, {precision: number, recall: number, f1: number, support: integer}>, confusion?: integer[][], rmse?: number, mae?: number, r2?: number, per_target?: table<string, {rmse: number, mae: number, r2: number}>, samples: integer, split: string, objective?: number}
 function Run:evaluate(data, opts) end
 

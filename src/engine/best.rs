@@ -85,9 +85,17 @@ pub struct Best {
     /// How many such evaluations end the run (as last asked), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patience: Option<u64>,
+    /// How much better than the best a value must be to be better (as last
+    /// asked; Keras' and Lightning's `min_delta`): 0, any.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_delta: f64,
     /// The checkpoint that holds its model, when one was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// What an evaluation did to the best so far.
@@ -110,12 +118,14 @@ pub struct Candidate<'a> {
     pub step: u64,
     pub epoch: u64,
     pub patience: Option<u64>,
+    /// Better means better by more than this.
+    pub min_delta: f64,
 }
 
 impl Best {
     /// Compares `c` with the best so far (none: `c` is the first), updating
     /// it; a new best has no `path` until its model is written. A value that
-    /// is not finite is never better.
+    /// is not finite is never better, nor one better by `min_delta` or less.
     pub fn offer(best: &mut Option<Best>, c: &Candidate) -> Offer {
         let fresh = Best {
             metric: c.metric.to_string(),
@@ -125,6 +135,7 @@ impl Best {
             epoch: c.epoch,
             evals_since: 0,
             patience: c.patience,
+            min_delta: c.min_delta,
             path: None,
         };
         let Some(b) = best.as_mut() else {
@@ -143,11 +154,12 @@ impl Best {
             return Offer::Restarted;
         }
         b.patience = c.patience;
+        b.min_delta = c.min_delta;
         let better = c.value.is_finite()
             && if lower_is_better(c.metric) {
-                c.value < b.value
+                c.value < b.value - c.min_delta
             } else {
-                c.value > b.value
+                c.value > b.value + c.min_delta
             };
         if better {
             *b = fresh;
@@ -202,8 +214,39 @@ mod tests {
                 step,
                 epoch: step,
                 patience: Some(2),
+                min_delta: 0.0,
             },
         )
+    }
+
+    /// With `min_delta`, a value better by that much or less is no better
+    /// (Keras' EarlyStopping); lower or higher, as the score goes.
+    #[test]
+    fn min_delta_is_the_least_improvement_that_counts() {
+        let by = |b: &mut Option<Best>, metric: &str, value: f64| {
+            Best::offer(
+                b,
+                &Candidate {
+                    metric,
+                    split: "val",
+                    value,
+                    step: 1,
+                    epoch: 1,
+                    patience: None,
+                    min_delta: 0.25,
+                },
+            )
+        };
+        let mut b = None;
+        assert_eq!(by(&mut b, "loss", 2.0), Offer::Better);
+        assert_eq!(by(&mut b, "loss", 1.75), Offer::NotBetter);
+        assert_eq!(by(&mut b, "loss", 1.7), Offer::Better);
+        assert_eq!(b.as_ref().unwrap().value, 1.7);
+        let mut b = None;
+        assert_eq!(by(&mut b, "accuracy", 0.5), Offer::Better);
+        assert_eq!(by(&mut b, "accuracy", 0.75), Offer::NotBetter);
+        assert_eq!(by(&mut b, "accuracy", 0.8), Offer::Better);
+        assert_eq!(b.as_ref().unwrap().evals_since, 0);
     }
 
     #[test]

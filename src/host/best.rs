@@ -20,9 +20,11 @@ use crate::engine::{checkpoint, Eval};
 pub(super) struct KeepBest {
     metric: String,
     patience: Option<u64>,
+    min_delta: f64,
 }
 
-/// Reads `keep_best` and `patience` from `run:evaluate`'s options.
+/// Reads `keep_best`, `patience` and `min_delta` from `run:evaluate`'s
+/// options.
 pub(super) fn options(lua: &Lua, t: &Table) -> mlua::Result<Option<KeepBest>> {
     let what = "run:evaluate";
     let metric = match t.get::<Value>("keep_best")? {
@@ -51,11 +53,30 @@ pub(super) fn options(lua: &Lua, t: &Table) -> mlua::Result<Option<KeepBest>> {
             ))
         }
     };
-    let Some(metric) = metric else {
-        if patience.is_some() {
+    let min_delta = match t.get::<Value>("min_delta")? {
+        Value::Nil => None,
+        Value::Integer(n) if n >= 0 => Some(n as f64),
+        Value::Number(x) if x >= 0.0 && x.is_finite() => Some(x),
+        other => {
             return Err(config_error(
                 lua,
-                format!("{what}: option `patience` counts evaluations that did not beat the best one: it needs `keep_best` (the score that decides, such as \"loss\")"),
+                format!(
+                    "{what}: option `min_delta` is how much better than the best an evaluation must be to count, a number 0 or more (in the score's units), got {}",
+                    super::options::brief(&other)
+                ),
+            ))
+        }
+    };
+    let Some(metric) = metric else {
+        if patience.is_some() || min_delta.is_some() {
+            let option = if patience.is_some() {
+                "patience"
+            } else {
+                "min_delta"
+            };
+            return Err(config_error(
+                lua,
+                format!("{what}: option `{option}` is about evaluations that do not beat the best one: it needs `keep_best` (the score that decides, such as \"loss\")"),
             ));
         }
         return Ok(None);
@@ -69,7 +90,11 @@ pub(super) fn options(lua: &Lua, t: &Table) -> mlua::Result<Option<KeepBest>> {
             ),
         ));
     }
-    Ok(Some(KeepBest { metric, patience }))
+    Ok(Some(KeepBest {
+        metric,
+        patience,
+        min_delta: min_delta.unwrap_or(0.0),
+    }))
 }
 
 /// Compares the evaluation `ev` of `split` with the run's best; a better
@@ -105,6 +130,7 @@ pub(super) fn offer(
             step: r.core.trainer.step,
             epoch: r.core.cursor.epoch,
             patience: k.patience,
+            min_delta: k.min_delta,
         },
     );
     match offer {
@@ -196,8 +222,12 @@ fn not_better(host: &HostState, r: &mut RunState, before: Option<&Best>) -> crat
         Some(p) => format!(" ({} of patience {p})", b.evals_since),
         None => String::new(),
     };
+    let by = match b.min_delta {
+        0.0 => String::new(),
+        d => format!(" by more than {d}"),
+    };
     host.out
-        .line(&format!("  no better than {}{of}", b.describe()));
+        .line(&format!("  no better{by} than {}{of}", b.describe()));
     let was_stopped = before.is_some_and(|p| p.stopped());
     if !b.stopped() || was_stopped {
         return Ok(());
@@ -222,10 +252,13 @@ fn not_better(host: &HostState, r: &mut RunState, before: Option<&Best>) -> crat
 /// `run 1 stops early: val loss has not fallen below its best (1.7123 at
 /// step 880, epoch 2) in 3 evaluations; the best model is in ...`.
 pub(super) fn stop_line(id: usize, b: &Best) -> String {
-    let direction = if lower_is_better(&b.metric) {
-        "fallen below"
-    } else {
-        "risen above"
+    let (moved, side) = match lower_is_better(&b.metric) {
+        true => ("fallen", "below"),
+        false => ("risen", "above"),
+    };
+    let direction = match b.min_delta {
+        0.0 => format!("{moved} {side}"),
+        d => format!("{moved} more than {d} {side}"),
     };
     let kept = match &b.path {
         Some(p) => format!("; the best model is in {p}"),
@@ -256,7 +289,8 @@ pub(crate) fn stopped(host: &HostState, r: &mut RunState) -> bool {
 }
 
 /// `run.best`: nil before an evaluation with `keep_best`, else `{ metric,
-/// split, value, step, epoch, evals_since, patience?, path?, stopped }`.
+/// split, value, step, epoch, evals_since, patience?, min_delta, path?,
+/// stopped }`.
 pub(super) fn lua_best(lua: &Lua, r: &RunState) -> mlua::Result<Value> {
     let Some(b) = &r.core.best else {
         return Ok(Value::Nil);
@@ -269,6 +303,7 @@ pub(super) fn lua_best(lua: &Lua, r: &RunState) -> mlua::Result<Value> {
     t.set("epoch", b.epoch)?;
     t.set("evals_since", b.evals_since)?;
     t.set("patience", b.patience)?;
+    t.set("min_delta", b.min_delta)?;
     t.set("path", b.path.as_deref())?;
     t.set("stopped", b.stopped())?;
     Ok(Value::Table(t))

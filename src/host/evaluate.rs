@@ -44,7 +44,7 @@ fn options(lua: &Lua, opts: Option<Table>) -> mlua::Result<Opts> {
         lua,
         "run:evaluate",
         &t,
-        &["loss", "keep_best", "patience", "model"],
+        &["loss", "keep_best", "patience", "min_delta", "model"],
     )?;
     let keep_best = super::best::options(lua, &t)?;
     let model = match t.get::<Value>("model")? {
