@@ -90,6 +90,14 @@ if ! "$venv/bin/python" -c "import gguf, tbparse, torch, transformers, llama_cpp
     "$venv/bin/pip" install -q llama-cpp-python==0.3.36
 fi
 
+# pyarrow, for tests/parquet.rs: pandas writes Parquet files through it, as
+# users and Hugging Face datasets do:
+#   pyarrow 26.0.1 (Apache-2.0); pandas comes with tbparse
+if ! "$venv/bin/python" -c "import pyarrow, pandas" 2>/dev/null; then
+  echo "adding PyPI pyarrow to $venv (for tests/parquet.rs)"
+  "$venv/bin/pip" install -q pyarrow==26.0.1
+fi
+
 # PEFT, for tests/interop.rs: transformers loads taper's PEFT adapter over
 # the GGUF model as a user would (its own dependencies are transformers'):
 #   peft 0.21.2, accelerate 1.15.0 (Apache-2.0), psutil 7.2.2 (BSD-3)

@@ -382,6 +382,16 @@ function taper.data.idx(opts) end
 ---@return taper.Data
 function taper.data.csv(opts) end
 
+---A Parquet file's rows (pandas' `to_parquet`, Hugging Face datasets' files;
+---snappy, zstd, gzip or lz4), read as `taper.data.csv` reads a CSV file, with
+---its options but `header`, `delimiter` and `decimal` (its columns have names
+---and types). A null is a missing value; a float64 column gives its values as
+---f32; a label column of lists (`[2, 27]`) is a multi-label classifier's label
+---sets. Errors name the row (1 the first).
+---@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---@return taper.Data
+function taper.data.parquet(opts) end
+
 ---A UTF-8 text file as token windows: its characters, or the ids of `tokenizer`
 ---(a tokenizer.json); `val_fraction` of the end is `val`.
 ---@param opts {path: string, tokenizer?: string, split?: "train"|"val"|"all", context?: integer, stride?: integer, val_fraction?: number}

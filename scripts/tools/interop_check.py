@@ -55,6 +55,12 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         BPE of 400 ids trained by tokenizers on the CSV's `text` column, with
         RoBERTa's special tokens and template. The texts' (or [a, b] pairs') ids, cut
         at MAX_LENGTH (24), padded as a batch, and the logits
+    python interop_check.py parquet-write CSV OUT COMPRESSION
+        pandas reads the CSV and writes it to OUT as Parquet (pyarrow, COMPRESSION:
+        snappy, zstd, gzip, lz4 or none)
+    python interop_check.py parquet-lists OUT
+        a Parquet file with a list column of label ids per row, as Hugging Face
+        datasets keep multi-label data
     python interop_check.py label-sets CSV COLUMN SEP
         pandas' str.get_dummies(SEP) of the CSV's COLUMN of label sets: the
         labels and each row's 0s and 1s
@@ -447,6 +453,31 @@ def table_x(df, table):
     return x.to_numpy(np.float32)
 
 
+def parquet_write(csv_path, out, compression):
+    """pandas reads the CSV and writes it as Parquet (pyarrow) with
+    `compression`; a missing value becomes a null."""
+    import pandas as pd
+
+    df = pd.read_csv(csv_path)
+    df.to_parquet(out, compression=compression)
+    print(json.dumps({"rows": len(df), "columns": list(df.columns),
+                      "dtypes": [str(t) for t in df.dtypes]}))
+
+
+def parquet_lists(out):
+    """A Hugging Face datasets-style table: two features, and `labels`, a
+    list of label ids per row (GoEmotions' layout), written by pandas."""
+    import pandas as pd
+
+    df = pd.DataFrame({
+        "x1": [0.5, 1.5, -2.0, 3.25],
+        "x2": [1, 2, 3, 4],
+        "labels": [[2, 27], [10], [], [27, 2, 10]],
+    })
+    df.to_parquet(out)
+    print(json.dumps({"rows": len(df)}))
+
+
 def label_sets(path, column, sep):
     """pandas reads the CSV and splits its column of label sets with
     `str.get_dummies(sep)` (a missing cell: no label): the labels' names, in
@@ -801,6 +832,10 @@ def main():
         chat_tokens(args[0], args[1], args[2])
     elif cmd == "torch-cnn":
         torch_cnn(args[0], args[1], args[2])
+    elif cmd == "parquet-write":
+        parquet_write(args[0], args[1], args[2])
+    elif cmd == "parquet-lists":
+        parquet_lists(args[0])
     elif cmd == "label-sets":
         label_sets(args[0], args[1], args[2])
     elif cmd == "csv-dummies":

@@ -310,47 +310,74 @@ fn all() -> String {
 pub(super) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
     t.set(
         "csv",
-        lua.create_function(|lua, opts: Value| {
-            let raw = match &opts {
-                Value::Table(t) => t.raw_get::<Value>("categorical")?,
-                _ => Value::Nil,
-            };
-            let o: CsvOpts = decode_mixed(lua, "taper.data.csv", opts, &["categorical"])?;
-            check_scale(lua, "taper.data.csv", o.scale)?;
-            let path = o.path.clone();
-            let mut options = o.options(lua)?;
-            options.categorical = categorical(lua, raw)?;
-            if options.text.is_some() && !options.categorical.is_empty() {
-                return Err(config_error(
-                    lua,
-                    "taper.data.csv: `text` is the input; give `categorical` (feature columns) or `text`, not both",
-                ));
-            }
-            let tokenizer = options.text.as_ref().map(|t| t.tokenizer.clone());
-            check_files(lua, "taper.data.csv", &[&path])?;
-            if let Some(t) = &tokenizer {
-                check_files(lua, "taper.data.csv", &[t])?;
-            }
-            let table = data::csv(&path, &options)
-                .map_err(|e| at_caller(lua, "taper.data.csv", e))?;
-            if let Some(first) = table.dropped().first() {
-                super::state(lua).out.line(&format!(
-                    "taper.data.csv: {}: {} of {} rows have a missing value and are left out (the first on line {first})",
-                    path.display(),
-                    table.dropped().len(),
-                    table.dropped().len() + table.len(),
-                ));
-            }
-            if let Some(first) = table.cut().first() {
-                super::state(lua).out.line(&format!(
-                    "taper.data.csv: {}: {} of {} texts are longer than `context` ids and are cut there (the first on line {first})",
-                    path.display(),
-                    table.cut().len(),
-                    table.len(),
-                ));
-            }
-            Ok(source(table))
-        })?,
+        lua.create_function(|lua, opts: Value| table(lua, "taper.data.csv", opts))?,
+    )?;
+    t.set(
+        "parquet",
+        lua.create_function(|lua, opts: Value| table(lua, "taper.data.parquet", opts))?,
     )?;
     Ok(())
+}
+
+/// `taper.data.csv{...}`, or `taper.data.parquet{...}` (`what`): the same
+/// options, but a Parquet file's columns have names and types, so it takes
+/// no `header`, `delimiter` or `decimal`. `taper.data.csv` reads a Parquet
+/// file too (by its extension), so that a recipe written for CSV files
+/// takes one; `taper.data.parquet` reads only those.
+fn table(lua: &Lua, what: &str, opts: Value) -> mlua::Result<super::data::DataHandle> {
+    let raw = match &opts {
+        Value::Table(t) => t.raw_get::<Value>("categorical")?,
+        _ => Value::Nil,
+    };
+    let o: CsvOpts = decode_mixed(lua, what, opts, &["categorical"])?;
+    check_scale(lua, what, o.scale)?;
+    let path = o.path.clone();
+    let parquet = data::is_parquet(&path);
+    if what == "taper.data.parquet" && !parquet {
+        return Err(config_error(
+            lua,
+            format!(
+                "{what}: {}: not a `.parquet` file; read a CSV file with taper.data.csv",
+                path.display()
+            ),
+        ));
+    }
+    if parquet && (o.header.is_some() || o.delimiter.is_some() || o.decimal.is_some()) {
+        return Err(config_error(
+            lua,
+            format!("{what}: {}: a Parquet file's columns have names and types: it takes no `header`, `delimiter` or `decimal`", path.display()),
+        ));
+    }
+    let mut options = o.options(lua)?;
+    options.categorical = categorical(lua, raw)?;
+    if options.text.is_some() && !options.categorical.is_empty() {
+        return Err(config_error(
+            lua,
+            format!("{what}: `text` is the input; give `categorical` (feature columns) or `text`, not both"),
+        ));
+    }
+    let tokenizer = options.text.as_ref().map(|t| t.tokenizer.clone());
+    check_files(lua, what, &[&path])?;
+    if let Some(t) = &tokenizer {
+        check_files(lua, what, &[t])?;
+    }
+    let table = data::csv(&path, &options).map_err(|e| at_caller(lua, what, e))?;
+    let rows = if parquet { "row" } else { "line" };
+    if let Some(first) = table.dropped().first() {
+        super::state(lua).out.line(&format!(
+            "{what}: {}: {} of {} rows have a missing value and are left out (the first on {rows} {first})",
+            path.display(),
+            table.dropped().len(),
+            table.dropped().len() + table.len(),
+        ));
+    }
+    if let Some(first) = table.cut().first() {
+        super::state(lua).out.line(&format!(
+            "{what}: {}: {} of {} texts are longer than `context` ids and are cut there (the first on {rows} {first})",
+            path.display(),
+            table.cut().len(),
+            table.len(),
+        ));
+    }
+    Ok(source(table))
 }

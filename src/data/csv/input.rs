@@ -8,8 +8,8 @@ use std::path::Path;
 
 use super::categories::{one_hot, Coder};
 use super::columns::Layout;
-use super::records::{each_row, Shape};
-use super::{read_text, Column};
+use super::records::{each_row_in, Shape};
+use super::Column;
 use crate::data::name_list;
 use crate::data::Moments;
 use crate::Result;
@@ -135,16 +135,14 @@ impl TableInput {
                 "the run read numbers, not texts, from its CSV file".into(),
             ));
         }
-        let data = read_text(path)?;
         let shape = Shape {
             header: self.header,
             delimiter: self.delimiter.as_bytes().first().copied().unwrap_or(b','),
             decimal: b'.',
         };
         let (mut cells, mut lines, mut missing) = (Vec::new(), Vec::new(), Vec::new());
-        each_row(
+        each_row_in(
             path,
-            &data,
             shape,
             |n, names| Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names),
             |l, line, record| {
@@ -266,7 +264,6 @@ impl TableInput {
     /// with a missing value, or a category the run did not train on, are
     /// passed over, each listed with its line and why.
     pub fn read(&self, path: &Path) -> Result<TableRows> {
-        let text = read_text(path)?;
         let shape = Shape {
             header: self.header,
             delimiter: self.delimiter.as_bytes().first().copied().unwrap_or(b','),
@@ -289,9 +286,8 @@ impl TableInput {
             .map(|(c, p)| c.as_ref().map(|_| (p.len(), &p[..])))
             .collect();
         let mut codes = Vec::with_capacity(self.columns.len());
-        each_row(
+        each_row_in(
             path,
-            &text,
             shape,
             |n, names| Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names),
             |l, line, record| {

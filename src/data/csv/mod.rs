@@ -13,12 +13,14 @@ mod categories;
 mod columns;
 mod input;
 mod labels;
+mod parquet;
 mod parse;
 mod records;
 mod text;
 
 pub use input::{TableInput, TableRows, TextRows};
 use labels::Labels;
+pub use parquet::is_parquet;
 pub use parse::parse_csv;
 pub use text::{TextInput, TextOptions};
 
@@ -144,9 +146,14 @@ pub struct Csv {
     texts: Option<std::sync::Arc<text::Texts>>,
 }
 
-/// Reads a CSV file, gzipped or plain.
+/// Reads a CSV file, gzipped or plain, or a Parquet file (by its
+/// extension: its columns have names, so `header`, `delimiter` and
+/// `decimal` do not apply).
 pub fn csv(path: &Path, opts: &CsvOptions) -> Result<Csv> {
-    parse_csv(path, &read_text(path)?, opts)
+    match is_parquet(path) {
+        true => parse::parse_parquet(path, opts),
+        false => parse_csv(path, &read_text(path)?, opts),
+    }
 }
 
 impl Csv {

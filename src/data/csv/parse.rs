@@ -27,23 +27,67 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
         what,
         text,
         shape,
-        |n, names| {
-            let text_columns = opts.text.as_ref().map(|t| t.columns.as_slice());
-            let role = if regression(opts) { "target" } else { "label" };
-            Layout::resolve(
-                what,
-                (&labels_given(opts), role),
-                text_columns.or(opts.features.as_deref()),
-                n,
-                names,
-            )
-        },
+        |n, names| layout_of(what, opts, n, names),
         |l, line, record| rows.take((what, opts, header), l, line, record),
     )?;
     let Some(layout) = layout else {
         return Err(data_err(what, "no rows"));
     };
     rows.into_csv((what, opts, header), layout)
+}
+
+/// Reads a Parquet file as [`super::csv`] reads a CSV file: its rows'
+/// cells as text (see [`super::parquet`]), its columns by name, each row's
+/// number (1 the first) where a CSV file's errors name a line. A label
+/// column of lists is a column of label sets (`label_sep`, `|` unless
+/// given).
+pub(super) fn parse_parquet(what: &Path, opts: &CsvOptions) -> Result<Csv> {
+    parquet_rows(what, opts).map_err(|e| match e {
+        // The messages, shared with CSV files, say `PATH: line N, ...`.
+        Error::Data(m) => Error::Data(m.replacen(": line ", ": row ", 1)),
+        other => other,
+    })
+}
+
+fn parquet_rows(what: &Path, opts: &CsvOptions) -> Result<Csv> {
+    let sep = opts.label_sep.clone().unwrap_or_else(|| "|".into());
+    let records = super::parquet::read(what, &sep)?;
+    let mut opts = opts.clone();
+    let label = match &opts.label {
+        Column::Name(n) => records.names.iter().position(|c| c == n),
+        Column::Index(i) => {
+            let n = records.names.len() as i64;
+            usize::try_from(if *i < 0 { n + i } else { *i }).ok()
+        }
+    };
+    if !regression(&opts) && label.is_some_and(|k| records.lists.get(k) == Some(&true)) {
+        opts.label_sep = Some(sep);
+    }
+    let mut rows = Rows::default();
+    let layout = super::records::each_record(
+        records.names,
+        &records.rows,
+        |n, names| layout_of(what, &opts, n, names),
+        |l, line, record| rows.take((what, &opts, true), l, line, record),
+    )?;
+    let Some(layout) = layout else {
+        return Err(data_err(what, "no rows"));
+    };
+    rows.into_csv((what, &opts, true), layout)
+}
+
+/// Where the label (or targets) and the features are among `n` columns
+/// named `names` (none without a header).
+fn layout_of(what: &Path, opts: &CsvOptions, n: usize, names: Vec<String>) -> Result<Layout> {
+    let text_columns = opts.text.as_ref().map(|t| t.columns.as_slice());
+    let role = if regression(opts) { "target" } else { "label" };
+    Layout::resolve(
+        what,
+        (&labels_given(opts), role),
+        text_columns.or(opts.features.as_deref()),
+        n,
+        names,
+    )
 }
 
 fn regression(opts: &CsvOptions) -> bool {

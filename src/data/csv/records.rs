@@ -95,6 +95,41 @@ pub(super) fn each_row(
     Ok(resolved)
 }
 
+/// [`each_row`] for rows that come as records under column names (a
+/// Parquet file's): `layout` with the names, then `row` with each record
+/// and its row, 1 the first, as its line. None for a file without rows.
+pub(super) fn each_record(
+    names: Vec<String>,
+    records: &[csv::StringRecord],
+    layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
+    mut row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
+) -> Result<Option<Layout>> {
+    if records.is_empty() {
+        return Ok(None);
+    }
+    let layout = layout(names.len(), names)?;
+    for (i, record) in records.iter().enumerate() {
+        row(&layout, i + 1, record)?;
+    }
+    Ok(Some(layout))
+}
+
+/// [`each_row`] of the file `path`: a Parquet file's records, or a CSV
+/// file's text read with `shape`.
+pub(super) fn each_row_in(
+    path: &Path,
+    shape: Shape,
+    layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
+    row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
+) -> Result<Option<Layout>> {
+    if super::parquet::is_parquet(path) {
+        let records = super::parquet::read(path, "|")?;
+        return each_record(records.names, &records.rows, layout, row);
+    }
+    let text = crate::data::files::read_text(path)?;
+    each_row(path, &text, shape, layout, row)
+}
+
 /// The delimiter a first record seems to use instead of `delimiter`: one
 /// that every cell holds (a European spreadsheet's `;`, whose decimal
 /// commas split `1;2,5;0` into `1;2` and `5;0`; a tab; a `|`).

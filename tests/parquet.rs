@@ -1,0 +1,226 @@
+//! `taper.data.parquet{...}`: Parquet files as pandas writes them (through
+//! pyarrow) and Hugging Face datasets keep them, read as the same table a
+//! CSV file of the same data is: the Palmer penguins written by pandas with
+//! each of the usual codecs train to the bit as the CSV file does, and
+//! `taper classify` reads the file's rows; a column of lists of label ids
+//! is a multi-label classifier's label sets.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{ensure, Result};
+use taper::data::{Column, CsvOptions, Source};
+
+fn taper(args: &[&str]) -> Result<std::process::Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()?)
+}
+
+/// The penguins CSV as Parquet, `compression` as pandas names it.
+fn penguins(dir: &Path, compression: &str) -> Result<(PathBuf, PathBuf)> {
+    let csv = common::fetched("data/penguins/penguins.csv")?;
+    let out = dir.join(format!("penguins-{compression}.parquet"));
+    let said = common::interop_check(
+        "pandas, pyarrow",
+        &[
+            "parquet-write",
+            csv.to_str().unwrap(),
+            out.to_str().unwrap(),
+            compression,
+        ],
+    )?;
+    ensure!(said["rows"] == 344, "{said}");
+    Ok((csv, out))
+}
+
+/// The species from the four measurements and the island (one-hot), the
+/// rows missing a value left out.
+fn recipe(data: &str, path: &Path) -> String {
+    format!(
+        r#"local birds = taper.data.{data}{{ path = {:?}, label = "species",
+  features = {{ "bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g", "island" }},
+  categorical = {{ "island" }}, missing = "drop" }}
+assert(table.concat(birds:classes(), ",") == "Adelie,Chinstrap,Gentoo")
+local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
+train = train:named("train"):standardize()
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 7, hidden = {{ 16 }}, outputs = 3 }},
+  optim = taper.optim.adamw{{ lr = 1e-2 }}, data = train:shuffle{{ seed = 1 }}:batch(16), seed = 1,
+}}
+for e in run:epochs(20) do for b in run:batches() do run:step(b) end end
+run:evaluate(test:named("test"):standardize(train))
+"#,
+        path.display().to_string()
+    )
+}
+
+/// Trains `recipe` in `dir/name`: its last eval record, and the run folder.
+fn run(dir: &Path, name: &str, recipe: &str) -> Result<(serde_json::Value, PathBuf)> {
+    let lua = dir.join(format!("{name}.lua"));
+    std::fs::write(&lua, recipe)?;
+    let out = dir.join(name);
+    let o = taper(&[
+        "train",
+        lua.to_str().unwrap(),
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ])?;
+    ensure!(
+        o.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let eval = common::records(&out, "eval").pop().expect("an eval record");
+    Ok((eval, out))
+}
+
+/// Snappy (pandas' default), zstd, gzip and lz4 files, their nulls the
+/// CSV's `NA`s: each trains as the CSV file does, to the bit (its doubles
+/// become the f32s the CSV's numbers parse to), and `taper classify` of the
+/// Parquet file answers as of the CSV file.
+#[test]
+fn penguins_from_parquet_train_as_from_the_csv_file() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (csv, _) = penguins(dir.path(), "snappy")?;
+    let (want, out) = run(dir.path(), "csv", &recipe("csv", &csv))?;
+    eprintln!("csv: {want}");
+    let by_csv = taper(&["classify", out.to_str().unwrap(), csv.to_str().unwrap()])?;
+    ensure!(
+        by_csv.status.success(),
+        "{}",
+        String::from_utf8_lossy(&by_csv.stderr)
+    );
+    for compression in ["snappy", "zstd", "gzip", "lz4"] {
+        let (_, parquet) = penguins(dir.path(), compression)?;
+        // taper.data.csv reads a Parquet file too, so that a recipe written
+        // for CSV files takes one.
+        let data = if compression == "gzip" {
+            "csv"
+        } else {
+            "parquet"
+        };
+        let (got, _) = run(dir.path(), compression, &recipe(data, &parquet))?;
+        for k in ["loss", "accuracy", "samples", "confusion"] {
+            ensure!(
+                got[k] == want[k],
+                "{compression}: {k}: {got} vs the CSV's {want}"
+            );
+        }
+        let by_parquet = taper(&["classify", out.to_str().unwrap(), parquet.to_str().unwrap()])?;
+        ensure!(
+            by_parquet.status.success(),
+            "{}",
+            String::from_utf8_lossy(&by_parquet.stderr)
+        );
+        // `FILE:LINE: ...`: the CSV's line 2 is the Parquet file's row 1.
+        let answers = |o: &std::process::Output| -> Vec<String> {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(|l| l.splitn(3, ':').nth(2).unwrap_or_default().to_string())
+                .collect()
+        };
+        ensure!(
+            answers(&by_parquet) == answers(&by_csv),
+            "{compression}: classify's answers differ"
+        );
+        ensure!(
+            String::from_utf8_lossy(&by_parquet.stdout)
+                .starts_with(&format!("{}:1:", parquet.display())),
+            "rows are numbered from 1"
+        );
+    }
+    Ok(())
+}
+
+/// A column of lists of label ids (`labels: [2, 27]`, as Hugging Face
+/// datasets keep GoEmotions) is read as label sets: the labels sorted by
+/// value, each row's 0s and 1s; the other columns are the features.
+#[test]
+fn a_column_of_lists_is_a_multi_label_classifiers_label_sets() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("lists.parquet");
+    common::interop_check(
+        "pandas, pyarrow",
+        &["parquet-lists", path.to_str().unwrap()],
+    )?;
+    let opts = CsvOptions {
+        label: Column::Name("labels".into()),
+        ..CsvOptions::default()
+    };
+    let table = taper::data::csv(&path, &opts)?;
+    let input = table.table_input().unwrap();
+    ensure!(
+        input.label_names() == Some(vec!["2".into(), "10".into(), "27".into()]),
+        "{input:?}"
+    );
+    let (x, y) = table.gather(&[0, 1, 2, 3])?;
+    ensure!(
+        x.to_vec2::<f32>()? == [[0.5, 1.0], [1.5, 2.0], [-2.0, 3.0], [3.25, 4.0]],
+        "{x}"
+    );
+    ensure!(
+        y.to_vec2::<f32>()?
+            == [
+                [1.0, 0.0, 1.0],
+                [0.0, 1.0, 0.0],
+                [0.0, 0.0, 0.0],
+                [1.0, 1.0, 1.0]
+            ],
+        "{y}"
+    );
+    Ok(())
+}
+
+/// A CSV file through taper.data.parquet, CSV-only options for a Parquet
+/// file, a file that is not Parquet and a missing value are refused,
+/// saying what to do.
+#[test]
+fn parquet_options_and_files_that_cannot_work_say_why() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (csv, parquet) = penguins(dir.path(), "snappy")?;
+    let broken = dir.path().join("broken.parquet");
+    std::fs::write(&broken, "species,island\nAdelie,Dream\n")?;
+    let cases = [
+        (
+            format!("taper.data.csv{{ path = {:?}, delimiter = \";\" }}", parquet.display().to_string()),
+            "taper.data.csv: ".to_string() + &format!("{}: a Parquet file's columns have names and types", parquet.display()),
+        ),
+        (
+            format!("taper.data.parquet{{ path = {:?} }}", csv.display().to_string()),
+            "not a `.parquet` file; read a CSV file with taper.data.csv".into(),
+        ),
+        (
+            format!("taper.data.parquet{{ path = {:?}, label = \"species\", header = true }}", parquet.display().to_string()),
+            "a Parquet file's columns have names and types: it takes no `header`, `delimiter` or `decimal`".into(),
+        ),
+        (
+            format!("taper.data.parquet{{ path = {:?} }}", broken.display().to_string()),
+            format!("{}: not a Parquet file", broken.display()),
+        ),
+        (
+            format!("taper.data.parquet{{ path = {:?}, label = \"species\", features = {{ \"bill_length_mm\" }} }}", parquet.display().to_string()),
+            format!("{}: row 4, column 3 (`bill_length_mm`): a missing value", parquet.display()),
+        ),
+    ];
+    for (i, (expr, says)) in cases.iter().enumerate() {
+        let lua = dir.path().join("bad.lua");
+        std::fs::write(&lua, format!("local d = {expr}\n"))?;
+        let o = taper(&[
+            "train",
+            lua.to_str().unwrap(),
+            "--out",
+            dir.path().join(format!("o{i}")).to_str().unwrap(),
+        ])?;
+        let err = String::from_utf8_lossy(&o.stderr);
+        ensure!(
+            !o.status.success() && err.contains("bad.lua:1:") && err.contains(says.as_str()),
+            "case {i}: {err}"
+        );
+    }
+    Ok(())
+}
