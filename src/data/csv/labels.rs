@@ -2,7 +2,7 @@
 //! with: class ids (indices, or names sorted as scikit-learn's LabelEncoder
 //! sorts them, or the recipe's classes) or finite target values.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use super::columns::Layout;
@@ -107,10 +107,15 @@ pub(super) fn label_sets(
         ));
     }
     let k = names.len();
+    let index: HashMap<&str, usize> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
     let mut values = vec![0f32; sets.len() * k];
     for (row, set) in sets.iter().enumerate() {
         for label in set {
-            let Some(at) = names.iter().position(|n| n == label) else {
+            let Some(&at) = index.get(label) else {
                 return Err(data_err(
                     what,
                     format!(
