@@ -37,27 +37,6 @@ fn penguins(dir: &Path, compression: &str) -> Result<(PathBuf, PathBuf)> {
     Ok((csv, out))
 }
 
-/// The species from the four measurements and the island (one-hot), the
-/// rows missing a value left out.
-fn recipe(data: &str, path: &Path) -> String {
-    format!(
-        r#"local birds = taper.data.{data}{{ path = {:?}, label = "species",
-  features = {{ "bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g", "island" }},
-  categorical = {{ "island" }}, missing = "drop" }}
-assert(table.concat(birds:classes(), ",") == "Adelie,Chinstrap,Gentoo")
-local train, test = birds:split{{ 0.8, 0.2, seed = 1 }}
-train = train:named("train"):standardize()
-local run = taper.run{{
-  model = taper.model.mlp{{ inputs = 7, hidden = {{ 16 }}, outputs = 3 }},
-  optim = taper.optim.adamw{{ lr = 1e-2 }}, data = train:shuffle{{ seed = 1 }}:batch(16), seed = 1,
-}}
-for e in run:epochs(20) do for b in run:batches() do run:step(b) end end
-run:evaluate(test:named("test"):standardize(train))
-"#,
-        path.display().to_string()
-    )
-}
-
 /// Trains `recipe` in `dir/name`: its last eval record, and the run folder.
 fn run(dir: &Path, name: &str, recipe: &str) -> Result<(serde_json::Value, PathBuf)> {
     let lua = dir.join(format!("{name}.lua"));
@@ -87,7 +66,7 @@ fn run(dir: &Path, name: &str, recipe: &str) -> Result<(serde_json::Value, PathB
 fn penguins_from_parquet_train_as_from_the_csv_file() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (csv, _) = penguins(dir.path(), "snappy")?;
-    let (want, out) = run(dir.path(), "csv", &recipe("csv", &csv))?;
+    let (want, out) = run(dir.path(), "csv", &common::penguins_recipe("csv", &csv))?;
     eprintln!("csv: {want}");
     let by_csv = taper(&["classify", out.to_str().unwrap(), csv.to_str().unwrap()])?;
     ensure!(
@@ -104,7 +83,11 @@ fn penguins_from_parquet_train_as_from_the_csv_file() -> Result<()> {
         } else {
             "parquet"
         };
-        let (got, _) = run(dir.path(), compression, &recipe(data, &parquet))?;
+        let (got, _) = run(
+            dir.path(),
+            compression,
+            &common::penguins_recipe(data, &parquet),
+        )?;
         for k in ["loss", "accuracy", "samples", "confusion"] {
             ensure!(
                 got[k] == want[k],

@@ -392,6 +392,19 @@ function taper.data.csv(opts) end
 ---@return taper.Data
 function taper.data.parquet(opts) end
 
+---JSON records, an object a row: JSON Lines (`.jsonl`, `.ndjson`: pandas'
+---`to_json(orient="records", lines=True)`, Hugging Face datasets' `to_json`)
+---or one JSON array of objects (`.json`); gzipped or plain. Read as
+---`taper.data.csv` reads a CSV file, with its options but `header`,
+---`delimiter` and `decimal` (the keys name the columns, in the order they
+---first appear). A null or an absent key is a missing value; booleans are 0
+---and 1; a label column of lists (`[2, 27]`) is a multi-label classifier's
+---label sets. Errors name the line (an array's records: their place, 1 the
+---first).
+---@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---@return taper.Data
+function taper.data.json(opts) end
+
 ---A UTF-8 text file as token windows: its characters, or the ids of `tokenizer`
 ---(a tokenizer.json); `val_fraction` of the end is `val`.
 ---@param opts {path: string, tokenizer?: string, split?: "train"|"val"|"all", context?: integer, stride?: integer, val_fraction?: number}

@@ -61,6 +61,12 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
     python interop_check.py parquet-lists OUT
         a Parquet file with a list column of label ids per row, as Hugging Face
         datasets keep multi-label data
+    python interop_check.py json-write CSV OUT LAYOUT
+        pandas reads the CSV and writes it to OUT as JSON records (LAYOUT lines:
+        JSON Lines, as Hugging Face datasets' to_json writes them; array: one
+        JSON array of objects)
+    python interop_check.py json-lists OUT
+        parquet-lists' table as JSON Lines
     python interop_check.py label-sets CSV COLUMN SEP
         pandas' str.get_dummies(SEP) of the CSV's COLUMN of label sets: the
         labels and each row's 0s and 1s
@@ -478,6 +484,31 @@ def parquet_lists(out):
     print(json.dumps({"rows": len(df)}))
 
 
+def json_write(csv_path, out, layout):
+    """pandas reads the CSV and writes it as JSON records, one object a row:
+    JSON Lines (`layout` lines, Hugging Face datasets' `to_json`, which
+    calls pandas' with these options) or one array; a missing value becomes
+    a null."""
+    import pandas as pd
+
+    df = pd.read_csv(csv_path)
+    df.to_json(out, orient="records", lines=layout == "lines", force_ascii=False)
+    print(json.dumps({"rows": len(df), "columns": list(df.columns)}))
+
+
+def json_lists(out):
+    """parquet_lists' table (a list of label ids per row) as JSON Lines."""
+    import pandas as pd
+
+    df = pd.DataFrame({
+        "x1": [0.5, 1.5, -2.0, 3.25],
+        "x2": [1, 2, 3, 4],
+        "labels": [[2, 27], [10], [], [27, 2, 10]],
+    })
+    df.to_json(out, orient="records", lines=True)
+    print(json.dumps({"rows": len(df)}))
+
+
 def label_sets(path, column, sep):
     """pandas reads the CSV and splits its column of label sets with
     `str.get_dummies(sep)` (a missing cell: no label): the labels' names, in
@@ -836,6 +867,10 @@ def main():
         parquet_write(args[0], args[1], args[2])
     elif cmd == "parquet-lists":
         parquet_lists(args[0])
+    elif cmd == "json-write":
+        json_write(args[0], args[1], args[2])
+    elif cmd == "json-lists":
+        json_lists(args[0])
     elif cmd == "label-sets":
         label_sets(args[0], args[1], args[2])
     elif cmd == "csv-dummies":

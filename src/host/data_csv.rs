@@ -316,14 +316,19 @@ pub(super) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
         "parquet",
         lua.create_function(|lua, opts: Value| table(lua, "taper.data.parquet", opts))?,
     )?;
+    t.set(
+        "json",
+        lua.create_function(|lua, opts: Value| table(lua, "taper.data.json", opts))?,
+    )?;
     Ok(())
 }
 
-/// `taper.data.csv{...}`, or `taper.data.parquet{...}` (`what`): the same
-/// options, but a Parquet file's columns have names and types, so it takes
-/// no `header`, `delimiter` or `decimal`. `taper.data.csv` reads a Parquet
-/// file too (by its extension), so that a recipe written for CSV files
-/// takes one; `taper.data.parquet` reads only those.
+/// `taper.data.csv{...}`, `taper.data.parquet{...}` or `taper.data.json{...}`
+/// (`what`): the same options, but a Parquet or JSON file's columns have
+/// names, so it takes no `header`, `delimiter` or `decimal`.
+/// `taper.data.csv` reads those files too (by their extension), so that a
+/// recipe written for CSV files takes one; `taper.data.parquet` and
+/// `taper.data.json` read only their own.
 fn table(lua: &Lua, what: &str, opts: Value) -> mlua::Result<super::data::DataHandle> {
     let raw = match &opts {
         Value::Table(t) => t.raw_get::<Value>("categorical")?,
@@ -332,20 +337,33 @@ fn table(lua: &Lua, what: &str, opts: Value) -> mlua::Result<super::data::DataHa
     let o: CsvOpts = decode_mixed(lua, what, opts, &["categorical"])?;
     check_scale(lua, what, o.scale)?;
     let path = o.path.clone();
-    let parquet = data::is_parquet(&path);
-    if what == "taper.data.parquet" && !parquet {
+    let kind = match (data::is_parquet(&path), data::is_json(&path)) {
+        (true, _) => Some("Parquet"),
+        (_, true) => Some("JSON"),
+        _ => None,
+    };
+    let wanted = match what {
+        "taper.data.parquet" => Some(("Parquet", "a `.parquet` file")),
+        "taper.data.json" => Some(("JSON", "a `.jsonl`, `.ndjson` or `.json` file")),
+        _ => None,
+    };
+    if let Some((_, file)) = wanted.filter(|(want, _)| kind != Some(*want)) {
+        let instead = match kind {
+            Some("Parquet") => "a Parquet file with taper.data.parquet",
+            Some(_) => "a JSON file with taper.data.json",
+            None => "a CSV file with taper.data.csv",
+        };
         return Err(config_error(
             lua,
-            format!(
-                "{what}: {}: not a `.parquet` file; read a CSV file with taper.data.csv",
-                path.display()
-            ),
+            format!("{what}: {}: not {file}; read {instead}", path.display()),
         ));
     }
-    if parquet && (o.header.is_some() || o.delimiter.is_some() || o.decimal.is_some()) {
+    if let Some(kind) =
+        kind.filter(|_| o.header.is_some() || o.delimiter.is_some() || o.decimal.is_some())
+    {
         return Err(config_error(
             lua,
-            format!("{what}: {}: a Parquet file's columns have names and types: it takes no `header`, `delimiter` or `decimal`", path.display()),
+            format!("{what}: {}: a {kind} file's columns have names and types: it takes no `header`, `delimiter` or `decimal`", path.display()),
         ));
     }
     let mut options = o.options(lua)?;
@@ -362,7 +380,7 @@ fn table(lua: &Lua, what: &str, opts: Value) -> mlua::Result<super::data::DataHa
         check_files(lua, what, &[t])?;
     }
     let table = data::csv(&path, &options).map_err(|e| at_caller(lua, what, e))?;
-    let rows = if parquet { "row" } else { "line" };
+    let rows = table.unit();
     if let Some(first) = table.dropped().first() {
         super::state(lua).out.line(&format!(
             "{what}: {}: {} of {} rows have a missing value and are left out (the first on {rows} {first})",

@@ -1,6 +1,7 @@
 //! CSV files as samples: numeric feature columns and a label column (or
 //! number columns to predict), read
-//! with the `csv` crate (quoted fields, CRLF line ends, a byte-order mark).
+//! with the `csv` crate (quoted fields, CRLF line ends, a byte-order mark);
+//! Parquet and JSON files' rows as the same cells of text.
 //! Columns are chosen by index or, with a header, by name; labels are class
 //! indices or class names; a column of categories is one-hot encoded. Each
 //! error names the file, the line and the column.
@@ -12,6 +13,7 @@ use candle_core::{Device, Tensor};
 mod categories;
 mod columns;
 mod input;
+mod json;
 mod labels;
 mod parquet;
 mod parse;
@@ -19,6 +21,7 @@ mod records;
 mod text;
 
 pub use input::{TableInput, TableRows, TextRows};
+pub use json::is_json;
 use labels::Labels;
 pub use parquet::is_parquet;
 pub use parse::parse_csv;
@@ -132,6 +135,9 @@ pub(super) const MISSING: [&str; 19] = [
 
 /// Rows of numeric features and a class label or target values.
 pub struct Csv {
+    /// What names a row in messages: `line` (a CSV or JSON Lines file's),
+    /// `row` (a Parquet file's, 1 the first) or `record` (a JSON array's).
+    unit: &'static str,
     name: String,
     split: String,
     features: Vec<f32>,
@@ -146,17 +152,24 @@ pub struct Csv {
     texts: Option<std::sync::Arc<text::Texts>>,
 }
 
-/// Reads a CSV file, gzipped or plain, or a Parquet file (by its
-/// extension: its columns have names, so `header`, `delimiter` and
+/// Reads a CSV file, gzipped or plain, or a Parquet or JSON file (by its
+/// extension: their columns have names, so `header`, `delimiter` and
 /// `decimal` do not apply).
 pub fn csv(path: &Path, opts: &CsvOptions) -> Result<Csv> {
-    match is_parquet(path) {
-        true => parse::parse_parquet(path, opts),
-        false => parse_csv(path, &read_text(path)?, opts),
+    let sep = opts.label_sep.clone().unwrap_or_else(|| "|".into());
+    match records::records_of(path, &sep)? {
+        Some(records) => parse::parse_records(path, opts, records, sep),
+        None => parse_csv(path, &read_text(path)?, opts),
     }
 }
 
 impl Csv {
+    /// What names a row in messages: `line`, `row` (a Parquet file's) or
+    /// `record` (an element of a JSON array).
+    pub fn unit(&self) -> &'static str {
+        self.unit
+    }
+
     /// Features per sample.
     pub fn width(&self) -> usize {
         self.width

@@ -12,6 +12,7 @@ use csv::StringRecord;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
 
+use super::records::Records;
 use crate::data::files::data_err;
 use crate::Result;
 
@@ -19,15 +20,6 @@ use crate::Result;
 pub fn is_parquet(path: &Path) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
-}
-
-/// A Parquet file's rows as text cells.
-pub(super) struct Records {
-    /// The columns' names, in the file's order.
-    pub names: Vec<String>,
-    pub rows: Vec<StringRecord>,
-    /// Whether each column holds lists.
-    pub lists: Vec<bool>,
 }
 
 /// Reads `path`, joining a list's elements with `sep`.
@@ -44,7 +36,13 @@ pub(super) fn read(path: &Path, sep: &str) -> Result<Records> {
         let row = row.map_err(|e| data_err(path, format!("row {}: {e}", i + 1)))?;
         rows.push(record(path, i + 1, &row, sep, &mut lists)?);
     }
-    Ok(Records { names, rows, lists })
+    Ok(Records {
+        names,
+        at: (1..=rows.len()).collect(),
+        rows,
+        lists,
+        unit: "row",
+    })
 }
 
 /// Row `n`'s cells (1 the first).

@@ -8,7 +8,7 @@ use std::path::Path;
 use super::categories::{categorical_coders, settle, settled_names, Coder};
 use super::columns::{named, Layout};
 use super::labels::{label_ids, label_sets, target_values, Labels};
-use super::records::{each_row, number, Shape};
+use super::records::{each_record, each_row, in_units, number, Records, Shape};
 use super::text::{self, Cells};
 use super::{Column, Csv, CsvOptions, Missing, TableInput};
 use crate::data::files::data_err;
@@ -36,22 +36,24 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     rows.into_csv((what, opts, header), layout)
 }
 
-/// Reads a Parquet file as [`super::csv`] reads a CSV file: its rows'
-/// cells as text (see [`super::parquet`]), its columns by name, each row's
-/// number (1 the first) where a CSV file's errors name a line. A label
-/// column of lists is a column of label sets (`label_sep`, `|` unless
-/// given).
-pub(super) fn parse_parquet(what: &Path, opts: &CsvOptions) -> Result<Csv> {
-    parquet_rows(what, opts).map_err(|e| match e {
-        // The messages, shared with CSV files, say `PATH: line N, ...`.
-        Error::Data(m) => Error::Data(m.replacen(": line ", ": row ", 1)),
-        other => other,
-    })
+/// Reads a file of records (a Parquet file's rows, a JSON file's objects)
+/// as [`super::csv`] reads a CSV file: their cells as text, their columns
+/// by name, each row named as `records.unit` says (its line, or its place)
+/// where a CSV file's errors name a line. A label column of lists is a
+/// column of label sets (`label_sep`: `sep`).
+pub(super) fn parse_records(
+    what: &Path,
+    opts: &CsvOptions,
+    records: Records,
+    sep: String,
+) -> Result<Csv> {
+    let unit = records.unit;
+    let mut csv = records_rows(what, opts, records, sep).map_err(|e| in_units(e, unit))?;
+    csv.unit = unit;
+    Ok(csv)
 }
 
-fn parquet_rows(what: &Path, opts: &CsvOptions) -> Result<Csv> {
-    let sep = opts.label_sep.clone().unwrap_or_else(|| "|".into());
-    let records = super::parquet::read(what, &sep)?;
+fn records_rows(what: &Path, opts: &CsvOptions, records: Records, sep: String) -> Result<Csv> {
     let mut opts = opts.clone();
     let label = match &opts.label {
         Column::Name(n) => records.names.iter().position(|c| c == n),
@@ -64,9 +66,8 @@ fn parquet_rows(what: &Path, opts: &CsvOptions) -> Result<Csv> {
         opts.label_sep = Some(sep);
     }
     let mut rows = Rows::default();
-    let layout = super::records::each_record(
-        records.names,
-        &records.rows,
+    let layout = each_record(
+        &records,
         |n, names| layout_of(what, &opts, n, names),
         |l, line, record| rows.take((what, &opts, true), l, line, record),
     )?;
@@ -236,6 +237,7 @@ impl Rows {
             None => (input.width(), None),
         };
         Ok(Csv {
+            unit: "line",
             name: what
                 .file_name()
                 .map(|f| f.to_string_lossy().into_owned())

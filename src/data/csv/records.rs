@@ -95,39 +95,75 @@ pub(super) fn each_row(
     Ok(resolved)
 }
 
-/// [`each_row`] for rows that come as records under column names (a
-/// Parquet file's): `layout` with the names, then `row` with each record
-/// and its row, 1 the first, as its line. None for a file without rows.
+/// A file's rows that come as records under column names (a Parquet
+/// file's rows, a JSON file's objects), their cells as text.
+pub(super) struct Records {
+    /// The columns' names, in the file's order.
+    pub names: Vec<String>,
+    pub rows: Vec<csv::StringRecord>,
+    /// Whether each column holds lists.
+    pub lists: Vec<bool>,
+    /// What names each row in messages: its line, or its place (1 the
+    /// first), as `unit` says.
+    pub at: Vec<usize>,
+    /// `line`, `row` or `record`.
+    pub unit: &'static str,
+}
+
+/// The records of `path` when it is a file of them (Parquet or JSON, by
+/// its extension), a list's items joined by `sep`; None for a CSV file.
+pub(super) fn records_of(path: &Path, sep: &str) -> Result<Option<Records>> {
+    if super::parquet::is_parquet(path) {
+        return super::parquet::read(path, sep).map(Some);
+    }
+    if super::json::is_json(path) {
+        return super::json::read(path, sep).map(Some);
+    }
+    Ok(None)
+}
+
+/// [`each_row`] for rows that come as [`Records`]: `layout` with the
+/// names, then `row` with each record and what names it, as its line. None
+/// for a file without rows.
 pub(super) fn each_record(
-    names: Vec<String>,
-    records: &[csv::StringRecord],
+    records: &Records,
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
     mut row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
 ) -> Result<Option<Layout>> {
-    if records.is_empty() {
+    if records.rows.is_empty() {
         return Ok(None);
     }
-    let layout = layout(names.len(), names)?;
-    for (i, record) in records.iter().enumerate() {
-        row(&layout, i + 1, record)?;
+    let layout = layout(records.names.len(), records.names.clone())?;
+    for (record, &at) in records.rows.iter().zip(&records.at) {
+        row(&layout, at, record)?;
     }
     Ok(Some(layout))
 }
 
-/// [`each_row`] of the file `path`: a Parquet file's records, or a CSV
-/// file's text read with `shape`.
+/// [`each_row`] of the file `path`: a Parquet or JSON file's records, or a
+/// CSV file's text read with `shape`.
 pub(super) fn each_row_in(
     path: &Path,
     shape: Shape,
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
     row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
 ) -> Result<Option<Layout>> {
-    if super::parquet::is_parquet(path) {
-        let records = super::parquet::read(path, "|")?;
-        return each_record(records.names, &records.rows, layout, row);
+    if let Some(records) = records_of(path, "|")? {
+        return each_record(&records, layout, row).map_err(|e| in_units(e, records.unit));
     }
     let text = crate::data::files::read_text(path)?;
     each_row(path, &text, shape, layout, row)
+}
+
+/// `e` with the row it names named as `unit` names rows: the messages,
+/// shared with CSV files, say `PATH: line N, ...`.
+pub(super) fn in_units(e: crate::Error, unit: &str) -> crate::Error {
+    match e {
+        crate::Error::Data(m) if unit != "line" => {
+            crate::Error::Data(m.replacen(": line ", &format!(": {unit} "), 1))
+        }
+        other => other,
+    }
 }
 
 /// The delimiter a first record seems to use instead of `delimiter`: one
