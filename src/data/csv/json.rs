@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use csv::StringRecord;
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::records::Records;
@@ -59,29 +59,22 @@ impl<'de> Deserialize<'de> for Object {
 
 /// Reads `path` (a JSON Lines file, or a JSON array of objects), joining a
 /// list's elements with `sep`. A JSON Lines file's rows are named by their
-/// lines, an array's by their place in it (1 the first).
+/// lines, an array's by their place in it (1 the first). Each object
+/// becomes its row's cells as it is read, so the file's objects are never
+/// all held at once.
 pub(super) fn read(path: &Path, sep: &str) -> Result<Records> {
     let text = crate::data::files::read_text(path)?;
-    let (objects, unit) = match text.trim_start().as_bytes().first() {
-        Some(b'[') => (array(path, &text)?, "record"),
-        _ => (lines(path, &text)?, "line"),
-    };
     let mut table = Table::default();
-    for (at, object) in &objects {
-        table.add(path, (unit, *at), object, sep)?;
-    }
-    Ok(Records {
-        names: table.names.clone(),
-        lists: table.lists.clone(),
-        rows: table.records(),
-        at: objects.iter().map(|(at, _)| *at).collect(),
-        unit,
-    })
+    let unit = match text.trim_start().as_bytes().first() {
+        Some(b'[') => array(path, &text, &mut table, sep).map(|()| "record")?,
+        _ => lines(path, &text, &mut table, sep).map(|()| "line")?,
+    };
+    Ok(table.into_records(unit))
 }
 
-/// A JSON Lines text's objects and their lines; blank lines are passed over.
-fn lines(path: &Path, text: &str) -> Result<Vec<(usize, Object)>> {
-    let mut objects = Vec::new();
+/// A JSON Lines text's objects into `table`, each named by its line; blank
+/// lines are passed over.
+fn lines(path: &Path, text: &str, table: &mut Table, sep: &str) -> Result<()> {
     for (k, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -101,29 +94,72 @@ fn lines(path: &Path, text: &str) -> Result<Vec<(usize, Object)>> {
             };
             data_err(path, format!("line {}{column}: {said}{hint}", k + 1))
         })?;
-        objects.push((k + 1, object));
+        table.add(path, ("line", k + 1), &object, sep)?;
     }
-    Ok(objects)
+    Ok(())
 }
 
-/// A JSON array's objects and their places in it (1 the first).
-fn array(path: &Path, text: &str) -> Result<Vec<(usize, Object)>> {
-    let objects: Vec<Object> = serde_json::from_str(text)
-        .map_err(|e| data_err(path, format!("not a JSON array of objects, one a row: {e}")))?;
-    Ok(objects
-        .into_iter()
-        .enumerate()
-        .map(|(k, o)| (k + 1, o))
-        .collect())
+/// A JSON array's objects into `table`, each named by its place in it (1
+/// the first), as they are read.
+fn array(path: &Path, text: &str, table: &mut Table, sep: &str) -> Result<()> {
+    struct Rows<'a> {
+        path: &'a Path,
+        table: &'a mut Table,
+        sep: &'a str,
+        read: usize,
+        /// Why a record is no row; serde's error only stops the reading.
+        failed: Option<crate::Error>,
+    }
+    impl<'de> Visitor<'de> for &mut Rows<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array of objects, one a row")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+            while let Some(object) = seq.next_element::<Object>()? {
+                self.read += 1;
+                let at = ("record", self.read);
+                if let Err(e) = self.table.add(self.path, at, &object, self.sep) {
+                    self.failed = Some(e);
+                    return Err(serde::de::Error::custom("a record that is no row"));
+                }
+            }
+            Ok(())
+        }
+    }
+    let mut rows = Rows {
+        path,
+        table,
+        sep,
+        read: 0,
+        failed: None,
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let read = de.deserialize_seq(&mut rows).and_then(|()| de.end());
+    if let Some(e) = rows.failed {
+        return Err(e);
+    }
+    read.map_err(|e| {
+        let after = match rows.read {
+            0 => String::new(),
+            n => format!(" (after record {n})"),
+        };
+        data_err(
+            path,
+            format!("not a JSON array of objects, one a row{after}: {e}"),
+        )
+    })
 }
 
-/// The rows read so far: the columns in the order their keys came, and each
-/// row's cells by column.
+/// The rows read so far: the columns in the order their keys came, each
+/// row's cells (as many as the columns known when it was read) and what
+/// names it.
 #[derive(Default)]
 struct Table {
     names: Vec<String>,
     index: std::collections::HashMap<String, usize>,
-    rows: Vec<Vec<Option<String>>>,
+    rows: Vec<StringRecord>,
+    at: Vec<usize>,
     lists: Vec<bool>,
 }
 
@@ -137,7 +173,7 @@ impl Table {
         object: &Object,
         sep: &str,
     ) -> Result<()> {
-        let mut cells: Vec<Option<String>> = Vec::new();
+        let mut cells: Vec<Option<String>> = vec![None; self.names.len()];
         for (name, value) in &object.0 {
             let k = *self.index.entry(name.clone()).or_insert_with(|| {
                 self.names.push(name.clone());
@@ -160,21 +196,28 @@ impl Table {
             };
             cells[k] = Some(text);
         }
-        self.rows.push(cells);
+        self.rows
+            .push(cells.into_iter().map(Option::unwrap_or_default).collect());
+        self.at.push(at);
         Ok(())
     }
 
-    /// Each row's cells, one a column: a key the row lacks is a missing
-    /// value, as pandas' `read_json` reads it.
-    fn records(self) -> Vec<StringRecord> {
+    /// The rows, one cell a column: a key a row lacks is a missing value,
+    /// as pandas' `read_json` reads it.
+    fn into_records(mut self, unit: &'static str) -> Records {
         let width = self.names.len();
-        self.rows
-            .into_iter()
-            .map(|mut cells| {
-                cells.resize(width, None);
-                StringRecord::from_iter(cells.into_iter().map(Option::unwrap_or_default))
-            })
-            .collect()
+        for row in &mut self.rows {
+            for _ in row.len()..width {
+                row.push_field("");
+            }
+        }
+        Records {
+            names: self.names,
+            rows: self.rows,
+            lists: self.lists,
+            at: self.at,
+            unit,
+        }
     }
 }
 
