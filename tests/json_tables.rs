@@ -39,25 +39,6 @@ fn penguins(dir: &Path, layout: &str, name: &str) -> Result<(PathBuf, PathBuf)> 
     Ok((csv, out))
 }
 
-/// Trains `recipe` in `dir/name`: its last eval record, what it printed,
-/// and the run folder.
-fn run(dir: &Path, name: &str, recipe: &str) -> Result<(serde_json::Value, String, PathBuf)> {
-    let lua = dir.join(format!("{name}.lua"));
-    std::fs::write(&lua, recipe)?;
-    let out = dir.join(name);
-    let o = taper(&[
-        "train",
-        lua.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ])?;
-    let said =
-        String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout);
-    ensure!(o.status.success(), "{name}: {said}");
-    let eval = common::records(&out, "eval").pop().expect("an eval record");
-    Ok((eval, said, out))
-}
-
 /// `taper classify RUN FILE`'s answers, each without its `FILE:N:`, and
 /// the first line.
 fn answers(run: &Path, file: &Path) -> Result<(Vec<String>, String)> {
@@ -81,7 +62,8 @@ fn answers(run: &Path, file: &Path) -> Result<(Vec<String>, String)> {
 fn penguins_from_json_train_as_from_the_csv_file() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (csv, _) = penguins(dir.path(), "lines", "penguins.jsonl")?;
-    let (want, _, out) = run(dir.path(), "csv", &common::penguins_recipe("csv", &csv))?;
+    let (want, _, out) =
+        common::train_recipe(dir.path(), "csv", &common::penguins_recipe("csv", &csv))?;
     eprintln!("csv: {want}");
     let (by_csv, _) = answers(&out, &csv)?;
     for (layout, name, data, unit) in [
@@ -89,7 +71,8 @@ fn penguins_from_json_train_as_from_the_csv_file() -> Result<()> {
         ("array", "penguins.json", "csv", "record"),
     ] {
         let (_, json) = penguins(dir.path(), layout, name)?;
-        let (got, said, _) = run(dir.path(), layout, &common::penguins_recipe(data, &json))?;
+        let (got, said, _) =
+            common::train_recipe(dir.path(), layout, &common::penguins_recipe(data, &json))?;
         for k in ["loss", "accuracy", "samples", "confusion"] {
             ensure!(
                 got[k] == want[k],
@@ -158,11 +141,8 @@ fn json_lists_are_label_sets_and_absent_keys_missing_values() -> Result<()> {
         ..CsvOptions::default()
     };
     let table = taper::data::csv(&sparse, &opts)?;
-    ensure!(
-        table.dropped() == [1],
-        "the first row lacks `b`: {:?}",
-        table.dropped()
-    );
+    let dropped: Vec<usize> = table.dropped().iter().map(|p| p.line()).collect();
+    ensure!(dropped == [1], "the first row lacks `b`: {dropped:?}");
     let input = table.table_input().unwrap();
     let columns: Vec<String> = input.columns.iter().map(Column::name).collect();
     ensure!(columns == ["a", "b"], "{columns:?}");

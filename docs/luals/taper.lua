@@ -354,7 +354,9 @@ function taper.data.generator(fn, opts) end
 function taper.data.idx(opts) end
 
 ---A CSV file (gzipped or plain; quoted cells, CRLF, a byte-order mark), one
----sample per row. `label` is the label column: an index (0 the first, -1 the
+---sample per row; or several read as one table, in order (`path` a pattern,
+---`"data/train-*.csv"`, or a list of files and patterns), with the first's
+---columns (`taper.data.parquet` and `taper.data.json` take them too). `label` is the label column: an index (0 the first, -1 the
 ---last, the default) or a header name; `features` the feature columns, in
 ---order (default: every other). Naming a column implies `header = true`.
 ---Labels are class indices, or, when any is not a number, class names
@@ -378,7 +380,7 @@ function taper.data.idx(opts) end
 ---`label_sep` ("|"): the label column holds each sample's set of labels
 ---(`gentoo|female`; empty: none), the 0/1 targets of `taper.loss.bce{}`, one per
 ---label (`classes`, or the file's, sorted: `data:classes()`).
----@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---@param opts {path: string|string[], label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.csv(opts) end
 
@@ -388,7 +390,7 @@ function taper.data.csv(opts) end
 ---and types). A null is a missing value; a float64 column gives its values as
 ---f32; a label column of lists (`[2, 27]`) is a multi-label classifier's label
 ---sets. Errors name the row (1 the first).
----@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---@param opts {path: string|string[], label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.parquet(opts) end
 
@@ -401,7 +403,7 @@ function taper.data.parquet(opts) end
 ---and 1; a label column of lists (`[2, 27]`) is a multi-label classifier's
 ---label sets. Errors name the line (an array's records: their place, 1 the
 ---first).
----@param opts {path: string, label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
+---@param opts {path: string|string[], label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.json(opts) end
 

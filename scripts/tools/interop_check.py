@@ -65,6 +65,11 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
         pandas reads the CSV and writes it to OUT as JSON records (LAYOUT lines:
         JSON Lines, as Hugging Face datasets' to_json writes them; array: one
         JSON array of objects)
+    python interop_check.py shards CSV DIR N
+        pandas reads the CSV and writes its rows in N consecutive parts into
+        DIR, each as CSV (part-K.csv), Parquet (train-0000K-of-0000N.parquet,
+        as Hugging Face names a dataset's shards) and JSON Lines
+        (part-K.jsonl, every other part with its columns reversed)
     python interop_check.py json-lists OUT
         parquet-lists' table as JSON Lines
     python interop_check.py label-sets CSV COLUMN SEP
@@ -496,6 +501,28 @@ def json_write(csv_path, out, layout):
     print(json.dumps({"rows": len(df), "columns": list(df.columns)}))
 
 
+def shards(csv_path, out, n):
+    """pandas reads the CSV and writes its rows in `n` consecutive parts, each
+    as CSV, Parquet (named as Hugging Face names a dataset's shards) and JSON
+    Lines (every other part's columns reversed, as rows from another writer
+    may order their keys)."""
+    import os
+
+    import numpy as np
+    import pandas as pd
+
+    df = pd.read_csv(csv_path)
+    n = int(n)
+    for k, part in enumerate(np.array_split(np.arange(len(df)), n)):
+        rows = df.iloc[part]
+        rows.to_csv(os.path.join(out, f"part-{k}.csv"), index=False)
+        rows.to_parquet(os.path.join(out, f"train-{k:05d}-of-{n:05d}.parquet"))
+        keys = rows[rows.columns[::-1]] if k % 2 else rows
+        keys.to_json(os.path.join(out, f"part-{k}.jsonl"), orient="records", lines=True)
+    print(json.dumps({"rows": len(df), "parts": n,
+                      "species": [sorted(df.iloc[p]["species"].unique()) for p in np.array_split(np.arange(len(df)), n)]}))
+
+
 def json_lists(out):
     """parquet_lists' table (a list of label ids per row) as JSON Lines."""
     import pandas as pd
@@ -869,6 +896,8 @@ def main():
         parquet_lists(args[0])
     elif cmd == "json-write":
         json_write(args[0], args[1], args[2])
+    elif cmd == "shards":
+        shards(args[0], args[1], args[2])
     elif cmd == "json-lists":
         json_lists(args[0])
     elif cmd == "label-sets":

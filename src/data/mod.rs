@@ -31,8 +31,8 @@ pub use builtin::{digits, shakespeare, shakespeare_tokens, CharText, Digits};
 pub use chat::{chat, ChatOptions, Chats, TrainOn};
 pub use chat_template::ChatTemplate;
 pub use csv::{
-    csv, is_json, is_parquet, parse_csv, Column, Csv, CsvOptions, Missing, TableInput, TableRows,
-    TextInput, TextOptions, TextRows,
+    csv, csv_files, is_json, is_parquet, parse_csv, Column, Csv, CsvOptions, Files, Missing, Place,
+    TableInput, TableRows, TextInput, TextOptions, TextRows,
 };
 pub use epoch::Epoch;
 pub use files::{idx, text, Idx};

@@ -8,12 +8,13 @@ use serde::Deserialize;
 use super::csv_columns::{ColumnOpt, ColumnsOpt};
 use super::data_files::{check_files, check_scale, source};
 use super::options::{at_caller, config_error, decode_mixed};
+use super::table_files::{self, PathsOpt};
 use crate::data::{self, Source};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CsvOpts {
-    path: std::path::PathBuf,
+    path: PathsOpt,
     #[serde(default)]
     label: Option<ColumnOpt>,
     /// Number columns to predict (regression), instead of a label: one
@@ -68,7 +69,8 @@ impl CsvOpts {
     fn options(mut self, lua: &Lua) -> mlua::Result<data::CsvOptions> {
         let text = self.text_options(lua)?;
         let tsv = {
-            let p = self.path.to_string_lossy();
+            let p = self.path.given();
+            let p = p.to_string_lossy();
             p.ends_with(".tsv") || p.ends_with(".tsv.gz")
         };
         let delimiter = match self.delimiter.as_deref() {
@@ -337,35 +339,7 @@ fn table(lua: &Lua, what: &str, opts: Value) -> mlua::Result<super::data::DataHa
     let o: CsvOpts = decode_mixed(lua, what, opts, &["categorical"])?;
     check_scale(lua, what, o.scale)?;
     let path = o.path.clone();
-    let kind = match (data::is_parquet(&path), data::is_json(&path)) {
-        (true, _) => Some("Parquet"),
-        (_, true) => Some("JSON"),
-        _ => None,
-    };
-    let wanted = match what {
-        "taper.data.parquet" => Some(("Parquet", "a `.parquet` file")),
-        "taper.data.json" => Some(("JSON", "a `.jsonl`, `.ndjson` or `.json` file")),
-        _ => None,
-    };
-    if let Some((_, file)) = wanted.filter(|(want, _)| kind != Some(*want)) {
-        let instead = match kind {
-            Some("Parquet") => "a Parquet file with taper.data.parquet",
-            Some(_) => "a JSON file with taper.data.json",
-            None => "a CSV file with taper.data.csv",
-        };
-        return Err(config_error(
-            lua,
-            format!("{what}: {}: not {file}; read {instead}", path.display()),
-        ));
-    }
-    if let Some(kind) =
-        kind.filter(|_| o.header.is_some() || o.delimiter.is_some() || o.decimal.is_some())
-    {
-        return Err(config_error(
-            lua,
-            format!("{what}: {}: a {kind} file's columns have names and types: it takes no `header`, `delimiter` or `decimal`", path.display()),
-        ));
-    }
+    let csv_only = o.header.is_some() || o.delimiter.is_some() || o.decimal.is_some();
     let mut options = o.options(lua)?;
     options.categorical = categorical(lua, raw)?;
     if options.text.is_some() && !options.categorical.is_empty() {
@@ -374,28 +348,47 @@ fn table(lua: &Lua, what: &str, opts: Value) -> mlua::Result<super::data::DataHa
             format!("{what}: `text` is the input; give `categorical` (feature columns) or `text`, not both"),
         ));
     }
-    let tokenizer = options.text.as_ref().map(|t| t.tokenizer.clone());
-    check_files(lua, what, &[&path])?;
-    if let Some(t) = &tokenizer {
-        check_files(lua, what, &[t])?;
+    let given = path.given();
+    let paths = table_files::expand(lua, what, &path)?;
+    table_files::check_kinds(lua, what, &paths)?;
+    let named = paths.iter().find_map(|p| table_files::kind(p));
+    if let Some(kind) = named.filter(|_| csv_only) {
+        return Err(config_error(
+            lua,
+            format!("{what}: {}: a {kind} file's columns have names and types: it takes no `header`, `delimiter` or `decimal`", given.display()),
+        ));
     }
-    let table = data::csv(&path, &options).map_err(|e| at_caller(lua, what, e))?;
-    let rows = table.unit();
+    if let Some(t) = &options.text {
+        check_files(lua, what, &[&t.tokenizer])?;
+    }
+    let table = data::csv_files(&given, &paths, &options).map_err(|e| at_caller(lua, what, e))?;
+    let files = table.files();
     if let Some(first) = table.dropped().first() {
         super::state(lua).out.line(&format!(
-            "{what}: {}: {} of {} rows have a missing value and are left out (the first on {rows} {first})",
-            path.display(),
+            "{what}: {}: {} of {} rows have a missing value and are left out (the first on {})",
+            described(&given, &paths),
             table.dropped().len(),
             table.dropped().len() + table.len(),
+            files.describe(first),
         ));
     }
     if let Some(first) = table.cut().first() {
         super::state(lua).out.line(&format!(
-            "{what}: {}: {} of {} texts are longer than `context` ids and are cut there (the first on {rows} {first})",
-            path.display(),
+            "{what}: {}: {} of {} texts are longer than `context` ids and are cut there (the first on {})",
+            described(&given, &paths),
             table.cut().len(),
             table.len(),
+            files.describe(first),
         ));
     }
     Ok(source(table))
+}
+
+/// The files of a table for a line about it: the one file, or the path
+/// given (a pattern, or a list's first) and how many files it read.
+fn described(given: &std::path::Path, paths: &[std::path::PathBuf]) -> String {
+    match paths {
+        [one] => one.display().to_string(),
+        many => format!("{} ({} files)", given.display(), many.len()),
+    }
 }

@@ -37,6 +37,7 @@ mod run_create;
 mod run_options;
 mod run_state;
 mod schedule;
+mod table_files;
 mod tensorboard;
 
 use std::cell::{Cell, RefCell};

@@ -137,8 +137,15 @@ pub const BERT_TOKENIZER: &str = r#"{
 /// evaluation of a fifth of the birds.
 #[allow(dead_code)] // not every test binary reads tables
 pub fn penguins_recipe(data: &str, path: &Path) -> String {
+    penguins_recipe_of(data, &format!("{:?}", path.display().to_string()))
+}
+
+/// [`penguins_recipe`] of `path`, a Lua expression: a string, or a list of
+/// files.
+#[allow(dead_code)] // not every test binary reads tables
+pub fn penguins_recipe_of(data: &str, path: &str) -> String {
     format!(
-        r#"local birds = taper.data.{data}{{ path = {:?}, label = "species",
+        r#"local birds = taper.data.{data}{{ path = {path}, label = "species",
   features = {{ "bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g", "island" }},
   categorical = {{ "island" }}, missing = "drop" }}
 assert(table.concat(birds:classes(), ",") == "Adelie,Chinstrap,Gentoo")
@@ -150,7 +157,33 @@ local run = taper.run{{
 }}
 for e in run:epochs(20) do for b in run:batches() do run:step(b) end end
 run:evaluate(test:named("test"):standardize(train))
-"#,
-        path.display().to_string()
+"#
     )
+}
+
+/// Trains `recipe` with `taper train` in `dir/name`: its last eval record,
+/// what it printed (stderr, then stdout), and the run folder.
+#[allow(dead_code)] // not every test binary trains recipes of tables
+pub fn train_recipe(
+    dir: &Path,
+    name: &str,
+    recipe: &str,
+) -> Result<(serde_json::Value, String, PathBuf)> {
+    let lua = dir.join(format!("{name}.lua"));
+    std::fs::write(&lua, recipe)?;
+    let out = dir.join(name);
+    let o = Command::new(env!("CARGO_BIN_EXE_taper"))
+        .args([
+            "train",
+            lua.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()?;
+    let said =
+        String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout);
+    ensure!(o.status.success(), "{name}: {said}");
+    let eval = records(&out, "eval").pop().expect("an eval record");
+    Ok((eval, said, out))
 }

@@ -24,7 +24,7 @@ pub(super) struct Layout {
     /// The numbers' decimal mark (set by `each_row`).
     pub(super) decimal: u8,
     /// The file's column count.
-    n: usize,
+    pub(super) n: usize,
 }
 
 impl Layout {
@@ -198,6 +198,48 @@ impl Layout {
             .chain(&self.features)
             .copied()
             .find(|&c| MISSING.contains(&&record[c]))
+    }
+
+    /// Whether a file of `n` columns named `names` (none without a header)
+    /// has this layout's columns: the same names, in any order, or, without
+    /// a header, as many.
+    pub(super) fn has_columns(&self, n: usize, names: &[String]) -> bool {
+        let sorted = |names: &[String]| {
+            let mut names = names.to_vec();
+            names.sort();
+            names
+        };
+        self.n == n && sorted(&self.names) == sorted(names)
+    }
+
+    /// Whether `other` (another file's layout) has the same columns and
+    /// reads the same ones as labels and features: by name, or, without a
+    /// header, at the same places.
+    pub(super) fn same_columns(&self, other: &Layout) -> bool {
+        let picked = |l: &Layout| -> Vec<String> {
+            l.labels
+                .iter()
+                .chain(&l.features)
+                .map(|&c| l.names.get(c).cloned().unwrap_or_default())
+                .collect()
+        };
+        self.has_columns(other.n, &other.names)
+            && match self.names.is_empty() {
+                true => (&self.labels, &self.features) == (&other.labels, &other.features),
+                false => picked(self) == picked(other),
+            }
+    }
+
+    /// The columns of a file of `n` named `names` for a message: the
+    /// header's names, or how many.
+    pub(super) fn describe(n: usize, names: &[String]) -> String {
+        match names.is_empty() {
+            true => format!("{n} columns"),
+            false => {
+                let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+                names.join(", ")
+            }
+        }
     }
 
     /// Appends the record's features: numbers divided by `scale`, and for

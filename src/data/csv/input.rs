@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::categories::{one_hot, Coder};
 use super::columns::Layout;
-use super::records::{each_row_in, Shape};
+use super::records::{each_row_in, Files, Place, Shape};
 use super::Column;
 use crate::data::name_list;
 use crate::data::Moments;
@@ -141,7 +141,7 @@ impl TableInput {
             decimal: b'.',
         };
         let (mut cells, mut lines, mut missing) = (Vec::new(), Vec::new(), Vec::new());
-        each_row_in(
+        let (_, unit) = each_row_in(
             path,
             shape,
             |n, names| Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names),
@@ -161,7 +161,7 @@ impl TableInput {
                 Ok(())
             },
         )?;
-        self.texts_as_rows(path, cells, lines, missing)
+        self.texts_as_rows(Files::one(path, unit), cells, lines, missing)
     }
 
     /// `texts` given as they are (`taper classify --text`), a row each
@@ -190,18 +190,20 @@ impl TableInput {
                 }
             }
         }
-        self.texts_as_rows(what, cells, lines, missing)
+        self.texts_as_rows(Files::one(what, "line"), cells, lines, missing)
     }
 
+    /// The `cells` read on `lines` of the one file of `files` as ids.
     fn texts_as_rows(
         &self,
-        what: &Path,
+        files: Files,
         cells: Vec<Vec<String>>,
         lines: Vec<usize>,
         missing: Vec<(usize, String)>,
     ) -> Result<TextRows> {
         let text = self.text.as_ref().expect("a run on texts");
-        let texts = super::text::tokenize_as(what, text, &self.columns, cells, &lines)?;
+        let places: Vec<Place> = lines.iter().map(|&n| Place::new(0, n)).collect();
+        let texts = super::text::tokenize_as((&files, &places), text, &self.columns, cells)?;
         let all: Vec<usize> = (0..texts.len()).collect();
         Ok(TextRows {
             ids: texts.padded(&all),

@@ -2,15 +2,13 @@
 //! with: class ids (indices, or names sorted as scikit-learn's LabelEncoder
 //! sorts them, or the recipe's classes) or finite target values.
 
-use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
-
 use super::columns::Layout;
-use super::records::number;
+use super::records::{number, Files, Place};
 use super::{CsvOptions, MISSING};
 use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::Result;
+use std::collections::{BTreeSet, HashMap};
 
 /// What a CSV file's samples are labelled with.
 pub(super) enum Labels {
@@ -31,10 +29,9 @@ impl Labels {
 /// The target cells (row after row, a cell per target column) as numbers,
 /// or an error naming the first that is not a finite one.
 pub(super) fn target_values(
-    what: &Path,
+    (files, places): (&Files, &[Place]),
     layout: &Layout,
     cells: &[String],
-    lines: &[usize],
 ) -> Result<Vec<f32>> {
     let k = layout.labels.len();
     cells
@@ -42,15 +39,13 @@ pub(super) fn target_values(
         .enumerate()
         .map(|(i, cell)| match number::<f32>(cell, layout.decimal) {
             Some(v) if v.is_finite() => Ok(v),
-            _ => Err(data_err(
-                what,
+            _ => Err(files.error(places[i / k], |row| {
                 format!(
-                    "line {}, {}: target `{cell}` is not a finite number{}",
-                    lines[i / k],
+                    "{row}, {}: target `{cell}` is not a finite number{}",
                     layout.column(layout.labels[i % k]),
                     layout.decimal_comma(cell).unwrap_or_default()
-                ),
-            )),
+                )
+            })),
         })
         .collect()
 }
@@ -64,10 +59,9 @@ pub(super) fn target_values(
 /// line), or else every label the file holds, sorted (numbers by value, as
 /// scikit-learn's `MultiLabelBinarizer` sorts them).
 pub(super) fn label_sets(
-    what: &Path,
+    (files, places): (&Files, &[Place]),
     layout: &Layout,
     cells: &[String],
-    lines: &[usize],
     (sep, classes): (&str, Option<&[String]>),
 ) -> Result<(Vec<f32>, Vec<String>)> {
     let sets: Vec<Vec<&str>> = cells
@@ -99,7 +93,7 @@ pub(super) fn label_sets(
     };
     if names.is_empty() {
         return Err(data_err(
-            what,
+            files.given(),
             format!(
                 "{}: no row has a label (each cell a set of labels split at {sep:?})",
                 layout.column(layout.labels[0])
@@ -116,15 +110,13 @@ pub(super) fn label_sets(
     for (row, set) in sets.iter().enumerate() {
         for label in set {
             let Some(&at) = index.get(label) else {
-                return Err(data_err(
-                    what,
+                return Err(files.error(places[row], |row| {
                     format!(
-                        "line {}, {}: label `{label}` is not one of the classes ({})",
-                        lines[row],
+                        "{row}, {}: label `{label}` is not one of the classes ({})",
                         layout.column(layout.labels[0]),
                         name_list(&names)
-                    ),
-                ));
+                    )
+                }));
             };
             values[row * k + at] = 1.0;
         }
@@ -134,14 +126,17 @@ pub(super) fn label_sets(
 
 /// The label cells as class ids, and the class names where there are any.
 pub(super) fn label_ids(
-    what: &Path,
+    (files, places): (&Files, &[Place]),
     layout: &Layout,
     cells: &[String],
-    lines: &[usize],
     opts: &CsvOptions,
 ) -> Result<(Vec<u32>, Option<Vec<String>>)> {
     let label = layout.labels[0];
-    let at = |k: usize| format!("line {}, {}", lines[k], layout.column(label));
+    let error = |k: usize, say: &dyn Fn(&str) -> String| {
+        files.error(places[k], |row| {
+            say(&format!("{row}, {}", layout.column(label)))
+        })
+    };
     if let Some(classes) = &opts.classes {
         let ids = cells
             .iter()
@@ -150,14 +145,12 @@ pub(super) fn label_ids(
                 let index = cell.parse::<usize>().ok().filter(|&i| i < classes.len());
                 match classes.iter().position(|c| c == cell).or(index) {
                     Some(id) => Ok(id as u32),
-                    None => Err(data_err(
-                        what,
+                    None => Err(error(k, &|at| {
                         format!(
-                            "{}: label `{cell}` is not one of the classes ({})",
-                            at(k),
+                            "{at}: label `{cell}` is not one of the classes ({})",
                             name_list(classes)
-                        ),
-                    )),
+                        )
+                    })),
                 }
             })
             .collect::<Result<_>>()?;
@@ -169,13 +162,11 @@ pub(super) fn label_ids(
             .enumerate()
             .map(|(k, cell)| match cell.parse::<f64>() {
                 Ok(v) if v >= 0.0 && v.fract() == 0.0 && v < u32::MAX as f64 => Ok(v as u32),
-                _ => Err(data_err(
-                    what,
+                _ => Err(error(k, &|at| {
                     format!(
-                        "{}: label `{cell}` is not a class index: labels are classes (to predict a number, give the column as `target` instead of `label`)",
-                        at(k)
-                    ),
-                )),
+                        "{at}: label `{cell}` is not a class index: labels are classes (to predict a number, give the column as `target` instead of `label`)"
+                    )
+                })),
             })
             .collect::<Result<_>>()?;
         return Ok((ids, None));

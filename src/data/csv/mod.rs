@@ -6,7 +6,7 @@
 //! indices or class names; a column of categories is one-hot encoded. Each
 //! error names the file, the line and the column.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
@@ -25,9 +25,9 @@ pub use json::is_json;
 use labels::Labels;
 pub use parquet::is_parquet;
 pub use parse::parse_csv;
+pub use records::{Files, Place};
 pub use text::{TextInput, TextOptions};
 
-use super::files::read_text;
 use super::{name_list, Source};
 use crate::Result;
 
@@ -135,17 +135,16 @@ pub(super) const MISSING: [&str; 19] = [
 
 /// Rows of numeric features and a class label or target values.
 pub struct Csv {
-    /// What names a row in messages: `line` (a CSV or JSON Lines file's),
-    /// `row` (a Parquet file's, 1 the first) or `record` (a JSON array's).
-    unit: &'static str,
+    /// The files read, for naming a row's place.
+    files: Files,
     name: String,
     split: String,
     features: Vec<f32>,
     labels: Labels,
     width: usize,
     classes: Option<Vec<String>>,
-    /// Lines of the rows left out for a missing value.
-    dropped: Vec<usize>,
+    /// Where the rows left out for a missing value were.
+    dropped: Vec<Place>,
     input: TableInput,
     /// With `text`: the column's texts as ids (`features` is empty),
     /// shared with other sources of the same texts.
@@ -156,18 +155,25 @@ pub struct Csv {
 /// extension: their columns have names, so `header`, `delimiter` and
 /// `decimal` do not apply).
 pub fn csv(path: &Path, opts: &CsvOptions) -> Result<Csv> {
-    let sep = opts.label_sep.clone().unwrap_or_else(|| "|".into());
-    match records::records_of(path, &sep)? {
-        Some(records) => parse::parse_records(path, opts, records, sep),
-        None => parse_csv(path, &read_text(path)?, opts),
-    }
+    csv_files(path, &[path.to_path_buf()], opts)
+}
+
+/// Reads `paths`, in order, as one table, as `pd.concat` of each file's
+/// `read_csv` (or Hugging Face datasets' `data_files` list) gives it: the
+/// rows of each file after the previous file's, the labels, classes and
+/// categories the files' together. Every file has the first's columns, and
+/// all are CSV files or all Parquet and JSON files. `given` (a pattern,
+/// say) names the table in messages about it as a whole; a row's messages
+/// name its own file.
+pub fn csv_files(given: &Path, paths: &[PathBuf], opts: &CsvOptions) -> Result<Csv> {
+    parse::parse_files(given, paths, opts)
 }
 
 impl Csv {
-    /// What names a row in messages: `line`, `row` (a Parquet file's) or
-    /// `record` (an element of a JSON array).
-    pub fn unit(&self) -> &'static str {
-        self.unit
+    /// The files read, which name a row's [`Place`]
+    /// ([`Files::describe`]).
+    pub fn files(&self) -> &Files {
+        &self.files
     }
 
     /// Features per sample.
@@ -175,8 +181,8 @@ impl Csv {
         self.width
     }
 
-    /// The lines of the rows left out for a missing value.
-    pub fn dropped(&self) -> &[usize] {
+    /// Where the rows left out for a missing value were.
+    pub fn dropped(&self) -> &[Place] {
         &self.dropped
     }
 
@@ -189,8 +195,8 @@ impl Csv {
         }
     }
 
-    /// With `text`: the lines of the texts cut at `context` ids.
-    pub fn cut(&self) -> &[usize] {
+    /// With `text`: where the texts cut at `context` ids were.
+    pub fn cut(&self) -> &[Place] {
         self.texts.as_ref().map_or(&[], |t| &t.cut)
     }
 }

@@ -3,58 +3,135 @@
 //! a first row of names read as data an error), then the labels, the
 //! table input checkpoints keep, and the tokenized texts.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::categories::{categorical_coders, settle, settled_names, Coder};
 use super::columns::{named, Layout};
 use super::labels::{label_ids, label_sets, target_values, Labels};
-use super::records::{each_record, each_row, in_units, number, Records, Shape};
+use super::records::{
+    each_record, each_row, in_units, number, records_of, Files, Place, Records, Shape,
+};
 use super::text::{self, Cells};
 use super::{Column, Csv, CsvOptions, Missing, TableInput};
-use crate::data::files::data_err;
+use crate::data::files::{data_err, read_text};
 use crate::{Error, Result};
 
 /// Parses CSV text as [`super::csv`] reads a file; `what` names it in errors.
 pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
-    let header = header_of(what, opts)?;
+    table(what, vec![(what, Read::Text(text.into()))], opts)
+}
+
+/// A file as read: CSV text, or records (a Parquet file's rows, a JSON
+/// file's objects) whose cells are text.
+enum Read<'a> {
+    Text(std::borrow::Cow<'a, str>),
+    Records(Records),
+}
+
+/// Reads `paths`, in order, as one table (see [`super::csv_files`]); each
+/// file a CSV file, or all of them Parquet or JSON files, whose columns have
+/// names (a label column of lists is then a column of label sets).
+pub(super) fn parse_files(given: &Path, paths: &[PathBuf], opts: &CsvOptions) -> Result<Csv> {
+    let sep = opts.label_sep.as_deref().unwrap_or("|");
+    let mut files: Vec<(&Path, Read)> = Vec::with_capacity(paths.len());
+    for path in paths {
+        let read = match records_of(path, sep)? {
+            Some(records) => Read::Records(records),
+            None => Read::Text(read_text(path)?.into()),
+        };
+        if let Some((first, r)) = files.first() {
+            if matches!(r, Read::Records(_)) != matches!(read, Read::Records(_)) {
+                return Err(data_err(
+                    path,
+                    format!("not a file of the kind of {} (CSV, or Parquet and JSON files, whose columns have names): files read as one table are of one kind", first.display()),
+                ));
+            }
+        }
+        files.push((path.as_path(), read));
+    }
+    table(given, files, opts)
+}
+
+/// The rows of `files`, in order, as one table named `given`: each file's
+/// columns must be the first's.
+fn table(given: &Path, files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Result<Csv> {
+    let records = matches!(files.first(), Some((_, Read::Records(_))));
+    let mut opts = opts.clone();
+    if records && !regression(&opts) && opts.label_sep.is_none() {
+        let lists = files.iter().any(|(_, r)| match r {
+            Read::Records(r) => label_holds_lists(&opts, r),
+            Read::Text(_) => false,
+        });
+        if lists {
+            opts.label_sep = Some("|".into());
+        }
+    }
+    let header = records || header_of(given, &opts)?;
     let shape = Shape {
         header,
         delimiter: opts.delimiter,
         decimal: opts.decimal,
     };
+    let mut places = Files::new(given);
     let mut rows = Rows::default();
-    let layout = each_row(
-        what,
-        text,
-        shape,
-        |n, names| layout_of(what, opts, n, names),
-        |l, line, record| rows.take((what, opts, header), l, line, record),
-    )?;
-    let Some(layout) = layout else {
-        return Err(data_err(what, "no rows"));
+    let mut first: Option<(&Path, Layout)> = None;
+    // The options for the files after the first (see `pinned`).
+    let mut rest: Option<CsvOptions> = None;
+    for (path, read) in files {
+        let o = rest.as_ref().unwrap_or(&opts);
+        let layout = |n, names: Vec<String>| match &first {
+            Some((a, l)) if !l.has_columns(n, &names) => Err(other_columns(a, l, path, n, &names)),
+            _ => layout_of(path, o, n, names),
+        };
+        let laid = match &read {
+            Read::Text(text) => {
+                rows.file = places.add(path, "line");
+                let take =
+                    |l: &Layout, line, record: &_| rows.take((path, o, header), l, line, record);
+                each_row(path, text, shape, layout, take)?
+            }
+            Read::Records(r) => {
+                rows.file = places.add(path, r.unit);
+                let take =
+                    |l: &Layout, line, record: &_| rows.take((path, o, true), l, line, record);
+                each_record(r, layout, take).map_err(|e| in_units(e, r.unit))?
+            }
+        };
+        match (laid, &first) {
+            (None, _) => {}
+            (Some(l), None) => {
+                rest = pinned(&opts, &l, header);
+                first = Some((path, l));
+            }
+            (Some(l), Some((a, la))) if !la.same_columns(&l) => {
+                return Err(other_columns(a, la, path, l.n, &l.names));
+            }
+            (Some(_), Some(_)) => {}
+        }
+    }
+    let Some((_, layout)) = first else {
+        return Err(data_err(given, "no rows"));
     };
-    rows.into_csv((what, opts, header), layout)
+    rows.into_csv((places, &opts, header), layout)
 }
 
-/// Reads a file of records (a Parquet file's rows, a JSON file's objects)
-/// as [`super::csv`] reads a CSV file: their cells as text, their columns
-/// by name, each row named as `records.unit` says (its line, or its place)
-/// where a CSV file's errors name a line. A label column of lists is a
-/// column of label sets (`label_sep`: `sep`).
-pub(super) fn parse_records(
-    what: &Path,
-    opts: &CsvOptions,
-    records: Records,
-    sep: String,
-) -> Result<Csv> {
-    let unit = records.unit;
-    let mut csv = records_rows(what, opts, records, sep).map_err(|e| in_units(e, unit))?;
-    csv.unit = unit;
-    Ok(csv)
+/// The options for the files after a table's first, laid out as `l`: with
+/// a header and no `features` given, the first file's feature columns by
+/// name, so that a file with its columns in another order (a JSON file's
+/// keys come in the order its rows give them) is read in the first's order,
+/// as `pd.concat` aligns columns by name.
+fn pinned(opts: &CsvOptions, l: &Layout, header: bool) -> Option<CsvOptions> {
+    if !header || opts.features.is_some() || opts.text.is_some() {
+        return None;
+    }
+    let mut o = opts.clone();
+    let names = l.features.iter().map(|&c| Column::Name(l.names[c].clone()));
+    o.features = Some(names.collect());
+    Some(o)
 }
 
-fn records_rows(what: &Path, opts: &CsvOptions, records: Records, sep: String) -> Result<Csv> {
-    let mut opts = opts.clone();
+/// Whether the label column of `records` holds lists (label sets).
+fn label_holds_lists(opts: &CsvOptions, records: &Records) -> bool {
     let label = match &opts.label {
         Column::Name(n) => records.names.iter().position(|c| c == n),
         Column::Index(i) => {
@@ -62,19 +139,21 @@ fn records_rows(what: &Path, opts: &CsvOptions, records: Records, sep: String) -
             usize::try_from(if *i < 0 { n + i } else { *i }).ok()
         }
     };
-    if !regression(&opts) && label.is_some_and(|k| records.lists.get(k) == Some(&true)) {
-        opts.label_sep = Some(sep);
-    }
-    let mut rows = Rows::default();
-    let layout = each_record(
-        &records,
-        |n, names| layout_of(what, &opts, n, names),
-        |l, line, record| rows.take((what, &opts, true), l, line, record),
-    )?;
-    let Some(layout) = layout else {
-        return Err(data_err(what, "no rows"));
-    };
-    rows.into_csv((what, &opts, true), layout)
+    label.is_some_and(|k| records.lists.get(k) == Some(&true))
+}
+
+/// The error for the file `b`, of `n` columns named `names`, whose columns
+/// are not those of `a`, the table's first file, laid out as `la`.
+fn other_columns(a: &Path, la: &Layout, b: &Path, n: usize, names: &[String]) -> Error {
+    data_err(
+        b,
+        format!(
+            "its columns ({}) are not those of {} ({}): the files read as one table have the same columns",
+            Layout::describe(n, names),
+            a.display(),
+            Layout::describe(la.n, &la.names)
+        ),
+    )
 }
 
 /// Where the label (or targets) and the features are among `n` columns
@@ -130,15 +209,17 @@ struct Rows {
     labels: Vec<String>,
     /// With `text`: each row's text, or pair of texts.
     texts: Vec<Cells>,
-    /// The line of each row kept.
-    lines: Vec<usize>,
-    /// The lines of the rows left out for a missing value.
-    dropped: Vec<usize>,
+    /// The file being read, among the table's.
+    file: u32,
+    /// Where each row kept was read.
+    places: Vec<Place>,
+    /// Where the rows left out for a missing value were.
+    dropped: Vec<Place>,
     /// The columns of categories' encoders, made at the first row.
     coders: Option<Vec<Option<Coder>>>,
 }
 
-/// The file read, its options, and whether it has a header.
+/// The file read, the options, and whether the files have a header.
 type Reading<'a> = (&'a Path, &'a CsvOptions, bool);
 
 impl Rows {
@@ -155,7 +236,7 @@ impl Rows {
         }
         if let Some(c) = l.missing_in(record, opts.label_sep.is_none()) {
             if opts.missing == Missing::Drop {
-                self.dropped.push(line);
+                self.dropped.push(Place::new(self.file, line));
                 return Ok(());
             }
             return Err(data_err(
@@ -171,7 +252,7 @@ impl Rows {
             let cells = l.features.iter().map(|&at| record[at].to_string());
             self.texts.push(cells.collect());
         } else {
-            if self.lines.is_empty() && self.dropped.is_empty() && opts.header.is_none() && !header
+            if self.places.is_empty() && self.dropped.is_empty() && opts.header.is_none() && !header
             {
                 names_read_as_data(what, opts, l, line, record)?;
             }
@@ -190,12 +271,18 @@ impl Rows {
         }
         self.labels
             .extend(l.labels.iter().map(|&c| record[c].to_string()));
-        self.lines.push(line);
+        self.places.push(Place::new(self.file, line));
         Ok(())
     }
 
     /// The source the rows make, laid out as `layout`.
-    fn into_csv(self, (what, opts, header): Reading, layout: Layout) -> Result<Csv> {
+    fn into_csv(
+        self,
+        (files, opts, header): (Files, &CsvOptions, bool),
+        layout: Layout,
+    ) -> Result<Csv> {
+        let what = files.given();
+        let read = (&files, &self.places[..]);
         let mut coders = match self.coders {
             Some(c) => c,
             None => categorical_coders(what, &layout, &opts.categorical)?,
@@ -204,18 +291,18 @@ impl Rows {
         let mut label_names = Vec::new();
         let (labels, classes) = match (regression(opts), &opts.label_sep) {
             (true, _) => {
-                let values = target_values(what, &layout, &self.labels, &self.lines)?;
+                let values = target_values(read, &layout, &self.labels)?;
                 (Labels::Values(values, layout.labels.len()), None)
             }
             (false, Some(sep)) => {
                 let given = (sep.as_str(), opts.classes.as_deref());
-                let (values, names) = label_sets(what, &layout, &self.labels, &self.lines, given)?;
+                let (values, names) = label_sets(read, &layout, &self.labels, given)?;
                 let k = names.len();
                 label_names = names;
                 (Labels::Values(values, k), None)
             }
             (false, None) => {
-                let (ids, classes) = label_ids(what, &layout, &self.labels, &self.lines, opts)?;
+                let (ids, classes) = label_ids(read, &layout, &self.labels, opts)?;
                 (Labels::Classes(ids), classes)
             }
         };
@@ -231,17 +318,22 @@ impl Rows {
         }
         let (width, texts) = match &opts.text {
             Some(t) => {
-                let texts = text::tokenize(what, t, self.texts, &self.lines)?;
+                let texts = text::tokenize(read, t, self.texts)?;
                 (texts.context(), Some(texts))
             }
             None => (input.width(), None),
         };
+        let mut name = what
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let n = files.paths().count();
+        if n > 1 {
+            name += &format!(" ({n} files)");
+        }
         Ok(Csv {
-            unit: "line",
-            name: what
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            files,
+            name,
             split: opts.split.clone(),
             features,
             labels,

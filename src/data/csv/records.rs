@@ -95,6 +95,85 @@ pub(super) fn each_row(
     Ok(resolved)
 }
 
+/// Where a row was read: which of a table's files (see [`Files`]), and
+/// its line there (a Parquet file's row, a JSON array's record: as its
+/// file's unit says).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    file: u32,
+    n: usize,
+}
+
+impl Place {
+    /// Line (row, record) `n` of the table's file `file`.
+    pub(super) fn new(file: u32, n: usize) -> Place {
+        Place { file, n }
+    }
+
+    /// The line (row, record) in its file.
+    pub fn line(&self) -> usize {
+        self.n
+    }
+}
+
+/// The files read as one table, in order, and what names a row in each.
+#[derive(Clone, Debug)]
+pub struct Files {
+    /// The path as given: a file, or a pattern that matched the files.
+    given: std::path::PathBuf,
+    files: Vec<(std::path::PathBuf, &'static str)>,
+}
+
+impl Files {
+    /// The files read as the table `given` names, none yet.
+    pub(super) fn new(given: &Path) -> Files {
+        Files {
+            given: given.to_path_buf(),
+            files: Vec::new(),
+        }
+    }
+
+    /// One file, whose rows `unit` names (`line`, `row`, `record`).
+    pub(super) fn one(path: &Path, unit: &'static str) -> Files {
+        let mut files = Files::new(path);
+        files.add(path, unit);
+        files
+    }
+
+    /// Appends a file: its index, for [`Place::new`].
+    pub(super) fn add(&mut self, path: &Path, unit: &'static str) -> u32 {
+        self.files.push((path.to_path_buf(), unit));
+        (self.files.len() - 1) as u32
+    }
+
+    /// The path as given, for messages about the whole table.
+    pub fn given(&self) -> &Path {
+        &self.given
+    }
+
+    /// Every file's path, in order.
+    pub(super) fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|(p, _)| p.as_path())
+    }
+
+    /// An error about the row at `p`, in its file: `say` is given the row
+    /// as the file names it (`line 4`, `row 4`).
+    pub(super) fn error(&self, p: Place, say: impl FnOnce(&str) -> String) -> crate::Error {
+        let (path, unit) = &self.files[p.file as usize];
+        data_err(path, say(&format!("{unit} {}", p.n)))
+    }
+
+    /// The row at `p` for a line about the whole table: `line 4`, or, of
+    /// several files, `b.csv, line 4`.
+    pub fn describe(&self, p: &Place) -> String {
+        let (path, unit) = &self.files[p.file as usize];
+        match self.files.len() {
+            1 => format!("{unit} {}", p.n),
+            _ => format!("{}, {unit} {}", path.display(), p.n),
+        }
+    }
+}
+
 /// A file's rows that come as records under column names (a Parquet
 /// file's rows, a JSON file's objects), their cells as text.
 pub(super) struct Records {
@@ -141,18 +220,20 @@ pub(super) fn each_record(
 }
 
 /// [`each_row`] of the file `path`: a Parquet or JSON file's records, or a
-/// CSV file's text read with `shape`.
+/// CSV file's text read with `shape`. Returns the layout and what names
+/// the file's rows (`line`, `row`, `record`).
 pub(super) fn each_row_in(
     path: &Path,
     shape: Shape,
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
     row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
-) -> Result<Option<Layout>> {
+) -> Result<(Option<Layout>, &'static str)> {
     if let Some(records) = records_of(path, "|")? {
-        return each_record(&records, layout, row).map_err(|e| in_units(e, records.unit));
+        let layout = each_record(&records, layout, row).map_err(|e| in_units(e, records.unit))?;
+        return Ok((layout, records.unit));
     }
     let text = crate::data::files::read_text(path)?;
-    each_row(path, &text, shape, layout, row)
+    Ok((each_row(path, &text, shape, layout, row)?, "line"))
 }
 
 /// `e` with the row it names named as `unit` names rows: the messages,

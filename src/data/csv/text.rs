@@ -14,8 +14,8 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 use tokenizers::{EncodeInput, Tokenizer, TruncationParams};
 
-use super::super::files::data_err;
 use super::super::tokenized::{Cache, Key};
+use super::records::{Files, Place};
 use super::Column;
 use crate::{Error, Result};
 
@@ -50,8 +50,8 @@ pub(super) struct Texts {
     starts: Vec<usize>,
     context: usize,
     pad: u32,
-    /// The lines of the texts cut at `context`.
-    pub cut: Vec<usize>,
+    /// The places of the texts cut at `context`.
+    pub cut: Vec<Place>,
     /// The tokenizer file's name, for `describe`.
     pub tokenizer: String,
     /// The reading, for checkpoints.
@@ -116,35 +116,41 @@ pub(super) fn describe_columns(columns: &[Column]) -> String {
     }
 }
 
-/// The `cells` (read on `lines` of `what`) as ids: shared with a live
-/// source of the same texts, lines, tokenizer file and options.
+/// The `cells` (read at `places` of `files`) as ids: shared with a live
+/// source of the same texts, places, files, tokenizer file and options.
 pub(super) fn tokenize(
-    what: &Path,
+    (files, places): (&Files, &[Place]),
     o: &TextOptions,
     cells: Vec<Cells>,
-    lines: &[usize],
 ) -> Result<Arc<Texts>> {
     let tokenizer_bytes = std::fs::read(&o.tokenizer).map_err(|e| Error::io(&o.tokenizer, e))?;
     let mut rows = Vec::new();
-    for (row, line) in cells.iter().zip(lines) {
+    for (row, place) in cells.iter().zip(places) {
         for cell in row {
             rows.extend((cell.len() as u64).to_le_bytes());
             rows.extend(cell.as_bytes());
         }
-        rows.extend((*line as u64).to_le_bytes());
+        rows.extend(format!("{place:?}").as_bytes());
+    }
+    let mut paths = Vec::new();
+    for p in files.paths() {
+        paths.extend(p.as_os_str().as_encoded_bytes());
+        paths.push(0);
     }
     let key = Key::of(&[
         &rows,
         &tokenizer_bytes,
         &o.context.to_le_bytes(),
         describe_columns(&o.columns).as_bytes(),
-        what.as_os_str().as_encoded_bytes(),
+        &paths,
     ]);
-    TEXTS.shared(key, || tokenize_now(what, o, cells, lines).map(Arc::new))
+    TEXTS.shared(key, || {
+        tokenize_now((files, places), o, cells).map(Arc::new)
+    })
 }
 
 /// [`tokenize`], without the cache.
-fn tokenize_now(what: &Path, o: &TextOptions, cells: Vec<Cells>, lines: &[usize]) -> Result<Texts> {
+fn tokenize_now(read: (&Files, &[Place]), o: &TextOptions, cells: Vec<Cells>) -> Result<Texts> {
     let (t, pad) = tokenizer(o)?;
     let name = o
         .tokenizer
@@ -152,22 +158,20 @@ fn tokenize_now(what: &Path, o: &TextOptions, cells: Vec<Cells>, lines: &[usize]
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
     encode(
-        (what, &o.tokenizer, name),
+        (read, &o.tokenizer, name),
         &o.columns,
         (t, pad, o.context),
         cells,
-        lines,
     )
 }
 
-/// The `cells` (read on `lines` of `what`) as ids, as the run that saved
-/// `input` read its texts (its column named `column` in errors).
+/// The `cells` (read at `places` of `files`) as ids, as the run that
+/// saved `input` read its texts (its column named `column` in errors).
 pub(super) fn tokenize_as(
-    what: &Path,
+    read: (&Files, &[Place]),
     input: &TextInput,
     columns: &[Column],
     cells: Vec<Cells>,
-    lines: &[usize],
 ) -> Result<Texts> {
     let saved = Path::new("the checkpoint's tokenizer");
     let t: Tokenizer = input
@@ -176,18 +180,18 @@ pub(super) fn tokenize_as(
         .parse()
         .map_err(|e| Error::Data(format!("{}: {e}", saved.display())))?;
     let (t, _) = cutting(t, saved, input.context)?;
-    let source = (what, saved, "the run's tokenizer".to_string());
-    encode(source, columns, (t, input.pad, input.context), cells, lines)
+    let source = (read, saved, "the run's tokenizer".to_string());
+    encode(source, columns, (t, input.pad, input.context), cells)
 }
 
-/// The `cells` as ids of `t`, padded with `pad` to `context`; `what`,
-/// `source` and `name`: the file read, the tokenizer's and its name.
+/// The `cells` as ids of `t`, padded with `pad` to `context`; `read`,
+/// `source` and `name`: where the cells were read, the tokenizer's file
+/// and its name.
 fn encode(
-    (what, source, name): (&Path, &Path, String),
+    ((files, places), source, name): ((&Files, &[Place]), &Path, String),
     columns: &[Column],
     (t, pad, context): (Tokenizer, u32, usize),
     cells: Vec<Cells>,
-    lines: &[usize],
 ) -> Result<Texts> {
     let inputs: Vec<EncodeInput> = cells
         .into_iter()
@@ -220,17 +224,16 @@ fn encode(
                 .map_err(|e| Error::Data(format!("{}: {e}", source.display())))?,
         },
     };
-    for (e, &line) in encodings.iter().zip(lines) {
+    for (e, &place) in encodings.iter().zip(places) {
         let ids = e.get_ids();
         if ids.contains(&pad) {
-            return Err(data_err(
-                what,
+            return Err(files.error(place, |row| {
                 format!(
-                    "line {line}, {}: the text holds the tokenizer's padding token (`{}`), which the model would not see: take it out of the text",
+                    "{row}, {}: the text holds the tokenizer's padding token (`{}`), which the model would not see: take it out of the text",
                     describe_columns(columns),
                     t.id_to_token(pad).unwrap_or_default()
-                ),
-            ));
+                )
+            }));
         }
         // A pair's second text starts after the first separator (BERT's
         // types follow from it): a first text holding that token would
@@ -238,18 +241,17 @@ fn encode(
         if let Some(second) = e.get_type_ids().iter().position(|&t| t == 1) {
             let sep = ids[second.saturating_sub(1)];
             if ids[..second.saturating_sub(1)].contains(&sep) {
-                return Err(data_err(
-                    what,
+                return Err(files.error(place, |row| {
                     format!(
-                        "line {line}, {}: the first text holds the separator token (`{}`) that the pair's texts are joined with: take it out of the text",
+                        "{row}, {}: the first text holds the separator token (`{}`) that the pair's texts are joined with: take it out of the text",
                         describe_columns(columns),
                         t.id_to_token(sep).unwrap_or_default()
-                    ),
-                ));
+                    )
+                }));
             }
         }
         if !e.get_overflowing().is_empty() {
-            texts.cut.push(line);
+            texts.cut.push(place);
         }
         texts.ids.extend_from_slice(ids);
         texts.starts.push(texts.ids.len());
