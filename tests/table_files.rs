@@ -51,15 +51,17 @@ fn penguins_in_parts_train_as_the_whole_file() -> Result<()> {
         (
             "parquet",
             lua_string(&pattern),
+            "-of-00003.parquet (3 files)",
             "train-00000-of-00003.parquet, row 4",
         ),
         (
             "csv",
             format!("{{ {} }}", parts.join(", ")),
+            "part-0.csv and 2 more files",
             "part-0.csv, line 5",
         ),
     ];
-    for (data, path, first) in cases {
+    for (data, path, table, first) in cases {
         let recipe = common::penguins_recipe_of(data, &path);
         let (got, said, _) = common::train_recipe(dir.path(), data, &recipe)?;
         for k in ["loss", "accuracy", "samples", "confusion"] {
@@ -69,8 +71,9 @@ fn penguins_in_parts_train_as_the_whole_file() -> Result<()> {
             );
         }
         ensure!(
-            said.contains("(3 files): 2 of 344 rows have a missing value and are left out")
-                && said.contains(&format!("{first})")),
+            said.contains(&format!(
+                "{table}: 2 of 344 rows have a missing value and are left out"
+            )) && said.contains(&format!("{first})")),
             "{data}: {said}"
         );
     }

@@ -366,7 +366,7 @@ fn table(lua: &Lua, what: &str, opts: Value) -> mlua::Result<super::data::DataHa
     if let Some(first) = table.dropped().first() {
         super::state(lua).out.line(&format!(
             "{what}: {}: {} of {} rows have a missing value and are left out (the first on {})",
-            described(&given, &paths),
+            files.describe_table(false),
             table.dropped().len(),
             table.dropped().len() + table.len(),
             files.describe(first),
@@ -375,20 +375,11 @@ fn table(lua: &Lua, what: &str, opts: Value) -> mlua::Result<super::data::DataHa
     if let Some(first) = table.cut().first() {
         super::state(lua).out.line(&format!(
             "{what}: {}: {} of {} texts are longer than `context` ids and are cut there (the first on {})",
-            described(&given, &paths),
+            files.describe_table(false),
             table.cut().len(),
             table.len(),
             files.describe(first),
         ));
     }
     Ok(source(table))
-}
-
-/// The files of a table for a line about it: the one file, or the path
-/// given (a pattern, or a list's first) and how many files it read.
-fn described(given: &std::path::Path, paths: &[std::path::PathBuf]) -> String {
-    match paths {
-        [one] => one.display().to_string(),
-        many => format!("{} ({} files)", given.display(), many.len()),
-    }
 }

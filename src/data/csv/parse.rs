@@ -323,17 +323,9 @@ impl Rows {
             }
             None => (input.width(), None),
         };
-        let mut name = what
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let n = files.paths().count();
-        if n > 1 {
-            name += &format!(" ({n} files)");
-        }
         Ok(Csv {
+            name: files.describe_table(true),
             files,
-            name,
             split: opts.split.clone(),
             features,
             labels,

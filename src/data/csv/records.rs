@@ -151,6 +151,28 @@ impl Files {
         &self.given
     }
 
+    /// The table for a line about it: its one file, `parts/*.csv (3
+    /// files)` for a pattern, `a.csv and 2 more files` for a list; with
+    /// `name_only`, the file or pattern's last component.
+    pub fn describe_table(&self, name_only: bool) -> String {
+        let shown = |p: &Path| match name_only {
+            true => p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            false => p.display().to_string(),
+        };
+        match &self.files[..] {
+            [] | [_] => shown(&self.given),
+            [(first, _), rest @ ..] if *first == self.given => {
+                let s = if rest.len() == 1 { "" } else { "s" };
+                format!("{} and {} more file{s}", shown(first), rest.len())
+            }
+            many => format!("{} ({} files)", shown(&self.given), many.len()),
+        }
+    }
+
     /// Every file's path, in order.
     pub(super) fn paths(&self) -> impl Iterator<Item = &Path> {
         self.files.iter().map(|(p, _)| p.as_path())
