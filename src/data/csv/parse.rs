@@ -18,13 +18,15 @@ use crate::{Error, Result};
 
 /// Parses CSV text as [`super::csv`] reads a file; `what` names it in errors.
 pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
-    table(what, vec![(what, Read::Text(text.into()))], opts)
+    table(what, vec![(what, Read::Text(text))], opts)
 }
 
-/// A file as read: CSV text, or records (a Parquet file's rows, a JSON
-/// file's objects) whose cells are text.
+/// A file as read: CSV text, a CSV file read when its turn comes (so that
+/// one file's text is held at a time), or records (a Parquet file's rows,
+/// a JSON file's objects) whose cells are text.
 enum Read<'a> {
-    Text(std::borrow::Cow<'a, str>),
+    Text(&'a str),
+    Csv,
     Records(Records),
 }
 
@@ -37,7 +39,7 @@ pub(super) fn parse_files(given: &Path, paths: &[PathBuf], opts: &CsvOptions) ->
     for path in paths {
         let read = match records_of(path, sep)? {
             Some(records) => Read::Records(records),
-            None => Read::Text(read_text(path)?.into()),
+            None => Read::Csv,
         };
         if let Some((first, r)) = files.first() {
             if matches!(r, Read::Records(_)) != matches!(read, Read::Records(_)) {
@@ -60,7 +62,7 @@ fn table(given: &Path, files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Result<C
     if records && !regression(&opts) && opts.label_sep.is_none() {
         let lists = files.iter().any(|(_, r)| match r {
             Read::Records(r) => label_holds_lists(&opts, r),
-            Read::Text(_) => false,
+            Read::Text(_) | Read::Csv => false,
         });
         if lists {
             opts.label_sep = Some("|".into());
@@ -84,11 +86,15 @@ fn table(given: &Path, files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Result<C
             _ => layout_of(path, o, n, names),
         };
         let laid = match &read {
-            Read::Text(text) => {
+            Read::Text(_) | Read::Csv => {
+                let text = match &read {
+                    Read::Text(text) => std::borrow::Cow::Borrowed(*text),
+                    _ => std::borrow::Cow::Owned(read_text(path)?),
+                };
                 rows.file = places.add(path, "line");
                 let take =
                     |l: &Layout, line, record: &_| rows.take((path, o, header), l, line, record);
-                each_row(path, text, shape, layout, take)?
+                each_row(path, &text, shape, layout, take)?
             }
             Read::Records(r) => {
                 rows.file = places.add(path, r.unit);
