@@ -104,31 +104,7 @@ fn json_lists_are_label_sets_and_absent_keys_missing_values() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("lists.jsonl");
     common::interop_check("pandas", &["json-lists", path.to_str().unwrap()])?;
-    let opts = CsvOptions {
-        label: Column::Name("labels".into()),
-        ..CsvOptions::default()
-    };
-    let table = taper::data::csv(&path, &opts)?;
-    let input = table.table_input().unwrap();
-    ensure!(
-        input.label_names() == Some(vec!["2".into(), "10".into(), "27".into()]),
-        "{input:?}"
-    );
-    let (x, y) = table.gather(&[0, 1, 2, 3])?;
-    ensure!(
-        x.to_vec2::<f32>()? == [[0.5, 1.0], [1.5, 2.0], [-2.0, 3.0], [3.25, 4.0]],
-        "{x}"
-    );
-    ensure!(
-        y.to_vec2::<f32>()?
-            == [
-                [1.0, 0.0, 1.0],
-                [0.0, 1.0, 0.0],
-                [0.0, 0.0, 0.0],
-                [1.0, 1.0, 1.0]
-            ],
-        "{y}"
-    );
+    common::lists_read_as_label_sets(&path)?;
 
     let sparse = dir.path().join("sparse.jsonl");
     std::fs::write(

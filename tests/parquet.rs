@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{ensure, Result};
-use taper::data::{Column, CsvOptions, Source};
 
 fn taper(args: &[&str]) -> Result<std::process::Output> {
     Ok(Command::new(env!("CARGO_BIN_EXE_taper"))
@@ -131,31 +130,7 @@ fn a_column_of_lists_is_a_multi_label_classifiers_label_sets() -> Result<()> {
         "pandas, pyarrow",
         &["parquet-lists", path.to_str().unwrap()],
     )?;
-    let opts = CsvOptions {
-        label: Column::Name("labels".into()),
-        ..CsvOptions::default()
-    };
-    let table = taper::data::csv(&path, &opts)?;
-    let input = table.table_input().unwrap();
-    ensure!(
-        input.label_names() == Some(vec!["2".into(), "10".into(), "27".into()]),
-        "{input:?}"
-    );
-    let (x, y) = table.gather(&[0, 1, 2, 3])?;
-    ensure!(
-        x.to_vec2::<f32>()? == [[0.5, 1.0], [1.5, 2.0], [-2.0, 3.0], [3.25, 4.0]],
-        "{x}"
-    );
-    ensure!(
-        y.to_vec2::<f32>()?
-            == [
-                [1.0, 0.0, 1.0],
-                [0.0, 1.0, 0.0],
-                [0.0, 0.0, 0.0],
-                [1.0, 1.0, 1.0]
-            ],
-        "{y}"
-    );
+    common::lists_read_as_label_sets(&path)?;
     Ok(())
 }
 

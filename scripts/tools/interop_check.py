@@ -475,16 +475,21 @@ def parquet_write(csv_path, out, compression):
                       "dtypes": [str(t) for t in df.dtypes]}))
 
 
-def parquet_lists(out):
+def lists_frame():
     """A Hugging Face datasets-style table: two features, and `labels`, a
-    list of label ids per row (GoEmotions' layout), written by pandas."""
+    list of label ids per row (GoEmotions' layout)."""
     import pandas as pd
 
-    df = pd.DataFrame({
+    return pd.DataFrame({
         "x1": [0.5, 1.5, -2.0, 3.25],
         "x2": [1, 2, 3, 4],
         "labels": [[2, 27], [10], [], [27, 2, 10]],
     })
+
+
+def parquet_lists(out):
+    """lists_frame() written as Parquet by pandas."""
+    df = lists_frame()
     df.to_parquet(out)
     print(json.dumps({"rows": len(df)}))
 
@@ -524,14 +529,8 @@ def shards(csv_path, out, n):
 
 
 def json_lists(out):
-    """parquet_lists' table (a list of label ids per row) as JSON Lines."""
-    import pandas as pd
-
-    df = pd.DataFrame({
-        "x1": [0.5, 1.5, -2.0, 3.25],
-        "x2": [1, 2, 3, 4],
-        "labels": [[2, 27], [10], [], [27, 2, 10]],
-    })
+    """lists_frame() written as JSON Lines by pandas."""
+    df = lists_frame()
     df.to_json(out, orient="records", lines=True)
     print(json.dumps({"rows": len(df)}))
 

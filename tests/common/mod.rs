@@ -187,3 +187,38 @@ pub fn train_recipe(
     let eval = records(&out, "eval").pop().expect("an eval record");
     Ok((eval, said, out))
 }
+
+/// interop_check.py's `lists_frame()` table at `path` (a Parquet or JSON
+/// file of two features and `labels`, a list of label ids per row) reads as
+/// label sets: the labels sorted by value, each row's 0s and 1s; the other
+/// columns are the features.
+#[allow(dead_code)] // not every test binary reads tables
+pub fn lists_read_as_label_sets(path: &Path) -> Result<()> {
+    use taper::data::{Column, CsvOptions, Source};
+    let opts = CsvOptions {
+        label: Column::Name("labels".into()),
+        ..CsvOptions::default()
+    };
+    let table = taper::data::csv(path, &opts)?;
+    let input = table.table_input().unwrap();
+    ensure!(
+        input.label_names() == Some(vec!["2".into(), "10".into(), "27".into()]),
+        "{input:?}"
+    );
+    let (x, y) = table.gather(&[0, 1, 2, 3])?;
+    ensure!(
+        x.to_vec2::<f32>()? == [[0.5, 1.0], [1.5, 2.0], [-2.0, 3.0], [3.25, 4.0]],
+        "{x}"
+    );
+    ensure!(
+        y.to_vec2::<f32>()?
+            == [
+                [1.0, 0.0, 1.0],
+                [0.0, 1.0, 0.0],
+                [0.0, 0.0, 0.0],
+                [1.0, 1.0, 1.0]
+            ],
+        "{y}"
+    );
+    Ok(())
+}

@@ -114,6 +114,14 @@ impl Place {
     pub fn line(&self) -> usize {
         self.n
     }
+
+    /// The place as bytes, for a cache key.
+    pub(super) fn key(&self) -> [u8; 12] {
+        let mut key = [0; 12];
+        key[..4].copy_from_slice(&self.file.to_le_bytes());
+        key[4..].copy_from_slice(&(self.n as u64).to_le_bytes());
+        key
+    }
 }
 
 /// The files read as one table, in order, and what names a row in each.

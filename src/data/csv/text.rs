@@ -130,7 +130,7 @@ pub(super) fn tokenize(
             rows.extend((cell.len() as u64).to_le_bytes());
             rows.extend(cell.as_bytes());
         }
-        rows.extend(format!("{place:?}").as_bytes());
+        rows.extend(place.key());
     }
     let mut paths = Vec::new();
     for p in files.paths() {
