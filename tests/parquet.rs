@@ -3,7 +3,8 @@
 //! CSV file of the same data is: the Palmer penguins written by pandas with
 //! each of the usual codecs train to the bit as the CSV file does, and
 //! `taper classify` reads the file's rows; a column of lists of label ids
-//! is a multi-label classifier's label sets.
+//! is a multi-label classifier's label sets, and a column of embeddings a
+//! feature per number.
 
 mod common;
 
@@ -134,6 +135,77 @@ fn a_column_of_lists_is_a_multi_label_classifiers_label_sets() -> Result<()> {
     Ok(())
 }
 
+/// A column of sentence embeddings (a float32 list a row, as Hugging Face
+/// datasets keep an encoder's output) is read as a feature per number:
+/// the Parquet and JSON Lines files train to the bit as the CSV file of
+/// the same embeddings stacked by NumPy into a column each, `features =
+/// { "embedding" }` standing for the 32 columns; the classifier is as
+/// accurate as NumPy's nearest centroid, and `taper classify` answers for
+/// the Parquet file's rows as for the CSV file's.
+#[test]
+fn a_column_of_embeddings_is_a_feature_per_number() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let said = common::interop_check("pandas, pyarrow", &["embeddings", d.to_str().unwrap()])?;
+    let reference = said["nearest_centroid_accuracy"].as_f64().unwrap();
+    let recipe = |ext: &str, features: &str| {
+        let path = |split: &str| {
+            format!(
+                "{:?}",
+                d.join(format!("{split}.{ext}")).display().to_string()
+            )
+        };
+        format!(
+            r#"local f = {features}
+local train = taper.data.csv{{ path = {}, label = "label", features = f }}:named("train"):standardize()
+assert(#train:feature_names() == 32 and train:feature_names()[32] == "embedding[31]")
+local test = taper.data.csv{{ path = {}, label = "label", features = f }}:named("test"):standardize(train)
+local run = taper.run{{
+  model = taper.model.mlp{{ inputs = 32, outputs = 3 }},
+  optim = taper.optim.adamw{{ lr = 1e-2 }}, data = train:shuffle{{ seed = 1 }}:batch(32), seed = 1,
+}}
+for e in run:epochs(20) do for b in run:batches() do run:step(b) end end
+run:evaluate(test)
+"#,
+            path("train"),
+            path("test")
+        )
+    };
+    let each = "{} for i = 0, 31 do f[#f + 1] = \"embedding[\" .. i .. \"]\" end";
+    let (want, out) = run(d, "csv", &recipe("csv", each))?;
+    eprintln!("csv: {want}; nearest centroid: {reference}");
+    let accuracy = want["accuracy"].as_f64().unwrap();
+    ensure!(
+        accuracy >= reference - 0.03,
+        "{accuracy} against {reference}"
+    );
+    for ext in ["parquet", "jsonl"] {
+        let (got, _) = run(d, ext, &recipe(ext, "{ \"embedding\" }"))?;
+        for k in ["loss", "accuracy", "samples", "confusion"] {
+            ensure!(got[k] == want[k], "{ext}: {k}: {got} vs the CSV's {want}");
+        }
+    }
+    let answers = |file: &str| -> Result<Vec<String>> {
+        let o = taper(&[
+            "classify",
+            out.to_str().unwrap(),
+            d.join(file).to_str().unwrap(),
+        ])?;
+        ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        Ok(String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| l.splitn(3, ':').nth(2).unwrap_or_default().to_string())
+            .collect())
+    };
+    let by_csv = answers("test.csv")?;
+    ensure!(by_csv.len() == 200, "{by_csv:?}");
+    ensure!(
+        answers("test.parquet")? == by_csv,
+        "classify's answers differ"
+    );
+    Ok(())
+}
+
 /// A CSV file through taper.data.parquet, CSV-only options for a Parquet
 /// file, a file that is not Parquet and a missing value are refused,
 /// saying what to do.
@@ -143,6 +215,11 @@ fn parquet_options_and_files_that_cannot_work_say_why() -> Result<()> {
     let (csv, parquet) = penguins(dir.path(), "snappy")?;
     let broken = dir.path().join("broken.parquet");
     std::fs::write(&broken, "species,island\nAdelie,Dream\n")?;
+    let lists = dir.path().join("lists.parquet");
+    common::interop_check(
+        "pandas, pyarrow",
+        &["parquet-lists", lists.to_str().unwrap()],
+    )?;
     let cases = [
         (
             format!("taper.data.csv{{ path = {:?}, delimiter = \";\" }}", parquet.display().to_string()),
@@ -163,6 +240,10 @@ fn parquet_options_and_files_that_cannot_work_say_why() -> Result<()> {
         (
             format!("taper.data.parquet{{ path = {:?}, label = \"species\", features = {{ \"bill_length_mm\" }} }}", parquet.display().to_string()),
             format!("{}: row 4, column 3 (`bill_length_mm`): a missing value", parquet.display()),
+        ),
+        (
+            format!("taper.data.parquet{{ path = {:?}, label = \"x2\", features = {{ \"x1\", \"labels\" }} }}", lists.display().to_string()),
+            format!("{}: column 3 (`labels`) is a column of lists, read as a feature per item when each row's list holds numbers, as many as every other row's: row 2's list holds 1 item, where row 1's holds 2", lists.display()),
         ),
     ];
     for (i, (expr, says)) in cases.iter().enumerate() {

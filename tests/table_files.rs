@@ -82,7 +82,8 @@ fn penguins_in_parts_train_as_the_whole_file() -> Result<()> {
 
 /// JSON Lines parts, every other one with its keys in reverse order, read
 /// through a pattern: the same samples and inputs as the whole CSV file's,
-/// the columns in the first part's order.
+/// the columns in the first part's order, and columns given by index are
+/// those of the first part.
 #[test]
 fn parts_with_their_columns_in_another_order_read_as_the_whole_file() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -122,6 +123,25 @@ fn parts_with_their_columns_in_another_order_read_as_the_whole_file() -> Result<
     ensure!(
         ya.to_vec1::<u32>()? == yb.to_vec1::<u32>()?,
         "the labels differ"
+    );
+    // Columns given by index are the first part's: `species` is column 0
+    // there and the last in the reversed parts.
+    let by_index = CsvOptions {
+        label: Column::Index(0),
+        categorical: vec![(Column::Index(1), None), (Column::Index(6), None)],
+        ..opts
+    };
+    let indexed = taper::data::csv_files(&pattern, &paths, &by_index)?;
+    ensure!(
+        indexed.table_input() == parts.table_input(),
+        "{:?}",
+        indexed.table_input()
+    );
+    let (xc, yc) = indexed.gather(&all)?;
+    ensure!(
+        xc.to_vec2::<f32>()? == xb.to_vec2::<f32>()?
+            && yc.to_vec1::<u32>()? == yb.to_vec1::<u32>()?,
+        "by index, the samples differ"
     );
     Ok(())
 }

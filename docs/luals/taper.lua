@@ -389,7 +389,9 @@ function taper.data.csv(opts) end
 ---its options but `header`, `delimiter` and `decimal` (its columns have names
 ---and types). A null is a missing value; a float64 column gives its values as
 ---f32; a label column of lists (`[2, 27]`) is a multi-label classifier's label
----sets. Errors name the row (1 the first).
+---sets; another column of lists of numbers, as many a row (an embedding), is a
+---column a number, `embedding[0]` ... (`features = { "embedding" }` names
+---them all). Errors name the row (1 the first).
 ---@param opts {path: string|string[], label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.parquet(opts) end
@@ -401,7 +403,8 @@ function taper.data.parquet(opts) end
 ---`delimiter` and `decimal` (the keys name the columns, in the order they
 ---first appear). A null or an absent key is a missing value; booleans are 0
 ---and 1; a label column of lists (`[2, 27]`) is a multi-label classifier's
----label sets. Errors name the line (an array's records: their place, 1 the
+---label sets, another key's lists of numbers, as many a row (an embedding),
+---a column a number (`embedding[0]` ...). Errors name the line (an array's records: their place, 1 the
 ---first).
 ---@param opts {path: string|string[], label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data

@@ -61,6 +61,10 @@ the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
     python interop_check.py parquet-lists OUT
         a Parquet file with a list column of label ids per row, as Hugging Face
         datasets keep multi-label data
+    python interop_check.py embeddings DIR
+        train and test tables of 32-number embeddings a row, as Hugging Face
+        datasets keep them: DIR/{train,test}.{parquet,jsonl} (a list column)
+        and .csv (a column per number); NumPy's nearest-centroid accuracy
     python interop_check.py json-write CSV OUT LAYOUT
         pandas reads the CSV and writes it to OUT as JSON records (LAYOUT lines:
         JSON Lines, as Hugging Face datasets' to_json writes them; array: one
@@ -494,6 +498,45 @@ def parquet_lists(out):
     print(json.dumps({"rows": len(df)}))
 
 
+def embeddings(out):
+    """A Hugging Face datasets-style table of sentence embeddings, train and
+    test: `text`, `embedding` (a float32 list of 32 a row, each its class's
+    centre plus noise) and `label` (a class name). pandas writes it as
+    Parquet and as JSON Lines (with 15 decimals: its default of 10 rounds
+    small float32s), and as CSV with the embeddings stacked by NumPy into a
+    column per item, `embedding[0]` ... `embedding[31]`. Prints the test
+    accuracy of NumPy's nearest-centroid classifier fitted on train, a
+    reference."""
+    import os
+
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    classes = np.array(["music", "science", "sports"])
+    centres = rng.normal(size=(3, 32))
+    accuracy = None
+    fitted = None
+    for split, n in [("train", 600), ("test", 200)]:
+        y = rng.integers(0, 3, n)
+        x = (centres[y] + rng.normal(scale=2.0, size=(n, 32))).astype(np.float32)
+        texts = [f"{split} passage {i}" for i in range(n)]
+        df = pd.DataFrame({"text": texts, "embedding": list(x), "label": classes[y]})
+        df.to_parquet(os.path.join(out, f"{split}.parquet"))
+        df.to_json(os.path.join(out, f"{split}.jsonl"), orient="records", lines=True,
+                   double_precision=15)
+        stacked = pd.DataFrame(np.stack(df["embedding"]),
+                               columns=[f"embedding[{i}]" for i in range(32)])
+        pd.concat([df[["text"]], stacked, df[["label"]]], axis=1).to_csv(
+            os.path.join(out, f"{split}.csv"), index=False)
+        if fitted is None:
+            fitted = np.stack([x[y == k].mean(0) for k in range(3)])
+        else:
+            d = ((x[:, None, :] - fitted[None]) ** 2).sum(-1)
+            accuracy = float((d.argmin(1) == y).mean())
+    print(json.dumps({"nearest_centroid_accuracy": accuracy}))
+
+
 def json_write(csv_path, out, layout):
     """pandas reads the CSV and writes it as JSON records, one object a row:
     JSON Lines (`layout` lines, Hugging Face datasets' `to_json`, which
@@ -893,6 +936,8 @@ def main():
         parquet_write(args[0], args[1], args[2])
     elif cmd == "parquet-lists":
         parquet_lists(args[0])
+    elif cmd == "embeddings":
+        embeddings(args[0])
     elif cmd == "json-write":
         json_write(args[0], args[1], args[2])
     elif cmd == "shards":

@@ -55,7 +55,7 @@ impl Layout {
                         what,
                         format!(
                             "{role} column `{name}` is not in the header, which names {}",
-                            name_list(&names)
+                            name_list(&super::vectors::shorten(&names))
                         ),
                     )
                 }),
@@ -120,6 +120,11 @@ impl Layout {
             decimal: b'.',
             n,
         })
+    }
+
+    /// What the label columns are: `label` or `target`.
+    pub(super) fn role(&self) -> &'static str {
+        self.role
     }
 
     /// The place among the features of a column named as categorical.
@@ -236,6 +241,7 @@ impl Layout {
         match names.is_empty() {
             true => format!("{n} columns"),
             false => {
+                let names = super::vectors::shorten(names);
                 let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
                 names.join(", ")
             }

@@ -69,7 +69,7 @@ pub(super) fn read(path: &Path, sep: &str) -> Result<Records> {
         Some(b'[') => array(path, &text, &mut table, sep).map(|()| "record")?,
         _ => lines(path, &text, &mut table, sep).map(|()| "line")?,
     };
-    Ok(table.into_records(unit))
+    Ok(table.into_records(unit, sep))
 }
 
 /// A JSON Lines text's objects into `table`, each named by its line; blank
@@ -204,7 +204,7 @@ impl Table {
 
     /// The rows, one cell a column: a key a row lacks is a missing value,
     /// as pandas' `read_json` reads it.
-    fn into_records(mut self, unit: &'static str) -> Records {
+    fn into_records(mut self, unit: &'static str, sep: &str) -> Records {
         let width = self.names.len();
         for row in &mut self.rows {
             for _ in row.len()..width {
@@ -217,6 +217,10 @@ impl Table {
             lists: self.lists,
             at: self.at,
             unit,
+            sep: sep.to_string(),
+            vectors: Vec::new(),
+            lengths: Vec::new(),
+            kept: Vec::new(),
         }
     }
 }

@@ -18,7 +18,9 @@ mod labels;
 mod parquet;
 mod parse;
 mod records;
+mod rows;
 mod text;
+mod vectors;
 
 pub use input::{TableInput, TableRows, TextRows};
 pub use json::is_json;
@@ -149,6 +151,9 @@ pub struct Csv {
     /// With `text`: the column's texts as ids (`features` is empty),
     /// shared with other sources of the same texts.
     texts: Option<std::sync::Arc<text::Texts>>,
+    /// The list columns of numbers read as a column a number: each one's
+    /// name and length.
+    vectors: Vec<(String, usize)>,
 }
 
 /// Reads a CSV file, gzipped or plain, or a Parquet or JSON file (by its
@@ -225,6 +230,9 @@ impl Source for Csv {
                 self.width
             ),
         };
+        for (name, k) in &self.vectors {
+            s += &format!("; `{name}` a list of {k} numbers, {k} features");
+        }
         let categorical = self.input.categories.iter().flatten().count();
         if categorical > 0 {
             s += &format!("; {categorical} columns of categories, one-hot encoded");

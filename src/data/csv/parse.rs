@@ -1,18 +1,16 @@
-//! Reading a CSV file's rows into a [`Csv`]: whether it has a header, each
-//! row's features, labels or texts (a missing value dropped or an error,
-//! a first row of names read as data an error), then the labels, the
-//! table input checkpoints keep, and the tokenized texts.
+//! Reading a table's files into a [`Csv`]: whether they have a header,
+//! where the label (or targets) and the features are in each, files of
+//! records' list columns (label sets, embeddings) and columns given by
+//! index, and each file's columns against the first's; the rows are taken
+//! by [`Rows`].
 
 use std::path::{Path, PathBuf};
 
-use super::categories::{categorical_coders, settle, settled_names, Coder};
 use super::columns::{named, Layout};
-use super::labels::{label_ids, label_sets, target_values, Labels};
-use super::records::{
-    each_record, each_row, in_units, number, records_of, Files, Place, Records, Shape,
-};
-use super::text::{self, Cells};
-use super::{Column, Csv, CsvOptions, Missing, TableInput};
+use super::records::{each_record, each_row, in_units, records_of, Files, Records, Shape};
+use super::rows::Rows;
+use super::vectors;
+use super::{Column, Csv, CsvOptions};
 use crate::data::files::{data_err, read_text};
 use crate::{Error, Result};
 
@@ -56,7 +54,7 @@ pub(super) fn parse_files(given: &Path, paths: &[PathBuf], opts: &CsvOptions) ->
 
 /// The rows of `files`, in order, as one table named `given`: each file's
 /// columns must be the first's.
-fn table(given: &Path, files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Result<Csv> {
+fn table(given: &Path, mut files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Result<Csv> {
     let records = matches!(files.first(), Some((_, Read::Records(_))));
     let mut opts = opts.clone();
     if records && !regression(&opts) && opts.label_sep.is_none() {
@@ -68,6 +66,7 @@ fn table(given: &Path, files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Result<C
             opts.label_sep = Some("|".into());
         }
     }
+    let vectors = read_vectors(given, &mut files, &mut opts)?;
     let header = records || header_of(given, &opts)?;
     let shape = Shape {
         header,
@@ -81,9 +80,17 @@ fn table(given: &Path, files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Result<C
     let mut rest: Option<CsvOptions> = None;
     for (path, read) in files {
         let o = rest.as_ref().unwrap_or(&opts);
-        let layout = |n, names: Vec<String>| match &first {
-            Some((a, l)) if !l.has_columns(n, &names) => Err(other_columns(a, l, path, n, &names)),
-            _ => layout_of(path, o, n, names),
+        let layout = |n, names: Vec<String>| {
+            let l = match &first {
+                Some((a, l)) if !l.has_columns(n, &names) => {
+                    return Err(other_columns(a, l, path, n, &names))
+                }
+                _ => layout_of(path, o, n, names)?,
+            };
+            match &read {
+                Read::Records(r) => whole_lists(path, r, &l).map(|()| l),
+                Read::Text(_) | Read::Csv => Ok(l),
+            }
         };
         let laid = match &read {
             Read::Text(_) | Read::Csv => {
@@ -118,7 +125,97 @@ fn table(given: &Path, files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Result<C
     let Some((_, layout)) = first else {
         return Err(data_err(given, "no rows"));
     };
-    rows.into_csv((places, &opts, header), layout)
+    let mut csv = rows.into_csv((places, &opts, header), layout)?;
+    csv.vectors = vectors;
+    Ok(csv)
+}
+
+/// Reads the list columns of numbers of a table of Parquet or JSON files
+/// as a column a number (see [`vectors`]), the label column of a
+/// classifier kept as label sets. The columns given by index are named
+/// first, as the first file has them (the places move), then a list column
+/// named among the features or targets stands for its columns. Returns the
+/// list columns read so: each one's name and length.
+fn read_vectors(
+    given: &Path,
+    files: &mut [(&Path, Read)],
+    opts: &mut CsvOptions,
+) -> Result<Vec<(String, usize)>> {
+    let Some((_, Read::Records(first))) = files.first() else {
+        return Ok(Vec::new());
+    };
+    let names = first.names.clone();
+    for_each_column(opts, |c| {
+        if let Some(at) = place(c, &names) {
+            *c = Column::Name(names[at].clone());
+        }
+    });
+    let label = (!regression(opts)).then(|| opts.label.clone());
+    for (_, read) in files.iter_mut() {
+        if let Read::Records(r) = read {
+            let keep = label.as_ref().and_then(|l| place(l, &r.names));
+            vectors::expand(r, keep);
+        }
+    }
+    let Some((_, Read::Records(first))) = files.first() else {
+        unreachable!("the first file holds records");
+    };
+    for (name, k) in &first.vectors {
+        let this = Column::Name(name.clone());
+        if let Some((c, _)) = opts.categorical.iter().find(|(c, _)| *c == this) {
+            return Err(data_err(
+                given,
+                format!(
+                    "{} holds lists of {k} numbers, read as {k} features; it cannot be categorical",
+                    c.describe()
+                ),
+            ));
+        }
+        let columns = (0..*k).map(|i| Column::Name(format!("{name}[{i}]")));
+        for list in [opts.features.as_mut(), Some(&mut opts.targets)]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(at) = list.iter().position(|c| *c == this) {
+                list.splice(at..=at, columns.clone());
+            }
+        }
+    }
+    Ok(first.vectors.clone())
+}
+
+/// Calls `f` with each column the options name.
+fn for_each_column(opts: &mut CsvOptions, mut f: impl FnMut(&mut Column)) {
+    f(&mut opts.label);
+    opts.targets.iter_mut().for_each(&mut f);
+    opts.features.iter_mut().flatten().for_each(&mut f);
+    opts.categorical.iter_mut().for_each(|(c, _)| f(c));
+    if let Some(t) = &mut opts.text {
+        t.columns.iter_mut().for_each(&mut f);
+    }
+}
+
+/// An error when `l` reads a list column kept whole (its lists are not
+/// numbers of one length) as a feature or target.
+fn whole_lists(path: &Path, r: &Records, l: &Layout) -> Result<()> {
+    let used = l.features.iter().map(|c| (c, "a feature")).chain(
+        l.labels
+            .iter()
+            .filter(|_| l.role() == "target")
+            .map(|c| (c, "a target")),
+    );
+    for (c, role) in used {
+        if let Some((_, why)) = r.kept.iter().find(|(k, _)| k == c) {
+            return Err(data_err(
+                path,
+                format!(
+                    "{} is a column of lists, read as {role} per item when each row's list holds numbers, as many as every other row's: {why}",
+                    l.column(*c)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The options for the files after a table's first, laid out as `l`: with
@@ -138,14 +235,20 @@ fn pinned(opts: &CsvOptions, l: &Layout, header: bool) -> Option<CsvOptions> {
 
 /// Whether the label column of `records` holds lists (label sets).
 fn label_holds_lists(opts: &CsvOptions, records: &Records) -> bool {
-    let label = match &opts.label {
-        Column::Name(n) => records.names.iter().position(|c| c == n),
+    place(&opts.label, &records.names).is_some_and(|k| records.lists.get(k) == Some(&true))
+}
+
+/// Where the column `c` is among columns named `names`.
+fn place(c: &Column, names: &[String]) -> Option<usize> {
+    match c {
+        Column::Name(n) => names.iter().position(|c| c == n),
         Column::Index(i) => {
-            let n = records.names.len() as i64;
-            usize::try_from(if *i < 0 { n + i } else { *i }).ok()
+            let n = names.len() as i64;
+            usize::try_from(if *i < 0 { n + i } else { *i })
+                .ok()
+                .filter(|&at| at < names.len())
         }
-    };
-    label.is_some_and(|k| records.lists.get(k) == Some(&true))
+    }
 }
 
 /// The error for the file `b`, of `n` columns named `names`, whose columns
@@ -176,7 +279,7 @@ fn layout_of(what: &Path, opts: &CsvOptions, n: usize, names: Vec<String>) -> Re
     )
 }
 
-fn regression(opts: &CsvOptions) -> bool {
+pub(super) fn regression(opts: &CsvOptions) -> bool {
     !opts.targets.is_empty()
 }
 
@@ -204,203 +307,5 @@ fn header_of(what: &Path, opts: &CsvOptions) -> Result<bool> {
         ))),
         Some(h) => Ok(h),
         None => Ok(by_name || opts.text.is_some()),
-    }
-}
-
-/// What the rows read so far hold.
-#[derive(Default)]
-struct Rows {
-    features: Vec<f32>,
-    /// Each row's label cells (or target cells).
-    labels: Vec<String>,
-    /// With `text`: each row's text, or pair of texts.
-    texts: Vec<Cells>,
-    /// The file being read, among the table's.
-    file: u32,
-    /// Where each row kept was read.
-    places: Vec<Place>,
-    /// Where the rows left out for a missing value were.
-    dropped: Vec<Place>,
-    /// The columns of categories' encoders, made at the first row.
-    coders: Option<Vec<Option<Coder>>>,
-}
-
-/// The file read, the options, and whether the files have a header.
-type Reading<'a> = (&'a Path, &'a CsvOptions, bool);
-
-impl Rows {
-    /// Row `record` on `line`, laid out as `l`.
-    fn take(
-        &mut self,
-        (what, opts, header): Reading,
-        l: &Layout,
-        line: usize,
-        record: &csv::StringRecord,
-    ) -> Result<()> {
-        if self.coders.is_none() {
-            self.coders = Some(categorical_coders(what, l, &opts.categorical)?);
-        }
-        if let Some(c) = l.missing_in(record, opts.label_sep.is_none()) {
-            if opts.missing == Missing::Drop {
-                self.dropped.push(Place::new(self.file, line));
-                return Ok(());
-            }
-            return Err(data_err(
-                what,
-                format!(
-                    "line {line}, {}: a missing value (`{}`); `missing = \"drop\"` leaves such rows out",
-                    l.column(c),
-                    &record[c]
-                ),
-            ));
-        }
-        if opts.text.is_some() {
-            let cells = l.features.iter().map(|&at| record[at].to_string());
-            self.texts.push(cells.collect());
-        } else {
-            if self.places.is_empty() && self.dropped.is_empty() && opts.header.is_none() && !header
-            {
-                names_read_as_data(what, opts, l, line, record)?;
-            }
-            let hint = match opts.features {
-                None => "; choose the columns with `features = { ... }`",
-                Some(_) => "",
-            };
-            l.features_into(
-                (what, line),
-                record,
-                opts.scale,
-                Some(hint),
-                self.coders.as_mut().expect("made at the first row"),
-                &mut self.features,
-            )?;
-        }
-        self.labels
-            .extend(l.labels.iter().map(|&c| record[c].to_string()));
-        self.places.push(Place::new(self.file, line));
-        Ok(())
-    }
-
-    /// The source the rows make, laid out as `layout`.
-    fn into_csv(
-        self,
-        (files, opts, header): (Files, &CsvOptions, bool),
-        layout: Layout,
-    ) -> Result<Csv> {
-        let what = files.given();
-        let read = (&files, &self.places[..]);
-        let mut coders = match self.coders {
-            Some(c) => c,
-            None => categorical_coders(what, &layout, &opts.categorical)?,
-        };
-        let features = settle(self.features, &mut coders);
-        let mut label_names = Vec::new();
-        let (labels, classes) = match (regression(opts), &opts.label_sep) {
-            (true, _) => {
-                let values = target_values(read, &layout, &self.labels)?;
-                (Labels::Values(values, layout.labels.len()), None)
-            }
-            (false, Some(sep)) => {
-                let given = (sep.as_str(), opts.classes.as_deref());
-                let (values, names) = label_sets(read, &layout, &self.labels, given)?;
-                let k = names.len();
-                label_names = names;
-                (Labels::Values(values, k), None)
-            }
-            (false, None) => {
-                let (ids, classes) = label_ids(read, &layout, &self.labels, opts)?;
-                (Labels::Classes(ids), classes)
-            }
-        };
-        let mut input = table_input(opts, header, &layout, &coders);
-        if let Some(sep) = &opts.label_sep {
-            // A multi-label classifier's outputs are its labels, in order.
-            input.targets = label_names.into_iter().map(Column::Name).collect();
-            input.label_column = Some(match header {
-                true => Column::Name(layout.names[layout.labels[0]].clone()),
-                false => Column::Index(layout.labels[0] as i64),
-            });
-            input.label_sep = Some(sep.clone());
-        }
-        let (width, texts) = match &opts.text {
-            Some(t) => {
-                let texts = text::tokenize(read, t, self.texts)?;
-                (texts.context(), Some(texts))
-            }
-            None => (input.width(), None),
-        };
-        Ok(Csv {
-            name: files.describe_table(true),
-            files,
-            split: opts.split.clone(),
-            features,
-            labels,
-            width,
-            classes,
-            dropped: self.dropped,
-            input: TableInput {
-                text: texts.as_ref().map(|t| t.input.clone()),
-                ..input
-            },
-            texts,
-        })
-    }
-}
-
-/// A first row of names read as data (pandas' read_csv would have taken it
-/// as the header): an error that says how to read it.
-fn names_read_as_data(
-    what: &Path,
-    opts: &CsvOptions,
-    l: &Layout,
-    line: usize,
-    record: &csv::StringRecord,
-) -> Result<()> {
-    if record
-        .iter()
-        .any(|c| number::<f64>(c, opts.decimal).is_some())
-    {
-        return Ok(());
-    }
-    let names: Vec<String> = record.iter().map(|c| format!("`{c}`")).collect();
-    let role = if regression(opts) { "target" } else { "label" };
-    Err(data_err(
-        what,
-        format!(
-            "line {line} looks like column names ({}), read as data: give `header = true`, or name the {role} column (`{role} = \"{}\"`), which implies it",
-            names.join(", "),
-            &record[l.labels[0]]
-        ),
-    ))
-}
-
-/// How the run read its table, for checkpoints (the texts' reading is
-/// added once they are tokenized).
-fn table_input(
-    opts: &CsvOptions,
-    header: bool,
-    layout: &Layout,
-    coders: &[Option<Coder>],
-) -> TableInput {
-    let column = |at: usize| match header {
-        true => Column::Name(layout.names[at].clone()),
-        false => Column::Index(at as i64),
-    };
-    TableInput {
-        columns: layout.features.iter().map(|&c| column(c)).collect(),
-        header,
-        delimiter: (opts.delimiter as char).to_string(),
-        decimal: (opts.decimal as char).to_string(),
-        scale: opts.scale,
-        standardize: None,
-        targets: match regression(opts) {
-            true => layout.labels.iter().map(|&at| column(at)).collect(),
-            false => Vec::new(),
-        },
-        target_standardize: None,
-        categories: settled_names(coders),
-        text: None,
-        label_column: None,
-        label_sep: None,
     }
 }

@@ -207,8 +207,11 @@ impl Files {
 /// A file's rows that come as records under column names (a Parquet
 /// file's rows, a JSON file's objects), their cells as text.
 pub(super) struct Records {
-    /// The columns' names, in the file's order.
+    /// The columns' names, in the file's order (a list column read as a
+    /// column a number: each of them, see `vectors`).
     pub names: Vec<String>,
+    /// The file's cells, a list's items joined by `sep` in one (a list
+    /// column read as a column a number is spread out as a row is read).
     pub rows: Vec<csv::StringRecord>,
     /// Whether each column holds lists.
     pub lists: Vec<bool>,
@@ -217,6 +220,16 @@ pub(super) struct Records {
     pub at: Vec<usize>,
     /// `line`, `row` or `record`.
     pub unit: &'static str,
+    /// What joins a list's items in its cell.
+    pub sep: String,
+    /// The list columns read as a column a number (see
+    /// [`super::vectors`]): each one's name and length...
+    pub vectors: Vec<(String, usize)>,
+    /// ...and each of the file's columns' length when it is one of them.
+    pub lengths: Vec<Option<usize>>,
+    /// The list columns kept whole, and why their lists are not numbers of
+    /// one length.
+    pub kept: Vec<(usize, String)>,
 }
 
 /// The records of `path` when it is a file of them (Parquet or JSON, by
@@ -243,14 +256,23 @@ pub(super) fn each_record(
         return Ok(None);
     }
     let layout = layout(records.names.len(), records.names.clone())?;
+    if records.vectors.is_empty() {
+        for (record, &at) in records.rows.iter().zip(&records.at) {
+            row(&layout, at, record)?;
+        }
+        return Ok(Some(layout));
+    }
+    let mut cells = csv::StringRecord::new();
     for (record, &at) in records.rows.iter().zip(&records.at) {
-        row(&layout, at, record)?;
+        super::vectors::spread(records, record, &mut cells);
+        row(&layout, at, &cells)?;
     }
     Ok(Some(layout))
 }
 
-/// [`each_row`] of the file `path`: a Parquet or JSON file's records, or a
-/// CSV file's text read with `shape`. Returns the layout and what names
+/// [`each_row`] of the file `path`: a Parquet or JSON file's records (a
+/// list column of numbers read as a column a number, as a run read it), or
+/// a CSV file's text read with `shape`. Returns the layout and what names
 /// the file's rows (`line`, `row`, `record`).
 pub(super) fn each_row_in(
     path: &Path,
@@ -258,7 +280,8 @@ pub(super) fn each_row_in(
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
     row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
 ) -> Result<(Option<Layout>, &'static str)> {
-    if let Some(records) = records_of(path, "|")? {
+    if let Some(mut records) = records_of(path, "|")? {
+        super::vectors::expand(&mut records, None);
         let layout = each_record(&records, layout, row).map_err(|e| in_units(e, records.unit))?;
         return Ok((layout, records.unit));
     }

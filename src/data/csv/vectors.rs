@@ -1,0 +1,215 @@
+//! Columns of lists of numbers (an embedding a row, as a sentence
+//! encoder's output saved by pandas or Hugging Face datasets) read as that
+//! many columns of numbers: `embedding`, 384 numbers a row, becomes
+//! `embedding[0]` ... `embedding[383]`, a feature each, as
+//! `np.stack(df["embedding"])` makes them a matrix. A list column is read so
+//! when every row's list holds numbers, as many as the others' (a null or
+//! empty list is a missing value); the label column of a classifier stays a
+//! column of label sets, and other list columns stay whole, with why, for
+//! the error that names one read as a feature.
+
+use super::records::{number, Records};
+
+/// Reads each list column of numbers of one length as that many columns,
+/// except the column `keep` (a classifier's label sets): the names and
+/// lengths change here, and [`spread`] lays out each row as it is read.
+pub(super) fn expand(r: &mut Records, keep: Option<usize>) {
+    let mut kept = Vec::new();
+    let lengths: Vec<Option<usize>> = (0..r.names.len())
+        .map(|c| match r.lists[c] && Some(c) != keep {
+            false => None,
+            true => length(r, c).map_err(|why| kept.push((c, why))).ok(),
+        })
+        .collect();
+    r.kept.extend(kept);
+    if lengths.iter().all(Option::is_none) {
+        return;
+    }
+    let (mut names, mut lists, mut at) = (Vec::new(), Vec::new(), vec![0; r.names.len()]);
+    for (c, name) in r.names.iter().enumerate() {
+        at[c] = names.len();
+        match lengths[c] {
+            None => {
+                names.push(name.clone());
+                lists.push(r.lists[c]);
+            }
+            Some(k) => {
+                names.extend((0..k).map(|i| format!("{name}[{i}]")));
+                lists.extend(std::iter::repeat_n(false, k));
+                r.vectors.push((name.clone(), k));
+            }
+        }
+    }
+    for (c, _) in &mut r.kept {
+        *c = at[*c];
+    }
+    r.names = names;
+    r.lists = lists;
+    r.lengths = lengths;
+}
+
+/// A row of `r`'s file as its columns are named (`r.names`): each list
+/// read as a column a number spread into its cells (a null or empty list:
+/// as many empty cells, missing values).
+pub(super) fn spread(r: &Records, row: &csv::StringRecord, cells: &mut csv::StringRecord) {
+    cells.clear();
+    for (cell, k) in row.iter().zip(&r.lengths) {
+        match k {
+            None => cells.push_field(cell),
+            Some(k) if cell.is_empty() => (0..*k).for_each(|_| cells.push_field("")),
+            Some(_) => cell.split(r.sep.as_str()).for_each(|v| cells.push_field(v)),
+        }
+    }
+}
+
+/// The length of every list in column `c` when each holds numbers (an
+/// empty item, a null, is a missing value), as many as the others'; else
+/// why not, naming the row.
+fn length(r: &Records, c: usize) -> Result<usize, String> {
+    let unit = r.unit;
+    let mut first: Option<(usize, usize)> = None;
+    for (row, &at) in r.rows.iter().zip(&r.at) {
+        let cell = &row[c];
+        if cell.is_empty() {
+            continue;
+        }
+        let mut n = 0;
+        for item in cell.split(r.sep.as_str()) {
+            if !item.is_empty() && number::<f32>(item, b'.').is_none() {
+                return Err(format!("{unit} {at}'s list holds `{item}`, not a number"));
+            }
+            n += 1;
+        }
+        match first {
+            None => first = Some((n, at)),
+            Some((k, a)) if k != n => {
+                let items = if n == 1 { "item" } else { "items" };
+                return Err(format!(
+                    "{unit} {at}'s list holds {n} {items}, where {unit} {a}'s holds {k}"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    first
+        .map(|(k, _)| k)
+        .ok_or_else(|| "every row's list is empty or null".into())
+}
+
+/// `names` for a message, each run of a list's columns (`embedding[0]` ...
+/// `embedding[383]`) named once, as `embedding[0..384]`.
+pub(super) fn shorten(names: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    let mut i = 0;
+    while i < names.len() {
+        let run = names[i].strip_suffix("[0]").map(|base| {
+            let item = |k: usize| format!("{base}[{k}]");
+            (
+                base,
+                (1..)
+                    .take_while(|&k| names.get(i + k) == Some(&item(k)))
+                    .count()
+                    + 1,
+            )
+        });
+        match run {
+            Some((base, k)) if k > 1 => {
+                out.push(format!("{base}[0..{k}]"));
+                i += k;
+            }
+            _ => {
+                out.push(names[i].clone());
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(names: &[&str], rows: &[&[&str]], lists: &[bool]) -> Records {
+        Records {
+            names: names.iter().map(|s| s.to_string()).collect(),
+            rows: rows
+                .iter()
+                .map(|r| csv::StringRecord::from(r.to_vec()))
+                .collect(),
+            lists: lists.to_vec(),
+            at: (1..=rows.len()).collect(),
+            unit: "row",
+            sep: "|".into(),
+            vectors: Vec::new(),
+            lengths: Vec::new(),
+            kept: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_list_of_numbers_a_row_becomes_a_column_each() {
+        let mut r = records(
+            &["x", "emb", "labels", "words", "y"],
+            &[
+                &["1", "0.5|-2|3e-3", "2|27", "a|b", "0"],
+                &["2", "", "10", "c", "1"],
+                &["3", "1||0", "", "d|e|f", "1"],
+            ],
+            &[false, true, true, true, false],
+        );
+        expand(&mut r, Some(2));
+        assert_eq!(
+            r.names,
+            ["x", "emb[0]", "emb[1]", "emb[2]", "labels", "words", "y"]
+        );
+        assert_eq!(r.lists, [false, false, false, false, true, true, false]);
+        assert_eq!(r.vectors, [("emb".to_string(), 3)]);
+        assert_eq!(
+            r.kept,
+            [(5, "row 1's list holds `a`, not a number".to_string())]
+        );
+        let mut cells = csv::StringRecord::new();
+        let rows: Vec<Vec<String>> = (r.rows.iter())
+            .map(|row| {
+                spread(&r, row, &mut cells);
+                cells.iter().map(str::to_string).collect()
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ["1", "0.5", "-2", "3e-3", "2|27", "a|b", "0"],
+                ["2", "", "", "", "10", "c", "1"],
+                ["3", "1", "", "0", "", "d|e|f", "1"],
+            ]
+        );
+        assert_eq!(
+            shorten(&r.names),
+            ["x", "emb[0..3]", "labels", "words", "y"]
+        );
+    }
+
+    #[test]
+    fn lists_of_other_lengths_stay_whole_and_say_where() {
+        let mut r = records(
+            &["emb", "none"],
+            &[&["1|2", ""], &["3|4", ""], &["5", ""]],
+            &[true, true],
+        );
+        expand(&mut r, None);
+        assert_eq!(r.names, ["emb", "none"]);
+        assert!(r.vectors.is_empty());
+        assert_eq!(
+            r.kept,
+            [
+                (
+                    0,
+                    "row 3's list holds 1 item, where row 1's holds 2".to_string()
+                ),
+                (1, "every row's list is empty or null".to_string())
+            ]
+        );
+        assert_eq!(shorten(&["a[0]".into(), "b".into()]), ["a[0]", "b"]);
+    }
+}
