@@ -88,8 +88,9 @@ fn table(given: &Path, mut files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Resu
                 _ => layout_of(path, o, n, names)?,
             };
             match &read {
-                Read::Records(r) => whole_lists(path, r, &l).map(|()| l),
-                Read::Text(_) | Read::Csv => Ok(l),
+                // (A run on texts reads a list's items joined.)
+                Read::Records(r) if o.text.is_none() => whole_lists(path, r, &l).map(|()| l),
+                _ => Ok(l),
             }
         };
         let laid = match &read {
