@@ -27,6 +27,25 @@ pub(super) struct Layout {
     pub(super) n: usize,
 }
 
+/// Where the `role` column `c` is among a file's `n` columns named `names`,
+/// or the error that says it is not there.
+fn locate(what: &Path, c: &Column, role: &str, n: usize, names: &[String]) -> Result<usize> {
+    c.place(n, names).ok_or_else(|| {
+        data_err(
+            what,
+            match c {
+                Column::Index(i) => format!(
+                    "{role} column {i} is outside the {n} columns (0 is the first, -1 the last)"
+                ),
+                Column::Name(name) => format!(
+                    "{role} column `{name}` is not in the header, which names {}",
+                    name_list(&super::vectors::shorten(names))
+                ),
+            },
+        )
+    })
+}
+
 impl Layout {
     /// The columns of a file of `n` columns (`names` from its header):
     /// `labels` are the `role` columns (`label` or `target`), `features`
@@ -38,29 +57,7 @@ impl Layout {
         n: usize,
         names: Vec<String>,
     ) -> Result<Layout> {
-        let find = |c: &Column, role: &str| -> Result<usize> {
-            match c {
-                Column::Index(i) => {
-                    let at = if *i < 0 { n as i64 + i } else { *i };
-                    match usize::try_from(at) {
-                        Ok(at) if at < n => Ok(at),
-                        _ => Err(data_err(
-                            what,
-                            format!("{role} column {i} is outside the {n} columns (0 is the first, -1 the last)"),
-                        )),
-                    }
-                }
-                Column::Name(name) => names.iter().position(|h| h == name).ok_or_else(|| {
-                    data_err(
-                        what,
-                        format!(
-                            "{role} column `{name}` is not in the header, which names {}",
-                            name_list(&super::vectors::shorten(&names))
-                        ),
-                    )
-                }),
-            }
-        };
+        let find = |c: &Column, role: &str| locate(what, c, role, n, &names);
         let named = |at: usize| names.get(at).map(|s| format!(" (`{s}`)"));
         let mut label_at: Vec<usize> = Vec::with_capacity(labels.len());
         for c in labels {
@@ -129,25 +126,7 @@ impl Layout {
 
     /// The place among the features of a column named as categorical.
     pub(super) fn feature_place(&self, what: &Path, c: &Column) -> Result<usize> {
-        let at = match c {
-            Column::Index(i) => {
-                let at = if *i < 0 { self.n as i64 + i } else { *i };
-                usize::try_from(at).ok().filter(|&at| at < self.n)
-            }
-            Column::Name(name) => self.names.iter().position(|h| h == name),
-        };
-        let Some(at) = at else {
-            return Err(data_err(
-                what,
-                match c {
-                    Column::Index(i) => format!("categorical column {i} is outside the {} columns (0 is the first, -1 the last)", self.n),
-                    Column::Name(name) => format!(
-                        "categorical column `{name}` is not in the header, which names {}",
-                        name_list(&self.names)
-                    ),
-                },
-            ));
-        };
+        let at = locate(what, c, "categorical", self.n, &self.names)?;
         self.features.iter().position(|&f| f == at).ok_or_else(|| {
             data_err(
                 what,

@@ -52,6 +52,18 @@ impl Column {
         }
     }
 
+    /// Where this column is among a file's `n` columns, named `names` (empty
+    /// without a header): an index counted from the end when negative.
+    pub(super) fn place(&self, n: usize, names: &[String]) -> Option<usize> {
+        match self {
+            Column::Name(name) => names.iter().position(|h| h == name),
+            Column::Index(i) => {
+                let at = if *i < 0 { n as i64 + i } else { *i };
+                usize::try_from(at).ok().filter(|&at| at < n)
+            }
+        }
+    }
+
     /// [`Column::name`] for a message: a header name in backquotes.
     pub fn describe(&self) -> String {
         match self {

@@ -147,14 +147,16 @@ fn read_vectors(
     };
     let names = first.names.clone();
     for_each_column(opts, |c| {
-        if let Some(at) = place(c, &names) {
+        if let Some(at) = c.place(names.len(), &names) {
             *c = Column::Name(names[at].clone());
         }
     });
     let label = (!regression(opts)).then(|| opts.label.clone());
     for (_, read) in files.iter_mut() {
         if let Read::Records(r) = read {
-            let keep = label.as_ref().and_then(|l| place(l, &r.names));
+            let keep = label
+                .as_ref()
+                .and_then(|l| l.place(r.names.len(), &r.names));
             vectors::expand(r, keep);
         }
     }
@@ -236,20 +238,9 @@ fn pinned(opts: &CsvOptions, l: &Layout, header: bool) -> Option<CsvOptions> {
 
 /// Whether the label column of `records` holds lists (label sets).
 fn label_holds_lists(opts: &CsvOptions, records: &Records) -> bool {
-    place(&opts.label, &records.names).is_some_and(|k| records.lists.get(k) == Some(&true))
-}
-
-/// Where the column `c` is among columns named `names`.
-fn place(c: &Column, names: &[String]) -> Option<usize> {
-    match c {
-        Column::Name(n) => names.iter().position(|c| c == n),
-        Column::Index(i) => {
-            let n = names.len() as i64;
-            usize::try_from(if *i < 0 { n + i } else { *i })
-                .ok()
-                .filter(|&at| at < names.len())
-        }
-    }
+    opts.label
+        .place(records.names.len(), &records.names)
+        .is_some_and(|k| records.lists.get(k) == Some(&true))
 }
 
 /// The error for the file `b`, of `n` columns named `names`, whose columns
