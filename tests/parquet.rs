@@ -137,11 +137,15 @@ fn a_column_of_lists_is_a_multi_label_classifiers_label_sets() -> Result<()> {
 
 /// A column of sentence embeddings (a float32 list a row, as Hugging Face
 /// datasets keep an encoder's output) is read as a feature per number:
-/// the Parquet and JSON Lines files train to the bit as the CSV file of
-/// the same embeddings stacked by NumPy into a column each, `features =
-/// { "embedding" }` standing for the 32 columns; the classifier is as
+/// the Parquet and JSON Lines files, and the CSV files pandas writes of
+/// the list column (an array's NumPy repr a cell, wrapped over lines; a
+/// Python list of floats), train as the CSV file of the same
+/// embeddings stacked by NumPy into a column each, `features = {
+/// "embedding" }` standing for the 32 columns (to the bit; an array's
+/// repr rounds to 8 digits, its loss as near); the classifier is as
 /// accurate as NumPy's nearest centroid, and `taper classify` answers for
-/// the Parquet file's rows as for the CSV file's.
+/// the Parquet file's rows and the arrays' CSV file's as for the CSV
+/// file's.
 #[test]
 fn a_column_of_embeddings_is_a_feature_per_number() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -179,10 +183,17 @@ run:evaluate(test)
         accuracy >= reference - 0.03,
         "{accuracy} against {reference}"
     );
-    for ext in ["parquet", "jsonl"] {
+    for ext in ["parquet", "jsonl", "arrays.csv", "floats.csv"] {
         let (got, _) = run(d, ext, &recipe(ext, "{ \"embedding\" }"))?;
         for k in ["loss", "accuracy", "samples", "confusion"] {
-            ensure!(got[k] == want[k], "{ext}: {k}: {got} vs the CSV's {want}");
+            // NumPy's repr prints 8 digits, where a float32 may need 9: a
+            // number may be an ulp off, and the loss with it.
+            let near = |a: f64, b: f64| (a - b).abs() < 1e-5 * b.abs();
+            let same = match (ext, k) {
+                ("arrays.csv", "loss") => near(got[k].as_f64().unwrap(), want[k].as_f64().unwrap()),
+                _ => got[k] == want[k],
+            };
+            ensure!(same, "{ext}: {k}: {got} vs the CSV's {want}");
         }
     }
     let answers = |file: &str| -> Result<Vec<String>> {
@@ -199,10 +210,12 @@ run:evaluate(test)
     };
     let by_csv = answers("test.csv")?;
     ensure!(by_csv.len() == 200, "{by_csv:?}");
-    ensure!(
-        answers("test.parquet")? == by_csv,
-        "classify's answers differ"
-    );
+    for file in ["test.parquet", "test.arrays.csv"] {
+        ensure!(
+            answers(file)? == by_csv,
+            "classify's answers for {file} differ"
+        );
+    }
     Ok(())
 }
 
@@ -261,5 +274,47 @@ fn parquet_options_and_files_that_cannot_work_say_why() -> Result<()> {
             "case {i}: {err}"
         );
     }
+    Ok(())
+}
+
+/// A CSV file of list cells as pandas' `to_csv` writes them reads as the
+/// Parquet file does: `[2, 27]` a label set. An array NumPy summarized
+/// (`...`, over 1000 items) is refused saying how to write it whole, and a
+/// list cell in a file read without its header says why it is not read.
+#[test]
+fn csv_list_cells_as_pandas_writes_them_read_as_lists() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let lists = d.join("lists.csv");
+    common::interop_check("pandas", &["csv-lists", lists.to_str().unwrap()])?;
+    common::lists_read_as_label_sets(&lists)?;
+
+    let summarized = d.join("summarized.csv");
+    common::interop_check("pandas", &["csv-summarized", summarized.to_str().unwrap()])?;
+    let opts = taper::data::CsvOptions {
+        label: taper::data::Column::Name("label".into()),
+        ..Default::default()
+    };
+    let e = taper::data::csv(&summarized, &opts).err().expect("refused");
+    let e = e.to_string();
+    ensure!(
+        e.contains("summarized.csv: line 2, column 1 (`x`): NumPy wrote the array summarized")
+            && e.contains("np.set_printoptions(threshold=sys.maxsize)"),
+        "{e}"
+    );
+    let headerless = taper::data::CsvOptions {
+        label: taper::data::Column::Index(-1),
+        header: Some(false),
+        ..Default::default()
+    };
+    let text = "\"[1.5, 2.0]\",0\n\"[0.5, 1.0]\",1\n";
+    let e = taper::data::parse_csv(Path::new("h.csv"), text, &headerless)
+        .err()
+        .expect("refused")
+        .to_string();
+    ensure!(
+        e.contains("line 1, column 1: `[1.5, 2.0]...` is a list, read as a feature per number only from a file whose first row names the columns"),
+        "{e}"
+    );
     Ok(())
 }

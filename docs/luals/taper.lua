@@ -379,7 +379,11 @@ function taper.data.idx(opts) end
 ---`{ "premise", "hypothesis" }`, are a text pair: `[CLS] a [SEP] b [SEP]`.
 ---`label_sep` ("|"): the label column holds each sample's set of labels
 ---(`gentoo|female`; empty: none), the 0/1 targets of `taper.loss.bce{}`, one per
----label (`classes`, or the file's, sorted: `data:classes()`).
+---label (`classes`, or the file's, sorted: `data:classes()`). A file with a
+---header whose first row holds lists, as pandas' `to_csv` writes a column of
+---them (`"[0.12 -0.5 ...]"`, `"[2, 27]"`), is read as a Parquet file is: a
+---list column of numbers a column a number (`embedding[0]` ...), a label
+---column of lists label sets.
 ---@param opts {path: string|string[], label?: integer|string, target?: integer|string|(integer|string)[], features?: (integer|string)[], text?: integer|string|(integer|string)[], tokenizer?: string, context?: integer, header?: boolean, delimiter?: string, decimal?: "."|",", scale?: number, split?: string, classes?: string[], label_sep?: string, missing?: "error"|"drop", categorical?: table<integer|string, integer|string|(string|number)[]>}
 ---@return taper.Data
 function taper.data.csv(opts) end

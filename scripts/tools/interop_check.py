@@ -503,7 +503,8 @@ def embeddings(out):
     test: `text`, `embedding` (a float32 list of 32 a row, each its class's
     centre plus noise) and `label` (a class name). pandas writes it as
     Parquet and as JSON Lines (with 15 decimals: its default of 10 rounds
-    small float32s), and as CSV with the embeddings stacked by NumPy into a
+    small float32s), as CSV with the list column as `to_csv` writes it (an
+    array's repr; a list of floats), and as CSV with the embeddings stacked by NumPy into a
     column per item, `embedding[0]` ... `embedding[31]`. Prints the test
     accuracy of NumPy's nearest-centroid classifier fitted on train, a
     reference."""
@@ -529,6 +530,11 @@ def embeddings(out):
                                columns=[f"embedding[{i}]" for i in range(32)])
         pd.concat([df[["text"]], stacked, df[["label"]]], axis=1).to_csv(
             os.path.join(out, f"{split}.csv"), index=False)
+        # As pandas writes the list column itself: each array's NumPy repr,
+        # and a list of Python floats.
+        df.to_csv(os.path.join(out, f"{split}.arrays.csv"), index=False)
+        df.assign(embedding=[v.tolist() for v in x]).to_csv(
+            os.path.join(out, f"{split}.floats.csv"), index=False)
         if fitted is None:
             fitted = np.stack([x[y == k].mean(0) for k in range(3)])
         else:
@@ -575,6 +581,25 @@ def json_lists(out):
     """lists_frame() written as JSON Lines by pandas."""
     df = lists_frame()
     df.to_json(out, orient="records", lines=True)
+    print(json.dumps({"rows": len(df)}))
+
+
+def csv_lists(out):
+    """lists_frame() written as CSV by pandas: each list as Python writes
+    it, `[2, 27]`."""
+    df = lists_frame()
+    df.to_csv(out, index=False)
+    print(json.dumps({"rows": len(df)}))
+
+
+def csv_summarized(out):
+    """A column of 1001-number arrays written as CSV by pandas: NumPy's repr
+    of each summarizes it, `[0. 1. 2. ... 998. 999. 1000.]`."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame({"x": [np.arange(1001.0), np.ones(1001)], "label": [0, 1]})
+    df.to_csv(out, index=False)
     print(json.dumps({"rows": len(df)}))
 
 
@@ -944,6 +969,10 @@ def main():
         shards(args[0], args[1], args[2])
     elif cmd == "json-lists":
         json_lists(args[0])
+    elif cmd == "csv-lists":
+        csv_lists(args[0])
+    elif cmd == "csv-summarized":
+        csv_summarized(args[0])
     elif cmd == "label-sets":
         label_sets(args[0], args[1], args[2])
     elif cmd == "csv-dummies":

@@ -259,6 +259,16 @@ impl Layout {
                 continue;
             }
             let v: f32 = number(cell, self.decimal).ok_or_else(|| {
+                if super::list_cells::is_list(cell) {
+                    let shown: String = cell.chars().take(40).collect();
+                    return data_err(
+                        what,
+                        format!(
+                            "line {line}, {}: `{shown}...` is a list, read as a feature per number only from a file whose first row names the columns and whose next holds a list, with `.` as the decimal mark",
+                            self.column(c)
+                        ),
+                    );
+                }
                 if let Some(comma) = self.decimal_comma(cell) {
                     return data_err(
                         what,

@@ -15,6 +15,7 @@ mod columns;
 mod input;
 mod json;
 mod labels;
+mod list_cells;
 mod parquet;
 mod parse;
 mod records;

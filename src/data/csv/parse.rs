@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::columns::{named, Layout};
+use super::list_cells::lists_of;
 use super::records::{each_record, each_row, in_units, records_of, Files, Records, Shape};
 use super::rows::Rows;
 use super::vectors;
@@ -19,11 +20,14 @@ pub fn parse_csv(what: &Path, text: &str, opts: &CsvOptions) -> Result<Csv> {
     table(what, vec![(what, Read::Text(text))], opts)
 }
 
-/// A file as read: CSV text, a CSV file read when its turn comes (so that
-/// one file's text is held at a time), or records (a Parquet file's rows,
-/// a JSON file's objects) whose cells are text.
+/// A file as read: CSV text (given, or the first file's, read to see
+/// whether its cells hold lists), a CSV file read when its turn comes (so
+/// that one file's text is held at a time), or records (a Parquet file's
+/// rows, a JSON file's objects, a CSV file's rows with lists) whose cells
+/// are text.
 enum Read<'a> {
     Text(&'a str),
+    Owned(String),
     Csv,
     Records(Records),
 }
@@ -34,10 +38,27 @@ enum Read<'a> {
 pub(super) fn parse_files(given: &Path, paths: &[PathBuf], opts: &CsvOptions) -> Result<Csv> {
     let sep = opts.label_sep.as_deref().unwrap_or("|");
     let mut files: Vec<(&Path, Read)> = Vec::with_capacity(paths.len());
+    let shape = Shape {
+        header: header_of(given, opts)?,
+        delimiter: opts.delimiter,
+        decimal: opts.decimal,
+    };
+    // Whether the CSV files' cells hold lists, as the first file's do.
+    let mut lists = None;
     for path in paths {
         let read = match records_of(path, sep)? {
             Some(records) => Read::Records(records),
-            None => Read::Csv,
+            None if lists == Some(false) => Read::Csv,
+            None => {
+                let text = read_text(path)?;
+                let records = lists_of(path, &text, shape, sep)?;
+                lists = Some(records.is_some());
+                match records {
+                    Some(records) => Read::Records(records),
+                    None if lists == Some(true) => return Err(plain_cells(path, paths)),
+                    None => Read::Owned(text),
+                }
+            }
         };
         if let Some((first, r)) = files.first() {
             if matches!(r, Read::Records(_)) != matches!(read, Read::Records(_)) {
@@ -60,7 +81,7 @@ fn table(given: &Path, mut files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Resu
     if records && !regression(&opts) && opts.label_sep.is_none() {
         let lists = files.iter().any(|(_, r)| match r {
             Read::Records(r) => label_holds_lists(&opts, r),
-            Read::Text(_) | Read::Csv => false,
+            Read::Text(_) | Read::Owned(_) | Read::Csv => false,
         });
         if lists {
             opts.label_sep = Some("|".into());
@@ -94,9 +115,10 @@ fn table(given: &Path, mut files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Resu
             }
         };
         let laid = match &read {
-            Read::Text(_) | Read::Csv => {
+            Read::Text(_) | Read::Owned(_) | Read::Csv => {
                 let text = match &read {
                     Read::Text(text) => std::borrow::Cow::Borrowed(*text),
+                    Read::Owned(text) => std::borrow::Cow::Borrowed(text.as_str()),
                     _ => std::borrow::Cow::Owned(read_text(path)?),
                 };
                 rows.file = places.add(path, "line");
@@ -185,6 +207,18 @@ fn read_vectors(
         }
     }
     Ok(first.vectors.clone())
+}
+
+/// The error for the CSV file `path`, one of a table's `paths` whose
+/// first file's cells hold lists, when its own first row holds none.
+fn plain_cells(path: &Path, paths: &[PathBuf]) -> Error {
+    data_err(
+        path,
+        format!(
+            "its first row holds no list, where {}'s holds lists: the files read as one table have the same columns",
+            paths[0].display()
+        ),
+    )
 }
 
 /// Calls `f` with each column the options name.

@@ -28,6 +28,17 @@ pub(super) fn number<T: std::str::FromStr>(cell: &str, decimal: u8) -> Option<T>
     }
 }
 
+/// A reader of the CSV text `text`'s records, the header among them, each
+/// cell trimmed, rows of any width (for an error naming one).
+pub(super) fn reader(text: &str, delimiter: u8) -> csv::Reader<&[u8]> {
+    csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .delimiter(delimiter)
+        .from_reader(text.as_bytes())
+}
+
 /// Reads the records of `text`: `layout` is called with the number of
 /// columns and the header's names (empty without one), then `row` with each
 /// data record and its line. Returns the layout (none for a text without
@@ -39,12 +50,7 @@ pub(super) fn each_row(
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
     mut row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
 ) -> Result<Option<Layout>> {
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .trim(csv::Trim::All)
-        .delimiter(shape.delimiter)
-        .from_reader(text.as_bytes());
+    let mut reader = reader(text, shape.delimiter);
     let mut lines = Lines::new(text.as_bytes());
     let mut layout = Some(layout);
     let mut resolved: Option<Layout> = None;
@@ -270,9 +276,10 @@ pub(super) fn each_record(
     Ok(Some(layout))
 }
 
-/// [`each_row`] of the file `path`: a Parquet or JSON file's records (a
-/// list column of numbers read as a column a number, as a run read it), or
-/// a CSV file's text read with `shape`. Returns the layout and what names
+/// [`each_row`] of the file `path`: a Parquet or JSON file's records, or a
+/// CSV file's whose cells hold lists (a list column of numbers read as a
+/// column a number, as a run read it), or a CSV file's text read with
+/// `shape`. Returns the layout and what names
 /// the file's rows (`line`, `row`, `record`).
 pub(super) fn each_row_in(
     path: &Path,
@@ -280,12 +287,17 @@ pub(super) fn each_row_in(
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
     row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
 ) -> Result<(Option<Layout>, &'static str)> {
-    if let Some(mut records) = records_of(path, "|")? {
+    let mut records = records_of(path, "|")?;
+    let mut text = String::new();
+    if records.is_none() {
+        text = crate::data::files::read_text(path)?;
+        records = super::list_cells::lists_of(path, &text, shape, "|")?;
+    }
+    if let Some(mut records) = records {
         super::vectors::expand(&mut records, None);
         let layout = each_record(&records, layout, row).map_err(|e| in_units(e, records.unit))?;
         return Ok((layout, records.unit));
     }
-    let text = crate::data::files::read_text(path)?;
     Ok((each_row(path, &text, shape, layout, row)?, "line"))
 }
 
