@@ -247,7 +247,7 @@ fn scalar(value: &Value) -> Option<String> {
         Value::Null => String::new(),
         Value::Bool(b) => u8::from(*b).to_string(),
         Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
-        Value::Number(n) => (n.as_f64()? as f32).to_string(),
+        Value::Number(n) => super::records::f32_text(n.as_f64()? as f32),
         Value::String(s) => s.clone(),
         Value::Array(_) | Value::Object(_) => return None,
     })

@@ -312,6 +312,24 @@ pub(super) fn in_units(e: crate::Error, unit: &str) -> crate::Error {
     }
 }
 
+/// Appends `v`'s shortest text that reads back as it: a whole number as
+/// `Display` writes it (`3`, as pandas' categories of it are named), another
+/// through Ryu (`0.125`, `1e-7`).
+pub(super) fn push_f32(o: &mut String, v: f32) {
+    use std::fmt::Write;
+    match v.is_finite() && v.fract() != 0.0 {
+        true => o.push_str(ryu::Buffer::new().format_finite(v)),
+        false => write!(o, "{v}").unwrap_or(()),
+    }
+}
+
+/// [`push_f32`]'s text of `v` alone.
+pub(super) fn f32_text(v: f32) -> String {
+    let mut o = String::new();
+    push_f32(&mut o, v);
+    o
+}
+
 /// The delimiter a first record seems to use instead of `delimiter`: one
 /// that every cell holds (a European spreadsheet's `;`, whose decimal
 /// commas split `1;2,5;0` into `1;2` and `5;0`; a tab; a `|`).
@@ -319,4 +337,27 @@ fn other_delimiter(record: &csv::StringRecord, delimiter: u8) -> Option<char> {
     [';', '\t', '|']
         .into_iter()
         .find(|&d| d as u8 != delimiter && record.iter().all(|c| c.contains(d)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each float's text reads back as the float (the f32s of a sweep over
+    /// every exponent), and a whole number is written as `Display` does.
+    #[test]
+    fn a_floats_text_reads_back_as_it() {
+        let mut x = 1.0e-30f32;
+        while x < 1.0e30 {
+            for v in [x, -x, x * 1.37, x + 0.1, 1.0 / x] {
+                let back: f32 = f32_text(v).parse().unwrap();
+                assert_eq!(back.to_bits(), v.to_bits(), "{v}: {}", f32_text(v));
+            }
+            x *= 1.9;
+        }
+        assert_eq!(f32_text(3.0), "3");
+        assert_eq!(f32_text(-0.0), "-0");
+        assert_eq!(f32_text(0.1), "0.1");
+        assert_eq!(f32_text(f32::NAN), "NaN");
+    }
 }

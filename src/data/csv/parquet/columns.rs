@@ -14,6 +14,7 @@ use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::{ColumnDescriptor, SchemaDescriptor};
 
+use super::super::records::push_f32;
 use crate::data::files::data_err;
 use crate::Result;
 
@@ -160,13 +161,11 @@ impl Reading {
                 })?),
             },
             (Cells::Float, ColumnReader::FloatColumnReader(c)) => {
-                Box::new(Decoded::of(c, at, |v, o| write!(o, "{v}").unwrap_or(()))?)
+                Box::new(Decoded::of(c, at, |v, o| push_f32(o, *v))?)
             }
             // The f32 the model is given, as `scalar` writes a Double.
             (Cells::Double, ColumnReader::DoubleColumnReader(c)) => {
-                Box::new(Decoded::of(c, at, |v, o| {
-                    write!(o, "{}", *v as f32).unwrap_or(())
-                })?)
+                Box::new(Decoded::of(c, at, |v, o| push_f32(o, *v as f32))?)
             }
             (Cells::Bytes, ColumnReader::ByteArrayColumnReader(c)) => {
                 Box::new(Decoded::of(c, at, |b, o| {

@@ -12,7 +12,7 @@ use csv::StringRecord;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
 
-use super::records::Records;
+use super::records::{f32_text, Records};
 use crate::data::files::data_err;
 use crate::Result;
 
@@ -130,10 +130,10 @@ fn scalar(f: &Field) -> Option<String> {
         Field::UShort(v) => v.to_string(),
         Field::UInt(v) => v.to_string(),
         Field::ULong(v) => v.to_string(),
-        Field::Float16(v) => f32::from(*v).to_string(),
-        Field::Float(v) => v.to_string(),
+        Field::Float16(v) => f32_text(f32::from(*v)),
+        Field::Float(v) => f32_text(*v),
         // The f32 the model is given; its shortest text reads back as it.
-        Field::Double(v) => (*v as f32).to_string(),
+        Field::Double(v) => f32_text(*v as f32),
         Field::Str(s) => s.clone(),
         Field::Bytes(b) => String::from_utf8_lossy(b.data()).into_owned(),
         Field::Decimal(_) | Field::Date(_) | Field::TimeMillis(_) | Field::TimeMicros(_) => {
