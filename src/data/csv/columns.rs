@@ -3,11 +3,10 @@
 
 use std::path::Path;
 
-use csv::StringRecord;
-
 use super::categories::Coder;
 use super::records::number;
-use super::{Column, MISSING};
+use super::row::{Cell, Row};
+use super::Column;
 use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::Result;
@@ -169,19 +168,19 @@ impl Layout {
 
 impl Layout {
     /// The first used column whose cell is a missing value.
-    pub(super) fn missing(&self, record: &StringRecord) -> Option<usize> {
-        self.missing_in(record, true)
+    pub(super) fn missing(&self, row: Row) -> Option<usize> {
+        self.missing_in(row, true)
     }
 
     /// [`Layout::missing`], the label columns among those looked at only
     /// when `labels` (a column of label sets holds none for an empty cell).
-    pub(super) fn missing_in(&self, record: &StringRecord, labels: bool) -> Option<usize> {
+    pub(super) fn missing_in(&self, row: Row, labels: bool) -> Option<usize> {
         let labels = if labels { &self.labels[..] } else { &[] };
         labels
             .iter()
             .chain(&self.features)
             .copied()
-            .find(|&c| MISSING.contains(&&record[c]))
+            .find(|&c| row.is_missing(c))
     }
 
     /// Whether a file of `n` columns named `names` (none without a header)
@@ -236,16 +235,23 @@ impl Layout {
     pub(super) fn features_into(
         &self,
         (what, line): (&Path, usize),
-        record: &StringRecord,
+        row: Row,
         scale: f32,
         hint: Option<&str>,
         coders: &mut [Option<Coder>],
         out: &mut Vec<f32>,
     ) -> Result<()> {
         for (&c, coder) in self.features.iter().zip(coders.iter_mut()) {
-            let cell = &record[c];
+            let cell = match (row.cell(c), &coder) {
+                (Cell::Number(Some(v)), None) if v.is_finite() => {
+                    out.push(v / scale);
+                    continue;
+                }
+                (Cell::Text(t), _) => std::borrow::Cow::Borrowed(t),
+                _ => row.text(c),
+            };
             if let Some(coder) = coder {
-                let Some(code) = coder.code(cell) else {
+                let Some(code) = coder.code(&cell) else {
                     return Err(data_err(
                         what,
                         format!(
@@ -258,8 +264,8 @@ impl Layout {
                 out.push(code as f32);
                 continue;
             }
-            let v: f32 = number(cell, self.decimal).ok_or_else(|| {
-                if super::list_cells::is_list(cell) {
+            let v: f32 = number(&cell, self.decimal).ok_or_else(|| {
+                if super::list_cells::is_list(&cell) {
                     let shown: String = cell.chars().take(40).collect();
                     return data_err(
                         what,
@@ -269,7 +275,7 @@ impl Layout {
                         ),
                     );
                 }
-                if let Some(comma) = self.decimal_comma(cell) {
+                if let Some(comma) = self.decimal_comma(&cell) {
                     return data_err(
                         what,
                         format!(
@@ -312,14 +318,14 @@ impl Layout {
     /// categories: the column and the cell.
     pub(super) fn unknown_category<'r>(
         &self,
-        record: &'r StringRecord,
+        row: Row<'r>,
         coders: &mut [Option<Coder>],
-    ) -> Option<(usize, &'r str)> {
+    ) -> Option<(usize, std::borrow::Cow<'r, str>)> {
         self.features
             .iter()
             .zip(coders.iter_mut())
-            .find_map(|(&c, coder)| match coder.as_mut()?.code(&record[c]) {
-                None => Some((c, &record[c])),
+            .find_map(|(&c, coder)| match coder.as_mut()?.code(&row.text(c)) {
+                None => Some((c, row.text(c))),
                 Some(_) => None,
             })
     }

@@ -147,13 +147,13 @@ impl TableInput {
             |n, names| Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names),
             |l, line, record| {
                 if let Some(c) = l.missing(record) {
-                    let why = format!("a missing value (`{}`) in {}", &record[c], l.column(c));
+                    let why = format!("a missing value (`{}`) in {}", record.text(c), l.column(c));
                     missing.push((line, why));
                 } else {
                     cells.push(
                         l.features
                             .iter()
-                            .map(|&at| record[at].to_string())
+                            .map(|&at| record.text(at).into_owned())
                             .collect(),
                     );
                     lines.push(line);
@@ -294,7 +294,7 @@ impl TableInput {
             |n, names| Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names),
             |l, line, record| {
                 if let Some(c) = l.missing(record) {
-                    let why = format!("a missing value (`{}`) in {}", &record[c], l.column(c));
+                    let why = format!("a missing value (`{}`) in {}", record.text(c), l.column(c));
                     rows.missing.push((line, why));
                     return Ok(());
                 }

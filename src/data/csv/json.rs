@@ -211,17 +211,7 @@ impl Table {
                 row.push_field("");
             }
         }
-        Records {
-            names: self.names,
-            rows: self.rows,
-            lists: self.lists,
-            at: self.at,
-            unit,
-            sep: sep.to_string(),
-            vectors: Vec::new(),
-            lengths: Vec::new(),
-            kept: Vec::new(),
-        }
+        Records::new(self.names, (self.rows, self.lists), (self.at, unit), sep)
     }
 }
 

@@ -72,17 +72,7 @@ pub(super) fn lists_of(
         }
         *row = cells;
     }
-    Ok(Some(Records {
-        names,
-        rows,
-        lists,
-        at,
-        unit: "line",
-        sep: sep.to_string(),
-        vectors: Vec::new(),
-        lengths: Vec::new(),
-        kept: Vec::new(),
-    }))
+    Ok(Some(Records::new(names, (rows, lists), (at, "line"), sep)))
 }
 
 /// Whether a cell is a list as pandas writes one: `[`, items, `]`.

@@ -19,6 +19,7 @@ mod list_cells;
 mod parquet;
 mod parse;
 mod records;
+mod row;
 mod rows;
 mod text;
 mod vectors;

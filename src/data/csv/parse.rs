@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::columns::{named, Layout};
 use super::list_cells::lists_of;
 use super::records::{each_record, each_row, in_units, records_of, Files, Records, Shape};
+use super::row::Row;
 use super::rows::Rows;
 use super::vectors;
 use super::{Column, Csv, CsvOptions};
@@ -29,7 +30,7 @@ enum Read<'a> {
     Text(&'a str),
     Owned(String),
     Csv,
-    Records(Records),
+    Records(Box<Records>),
 }
 
 /// Reads `paths`, in order, as one table (see [`super::csv_files`]); each
@@ -47,14 +48,14 @@ pub(super) fn parse_files(given: &Path, paths: &[PathBuf], opts: &CsvOptions) ->
     let mut lists = None;
     for path in paths {
         let read = match records_of(path, sep)? {
-            Some(records) => Read::Records(records),
+            Some(records) => Read::Records(Box::new(records)),
             None if lists == Some(false) => Read::Csv,
             None => {
                 let text = read_text(path)?;
                 let records = lists_of(path, &text, shape, sep)?;
                 lists = Some(records.is_some());
                 match records {
-                    Some(records) => Read::Records(records),
+                    Some(records) => Read::Records(Box::new(records)),
                     None if lists == Some(true) => return Err(plain_cells(path, paths)),
                     None => Read::Owned(text),
                 }
@@ -123,13 +124,13 @@ fn table(given: &Path, mut files: Vec<(&Path, Read)>, opts: &CsvOptions) -> Resu
                 };
                 rows.file = places.add(path, "line");
                 let take =
-                    |l: &Layout, line, record: &_| rows.take((path, o, header), l, line, record);
+                    |l: &Layout, line, record: Row| rows.take((path, o, header), l, line, record);
                 each_row(path, &text, shape, layout, take)?
             }
             Read::Records(r) => {
                 rows.file = places.add(path, r.unit);
                 let take =
-                    |l: &Layout, line, record: &_| rows.take((path, o, true), l, line, record);
+                    |l: &Layout, line, record: Row| rows.take((path, o, true), l, line, record);
                 each_record(r, layout, take).map_err(|e| in_units(e, r.unit))?
             }
         };

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::columns::{Layout, Lines};
+use super::row::{Lists, Row};
 use crate::data::files::data_err;
 use crate::Result;
 
@@ -48,7 +49,7 @@ pub(super) fn each_row(
     text: &str,
     shape: Shape,
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
-    mut row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
+    mut row: impl FnMut(&Layout, usize, Row) -> Result<()>,
 ) -> Result<Option<Layout>> {
     let mut reader = reader(text, shape.delimiter);
     let mut lines = Lines::new(text.as_bytes());
@@ -95,7 +96,7 @@ pub(super) fn each_row(
         row(
             resolved.as_ref().expect("resolved at the first row"),
             line,
-            &record,
+            Row::plain(&record),
         )?;
     }
     Ok(resolved)
@@ -211,13 +212,14 @@ impl Files {
 }
 
 /// A file's rows that come as records under column names (a Parquet
-/// file's rows, a JSON file's objects), their cells as text.
+/// file's rows, a JSON file's objects), their cells as text, and the items
+/// of a list column read as a column a number as numbers.
 pub(super) struct Records {
     /// The columns' names, in the file's order (a list column read as a
     /// column a number: each of them, see `vectors`).
     pub names: Vec<String>,
-    /// The file's cells, a list's items joined by `sep` in one (a list
-    /// column read as a column a number is spread out as a row is read).
+    /// The file's cells, a list's items joined by `sep` in one (empty for
+    /// a list column whose items are in `numbers`).
     pub rows: Vec<csv::StringRecord>,
     /// Whether each column holds lists.
     pub lists: Vec<bool>,
@@ -236,6 +238,36 @@ pub(super) struct Records {
     /// The list columns kept whole, and why their lists are not numbers of
     /// one length.
     pub kept: Vec<(usize, String)>,
+    /// The items of each column of lists of numbers, as numbers: a Parquet
+    /// column of float lists as read (its cells empty), and after
+    /// [`super::vectors::expand`], each list column read as a column a
+    /// number (by the file's columns, as `lengths`).
+    pub numbers: Vec<Option<Lists>>,
+}
+
+impl Records {
+    /// The rows `rows` of columns `names` (whether each holds lists:
+    /// `lists`), each named `unit` `at[r]`, a list's items joined by `sep`
+    /// in its cell.
+    pub(super) fn new(
+        names: Vec<String>,
+        (rows, lists): (Vec<csv::StringRecord>, Vec<bool>),
+        (at, unit): (Vec<usize>, &'static str),
+        sep: &str,
+    ) -> Records {
+        Records {
+            numbers: vec![None; names.len()],
+            names,
+            rows,
+            lists,
+            at,
+            unit,
+            sep: sep.to_string(),
+            vectors: Vec::new(),
+            lengths: Vec::new(),
+            kept: Vec::new(),
+        }
+    }
 }
 
 /// The records of `path` when it is a file of them (Parquet or JSON, by
@@ -256,7 +288,7 @@ pub(super) fn records_of(path: &Path, sep: &str) -> Result<Option<Records>> {
 pub(super) fn each_record(
     records: &Records,
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
-    mut row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
+    mut row: impl FnMut(&Layout, usize, Row) -> Result<()>,
 ) -> Result<Option<Layout>> {
     if records.rows.is_empty() {
         return Ok(None);
@@ -264,14 +296,13 @@ pub(super) fn each_record(
     let layout = layout(records.names.len(), records.names.clone())?;
     if records.vectors.is_empty() {
         for (record, &at) in records.rows.iter().zip(&records.at) {
-            row(&layout, at, record)?;
+            row(&layout, at, Row::plain(record))?;
         }
         return Ok(Some(layout));
     }
-    let mut cells = csv::StringRecord::new();
-    for (record, &at) in records.rows.iter().zip(&records.at) {
-        super::vectors::spread(records, record, &mut cells);
-        row(&layout, at, &cells)?;
+    let slots = super::vectors::slots(records);
+    for (r, (record, &at)) in records.rows.iter().zip(&records.at).enumerate() {
+        row(&layout, at, Row::laid(record, &slots, r))?;
     }
     Ok(Some(layout))
 }
@@ -285,7 +316,7 @@ pub(super) fn each_row_in(
     path: &Path,
     shape: Shape,
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
-    row: impl FnMut(&Layout, usize, &csv::StringRecord) -> Result<()>,
+    row: impl FnMut(&Layout, usize, Row) -> Result<()>,
 ) -> Result<(Option<Layout>, &'static str)> {
     let mut records = records_of(path, "|")?;
     let mut text = String::new();

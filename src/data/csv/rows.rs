@@ -11,6 +11,7 @@ use super::columns::Layout;
 use super::labels::{label_ids, label_sets, target_values, Labels};
 use super::parse::regression;
 use super::records::{number, Files, Place};
+use super::row::Row;
 use super::text::{self, Cells};
 use super::{Column, Csv, CsvOptions, Missing, TableInput};
 use crate::data::files::data_err;
@@ -44,7 +45,7 @@ impl Rows {
         (what, opts, header): Reading,
         l: &Layout,
         line: usize,
-        record: &csv::StringRecord,
+        record: Row,
     ) -> Result<()> {
         if self.coders.is_none() {
             self.coders = Some(categorical_coders(what, l, &opts.categorical)?);
@@ -59,12 +60,12 @@ impl Rows {
                 format!(
                     "line {line}, {}: a missing value (`{}`); `missing = \"drop\"` leaves such rows out",
                     l.column(c),
-                    &record[c]
+                    record.text(c)
                 ),
             ));
         }
         if opts.text.is_some() {
-            let cells = l.features.iter().map(|&at| record[at].to_string());
+            let cells = l.features.iter().map(|&at| record.text(at).into_owned());
             self.texts.push(cells.collect());
         } else {
             if self.places.is_empty() && self.dropped.is_empty() && opts.header.is_none() && !header
@@ -85,7 +86,7 @@ impl Rows {
             )?;
         }
         self.labels
-            .extend(l.labels.iter().map(|&c| record[c].to_string()));
+            .extend(l.labels.iter().map(|&c| record.text(c).into_owned()));
         self.places.push(Place::new(self.file, line));
         Ok(())
     }
@@ -164,22 +165,22 @@ fn names_read_as_data(
     opts: &CsvOptions,
     l: &Layout,
     line: usize,
-    record: &csv::StringRecord,
+    record: Row,
 ) -> Result<()> {
     if record
-        .iter()
-        .any(|c| number::<f64>(c, opts.decimal).is_some())
+        .texts()
+        .any(|c| number::<f64>(&c, opts.decimal).is_some())
     {
         return Ok(());
     }
-    let names: Vec<String> = record.iter().map(|c| format!("`{c}`")).collect();
+    let names: Vec<String> = record.texts().map(|c| format!("`{c}`")).collect();
     let role = if regression(opts) { "target" } else { "label" };
     Err(data_err(
         what,
         format!(
             "line {line} looks like column names ({}), read as data: give `header = true`, or name the {role} column (`{role} = \"{}\"`), which implies it",
             names.join(", "),
-            &record[l.labels[0]]
+            record.text(l.labels[0])
         ),
     ))
 }

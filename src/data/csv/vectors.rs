@@ -9,10 +9,13 @@
 //! the error that names one read as a feature.
 
 use super::records::{number, Records};
+use super::row::{Lists, Slot};
 
 /// Reads each list column of numbers of one length as that many columns,
 /// except the column `keep` (a classifier's label sets): the names and
-/// lengths change here, and [`spread`] lays out each row as it is read.
+/// lengths change here, each such column's items are kept as numbers (its
+/// cells emptied), and [`slots`] says where a row's columns are. A column
+/// of lists kept whole has its items' text.
 pub(super) fn expand(r: &mut Records, keep: Option<usize>) {
     let mut kept = Vec::new();
     let lengths: Vec<Option<usize>> = (0..r.names.len())
@@ -22,6 +25,7 @@ pub(super) fn expand(r: &mut Records, keep: Option<usize>) {
         })
         .collect();
     r.kept.extend(kept);
+    settle_cells(r, &lengths);
     if lengths.iter().all(Option::is_none) {
         return;
     }
@@ -48,37 +52,65 @@ pub(super) fn expand(r: &mut Records, keep: Option<usize>) {
     r.lengths = lengths;
 }
 
-/// A row of `r`'s file as its columns are named (`r.names`): each list
-/// read as a column a number spread into its cells (a null or empty list:
-/// as many empty cells, missing values).
-pub(super) fn spread(r: &Records, row: &csv::StringRecord, cells: &mut csv::StringRecord) {
-    cells.clear();
-    for (cell, k) in row.iter().zip(&r.lengths) {
-        match k {
-            None => cells.push_field(cell),
-            Some(k) if cell.is_empty() => (0..*k).for_each(|_| cells.push_field("")),
-            Some(_) => cell.split(r.sep.as_str()).for_each(|v| cells.push_field(v)),
+/// Where each of a row's columns is, as `r`'s columns are named: a cell
+/// of its text, or an item of a list read as a column a number.
+pub(super) fn slots(r: &Records) -> Vec<Slot<'_>> {
+    let mut slots = Vec::with_capacity(r.names.len());
+    for (c, k) in r.lengths.iter().enumerate() {
+        match (k, &r.numbers[c]) {
+            (Some(k), Some(items)) => slots.extend((0..*k).map(|i| Slot::Item(items, i))),
+            _ => slots.push(Slot::Text(c)),
         }
+    }
+    slots
+}
+
+/// The cells of `r` once each list column read as a column a number
+/// (`lengths`) has its items as numbers: those columns' cells emptied (the
+/// numbers hold them), and the other columns' items as text again.
+fn settle_cells(r: &mut Records, lengths: &[Option<usize>]) {
+    let mut texts = Vec::new();
+    for (c, numbers) in r.numbers.iter_mut().enumerate() {
+        match lengths[c] {
+            Some(_) => {}
+            None => texts.extend(numbers.take().map(|n| (c, n))),
+        }
+    }
+    let emptied: Vec<usize> = (0..lengths.len())
+        .filter(|&c| lengths[c].is_some() && r.rows.iter().any(|row| !row[c].is_empty()))
+        .collect();
+    if texts.is_empty() && emptied.is_empty() {
+        return;
+    }
+    let mut cells = csv::StringRecord::new();
+    for (i, row) in r.rows.iter_mut().enumerate() {
+        cells.clear();
+        for (c, cell) in row.iter().enumerate() {
+            match texts.iter().find(|(t, _)| *t == c) {
+                Some((_, numbers)) => cells.push_field(&numbers.text(i, &r.sep)),
+                None if emptied.contains(&c) => cells.push_field(""),
+                None => cells.push_field(cell),
+            }
+        }
+        std::mem::swap(row, &mut cells);
     }
 }
 
 /// The length of every list in column `c` when each holds numbers (an
-/// empty item, a null, is a missing value), as many as the others'; else
-/// why not, naming the row.
-fn length(r: &Records, c: usize) -> Result<usize, String> {
+/// empty item, a null, is a missing value), as many as the others', its
+/// items then kept as numbers in `r.numbers[c]`; else why not, naming the
+/// row.
+fn length(r: &mut Records, c: usize) -> Result<usize, String> {
+    if r.numbers[c].is_none() {
+        r.numbers[c] = Some(parsed(r, c)?);
+    }
+    let items = r.numbers[c].as_ref().expect("parsed");
     let unit = r.unit;
     let mut first: Option<(usize, usize)> = None;
-    for (row, &at) in r.rows.iter().zip(&r.at) {
-        let cell = &row[c];
-        if cell.is_empty() {
+    for (row, &at) in r.at.iter().enumerate() {
+        let n = items.row(row).len();
+        if n == 0 {
             continue;
-        }
-        let mut n = 0;
-        for item in cell.split(r.sep.as_str()) {
-            if !item.is_empty() && number::<f32>(item, b'.').is_none() {
-                return Err(format!("{unit} {at}'s list holds `{item}`, not a number"));
-            }
-            n += 1;
         }
         match first {
             None => first = Some((n, at)),
@@ -94,6 +126,28 @@ fn length(r: &Records, c: usize) -> Result<usize, String> {
     first
         .map(|(k, _)| k)
         .ok_or_else(|| "every row's list is empty or null".into())
+}
+
+/// Column `c`'s lists, their items parsed (an empty item, a null: NaN);
+/// else why one is not a list of numbers, naming the row.
+fn parsed(r: &Records, c: usize) -> Result<Lists, String> {
+    let mut out = Lists::default();
+    for (row, &at) in r.rows.iter().zip(&r.at) {
+        let cell = &row[c];
+        if !cell.is_empty() {
+            for item in cell.split(r.sep.as_str()) {
+                let v = match item.is_empty() {
+                    true => f32::NAN,
+                    false => number::<f32>(item, b'.').ok_or_else(|| {
+                        format!("{} {at}'s list holds `{item}`, not a number", r.unit)
+                    })?,
+                };
+                out.values.push(v);
+            }
+        }
+        out.ends.push(out.values.len());
+    }
+    Ok(out)
 }
 
 /// `names` for a message, each run of a list's columns (`embedding[0]` ...
@@ -128,23 +182,14 @@ pub(super) fn shorten(names: &[String]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::row::Row;
     use super::*;
 
     fn records(names: &[&str], rows: &[&[&str]], lists: &[bool]) -> Records {
-        Records {
-            names: names.iter().map(|s| s.to_string()).collect(),
-            rows: rows
-                .iter()
-                .map(|r| csv::StringRecord::from(r.to_vec()))
-                .collect(),
-            lists: lists.to_vec(),
-            at: (1..=rows.len()).collect(),
-            unit: "row",
-            sep: "|".into(),
-            vectors: Vec::new(),
-            lengths: Vec::new(),
-            kept: Vec::new(),
-        }
+        let names = names.iter().map(|s| s.to_string()).collect();
+        let rows = rows.iter().map(|r| csv::StringRecord::from(r.to_vec()));
+        let at = (1..=rows.len()).collect();
+        Records::new(names, (rows.collect(), lists.to_vec()), (at, "row"), "|")
     }
 
     #[test]
@@ -169,19 +214,21 @@ mod tests {
             r.kept,
             [(5, "row 1's list holds `a`, not a number".to_string())]
         );
-        let mut cells = csv::StringRecord::new();
-        let rows: Vec<Vec<String>> = (r.rows.iter())
-            .map(|row| {
-                spread(&r, row, &mut cells);
-                cells.iter().map(str::to_string).collect()
+        let slots = slots(&r);
+        let rows: Vec<Vec<String>> = (r.rows.iter().enumerate())
+            .map(|(i, row)| {
+                Row::laid(row, &slots, i)
+                    .texts()
+                    .map(|c| c.into())
+                    .collect()
             })
             .collect();
         assert_eq!(
             rows,
             [
-                ["1", "0.5", "-2", "3e-3", "2|27", "a|b", "0"],
+                ["1", "0.5", "-2", "0.003", "2|27", "a|b", "0"],
                 ["2", "", "", "", "10", "c", "1"],
-                ["3", "1", "", "0", "", "d|e|f", "1"],
+                ["3", "1", "NaN", "0", "", "d|e|f", "1"],
             ]
         );
         assert_eq!(

@@ -15,6 +15,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::{ColumnDescriptor, SchemaDescriptor};
 
 use super::super::records::push_f32;
+use super::super::row::Lists;
 use crate::data::files::data_err;
 use crate::Result;
 
@@ -25,19 +26,24 @@ pub(super) fn readable(schema: &SchemaDescriptor, sep: &str) -> bool {
         && (0..schema.num_columns()).all(|c| Reading::of(&schema.column(c), sep).is_some())
 }
 
-/// The rows of a file whose columns are all [`readable`], and whether each
-/// column holds lists.
+/// The rows of a file whose columns are all [`readable`], whether each
+/// column holds lists, and the items of each column of float lists as
+/// numbers (its cells empty: see [`super::super::row::Lists`]).
 pub(super) fn by_columns(
     path: &Path,
     reader: &SerializedFileReader<std::fs::File>,
     sep: &str,
-) -> Result<(Vec<StringRecord>, Vec<bool>)> {
+) -> Result<Table> {
     let err = |e: parquet::errors::ParquetError| data_err(path, e);
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
     let readings: Vec<Reading> = (0..schema.num_columns())
         .map(|c| Reading::of(&schema.column(c), sep).expect("a readable column"))
         .collect();
     let lists = readings.iter().map(|r| r.list.is_some()).collect();
+    let mut numbers: Vec<Option<Lists>> = readings
+        .iter()
+        .map(|r| r.numbers().then(Lists::default))
+        .collect();
     let mut rows = Vec::new();
     for g in 0..reader.num_row_groups() {
         let group = reader.get_row_group(g).map_err(err)?;
@@ -45,7 +51,16 @@ pub(super) fn by_columns(
         let mut columns = Vec::with_capacity(group.num_columns());
         for (c, reading) in readings.iter().enumerate() {
             let column = group.get_column_reader(c).map_err(err)?;
-            columns.push(reading.read(column, n).map_err(err)?);
+            match &mut numbers[c] {
+                Some(all) => {
+                    let base = all.values.len();
+                    let read = reading.read_numbers(column, n).map_err(err)?;
+                    all.values.extend(read.values);
+                    all.ends.extend(read.ends.iter().map(|e| e + base));
+                    columns.push(Box::new(Empty) as Box<dyn Cursor>);
+                }
+                None => columns.push(reading.read(column, n).map_err(err)?),
+            }
         }
         let mut cell = String::new();
         for _ in 0..n {
@@ -57,8 +72,12 @@ pub(super) fn by_columns(
             rows.push(row);
         }
     }
-    Ok((rows, lists))
+    Ok((rows, lists, numbers))
 }
+
+/// A file's rows of cells, whether each column holds lists, and each
+/// column's list items as numbers, when they are kept so.
+pub(super) type Table = (Vec<StringRecord>, Vec<bool>, Vec<Option<Lists>>);
 
 /// How a column's values become cells, as the record API's fields do: the
 /// converted types it reads as numbers and strings.
@@ -135,6 +154,26 @@ impl Reading {
                 sep: sep.to_string(),
             }),
         })
+    }
+
+    /// Whether the column's items are kept as numbers: a list of floats.
+    fn numbers(&self) -> bool {
+        self.list.is_some() && matches!(self.cells, Cells::Float | Cells::Double)
+    }
+
+    /// A row group's column of `n` rows of float lists, decoded whole: its
+    /// items as the f32 the model is given.
+    fn read_numbers(&self, column: ColumnReader, n: usize) -> parquet::errors::Result<Lists> {
+        let at = (n, self);
+        match column {
+            ColumnReader::FloatColumnReader(c) => Ok(Decoded::of(c, at, no_text)?.lists(n, |v| *v)),
+            ColumnReader::DoubleColumnReader(c) => {
+                Ok(Decoded::of(c, at, no_text)?.lists(n, |v| *v as f32))
+            }
+            _ => Err(parquet::errors::ParquetError::General(
+                "a column's reader is not of its type".into(),
+            )),
+        }
     }
 
     /// A row group's column of `n` rows, decoded whole: a cursor that
@@ -242,6 +281,57 @@ impl<T> Decoded<T> {
             (self.text)(v, out);
         }
         self.value += 1;
+    }
+}
+
+impl<T> Decoded<T> {
+    /// The `n` rows of a list column, their items as `f32`: each row's
+    /// list as [`Cursor::next_cell`] writes it, a null item NaN (a list of
+    /// one null item, whose cell is empty, an empty list).
+    fn lists(mut self, n: usize, f32_of: fn(&T) -> f32) -> Lists {
+        let list = self.list.take().expect("a list column");
+        let mut out = Lists {
+            values: Vec::with_capacity(self.values.len()),
+            ends: Vec::with_capacity(n),
+        };
+        for _ in 0..n {
+            let start = out.values.len();
+            let (mut first, mut nulls) = (true, 0);
+            while let Some(&def) = self.defs.get(self.entry) {
+                if !first && self.reps.get(self.entry) != Some(&1) {
+                    break;
+                }
+                self.entry += 1;
+                first = false;
+                if def < list.item {
+                    continue;
+                }
+                let v = match def == list.max {
+                    true => self.values.get(self.value).map_or(f32::NAN, f32_of),
+                    false => f32::NAN,
+                };
+                self.value += usize::from(def == list.max);
+                nulls += usize::from(def < list.max);
+                out.values.push(v);
+            }
+            if out.values.len() == start + 1 && nulls == 1 {
+                out.values.truncate(start);
+            }
+            out.ends.push(out.values.len());
+        }
+        out
+    }
+}
+
+/// No text: for a column whose values are kept as numbers.
+fn no_text<T>(_: &T, _: &mut String) {}
+
+/// A column whose cells are read elsewhere: each one empty.
+struct Empty;
+
+impl Cursor for Empty {
+    fn next_cell(&mut self, out: &mut String) {
+        out.clear();
     }
 }
 
@@ -368,8 +458,9 @@ mod tests {
         })?;
         let descr = reader.metadata().file_metadata().schema_descr_ptr();
         assert!(readable(&descr, "|"));
-        let (by_columns, lists) = by_columns(&path, &reader, "|")?;
+        let (by_columns, lists, numbers) = by_columns(&path, &reader, "|")?;
         let (by_rows, _) = super::super::by_rows(&path, &reader, "|", 9)?;
+        assert!(numbers.iter().all(Option::is_none));
         assert_eq!(by_columns.len(), 6);
         assert_eq!(by_columns, by_rows);
         assert!(lists.iter().all(|l| !l));
@@ -418,8 +509,23 @@ mod tests {
             !readable(&descr, "-"),
             "a separator a number's text may hold"
         );
-        let (by_columns, lists) = by_columns(&path, &reader, "|")?;
+        let (mut by_columns, lists, numbers) = by_columns(&path, &reader, "|")?;
         let (by_rows, by_rows_lists) = super::super::by_rows(&path, &reader, "|", 3)?;
+        // The float lists' items are numbers, their cells empty; as text,
+        // the record API's cells.
+        assert!(numbers[1].is_none() && numbers[2].is_none());
+        let floats = numbers[0]
+            .as_ref()
+            .expect("a float list's items as numbers");
+        assert_eq!(floats.row(0)[0], 1.5);
+        assert!(floats.row(0)[1].is_nan());
+        assert_eq!(floats.row(5), &[] as &[f32]);
+        for (r, row) in by_columns.iter_mut().enumerate() {
+            assert_eq!(&row[0], "");
+            let mut cells = vec![floats.text(r, "|")];
+            cells.extend(row.iter().skip(1).map(str::to_string));
+            *row = StringRecord::from(cells);
+        }
         assert_eq!(by_columns, by_rows);
         assert_eq!(lists, [true, true, false]);
         assert_eq!(lists, by_rows_lists);

@@ -4,7 +4,8 @@
 //! null is a missing value; a number is written as the f32 it becomes (so
 //! the model sees the file's value cast to f32, as PyTorch casts a float64
 //! column); a list (a sample's labels, `[2, 27]`) is its elements joined by
-//! a separator, a set of labels.
+//! a separator, a set of labels, except that a list of floats (an
+//! embedding) keeps its items as the f32 numbers they become.
 
 use std::path::Path;
 
@@ -39,21 +40,22 @@ pub(super) fn read(path: &Path, sep: &str) -> Result<Records> {
         .iter()
         .map(|f| f.name().to_string())
         .collect();
-    let (rows, lists) = match columns::readable(&descr, sep) {
-        true => columns::by_columns(path, &reader, sep)?,
-        false => by_rows(path, &reader, sep, names.len())?,
+    let (rows, lists, numbers) = match columns::readable(&descr, sep) {
+        true => {
+            let (rows, lists, numbers) = columns::by_columns(path, &reader, sep)?;
+            (rows, lists, Some(numbers))
+        }
+        false => {
+            let (rows, lists) = by_rows(path, &reader, sep, names.len())?;
+            (rows, lists, None)
+        }
     };
-    Ok(Records {
-        names,
-        at: (1..=rows.len()).collect(),
-        rows,
-        lists,
-        unit: "row",
-        sep: sep.to_string(),
-        vectors: Vec::new(),
-        lengths: Vec::new(),
-        kept: Vec::new(),
-    })
+    let at = (1..=rows.len()).collect();
+    let mut records = Records::new(names, (rows, lists), (at, "row"), sep);
+    if let Some(numbers) = numbers {
+        records.numbers = numbers;
+    }
+    Ok(records)
 }
 
 /// The rows of `reader` through the record API (any schema): their cells,
