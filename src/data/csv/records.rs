@@ -238,10 +238,10 @@ pub(super) struct Records {
     /// The list columns kept whole, and why their lists are not numbers of
     /// one length.
     pub kept: Vec<(usize, String)>,
-    /// The items of each column of lists of numbers, as numbers: a Parquet
-    /// column of float lists as read (its cells empty), and after
-    /// [`super::vectors::expand`], each list column read as a column a
-    /// number (by the file's columns, as `lengths`).
+    /// The numbers of a column kept as numbers, by the file's columns (as
+    /// `lengths`): a Parquet column of floats or float lists as read (its
+    /// cells empty), and after [`super::vectors::expand`], each list column
+    /// read as a column a number and each Parquet column of floats.
     pub numbers: Vec<Option<Lists>>,
 }
 
@@ -294,7 +294,7 @@ pub(super) fn each_record(
         return Ok(None);
     }
     let layout = layout(records.names.len(), records.names.clone())?;
-    if records.vectors.is_empty() {
+    if records.numbers.iter().all(Option::is_none) {
         for (record, &at) in records.rows.iter().zip(&records.at) {
             row(&layout, at, Row::plain(record))?;
         }

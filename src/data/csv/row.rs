@@ -9,20 +9,47 @@ use csv::StringRecord;
 use super::records::f32_text;
 use super::MISSING;
 
-/// A list column's items as f32, row after row: row `r`'s are
-/// `values[ends[r - 1]..ends[r]]` (none for a null or empty list; a null
-/// item is NaN, a missing value).
+/// A column's numbers as f32, row after row. Of a list column (`ends`):
+/// row `r`'s items are `values[ends[r - 1]..ends[r]]` (none for a null or
+/// empty list; a null item is NaN, a missing value). Of a column of
+/// numbers (`flat`): row `r`'s is `values[r]`, none for the rows in
+/// `nulls`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Lists {
     pub values: Vec<f32>,
     pub ends: Vec<usize>,
+    pub flat: bool,
+    /// With `flat`: the rows that hold a null, in order.
+    pub nulls: Vec<usize>,
 }
 
 impl Lists {
+    /// A column of numbers, a value a row.
+    pub(super) fn flat() -> Lists {
+        Lists {
+            flat: true,
+            ..Lists::default()
+        }
+    }
+
     /// Row `r`'s items.
     pub(super) fn row(&self, r: usize) -> &[f32] {
+        if self.flat {
+            return match self.nulls.binary_search(&r) {
+                Ok(_) => &[],
+                Err(_) => std::slice::from_ref(&self.values[r]),
+            };
+        }
         let start = if r == 0 { 0 } else { self.ends[r - 1] };
         &self.values[start..self.ends[r]]
+    }
+
+    /// Appends `more`'s rows (of the same kind).
+    pub(super) fn append(&mut self, more: Lists) {
+        let rows = self.values.len();
+        self.nulls.extend(more.nulls.iter().map(|r| r + rows));
+        self.ends.extend(more.ends.iter().map(|e| e + rows));
+        self.values.extend(more.values);
     }
 
     /// Row `r`'s list as its cell's text: its items joined by `sep` (a
@@ -130,6 +157,7 @@ mod tests {
         let lists = Lists {
             values: vec![0.5, f32::NAN, 3.0, 1.25, -2.0],
             ends: vec![3, 3, 5],
+            ..Lists::default()
         };
         assert_eq!(lists.text(0, "|"), "0.5||3");
         assert_eq!(lists.text(1, "|"), "");
@@ -153,6 +181,20 @@ mod tests {
         assert_eq!(empty.text(1), "");
         let last = Row::laid(&text, &slots, 2);
         assert!(matches!(last.cell(2), Cell::Number(Some(v)) if v == -2.0));
+        let mut flat = Lists::flat();
+        flat.append(Lists {
+            values: vec![1.5, f32::NAN],
+            nulls: vec![1],
+            ..Lists::flat()
+        });
+        flat.append(Lists {
+            values: vec![f32::NAN, 4.0],
+            nulls: vec![0],
+            ..Lists::flat()
+        });
+        assert_eq!(flat.nulls, [1, 2]);
+        let rows: Vec<&[f32]> = (0..4).map(|r| flat.row(r)).collect();
+        assert_eq!(rows, [&[1.5][..], &[], &[], &[4.0]]);
         let plain = Row::plain(&text);
         assert!(plain.is_missing(1) && !plain.is_missing(0));
         assert_eq!(plain.text(2), "7");

@@ -27,6 +27,7 @@ pub(super) fn expand(r: &mut Records, keep: Option<usize>) {
     r.kept.extend(kept);
     settle_cells(r, &lengths);
     if lengths.iter().all(Option::is_none) {
+        r.lengths = lengths;
         return;
     }
     let (mut names, mut lists, mut at) = (Vec::new(), Vec::new(), vec![0; r.names.len()]);
@@ -52,13 +53,15 @@ pub(super) fn expand(r: &mut Records, keep: Option<usize>) {
     r.lengths = lengths;
 }
 
-/// Where each of a row's columns is, as `r`'s columns are named: a cell
-/// of its text, or an item of a list read as a column a number.
+/// Where each of a row's columns is, as `r`'s columns are named (after
+/// [`expand`]): a cell of its text, an item of a list read as a column a
+/// number, or a number of a column kept as numbers.
 pub(super) fn slots(r: &Records) -> Vec<Slot<'_>> {
     let mut slots = Vec::with_capacity(r.names.len());
-    for (c, k) in r.lengths.iter().enumerate() {
-        match (k, &r.numbers[c]) {
-            (Some(k), Some(items)) => slots.extend((0..*k).map(|i| Slot::Item(items, i))),
+    for (c, numbers) in r.numbers.iter().enumerate() {
+        match (r.lengths.get(c).copied().flatten(), numbers) {
+            (Some(k), Some(items)) => slots.extend((0..k).map(|i| Slot::Item(items, i))),
+            (None, Some(items)) if items.flat => slots.push(Slot::Item(items, 0)),
             _ => slots.push(Slot::Text(c)),
         }
     }
@@ -67,12 +70,14 @@ pub(super) fn slots(r: &Records) -> Vec<Slot<'_>> {
 
 /// The cells of `r` once each list column read as a column a number
 /// (`lengths`) has its items as numbers: those columns' cells emptied (the
-/// numbers hold them), and the other columns' items as text again.
+/// numbers hold them), and the other list columns' items as text again (a
+/// column of numbers, a value a row, stays numbers).
 fn settle_cells(r: &mut Records, lengths: &[Option<usize>]) {
     let mut texts = Vec::new();
     for (c, numbers) in r.numbers.iter_mut().enumerate() {
         match lengths[c] {
             Some(_) => {}
+            None if numbers.as_ref().is_some_and(|n| n.flat) => {}
             None => texts.extend(numbers.take().map(|n| (c, n))),
         }
     }

@@ -3,8 +3,10 @@
 //! and Hugging Face datasets' tables of features, texts and labels), and
 //! lists of numbers (an embedding a row, a set of label ids), their items
 //! joined by a separator. Their cells are the record API's (see
-//! [`super::scalar`]), cell for cell; other columns (dates, decimals,
-//! structures, lists of strings) go through it.
+//! [`super::scalar`]), cell for cell, except that the values of a column
+//! of floats or float lists are kept as numbers (its cells left empty);
+//! other columns (dates, decimals, structures, lists of strings) go
+//! through it.
 
 use std::path::Path;
 
@@ -42,7 +44,11 @@ pub(super) fn by_columns(
     let lists = readings.iter().map(|r| r.list.is_some()).collect();
     let mut numbers: Vec<Option<Lists>> = readings
         .iter()
-        .map(|r| r.numbers().then(Lists::default))
+        .map(|r| match r.list {
+            _ if !r.numbers() => None,
+            Some(_) => Some(Lists::default()),
+            None => Some(Lists::flat()),
+        })
         .collect();
     let mut rows = Vec::new();
     for g in 0..reader.num_row_groups() {
@@ -53,10 +59,7 @@ pub(super) fn by_columns(
             let column = group.get_column_reader(c).map_err(err)?;
             match &mut numbers[c] {
                 Some(all) => {
-                    let base = all.values.len();
-                    let read = reading.read_numbers(column, n).map_err(err)?;
-                    all.values.extend(read.values);
-                    all.ends.extend(read.ends.iter().map(|e| e + base));
+                    all.append(reading.read_numbers(column, n).map_err(err)?);
                     columns.push(Box::new(Empty) as Box<dyn Cursor>);
                 }
                 None => columns.push(reading.read(column, n).map_err(err)?),
@@ -156,19 +159,22 @@ impl Reading {
         })
     }
 
-    /// Whether the column's items are kept as numbers: a list of floats.
+    /// Whether the column's values are kept as numbers: floats, or lists
+    /// of them.
     fn numbers(&self) -> bool {
-        self.list.is_some() && matches!(self.cells, Cells::Float | Cells::Double)
+        matches!(self.cells, Cells::Float | Cells::Double)
     }
 
-    /// A row group's column of `n` rows of float lists, decoded whole: its
-    /// items as the f32 the model is given.
+    /// A row group's column of `n` rows of floats or float lists, decoded
+    /// whole: its values as the f32 the model is given.
     fn read_numbers(&self, column: ColumnReader, n: usize) -> parquet::errors::Result<Lists> {
         let at = (n, self);
         match column {
-            ColumnReader::FloatColumnReader(c) => Ok(Decoded::of(c, at, no_text)?.lists(n, |v| *v)),
+            ColumnReader::FloatColumnReader(c) => {
+                Ok(Decoded::of(c, at, no_text)?.numbers(n, |v| *v))
+            }
             ColumnReader::DoubleColumnReader(c) => {
-                Ok(Decoded::of(c, at, no_text)?.lists(n, |v| *v as f32))
+                Ok(Decoded::of(c, at, no_text)?.numbers(n, |v| *v as f32))
             }
             _ => Err(parquet::errors::ParquetError::General(
                 "a column's reader is not of its type".into(),
@@ -285,6 +291,28 @@ impl<T> Decoded<T> {
 }
 
 impl<T> Decoded<T> {
+    /// The `n` rows of the column as `f32`: [`Decoded::lists`], or a value
+    /// a row (a null's place NaN, its row among the nulls).
+    fn numbers(self, n: usize, f32_of: fn(&T) -> f32) -> Lists {
+        if self.list.is_some() {
+            return self.lists(n, f32_of);
+        }
+        let mut out = Lists::flat();
+        out.values.reserve(n);
+        let mut values = self.values.iter();
+        for r in 0..n {
+            let present = !self.nullable || self.defs.get(r) == Some(&1);
+            match present.then(|| values.next()).flatten() {
+                Some(v) => out.values.push(f32_of(v)),
+                None => {
+                    out.values.push(f32::NAN);
+                    out.nulls.push(r);
+                }
+            }
+        }
+        out
+    }
+
     /// The `n` rows of a list column, their items as `f32`: each row's
     /// list as [`Cursor::next_cell`] writes it, a null item NaN (a list of
     /// one null item, whose cell is empty, an empty list).
@@ -293,6 +321,7 @@ impl<T> Decoded<T> {
         let mut out = Lists {
             values: Vec::with_capacity(self.values.len()),
             ends: Vec::with_capacity(n),
+            ..Lists::default()
         };
         for _ in 0..n {
             let start = out.values.len();
@@ -377,6 +406,7 @@ mod tests {
     use parquet::file::writer::{SerializedColumnWriter, SerializedFileWriter};
     use parquet::schema::parser::parse_message_type;
 
+    use super::super::super::records::f32_text;
     use super::*;
 
     /// A file of `schema` with two row groups, each column `k` of group `g`
@@ -401,6 +431,24 @@ mod tests {
         }
         writer.close()?;
         Ok(SerializedFileReader::new(std::fs::File::open(path)?)?)
+    }
+
+    /// `rows` with the cells of the columns kept as `numbers` written as
+    /// the record API writes them (each such cell empty before).
+    fn as_text(rows: &mut [StringRecord], numbers: &[Option<Lists>]) {
+        for (r, row) in rows.iter_mut().enumerate() {
+            let cells = row.iter().zip(numbers).map(|(cell, n)| match n {
+                None => cell.to_string(),
+                Some(n) => {
+                    assert_eq!(cell, "");
+                    match n.flat {
+                        true => n.row(r).first().map_or(String::new(), |v| f32_text(*v)),
+                        false => n.text(r, "|"),
+                    }
+                }
+            });
+            *row = cells.collect();
+        }
     }
 
     /// Two row groups of every flat column type the column reading takes,
@@ -458,9 +506,14 @@ mod tests {
         })?;
         let descr = reader.metadata().file_metadata().schema_descr_ptr();
         assert!(readable(&descr, "|"));
-        let (by_columns, lists, numbers) = by_columns(&path, &reader, "|")?;
+        let (mut by_columns, lists, numbers) = by_columns(&path, &reader, "|")?;
         let (by_rows, _) = super::super::by_rows(&path, &reader, "|", 9)?;
-        assert!(numbers.iter().all(Option::is_none));
+        let kept: Vec<bool> = numbers.iter().map(Option::is_some).collect();
+        assert_eq!(
+            kept,
+            [false, false, false, false, true, true, false, false, false]
+        );
+        as_text(&mut by_columns, &numbers);
         assert_eq!(by_columns.len(), 6);
         assert_eq!(by_columns, by_rows);
         assert!(lists.iter().all(|l| !l));
@@ -520,12 +573,7 @@ mod tests {
         assert_eq!(floats.row(0)[0], 1.5);
         assert!(floats.row(0)[1].is_nan());
         assert_eq!(floats.row(5), &[] as &[f32]);
-        for (r, row) in by_columns.iter_mut().enumerate() {
-            assert_eq!(&row[0], "");
-            let mut cells = vec![floats.text(r, "|")];
-            cells.extend(row.iter().skip(1).map(str::to_string));
-            *row = StringRecord::from(cells);
-        }
+        as_text(&mut by_columns, &numbers);
         assert_eq!(by_columns, by_rows);
         assert_eq!(lists, [true, true, false]);
         assert_eq!(lists, by_rows_lists);

@@ -4,8 +4,8 @@
 //! null is a missing value; a number is written as the f32 it becomes (so
 //! the model sees the file's value cast to f32, as PyTorch casts a float64
 //! column); a list (a sample's labels, `[2, 27]`) is its elements joined by
-//! a separator, a set of labels, except that a list of floats (an
-//! embedding) keeps its items as the f32 numbers they become.
+//! a separator, a set of labels. A column of floats, or of lists of floats
+//! (an embedding), keeps its values as the f32 numbers they become.
 
 use std::path::Path;
 
