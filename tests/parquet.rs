@@ -145,7 +145,7 @@ fn a_column_of_lists_is_a_multi_label_classifiers_label_sets() -> Result<()> {
 /// repr rounds to 8 digits, its loss as near); the classifier is as
 /// accurate as NumPy's nearest centroid, and `taper classify` answers for
 /// the Parquet file's rows and the arrays' CSV file's as for the CSV
-/// file's.
+/// file's, and refuses embeddings of another length.
 #[test]
 fn a_column_of_embeddings_is_a_feature_per_number() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -215,6 +215,18 @@ run:evaluate(test)
             answers(file)? == by_csv,
             "classify's answers for {file} differ"
         );
+    }
+    // Embeddings shorter or longer than the run's (whose first 32 would
+    // be read) are refused, saying so.
+    for (file, held) in [("test.short.parquet", 24), ("test.long.parquet", 40)] {
+        let o = taper(&[
+            "classify",
+            out.to_str().unwrap(),
+            d.join(file).to_str().unwrap(),
+        ])?;
+        let err = String::from_utf8_lossy(&o.stderr);
+        let says = format!("`embedding` holds lists of {held} numbers, where the run read lists of 32 (`embedding[0..32]`)");
+        ensure!(!o.status.success() && err.contains(&says), "{file}: {err}");
     }
     Ok(())
 }

@@ -505,7 +505,8 @@ def embeddings(out):
     Parquet and as JSON Lines (with 15 decimals: its default of 10 rounds
     small float32s), as CSV with the list column as `to_csv` writes it (an
     array's repr; a list of floats), and as CSV with the embeddings stacked by NumPy into a
-    column per item, `embedding[0]` ... `embedding[31]`. Prints the test
+    column per item, `embedding[0]` ... `embedding[31]`; the test split's
+    embeddings cut to 24 and lengthened to 40 as Parquet too. Prints the test
     accuracy of NumPy's nearest-centroid classifier fitted on train, a
     reference."""
     import os
@@ -535,6 +536,11 @@ def embeddings(out):
         df.to_csv(os.path.join(out, f"{split}.arrays.csv"), index=False)
         df.assign(embedding=[v.tolist() for v in x]).to_csv(
             os.path.join(out, f"{split}.floats.csv"), index=False)
+        if split == "test":
+            # Embeddings of another length than the run's: 24 and 40.
+            for name, v in [("short", x[:, :24]), ("long", np.hstack([x, x[:, :8]]))]:
+                df.assign(embedding=list(v)).to_parquet(
+                    os.path.join(out, f"test.{name}.parquet"))
         if fitted is None:
             fitted = np.stack([x[y == k].mean(0) for k in range(3)])
         else:

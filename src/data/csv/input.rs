@@ -10,6 +10,7 @@ use super::categories::{one_hot, Coder};
 use super::columns::Layout;
 use super::records::{each_row_in, Files, Place, Shape};
 use super::Column;
+use crate::data::files::data_err;
 use crate::data::name_list;
 use crate::data::Moments;
 use crate::Result;
@@ -291,7 +292,15 @@ impl TableInput {
         each_row_in(
             path,
             shape,
-            |n, names| Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names),
+            |n, names| {
+                if let Some((list, k, held)) = super::vectors::other_length(&self.columns, &names) {
+                    return Err(data_err(
+                        path,
+                        format!("`{list}` holds lists of {held} numbers, where the run read lists of {k} (`{list}[0..{k}]`)"),
+                    ));
+                }
+                Layout::resolve(path, (&[], "label"), Some(&self.columns), n, names)
+            },
             |l, line, record| {
                 if let Some(c) = l.missing(record) {
                     let why = format!("a missing value (`{}`) in {}", record.text(c), l.column(c));

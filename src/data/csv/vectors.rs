@@ -155,6 +155,43 @@ fn parsed(r: &Records, c: usize) -> Result<Lists, String> {
     Ok(out)
 }
 
+/// A list column whose lists are not as long as `columns` reads them:
+/// its name, the number of its items among `columns` (`base[0]` ...
+/// `base[k - 1]`, each of them) and its lists' length among the columns
+/// named `names`; a run's columns from a list of 8 numbers read from a
+/// file whose lists hold 6, or 10 (whose first 8 would be read).
+pub(super) fn other_length(
+    columns: &[super::Column],
+    names: &[String],
+) -> Option<(String, usize, usize)> {
+    let item = |name: &str| -> Option<(String, usize)> {
+        let (base, i) = name.strip_suffix(']')?.rsplit_once('[')?;
+        Some((base.to_string(), i.parse().ok()?))
+    };
+    let mut read: Vec<(String, Vec<usize>)> = Vec::new();
+    for c in columns {
+        let super::Column::Name(name) = c else {
+            continue;
+        };
+        let Some((base, i)) = item(name) else {
+            continue;
+        };
+        match read.iter_mut().find(|(b, _)| *b == base) {
+            Some((_, items)) => items.push(i),
+            None => read.push((base, vec![i])),
+        }
+    }
+    let names: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+    read.into_iter().find_map(|(base, items)| {
+        let k = items.len();
+        let whole = items.iter().enumerate().all(|(at, &i)| at == i);
+        let held = (0..)
+            .take_while(|i| names.contains(format!("{base}[{i}]").as_str()))
+            .count();
+        (whole && held > 0 && held != k).then_some((base, k, held))
+    })
+}
+
 /// `names` for a message, each run of a list's columns (`embedding[0]` ...
 /// `embedding[383]`) named once, as `embedding[0..384]`.
 pub(super) fn shorten(names: &[String]) -> Vec<String> {
@@ -240,6 +277,26 @@ mod tests {
             shorten(&r.names),
             ["x", "emb[0..3]", "labels", "words", "y"]
         );
+    }
+
+    #[test]
+    fn a_list_read_at_another_length_is_found() {
+        let columns: Vec<super::super::Column> = (0..4)
+            .map(|i| super::super::Column::Name(format!("e[{i}]")))
+            .chain([super::super::Column::Name("x".into())])
+            .collect();
+        let names = |k: usize| -> Vec<String> {
+            (0..k)
+                .map(|i| format!("e[{i}]"))
+                .chain(["x".into()])
+                .collect()
+        };
+        assert_eq!(other_length(&columns, &names(4)), None);
+        assert_eq!(other_length(&columns, &names(3)), Some(("e".into(), 4, 3)));
+        assert_eq!(other_length(&columns, &names(6)), Some(("e".into(), 4, 6)));
+        assert_eq!(other_length(&columns, &["x".into()]), None);
+        // A chosen few of a list's items are not a list of another length.
+        assert_eq!(other_length(&columns[1..3], &names(6)), None);
     }
 
     #[test]
