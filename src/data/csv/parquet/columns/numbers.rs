@@ -1,0 +1,110 @@
+//! A Parquet column of floats, or of lists of floats, decoded straight
+//! into numbers ([`Lists`]), without the text of its cells.
+
+use parquet::column::reader::ColumnReader;
+
+use super::{Cells, Cursor, Decoded, Reading};
+use crate::data::csv::row::Lists;
+
+impl Reading {
+    /// Whether the column's values are kept as numbers: floats, or lists
+    /// of them.
+    pub(super) fn numbers(&self) -> bool {
+        matches!(self.cells, Cells::Float | Cells::Double)
+    }
+
+    /// A row group's column of `n` rows of floats or float lists, decoded
+    /// whole: its values as the f32 the model is given.
+    pub(super) fn read_numbers(
+        &self,
+        column: ColumnReader,
+        n: usize,
+    ) -> parquet::errors::Result<Lists> {
+        let at = (n, self);
+        match column {
+            ColumnReader::FloatColumnReader(c) => {
+                Ok(Decoded::of(c, at, no_text)?.numbers(n, |v| *v))
+            }
+            ColumnReader::DoubleColumnReader(c) => {
+                Ok(Decoded::of(c, at, no_text)?.numbers(n, |v| *v as f32))
+            }
+            _ => Err(parquet::errors::ParquetError::General(
+                "a column's reader is not of its type".into(),
+            )),
+        }
+    }
+}
+
+impl<T> Decoded<T> {
+    /// The `n` rows of the column as `f32`: [`Decoded::lists`], or a value
+    /// a row (a null's place NaN, its row among the nulls).
+    fn numbers(self, n: usize, f32_of: fn(&T) -> f32) -> Lists {
+        if self.list.is_some() {
+            return self.lists(n, f32_of);
+        }
+        let mut out = Lists::flat();
+        out.values.reserve(n);
+        let mut values = self.values.iter();
+        for r in 0..n {
+            let present = !self.nullable || self.defs.get(r) == Some(&1);
+            match present.then(|| values.next()).flatten() {
+                Some(v) => out.values.push(f32_of(v)),
+                None => {
+                    out.values.push(f32::NAN);
+                    out.nulls.push(r);
+                }
+            }
+        }
+        out
+    }
+
+    /// The `n` rows of a list column, their items as `f32`: each row's
+    /// list as [`Cursor::next_cell`] writes it, a null item NaN (a list of
+    /// one null item, whose cell is empty, an empty list).
+    fn lists(mut self, n: usize, f32_of: fn(&T) -> f32) -> Lists {
+        let list = self.list.take().expect("a list column");
+        let mut out = Lists {
+            values: Vec::with_capacity(self.values.len()),
+            ends: Vec::with_capacity(n),
+            ..Lists::default()
+        };
+        for _ in 0..n {
+            let start = out.values.len();
+            let (mut first, mut nulls) = (true, 0);
+            while let Some(&def) = self.defs.get(self.entry) {
+                if !first && self.reps.get(self.entry) != Some(&1) {
+                    break;
+                }
+                self.entry += 1;
+                first = false;
+                if def < list.item {
+                    continue;
+                }
+                let v = match def == list.max {
+                    true => self.values.get(self.value).map_or(f32::NAN, f32_of),
+                    false => f32::NAN,
+                };
+                self.value += usize::from(def == list.max);
+                nulls += usize::from(def < list.max);
+                out.values.push(v);
+            }
+            if out.values.len() == start + 1 && nulls == 1 {
+                out.values.truncate(start);
+            }
+            out.ends.push(out.values.len());
+        }
+        out
+    }
+}
+
+/// No text: for a column whose values are kept as numbers.
+fn no_text<T>(_: &T, _: &mut String) {}
+
+/// A column whose cells are read elsewhere: each one empty.
+pub(super) struct Empty;
+
+impl Cursor for Empty {
+    fn next_cell(&mut self, out: &mut String) {
+        out.clear();
+    }
+}
