@@ -31,8 +31,9 @@ pub(super) fn readable(schema: &SchemaDescriptor, sep: &str) -> bool {
 }
 
 /// The rows of a file whose columns are all [`readable`], whether each
-/// column holds lists, and the items of each column of float lists as
-/// numbers (its cells empty: see [`super::super::row::Lists`]).
+/// column holds lists, and the values of each column of floats or exact
+/// integers (or lists of them) as numbers (its cells empty: see
+/// [`numbers`]).
 pub(super) fn by_columns(
     path: &Path,
     reader: &SerializedFileReader<std::fs::File>,
@@ -46,8 +47,9 @@ pub(super) fn by_columns(
     let lists = readings.iter().map(|r| r.list.is_some()).collect();
     let mut numbers: Vec<Option<Lists>> = readings
         .iter()
-        .map(|r| match r.list {
-            _ if !r.numbers() => None,
+        .enumerate()
+        .map(|(c, r)| match r.list {
+            _ if !r.numbers(reader.metadata(), c) => None,
             Some(_) => Some(Lists::default()),
             None => Some(Lists::flat()),
         })
@@ -114,6 +116,8 @@ struct Reading {
     /// Whether a top-level value can be null.
     nullable: bool,
     list: Option<List>,
+    /// An integer of 8 or 16 bits, which an f32 holds exactly.
+    narrow: bool,
 }
 
 impl Reading {
@@ -133,12 +137,17 @@ impl Reading {
             (T::BYTE_ARRAY, C::NONE | C::UTF8 | C::ENUM | C::JSON) => Cells::Bytes,
             _ => return None,
         };
+        let narrow = matches!(
+            descr.converted_type(),
+            C::INT_8 | C::INT_16 | C::UINT_8 | C::UINT_16
+        );
         let (rep, def) = (descr.max_rep_level(), descr.max_def_level());
         if rep == 0 {
             return (def <= 1).then_some(Reading {
                 cells,
                 nullable: def == 1,
                 list: None,
+                narrow,
             });
         }
         // A list of numbers: `list<element>` as pyarrow writes it (three
@@ -152,6 +161,7 @@ impl Reading {
         let item = def - i16::from(descr.self_type().is_optional());
         Some(Reading {
             cells,
+            narrow,
             nullable: false,
             list: Some(List {
                 max: def,
@@ -414,9 +424,11 @@ mod tests {
         let (mut by_columns, lists, numbers) = by_columns(&path, &reader, "|")?;
         let (by_rows, _) = super::super::by_rows(&path, &reader, "|", 9)?;
         let kept: Vec<bool> = numbers.iter().map(Option::is_some).collect();
+        // Floats, and an 8-bit integer; not i64::MIN, which f32 does not
+        // hold exactly, nor unsigned 32 and 64 bits.
         assert_eq!(
             kept,
-            [false, false, false, false, true, true, false, false, false]
+            [true, false, false, false, true, true, false, false, false]
         );
         as_text(&mut by_columns, &numbers);
         assert_eq!(by_columns.len(), 6);
@@ -469,9 +481,10 @@ mod tests {
         );
         let (mut by_columns, lists, numbers) = by_columns(&path, &reader, "|")?;
         let (by_rows, by_rows_lists) = super::super::by_rows(&path, &reader, "|", 3)?;
-        // The float lists' items are numbers, their cells empty; as text,
-        // the record API's cells.
-        assert!(numbers[1].is_none() && numbers[2].is_none());
+        // The lists' items are numbers, their cells empty; as text, the
+        // record API's cells.
+        // The integers too, which the statistics bound within ±2^24.
+        assert!(numbers[1].is_some() && numbers[2].is_some());
         let floats = numbers[0]
             .as_ref()
             .expect("a float list's items as numbers");

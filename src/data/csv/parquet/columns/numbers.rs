@@ -1,19 +1,32 @@
-//! A Parquet column of floats, or of lists of floats, decoded straight
-//! into numbers ([`Lists`]), without the text of its cells.
+//! A Parquet column of floats or of integers that f32 holds exactly (or of
+//! lists of them), decoded straight into numbers ([`Lists`]), without the
+//! text of its cells. An integer's f32 writes the integer's text, so a
+//! label or a category reads as it did.
 
 use parquet::column::reader::ColumnReader;
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::statistics::Statistics;
 
 use super::{Cells, Cursor, Decoded, Reading};
 use crate::data::csv::row::Lists;
 
 impl Reading {
-    /// Whether the column's values are kept as numbers: floats, or lists
-    /// of them.
-    pub(super) fn numbers(&self) -> bool {
-        matches!(self.cells, Cells::Float | Cells::Double)
+    /// Whether column `c` of the file `meta` describes keeps its values
+    /// as numbers: floats, integers of 8 or 16 bits, and signed integers
+    /// that every row group's statistics bound within ±2^24, which f32
+    /// holds exactly (or lists of them).
+    pub(super) fn numbers(&self, meta: &ParquetMetaData, c: usize) -> bool {
+        match self.cells {
+            Cells::Float | Cells::Double => true,
+            _ if self.narrow => true,
+            Cells::Int32(true) | Cells::Int64(true) => {
+                (meta.row_groups().iter()).all(|g| exact_between(g.column(c).statistics()))
+            }
+            _ => false,
+        }
     }
 
-    /// A row group's column of `n` rows of floats or float lists, decoded
+    /// A row group's column of `n` rows of numbers or lists of them, decoded
     /// whole: its values as the f32 the model is given.
     pub(super) fn read_numbers(
         &self,
@@ -27,6 +40,14 @@ impl Reading {
             }
             ColumnReader::DoubleColumnReader(c) => {
                 Ok(Decoded::of(c, at, no_text)?.numbers(n, |v| *v as f32))
+            }
+            ColumnReader::Int32ColumnReader(c) => {
+                let d = exact(Decoded::of(c, at, no_text)?, |v| i64::from(*v))?;
+                Ok(d.numbers(n, |v| *v as f32))
+            }
+            ColumnReader::Int64ColumnReader(c) => {
+                let d = exact(Decoded::of(c, at, no_text)?, |v| *v)?;
+                Ok(d.numbers(n, |v| *v as f32))
             }
             _ => Err(parquet::errors::ParquetError::General(
                 "a column's reader is not of its type".into(),
@@ -94,6 +115,37 @@ impl<T> Decoded<T> {
             out.ends.push(out.values.len());
         }
         out
+    }
+}
+
+/// The largest integer below which f32 holds every integer exactly.
+const EXACT: i64 = 1 << 24;
+
+/// Whether a row group's statistics of an integer column bound its values
+/// within ±[`EXACT`].
+fn exact_between(statistics: Option<&Statistics>) -> bool {
+    let within = |min: i64, max: i64| -EXACT <= min && max <= EXACT;
+    match statistics {
+        Some(Statistics::Int32(s)) => match (s.min_opt(), s.max_opt()) {
+            (Some(&min), Some(&max)) => within(min.into(), max.into()),
+            _ => false,
+        },
+        Some(Statistics::Int64(s)) => match (s.min_opt(), s.max_opt()) {
+            (Some(&min), Some(&max)) => within(min, max),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// `d`, a decoded integer column, when each of its values is within
+/// ±[`EXACT`] (as its statistics said); else an error.
+fn exact<T>(d: Decoded<T>, as_i64: fn(&T) -> i64) -> parquet::errors::Result<Decoded<T>> {
+    match d.values.iter().map(as_i64).find(|v| v.abs() > EXACT) {
+        None => Ok(d),
+        Some(v) => Err(parquet::errors::ParquetError::General(format!(
+            "the integer {v} is outside the range its row group's statistics give (a damaged file?)"
+        ))),
     }
 }
 
