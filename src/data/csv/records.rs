@@ -218,8 +218,8 @@ pub(super) struct Records {
     /// The columns' names, in the file's order (a list column read as a
     /// column a number: each of them, see `vectors`).
     pub names: Vec<String>,
-    /// The file's cells, a list's items joined by `sep` in one (empty for
-    /// a list column whose items are in `numbers`).
+    /// The file's cells, a list's items joined by `sep` in one: a cell for
+    /// each column without `numbers`, in order (see `text_places`).
     pub rows: Vec<csv::StringRecord>,
     /// Whether each column holds lists.
     pub lists: Vec<bool>,
@@ -239,8 +239,8 @@ pub(super) struct Records {
     /// one length.
     pub kept: Vec<(usize, String)>,
     /// The numbers of a column kept as numbers, by the file's columns (as
-    /// `lengths`): a Parquet column of floats or float lists as read (its
-    /// cells empty), and after [`super::vectors::expand`], each list column
+    /// `lengths`): a Parquet column of numbers or lists of them as read (no
+    /// cell in the rows), and after [`super::vectors::expand`], each list column
     /// read as a column a number and each Parquet column of floats.
     pub numbers: Vec<Option<Lists>>,
 }
@@ -267,6 +267,20 @@ impl Records {
             lengths: Vec::new(),
             kept: Vec::new(),
         }
+    }
+
+    /// Where each of the file's columns is in a row's text: a row holds a
+    /// cell for each column without numbers, in order.
+    pub(super) fn text_places(&self) -> Vec<Option<usize>> {
+        let mut at = 0;
+        (self.numbers.iter())
+            .map(|n| {
+                n.is_none().then(|| {
+                    at += 1;
+                    at - 1
+                })
+            })
+            .collect()
     }
 }
 

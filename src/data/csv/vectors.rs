@@ -14,18 +14,21 @@ use super::row::{Lists, Slot};
 /// Reads each list column of numbers of one length as that many columns,
 /// except the column `keep` (a classifier's label sets): the names and
 /// lengths change here, each such column's items are kept as numbers (its
-/// cells emptied), and [`slots`] says where a row's columns are. A column
+/// cells dropped), and [`slots`] says where a row's columns are. A column
 /// of lists kept whole has its items' text.
 pub(super) fn expand(r: &mut Records, keep: Option<usize>) {
+    let text_at = r.text_places();
     let mut kept = Vec::new();
     let lengths: Vec<Option<usize>> = (0..r.names.len())
         .map(|c| match r.lists[c] && Some(c) != keep {
             false => None,
-            true => length(r, c).map_err(|why| kept.push((c, why))).ok(),
+            true => length(r, (c, text_at[c]))
+                .map_err(|why| kept.push((c, why)))
+                .ok(),
         })
         .collect();
     r.kept.extend(kept);
-    settle_cells(r, &lengths);
+    settle_cells(r, &lengths, &text_at);
     if lengths.iter().all(Option::is_none) {
         r.lengths = lengths;
         return;
@@ -58,43 +61,44 @@ pub(super) fn expand(r: &mut Records, keep: Option<usize>) {
 /// number, or a number of a column kept as numbers.
 pub(super) fn slots(r: &Records) -> Vec<Slot<'_>> {
     let mut slots = Vec::with_capacity(r.names.len());
+    let text_at = r.text_places();
     for (c, numbers) in r.numbers.iter().enumerate() {
-        match (r.lengths.get(c).copied().flatten(), numbers) {
-            (Some(k), Some(items)) => slots.extend((0..k).map(|i| Slot::Item(items, i))),
-            (None, Some(items)) if items.flat => slots.push(Slot::Item(items, 0)),
-            _ => slots.push(Slot::Text(c)),
+        match (r.lengths.get(c).copied().flatten(), numbers, text_at[c]) {
+            (Some(k), Some(items), _) => slots.extend((0..k).map(|i| Slot::Item(items, i))),
+            (None, Some(items), _) => slots.push(Slot::Item(items, 0)),
+            (_, None, Some(at)) => slots.push(Slot::Text(at)),
+            (_, None, None) => unreachable!("a column without numbers has text"),
         }
     }
     slots
 }
 
 /// The cells of `r` once each list column read as a column a number
-/// (`lengths`) has its items as numbers: those columns' cells emptied (the
+/// (`lengths`) has its items as numbers: those columns' cells dropped (the
 /// numbers hold them), and the other list columns' items as text again (a
-/// column of numbers, a value a row, stays numbers).
-fn settle_cells(r: &mut Records, lengths: &[Option<usize>]) {
-    let mut texts = Vec::new();
+/// column of numbers, a value a row, stays numbers). `text_at` is where
+/// each column's cell was in a row's text before.
+fn settle_cells(r: &mut Records, lengths: &[Option<usize>], text_at: &[Option<usize>]) {
+    let mut texts: Vec<Option<Lists>> = vec![None; lengths.len()];
     for (c, numbers) in r.numbers.iter_mut().enumerate() {
-        match lengths[c] {
-            Some(_) => {}
-            None if numbers.as_ref().is_some_and(|n| n.flat) => {}
-            None => texts.extend(numbers.take().map(|n| (c, n))),
+        let flat = numbers.as_ref().is_some_and(|n| n.flat);
+        if lengths[c].is_none() && !flat {
+            texts[c] = numbers.take();
         }
     }
-    let emptied: Vec<usize> = (0..lengths.len())
-        .filter(|&c| lengths[c].is_some() && r.rows.iter().any(|row| !row[c].is_empty()))
-        .collect();
-    if texts.is_empty() && emptied.is_empty() {
+    let same = (0..lengths.len()).all(|c| text_at[c].is_some() == r.numbers[c].is_none());
+    if same {
         return;
     }
     let mut cells = csv::StringRecord::new();
     for (i, row) in r.rows.iter_mut().enumerate() {
         cells.clear();
-        for (c, cell) in row.iter().enumerate() {
-            match texts.iter().find(|(t, _)| *t == c) {
-                Some((_, numbers)) => cells.push_field(&numbers.text(i, &r.sep)),
-                None if emptied.contains(&c) => cells.push_field(""),
-                None => cells.push_field(cell),
+        for c in 0..lengths.len() {
+            match (&r.numbers[c], &texts[c], text_at[c]) {
+                (Some(_), _, _) => {}
+                (None, Some(numbers), _) => cells.push_field(&numbers.text(i, &r.sep)),
+                (None, None, Some(at)) => cells.push_field(&row[at]),
+                (None, None, None) => unreachable!("a column without numbers had text"),
             }
         }
         std::mem::swap(row, &mut cells);
@@ -104,10 +108,10 @@ fn settle_cells(r: &mut Records, lengths: &[Option<usize>]) {
 /// The length of every list in column `c` when each holds numbers (an
 /// empty item, a null, is a missing value), as many as the others', its
 /// items then kept as numbers in `r.numbers[c]`; else why not, naming the
-/// row.
-fn length(r: &mut Records, c: usize) -> Result<usize, String> {
-    if r.numbers[c].is_none() {
-        r.numbers[c] = Some(parsed(r, c)?);
+/// row. `at`: where its cell is in a row's text, when it has one.
+fn length(r: &mut Records, (c, at): (usize, Option<usize>)) -> Result<usize, String> {
+    if let (None, Some(at)) = (&r.numbers[c], at) {
+        r.numbers[c] = Some(parsed(r, at)?);
     }
     let items = r.numbers[c].as_ref().expect("parsed");
     let unit = r.unit;
@@ -133,8 +137,9 @@ fn length(r: &mut Records, c: usize) -> Result<usize, String> {
         .ok_or_else(|| "every row's list is empty or null".into())
 }
 
-/// Column `c`'s lists, their items parsed (an empty item, a null: NaN);
-/// else why one is not a list of numbers, naming the row.
+/// The lists of the column whose cell is at `c` in a row's text, their
+/// items parsed (an empty item, a null: NaN); else why one is not a list
+/// of numbers, naming the row.
 fn parsed(r: &Records, c: usize) -> Result<Lists, String> {
     let mut out = Lists::default();
     for (row, &at) in r.rows.iter().zip(&r.at) {

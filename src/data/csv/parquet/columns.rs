@@ -4,7 +4,7 @@
 //! lists of numbers (an embedding a row, a set of label ids), their items
 //! joined by a separator. Their cells are the record API's (see
 //! [`super::scalar`]), cell for cell, except that the values of a column
-//! of floats or float lists are kept as numbers (its cells left empty);
+//! of numbers or lists of them are kept as numbers (no cell in the rows);
 //! other columns (dates, decimals, structures, lists of strings) go
 //! through it.
 
@@ -32,7 +32,7 @@ pub(super) fn readable(schema: &SchemaDescriptor, sep: &str) -> bool {
 
 /// The rows of a file whose columns are all [`readable`], whether each
 /// column holds lists, and the values of each column of floats or exact
-/// integers (or lists of them) as numbers (its cells empty: see
+/// integers (or lists of them) as numbers (no cell in the rows: see
 /// [`numbers`]).
 pub(super) fn by_columns(
     path: &Path,
@@ -62,10 +62,7 @@ pub(super) fn by_columns(
         for (c, reading) in readings.iter().enumerate() {
             let column = group.get_column_reader(c).map_err(err)?;
             match &mut numbers[c] {
-                Some(all) => {
-                    all.append(reading.read_numbers(column, n).map_err(err)?);
-                    columns.push(Box::new(numbers::Empty) as Box<dyn Cursor>);
-                }
+                Some(all) => all.append(reading.read_numbers(column, n).map_err(err)?),
                 None => columns.push(reading.read(column, n).map_err(err)?),
             }
         }
@@ -348,21 +345,23 @@ mod tests {
         Ok(SerializedFileReader::new(std::fs::File::open(path)?)?)
     }
 
-    /// `rows` with the cells of the columns kept as `numbers` written as
-    /// the record API writes them (each such cell empty before).
+    /// `rows` with the cells of the columns kept as `numbers` (which have
+    /// none) written as the record API writes them, in their places.
     fn as_text(rows: &mut [StringRecord], numbers: &[Option<Lists>]) {
         for (r, row) in rows.iter_mut().enumerate() {
-            let cells = row.iter().zip(numbers).map(|(cell, n)| match n {
-                None => cell.to_string(),
-                Some(n) => {
-                    assert_eq!(cell, "");
-                    match n.flat {
-                        true => n.row(r).first().map_or(String::new(), |v| f32_text(*v)),
-                        false => n.text(r, "|"),
-                    }
-                }
-            });
-            *row = cells.collect();
+            let mut cells = row.iter();
+            let all: Vec<String> = (numbers.iter())
+                .map(|n| match n {
+                    None => cells.next().expect("a cell").to_string(),
+                    Some(n) if n.flat => n.row(r).first().map_or(String::new(), |v| f32_text(*v)),
+                    Some(n) => n.text(r, "|"),
+                })
+                .collect();
+            assert!(
+                cells.next().is_none(),
+                "a cell for each column without numbers"
+            );
+            *row = all.into();
         }
     }
 
@@ -481,7 +480,7 @@ mod tests {
         );
         let (mut by_columns, lists, numbers) = by_columns(&path, &reader, "|")?;
         let (by_rows, by_rows_lists) = super::super::by_rows(&path, &reader, "|", 3)?;
-        // The lists' items are numbers, their cells empty; as text, the
+        // The lists' items are numbers, without cells; as text, the
         // record API's cells.
         // The integers too, which the statistics bound within ±2^24.
         assert!(numbers[1].is_some() && numbers[2].is_some());

@@ -7,7 +7,7 @@ use parquet::column::reader::ColumnReader;
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::statistics::Statistics;
 
-use super::{Cells, Cursor, Decoded, Reading};
+use super::{Cells, Decoded, Reading};
 use crate::data::csv::row::Lists;
 
 impl Reading {
@@ -80,7 +80,7 @@ impl<T> Decoded<T> {
     }
 
     /// The `n` rows of a list column, their items as `f32`: each row's
-    /// list as [`Cursor::next_cell`] writes it, a null item NaN (a list of
+    /// list as [`super::Cursor::next_cell`] writes it, a null item NaN (a list of
     /// one null item, whose cell is empty, an empty list).
     fn lists(mut self, n: usize, f32_of: fn(&T) -> f32) -> Lists {
         let list = self.list.take().expect("a list column");
@@ -151,12 +151,3 @@ fn exact<T>(d: Decoded<T>, as_i64: fn(&T) -> i64) -> parquet::errors::Result<Dec
 
 /// No text: for a column whose values are kept as numbers.
 fn no_text<T>(_: &T, _: &mut String) {}
-
-/// A column whose cells are read elsewhere: each one empty.
-pub(super) struct Empty;
-
-impl Cursor for Empty {
-    fn next_cell(&mut self, out: &mut String) {
-        out.clear();
-    }
-}
