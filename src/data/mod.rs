@@ -281,6 +281,7 @@ mod tests {
             text: None,
             label_column: None,
             label_sep: None,
+            lists: None,
         };
         let named = table(
             vec![Column::Name("a".into()), Column::Name("b".into())],

@@ -63,6 +63,14 @@ pub struct TableInput {
     /// ...and what its cells' labels are split at (`|`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_sep: Option<String>,
+    /// The lists of numbers among `columns` read whole (`embedding`, 384
+    /// numbers a row, as `embedding[0]` ... `embedding[383]`): each one's
+    /// name and length, so that a file whose lists are of another length
+    /// is refused. Checkpoints written before runs recorded them have
+    /// none: a run of `base[0]` ... `base[k - 1]` among `columns` then
+    /// counts as a list read whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lists: Option<Vec<(String, usize)>>,
 }
 
 /// A list of columns saved as one column when it holds one, as checkpoints
@@ -289,11 +297,15 @@ impl TableInput {
             .map(|(c, p)| c.as_ref().map(|_| (p.len(), &p[..])))
             .collect();
         let mut codes = Vec::with_capacity(self.columns.len());
+        let lists = match &self.lists {
+            Some(lists) => lists.clone(),
+            None => super::vectors::read_whole(&self.columns, None),
+        };
         each_row_in(
             path,
             shape,
             |n, names| {
-                if let Some((list, k, held)) = super::vectors::other_length(&self.columns, &names) {
+                if let Some((list, k, held)) = super::vectors::other_length(&lists, &names) {
                     return Err(data_err(
                         path,
                         format!("`{list}` holds lists of {held} numbers, where the run read lists of {k} (`{list}[0..{k}]`)"),

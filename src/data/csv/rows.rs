@@ -197,8 +197,10 @@ fn table_input(
         true => Column::Name(layout.names[at].clone()),
         false => Column::Index(at as i64),
     };
+    let columns: Vec<Column> = layout.features.iter().map(|&c| column(c)).collect();
     TableInput {
-        columns: layout.features.iter().map(|&c| column(c)).collect(),
+        lists: Some(super::vectors::read_whole(&columns, Some(&layout.names))),
+        columns,
         header,
         delimiter: (opts.delimiter as char).to_string(),
         decimal: (opts.decimal as char).to_string(),

@@ -10,6 +10,7 @@
 
 use super::records::{number, Records};
 use super::row::{Lists, Slot};
+use std::collections::HashSet;
 
 /// Reads each list column of numbers of one length as that many columns,
 /// except the column `keep` (a classifier's label sets): the names and
@@ -160,20 +161,21 @@ fn parsed(r: &Records, c: usize) -> Result<Lists, String> {
     Ok(out)
 }
 
-/// A list column whose lists are not as long as `columns` reads them:
-/// its name, the number of its items among `columns` (`base[0]` ...
-/// `base[k - 1]`, each of them) and its lists' length among the columns
-/// named `names`; a run's columns from a list of 8 numbers read from a
-/// file whose lists hold 6, or 10 (whose first 8 would be read).
-pub(super) fn other_length(
+/// The lists read whole among `columns`: each list's name and length `k`
+/// when its items `base[0]` ... `base[k - 1]` are all there, in order,
+/// and, given the columns of the file the run read (`file`), they are all
+/// of its columns named `base[i]` (a list column's items, or columns named
+/// so). Without them (a checkpoint written before runs recorded their
+/// lists), every run of `base[0]` ... `base[k - 1]` counts as a list.
+pub(super) fn read_whole(
     columns: &[super::Column],
-    names: &[String],
-) -> Option<(String, usize, usize)> {
+    file: Option<&[String]>,
+) -> Vec<(String, usize)> {
     let item = |name: &str| -> Option<(String, usize)> {
         let (base, i) = name.strip_suffix(']')?.rsplit_once('[')?;
         Some((base.to_string(), i.parse().ok()?))
     };
-    let mut read: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut bases: Vec<(String, Vec<usize>)> = Vec::new();
     for c in columns {
         let super::Column::Name(name) = c else {
             continue;
@@ -181,19 +183,43 @@ pub(super) fn other_length(
         let Some((base, i)) = item(name) else {
             continue;
         };
-        match read.iter_mut().find(|(b, _)| *b == base) {
+        match bases.iter_mut().find(|(b, _)| *b == base) {
             Some((_, items)) => items.push(i),
-            None => read.push((base, vec![i])),
+            None => bases.push((base, vec![i])),
         }
     }
-    let names: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
-    read.into_iter().find_map(|(base, items)| {
-        let k = items.len();
-        let whole = items.iter().enumerate().all(|(at, &i)| at == i);
-        let held = (0..)
-            .take_while(|i| names.contains(format!("{base}[{i}]").as_str()))
-            .count();
-        (whole && held > 0 && held != k).then_some((base, k, held))
+    bases
+        .into_iter()
+        .filter(|(_, items)| items.iter().enumerate().all(|(at, &i)| at == i))
+        .map(|(base, items)| (base, items.len()))
+        .filter(|(base, k)| file.is_none_or(|names| held(base, &name_set(names)) == *k))
+        .collect()
+}
+
+fn name_set(names: &[String]) -> HashSet<&str> {
+    names.iter().map(String::as_str).collect()
+}
+
+/// How many of `names` are `base[0]`, `base[1]` ..., in turn.
+fn held(base: &str, names: &HashSet<&str>) -> usize {
+    (0..)
+        .take_while(|i| names.contains(format!("{base}[{i}]").as_str()))
+        .count()
+}
+
+/// The first of `lists` (a run's lists read whole: name and length) whose
+/// lists are of another length among the columns named `names`: its
+/// name, the length the run read and the length held; a run's list of 8
+/// numbers read from a file whose lists hold 6, or 10 (whose first 8
+/// would be read).
+pub(super) fn other_length(
+    lists: &[(String, usize)],
+    names: &[String],
+) -> Option<(String, usize, usize)> {
+    let names = name_set(names);
+    lists.iter().find_map(|(base, k)| {
+        let held = held(base, &names);
+        (held > 0 && held != *k).then(|| (base.clone(), *k, held))
     })
 }
 
@@ -296,12 +322,18 @@ mod tests {
                 .chain(["x".into()])
                 .collect()
         };
-        assert_eq!(other_length(&columns, &names(4)), None);
-        assert_eq!(other_length(&columns, &names(3)), Some(("e".into(), 4, 3)));
-        assert_eq!(other_length(&columns, &names(6)), Some(("e".into(), 4, 6)));
-        assert_eq!(other_length(&columns, &["x".into()]), None);
-        // A chosen few of a list's items are not a list of another length.
-        assert_eq!(other_length(&columns[1..3], &names(6)), None);
+        let e4 = vec![("e".to_string(), 4)];
+        assert_eq!(read_whole(&columns, None), e4);
+        assert_eq!(other_length(&e4, &names(4)), None);
+        assert_eq!(other_length(&e4, &names(3)), Some(("e".into(), 4, 3)));
+        assert_eq!(other_length(&e4, &names(6)), Some(("e".into(), 4, 6)));
+        assert_eq!(other_length(&e4, &["x".into()]), None);
+        assert_eq!(read_whole(&columns, Some(&names(4))), e4);
+        // The first 4 items of a list of 6, each named, are not a list
+        // read whole: the file the run read says so...
+        assert_eq!(read_whole(&columns, Some(&names(6))), []);
+        // ...as a chosen few of a list's items say it of themselves.
+        assert_eq!(read_whole(&columns[1..3], None), []);
     }
 
     #[test]
