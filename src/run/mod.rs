@@ -4,6 +4,7 @@
 //! (`host`) and the plugins (`plugins`) implement the slots; an embedder
 //! without Lua can drive [`Recovery`] with the built-in policy.
 
+mod checks;
 pub mod interrupt;
 pub mod periodic;
 mod policy;
@@ -14,11 +15,12 @@ mod saving;
 mod state;
 pub mod window;
 
+pub use checks::CHECK_WEIGHTS_EVERY;
 pub use policy::{
     largest_tensors, Action, Halve, LiveTensor, MemoryFigures, OomEvent, OomPolicy, PoolFigures,
     StepInfo,
 };
 pub use recovery::{memory_figures, Observer, Recovered, Recovery, StepOutcome, MAX_ATTEMPTS};
-pub use state::{Cursor, EpochStats, EpochSummary, Run, CHECK_WEIGHTS_EVERY};
+pub use state::{Cursor, EpochStats, EpochSummary, Run};
 
 pub use crate::engine::optim::check_lr;
