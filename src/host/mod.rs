@@ -21,6 +21,7 @@ mod members;
 mod memory_limit;
 mod models;
 mod oom;
+mod oom_options;
 mod oom_policy;
 mod optim_loss;
 mod options;

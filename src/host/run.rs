@@ -289,7 +289,7 @@ impl UserData for RunHandle {
             super::generate::generate(lua, this, o)
         });
         m.add_method("inject_oom", |lua, this, o: Value| {
-            let o: super::run_options::InjectOpts = decode(lua, "run:inject_oom", o)?;
+            let o: super::oom_options::InjectOpts = decode(lua, "run:inject_oom", o)?;
             if o.step == 0 {
                 return Err(config_error(
                     lua,
