@@ -27,7 +27,7 @@ pub(super) fn lists_of(
     if !shape.header || shape.decimal != b'.' {
         return Ok(None);
     }
-    let mut reader = reader(text, shape.delimiter);
+    let mut reader = reader(text, shape.delimiter, true);
     let mut lines = Lines::new(text.as_bytes());
     let (mut names, mut rows, mut at) = (None::<Vec<String>>, Vec::new(), Vec::new());
     for record in reader.records() {

@@ -18,6 +18,7 @@ mod labels;
 mod list_cells;
 mod parquet;
 mod parse;
+mod read_ahead;
 mod records;
 mod row;
 mod rows;

@@ -29,13 +29,17 @@ pub(super) fn number<T: std::str::FromStr>(cell: &str, decimal: u8) -> Option<T>
     }
 }
 
-/// A reader of the CSV text `text`'s records, the header among them, each
-/// cell trimmed, rows of any width (for an error naming one).
-pub(super) fn reader(text: &str, delimiter: u8) -> csv::Reader<&[u8]> {
+/// A reader of the CSV text `text`'s records, the header among them, rows
+/// of any width (for an error naming one), each cell trimmed when `trim`
+/// says (else the reader of the cells trims them: see [`Row::csv`]).
+pub(super) fn reader(text: &str, delimiter: u8, trim: bool) -> csv::Reader<&[u8]> {
     csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .trim(csv::Trim::All)
+        .trim(match trim {
+            true => csv::Trim::All,
+            false => csv::Trim::None,
+        })
         .delimiter(delimiter)
         .from_reader(text.as_bytes())
 }
@@ -51,40 +55,39 @@ pub(super) fn each_row(
     layout: impl FnOnce(usize, Vec<String>) -> Result<Layout>,
     mut row: impl FnMut(&Layout, usize, Row) -> Result<()>,
 ) -> Result<Option<Layout>> {
-    let mut reader = reader(text, shape.delimiter);
     let mut lines = Lines::new(text.as_bytes());
     let mut layout = Some(layout);
     let mut resolved: Option<Layout> = None;
     let mut n = 0;
-    for record in reader.records() {
-        let record = record.map_err(|e| data_err(what, e))?;
+    super::read_ahead::each_record_of(what, text, shape.delimiter, |record| {
         let line = lines.of(record.position().map_or(0, |p| p.byte() as usize));
-        if record.len() == 1 && record[0].is_empty() {
-            continue;
+        if record.len() == 1 && record[0].trim().is_empty() {
+            return Ok(());
         }
         if let Some(make) = layout.take() {
             n = record.len();
-            if let Some(d) = other_delimiter(&record, shape.delimiter) {
+            if let Some(d) = other_delimiter(record, shape.delimiter) {
                 return Err(data_err(
                     what,
                     format!(
                         "line {line}, `{}`, looks {d:?}-separated: give `delimiter = {d:?}`",
                         record
                             .iter()
+                            .map(str::trim)
                             .collect::<Vec<_>>()
                             .join(&(shape.delimiter as char).to_string())
                     ),
                 ));
             }
             let names = match shape.header {
-                true => record.iter().map(str::to_string).collect(),
+                true => record.iter().map(|c| c.trim().to_string()).collect(),
                 false => Vec::new(),
             };
             let mut made = make(n, names)?;
             made.decimal = shape.decimal;
             resolved = Some(made);
             if shape.header {
-                continue;
+                return Ok(());
             }
         }
         if record.len() != n {
@@ -96,9 +99,9 @@ pub(super) fn each_row(
         row(
             resolved.as_ref().expect("resolved at the first row"),
             line,
-            Row::plain(&record),
-        )?;
-    }
+            Row::csv(record),
+        )
+    })?;
     Ok(resolved)
 }
 

@@ -89,12 +89,30 @@ pub(super) enum Cell<'a> {
 pub(super) struct Row<'a> {
     text: &'a StringRecord,
     slots: Option<(&'a [Slot<'a>], usize)>,
+    /// Whether its cells are read without the whitespace around them (a
+    /// CSV file's, as its reader leaves it).
+    trim: bool,
 }
 
 impl<'a> Row<'a> {
-    /// A row whose cells are all text (a CSV file's).
+    /// A row whose cells are all text (a file of records').
     pub(super) fn plain(text: &'a StringRecord) -> Row<'a> {
-        Row { text, slots: None }
+        Row {
+            text,
+            slots: None,
+            trim: false,
+        }
+    }
+
+    /// A CSV file's row, each cell read without the whitespace around it,
+    /// as `str::trim` leaves it (the CSV reader keeps it, since trimming
+    /// every cell as it reads costs a copy of each record).
+    pub(super) fn csv(text: &'a StringRecord) -> Row<'a> {
+        Row {
+            text,
+            slots: None,
+            trim: true,
+        }
     }
 
     /// Row `r` of a file of records, its columns where `slots` says.
@@ -102,6 +120,7 @@ impl<'a> Row<'a> {
         Row {
             text,
             slots: Some((slots, r)),
+            trim: false,
         }
     }
 
@@ -116,6 +135,7 @@ impl<'a> Row<'a> {
     /// Column `c`'s cell.
     pub(super) fn cell(&self, c: usize) -> Cell<'a> {
         match self.slots {
+            None if self.trim => Cell::Text(trim(&self.text[c])),
             None => Cell::Text(&self.text[c]),
             Some((slots, r)) => match slots[c] {
                 Slot::Text(at) => Cell::Text(&self.text[at]),
@@ -148,9 +168,40 @@ impl<'a> Row<'a> {
     }
 }
 
+/// `cell` without the whitespace around it, as `str::trim` gives it; a
+/// cell that starts and ends with a visible ASCII character (a number's)
+/// as it is, without looking further.
+fn trim(cell: &str) -> &str {
+    let visible = |b: Option<&u8>| b.is_some_and(|&b| b > b' ' && b < 0x7f);
+    match visible(cell.as_bytes().first()) && visible(cell.as_bytes().last()) {
+        true => cell,
+        false => cell.trim(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_csv_cell_is_trimmed_as_str_trim_trims_it() {
+        for cell in [
+            "1.5",
+            " 1.5",
+            "1.5\t",
+            " a b ",
+            "",
+            " ",
+            "\u{a0}x\u{a0}",
+            "x\u{85}",
+            "\u{3000}",
+            "é",
+            "~",
+            "\u{7f}",
+        ] {
+            assert_eq!(trim(cell), cell.trim(), "{cell:?}");
+        }
+    }
 
     #[test]
     fn a_rows_list_items_are_its_columns() {
