@@ -95,7 +95,8 @@ pub(super) struct Row<'a> {
 }
 
 impl<'a> Row<'a> {
-    /// A row whose cells are all text (a file of records').
+    /// A row whose cells are all text, as they are (a Parquet or JSON
+    /// file's without numbers kept).
     pub(super) fn plain(text: &'a StringRecord) -> Row<'a> {
         Row {
             text,
