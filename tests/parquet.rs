@@ -200,12 +200,15 @@ run:evaluate(test)
             ensure!(same, "{ext}: {k}: {got} vs the CSV's {want}");
         }
     }
-    let answers = |file: &str| -> Result<Vec<String>> {
-        let o = taper(&[
+    let classify = |run: &Path, file: &str| {
+        taper(&[
             "classify",
-            out.to_str().unwrap(),
+            run.to_str().unwrap(),
             d.join(file).to_str().unwrap(),
-        ])?;
+        ])
+    };
+    let answers = |file: &str| -> Result<Vec<String>> {
+        let o = classify(&out, file)?;
         ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         Ok(String::from_utf8_lossy(&o.stdout)
             .lines()
@@ -223,11 +226,7 @@ run:evaluate(test)
     // Embeddings shorter or longer than the run's (whose first 32 would
     // be read) are refused, saying so.
     for (file, held) in [("test.short.parquet", 24), ("test.long.parquet", 40)] {
-        let o = taper(&[
-            "classify",
-            out.to_str().unwrap(),
-            d.join(file).to_str().unwrap(),
-        ])?;
+        let o = classify(&out, file)?;
         let err = String::from_utf8_lossy(&o.stderr);
         let says = format!("`embedding` holds lists of {held} numbers, where the run read lists of 32 (`embedding[0..32]`)");
         ensure!(!o.status.success() && err.contains(&says), "{file}: {err}");
@@ -235,13 +234,9 @@ run:evaluate(test)
     // A run on the first 8 items of the lists, each named, reads them from
     // lists of any length: its checkpoint says it read no list whole.
     let first = "{} for i = 0, 7 do f[#f + 1] = \"embedding[\" .. i .. \"]\" end";
-    let (_, out) = run(d, "first8", &recipe_of("parquet", first, 8))?;
+    let (_, first8) = run(d, "first8", &recipe_of("parquet", first, 8))?;
     for file in ["test.parquet", "test.long.parquet"] {
-        let o = taper(&[
-            "classify",
-            out.to_str().unwrap(),
-            d.join(file).to_str().unwrap(),
-        ])?;
+        let o = classify(&first8, file)?;
         let err = String::from_utf8_lossy(&o.stderr);
         ensure!(o.status.success(), "the first 8 items of {file}: {err}");
         let lines = String::from_utf8_lossy(&o.stdout).lines().count();

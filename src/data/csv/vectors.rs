@@ -188,11 +188,12 @@ pub(super) fn read_whole(
             None => bases.push((base, vec![i])),
         }
     }
+    let file = file.map(name_set);
     bases
         .into_iter()
         .filter(|(_, items)| items.iter().enumerate().all(|(at, &i)| at == i))
         .map(|(base, items)| (base, items.len()))
-        .filter(|(base, k)| file.is_none_or(|names| held(base, &name_set(names)) == *k))
+        .filter(|(base, k)| file.as_ref().is_none_or(|names| held(base, names) == *k))
         .collect()
 }
 
