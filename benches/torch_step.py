@@ -10,6 +10,7 @@ machine; the GPU machine has torch). Never run in CI.
 
     python3 benches/torch_step.py --model mlp --threads 2
     python3 benches/torch_step.py --model cnn --threads 2
+    python3 benches/torch_step.py --model cnn-rgb --threads 2
     python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16
     python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16 --compile
 
@@ -19,6 +20,7 @@ The reference is PyTorch as its users run it: SDPA attention and fused AdamW;
 """
 import argparse
 import contextlib
+import math
 import statistics
 import time
 
@@ -81,6 +83,13 @@ class Gpt(nn.Module):
 
 
 # name: (vocab, context, width, layers, heads, batch), as `taper bench step`.
+# input (c, h, w), conv channels, dense hidden widths; 10 classes.
+CNNS = {
+    "cnn": ((1, 28, 28), (8, 16), (64,)),
+    # scripts/image_folder.lua's CNN on 3x64x64 photos (--set size=64 --set channels=3).
+    "cnn-rgb": ((3, 64, 64), (16, 32), (128,)),
+}
+
 GPTS = {
     "gpt": (65, 128, 128, 4, 4, 32),
     "shakespeare": (65, 64, 64, 2, 4, 32),
@@ -115,7 +124,7 @@ def rate(flops):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "cnn", *GPTS], default="mlp")
+    ap.add_argument("--model", choices=["mlp", *CNNS, *GPTS], default="mlp")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
@@ -143,20 +152,29 @@ def main():
         loss_fn = lambda: F.cross_entropy(model(x).float(), y)
         items, unit = b, "samples"
         flops = 6 * sum(p.numel() for p in model.parameters()) * b
-    elif a.model == "cnn":
-        # `taper bench step --model cnn`: 3x3 convolutions of 8 and 16
-        # channels (padding 1), each with ReLU and a 2x2 max-pool, dense 64.
+    elif a.model in CNNS:
+        # `taper bench step --model cnn|cnn-rgb`: 3x3 convolutions (padding
+        # 1), each with ReLU and a 2x2 max-pool, then the dense layers.
+        (c, h, w), channels, hidden = CNNS[a.model]
         b = a.batch or 64
-        model = nn.Sequential(
-            nn.Unflatten(1, (1, 28, 28)),
-            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(16 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10),
-        ).to(dev)
-        x, y = torch.randn(b, 784, device=dev), torch.randint(0, 10, (b,), device=dev)
+        layers, macs = [nn.Unflatten(1, (c, h, w))], 0
+        for o in channels:
+            layers += [nn.Conv2d(c, o, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+            macs += 9 * c * o * h * w
+            c, h, w = o, h // 2, w // 2
+        layers.append(nn.Flatten())
+        inputs = c * h * w
+        for width in hidden:
+            layers += [nn.Linear(inputs, width), nn.ReLU()]
+            macs += inputs * width
+            inputs = width
+        layers.append(nn.Linear(inputs, 10))
+        macs += inputs * 10
+        model = nn.Sequential(*layers).to(dev)
+        x = torch.randn(b, math.prod(CNNS[a.model][0]), device=dev)
+        y = torch.randint(0, 10, (b,), device=dev)
         loss_fn = lambda: F.cross_entropy(model(x).float(), y)
         items, unit = b, "samples"
-        macs = 9 * 8 * 28 * 28 + 9 * 8 * 16 * 14 * 14 + 16 * 7 * 7 * 64 + 64 * 10
         flops = 6 * macs * b
     else:
         v, t, w, layers, heads, b = GPTS[a.model]
@@ -178,7 +196,7 @@ def main():
     if a.compile:
         model = torch.compile(model)
     variant = ", ".join(
-        ([] if a.model in ("mlp", "cnn") else [a.attention + " attention"])
+        ([] if a.model == "mlp" or a.model in CNNS else [a.attention + " attention"])
         + [fused] + (["torch.compile"] if a.compile else ["eager"]))
     # Mixed precision as taper's: f32 master weights, low-precision compute,
     # a loss scale for f16.

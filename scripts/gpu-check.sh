@@ -258,7 +258,7 @@ bench() {
         [ "$b" = default ] || size=(--batch "$b")
         local extra=()
         [ "${BENCH_UNFUSED:-0}" = 1 ] && extra=(--compare-unfused)
-        [ "${BENCH_FLASH:-1}" = 1 ] && [ "$p" != f32 ] && [ "$model" != cnn ] && extra+=(--compare-attention)
+        [ "${BENCH_FLASH:-1}" = 1 ] && [ "$p" != f32 ] && [ "${model#cnn}" = "$model" ] && extra+=(--compare-attention)
         for round in $(seq "${BENCH_ROUNDS:-2}"); do
           echo "== bench $model $p batch $b"
           timeout 150 "$bin/taper" bench step --model "$model" --device cuda --precision "$p" \

@@ -22,7 +22,8 @@ use crate::{Error, Result};
 #[derive(clap::Args, Debug)]
 pub struct StepArgs {
     /// mlp (784-256-10, batch 128), cnn (28x28, 3x3 conv 8 and 16 channels
-    /// with 2x2 max-pools, dense 64, batch 64), gpt (4 layers, 4 heads, width 128,
+    /// with 2x2 max-pools, dense 64, batch 64), cnn-rgb (scripts/image_folder.lua's
+    /// CNN on 3x64x64 photos: conv 16 and 32 channels, dense 128, batch 64), gpt (4 layers, 4 heads, width 128,
     /// context 128, batch 32), shakespeare (scripts/shakespeare.lua's GPT:
     /// width 64, 2 layers, context 64, batch 32) or gpt2 (GPT-2 small: 124M
     /// parameters, context 1024, batch 8)
@@ -121,26 +122,58 @@ pub(super) fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelS
     Ok((w.spec, w.batch))
 }
 
+/// A CNN's shape: input `[c, h, w]`, 3x3 convolutions (each with a 2x2
+/// max-pool), dense hidden widths, 10 classes.
+struct CnnShape {
+    input: [usize; 3],
+    channels: &'static [usize],
+    hidden: &'static [usize],
+}
+
 /// The CNN of issue 18's comparison: 28x28 inputs, 3x3 convolutions of 8
-/// and 16 channels (each with a 2x2 max-pool), a dense layer of 64, 10
-/// classes; as `benches/torch_step.py --model cnn`.
-fn cnn_workload(b: usize, rng: &mut Rng) -> Result<Workload> {
+/// and 16 channels, a dense layer of 64; as `benches/torch_step.py --model
+/// cnn`.
+const CNN: CnnShape = CnnShape {
+    input: [1, 28, 28],
+    channels: &[8, 16],
+    hidden: &[64],
+};
+
+/// `scripts/image_folder.lua`'s CNN on RGB photos (`--set size=64 --set
+/// channels=3`, the README's pets example): convolutions of 16 and 32
+/// channels, a dense layer of 128; as `torch_step.py --model cnn-rgb`.
+const CNN_RGB: CnnShape = CnnShape {
+    input: [3, 64, 64],
+    channels: &[16, 32],
+    hidden: &[128],
+};
+
+fn cnn_workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Workload> {
+    let classes = 10;
     let spec = crate::engine::Cnn {
-        input: [1, 28, 28],
-        channels: vec![8, 16],
-        hidden: vec![64],
-        outputs: 10,
+        input: shape.input,
+        channels: shape.channels.to_vec(),
+        hidden: shape.hidden.to_vec(),
+        outputs: classes,
         activation: Default::default(),
         dropout: 0.0,
     };
-    let n = 28 * 28;
+    let n: usize = shape.input.iter().product();
     let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
-    let y: Vec<u32> = (0..b).map(|_| rng.below(10) as u32).collect();
+    let y: Vec<u32> = (0..b).map(|_| rng.below(classes) as u32).collect();
     // Multiply-adds per sample: each conv's 9 Cin Cout per output position,
     // the dense layers' weights; training is 3x the forward's 2 per MAC.
-    let macs = 9.0 * 8.0 * (28 * 28) as f64
-        + 9.0 * 8.0 * 16.0 * (14 * 14) as f64
-        + (16 * 7 * 7 * 64 + 64 * 10) as f64;
+    let [mut c, mut h, mut w] = shape.input;
+    let mut macs = 0.0;
+    for &o in shape.channels {
+        macs += (9 * c * o * h * w) as f64;
+        (c, h, w) = (o, h / 2, w / 2);
+    }
+    let mut inputs = c * h * w;
+    for &width in shape.hidden.iter().chain([classes].iter()) {
+        macs += (inputs * width) as f64;
+        inputs = width;
+    }
     Ok(Workload {
         batch: Batch {
             x: Tensor::from_vec(x, (b, n), &Device::Cpu)?,
@@ -160,7 +193,7 @@ fn workload(
     context: Option<usize>,
     rng: &mut Rng,
 ) -> Result<Workload> {
-    if context.is_some() && matches!(model, "mlp" | "cnn") {
+    if context.is_some() && matches!(model, "mlp" | "cnn" | "cnn-rgb") {
         return Err(Error::Config(format!(
             "bench step: --context applies to the language models (gpt, shakespeare, gpt2), not `{model}`"
         )));
@@ -200,12 +233,13 @@ fn workload(
                 spec: Arc::new(spec),
             })
         }
-        "cnn" => cnn_workload(batch.unwrap_or(64), rng),
+        "cnn" => cnn_workload(&CNN, batch.unwrap_or(64), rng),
+        "cnn-rgb" => cnn_workload(&CNN_RGB, batch.unwrap_or(64), rng),
         "gpt" => gpt_workload(gpt(65, 128, 128, 4, 4), batch.unwrap_or(32), rng),
         "shakespeare" => gpt_workload(gpt(65, 64, 64, 2, 4), batch.unwrap_or(32), rng),
         "gpt2" => gpt_workload(gpt(50257, 1024, 768, 12, 12), batch.unwrap_or(8), rng),
         other => Err(Error::Config(format!(
-            "bench step: unknown model `{other}`: use mlp, cnn, gpt, shakespeare or gpt2"
+            "bench step: unknown model `{other}`: use mlp, cnn, cnn-rgb, gpt, shakespeare or gpt2"
         ))),
     }
 }
@@ -348,7 +382,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
             variant(fused, flash_applies.then_some(flash_on), a),
             secs * 1e3,
             w.items as f64 / secs,
-            if matches!(a.model.as_str(), "mlp" | "cnn") { "samples" } else { "tokens" },
+            if matches!(a.model.as_str(), "mlp" | "cnn" | "cnn-rgb") { "samples" } else { "tokens" },
             peak.map_or("n/a".into(), |p| format!("{:.1} MiB", p as f64 / (1 << 20) as f64)),
             rate(achieved),
             100.0 * achieved / ceiling,
