@@ -8,6 +8,7 @@ pub mod checkpoint;
 mod class_weights;
 mod cnn;
 mod device;
+mod distill;
 pub mod dropout;
 mod gpt;
 pub mod ignored;

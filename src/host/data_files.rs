@@ -1,5 +1,6 @@
 //! `taper.data` sources read from files: IDX, text, safetensors samples
-//! and token files (CSV options are in `data_csv.rs`).
+//! and token files (CSV options are in `data_csv.rs`, image folders' in
+//! `data_images.rs`).
 
 use std::sync::Arc;
 
@@ -99,88 +100,6 @@ struct TextFileOpts {
     stride: Option<usize>,
     #[serde(default = "val_fraction")]
     val_fraction: f64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ImagesOpts {
-    path: std::path::PathBuf,
-    size: Option<Vec<u32>>,
-    #[serde(default = "rgb")]
-    channels: usize,
-    #[serde(default = "pixel_scale")]
-    scale: f32,
-    split: Option<String>,
-    augment: Option<AugmentOpts>,
-    /// Label by these class names (another folder's), not by the folder's
-    /// own subfolders.
-    classes: Option<Vec<String>>,
-}
-
-/// `augment = { flip?, pad_crop?, resized_crop?, seed? }` (torchvision's
-/// RandomHorizontalFlip, RandomCrop(padding), RandomResizedCrop).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AugmentOpts {
-    #[serde(default)]
-    flip: bool,
-    #[serde(default)]
-    pad_crop: u32,
-    resized_crop: Option<ResizedCropOpts>,
-    #[serde(default)]
-    seed: u64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ResizedCropOpts {
-    #[serde(default = "crop_scale")]
-    scale: (f64, f64),
-    #[serde(default = "crop_ratio")]
-    ratio: (f64, f64),
-}
-
-fn crop_scale() -> (f64, f64) {
-    (0.08, 1.0)
-}
-fn crop_ratio() -> (f64, f64) {
-    (3.0 / 4.0, 4.0 / 3.0)
-}
-
-/// The augmentation asked for, checked: a resized crop needs `size` and
-/// ranges that hold a box.
-fn augment(lua: &Lua, o: &AugmentOpts, sized: bool) -> mlua::Result<data::Augment> {
-    let what = "taper.data.images: option `augment`";
-    let resized_crop = match &o.resized_crop {
-        None => None,
-        Some(_) if !sized => {
-            return Err(config_error(
-                lua,
-                format!("{what}: `resized_crop` resizes to `size`: give `size` too"),
-            ))
-        }
-        Some(c) => {
-            let (s, r) = (c.scale, c.ratio);
-            let holds = s.0 > 0.0 && s.0 <= s.1 && s.1 <= 1.0;
-            if !(holds && r.0 > 0.0 && r.0 <= r.1 && r.1.is_finite()) {
-                return Err(config_error(
-                    lua,
-                    format!("{what}: `resized_crop` needs 0 < scale[1] <= scale[2] <= 1 and 0 < ratio[1] <= ratio[2], got scale {s:?}, ratio {r:?}"),
-                ));
-            }
-            Some((s, r))
-        }
-    };
-    Ok(data::Augment {
-        seed: o.seed
-            ^ super::state(lua)
-                .opts
-                .seed
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15),
-        resized_crop,
-        pad_crop: o.pad_crop,
-        flip: o.flip,
-    })
 }
 
 #[derive(Deserialize)]
@@ -310,11 +229,8 @@ fn x_name() -> String {
 fn all() -> String {
     "all".into()
 }
-fn pixel_scale() -> f32 {
+pub(super) fn pixel_scale() -> f32 {
     255.0
-}
-fn rgb() -> usize {
-    3
 }
 fn val_fraction() -> f64 {
     0.1
@@ -408,58 +324,7 @@ pub(crate) fn register(lua: &Lua, t: &Table) -> mlua::Result<()> {
         })?,
     )?;
     t.set("numpy", lua.create_function(numpy_source)?)?;
-    t.set(
-        "images",
-        lua.create_function(|lua, opts: Value| {
-            const WHAT: &str = "taper.data.images";
-            let o: ImagesOpts = decode(lua, WHAT, opts)?;
-            check_files(lua, WHAT, &[&o.path])?;
-            check_scale(lua, WHAT, o.scale)?;
-            let size = match o.size.as_deref() {
-                None => None,
-                Some(&[h, w]) if h > 0 && w > 0 => Some((h, w)),
-                Some(other) => {
-                    return Err(config_error(
-                        lua,
-                        format!("{WHAT}: option `size` must be {{ height, width }}, both at least 1, got {other:?}"),
-                    ))
-                }
-            };
-            if ![1, 3].contains(&o.channels) {
-                return Err(config_error(
-                    lua,
-                    format!("{WHAT}: option `channels` must be 1 (grey) or 3 (RGB), got {}", o.channels),
-                ));
-            }
-            // The folder's own name (`train`, `val`) names it in records.
-            let split = o.split.unwrap_or_else(|| {
-                o.path
-                    .file_name()
-                    .map_or("all".into(), |n| n.to_string_lossy().into_owned())
-            });
-            let augment = match &o.augment {
-                Some(a) => Some(augment(lua, a, size.is_some())?),
-                None => None,
-            };
-            let mut images = match &o.classes {
-                Some(c) => data::images_of(&o.path, c, size, o.channels, o.scale, &split),
-                None => data::images(&o.path, size, o.channels, o.scale, &split),
-            }
-            .map_err(|e| at_caller(lua, WHAT, e))?;
-            if o.classes.is_none() {
-                if let Some(why) = data::split_like(&o.path, images.classes()) {
-                    super::state(lua).out.warn(&format!("{WHAT}: {why}"));
-                }
-            }
-            if let Some(why) = images.passed_over_note() {
-                super::state(lua).out.warn(&format!("{WHAT}: {why}"));
-            }
-            if let Some(a) = augment {
-                images = images.augmented(a);
-            }
-            Ok(source(images))
-        })?,
-    )?;
+    t.set("images", lua.create_function(super::data_images::images)?)?;
     t.set(
         "tokens",
         lua.create_function(|lua, opts: Value| {

@@ -10,6 +10,7 @@ mod csv_columns;
 mod data;
 mod data_csv;
 mod data_files;
+mod data_images;
 mod eval_scores;
 mod evaluate;
 mod export;

@@ -15,6 +15,9 @@ use serde_json::{json, Map, Value};
 
 use crate::{Error, Result};
 
+mod markers;
+mod table;
+
 const TEMPLATE: &str = include_str!("template.html");
 const SCRIPT: &str = include_str!("report.js");
 const UPLOT_JS: &str = include_str!("vendor/uPlot.iife.min.js");
@@ -64,7 +67,7 @@ pub fn load(dir: &Path) -> Result<(RunFolder, Vec<String>)> {
     ))
 }
 
-fn num(r: &Value, k: &str) -> Value {
+pub(super) fn num(r: &Value, k: &str) -> Value {
     match r.get(k) {
         Some(v) if v.is_number() => v.clone(),
         _ => Value::Null,
@@ -133,98 +136,15 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
         "per_target": per_target_rmse(of("eval").collect()),
     });
     let run_record = of("run").next().cloned().unwrap_or(Value::Null);
+    // The run's limit, else the one its first OOM under a limit records.
     let mut limit = num(&run_record, "memory_limit");
-    let mut markers = Vec::new();
-    for r in of("oom") {
-        let action = r["action"].as_str().unwrap_or("?");
-        let detail = match action {
-            "split" => format!(
-                " {} -> {}",
-                r["micro_batch"].as_u64().unwrap_or(0),
-                r["new_micro_batch"].as_u64().unwrap_or(0)
-            ),
-            "precision" => format!(" -> {}", r["new_precision"].as_str().unwrap_or("?")),
-            _ => String::new(),
-        };
-        let kind = if action == "skip" { "skip" } else { "oom" };
-        markers.push(json!({
-            "step": r["step"], "kind": kind,
-            "label": format!("OOM ({}): {action}{detail}", r["phase"].as_str().unwrap_or("?")),
-        }));
-        if limit.is_null() {
-            limit = num(r, "memory_limit");
-        }
+    if limit.is_null() {
+        limit = of("oom")
+            .map(|r| num(r, "memory_limit"))
+            .find(|v| !v.is_null())
+            .unwrap_or(Value::Null);
     }
-    for r in of("diverged") {
-        let error = r["error"].as_str().unwrap_or("");
-        let what = error.split(": the training diverged").next().unwrap_or("");
-        markers.push(json!({
-            "step": r["step"], "kind": "diverged",
-            "label": format!("diverged: {what}"),
-        }));
-    }
-    // Reloads and checkpoints are the folder's, not one run's.
-    let folder_wide =
-        |event: &'static str| folder.records.iter().filter(move |r| r["event"] == event);
-    for r in folder_wide("reload") {
-        let ok = r["ok"].as_bool().unwrap_or(false);
-        let error = r["error"]
-            .as_str()
-            .unwrap_or("")
-            .lines()
-            .next()
-            .unwrap_or("");
-        // Going back (a reloaded version failed in its loop) applies the
-        // earlier version: marked as the failure it answers.
-        let back = r.get("back_to").is_some();
-        markers.push(json!({
-            "step": r["step"], "kind": if ok && !back { "reload" } else { "reload-failed" },
-            "label": if back {
-                format!("generation {} failed, back to generation {}'s version: {error}", r["failed"], r["back_to"])
-            } else if ok {
-                format!("reload: generation {}", r["generation"])
-            } else {
-                format!("reload failed: {error}")
-            },
-        }));
-    }
-    for r in folder_wide("checkpoint") {
-        let mine = match r["path"].as_str() {
-            Some(p) => crate::engine::checkpoint::file_name(run as usize) == file_part(p),
-            None => run == 1,
-        };
-        let reason = r["reason"].as_str().unwrap_or("?");
-        if mine && r["ok"] == false {
-            let why = r["error"]
-                .as_str()
-                .unwrap_or("")
-                .lines()
-                .next()
-                .unwrap_or("");
-            markers.push(json!({
-                "step": r["step"], "kind": "checkpoint-failed",
-                "label": format!("checkpoint ({reason}) failed: {why}"),
-            }));
-        } else if mine {
-            markers.push(json!({
-                "step": r["step"], "kind": "checkpoint",
-                "label": format!("checkpoint ({reason})"),
-            }));
-        }
-    }
-    // The kept best only: a marker per improvement would crowd the chart.
-    if let Some(r) = mine_of(folder, run, "best").next_back() {
-        markers.push(json!({
-            "step": r["step"], "kind": "best",
-            "label": format!("best {} {} {} (the model kept)", show(&r["split"]), show(&r["metric"]), show(&r["value"])),
-        }));
-    }
-    for r in mine_of(folder, run, "early_stop") {
-        markers.push(json!({
-            "step": r["step"], "kind": "early-stop",
-            "label": format!("stopped early: {} evaluations since the best", show(&r["evaluations"])),
-        }));
-    }
+    let markers = markers::markers(folder, run);
     json!({
         "name": name,
         "steps": steps,
@@ -232,12 +152,12 @@ fn series(folder: &RunFolder, run: u64, name: String) -> Value {
         "evals": evals,
         "markers": markers,
         "limit": limit,
-        "table": table(folder, run, &run_record),
+        "table": table::table(folder, run, &run_record),
     })
 }
 
 /// Run `run`'s records of `event` in the folder.
-fn mine_of<'a>(
+pub(super) fn mine_of<'a>(
     folder: &'a RunFolder,
     run: u64,
     event: &'a str,
@@ -246,142 +166,6 @@ fn mine_of<'a>(
         .records
         .iter()
         .filter(move |r| r["event"] == event && r["run"].as_u64().unwrap_or(1) == run)
-}
-
-fn file_part(p: &str) -> String {
-    Path::new(p)
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-/// The run's config and outcome, as (key, value) rows.
-fn table(folder: &RunFolder, run: u64, run_record: &Value) -> Vec<(String, String)> {
-    let mut rows = Vec::new();
-    for key in [
-        "model",
-        "parameters",
-        "optimizer",
-        "device",
-        "precision",
-        "memory_limit",
-    ] {
-        if let Some(v) = run_record.get(key) {
-            rows.push((key.to_string(), show(v)));
-        }
-    }
-    if let Some(Value::Object(cfg)) = folder.records.iter().find(|r| r["event"] == "config") {
-        for (k, v) in cfg {
-            if !["event", "step", "epoch", "time"].contains(&k.as_str()) {
-                rows.push((format!("config {k}"), show(v)));
-            }
-        }
-    }
-    let mine = |event: &'static str| mine_of(folder, run, event);
-    if let Some(last) = mine("epoch").next_back() {
-        rows.push(("epochs".into(), show(&last["epoch"])));
-        rows.push(("steps".into(), show(&last["step"])));
-        rows.push(("last train loss".into(), show(&last["loss"])));
-    }
-    if let Some(ev) = mine("eval").next_back() {
-        rows.push(("last eval loss".into(), show(&ev["loss"])));
-        let per_target = ev["per_target"].as_array().filter(|t| !t.is_empty());
-        match (ev.get("rmse"), per_target) {
-            // A regression of several targets: each one's errors in its
-            // units, and R²; the mean R².
-            (Some(_), Some(targets)) => {
-                for t in targets {
-                    let name = t["target"].as_str().unwrap_or("target");
-                    rows.push((format!("last eval RMSE ({name})"), show(&t["rmse"])));
-                    rows.push((format!("last eval R² ({name})"), show(&t["r2"])));
-                }
-                rows.push((
-                    format!("last eval R² (the mean of {} targets)", targets.len()),
-                    show(&ev["r2"]),
-                ));
-            }
-            // A regression: its errors in the target's units, and R².
-            (Some(rmse), None) => {
-                rows.push(("last eval RMSE".into(), show(rmse)));
-                rows.push(("last eval R²".into(), show(&ev["r2"])));
-            }
-            (None, _) => {
-                rows.push(("last eval accuracy".into(), show(&ev["accuracy"])));
-                rows.extend(class_rows(ev));
-            }
-        }
-    }
-    if let Some(b) = mine("best").next_back() {
-        let at = format!("{} (step {})", show(&b["value"]), show(&b["step"]));
-        let key = format!("best {} {}", show(&b["split"]), show(&b["metric"]));
-        rows.push((key, at));
-        if let Some(p) = b["path"].as_str() {
-            rows.push(("best model".into(), p.to_string()));
-        }
-    }
-    if let Some(s) = mine("early_stop").next_back() {
-        rows.push(("stopped early at step".into(), show(&s["step"])));
-    }
-    rows.push(("OOMs recovered".into(), mine("oom").count().to_string()));
-    let reloads = folder.records.iter().filter(|r| r["event"] == "reload");
-    rows.push(("reloads".into(), reloads.count().to_string()));
-    if let Some(t) = folder
-        .records
-        .iter()
-        .filter_map(|r| r["time"].as_f64())
-        .reduce(f64::max)
-    {
-        rows.push(("seconds".into(), format!("{t:.1}")));
-    }
-    rows
-}
-
-/// A record's value for the summary: numbers to six decimals.
-fn show(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => match n.as_f64() {
-            Some(x) if n.is_f64() => format!("{}", (x * 1e6).round() / 1e6),
-            _ => n.to_string(),
-        },
-        other => other.to_string(),
-    }
-}
-
-/// A classifier's last evaluation class by class (an `eval` record with
-/// `per_class`): balanced accuracy, macro F1, and each class's F1 and
-/// recall, up to 20 classes (more are in the record).
-fn class_rows(ev: &Value) -> Vec<(String, String)> {
-    let Some(classes) = ev["per_class"].as_array() else {
-        return Vec::new();
-    };
-    let mut rows = vec![
-        (
-            "last eval balanced accuracy".into(),
-            show(&ev["balanced_accuracy"]),
-        ),
-        ("last eval macro F1".into(), show(&ev["macro_f1"])),
-    ];
-    let each = match classes.len() {
-        n if n > 20 => format!("{n} classes: see the eval record's per_class"),
-        _ => classes
-            .iter()
-            .map(|c| {
-                let name = c["class"]
-                    .as_str()
-                    .map_or_else(|| c["class"].to_string(), String::from);
-                format!(
-                    "{name} F1 {} recall {} ({} samples)",
-                    show(&c["f1"]),
-                    show(&c["recall"]),
-                    c["support"]
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; "),
-    };
-    rows.push(("last eval by class".into(), each));
-    rows
 }
 
 /// The page's data: every run of every folder.
