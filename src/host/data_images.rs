@@ -104,12 +104,14 @@ pub(super) fn images(lua: &Lua, opts: Value) -> mlua::Result<DataHandle> {
     let size = match o.size.as_deref() {
         None => None,
         Some(&[h, w]) if h > 0 && w > 0 => Some((h, w)),
-        Some(other) => return Err(config_error(
-            lua,
-            format!(
+        Some(other) => {
+            return Err(config_error(
+                lua,
+                format!(
                 "{WHAT}: option `size` must be {{ height, width }}, both at least 1, got {other:?}"
             ),
-        )),
+            ))
+        }
     };
     if ![1, 3].contains(&o.channels) {
         return Err(config_error(
