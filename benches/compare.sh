@@ -12,6 +12,7 @@
 #
 #   bash benches/compare.sh                      # 3 rounds of mlp, cnn, gpt, shakespeare
 #   MODELS=cnn-rgb bash benches/compare.sh       # image_folder.lua's CNN on 3x64x64 photos
+#   MODELS=lenet bash benches/compare.sh         # PyTorch's CIFAR-10 tutorial net (5x5 kernels)
 #   ROUNDS=5 MODELS="mlp cnn" bash benches/compare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +35,7 @@ log=$(mktemp)
 for model in ${MODELS:-mlp cnn gpt shakespeare}; do
   # Enough steps for a stable median at each model's step time.
   case "$model" in
-    mlp) steps=300 ;; cnn) steps=100 ;; cnn-rgb) steps=40 ;; shakespeare) steps=150 ;; *) steps=10 ;;
+    mlp) steps=300 ;; cnn|lenet) steps=100 ;; cnn-rgb) steps=40 ;; shakespeare) steps=150 ;; *) steps=10 ;;
   esac
   for _ in $(seq "$ROUNDS"); do
     echo "== bench $model f32 batch default"

@@ -11,6 +11,7 @@ machine; the GPU machine has torch). Never run in CI.
     python3 benches/torch_step.py --model mlp --threads 2
     python3 benches/torch_step.py --model cnn --threads 2
     python3 benches/torch_step.py --model cnn-rgb --threads 2
+    python3 benches/torch_step.py --model lenet --threads 2
     python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16
     python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16 --compile
 
@@ -83,11 +84,13 @@ class Gpt(nn.Module):
 
 
 # name: (vocab, context, width, layers, heads, batch), as `taper bench step`.
-# input (c, h, w), conv channels, dense hidden widths; 10 classes.
+# input (c, h, w), conv channels, dense hidden widths, kernel, padding; 10 classes.
 CNNS = {
-    "cnn": ((1, 28, 28), (8, 16), (64,)),
+    "cnn": ((1, 28, 28), (8, 16), (64,), 3, 1),
     # scripts/image_folder.lua's CNN on 3x64x64 photos (--set size=64 --set channels=3).
-    "cnn-rgb": ((3, 64, 64), (16, 32), (128,)),
+    "cnn-rgb": ((3, 64, 64), (16, 32), (128,), 3, 1),
+    # The net of PyTorch's CIFAR-10 tutorial ("Training a Classifier").
+    "lenet": ((3, 32, 32), (6, 16), (120, 84), 5, 0),
 }
 
 GPTS = {
@@ -153,14 +156,15 @@ def main():
         items, unit = b, "samples"
         flops = 6 * sum(p.numel() for p in model.parameters()) * b
     elif a.model in CNNS:
-        # `taper bench step --model cnn|cnn-rgb`: 3x3 convolutions (padding
-        # 1), each with ReLU and a 2x2 max-pool, then the dense layers.
-        (c, h, w), channels, hidden = CNNS[a.model]
+        # `taper bench step --model cnn|cnn-rgb|lenet`: convolutions, each
+        # with ReLU and a 2x2 max-pool, then the dense layers.
+        (c, h, w), channels, hidden, k, pad = CNNS[a.model]
         b = a.batch or 64
         layers, macs = [nn.Unflatten(1, (c, h, w))], 0
         for o in channels:
-            layers += [nn.Conv2d(c, o, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
-            macs += 9 * c * o * h * w
+            layers += [nn.Conv2d(c, o, k, padding=pad), nn.ReLU(), nn.MaxPool2d(2)]
+            h, w = h + 2 * pad - k + 1, w + 2 * pad - k + 1
+            macs += k * k * c * o * h * w
             c, h, w = o, h // 2, w // 2
         layers.append(nn.Flatten())
         inputs = c * h * w

@@ -8,6 +8,7 @@
 --   taper train scripts/image_folder.lua --set data=pets --set size=64 --set channels=3
 --   taper train scripts/image_folder.lua --set data=pets --set holdout=0.1   (pets/CLASS/*.jpg)
 --   taper train scripts/image_folder.lua --set data=pets --set from=runs/fashion   (fine-tuning)
+--   taper train scripts/image_folder.lua --set kernel=5 --set padding=0   (5x5 kernels, no padding)
 --   taper train scripts/image_folder.lua --set export=fashion.onnx   (the best model, for
 --     onnxruntime: input [batch, channels, size, size], pixels / 255; class names in its
 --     metadata)
@@ -22,6 +23,8 @@ local cfg = taper.config{
   holdout = 0.0, -- when > 0: DATA is one folder of classes; this share of it is the val set
   from = "", -- a run folder: start from its trained model (fine-tuning)
   standardize = false, -- true: each channel to mean 0, deviation 1 (the training images')
+  kernel = 3, -- the convolutions' kernel size (5 with padding 0: the net of PyTorch's CIFAR-10 tutorial)
+  padding = -1, -- zeros on each side of a convolution's input; -1: kernel // 2, which keeps the size
 }
 
 local function folder(path, opts)
@@ -72,6 +75,7 @@ if cfg.from ~= "" then
 else
   model = taper.model.cnn{
     input = { cfg.channels, cfg.size, cfg.size }, channels = { 16, 32 }, hidden = { 128 }, outputs = #classes,
+    kernel = cfg.kernel, padding = cfg.padding >= 0 and cfg.padding or nil,
   }
 end
 local run = taper.run{

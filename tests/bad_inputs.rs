@@ -265,7 +265,21 @@ print(run:generate{ prompt = { 1 }, messages = {} })
             recipe: "local m = taper.model.cnn{ input = { 1, 8, 8 }, channels = { 4, 4, 4, 4 }, outputs = 10 }\n",
             args: &[],
             code: 2,
-            says: &["recipe.lua:1: taper.model.cnn: 4 conv stages", "shrink a 8x8 input to nothing"],
+            says: &["recipe.lua:1: taper.model.cnn: 4 conv stages", "shrink a 8x8 input to nothing: stage 4 gets 1x1, which its 3x3 kernel (padding 1) and 2x2 max-pool leave empty"],
+        },
+        Case {
+            name: "a kernel too large for its stage's input",
+            recipe: "local m = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 6, 16, 32 }, kernel = 5, padding = 0, outputs = 10 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.cnn: 3 conv stages shrink a 28x28 input to nothing: stage 3 gets 4x4, which its 5x5 kernel (padding 0) and 2x2 max-pool leave empty"],
+        },
+        Case {
+            name: "a kernel of size 0",
+            recipe: "local m = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 6 }, kernel = 0, outputs = 10 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.cnn: kernel must be at least 1"],
         },
         Case {
             name: "split fractions that do not sum to 1",

@@ -124,9 +124,23 @@ fn cnn_gradients_match_finite_differences() -> Result<()> {
         outputs: 3,
         activation: Activation::Tanh,
         dropout: 0.0,
+        kernel: 3,
+        padding: None,
     };
     let y = Tensor::new(&[0u32, 2, 1], &Device::Cpu)?;
     grad_check(&spec, &features(3, 36, 2)?, &y)?;
+    // Other kernels: 5x5 without padding (PyTorch's Conv2d(c, o, 5)) on
+    // 16x16 (16, 12, 6, 2, 1), and an even 4x4 with padding 1 on 9x7.
+    for (input, kernel, padding) in [([1, 16, 16], 5, 0), ([2, 9, 7], 4, 1)] {
+        let other = Cnn {
+            input,
+            kernel,
+            padding: Some(padding),
+            ..spec.clone()
+        };
+        let n = input.iter().product();
+        grad_check(&other, &features(3, n, 2)?, &y)?;
+    }
     spec.dropout = 0.3;
     let draw = draw(1, 4, 0);
     grad_check_drawn(&spec, &features(3, 36, 2)?, &y, Some(draw))

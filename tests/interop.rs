@@ -1001,6 +1001,8 @@ fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
             outputs: 5,
             activation,
             dropout: 0.0,
+            kernel: 3,
+            padding: None,
         };
         let options = serde_json::to_string(&spec)?;
         let spec: Arc<dyn ModelSpec> = Arc::new(spec);
@@ -1050,6 +1052,8 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             outputs: 3,
             activation: Activation::Relu,
             dropout: 0.0,
+            kernel: 3,
+            padding: None,
         }),
         vec![4, 2, 5, 3],
     )];
@@ -1077,8 +1081,27 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
                 outputs: 5,
                 activation,
                 dropout: 0.0,
+                kernel: 3,
+                padding: None,
             }),
             vec![3, 3, 9, 7],
+        ));
+    }
+    // Other kernels: 5x5 without padding (PyTorch's CIFAR-10 tutorial net
+    // in small), and an even 4x4 with padding 1.
+    for (input, kernel, padding) in [([3, 16, 16], 5, 0), ([3, 9, 7], 4, 1)] {
+        nets.push((
+            Arc::new(Cnn {
+                input,
+                channels: vec![4, 6],
+                hidden: vec![8],
+                outputs: 5,
+                activation: Activation::Relu,
+                dropout: 0.0,
+                kernel,
+                padding: Some(padding),
+            }),
+            vec![3, input[0], input[1], input[2]],
         ));
     }
     for (i, (spec, shape)) in nets.into_iter().enumerate() {

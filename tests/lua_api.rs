@@ -159,6 +159,30 @@ fn defaults_follow_pytorch() -> Result<()> {
     Ok(())
 }
 
+/// The net of PyTorch's CIFAR-10 tutorial ("Training a Classifier"):
+///   conv1 = nn.Conv2d(3, 6, 5); pool = nn.MaxPool2d(2, 2); conv2 = nn.Conv2d(6, 16, 5)
+///   fc1 = nn.Linear(16 * 5 * 5, 120); fc2 = nn.Linear(120, 84); fc3 = nn.Linear(84, 10)
+///   sum(p.numel() for p in Net().parameters())  # 62006 (torch 2.15)
+/// as `kernel = 5, padding = 0`; the default keeps 3x3 with padding 1.
+#[test]
+fn cnn_kernels_and_padding_build_pytorchs_tutorial_net() -> Result<()> {
+    run(r#"
+        local tutorial = taper.model.cnn{ input = { 3, 32, 32 }, channels = { 6, 16 },
+          kernel = 5, padding = 0, hidden = { 120, 84 }, outputs = 10 }
+        assert(tutorial:parameters() == 62006, tutorial:parameters())
+        assert(tostring(tutorial) ==
+          "taper.model(cnn 3x32x32 conv[6, 16] 5x5 pad 0 hidden[120, 84] -> 10 relu)", tostring(tutorial))
+        -- Padding defaults to kernel // 2, which keeps the size: 32, 16, 8.
+        local same = taper.model.cnn{ input = { 3, 32, 32 }, channels = { 6, 16 }, kernel = 5,
+          hidden = {}, outputs = 10 }
+        assert(same:parameters() == (3 * 25 + 1) * 6 + (6 * 25 + 1) * 16 + 16 * 8 * 8 * 10 + 10)
+        assert(tostring(same) == "taper.model(cnn 3x32x32 conv[6, 16] 5x5 pad 2 hidden[] -> 10 relu)")
+        assert(tostring(taper.model.cnn{ input = { 1, 8, 8 }, channels = { 4 }, outputs = 10, padding = 1 }) ==
+          "taper.model(cnn 1x8x8 conv[4] hidden[] -> 10 relu)")
+    "#)?;
+    Ok(())
+}
+
 /// The escalating policy grows back as grow_back does: after `after` clean
 /// steps, doubling, but never to a size that ran out of memory (75% of it).
 #[test]

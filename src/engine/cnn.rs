@@ -1,5 +1,5 @@
-//! The small convolutional net (`taper.model.cnn`): 3x3 convolutions with
-//! 2x2 max-pooling, then a dense head.
+//! The small convolutional net (`taper.model.cnn`): convolutions (3x3 with
+//! padding 1 unless told) with 2x2 max-pooling, then a dense head.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
@@ -10,8 +10,10 @@ use super::mlp::{check_rate, Activation, Dense};
 use super::model::{tagged_config, Draw, Interface, ModelSpec, TrainModule};
 use crate::kernels::{dropout, Dropout};
 
-/// A small convolutional net: per entry of `channels`, a 3x3 convolution
-/// (padding 1), the activation and a 2x2 max-pool; then a dense head. With
+/// A small convolutional net: per entry of `channels`, a `kernel x kernel`
+/// convolution (stride 1, `padding` zeros on each side: by default
+/// `kernel / 2`, which keeps the size for odd kernels), the activation and
+/// a 2x2 max-pool; then a dense head. With
 /// `dropout`, training drops out the head's inputs (the flattened features)
 /// and each of its hidden activations, as PyTorch's MNIST example does.
 /// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
@@ -29,10 +31,26 @@ pub struct Cnn {
     /// Dropout before each dense layer, in training; 0, none.
     #[serde(default)]
     pub dropout: f64,
+    /// The convolutions' kernel size (3 unless told; left out of configs
+    /// when 3, so that they read as before the option).
+    #[serde(default = "three", skip_serializing_if = "is_three")]
+    pub kernel: usize,
+    /// Zeros on each side of a convolution's input; None: `kernel / 2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding: Option<usize>,
+}
+
+fn three() -> usize {
+    3
+}
+
+fn is_three(k: &usize) -> bool {
+    *k == 3
 }
 
 struct CnnNet {
     input: [usize; 3],
+    padding: usize,
     convs: Vec<candle_nn::Conv2d>,
     head: Dense,
     act: Activation,
@@ -46,9 +64,9 @@ impl CnnNet {
         let [c, h, w] = self.input;
         let mut x = x.reshape((b, c, h, w))?;
         for conv in &self.convs {
-            // taper's fused 3x3 convolution (candle's conv2d elsewhere).
+            // taper's fused convolution (candle's conv2d where it has none).
             let y = match conv.bias() {
-                Some(b) => crate::kernels::conv3x3(&x, conv.weight(), b)?,
+                Some(b) => crate::kernels::conv2d(&x, conv.weight(), b, self.padding)?,
                 None => conv.forward(&x)?,
             };
             // A non-decreasing activation commutes with max: pooling first
@@ -82,13 +100,59 @@ impl TrainModule for CnnNet {
 }
 
 impl Cnn {
-    fn flat_features(&self) -> usize {
+    /// The zeros on each side of a convolution's input.
+    pub fn pad(&self) -> usize {
+        self.padding.unwrap_or(self.kernel / 2)
+    }
+
+    /// Each stage's `(channels, height, width)` after its convolution, and
+    /// after its pool (None once a stage leaves nothing).
+    pub fn stages(&self) -> Vec<Option<([usize; 3], [usize; 3])>> {
         let [_, mut h, mut w] = self.input;
-        for _ in &self.channels {
-            h /= 2;
-            w /= 2;
+        let (k, p) = (self.kernel, self.pad());
+        let mut out = Vec::new();
+        for &o in &self.channels {
+            let conv = [
+                o,
+                (h + 2 * p + 1).saturating_sub(k),
+                (w + 2 * p + 1).saturating_sub(k),
+            ];
+            let pooled = [o, conv[1] / 2, conv[2] / 2];
+            if k == 0 || pooled[1] == 0 || pooled[2] == 0 {
+                out.push(None);
+                break;
+            }
+            out.push(Some((conv, pooled)));
+            [_, h, w] = pooled;
         }
-        self.channels.last().copied().unwrap_or(self.input[0]) * h * w
+        out
+    }
+
+    /// Values per sample into the dense head.
+    pub fn flat_features(&self) -> usize {
+        match self.stages().last() {
+            Some(Some((_, [c, h, w]))) => c * h * w,
+            Some(None) => 0,
+            None => self.input.iter().product(),
+        }
+    }
+
+    /// Why the stages leave nothing to the head, if they do.
+    fn shrinks(&self) -> Option<String> {
+        let stages = self.stages();
+        let i = stages.iter().position(Option::is_none)?;
+        let [_, h, w] = match i {
+            0 => self.input,
+            _ => stages[i - 1].map(|(_, pooled)| pooled)?,
+        };
+        let (k, p) = (self.kernel, self.pad());
+        Some(format!(
+            "{} conv stages shrink a {}x{} input to nothing: stage {} gets {h}x{w}, which its {k}x{k} kernel (padding {p}) and 2x2 max-pool leave empty",
+            self.channels.len(),
+            self.input[1],
+            self.input[2],
+            i + 1
+        ))
     }
 }
 
@@ -103,12 +167,10 @@ impl ModelSpec for Cnn {
         ];
         sizes.extend(self.channels.iter().map(|&n| ("each of channels", n)));
         sizes.extend(self.hidden.iter().map(|&n| ("each hidden width", n)));
+        sizes.push(("kernel", self.kernel));
         super::model::sizes_at_least_one(&sizes)?;
-        if h >> self.channels.len() == 0 || w >> self.channels.len() == 0 {
-            return Err(crate::Error::Config(format!(
-                "{} conv stages, each halving the size by its 2x2 pool, shrink a {h}x{w} input to nothing",
-                self.channels.len()
-            )));
+        if let Some(why) = self.shrinks() {
+            return Err(crate::Error::Config(why));
         }
         check_rate(self.dropout)
     }
@@ -126,8 +188,14 @@ impl ModelSpec for Cnn {
 
     fn describe(&self) -> String {
         let [c, h, w] = self.input;
+        // The default 3x3 with padding 1 is left out: descriptions (which
+        // a resume compares) read as before the options.
+        let kernel = match (self.kernel, self.pad()) {
+            (3, 1) => String::new(),
+            (k, p) => format!(" {k}x{k} pad {p}"),
+        };
         format!(
-            "cnn {c}x{h}x{w} conv{:?} hidden{:?} -> {} {}{}",
+            "cnn {c}x{h}x{w} conv{:?}{kernel} hidden{:?} -> {} {}{}",
             self.channels,
             self.hidden,
             self.outputs,
@@ -145,15 +213,11 @@ impl ModelSpec for Cnn {
 
 impl Cnn {
     fn net(&self, vb: VarBuilder) -> Result<CnnNet> {
-        let [_, h, w] = self.input;
-        if h >> self.channels.len() == 0 || w >> self.channels.len() == 0 {
-            candle_core::bail!(
-                "cnn: {} pooling stages shrink a {h}x{w} input to nothing",
-                self.channels.len()
-            );
+        if let Some(why) = self.shrinks() {
+            candle_core::bail!("cnn: {why}");
         }
         let cfg = candle_nn::Conv2dConfig {
-            padding: 1,
+            padding: self.pad(),
             ..Default::default()
         };
         let mut in_c = self.input[0];
@@ -162,7 +226,7 @@ impl Cnn {
             convs.push(candle_nn::conv2d(
                 in_c,
                 out_c,
-                3,
+                self.kernel,
                 cfg,
                 vb.pp(format!("conv{i}")),
             )?);
@@ -174,6 +238,7 @@ impl Cnn {
         let head = Dense::new(&vb, "fc", &sizes, self.activation)?;
         Ok(CnnNet {
             input: self.input,
+            padding: self.pad(),
             convs,
             head,
             act: self.activation,

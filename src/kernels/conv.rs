@@ -1,106 +1,197 @@
-//! The 3x3 convolution of `taper.model.cnn` (padding 1, stride 1) as one op
-//! with its own backward. candle 0.11's CPU conv2d has an im2col forward,
+//! The convolution of `taper.model.cnn` (a square kernel, zero padding,
+//! stride 1) as one op with its own backward. candle 0.11's CPU conv2d has an im2col forward,
 //! but its backward is a transposed convolution and a convolution of the
 //! input by the gradient, both direct loops: in a `perf` profile of the CNN
 //! step they and the thread pool waiting on them were most of the time.
-//! Here each sample is unfolded (im2col: `[C*9, H*W]`), and the forward and
+//! Here each sample is unfolded (im2col: `[C*k*k, Ho*Wo]`), and the forward and
 //! both gradients are one `gemm` each per sample, samples across threads:
 //!
 //! - `y_b = W [O, C*9] col_b + bias`
 //! - `dW = sum_b dy_b [O, H*W] col_b^T`, `dbias = sum_b,h,w dy`
 //! - `dx_b = col2im(W^T dy_b)`
 //!
-//! f32 on the CPU. On CUDA (`conv_cuda.rs`, `kernels/conv.cu`), in f32,
-//! f16 or bf16, the same: im2col and col2im kernels around cuBLAS
-//! products, samples batched in chunks of bounded scratch. Elsewhere
-//! candle's `conv2d`.
+//! f32 on the CPU, any kernel size and padding. On CUDA (`conv_cuda.rs`,
+//! `kernels/conv.cu`), the 3x3 kernel with padding 1 in f32, f16 or bf16,
+//! the same: im2col and col2im kernels around cuBLAS products, samples
+//! batched in chunks of bounded scratch. Elsewhere candle's `conv2d`.
 //!
-//! The 2x2 max-pool after it is one op too (`pool.rs`).
+//! The backward's three ops are in `conv_grad.rs`; the 2x2 max-pool after
+//! it is one op too (`pool.rs`).
 
-use candle_core::{
-    bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
-};
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
-use super::conv_cpu::{col2im, im2col, with_scratch};
+use super::conv_cpu::{im2col, with_scratch, Geometry};
+use super::conv_grad::{ChannelSum, InputGrad, WeightGrad};
 use super::mm;
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
-use rayon::prelude::*;
 
 /// `conv2d(x, w, padding 1) + b` for `x [B, C, H, W]`, `w [O, C, 3, 3]`, `b [O]`.
 pub fn conv3x3(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if fused_ok(x, w, b) {
+    conv2d(x, w, b, 1)
+}
+
+/// `conv2d(x, w, padding) + b` (stride 1) for `x [B, C, H, W]`,
+/// `w [O, C, k, k]`, `b [O]`: `[B, O, H + 2 padding - k + 1, ...]`.
+pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tensor> {
+    if let Some(op) = fused(x, w, b, padding) {
         return x
             .contiguous()?
-            .apply_op3(&w.contiguous()?, &b.contiguous()?, Conv3x3);
+            .apply_op3(&w.contiguous()?, &b.contiguous()?, op);
     }
-    let y = x.conv2d(w, 1, 1, 1, 1)?;
+    let y = x.conv2d(w, padding, 1, 1, 1)?;
     y.broadcast_add(&b.reshape((1, (), 1, 1))?)
 }
 
-fn fused_ok(x: &Tensor, w: &Tensor, b: &Tensor) -> bool {
+/// The fused op for these operands, if it takes them: on the CPU any
+/// square kernel, on CUDA the 3x3 kernel with padding 1.
+fn fused(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Option<Conv> {
     let here = |t: &Tensor| {
         t.dtype() == x.dtype() && t.device().same_device(x.device()) && super::covers(t)
     };
-    [x, w, b].iter().all(|t| here(t))
-        && x.rank() == 4
-        && w.dims().len() == 4
-        && w.dims()[2..] == [3, 3]
-        && w.dims()[1] == x.dims()[1]
-        && b.dims() == [w.dims()[0]]
+    let (wd, xd) = (w.dims(), x.dims());
+    let square = wd.len() == 4 && wd[2] == wd[3] && wd[2] > 0;
+    let ok = [x, w, b].iter().all(|t| here(t))
+        && xd.len() == 4
+        && square
+        && wd[1] == xd[1]
+        && b.dims() == [wd[0]]
+        && (x.device().is_cpu() || (wd[2], padding) == (3, 1));
+    let op = Conv {
+        k: wd.get(2).copied()?,
+        p: padding,
+    };
+    // A kernel larger than the padded image is left to candle.
+    let (ho, wo) = op.geometry(xd.get(1..4)?).out();
+    (ok && ho > 0 && wo > 0).then_some(op)
 }
 
-/// Shapes: (batch, in channels, height, width, out channels).
-pub(super) fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize, usize, usize)> {
+/// Shapes: (batch, geometry, out channels), from `x [B, C, H, W]` and
+/// `w [O, C, k, k]`.
+fn shapes(x: &Layout, w: &Layout, op: &Conv) -> Result<(usize, Geometry, usize)> {
     let (b, c, h, wd) = x.shape().dims4()?;
     let (o, c2, k1, k2) = w.shape().dims4()?;
-    if c2 != c || k1 != 3 || k2 != 3 {
-        bail!("conv3x3: input {:?}, weight {:?}", x.dims(), w.dims())
+    if c2 != c || (k1, k2) != (op.k, op.k) {
+        bail!("conv2d: input {:?}, weight {:?}", x.dims(), w.dims())
     }
-    Ok((b, c, h, wd, o))
+    Ok((b, op.geometry(&[c, h, wd]), o))
 }
 
-/// The input gradient's shapes from `dy [B, O, H, W]` and `w [O, C, 3, 3]`:
-/// (batch, out channels, in channels, height, width).
-pub(super) fn input_grad_dims(
+/// The input gradient's shapes from `dy [B, O, Ho, Wo]` and
+/// `w [O, C, k, k]`: (batch, out channels, the input's geometry).
+pub(super) fn input_grad_shapes(
     dy: &Layout,
     w: &Layout,
-) -> Result<(usize, usize, usize, usize, usize)> {
-    let (b, o, h, wd) = dy.shape().dims4()?;
+    op: &Conv,
+) -> Result<(usize, usize, Geometry)> {
+    let (b, o, ho, wo) = dy.shape().dims4()?;
     let (o2, c, _, _) = w.shape().dims4()?;
+    // The input's size from the output's: h = ho - 2p + k - 1.
+    let size = |n: usize| (n + op.k - 1).checked_sub(2 * op.p);
+    let (Some(h), Some(wd)) = (size(ho), size(wo)) else {
+        bail!(
+            "conv2d backward: gradient {:?}, padding {}",
+            dy.dims(),
+            op.p
+        )
+    };
     if o2 != o {
         bail!(
-            "conv3x3 backward: gradient {:?}, weight {:?}",
+            "conv2d backward: gradient {:?}, weight {:?}",
             dy.dims(),
             w.dims()
         )
     }
-    Ok((b, o, c, h, wd))
+    Ok((b, o, op.geometry(&[c, h, wd])))
 }
 
-/// The weight gradient's shapes from `x [B, C, H, W]` and `dy [B, O, H, W]`:
-/// (batch, in channels, out channels, height, width).
-pub(super) fn weight_grad_dims(
-    x: &Layout,
-    dy: &Layout,
-) -> Result<(usize, usize, usize, usize, usize)> {
+/// The weight gradient's shapes from `x [B, C, H, W]` and
+/// `dy [B, O, Ho, Wo]`: (the input's geometry, out channels).
+pub(super) fn weight_grad_shapes(x: &Layout, dy: &Layout, op: &Conv) -> Result<(Geometry, usize)> {
     let (b, c, h, wd) = x.shape().dims4()?;
-    let (b2, o, h2, w2) = dy.shape().dims4()?;
-    if (b2, h2, w2) != (b, h, wd) {
+    let (b2, o, ho, wo) = dy.shape().dims4()?;
+    let g = op.geometry(&[c, h, wd]);
+    if (b2, ho, wo) != (b, g.out().0, g.out().1) {
         bail!(
-            "conv3x3 backward: input {:?}, gradient {:?}",
+            "conv2d backward: input {:?}, gradient {:?}",
             x.dims(),
             dy.dims()
         )
     }
-    Ok((b, c, o, h, wd))
+    Ok((g, o))
 }
 
-struct Conv3x3;
+/// The 3x3 kernel with padding 1, the one the CUDA kernels take.
+#[cfg(feature = "cuda")]
+const THREE: Conv = Conv { k: 3, p: 1 };
 
-impl CustomOp3 for Conv3x3 {
+/// For the CUDA kernels (3x3, padding 1): (batch, in channels, height,
+/// width, out channels) from `x [B, C, H, W]` and `w [O, C, 3, 3]`.
+#[cfg(feature = "cuda")]
+pub(super) fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize, usize, usize)> {
+    let (b, g, o) = shapes(x, w, &THREE)?;
+    Ok((b, g.c, g.h, g.w, o))
+}
+
+/// For the CUDA kernels: (batch, out channels, in channels, height, width)
+/// from `dy [B, O, H, W]` and `w [O, C, 3, 3]`.
+#[cfg(feature = "cuda")]
+pub(super) fn input_grad_dims(
+    dy: &Layout,
+    w: &Layout,
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let (b, o, g) = input_grad_shapes(dy, w, &THREE)?;
+    Ok((b, o, g.c, g.h, g.w))
+}
+
+/// For the CUDA kernels: (batch, in channels, out channels, height, width)
+/// from `x [B, C, H, W]` and `dy [B, O, H, W]`.
+#[cfg(feature = "cuda")]
+pub(super) fn weight_grad_dims(
+    x: &Layout,
+    dy: &Layout,
+) -> Result<(usize, usize, usize, usize, usize)> {
+    let (b, ..) = x.shape().dims4()?;
+    let (g, o) = weight_grad_shapes(x, dy, &THREE)?;
+    Ok((b, g.c, o, g.h, g.w))
+}
+
+/// The convolution: a `k x k` kernel, `p` zeros on every side.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Conv {
+    pub k: usize,
+    pub p: usize,
+}
+
+impl Conv {
+    pub fn geometry(&self, chw: &[usize]) -> Geometry {
+        Geometry {
+            c: chw[0],
+            h: chw[1],
+            w: chw[2],
+            k: self.k,
+            p: self.p,
+        }
+    }
+
+    /// The CUDA kernels are for 3x3 with padding 1 (`fused` sends no
+    /// other there).
+    #[cfg(feature = "cuda")]
+    pub fn check_cuda(&self) -> Result<()> {
+        if (self.k, self.p) != (3, 1) {
+            bail!(
+                "conv2d on CUDA: a {0}x{0} kernel with padding {1} is not fused",
+                self.k,
+                self.p
+            )
+        }
+        Ok(())
+    }
+}
+
+impl CustomOp3 for Conv {
     fn name(&self) -> &'static str {
-        "taper-conv3x3"
+        "taper-conv2d"
     }
 
     fn cpu_fwd(
@@ -115,8 +206,9 @@ impl CustomOp3 for Conv3x3 {
         let x = super::f32_slice(s1, l1, "conv input")?;
         let w = super::f32_slice(s2, l2, "conv weight")?;
         let bias = super::f32_slice(s3, l3, "conv bias")?;
-        let (b, c, h, wd, o) = dims(l1, l2)?;
-        let (hw, c9) = (h * wd, c * 9);
+        let (b, g, o) = shapes(l1, l2, self)?;
+        let ((ho, wo), taps, chw) = (g.out(), g.taps(), g.c * g.h * g.w);
+        let hw = ho * wo;
         let fill = |bi: usize, ys: &mut [std::mem::MaybeUninit<f32>]| {
             for (plane, &v) in ys.chunks_mut(hw.max(1)).zip(bias) {
                 plane.iter_mut().for_each(|y| {
@@ -126,16 +218,16 @@ impl CustomOp3 for Conv3x3 {
             // SAFETY: the o planes of hw values, the whole chunk, were just
             // written.
             let ys = unsafe { super::written(ys) };
-            if hw > 0 && c9 > 0 {
-                with_scratch(c9 * hw, |col| {
-                    im2col(&x[bi * c * hw..(bi + 1) * c * hw], c, h, wd, col);
-                    mm((o, hw, c9), ys, true, w, (c9, 1), col, (hw, 1));
+            if hw > 0 && taps > 0 {
+                with_scratch(taps * hw, |col| {
+                    im2col(&x[bi * chw..(bi + 1) * chw], g, col);
+                    mm((o, hw, taps), ys, true, w, (taps, 1), col, (hw, 1));
                 })
             }
         };
         // SAFETY: `fill` writes each sample's o planes whole.
         let y = unsafe { super::par_written(b * o * hw, o * hw, fill) };
-        Ok((CpuStorage::F32(y), Shape::from((b, o, h, wd))))
+        Ok((CpuStorage::F32(y), Shape::from((b, o, ho, wo))))
     }
 
     #[cfg(feature = "cuda")]
@@ -149,9 +241,10 @@ impl CustomOp3 for Conv3x3 {
         l3: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         use super::conv_cuda::forward;
-        let (b, _, h, wd, o) = dims(l1, l2)?;
+        self.check_cuda()?;
+        let (b, g, o) = shapes(l1, l2, self)?;
         let y = super::cuda::by_float!(s1, forward((s1, l1), (s2, l2), (s3, l3)))?;
-        Ok((y, Shape::from((b, o, h, wd))))
+        Ok((y, Shape::from((b, o, g.h, g.w))))
     }
 
     fn bwd(
@@ -166,152 +259,13 @@ impl CustomOp3 for Conv3x3 {
         let wants_dx = x.track_op();
         let (x, w, dy) = (x.detach(), w.detach(), dy.detach().contiguous()?);
         let dx = match wants_dx {
-            true => Some(dy.apply_op2_no_bwd(&w, &InputGrad)?),
+            true => Some(dy.apply_op2_no_bwd(&w, &InputGrad(*self))?),
             false => None,
         };
-        let dw = x.apply_op2_no_bwd(&dy, &WeightGrad)?;
+        let dw = x.apply_op2_no_bwd(&dy, &WeightGrad(*self))?;
         // candle's strided sum over (0, 2, 3) was a sixth of the CNN step.
         let db = dy.apply_op1_no_bwd(&ChannelSum)?;
         Ok((dx, Some(dw), Some(db)))
-    }
-}
-
-/// `dx_b = col2im(W^T dy_b)`, from `dy [B, O, H, W]` and `w [O, C, 3, 3]`.
-struct InputGrad;
-
-impl CustomOp2 for InputGrad {
-    fn name(&self) -> &'static str {
-        "taper-conv3x3-input-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let dy = super::f32_slice(s1, l1, "conv output gradient")?;
-        let w = super::f32_slice(s2, l2, "conv weight")?;
-        let (b, o, c, h, wd) = input_grad_dims(l1, l2)?;
-        let (hw, c9) = (h * wd, c * 9);
-        let mut dx = vec![0f32; b * c * hw];
-        if hw > 0 && c > 0 {
-            dx.par_chunks_mut(c * hw)
-                .zip(dy.par_chunks(o * hw))
-                .for_each(|(dxs, dys)| {
-                    with_scratch(c9 * hw, |col| {
-                        // W^T [C*9, O] read from w [O, C*9].
-                        mm((c9, hw, o), col, false, w, (1, c9), dys, (hw, 1));
-                        col2im(col, c, h, wd, dxs);
-                    })
-                });
-        }
-        Ok((CpuStorage::F32(dx), Shape::from((b, c, h, wd))))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &CudaStorage,
-        l1: &Layout,
-        s2: &CudaStorage,
-        l2: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        use super::conv_cuda::input_grad;
-        let (b, _, c, h, wd) = input_grad_dims(l1, l2)?;
-        let dx = super::cuda::by_float!(s1, input_grad((s1, l1), (s2, l2)))?;
-        Ok((dx, Shape::from((b, c, h, wd))))
-    }
-}
-
-/// Samples whose weight gradients one thread adds up before the blocks are
-/// summed in order.
-const SAMPLES: usize = 4;
-
-/// `dW = sum_b dy_b col_b^T`, from `x [B, C, H, W]` and `dy [B, O, H, W]`.
-struct WeightGrad;
-
-impl CustomOp2 for WeightGrad {
-    fn name(&self) -> &'static str {
-        "taper-conv3x3-weight-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x = super::f32_slice(s1, l1, "conv input")?;
-        let dy = super::f32_slice(s2, l2, "conv output gradient")?;
-        let (_, c, o, h, wd) = weight_grad_dims(l1, l2)?;
-        let (hw, c9) = (h * wd, c * 9);
-        // Blocks of samples across threads, added in block order.
-        let (x_block, dy_block) = (c * hw * SAMPLES, o * hw * SAMPLES);
-        let dw = super::sum_in_order(dy.len().div_ceil(dy_block.max(1)), o * c9, |block| {
-            let mut acc = vec![0f32; o * c9];
-            let x = x[block * x_block..].chunks(c * hw);
-            for (xs, dys) in x.zip(dy[block * dy_block..].chunks(o * hw)).take(SAMPLES) {
-                with_scratch(c9 * hw, |col| {
-                    im2col(xs, c, h, wd, col);
-                    // dy_b [O, HW] times col^T [HW, C*9], read from col [C*9, HW].
-                    mm((o, c9, hw), &mut acc, true, dys, (hw, 1), col, (1, hw));
-                });
-            }
-            acc
-        });
-        Ok((CpuStorage::F32(dw), Shape::from((o, c, 3, 3))))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &CudaStorage,
-        l1: &Layout,
-        s2: &CudaStorage,
-        l2: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        use super::conv_cuda::weight_grad;
-        let (_, c, o, _, _) = weight_grad_dims(l1, l2)?;
-        let dw = super::cuda::by_float!(s1, weight_grad((s1, l1), (s2, l2)))?;
-        Ok((dw, Shape::from((o, c, 3, 3))))
-    }
-}
-
-/// `dy [B, O, H, W]` summed to `[O]`: the bias gradient.
-struct ChannelSum;
-
-impl CustomOp1 for ChannelSum {
-    fn name(&self) -> &'static str {
-        "taper-channel-sum"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let dy = super::f32_slice(s, l, "conv output gradient")?;
-        let (b, o, h, w) = l.shape().dims4()?;
-        let hw = h * w;
-        let sums: Vec<f32> = (0..o)
-            .into_par_iter()
-            .map(|oi| {
-                (0..b)
-                    .map(|bi| {
-                        let at = (bi * o + oi) * hw;
-                        dy[at..at + hw].iter().map(|&v| v as f64).sum::<f64>()
-                    })
-                    .sum::<f64>() as f32
-            })
-            .collect();
-        Ok((CpuStorage::F32(sums), Shape::from(o)))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-        use super::conv_cuda::channel_sum;
-        let o = l.shape().dims4()?.1;
-        let sums = super::cuda::by_float!(s, channel_sum(s, l))?;
-        Ok((sums, Shape::from(o)))
     }
 }
 
@@ -321,9 +275,26 @@ mod tests {
     use candle_core::{DType, Device, Var};
 
     /// Forward and the three gradients against candle's conv2d in f64, at
-    /// odd sizes (edges on every side).
+    /// odd sizes (edges on every side), for kernels of 1 to 7 with and
+    /// without padding (PyTorch's `Conv2d(c, o, 5)` has none).
     #[test]
     fn matches_candle_conv2d_in_float64() -> Result<()> {
+        for (k, p) in [
+            (3, 1),
+            (5, 0),
+            (5, 2),
+            (1, 0),
+            (3, 0),
+            (4, 1),
+            (7, 3),
+            (2, 3),
+        ] {
+            matches_candle_at(k, p)?;
+        }
+        Ok(())
+    }
+
+    fn matches_candle_at(k: usize, p: usize) -> Result<()> {
         let dev = Device::Cpu;
         let vals = |n: usize, m: usize| -> Vec<f32> {
             (0..n)
@@ -331,28 +302,33 @@ mod tests {
                 .collect()
         };
         let (b, c, h, w, o) = (3, 2, 7, 6, 5);
+        let (ho, wo) = (h + 2 * p + 1 - k, w + 2 * p + 1 - k);
         let x = Var::from_tensor(&Tensor::from_vec(
             vals(b * c * h * w, 7919),
             (b, c, h, w),
             &dev,
         )?)?;
-        let k = Var::from_tensor(&Tensor::from_vec(
-            vals(o * c * 9, 104_729),
-            (o, c, 3, 3),
+        let kw = Var::from_tensor(&Tensor::from_vec(
+            vals(o * c * k * k, 104_729),
+            (o, c, k, k),
             &dev,
         )?)?;
         let bias = Var::from_tensor(&Tensor::from_vec(vals(o, 31), o, &dev)?)?;
-        let probe = Tensor::from_vec(vals(b * o * h * w, 613), (b, o, h, w), &dev)?;
-        let y = conv3x3(x.as_tensor(), k.as_tensor(), bias.as_tensor())?;
-        assert_eq!(y.dims(), &[b, o, h, w]);
+        let probe = Tensor::from_vec(vals(b * o * ho * wo, 613), (b, o, ho, wo), &dev)?;
+        assert!(
+            fused(x.as_tensor(), kw.as_tensor(), bias.as_tensor(), p).is_some(),
+            "{k}x{k} padding {p} not fused"
+        );
+        let y = conv2d(x.as_tensor(), kw.as_tensor(), bias.as_tensor(), p)?;
+        assert_eq!(y.dims(), &[b, o, ho, wo]);
         let g = (&y * &probe)?.sum_all()?.backward()?;
 
         let f64v =
             |v: &Var| -> Result<Var> { Var::from_tensor(&v.as_tensor().to_dtype(DType::F64)?) };
-        let (x64, k64, b64) = (f64v(&x)?, f64v(&k)?, f64v(&bias)?);
+        let (x64, k64, b64) = (f64v(&x)?, f64v(&kw)?, f64v(&bias)?);
         let y64 = x64
             .as_tensor()
-            .conv2d(k64.as_tensor(), 1, 1, 1, 1)?
+            .conv2d(k64.as_tensor(), p, 1, 1, 1)?
             .broadcast_add(&b64.as_tensor().reshape((1, o, 1, 1))?)?;
         let g64 = (&y64 * probe.to_dtype(DType::F64)?)?
             .sum_all()?
@@ -364,15 +340,28 @@ mod tests {
                 .max(0)?;
             Ok(d.to_scalar::<f64>()? / r.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()?)
         };
-        assert!(err(&y, &y64)? < 1e-6, "forward");
+        assert!(err(&y, &y64)? < 1e-6, "{k}x{k} padding {p}: forward");
         for (v, r, what) in [
             (&x, &x64, "input"),
-            (&k, &k64, "weight"),
+            (&kw, &k64, "weight"),
             (&bias, &b64, "bias"),
         ] {
             let e = err(g.get(v).expect("gradient"), g64.get(r).expect("gradient"))?;
-            assert!(e < 1e-6, "{what} gradient error {e}");
+            assert!(e < 1e-6, "{k}x{k} padding {p}: {what} gradient error {e}");
         }
+        Ok(())
+    }
+
+    /// A kernel larger than the padded image is left to candle (the model
+    /// refuses such sizes before: `Cnn::check`).
+    #[test]
+    fn a_kernel_larger_than_the_padded_image_is_not_fused() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::zeros((1, 1, 4, 4), DType::F32, &dev)?;
+        let w = Tensor::zeros((2, 1, 7, 7), DType::F32, &dev)?;
+        let b = Tensor::zeros(2, DType::F32, &dev)?;
+        assert!(fused(&x, &w, &b, 1).is_none());
+        assert!(fused(&x, &w, &b, 2).is_some());
         Ok(())
     }
 }

@@ -25,6 +25,7 @@ mod conv;
 mod conv_cpu;
 #[cfg(feature = "cuda")]
 mod conv_cuda;
+mod conv_grad;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod dense;
@@ -62,7 +63,7 @@ pub use attention::{
 pub use bias::{bias_add, bias_grad};
 pub use ce_rows::rows_loss_and_grad;
 pub use chunked_ce::{chunked_cross_entropy, padded_head};
-pub use conv::conv3x3;
+pub use conv::{conv2d, conv3x3};
 pub use dense::{linear, linear_grads};
 pub use dropout::{dropout, Dropout};
 pub use embedding::embedding;

@@ -397,13 +397,21 @@ impl Builder<'_> {
     /// The convolution stages (as `CnnNet::forward`), flattened, then the
     /// dense head.
     fn cnn(&mut self, c: &Cnn, mut x: String) -> Result<String> {
-        let [mut in_c, mut h, mut w] = c.input;
-        for (i, &out_c) in c.channels.iter().enumerate() {
-            let weight = self.weight(&format!("conv{i}.weight"), &[out_c, in_c, 3, 3])?;
+        let (k, p) = (c.kernel, c.pad());
+        let mut in_c = c.input[0];
+        for (i, stage) in c.stages().into_iter().enumerate() {
+            let Some((_, [out_c, ..])) = stage else {
+                let what = crate::engine::ModelSpec::describe(c);
+                return Err(Error::Config(format!(
+                    "export: {what} leaves nothing to its head"
+                )));
+            };
+            let weight = self.weight(&format!("conv{i}.weight"), &[out_c, in_c, k, k])?;
             let bias = self.weight(&format!("conv{i}.bias"), &[out_c])?;
+            let (k, p) = (k as i64, p as i64);
             let conv = vec![
-                ints("kernel_shape", &[3, 3]),
-                ints("pads", &[1, 1, 1, 1]),
+                ints("kernel_shape", &[k, k]),
+                ints("pads", &[p, p, p, p]),
                 ints("strides", &[1, 1]),
             ];
             x = self.node("Conv", &[&x, &weight, &bias], conv);
@@ -412,10 +420,10 @@ impl Builder<'_> {
             // as taper's pool does.
             let pool = vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])];
             x = self.node("MaxPool", &[&x], pool);
-            (in_c, h, w) = (out_c, h / 2, w / 2);
+            in_c = out_c;
         }
         x = self.node("Flatten", &[&x], vec![int("axis", 1)]);
-        let mut sizes = vec![in_c * h * w];
+        let mut sizes = vec![c.flat_features()];
         sizes.extend(&c.hidden);
         sizes.push(c.outputs);
         self.dense(x, &sizes, c.activation)
