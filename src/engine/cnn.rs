@@ -13,9 +13,9 @@ use crate::kernels::{dropout, Dropout};
 /// A small convolutional net: per entry of `channels`, a `kernel x kernel`
 /// convolution (stride 1, `padding` zeros on each side: by default
 /// `kernel / 2`, which keeps the size for odd kernels), the activation and
-/// a 2x2 max-pool; then a dense head. With
-/// `dropout`, training drops out the head's inputs (the flattened features)
-/// and each of its hidden activations, as PyTorch's MNIST example does.
+/// a 2x2 max-pool; then a dense head. With `dropout`, training drops out
+/// the head's inputs (the flattened features) and each of its hidden
+/// activations, as PyTorch's MNIST example does.
 /// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
