@@ -214,13 +214,18 @@ fn cnn_workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Workload> {
     })
 }
 
+/// Whether `model` counts samples (the MLP and the CNNs), not tokens.
+fn per_sample(model: &str) -> bool {
+    matches!(model, "mlp" | "cnn" | "cnn-rgb" | "lenet")
+}
+
 fn workload(
     model: &str,
     batch: Option<usize>,
     context: Option<usize>,
     rng: &mut Rng,
 ) -> Result<Workload> {
-    if context.is_some() && matches!(model, "mlp" | "cnn" | "cnn-rgb" | "lenet") {
+    if context.is_some() && per_sample(model) {
         return Err(Error::Config(format!(
             "bench step: --context applies to the language models (gpt, shakespeare, gpt2), not `{model}`"
         )));
@@ -410,7 +415,7 @@ pub fn run(a: &StepArgs) -> Result<()> {
             variant(fused, flash_applies.then_some(flash_on), a),
             secs * 1e3,
             w.items as f64 / secs,
-            if matches!(a.model.as_str(), "mlp" | "cnn" | "cnn-rgb" | "lenet") { "samples" } else { "tokens" },
+            if per_sample(&a.model) { "samples" } else { "tokens" },
             peak.map_or("n/a".into(), |p| format!("{:.1} MiB", p as f64 / (1 << 20) as f64)),
             rate(achieved),
             100.0 * achieved / ceiling,

@@ -1,13 +1,14 @@
 //! The convolution of `taper.model.cnn` (a square kernel, zero padding,
-//! stride 1) as one op with its own backward. candle 0.11's CPU conv2d has an im2col forward,
-//! but its backward is a transposed convolution and a convolution of the
-//! input by the gradient, both direct loops: in a `perf` profile of the CNN
-//! step they and the thread pool waiting on them were most of the time.
-//! Here each sample is unfolded (im2col: `[C*k*k, Ho*Wo]`), and the forward and
-//! both gradients are one `gemm` each per sample, samples across threads:
+//! stride 1) as one op with its own backward. candle 0.11's CPU conv2d has
+//! an im2col forward, but its backward is a transposed convolution and a
+//! convolution of the input by the gradient, both direct loops: in a `perf`
+//! profile of the CNN step they and the thread pool waiting on them were
+//! most of the time. Here each sample is unfolded (im2col:
+//! `[C*k*k, Ho*Wo]`), and the forward and both gradients are one `gemm` each
+//! per sample, samples across threads:
 //!
-//! - `y_b = W [O, C*9] col_b + bias`
-//! - `dW = sum_b dy_b [O, H*W] col_b^T`, `dbias = sum_b,h,w dy`
+//! - `y_b = W [O, C*k*k] col_b + bias`
+//! - `dW = sum_b dy_b [O, Ho*Wo] col_b^T`, `dbias = sum_b,h,w dy`
 //! - `dx_b = col2im(W^T dy_b)`
 //!
 //! f32 on the CPU, any kernel size and padding. On CUDA (`conv_cuda.rs`,
@@ -68,7 +69,7 @@ fn fused(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Option<Conv> {
 
 /// Shapes: (batch, geometry, out channels), from `x [B, C, H, W]` and
 /// `w [O, C, k, k]`.
-fn shapes(x: &Layout, w: &Layout, op: &Conv) -> Result<(usize, Geometry, usize)> {
+pub(super) fn shapes(x: &Layout, w: &Layout, op: &Conv) -> Result<(usize, Geometry, usize)> {
     let (b, c, h, wd) = x.shape().dims4()?;
     let (o, c2, k1, k2) = w.shape().dims4()?;
     if c2 != c || (k1, k2) != (op.k, op.k) {
@@ -123,38 +124,7 @@ pub(super) fn weight_grad_shapes(x: &Layout, dy: &Layout, op: &Conv) -> Result<(
 
 /// The 3x3 kernel with padding 1, the one the CUDA kernels take.
 #[cfg(feature = "cuda")]
-const THREE: Conv = Conv { k: 3, p: 1 };
-
-/// For the CUDA kernels (3x3, padding 1): (batch, in channels, height,
-/// width, out channels) from `x [B, C, H, W]` and `w [O, C, 3, 3]`.
-#[cfg(feature = "cuda")]
-pub(super) fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize, usize, usize)> {
-    let (b, g, o) = shapes(x, w, &THREE)?;
-    Ok((b, g.c, g.h, g.w, o))
-}
-
-/// For the CUDA kernels: (batch, out channels, in channels, height, width)
-/// from `dy [B, O, H, W]` and `w [O, C, 3, 3]`.
-#[cfg(feature = "cuda")]
-pub(super) fn input_grad_dims(
-    dy: &Layout,
-    w: &Layout,
-) -> Result<(usize, usize, usize, usize, usize)> {
-    let (b, o, g) = input_grad_shapes(dy, w, &THREE)?;
-    Ok((b, o, g.c, g.h, g.w))
-}
-
-/// For the CUDA kernels: (batch, in channels, out channels, height, width)
-/// from `x [B, C, H, W]` and `dy [B, O, H, W]`.
-#[cfg(feature = "cuda")]
-pub(super) fn weight_grad_dims(
-    x: &Layout,
-    dy: &Layout,
-) -> Result<(usize, usize, usize, usize, usize)> {
-    let (b, ..) = x.shape().dims4()?;
-    let (g, o) = weight_grad_shapes(x, dy, &THREE)?;
-    Ok((b, g.c, o, g.h, g.w))
-}
+pub(super) const THREE: Conv = Conv { k: 3, p: 1 };
 
 /// The convolution: a `k x k` kernel, `p` zeros on every side.
 #[derive(Debug, Clone, Copy)]

@@ -20,6 +20,7 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, WithDType};
 
 use super::blas::{int, product, Mat};
+use super::conv::THREE;
 use super::cuda::{alloc, elementwise, kernel, run, suffix, view, CONV};
 
 /// The most values of im2col scratch (and permuted gradient) one chunk of
@@ -72,7 +73,8 @@ pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
 where
     CudaBlas: Gemm<T>,
 {
-    let (bn, c, h, wd, o) = super::conv::dims(l1, l2)?;
+    let (bn, g, o) = super::conv::shapes(l1, l2, &THREE)?;
+    let (c, h, wd) = (g.c, g.h, g.w);
     let (hw, c9) = (h * wd, c * 9);
     let (x, w, b) = (
         view::<T>(s1, l1, "conv input")?,
@@ -124,7 +126,8 @@ pub(super) fn input_grad<T: CudaDType + DeviceRepr + ValidAsZeroBits + WithDType
 where
     CudaBlas: Gemm<T>,
 {
-    let (bn, o, c, h, wd) = super::conv::input_grad_dims(l1, l2)?;
+    let (bn, o, g) = super::conv::input_grad_shapes(l1, l2, &THREE)?;
+    let (c, h, wd) = (g.c, g.h, g.w);
     let (hw, c9) = (h * wd, c * 9);
     let (dy, w) = (
         view::<T>(s1, l1, "conv output gradient")?,
@@ -168,7 +171,9 @@ pub(super) fn weight_grad<T: CudaDType + DeviceRepr + ValidAsZeroBits + WithDTyp
 where
     CudaBlas: Gemm<T>,
 {
-    let (bn, c, o, h, wd) = super::conv::weight_grad_dims(l1, l2)?;
+    let bn = l1.shape().dims4()?.0;
+    let (g, o) = super::conv::weight_grad_shapes(l1, l2, &THREE)?;
+    let (c, h, wd) = (g.c, g.h, g.w);
     let (hw, c9) = (h * wd, c * 9);
     let (x, dy) = (
         view::<T>(s1, l1, "conv input")?,

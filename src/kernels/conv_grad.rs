@@ -115,7 +115,7 @@ impl CustomOp2 for WeightGrad {
         self.0.check_cuda()?;
         let (g, o) = weight_grad_shapes(l1, l2, &self.0)?;
         let dw = super::cuda::by_float!(s1, weight_grad((s1, l1), (s2, l2)))?;
-        Ok((dw, Shape::from((o, g.c, 3, 3))))
+        Ok((dw, Shape::from((o, g.c, g.k, g.k))))
     }
 }
 
