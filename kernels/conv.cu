@@ -1,31 +1,39 @@
-// The CNN's 3x3 convolution (padding 1) and 2x2 max-pool on CUDA
-// (src/kernels/conv_cuda.rs; src/kernels/conv.rs is the CPU reference).
-// The convolution's products are cuBLAS's; these are the element work
-// around them: im2col and its adjoint, the bias planes, the bias gradient.
-// Every index is a thread's own output, so no atomics and no zero-fill.
+// The CNN's convolution (a k x k kernel, p zeros on each side, stride 1)
+// and 2x2 max-pool on CUDA (src/kernels/conv_cuda.rs; src/kernels/conv.rs
+// and conv_cpu.rs are the CPU reference). The convolution's products are
+// cuBLAS's; these are the element work around them: im2col and its
+// adjoint, the bias planes, the bias gradient. Every index is a thread's
+// own output, so no atomics and no zero-fill.
 #include "common.cuh"
 
-// im2col of x [B, C, H, W] (padding 1, zeros outside the image): a thread
-// per value (n of them), sample b's row (c*9 + ky*3 + kx) at b*sb + row*sr,
-// so the products read it as [B, C*9, H*W] (sb = C*9*H*W, sr = H*W) or
-// [C*9, B, H*W] (sb = H*W, sr = B*H*W). Column y*W + x of a row reads
-// x[b, c, y + ky - 1, x + kx - 1].
+// The convolution's geometry: input planes h x w, a k x k kernel, p zeros
+// on each side, output planes ho x wo (h + 2p - k + 1 by w + 2p - k + 1).
+struct Geom {
+  int h, w, k, p, ho, wo;
+};
+
+// im2col of x [B, C, H, W] (zeros outside the image): a thread per value
+// (n of them), sample b's row (c*k*k + ky*k + kx) at b*sb + row*sr, so the
+// products read it as [B, C*k*k, Ho*Wo] (sb = C*k*k*Ho*Wo, sr = Ho*Wo) or
+// [C*k*k, B, Ho*Wo] (sb = Ho*Wo, sr = B*Ho*Wo). Column oy*Wo + ox of a row
+// reads x[b, c, oy + ky - p, ox + kx - p].
 template <typename T>
-__device__ void im2col3(const T* x, T* col, size_t n, int c, int h, int w, size_t sb, size_t sr) {
-  const size_t hw = (size_t)h * w;
+__device__ void im2col(const T* x, T* col, size_t n, int c, Geom g, size_t sb, size_t sr) {
+  const size_t hw = (size_t)g.h * g.w, ohw = (size_t)g.ho * g.wo;
+  const int kk = g.k * g.k;
   FOR_EACH(i, n) {
-    const size_t p = i % hw, r = i / hw;
-    const int k = (int)(r % 9);
-    const size_t plane = r / 9, b = plane / c, row = r - b * c * 9;
-    const int y = (int)(p / w) + k / 3 - 1, xx = (int)(p % w) + k % 3 - 1;
-    col[b * sb + row * sr + p] = (y >= 0 && y < h && xx >= 0 && xx < w)
-                                     ? x[plane * hw + (size_t)y * w + xx]
+    const size_t q = i % ohw, r = i / ohw;
+    const int t = (int)(r % kk);
+    const size_t plane = r / kk, b = plane / c, row = r - b * c * kk;
+    const int y = (int)(q / g.wo) + t / g.k - g.p, xx = (int)(q % g.wo) + t % g.k - g.p;
+    col[b * sb + row * sr + q] = (y >= 0 && y < g.h && xx >= 0 && xx < g.w)
+                                     ? x[plane * hw + (size_t)y * g.w + xx]
                                      : from_f<T>(0.f);
   }
 }
 
 // dst [D1, D0, inner] = src [D0, D1, inner] (the output gradient as
-// [O, B, H*W] for the weight gradient's one product).
+// [O, B, Ho*Wo] for the weight gradient's one product).
 template <typename T> __device__ void swap01(const T* src, T* dst, size_t n, int d0, int d1, int inner) {
   FOR_EACH(i, n) {
     const size_t p = i % inner, r = i / inner;
@@ -34,33 +42,35 @@ template <typename T> __device__ void swap01(const T* src, T* dst, size_t n, int
   }
 }
 
-// dx [B, C, H, W] = im2col's adjoint of col [B, C*9, H*W]: each input value
-// gathers the (up to) nine columns that read it, summed in f32.
-template <typename T> __device__ void col2im3(const T* col, T* dx, size_t n, int h, int w) {
-  const size_t hw = (size_t)h * w;
+// dx [B, C, H, W] = im2col's adjoint of col [B, C*k*k, Ho*Wo]: each input
+// value gathers the (up to) k*k columns that read it, summed in f32 in
+// the order of (ky, kx).
+template <typename T> __device__ void col2im(const T* col, T* dx, size_t n, Geom g) {
+  const size_t hw = (size_t)g.h * g.w, ohw = (size_t)g.ho * g.wo;
+  const size_t kk = (size_t)g.k * g.k;
   FOR_EACH(i, n) {
-    const size_t p = i % hw, plane = i / hw;
-    const int y = (int)(p / w), xx = (int)(p % w);
+    const size_t q = i % hw, plane = i / hw;
+    const int y = (int)(q / g.w), xx = (int)(q % g.w);
     float s = 0.f;
-    for (int ky = 0; ky < 3; ky++) {
-      const int oy = y - ky + 1;
-      if (oy < 0 || oy >= h) continue;
-      for (int kx = 0; kx < 3; kx++) {
-        const int ox = xx - kx + 1;
-        if (ox < 0 || ox >= w) continue;
-        s += to_f(col[(plane * 9 + ky * 3 + kx) * hw + (size_t)oy * w + ox]);
+    for (int ky = 0; ky < g.k; ky++) {
+      const int oy = y - ky + g.p;
+      if (oy < 0 || oy >= g.ho) continue;
+      for (int kx = 0; kx < g.k; kx++) {
+        const int ox = xx - kx + g.p;
+        if (ox < 0 || ox >= g.wo) continue;
+        s += to_f(col[(plane * kk + ky * g.k + kx) * ohw + (size_t)oy * g.wo + ox]);
       }
     }
     dx[i] = from_f<T>(s);
   }
 }
 
-// y [B, O, H*W] = b[o] on every plane: what the forward product adds onto.
+// y [B, O, Ho*Wo] = b[o] on every plane: what the forward product adds onto.
 template <typename T> __device__ void bias_planes(const T* b, T* y, size_t n, int o, int hw) {
   FOR_EACH(i, n) y[i] = b[(i / hw) % o];
 }
 
-// db [O] = the sum of dy [B, O, H*W] over batch and plane: a block per
+// db [O] = the sum of dy [B, O, Ho*Wo] over batch and plane: a block per
 // channel, accumulated in f32.
 template <typename T> __device__ void channel_sum(const T* dy, T* db, int b, int o, int hw) {
   const int c = blockIdx.x;
@@ -126,16 +136,16 @@ __device__ void max_pool_bwd(const T* x, const T* dy, T* dx, size_t n, int h, in
 }
 
 #define CONV(T, S)                                                                           \
-  extern "C" __global__ void im2col3_##S(const T* x, T* col, size_t n, int c, int h, int w,  \
-                                         size_t sb, size_t sr) {                             \
-    im2col3(x, col, n, c, h, w, sb, sr);                                                     \
+  extern "C" __global__ void im2col_##S(const T* x, T* col, size_t n, int c, Geom g,         \
+                                        size_t sb, size_t sr) {                              \
+    im2col(x, col, n, c, g, sb, sr);                                                         \
   }                                                                                          \
   extern "C" __global__ void swap01_##S(const T* src, T* dst, size_t n, int d0, int d1,      \
                                         int inner) {                                         \
     swap01(src, dst, n, d0, d1, inner);                                                      \
   }                                                                                          \
-  extern "C" __global__ void col2im3_##S(const T* col, T* dx, size_t n, int h, int w) {      \
-    col2im3(col, dx, n, h, w);                                                               \
+  extern "C" __global__ void col2im_##S(const T* col, T* dx, size_t n, Geom g) {             \
+    col2im(col, dx, n, g);                                                                   \
   }                                                                                          \
   extern "C" __global__ void bias_planes_##S(const T* b, T* y, size_t n, int o, int hw) {    \
     bias_planes(b, y, n, o, hw);                                                             \

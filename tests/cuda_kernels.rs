@@ -446,17 +446,23 @@ fn clip_factor_on_the_gpu_matches_the_host() -> Result<()> {
 }
 
 #[test]
-fn conv3x3_matches_the_cpu() -> Result<()> {
+fn conv_matches_the_cpu() -> Result<()> {
     // (batch, in, height, width, out): odd sizes with edges on every side;
-    // the CNN's second layer.
+    // the CNN's second layer. 3x3 with padding 1 (taper.model.cnn's
+    // default), 5x5 without (PyTorch's CIFAR-10 tutorial net), and others.
     for dt in DTYPES {
         for (b, c, h, w, o) in [(3, 2, 7, 6, 5), (64, 8, 14, 14, 16)] {
-            let x = randn(&[b, c, h, w], 1.0)?;
-            let k = randn(&[o, c, 3, 3], 1.0 / (9.0 * c as f32).sqrt())?;
-            let bias = randn(&[o], 0.5)?;
-            check("conv3x3", dt, &[x, k, bias], |t| {
-                kernels::conv3x3(&t[0], &t[1], &t[2])
-            })?;
+            for (k, p) in [(3, 1), (5, 0), (1, 0), (4, 1), (7, 3)] {
+                let x = randn(&[b, c, h, w], 1.0)?;
+                let kw = randn(&[o, c, k, k], 1.0 / ((k * k * c) as f32).sqrt())?;
+                let bias = randn(&[o], 0.5)?;
+                check(
+                    &format!("conv {k}x{k} padding {p}"),
+                    dt,
+                    &[x, kw, bias],
+                    |t| kernels::conv2d(&t[0], &t[1], &t[2], p),
+                )?;
+            }
         }
     }
     // Samples in more than one chunk of im2col scratch (2^25 values), in f32.
@@ -468,6 +474,16 @@ fn conv3x3_matches_the_cpu() -> Result<()> {
         DType::F32,
         &[x, k, randn(&[o], 0.5)?],
         |t| kernels::conv3x3(&t[0], &t[1], &t[2]),
+    )?;
+    // The same for 5x5 without padding: the output planes are smaller than
+    // the input's, so the chunks hold more samples.
+    let x = randn(&[5, 32, 200, 200], 1.0)?;
+    let k = randn(&[o, 32, 5, 5], 1.0 / (25.0 * 32.0f32).sqrt())?;
+    check(
+        "conv 5x5 padding 0, chunked",
+        DType::F32,
+        &[x, k, randn(&[o], 0.5)?],
+        |t| kernels::conv2d(&t[0], &t[1], &t[2], 0),
     )
 }
 

@@ -12,9 +12,9 @@
 //! - `dx_b = col2im(W^T dy_b)`
 //!
 //! f32 on the CPU, any kernel size and padding. On CUDA (`conv_cuda.rs`,
-//! `kernels/conv.cu`), the 3x3 kernel with padding 1 in f32, f16 or bf16,
-//! the same: im2col and col2im kernels around cuBLAS products, samples
-//! batched in chunks of bounded scratch. Elsewhere candle's `conv2d`.
+//! `kernels/conv.cu`) the same in f32, f16 or bf16: im2col and col2im
+//! kernels around cuBLAS products, samples batched in chunks of bounded
+//! scratch. Elsewhere (other dtypes, other devices) candle's `conv2d`.
 //!
 //! The backward's three ops are in `conv_grad.rs`; the 2x2 max-pool after
 //! it is one op too (`pool.rs`).
@@ -44,8 +44,8 @@ pub fn conv2d(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Result<Tens
     y.broadcast_add(&b.reshape((1, (), 1, 1))?)
 }
 
-/// The fused op for these operands, if it takes them: on the CPU any
-/// square kernel, on CUDA the 3x3 kernel with padding 1.
+/// The fused op for these operands, if it takes them: any square kernel
+/// (on the CPU in f32, on CUDA in f32, f16 or bf16: `super::covers`).
 fn fused(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Option<Conv> {
     let here = |t: &Tensor| {
         t.dtype() == x.dtype() && t.device().same_device(x.device()) && super::covers(t)
@@ -56,8 +56,7 @@ fn fused(x: &Tensor, w: &Tensor, b: &Tensor, padding: usize) -> Option<Conv> {
         && xd.len() == 4
         && square
         && wd[1] == xd[1]
-        && b.dims() == [wd[0]]
-        && (x.device().is_cpu() || (wd[2], padding) == (3, 1));
+        && b.dims() == [wd[0]];
     let op = Conv {
         k: wd.get(2).copied()?,
         p: padding,
@@ -122,10 +121,6 @@ pub(super) fn weight_grad_shapes(x: &Layout, dy: &Layout, op: &Conv) -> Result<(
     Ok((g, o))
 }
 
-/// The 3x3 kernel with padding 1, the one the CUDA kernels take.
-#[cfg(feature = "cuda")]
-pub(super) const THREE: Conv = Conv { k: 3, p: 1 };
-
 /// The convolution: a `k x k` kernel, `p` zeros on every side.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Conv {
@@ -142,20 +137,6 @@ impl Conv {
             k: self.k,
             p: self.p,
         }
-    }
-
-    /// The CUDA kernels are for 3x3 with padding 1 (`fused` sends no
-    /// other there).
-    #[cfg(feature = "cuda")]
-    pub fn check_cuda(&self) -> Result<()> {
-        if (self.k, self.p) != (3, 1) {
-            bail!(
-                "conv2d on CUDA: a {0}x{0} kernel with padding {1} is not fused",
-                self.k,
-                self.p
-            )
-        }
-        Ok(())
     }
 }
 
@@ -211,10 +192,10 @@ impl CustomOp3 for Conv {
         l3: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         use super::conv_cuda::forward;
-        self.check_cuda()?;
         let (b, g, o) = shapes(l1, l2, self)?;
-        let y = super::cuda::by_float!(s1, forward((s1, l1), (s2, l2), (s3, l3)))?;
-        Ok((y, Shape::from((b, o, g.h, g.w))))
+        let y = super::cuda::by_float!(s1, forward(self, (s1, l1), (s2, l2), (s3, l3)))?;
+        let (ho, wo) = g.out();
+        Ok((y, Shape::from((b, o, ho, wo))))
     }
 
     fn bwd(

@@ -1,16 +1,18 @@
-//! The CUDA path of the CNN's 3x3 convolution and 2x2 max-pool (`conv.rs`
-//! and `pool.rs` have the CPU references; `kernels/conv.cu` the kernels):
+//! The CUDA path of the CNN's convolution (any square kernel and padding,
+//! stride 1) and 2x2 max-pool (`conv.rs`, `conv_cpu.rs` and `pool.rs` have
+//! the CPU references; `kernels/conv.cu` the kernels). With `k*k` taps a
+//! channel and output planes `Ho x Wo`:
 //!
 //! - forward: the output starts as the bias planes, and one batched cuBLAS
-//!   product per chunk of samples adds `W [O, C*9] col_b [C*9, H*W]`
+//!   product per chunk of samples adds `W [O, C*k*k] col_b [C*k*k, Ho*Wo]`
 //! - input gradient: `col_b = W^T dy_b` batched, then col2im
 //! - weight gradient: one product over the whole chunk, `dy` as
-//!   `[O, B*H*W]` times the chunk's im2col as `[C*9, B*H*W]` transposed,
-//!   accumulated across chunks by cuBLAS's beta
+//!   `[O, B*Ho*Wo]` times the chunk's im2col as `[C*k*k, B*Ho*Wo]`
+//!   transposed, accumulated across chunks by cuBLAS's beta
 //!
 //! The im2col scratch is bounded ([`SCRATCH_VALUES`]): large images and
 //! batches go through in chunks of samples rather than one buffer of
-//! `B*C*9*H*W` values.
+//! `B*C*k*k*Ho*Wo` values.
 
 use candle_core::cuda_backend::cudarc::cublas::{CudaBlas, Gemm};
 use candle_core::cuda_backend::cudarc::driver::{
@@ -20,7 +22,8 @@ use candle_core::cuda_backend::CudaDType;
 use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, WithDType};
 
 use super::blas::{int, product, Mat};
-use super::conv::THREE;
+use super::conv::{input_grad_shapes, shapes, weight_grad_shapes, Conv};
+use super::conv_cpu::Geometry;
 use super::cuda::{alloc, elementwise, kernel, run, suffix, view, CONV};
 
 /// The most values of im2col scratch (and permuted gradient) one chunk of
@@ -36,36 +39,73 @@ fn wrap<T: CudaDType + DeviceRepr>(s: CudaSlice<T>, dev: &CudaDevice) -> CudaSto
     CudaStorage::wrap_cuda_slice(s, dev.clone())
 }
 
+/// The kernels' `Geom`: the input planes, the kernel, the padding and the
+/// output planes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Geom {
+    h: i32,
+    w: i32,
+    k: i32,
+    p: i32,
+    ho: i32,
+    wo: i32,
+}
+
+// SAFETY: plain old data, laid out as the C struct.
+unsafe impl DeviceRepr for Geom {}
+
+impl Geom {
+    fn of(g: &Geometry) -> Result<Self> {
+        let (ho, wo) = g.out();
+        Ok(Geom {
+            h: int(g.h)?,
+            w: int(g.w)?,
+            k: int(g.k)?,
+            p: int(g.p)?,
+            ho: int(ho)?,
+            wo: int(wo)?,
+        })
+    }
+}
+
+/// The sizes a convolution's CUDA path works in: the input plane, the
+/// output plane and the taps (`C*k*k`).
+fn sizes(g: &Geometry) -> (usize, usize, usize) {
+    let (ho, wo) = g.out();
+    (g.h * g.w, ho * wo, g.taps())
+}
+
 /// im2col of the `nb` samples in `x` into `col`, sample b's row r at
 /// `b * sb + r * sr`.
-#[allow(clippy::too_many_arguments)]
 fn im2col<T: CudaDType + DeviceRepr + WithDType>(
     dev: &CudaDevice,
     x: &CudaView<'_, T>,
     col: &mut CudaSlice<T>,
-    (nb, c, h, w): (usize, usize, usize, usize),
+    (nb, g): (usize, &Geometry),
     (sb, sr): (usize, usize),
 ) -> Result<()> {
-    let n = nb * c * 9 * h * w;
+    let (_, ohw, taps) = sizes(g);
+    let n = nb * taps * ohw;
     if n == 0 {
         return Ok(());
     }
-    let f = kernel!(CONV, dev, format!("im2col3_{}", suffix(T::DTYPE)?));
-    let (c, h, w) = (int(c)?, int(h)?, int(w)?);
+    let f = kernel!(CONV, dev, format!("im2col_{}", suffix(T::DTYPE)?));
+    let (c, geom) = (int(g.c)?, Geom::of(g)?);
     let mut args = f.builder();
     args.arg(x)
         .arg(col)
         .arg(&n)
         .arg(&c)
-        .arg(&h)
-        .arg(&w)
+        .arg(&geom)
         .arg(&sb)
         .arg(&sr);
     run(&mut args, elementwise(n))
 }
 
-/// `conv2d(x, w, padding 1) + b`: `[B, O, H, W]`.
+/// `conv2d(x, w, padding) + b`: `[B, O, Ho, Wo]`.
 pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
+    op: &Conv,
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
     (s3, l3): (&CudaStorage, &Layout),
@@ -73,98 +113,100 @@ pub(super) fn forward<T: CudaDType + DeviceRepr + WithDType>(
 where
     CudaBlas: Gemm<T>,
 {
-    let (bn, g, o) = super::conv::shapes(l1, l2, &THREE)?;
-    let (c, h, wd) = (g.c, g.h, g.w);
-    let (hw, c9) = (h * wd, c * 9);
+    let (bn, g, o) = shapes(l1, l2, op)?;
+    let (hw, ohw, taps) = sizes(&g);
+    let c = g.c;
     let (x, w, b) = (
         view::<T>(s1, l1, "conv input")?,
         view::<T>(s2, l2, "conv weight")?,
         view::<T>(s3, l3, "conv bias")?,
     );
     if b.len() != o {
-        bail!("conv3x3: weight {:?}, bias {:?}", l2.dims(), l3.dims())
+        bail!("conv2d: weight {:?}, bias {:?}", l2.dims(), l3.dims())
     }
     let dev = &s1.device;
-    let n = bn * o * hw;
+    let n = bn * o * ohw;
     let mut y = alloc::<T>(dev, n)?;
     if n == 0 {
         return Ok(wrap(y, dev));
     }
     let f = kernel!(CONV, dev, format!("bias_planes_{}", suffix(T::DTYPE)?));
-    let (o_i, hw_i) = (int(o)?, int(hw)?);
+    let (o_i, ohw_i) = (int(o)?, int(ohw)?);
     let mut args = f.builder();
-    args.arg(&b).arg(&mut y).arg(&n).arg(&o_i).arg(&hw_i);
+    args.arg(&b).arg(&mut y).arg(&n).arg(&o_i).arg(&ohw_i);
     run(&mut args, elementwise(n))?;
-    if c9 == 0 {
+    if taps == 0 {
         return Ok(wrap(y, dev));
     }
-    let per = chunk(bn, c9 * hw);
-    let mut col = alloc::<T>(dev, per * c9 * hw)?;
+    let per = chunk(bn, taps * ohw);
+    let mut col = alloc::<T>(dev, per * taps * ohw)?;
     let blas = dev.cublas_handle();
     for b0 in (0..bn).step_by(per) {
         let nb = per.min(bn - b0);
         let xs = x.slice(b0 * c * hw..(b0 + nb) * c * hw);
-        im2col(dev, &xs, &mut col, (nb, c, h, wd), (c9 * hw, hw))?;
+        im2col(dev, &xs, &mut col, (nb, &g), (taps * ohw, ohw))?;
         product(
             &blas,
             nb,
-            (o, hw, c9),
+            (o, ohw, taps),
             (1.0, 1.0),
-            (&w, Mat::new(0, c9, 0)),
-            (&col.slice(..), Mat::new(0, hw, c9 * hw)),
-            (&mut y, Mat::new(b0 * o * hw, hw, o * hw)),
+            (&w, Mat::new(0, taps, 0)),
+            (&col.slice(..), Mat::new(0, ohw, taps * ohw)),
+            (&mut y, Mat::new(b0 * o * ohw, ohw, o * ohw)),
         )?;
     }
     Ok(wrap(y, dev))
 }
 
-/// `dx_b = col2im(W^T dy_b)` from `dy [B, O, H, W]` and `w [O, C, 3, 3]`.
+/// `dx_b = col2im(W^T dy_b)` from `dy [B, O, Ho, Wo]` and `w [O, C, k, k]`.
 pub(super) fn input_grad<T: CudaDType + DeviceRepr + ValidAsZeroBits + WithDType>(
+    op: &Conv,
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
 ) -> Result<CudaStorage>
 where
     CudaBlas: Gemm<T>,
 {
-    let (bn, o, g) = super::conv::input_grad_shapes(l1, l2, &THREE)?;
-    let (c, h, wd) = (g.c, g.h, g.w);
-    let (hw, c9) = (h * wd, c * 9);
+    let (bn, o, g) = input_grad_shapes(l1, l2, op)?;
+    let (hw, ohw, taps) = sizes(&g);
+    let c = g.c;
     let (dy, w) = (
         view::<T>(s1, l1, "conv output gradient")?,
         view::<T>(s2, l2, "conv weight")?,
     );
     let dev = &s1.device;
-    if o == 0 || bn * c * hw == 0 {
+    if o == 0 || ohw == 0 || bn * c * hw == 0 {
         return Ok(wrap(super::cuda::zeros::<T>(dev, bn * c * hw)?, dev));
     }
     let mut dx = alloc::<T>(dev, bn * c * hw)?;
-    let per = chunk(bn, c9 * hw);
-    let mut col = alloc::<T>(dev, per * c9 * hw)?;
+    let per = chunk(bn, taps * ohw);
+    let mut col = alloc::<T>(dev, per * taps * ohw)?;
     let blas = dev.cublas_handle();
-    let f = kernel!(CONV, dev, format!("col2im3_{}", suffix(T::DTYPE)?));
-    let (h_i, w_i) = (int(h)?, int(wd)?);
+    let f = kernel!(CONV, dev, format!("col2im_{}", suffix(T::DTYPE)?));
+    let geom = Geom::of(&g)?;
     for b0 in (0..bn).step_by(per) {
         let nb = per.min(bn - b0);
         product(
             &blas,
             nb,
-            (c9, hw, o),
+            (taps, ohw, o),
             (1.0, 0.0),
-            (&w, Mat::new(0, c9, 0).t()),
-            (&dy, Mat::new(b0 * o * hw, hw, o * hw)),
-            (&mut col, Mat::new(0, hw, c9 * hw)),
+            (&w, Mat::new(0, taps, 0).t()),
+            (&dy, Mat::new(b0 * o * ohw, ohw, o * ohw)),
+            (&mut col, Mat::new(0, ohw, taps * ohw)),
         )?;
         let n = nb * c * hw;
         let mut out = dx.slice_mut(b0 * c * hw..(b0 + nb) * c * hw);
         let mut args = f.builder();
-        args.arg(&col).arg(&mut out).arg(&n).arg(&h_i).arg(&w_i);
+        args.arg(&col).arg(&mut out).arg(&n).arg(&geom);
         run(&mut args, elementwise(n))?;
     }
     Ok(wrap(dx, dev))
 }
 
-/// `dW = sum_b dy_b col_b^T` from `x [B, C, H, W]` and `dy [B, O, H, W]`.
+/// `dW = sum_b dy_b col_b^T` from `x [B, C, H, W]` and `dy [B, O, Ho, Wo]`.
 pub(super) fn weight_grad<T: CudaDType + DeviceRepr + ValidAsZeroBits + WithDType>(
+    op: &Conv,
     (s1, l1): (&CudaStorage, &Layout),
     (s2, l2): (&CudaStorage, &Layout),
 ) -> Result<CudaStorage>
@@ -172,48 +214,48 @@ where
     CudaBlas: Gemm<T>,
 {
     let bn = l1.shape().dims4()?.0;
-    let (g, o) = super::conv::weight_grad_shapes(l1, l2, &THREE)?;
-    let (c, h, wd) = (g.c, g.h, g.w);
-    let (hw, c9) = (h * wd, c * 9);
+    let (g, o) = weight_grad_shapes(l1, l2, op)?;
+    let (hw, ohw, taps) = sizes(&g);
+    let c = g.c;
     let (x, dy) = (
         view::<T>(s1, l1, "conv input")?,
         view::<T>(s2, l2, "conv output gradient")?,
     );
     let dev = &s1.device;
-    if bn * hw == 0 || o * c9 == 0 {
-        return Ok(wrap(super::cuda::zeros::<T>(dev, o * c9)?, dev));
+    if bn * ohw == 0 || o * taps == 0 {
+        return Ok(wrap(super::cuda::zeros::<T>(dev, o * taps)?, dev));
     }
-    let mut dw = alloc::<T>(dev, o * c9)?;
-    let per = chunk(bn, (c9 + o) * hw);
-    let mut col = alloc::<T>(dev, per * c9 * hw)?;
-    let mut dyt = alloc::<T>(dev, per * o * hw)?;
+    let mut dw = alloc::<T>(dev, o * taps)?;
+    let per = chunk(bn, (taps + o) * ohw);
+    let mut col = alloc::<T>(dev, per * taps * ohw)?;
+    let mut dyt = alloc::<T>(dev, per * o * ohw)?;
     let blas = dev.cublas_handle();
     let swap = kernel!(CONV, dev, format!("swap01_{}", suffix(T::DTYPE)?));
     for b0 in (0..bn).step_by(per) {
         let nb = per.min(bn - b0);
         let xs = x.slice(b0 * c * hw..(b0 + nb) * c * hw);
-        // The chunk as [C*9, nb*H*W] and dy as [O, nb*H*W].
-        im2col(dev, &xs, &mut col, (nb, c, h, wd), (hw, nb * hw))?;
-        let n = nb * o * hw;
-        let dys = dy.slice(b0 * o * hw..(b0 + nb) * o * hw);
-        let (nb_i, o_i, hw_i) = (int(nb)?, int(o)?, int(hw)?);
+        // The chunk as [C*k*k, nb*Ho*Wo] and dy as [O, nb*Ho*Wo].
+        im2col(dev, &xs, &mut col, (nb, &g), (ohw, nb * ohw))?;
+        let n = nb * o * ohw;
+        let dys = dy.slice(b0 * o * ohw..(b0 + nb) * o * ohw);
+        let (nb_i, o_i, ohw_i) = (int(nb)?, int(o)?, int(ohw)?);
         let mut args = swap.builder();
         args.arg(&dys)
             .arg(&mut dyt)
             .arg(&n)
             .arg(&nb_i)
             .arg(&o_i)
-            .arg(&hw_i);
+            .arg(&ohw_i);
         run(&mut args, elementwise(n))?;
-        let k = nb * hw;
+        let k = nb * ohw;
         product(
             &blas,
             1,
-            (o, c9, k),
+            (o, taps, k),
             (1.0, if b0 == 0 { 0.0 } else { 1.0 }),
             (&dyt.slice(..), Mat::new(0, k, 0)),
             (&col.slice(..), Mat::new(0, k, 0).t()),
-            (&mut dw, Mat::new(0, c9, 0)),
+            (&mut dw, Mat::new(0, taps, 0)),
         )?;
     }
     Ok(wrap(dw, dev))

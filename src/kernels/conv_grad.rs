@@ -55,9 +55,8 @@ impl CustomOp2 for InputGrad {
         l2: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         use super::conv_cuda::input_grad;
-        self.0.check_cuda()?;
         let (b, _, g) = input_grad_shapes(l1, l2, &self.0)?;
-        let dx = super::cuda::by_float!(s1, input_grad((s1, l1), (s2, l2)))?;
+        let dx = super::cuda::by_float!(s1, input_grad(&self.0, (s1, l1), (s2, l2)))?;
         Ok((dx, Shape::from((b, g.c, g.h, g.w))))
     }
 }
@@ -112,9 +111,8 @@ impl CustomOp2 for WeightGrad {
         l2: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         use super::conv_cuda::weight_grad;
-        self.0.check_cuda()?;
         let (g, o) = weight_grad_shapes(l1, l2, &self.0)?;
-        let dw = super::cuda::by_float!(s1, weight_grad((s1, l1), (s2, l2)))?;
+        let dw = super::cuda::by_float!(s1, weight_grad(&self.0, (s1, l1), (s2, l2)))?;
         Ok((dw, Shape::from((o, g.c, g.k, g.k))))
     }
 }

@@ -1,6 +1,6 @@
 //! taper's own kernels: fused operations as candle custom ops (GELU, the
 //! residual add, softmax, layer norm, bias add, dense layer, causal
-//! attention, rotary embedding, chunked cross-entropy, the CNN's 3x3
+//! attention, rotary embedding, chunked cross-entropy, the CNN's
 //! convolution and 2x2 max-pool), the fused
 //! AdamW update and blockwise 8-bit quantization. Each has a CPU
 //! implementation, which is both what CPU training runs and the reference
