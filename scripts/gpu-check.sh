@@ -246,7 +246,7 @@ bench() {
   local log=/tmp/bench.log
   : > "$log"
   local model p b round
-  for model in ${BENCH_MODELS:-shakespeare cnn gpt2}; do
+  for model in ${BENCH_MODELS:-shakespeare cnn lenet gpt2}; do
     local precisions="${BENCH_PRECISIONS:-f32 bf16}" batches=default
     if [ "$model" = gpt2 ]; then
       precisions="${BENCH_GPT2_PRECISIONS:-bf16}"
