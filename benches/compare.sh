@@ -13,6 +13,7 @@
 #   bash benches/compare.sh                      # 3 rounds of mlp, cnn, gpt, shakespeare
 #   MODELS=cnn-rgb bash benches/compare.sh       # image_folder.lua's CNN on 3x64x64 photos
 #   MODELS=lenet bash benches/compare.sh         # PyTorch's CIFAR-10 tutorial net (5x5 kernels)
+#   MODELS=mnist bash benches/compare.sh         # PyTorch's MNIST example net (one pool after two convs)
 #   ROUNDS=5 MODELS="mlp cnn" bash benches/compare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -12,6 +12,7 @@ machine; the GPU machine has torch). Never run in CI.
     python3 benches/torch_step.py --model cnn --threads 2
     python3 benches/torch_step.py --model cnn-rgb --threads 2
     python3 benches/torch_step.py --model lenet --threads 2
+    python3 benches/torch_step.py --model mnist --threads 2
     python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16
     python3 benches/torch_step.py --model gpt2 --device cuda --precision bf16 --compile
 
@@ -84,13 +85,17 @@ class Gpt(nn.Module):
 
 
 # name: (vocab, context, width, layers, heads, batch), as `taper bench step`.
-# input (c, h, w), conv channels, dense hidden widths, kernel, padding; 10 classes.
+# input (c, h, w), conv channels, dense hidden widths, kernel, padding, and
+# which convolutions a 2x2 max-pool follows (None: each); 10 classes.
 CNNS = {
-    "cnn": ((1, 28, 28), (8, 16), (64,), 3, 1),
+    "cnn": ((1, 28, 28), (8, 16), (64,), 3, 1, None),
     # scripts/image_folder.lua's CNN on 3x64x64 photos (--set size=64 --set channels=3).
-    "cnn-rgb": ((3, 64, 64), (16, 32), (128,), 3, 1),
+    "cnn-rgb": ((3, 64, 64), (16, 32), (128,), 3, 1, None),
     # The net of PyTorch's CIFAR-10 tutorial ("Training a Classifier").
-    "lenet": ((3, 32, 32), (6, 16), (120, 84), 5, 0),
+    "lenet": ((3, 32, 32), (6, 16), (120, 84), 5, 0, None),
+    # The net of PyTorch's MNIST example (pytorch/examples, mnist/main.py),
+    # without its dropout, as the other models.
+    "mnist": ((1, 28, 28), (32, 64), (128,), 3, 0, (False, True)),
 }
 
 GPTS = {
@@ -156,16 +161,19 @@ def main():
         items, unit = b, "samples"
         flops = 6 * sum(p.numel() for p in model.parameters()) * b
     elif a.model in CNNS:
-        # `taper bench step --model cnn|cnn-rgb|lenet`: convolutions, each
-        # with ReLU and a 2x2 max-pool, then the dense layers.
-        (c, h, w), channels, hidden, k, pad = CNNS[a.model]
+        # `taper bench step --model cnn|cnn-rgb|lenet|mnist`: convolutions,
+        # each with ReLU and (unless told) a 2x2 max-pool, then the dense layers.
+        (c, h, w), channels, hidden, k, pad, pools = CNNS[a.model]
         b = a.batch or 64
         layers, macs = [nn.Unflatten(1, (c, h, w))], 0
-        for o in channels:
-            layers += [nn.Conv2d(c, o, k, padding=pad), nn.ReLU(), nn.MaxPool2d(2)]
+        for i, o in enumerate(channels):
+            layers += [nn.Conv2d(c, o, k, padding=pad), nn.ReLU()]
             h, w = h + 2 * pad - k + 1, w + 2 * pad - k + 1
             macs += k * k * c * o * h * w
-            c, h, w = o, h // 2, w // 2
+            c = o
+            if pools is None or pools[i]:
+                layers.append(nn.MaxPool2d(2))
+                h, w = h // 2, w // 2
         layers.append(nn.Flatten())
         inputs = c * h * w
         for width in hidden:

@@ -275,6 +275,20 @@ print(run:generate{ prompt = { 1 }, messages = {} })
             says: &["recipe.lua:1: taper.model.cnn: 3 conv stages shrink a 28x28 input to nothing: stage 3 gets 4x4, which its 5x5 kernel (padding 0) and 2x2 max-pool leave empty"],
         },
         Case {
+            name: "a pool list of another length than the convolutions",
+            recipe: "local m = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 32, 64 }, pool = { true }, outputs = 10 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.cnn: `pool` has 1 entries and `channels` 2: give one per convolution (true: a 2x2 max-pool after it)"],
+        },
+        Case {
+            name: "unpooled stages that shrink the image to nothing",
+            recipe: "local m = taper.model.cnn{ input = { 1, 4, 4 }, channels = { 4, 4 }, padding = 0, pool = { false, false }, outputs = 10 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.cnn: 2 conv stages shrink a 4x4 input to nothing: stage 2 gets 2x2, which its 3x3 kernel (padding 0) leaves empty"],
+        },
+        Case {
             name: "a kernel of size 0",
             recipe: "local m = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 6 }, kernel = 0, outputs = 10 }\n",
             args: &[],

@@ -126,16 +126,24 @@ fn cnn_gradients_match_finite_differences() -> Result<()> {
         dropout: 0.0,
         kernel: 3,
         padding: None,
+        pool: None,
     };
     let y = Tensor::new(&[0u32, 2, 1], &Device::Cpu)?;
     grad_check(&spec, &features(3, 36, 2)?, &y)?;
     // Other kernels: 5x5 without padding (PyTorch's Conv2d(c, o, 5)) on
-    // 16x16 (16, 12, 6, 2, 1), and an even 4x4 with padding 1 on 9x7.
-    for (input, kernel, padding) in [([1, 16, 16], 5, 0), ([2, 9, 7], 4, 1)] {
+    // 16x16 (16, 12, 6, 2, 1), an even 4x4 with padding 1 on 9x7, and
+    // PyTorch's MNIST example's stages on 8x8: two 3x3 without padding, the
+    // pool after the second only (8, 6, 4, 2).
+    for (input, kernel, padding, pool) in [
+        ([1, 16, 16], 5, 0, None),
+        ([2, 9, 7], 4, 1, None),
+        ([1, 8, 8], 3, 0, Some(vec![false, true])),
+    ] {
         let other = Cnn {
             input,
             kernel,
             padding: Some(padding),
+            pool,
             ..spec.clone()
         };
         let n = input.iter().product();

@@ -981,28 +981,41 @@ fn onnx_logits(model: &Path, x: &Tensor) -> Result<Value> {
 /// reference describes (interop_check.py torch-cnn: `Conv2d`, the
 /// activation and `MaxPool2d(2)` per stage, `Flatten`, then `Linear`
 /// layers with the activation between them), given taper's weights: within
-/// 1e-5, relative to the largest. An odd size checks the pool's floor.
+/// 1e-5, relative to the largest. An odd size checks the pool's floor; the
+/// stages of PyTorch's MNIST example (3x3 without padding, one pool after
+/// the second) and of its CIFAR-10 tutorial (5x5 without padding), each
+/// activation too.
 #[test]
 fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
     use std::sync::Arc;
     use taper::engine::optim::OptimSpec;
     use taper::engine::{Activation, Cnn, ModelSpec, Trainer, TrainerOptions};
     let dir = tempfile::tempdir()?;
+    let shapes = [
+        ([3, 9, 7], 3, None, None),
+        ([1, 12, 12], 3, Some(0), Some(vec![false, true])),
+        ([3, 16, 16], 5, Some(0), None),
+    ];
     for activation in [
         Activation::Relu,
         Activation::Gelu,
         Activation::Tanh,
         Activation::Silu,
-    ] {
+    ]
+    .into_iter()
+    .flat_map(|a| shapes.clone().map(|s| (a, s)))
+    {
+        let (activation, (input, kernel, padding, pool)) = activation;
         let spec = Cnn {
-            input: [3, 9, 7],
+            input,
             channels: vec![4, 6],
             hidden: vec![8],
             outputs: 5,
             activation,
             dropout: 0.0,
-            kernel: 3,
-            padding: None,
+            kernel,
+            padding,
+            pool,
         };
         let options = serde_json::to_string(&spec)?;
         let spec: Arc<dyn ModelSpec> = Arc::new(spec);
@@ -1011,7 +1024,12 @@ fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
             &OptimSpec::AdamW(Default::default()),
             TrainerOptions::default(),
         )?;
-        let x = Tensor::randn(0f32, 1.0, vec![3, 3, 9, 7], &Device::Cpu)?;
+        let x = Tensor::randn(
+            0f32,
+            1.0,
+            vec![3, input[0], input[1], input[2]],
+            &Device::Cpu,
+        )?;
         let ours = trainer.frozen()?.forward(&x)?.to_vec2::<f32>()?;
         let weights = dir.path().join("cnn.safetensors");
         candle_core::safetensors::save(&trainer.params().tensors(), &weights)?;
@@ -1027,8 +1045,9 @@ fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
         )?;
         let largest = ours.iter().flatten().fold(1f32, |m, v| m.max(v.abs())) as f64;
         let diff = max_diff(&ours, &theirs["logits"]) / largest;
-        eprintln!("{activation:?}: logits differ from PyTorch's by {diff:.1e} (relative)");
-        assert!(diff < 1e-5, "{activation:?}: logits differ by {diff}");
+        let what = format!("{activation:?}, {}", spec.describe());
+        eprintln!("{what}: logits differ from PyTorch's by {diff:.1e} (relative)");
+        assert!(diff < 1e-5, "{what}: logits differ by {diff}");
     }
     Ok(())
 }
@@ -1054,6 +1073,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             dropout: 0.0,
             kernel: 3,
             padding: None,
+            pool: None,
         }),
         vec![4, 2, 5, 3],
     )];
@@ -1083,13 +1103,19 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
                 dropout: 0.0,
                 kernel: 3,
                 padding: None,
+                pool: None,
             }),
             vec![3, 3, 9, 7],
         ));
     }
     // Other kernels: 5x5 without padding (PyTorch's CIFAR-10 tutorial net
-    // in small), and an even 4x4 with padding 1.
-    for (input, kernel, padding) in [([3, 16, 16], 5, 0), ([3, 9, 7], 4, 1)] {
+    // in small), an even 4x4 with padding 1, and PyTorch's MNIST example's
+    // stages (3x3 without padding, one pool after the second).
+    for (input, kernel, padding, pool) in [
+        ([3, 16, 16], 5, 0, None),
+        ([3, 9, 7], 4, 1, None),
+        ([1, 12, 12], 3, 0, Some(vec![false, true])),
+    ] {
         nets.push((
             Arc::new(Cnn {
                 input,
@@ -1100,6 +1126,7 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
                 dropout: 0.0,
                 kernel,
                 padding: Some(padding),
+                pool,
             }),
             vec![3, input[0], input[1], input[2]],
         ));

@@ -183,6 +183,29 @@ fn cnn_kernels_and_padding_build_pytorchs_tutorial_net() -> Result<()> {
     Ok(())
 }
 
+/// The net of PyTorch's MNIST example (pytorch/examples, mnist/main.py):
+///   conv1 = nn.Conv2d(1, 32, 3, 1); conv2 = nn.Conv2d(32, 64, 3, 1)
+///   fc1 = nn.Linear(9216, 128); fc2 = nn.Linear(128, 10)
+///   forward: conv1, relu, conv2, relu, max_pool2d(2), ..., fc1, relu, fc2
+///   sum(p.numel() for p in Net().parameters())  # 1199882 (torch 2.15)
+/// as `padding = 0, pool = { false, true }`; a pool after every
+/// convolution is the default, and is described as before the option.
+#[test]
+fn cnn_pool_builds_pytorchs_mnist_example() -> Result<()> {
+    run(r#"
+        local example = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 32, 64 },
+          padding = 0, pool = { false, true }, hidden = { 128 }, outputs = 10 }
+        assert(example:parameters() == 1199882, example:parameters())
+        assert(tostring(example) ==
+          "taper.model(cnn 1x28x28 conv[32, 64] 3x3 pad 0 pool[false, true] hidden[128] -> 10 relu)",
+          tostring(example))
+        local every = taper.model.cnn{ input = { 1, 8, 8 }, channels = { 4 }, pool = { true }, outputs = 10 }
+        assert(tostring(every) == "taper.model(cnn 1x8x8 conv[4] hidden[] -> 10 relu)", tostring(every))
+        assert(every:parameters() == (9 + 1) * 4 + 4 * 4 * 4 * 10 + 10, every:parameters())
+    "#)?;
+    Ok(())
+}
+
 /// The escalating policy grows back as grow_back does: after `after` clean
 /// steps, doubling, but never to a size that ran out of memory (75% of it).
 #[test]

@@ -484,12 +484,13 @@ function taper.model.mlp(opts) end
 
 ---Convolutions (`kernel` x `kernel`, default 3, stride 1, `padding` zeros on each side, default
 ---`kernel // 2`; then activation and 2x2 max-pool) and a dense head. PyTorch's `Conv2d(c, o, 5)`
----is `kernel = 5, padding = 0`. `input` is `{channels, height, width}`; flat samples are reshaped to it (channels-last
+---is `kernel = 5, padding = 0`. `pool` (one boolean per entry of `channels`, default all true):
+---which convolutions a max-pool follows (PyTorch's MNIST example: `{false, true}`). `input` is `{channels, height, width}`; flat samples are reshaped to it (channels-last
 ---samples, `[n, H, W, C]`, are refused: transpose them).
 ---`{from = RUN, outputs?, dropout?}`: the model a run trained, from its checkpoint, with a new
 ---head when `outputs` differs (fine-tuning). `dropout` (default 0, or the checkpoint's):
 ---before each dense layer, in training; a reload or resume may change it.
----@param opts {input?: integer[], channels?: integer[], hidden?: integer[], outputs?: integer, activation?: taper.Activation, dropout?: number, kernel?: integer, padding?: integer, from?: string}
+---@param opts {input?: integer[], channels?: integer[], hidden?: integer[], outputs?: integer, activation?: taper.Activation, dropout?: number, kernel?: integer, padding?: integer, pool?: boolean[], from?: string}
 ---@return taper.Model
 function taper.model.cnn(opts) end
 

@@ -789,8 +789,10 @@ def csv_standardize(path, label, features):
 def torch_cnn(weights, spec, input_json):
     """The logits of `taper.model.cnn{...}` (`spec`, its options as JSON)
     built from PyTorch layers as the reference documents it: per channel
-    count a 3x3 convolution (padding 1), the activation and a 2x2 max-pool;
-    then flattened into the dense layers, the activation between them."""
+    count a `kernel` x `kernel` convolution (3 and padding `kernel // 2`
+    unless the options say), the activation and, unless `pool` says not for
+    it, a 2x2 max-pool; then flattened into the dense layers, the activation
+    between them."""
     import numpy as np
     import torch
     from safetensors.torch import load_file
@@ -799,12 +801,18 @@ def torch_cnn(weights, spec, input_json):
     w, spec = load_file(weights), json.loads(spec)
     act = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU,
            "gelu": lambda: nn.GELU(approximate="tanh")}[spec["activation"]]
+    k = spec.get("kernel", 3)
+    pad = spec.get("padding", k // 2)
+    pools = spec.get("pool") or [True] * len(spec["channels"])
     layers, (c, h, wd) = [], spec["input"]
     for i, out in enumerate(spec["channels"]):
-        conv = nn.Conv2d(c, out, 3, padding=1)
+        conv = nn.Conv2d(c, out, k, padding=pad)
         conv.load_state_dict({"weight": w[f"conv{i}.weight"], "bias": w[f"conv{i}.bias"]})
-        layers += [conv, act(), nn.MaxPool2d(2)]
-        c, h, wd = out, h // 2, wd // 2
+        layers += [conv, act()]
+        c, h, wd = out, h + 2 * pad - k + 1, wd + 2 * pad - k + 1
+        if pools[i]:
+            layers.append(nn.MaxPool2d(2))
+            h, wd = h // 2, wd // 2
     layers.append(nn.Flatten())
     sizes = [c * h * wd] + spec["hidden"] + [spec["outputs"]]
     for j in range(len(sizes) - 1):

@@ -25,8 +25,10 @@ pub struct StepArgs {
     /// with 2x2 max-pools, dense 64, batch 64), cnn-rgb (scripts/image_folder.lua's
     /// CNN on 3x64x64 photos: conv 16 and 32 channels, dense 128, batch 64),
     /// lenet (PyTorch's CIFAR-10 tutorial net: 3x32x32, 5x5 conv 6 and 16
-    /// channels without padding, dense 120 and 84, batch 64), gpt (4 layers, 4 heads, width 128,
-    /// context 128, batch 32), shakespeare (scripts/shakespeare.lua's GPT:
+    /// channels without padding, dense 120 and 84, batch 64), mnist
+    /// (PyTorch's MNIST example net: 3x3 conv 32 and 64 channels without
+    /// padding, one max-pool after the second, dense 128, batch 64), gpt (4
+    /// layers, 4 heads, width 128, context 128, batch 32), shakespeare (scripts/shakespeare.lua's GPT:
     /// width 64, 2 layers, context 64, batch 32) or gpt2 (GPT-2 small: 124M
     /// parameters, context 1024, batch 8)
     #[arg(long, default_value = "mlp")]
@@ -125,13 +127,15 @@ pub(super) fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelS
 }
 
 /// A CNN's shape: input `[c, h, w]`, `kernel x kernel` convolutions with
-/// `padding` (each with a 2x2 max-pool), dense hidden widths, 10 classes.
+/// `padding` (each with a 2x2 max-pool, unless `pool` says otherwise),
+/// dense hidden widths, 10 classes.
 struct CnnShape {
     input: [usize; 3],
     channels: &'static [usize],
     hidden: &'static [usize],
     kernel: usize,
     padding: usize,
+    pool: Option<&'static [bool]>,
 }
 
 /// The CNN of issue 18's comparison: 28x28 inputs, 3x3 convolutions of 8
@@ -143,6 +147,7 @@ const CNN: CnnShape = CnnShape {
     hidden: &[64],
     kernel: 3,
     padding: 1,
+    pool: None,
 };
 
 /// `scripts/image_folder.lua`'s CNN on RGB photos (`--set size=64 --set
@@ -154,6 +159,7 @@ const CNN_RGB: CnnShape = CnnShape {
     hidden: &[128],
     kernel: 3,
     padding: 1,
+    pool: None,
 };
 
 /// The net of PyTorch's CIFAR-10 tutorial ("Training a Classifier"), LeNet-5
@@ -165,6 +171,21 @@ const LENET: CnnShape = CnnShape {
     hidden: &[120, 84],
     kernel: 5,
     padding: 0,
+    pool: None,
+};
+
+/// The net of PyTorch's MNIST example (pytorch/examples, `mnist/main.py`):
+/// 1x28x28 inputs, 3x3 convolutions of 32 and 64 channels without padding,
+/// one 2x2 max-pool after the second, dense 128 (1,199,882 parameters;
+/// without its dropout, as the other models); as `torch_step.py --model
+/// mnist`.
+const MNIST: CnnShape = CnnShape {
+    input: [1, 28, 28],
+    channels: &[32, 64],
+    hidden: &[128],
+    kernel: 3,
+    padding: 0,
+    pool: Some(&[false, true]),
 };
 
 fn cnn_workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Workload> {
@@ -178,6 +199,7 @@ fn cnn_workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Workload> {
         dropout: 0.0,
         kernel: shape.kernel,
         padding: Some(shape.padding),
+        pool: shape.pool.map(<[bool]>::to_vec),
     };
     let n: usize = shape.input.iter().product();
     let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
@@ -216,7 +238,7 @@ fn cnn_workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Workload> {
 
 /// Whether `model` counts samples (the MLP and the CNNs), not tokens.
 fn per_sample(model: &str) -> bool {
-    matches!(model, "mlp" | "cnn" | "cnn-rgb" | "lenet")
+    matches!(model, "mlp" | "cnn" | "cnn-rgb" | "lenet" | "mnist")
 }
 
 fn workload(
@@ -268,11 +290,12 @@ fn workload(
         "cnn" => cnn_workload(&CNN, batch.unwrap_or(64), rng),
         "cnn-rgb" => cnn_workload(&CNN_RGB, batch.unwrap_or(64), rng),
         "lenet" => cnn_workload(&LENET, batch.unwrap_or(64), rng),
+        "mnist" => cnn_workload(&MNIST, batch.unwrap_or(64), rng),
         "gpt" => gpt_workload(gpt(65, 128, 128, 4, 4), batch.unwrap_or(32), rng),
         "shakespeare" => gpt_workload(gpt(65, 64, 64, 2, 4), batch.unwrap_or(32), rng),
         "gpt2" => gpt_workload(gpt(50257, 1024, 768, 12, 12), batch.unwrap_or(8), rng),
         other => Err(Error::Config(format!(
-            "bench step: unknown model `{other}`: use mlp, cnn, cnn-rgb, lenet, gpt, shakespeare or gpt2"
+            "bench step: unknown model `{other}`: use mlp, cnn, cnn-rgb, lenet, mnist, gpt, shakespeare or gpt2"
         ))),
     }
 }

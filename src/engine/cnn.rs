@@ -1,5 +1,6 @@
 //! The small convolutional net (`taper.model.cnn`): convolutions (3x3 with
-//! padding 1 unless told) with 2x2 max-pooling, then a dense head.
+//! padding 1 unless told), each followed by 2x2 max-pooling unless told,
+//! then a dense head.
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
@@ -13,7 +14,7 @@ use crate::kernels::{dropout, Dropout};
 /// A small convolutional net: per entry of `channels`, a `kernel x kernel`
 /// convolution (stride 1, `padding` zeros on each side: by default
 /// `kernel / 2`, which keeps the size for odd kernels), the activation and
-/// a 2x2 max-pool; then a dense head. With `dropout`, training drops out
+/// a 2x2 max-pool (unless `pool` says otherwise for it); then a dense head. With `dropout`, training drops out
 /// the head's inputs (the flattened features) and each of its hidden
 /// activations, as PyTorch's MNIST example does.
 /// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
@@ -38,6 +39,11 @@ pub struct Cnn {
     /// Zeros on each side of a convolution's input; None: `kernel / 2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub padding: Option<usize>,
+    /// Whether a 2x2 max-pool follows each convolution, one per entry of
+    /// `channels` (PyTorch's MNIST example pools after its second only:
+    /// `{false, true}`); None: after every one (and left out of configs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<Vec<bool>>,
 }
 
 fn three() -> usize {
@@ -52,6 +58,7 @@ struct CnnNet {
     input: [usize; 3],
     padding: usize,
     convs: Vec<candle_nn::Conv2d>,
+    pools: Vec<bool>,
     head: Dense,
     act: Activation,
     dropout: f64,
@@ -63,7 +70,7 @@ impl CnnNet {
         let b = x.dim(0)?;
         let [c, h, w] = self.input;
         let mut x = x.reshape((b, c, h, w))?;
-        for conv in &self.convs {
+        for (conv, &pool) in self.convs.iter().zip(&self.pools) {
             // taper's fused convolution (candle's conv2d where it has none).
             let y = match conv.bias() {
                 Some(b) => crate::kernels::conv2d(&x, conv.weight(), b, self.padding)?,
@@ -72,9 +79,12 @@ impl CnnNet {
             // A non-decreasing activation commutes with max: pooling first
             // applies it to a quarter of the values (the same result and
             // gradient; ReLU and tanh).
-            x = match self.act {
-                Activation::Relu | Activation::Tanh => self.act.apply(&max_pool_2x2(&y)?)?,
-                _ => max_pool_2x2(&self.act.apply(&y)?)?,
+            x = match (pool, self.act) {
+                (false, _) => self.act.apply(&y)?,
+                (true, Activation::Relu | Activation::Tanh) => {
+                    self.act.apply(&max_pool_2x2(&y)?)?
+                }
+                (true, _) => max_pool_2x2(&self.act.apply(&y)?)?,
             };
         }
         let x = x.flatten_from(1)?;
@@ -105,19 +115,29 @@ impl Cnn {
         self.padding.unwrap_or(self.kernel / 2)
     }
 
+    /// Whether a 2x2 max-pool follows convolution `i`.
+    pub fn pools(&self, i: usize) -> bool {
+        self.pool
+            .as_ref()
+            .is_none_or(|p| p.get(i).copied().unwrap_or(true))
+    }
+
     /// Each stage's `(channels, height, width)` after its convolution, and
-    /// after its pool (None once a stage leaves nothing).
+    /// after its pool, if it has one (None once a stage leaves nothing).
     pub fn stages(&self) -> Vec<Option<([usize; 3], [usize; 3])>> {
         let [_, mut h, mut w] = self.input;
         let (k, p) = (self.kernel, self.pad());
         let mut out = Vec::new();
-        for &o in &self.channels {
+        for (i, &o) in self.channels.iter().enumerate() {
             let conv = [
                 o,
                 (h + 2 * p + 1).saturating_sub(k),
                 (w + 2 * p + 1).saturating_sub(k),
             ];
-            let pooled = [o, conv[1] / 2, conv[2] / 2];
+            let pooled = match self.pools(i) {
+                true => [o, conv[1] / 2, conv[2] / 2],
+                false => conv,
+            };
             if k == 0 || pooled[1] == 0 || pooled[2] == 0 {
                 out.push(None);
                 break;
@@ -146,12 +166,18 @@ impl Cnn {
             _ => stages[i - 1].map(|(_, pooled)| pooled)?,
         };
         let (k, p) = (self.kernel, self.pad());
+        let pool = if self.pools(i) {
+            " and 2x2 max-pool"
+        } else {
+            ""
+        };
         Some(format!(
-            "{} conv stages shrink a {}x{} input to nothing: stage {} gets {h}x{w}, which its {k}x{k} kernel (padding {p}) and 2x2 max-pool leave empty",
+            "{} conv stages shrink a {}x{} input to nothing: stage {} gets {h}x{w}, which its {k}x{k} kernel (padding {p}){pool} leave{} empty",
             self.channels.len(),
             self.input[1],
             self.input[2],
-            i + 1
+            i + 1,
+            if pool.is_empty() { "s" } else { "" }
         ))
     }
 }
@@ -169,6 +195,15 @@ impl ModelSpec for Cnn {
         sizes.extend(self.hidden.iter().map(|&n| ("each hidden width", n)));
         sizes.push(("kernel", self.kernel));
         super::model::sizes_at_least_one(&sizes)?;
+        if let Some(pool) = &self.pool {
+            if pool.len() != self.channels.len() {
+                return Err(crate::Error::Config(format!(
+                    "`pool` has {} entries and `channels` {}: give one per convolution (true: a 2x2 max-pool after it)",
+                    pool.len(),
+                    self.channels.len()
+                )));
+            }
+        }
         if let Some(why) = self.shrinks() {
             return Err(crate::Error::Config(why));
         }
@@ -190,10 +225,14 @@ impl ModelSpec for Cnn {
         let [c, h, w] = self.input;
         // The default 3x3 with padding 1 is left out: descriptions (which
         // a resume compares) read as before the options.
-        let kernel = match (self.kernel, self.pad()) {
+        let mut kernel = match (self.kernel, self.pad()) {
             (3, 1) => String::new(),
             (k, p) => format!(" {k}x{k} pad {p}"),
         };
+        // Likewise a pool after every convolution.
+        if let Some(pool) = self.pool.as_ref().filter(|p| p.contains(&false)) {
+            kernel += &format!(" pool{pool:?}");
+        }
         format!(
             "cnn {c}x{h}x{w} conv{:?}{kernel} hidden{:?} -> {} {}{}",
             self.channels,
@@ -239,6 +278,7 @@ impl Cnn {
         Ok(CnnNet {
             input: self.input,
             padding: self.pad(),
+            pools: (0..convs.len()).map(|i| self.pools(i)).collect(),
             convs,
             head,
             act: self.activation,

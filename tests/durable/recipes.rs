@@ -136,6 +136,25 @@ fn the_fashion_mnist_recipe_stops_and_resumes_to_the_same_weights() {
     );
 }
 
+/// With `net = "pytorch"` (PyTorch's MNIST example net: a convolution
+/// without a pool, dropout drawn each step), stopped by SIGINT.
+#[test]
+fn the_fashion_mnist_recipe_with_pytorchs_net_stops_and_resumes_to_the_same_weights() {
+    common::fetched("data/fashion-mnist/t10k-labels-idx1-ubyte.gz").unwrap();
+    stopped_in_its_second_epoch(
+        &[
+            "scripts/fashion_mnist.lua",
+            "--set",
+            "epochs=2",
+            "--set",
+            "train_samples=640",
+            "--set",
+            "net=pytorch",
+        ],
+        libc::SIGINT,
+    );
+}
+
 /// Stopped by SIGHUP (a closed terminal) this time.
 #[test]
 fn the_mnist_csv_recipe_stops_and_resumes_to_the_same_weights() {

@@ -1,6 +1,6 @@
 //! The classifiers (`taper.model.mlp`, `taper.model.cnn`) as ONNX models,
 //! for onnxruntime and everything that reads ONNX. The graph is the one the
-//! model computes: `Conv` (3x3, padding 1), the activation and `MaxPool`
+//! model computes: `Conv` (its kernel and padding), the activation and `MaxPool`
 //! (2x2, stride 2) per stage, then `Flatten` and one `Gemm` per dense layer.
 //! The input is `input`, `[batch, features]` for an MLP and
 //! `[batch, channels, height, width]` for a CNN; the output is `logits`,
@@ -416,10 +416,12 @@ impl Builder<'_> {
             ];
             x = self.node("Conv", &[&x, &weight, &bias], conv);
             x = self.activation(&x, c.activation);
-            // Floor mode (ONNX's default) drops an odd last row or column,
-            // as taper's pool does.
-            let pool = vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])];
-            x = self.node("MaxPool", &[&x], pool);
+            if c.pools(i) {
+                // Floor mode (ONNX's default) drops an odd last row or
+                // column, as taper's pool does.
+                let pool = vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])];
+                x = self.node("MaxPool", &[&x], pool);
+            }
             in_c = out_c;
         }
         x = self.node("Flatten", &[&x], vec![int("axis", 1)]);
