@@ -10,6 +10,8 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 
+mod cnn;
+
 use super::{adamw, median};
 use crate::data::Batch;
 use crate::engine::precision::Precision;
@@ -126,116 +128,6 @@ pub(super) fn random_batch(model: &str, rng: &mut Rng) -> Result<(Arc<dyn ModelS
     Ok((w.spec, w.batch))
 }
 
-/// A CNN's shape: input `[c, h, w]`, `kernel x kernel` convolutions with
-/// `padding` (each with a 2x2 max-pool, unless `pool` says otherwise),
-/// dense hidden widths, 10 classes.
-struct CnnShape {
-    input: [usize; 3],
-    channels: &'static [usize],
-    hidden: &'static [usize],
-    kernel: usize,
-    padding: usize,
-    pool: Option<&'static [bool]>,
-}
-
-/// The CNN of issue 18's comparison: 28x28 inputs, 3x3 convolutions of 8
-/// and 16 channels, a dense layer of 64; as `benches/torch_step.py --model
-/// cnn`.
-const CNN: CnnShape = CnnShape {
-    input: [1, 28, 28],
-    channels: &[8, 16],
-    hidden: &[64],
-    kernel: 3,
-    padding: 1,
-    pool: None,
-};
-
-/// `scripts/image_folder.lua`'s CNN on RGB photos (`--set size=64 --set
-/// channels=3`, the README's pets example): convolutions of 16 and 32
-/// channels, a dense layer of 128; as `torch_step.py --model cnn-rgb`.
-const CNN_RGB: CnnShape = CnnShape {
-    input: [3, 64, 64],
-    channels: &[16, 32],
-    hidden: &[128],
-    kernel: 3,
-    padding: 1,
-    pool: None,
-};
-
-/// The net of PyTorch's CIFAR-10 tutorial ("Training a Classifier"), LeNet-5
-/// in shape: 3x32x32 inputs, 5x5 convolutions of 6 and 16 channels without
-/// padding, dense 120 and 84; as `torch_step.py --model lenet`.
-const LENET: CnnShape = CnnShape {
-    input: [3, 32, 32],
-    channels: &[6, 16],
-    hidden: &[120, 84],
-    kernel: 5,
-    padding: 0,
-    pool: None,
-};
-
-/// The net of PyTorch's MNIST example (pytorch/examples, `mnist/main.py`):
-/// 1x28x28 inputs, 3x3 convolutions of 32 and 64 channels without padding,
-/// one 2x2 max-pool after the second, dense 128 (1,199,882 parameters;
-/// without its dropout, as the other models); as `torch_step.py --model
-/// mnist`.
-const MNIST: CnnShape = CnnShape {
-    input: [1, 28, 28],
-    channels: &[32, 64],
-    hidden: &[128],
-    kernel: 3,
-    padding: 0,
-    pool: Some(&[false, true]),
-};
-
-fn cnn_workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Workload> {
-    let classes = 10;
-    let spec = crate::engine::Cnn {
-        input: shape.input,
-        channels: shape.channels.to_vec(),
-        hidden: shape.hidden.to_vec(),
-        outputs: classes,
-        activation: Default::default(),
-        dropout: 0.0,
-        kernel: shape.kernel,
-        padding: Some(shape.padding),
-        pool: shape.pool.map(<[bool]>::to_vec),
-    };
-    let n: usize = shape.input.iter().product();
-    let x: Vec<f32> = (0..b * n).map(|_| rng.normal() as f32).collect();
-    let y: Vec<u32> = (0..b).map(|_| rng.below(classes) as u32).collect();
-    // Multiply-adds per sample: each conv's k^2 Cin Cout per output
-    // position, the dense layers' weights; training is 3x the forward's 2
-    // per MAC.
-    let mut c = shape.input[0];
-    let mut macs = 0.0;
-    for stage in spec.stages() {
-        let Some(([o, h, w], _)) = stage else {
-            return Err(Error::Config(
-                "bench step: a CNN stage leaves nothing".into(),
-            ));
-        };
-        macs += (shape.kernel * shape.kernel * c * o * h * w) as f64;
-        c = o;
-    }
-    let mut inputs = spec.flat_features();
-    for &width in shape.hidden.iter().chain([classes].iter()) {
-        macs += (inputs * width) as f64;
-        inputs = width;
-    }
-    Ok(Workload {
-        batch: Batch {
-            x: Tensor::from_vec(x, (b, n), &Device::Cpu)?,
-            y: Tensor::from_vec(y, b, &Device::Cpu)?,
-            indices: (0..b).collect(),
-        },
-        items: b,
-        gpt: None,
-        per_item: Some(6.0 * macs),
-        spec: Arc::new(spec),
-    })
-}
-
 /// Whether `model` counts samples (the MLP and the CNNs), not tokens.
 fn per_sample(model: &str) -> bool {
     matches!(model, "mlp" | "cnn" | "cnn-rgb" | "lenet" | "mnist")
@@ -287,10 +179,10 @@ fn workload(
                 spec: Arc::new(spec),
             })
         }
-        "cnn" => cnn_workload(&CNN, batch.unwrap_or(64), rng),
-        "cnn-rgb" => cnn_workload(&CNN_RGB, batch.unwrap_or(64), rng),
-        "lenet" => cnn_workload(&LENET, batch.unwrap_or(64), rng),
-        "mnist" => cnn_workload(&MNIST, batch.unwrap_or(64), rng),
+        "cnn" => cnn::workload(&cnn::CNN, batch.unwrap_or(64), rng),
+        "cnn-rgb" => cnn::workload(&cnn::CNN_RGB, batch.unwrap_or(64), rng),
+        "lenet" => cnn::workload(&cnn::LENET, batch.unwrap_or(64), rng),
+        "mnist" => cnn::workload(&cnn::MNIST, batch.unwrap_or(64), rng),
         "gpt" => gpt_workload(gpt(65, 128, 128, 4, 4), batch.unwrap_or(32), rng),
         "shakespeare" => gpt_workload(gpt(65, 64, 64, 2, 4), batch.unwrap_or(32), rng),
         "gpt2" => gpt_workload(gpt(50257, 1024, 768, 12, 12), batch.unwrap_or(8), rng),
