@@ -3,6 +3,7 @@
 mod api;
 mod append;
 mod batch;
+mod batch_tables;
 mod best;
 mod class_weights;
 mod config;
