@@ -279,7 +279,7 @@ print(run:generate{ prompt = { 1 }, messages = {} })
             recipe: "local m = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 32, 64 }, pool = { true }, outputs = 10 }\n",
             args: &[],
             code: 2,
-            says: &["recipe.lua:1: taper.model.cnn: `pool` has 1 entries and `channels` 2: give one per convolution (true: a 2x2 max-pool after it)"],
+            says: &["recipe.lua:1: taper.model.cnn: `pool` has 1 entry and `channels` 2: give one per convolution (true: a 2x2 max-pool after it)"],
         },
         Case {
             name: "unpooled stages that shrink the image to nothing",

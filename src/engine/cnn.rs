@@ -14,9 +14,10 @@ use crate::kernels::{dropout, Dropout};
 /// A small convolutional net: per entry of `channels`, a `kernel x kernel`
 /// convolution (stride 1, `padding` zeros on each side: by default
 /// `kernel / 2`, which keeps the size for odd kernels), the activation and
-/// a 2x2 max-pool (unless `pool` says otherwise for it); then a dense head. With `dropout`, training drops out
-/// the head's inputs (the flattened features) and each of its hidden
-/// activations, as PyTorch's MNIST example does.
+/// a 2x2 max-pool (unless `pool` says otherwise for it); then a dense head.
+/// With `dropout`, training drops out the head's inputs (the flattened
+/// features) and each of its hidden activations, as PyTorch's MNIST
+/// example does.
 /// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -197,9 +198,10 @@ impl ModelSpec for Cnn {
         super::model::sizes_at_least_one(&sizes)?;
         if let Some(pool) = &self.pool {
             if pool.len() != self.channels.len() {
+                let n = pool.len();
                 return Err(crate::Error::Config(format!(
-                    "`pool` has {} entries and `channels` {}: give one per convolution (true: a 2x2 max-pool after it)",
-                    pool.len(),
+                    "`pool` has {n} {} and `channels` {}: give one per convolution (true: a 2x2 max-pool after it)",
+                    if n == 1 { "entry" } else { "entries" },
                     self.channels.len()
                 )));
             }
