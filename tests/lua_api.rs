@@ -188,8 +188,12 @@ fn cnn_kernels_and_padding_build_pytorchs_tutorial_net() -> Result<()> {
 ///   fc1 = nn.Linear(9216, 128); fc2 = nn.Linear(128, 10)
 ///   forward: conv1, relu, conv2, relu, max_pool2d(2), ..., fc1, relu, fc2
 ///   sum(p.numel() for p in Net().parameters())  # 1199882 (torch 2.15)
-/// as `padding = 0, pool = { false, true }`; a pool after every
-/// convolution is the default, and is described as before the option.
+/// as `padding = 0, pool = { false, true }`; and the CNN of TensorFlow's
+/// CIFAR-10 tutorial (three valid 3x3 Conv2D of 32, 64, 64, a
+/// MaxPooling2D after the first two, Dense 64: 122,570 parameters in its
+/// `model.summary()`) as `pool = { true, true, false }`. A pool after
+/// every convolution is the default, and is described as before the
+/// option.
 #[test]
 fn cnn_pool_builds_pytorchs_mnist_example() -> Result<()> {
     run(r#"
@@ -199,6 +203,9 @@ fn cnn_pool_builds_pytorchs_mnist_example() -> Result<()> {
         assert(tostring(example) ==
           "taper.model(cnn 1x28x28 conv[32, 64] 3x3 pad 0 pool[false, true] hidden[128] -> 10 relu)",
           tostring(example))
+        local keras = taper.model.cnn{ input = { 3, 32, 32 }, channels = { 32, 64, 64 },
+          padding = 0, pool = { true, true, false }, hidden = { 64 }, outputs = 10 }
+        assert(keras:parameters() == 122570, keras:parameters())
         local every = taper.model.cnn{ input = { 1, 8, 8 }, channels = { 4 }, pool = { true }, outputs = 10 }
         assert(tostring(every) == "taper.model(cnn 1x8x8 conv[4] hidden[] -> 10 relu)", tostring(every))
         assert(every:parameters() == (9 + 1) * 4 + 4 * 4 * 4 * 10 + 10, every:parameters())
