@@ -12,11 +12,11 @@ local cfg = taper.config{
 local nets = {
   small = { input = { 1, 28, 28 }, channels = { 16, 32 }, hidden = { 128 }, outputs = 10 },
   -- PyTorch's MNIST example (pytorch/examples, mnist/main.py): two 3x3 convolutions without
-  -- padding, one max-pool after the second, 1,199,882 parameters. Its dropout is 0.25 on the
-  -- pooled features and 0.5 after the dense layer; taper's is one rate before each dense layer.
+  -- padding, one max-pool after the second, 1,199,882 parameters; dropout 0.25 on the pooled
+  -- features and 0.5 after the dense layer's activation.
   pytorch = {
     input = { 1, 28, 28 }, channels = { 32, 64 }, padding = 0, pool = { false, true },
-    hidden = { 128 }, outputs = 10, dropout = 0.25,
+    hidden = { 128 }, outputs = 10, dropout = { 0.25, 0.5 },
   },
 }
 local net = nets[cfg.net] or error(("net = %q: use \"small\" or \"pytorch\""):format(cfg.net))

@@ -282,6 +282,20 @@ print(run:generate{ prompt = { 1 }, messages = {} })
             says: &["recipe.lua:1: taper.model.cnn: `pool` has 1 entry and `channels` 2: give one per convolution (true: a 2x2 max-pool after it)"],
         },
         Case {
+            name: "a dropout list of another length than the dense layers' inputs",
+            recipe: "local m = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 8 }, hidden = { 16 }, dropout = { 0.25, 0.5, 0.5 }, outputs = 10 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.cnn: dropout has 3 rates and the model 2 places for them (the flattened features, then each hidden activation): give one rate, or one a place"],
+        },
+        Case {
+            name: "a dropout list with a rate of 1",
+            recipe: "local m = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 8 }, hidden = { 16 }, dropout = { 0.25, 1 }, outputs = 10 }\n",
+            args: &[],
+            code: 2,
+            says: &["recipe.lua:1: taper.model.cnn: dropout 1 is not a rate in [0, 1)"],
+        },
+        Case {
             name: "unpooled stages that shrink the image to nothing",
             recipe: "local m = taper.model.cnn{ input = { 1, 4, 4 }, channels = { 4, 4 }, padding = 0, pool = { false, false }, outputs = 10 }\n",
             args: &[],

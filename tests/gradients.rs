@@ -123,7 +123,7 @@ fn cnn_gradients_match_finite_differences() -> Result<()> {
         hidden: vec![4],
         outputs: 3,
         activation: Activation::Tanh,
-        dropout: 0.0,
+        dropout: 0.0.into(),
         kernel: 3,
         padding: None,
         pool: None,
@@ -149,8 +149,11 @@ fn cnn_gradients_match_finite_differences() -> Result<()> {
         let n = input.iter().product();
         grad_check(&other, &features(3, n, 2)?, &y)?;
     }
-    spec.dropout = 0.3;
+    spec.dropout = 0.3.into();
     let draw = draw(1, 4, 0);
+    grad_check_drawn(&spec, &features(3, 36, 2)?, &y, Some(draw))?;
+    // A rate a place: the flattened features' and the hidden activation's.
+    spec.dropout = taper::engine::dropout::Rates::Each(vec![0.25, 0.5]);
     grad_check_drawn(&spec, &features(3, 36, 2)?, &y, Some(draw))
 }
 

@@ -188,7 +188,8 @@ fn cnn_kernels_and_padding_build_pytorchs_tutorial_net() -> Result<()> {
 ///   fc1 = nn.Linear(9216, 128); fc2 = nn.Linear(128, 10)
 ///   forward: conv1, relu, conv2, relu, max_pool2d(2), ..., fc1, relu, fc2
 ///   sum(p.numel() for p in Net().parameters())  # 1199882 (torch 2.15)
-/// as `padding = 0, pool = { false, true }`; and the CNN of TensorFlow's
+/// as `padding = 0, pool = { false, true }` (its `Dropout(0.25)` and
+/// `Dropout(0.5)`: `dropout = { 0.25, 0.5 }`); and the CNN of TensorFlow's
 /// CIFAR-10 tutorial (three valid 3x3 Conv2D of 32, 64, 64, a
 /// MaxPooling2D after the first two, Dense 64: 122,570 parameters in its
 /// `model.summary()`) as `pool = { true, true, false }`. A pool after
@@ -198,11 +199,14 @@ fn cnn_kernels_and_padding_build_pytorchs_tutorial_net() -> Result<()> {
 fn cnn_pool_builds_pytorchs_mnist_example() -> Result<()> {
     run(r#"
         local example = taper.model.cnn{ input = { 1, 28, 28 }, channels = { 32, 64 },
-          padding = 0, pool = { false, true }, hidden = { 128 }, outputs = 10 }
+          padding = 0, pool = { false, true }, hidden = { 128 }, outputs = 10, dropout = { 0.25, 0.5 } }
         assert(example:parameters() == 1199882, example:parameters())
         assert(tostring(example) ==
-          "taper.model(cnn 1x28x28 conv[32, 64] 3x3 pad 0 pool[false, true] hidden[128] -> 10 relu)",
+          "taper.model(cnn 1x28x28 conv[32, 64] 3x3 pad 0 pool[false, true] hidden[128] -> 10 relu dropout [0.25, 0.5])",
           tostring(example))
+        -- One rate is written as before lists were taken.
+        assert(tostring(taper.model.cnn{ input = { 1, 8, 8 }, channels = { 4 }, outputs = 10, dropout = 0.5 }) ==
+          "taper.model(cnn 1x8x8 conv[4] hidden[] -> 10 relu dropout 0.5)")
         local keras = taper.model.cnn{ input = { 3, 32, 32 }, channels = { 32, 64, 64 },
           padding = 0, pool = { true, true, false }, hidden = { 64 }, outputs = 10 }
         assert(keras:parameters() == 122570, keras:parameters())

@@ -409,7 +409,7 @@ fn fashion_mnist_cnn_learns() -> Result<()> {
 /// The recipe with `net = "pytorch"`: the net of PyTorch's MNIST example
 /// (two 3x3 convolutions without padding, one max-pool after the second,
 /// 1,199,882 parameters). Shortened: 8,000 training images, one epoch;
-/// measured 81.20% on the 10,000 test images.
+/// measured 79.33% on the 10,000 test images.
 #[test]
 fn fashion_mnist_trains_pytorchs_mnist_example_net() -> Result<()> {
     common::fetched("data/fashion-mnist/t10k-labels-idx1-ubyte.gz")?;
@@ -431,7 +431,9 @@ fn fashion_mnist_trains_pytorchs_mnist_example_net() -> Result<()> {
     assert_eq!(run["parameters"], 1_199_882, "{run}");
     let model = run["model"].as_str().expect("the model's description");
     assert!(
-        model.contains("conv[32, 64] 3x3 pad 0 pool[false, true]"),
+        model.contains(
+            "conv[32, 64] 3x3 pad 0 pool[false, true] hidden[128] -> 10 relu dropout [0.25, 0.5]"
+        ),
         "{model}"
     );
     let ev = report.runs[0].last_eval.clone().expect("an evaluation");

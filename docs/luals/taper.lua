@@ -489,8 +489,9 @@ function taper.model.mlp(opts) end
 ---samples, `[n, H, W, C]`, are refused: transpose them).
 ---`{from = RUN, outputs?, dropout?}`: the model a run trained, from its checkpoint, with a new
 ---head when `outputs` differs (fine-tuning). `dropout` (default 0, or the checkpoint's):
----before each dense layer, in training; a reload or resume may change it.
----@param opts {input?: integer[], channels?: integer[], hidden?: integer[], outputs?: integer, activation?: taper.Activation, dropout?: number, kernel?: integer, padding?: integer, pool?: boolean[], from?: string}
+---before each dense layer, in training: one rate, or a list of one a layer (the flattened
+---features first: PyTorch's MNIST example is `{0.25, 0.5}`); a reload or resume may change it.
+---@param opts {input?: integer[], channels?: integer[], hidden?: integer[], outputs?: integer, activation?: taper.Activation, dropout?: number|number[], kernel?: integer, padding?: integer, pool?: boolean[], from?: string}
 ---@return taper.Model
 function taper.model.cnn(opts) end
 

@@ -6,8 +6,8 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
-use super::dropout::describe_rate;
-use super::mlp::{check_rate, Activation, Dense};
+use super::dropout::Rates;
+use super::mlp::{Activation, Dense};
 use super::model::{tagged_config, Draw, Interface, ModelSpec, TrainModule};
 use crate::kernels::{dropout, Dropout};
 
@@ -17,7 +17,8 @@ use crate::kernels::{dropout, Dropout};
 /// a 2x2 max-pool (unless `pool` says otherwise for it); then a dense head.
 /// With `dropout`, training drops out the head's inputs (the flattened
 /// features) and each of its hidden activations, as PyTorch's MNIST
-/// example does.
+/// example does: at one rate, or at a rate each (`[0.25, 0.5]`, the
+/// example's).
 /// Accepts `[batch, C*H*W]` (flat samples) or `[batch, C, H, W]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -30,9 +31,10 @@ pub struct Cnn {
     pub outputs: usize,
     #[serde(default)]
     pub activation: Activation,
-    /// Dropout before each dense layer, in training; 0, none.
+    /// Dropout before each dense layer, in training: one rate, or one a
+    /// layer; 0, none.
     #[serde(default)]
-    pub dropout: f64,
+    pub dropout: Rates,
     /// The convolutions' kernel size (3 unless told; left out of configs
     /// when 3, so that they read as before the option).
     #[serde(default = "three", skip_serializing_if = "is_three")]
@@ -62,7 +64,7 @@ struct CnnNet {
     pools: Vec<bool>,
     head: Dense,
     act: Activation,
-    dropout: f64,
+    dropout: Rates,
 }
 
 impl CnnNet {
@@ -92,9 +94,9 @@ impl CnnNet {
         let Some(d) = draw else {
             return self.head.forward_drawn(&x, None);
         };
-        let site = Dropout::new(self.dropout, d.seed, d.step, 0);
+        let site = Dropout::new(self.dropout.at(0), d.seed, d.step, 0);
         let x = dropout(&x, site.as_ref(), d.first)?;
-        self.head.forward_drawn(&x, Some((d, self.dropout)))
+        self.head.forward_drawn(&x, Some((d, &self.dropout)))
     }
 }
 
@@ -209,7 +211,8 @@ impl ModelSpec for Cnn {
         if let Some(why) = self.shrinks() {
             return Err(crate::Error::Config(why));
         }
-        check_rate(self.dropout)
+        let places = "the flattened features, then each hidden activation";
+        self.dropout.check(1 + self.hidden.len(), places)
     }
     fn interface(&self) -> Interface {
         Interface {
@@ -241,7 +244,7 @@ impl ModelSpec for Cnn {
             self.hidden,
             self.outputs,
             self.activation.name(),
-            describe_rate(self.dropout)
+            self.dropout.describe()
         )
     }
     fn build(&self, vb: VarBuilder) -> Result<Box<dyn Module>> {
@@ -284,7 +287,7 @@ impl Cnn {
             convs,
             head,
             act: self.activation,
-            dropout: self.dropout,
+            dropout: self.dropout.clone(),
         })
     }
 }

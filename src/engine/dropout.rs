@@ -3,6 +3,7 @@
 //! embeddings' site 0 and block `i`'s sites `1 + 3i` to `3 + 3i`; and
 //! which rates a run may change on resume or reload ([`rate_changes`]).
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::model::{Draw, ModelSpec};
@@ -54,6 +55,82 @@ pub fn describe_rate(rate: f64) -> String {
     }
 }
 
+/// A model's dropout rates: one for every site, or one a site in order
+/// (`taper.model.cnn{ dropout = { 0.25, 0.5 } }`: its flattened features,
+/// then each hidden activation, as PyTorch's MNIST example places its
+/// `Dropout(0.25)` and `Dropout(0.5)`). One rate is written as a number,
+/// as before lists were taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Rates {
+    One(f64),
+    Each(Vec<f64>),
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Rates::One(0.0)
+    }
+}
+
+impl From<f64> for Rates {
+    fn from(rate: f64) -> Self {
+        Rates::One(rate)
+    }
+}
+
+impl std::fmt::Display for Rates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rates::One(r) => write!(f, "{r}"),
+            Rates::Each(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+impl Rates {
+    /// Site `site`'s rate.
+    pub fn at(&self, site: usize) -> f64 {
+        match self {
+            Rates::One(r) => *r,
+            Rates::Each(v) => v.get(site).copied().unwrap_or(0.0),
+        }
+    }
+
+    /// ` dropout r` (or ` dropout [r0, r1]`) for a model's description,
+    /// nothing when every rate is 0.
+    pub fn describe(&self) -> String {
+        match self {
+            Rates::One(r) => describe_rate(*r),
+            Rates::Each(v) if v.iter().all(|&r| r == 0.0) => String::new(),
+            Rates::Each(v) => format!(" dropout {v:?}"),
+        }
+    }
+
+    /// Each rate in [0, 1), and a list of one per site of the `sites`
+    /// (named by `where_`).
+    pub fn check(&self, sites: usize, where_: &str) -> crate::Result<()> {
+        let rates = match self {
+            Rates::One(r) => std::slice::from_ref(r),
+            Rates::Each(v) => v.as_slice(),
+        };
+        if let Rates::Each(v) = self {
+            if v.len() != sites {
+                return Err(crate::Error::Config(format!(
+                    "dropout has {} rates and the model {sites} places for them ({where_}): give one rate, or one a place",
+                    v.len()
+                )));
+            }
+        }
+        match rates.iter().find(|r| !(0.0..1.0).contains(*r)) {
+            Some(r) => Err(crate::Error::Config(format!(
+                "dropout {r} is not a rate in [0, 1)"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The options of the built-in models' constructors that set a dropout
 /// rate. A rate changes how a model trains, not what it is (no weight
 /// depends on it), so a run resumed or reloaded with other rates goes on
@@ -70,8 +147,8 @@ const RATE_OPTIONS: [&str; 4] = [
 #[derive(Debug, Clone, PartialEq)]
 pub struct RateChange {
     pub option: &'static str,
-    pub was: f64,
-    pub now: f64,
+    pub was: Rates,
+    pub now: Rates,
 }
 
 /// Whether `was` and `now` are the same model but for their dropout rates:
@@ -99,7 +176,11 @@ pub fn config_rate_changes(was: &Value, now: &Value) -> Option<Vec<RateChange>> 
     if was_kind != now_kind || rest(was) != rest(now) {
         return None;
     }
-    let rate = |o: &Map<String, Value>, k: &str| o.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    let rate = |o: &Map<String, Value>, k: &str| {
+        o.get(k)
+            .and_then(|v| Rates::deserialize(v).ok())
+            .unwrap_or_default()
+    };
     Some(
         RATE_OPTIONS
             .iter()
@@ -149,12 +230,35 @@ mod tests {
             rate_changes(&mlp(8, 0.0), &mlp(8, 0.2)),
             Some(vec![RateChange {
                 option: "dropout",
-                was: 0.0,
-                now: 0.2
+                was: 0.0.into(),
+                now: 0.2.into()
             }])
         );
         assert_eq!(rate_changes(&mlp(8, 0.1), &mlp(16, 0.1)), None);
         assert_eq!(rate_changes(&mlp(8, 0.1), &mlp(16, 0.2)), None);
+    }
+
+    /// A CNN's rate a place: a change of one is a rate change (described
+    /// as lists), as is a change between one rate and a list.
+    #[test]
+    fn lists_of_rates_may_change() {
+        let cnn =
+            |d: Value| json!({ "cnn": { "input": [1, 8, 8], "channels": [4], "dropout": d } });
+        let (a, b) = (cnn(json!([0.25, 0.5])), cnn(json!([0.25, 0.3])));
+        let changes = config_rate_changes(&a, &b).unwrap();
+        assert_eq!(
+            describe_changes(&changes),
+            "dropout [0.25, 0.5] -> [0.25, 0.3]"
+        );
+        assert_eq!(config_rate_changes(&a, &a), Some(vec![]));
+        let one = cnn(json!(0.25));
+        assert_eq!(
+            describe_changes(&config_rate_changes(&one, &a).unwrap()),
+            "dropout 0.25 -> [0.25, 0.5]"
+        );
+        assert_eq!(Rates::Each(vec![0.25, 0.5]).at(1), 0.5);
+        assert_eq!(Rates::One(0.1).at(7), 0.1);
+        assert_eq!(Rates::Each(vec![0.0, 0.0]).describe(), "");
     }
 
     #[test]

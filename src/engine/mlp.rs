@@ -5,6 +5,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
+use super::dropout::Rates;
 use super::linear::Linear;
 use super::model::{tagged_config, Draw, Interface, ModelSpec, TrainModule};
 use crate::kernels::{dropout, Dropout};
@@ -77,16 +78,17 @@ impl Dense {
         Ok(Dense { layers, act })
     }
 
-    /// The layers on `x`; with `drop` (the draw and the rate: training),
-    /// dropout after each hidden activation, layer `i`'s at site `1 + i`.
-    pub(super) fn forward_drawn(&self, x: &Tensor, drop: Option<(Draw, f64)>) -> Result<Tensor> {
+    /// The layers on `x`; with `drop` (the draw and the rates: training),
+    /// dropout after each hidden activation, layer `i`'s at site `1 + i`
+    /// (at that site's rate).
+    pub(super) fn forward_drawn(&self, x: &Tensor, drop: Option<(Draw, &Rates)>) -> Result<Tensor> {
         let mut x = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
             x = l.forward(&x)?;
             if i + 1 < self.layers.len() {
                 x = self.act.apply(&x)?;
-                if let Some((d, rate)) = drop {
-                    let site = Dropout::new(rate, d.seed, d.step, 1 + i as u64);
+                if let Some((d, rates)) = drop {
+                    let site = Dropout::new(rates.at(1 + i), d.seed, d.step, 1 + i as u64);
                     x = dropout(&x, site.as_ref(), d.first)?;
                 }
             }
@@ -109,12 +111,12 @@ pub(super) fn check_rate(rate: f64) -> crate::Result<()> {
 /// of `[n, 28, 28]` images), whose values it reads in order.
 struct MlpNet {
     dense: Dense,
-    dropout: f64,
+    dropout: Rates,
 }
 
 impl MlpNet {
     fn logits(&self, x: &Tensor, draw: Option<Draw>) -> Result<Tensor> {
-        let drop = draw.map(|d| (d, self.dropout));
+        let drop = draw.map(|d| (d, &self.dropout));
         match x.rank() {
             0..=2 => self.dense.forward_drawn(x, drop),
             _ => self.dense.forward_drawn(&x.flatten_from(1)?, drop),
@@ -170,7 +172,7 @@ impl Mlp {
     fn net(&self, vb: VarBuilder) -> Result<MlpNet> {
         Ok(MlpNet {
             dense: Dense::new(&vb, "fc", &self.sizes(), self.activation)?,
-            dropout: self.dropout,
+            dropout: self.dropout.into(),
         })
     }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use candle_core::{Module, Tensor};
 use candle_nn::VarBuilder;
 
+use super::dropout::Rates;
 use super::model::{Interface, ModelSpec, TrainModule};
 use super::{Cnn, Mlp};
 use crate::{Error, Result};
@@ -69,7 +70,7 @@ pub fn start_from(
             let mut c: Cnn = serde_json::from_value(options).map_err(parse)?;
             let trained = c.outputs;
             c.outputs = outputs.unwrap_or(trained);
-            c.dropout = dropout.unwrap_or(c.dropout);
+            c.dropout = dropout.map_or(c.dropout, Rates::One);
             let hidden = c.hidden.len();
             (Arc::new(c), hidden, trained)
         }

@@ -80,7 +80,7 @@ pub(super) fn workload(shape: &CnnShape, b: usize, rng: &mut Rng) -> Result<Work
         hidden: shape.hidden.to_vec(),
         outputs: classes,
         activation: Default::default(),
-        dropout: 0.0,
+        dropout: 0.0.into(),
         kernel: shape.kernel,
         padding: Some(shape.padding),
         pool: shape.pool.map(<[bool]>::to_vec),
