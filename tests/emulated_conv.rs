@@ -16,15 +16,11 @@ use std::sync::OnceLock;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 
-use emulate::{build, rel, run_f32};
+use emulate::{build, f32s, rel, run_f32};
 
 fn driver() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| build("conv_main"))
-}
-
-fn f32s(t: &Tensor) -> Result<Vec<f32>> {
-    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
 }
 
 fn f64_tensor(v: &[f32], shape: &[usize]) -> Result<Tensor> {

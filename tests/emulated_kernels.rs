@@ -31,15 +31,11 @@ use taper::kernels::adamw::AdamWStep;
 use taper::kernels::adamw_mixed::{adamw_mixed, Factor, MixedMoments};
 use taper::kernels::causal_attention;
 
-use emulate::{build, rel, run_f32};
+use emulate::{build, f32s, rel, run_f32};
 
 fn driver() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| build("flash_main"))
-}
-
-fn f32s(t: &Tensor) -> Result<Vec<f32>> {
-    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
 }
 
 /// Runs the emulated kernels on random `qkv` and `dy` rounded to `dtype`,

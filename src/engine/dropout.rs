@@ -111,23 +111,26 @@ impl Rates {
     /// (named by `where_`).
     pub fn check(&self, sites: usize, where_: &str) -> crate::Result<()> {
         let rates = match self {
-            Rates::One(r) => std::slice::from_ref(r),
-            Rates::Each(v) => v.as_slice(),
+            Rates::One(r) => return check_rate(*r),
+            Rates::Each(v) => v,
         };
-        if let Rates::Each(v) = self {
-            if v.len() != sites {
-                return Err(crate::Error::Config(format!(
-                    "dropout has {} rates and the model {sites} places for them ({where_}): give one rate, or one a place",
-                    v.len()
-                )));
-            }
+        if rates.len() != sites {
+            return Err(crate::Error::Config(format!(
+                "dropout has {} rates and the model {sites} places for them ({where_}): give one rate, or one a place",
+                rates.len()
+            )));
         }
-        match rates.iter().find(|r| !(0.0..1.0).contains(*r)) {
-            Some(r) => Err(crate::Error::Config(format!(
-                "dropout {r} is not a rate in [0, 1)"
-            ))),
-            None => Ok(()),
-        }
+        rates.iter().try_for_each(|&r| check_rate(r))
+    }
+}
+
+/// Whether the rate `dropout` is one, as an error of the model's check.
+pub(super) fn check_rate(rate: f64) -> crate::Result<()> {
+    match (0.0..1.0).contains(&rate) {
+        true => Ok(()),
+        false => Err(crate::Error::Config(format!(
+            "dropout {rate} is not a rate in [0, 1)"
+        ))),
     }
 }
 

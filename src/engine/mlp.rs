@@ -5,7 +5,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
-use super::dropout::Rates;
+use super::dropout::{check_rate, Rates};
 use super::linear::Linear;
 use super::model::{tagged_config, Draw, Interface, ModelSpec, TrainModule};
 use crate::kernels::{dropout, Dropout};
@@ -94,16 +94,6 @@ impl Dense {
             }
         }
         Ok(x)
-    }
-}
-
-/// Whether the rate `dropout` is one, as an error of the model's check.
-pub(super) fn check_rate(rate: f64) -> crate::Result<()> {
-    match (0.0..1.0).contains(&rate) {
-        true => Ok(()),
-        false => Err(crate::Error::Config(format!(
-            "dropout {rate} is not a rate in [0, 1)"
-        ))),
     }
 }
 

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use candle_core::{DType, Result, Tensor};
+
 pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -76,4 +78,9 @@ pub fn rel(a: &[f32], r: &[f32]) -> f64 {
         .zip(r)
         .fold(0f64, |m, (x, y)| m.max((x - y).abs() as f64));
     diff / scale
+}
+
+/// A tensor's values as f32, flat.
+pub fn f32s(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
 }
