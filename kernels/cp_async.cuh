@@ -9,11 +9,15 @@
 // Without a GPU (tests/emulate/), a copy happens only when its thread
 // waits for its group: as late as the hardware may make it, so that a
 // kernel that reads a tile before waiting for it reads the old tile there
-// too, and fails its test.
+// too, and fails its test. With CUDA_EMU_COPIES=early in the environment
+// it happens when it is queued instead, as early as the hardware may make
+// it, so that a kernel that refills a buffer another warp still reads
+// fails too; the tests run both ways.
 #pragma once
 #include "common.cuh"
 
 #if !defined(__CUDA_ARCH__)
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <vector>
@@ -23,8 +27,25 @@ struct Copy {
   const void* src;  // null: zero bytes
   int bytes;
 };
+// CUDA_EMU_COPIES=early (see the top of this file).
+inline const bool early = [] {
+  const char* e = std::getenv("CUDA_EMU_COPIES");
+  return e && std::strcmp(e, "early") == 0;
+}();
+inline void copy(const Copy& c) {
+  if (c.src)
+    std::memcpy(c.dst, c.src, c.bytes);
+  else
+    std::memset(c.dst, 0, c.bytes);
+}
 // This thread's groups, oldest first; the last is the one being filled.
-inline thread_local std::deque<std::vector<Copy>> groups(1);
+// (The emulation's threads are fibers of one OS thread: emu::fiber_local
+// in tests/emulate/cuda_emu.hpp keeps a queue for each.)
+inline std::deque<std::vector<Copy>>& groups() {
+  auto& g = emu::fiber_local<std::deque<std::vector<Copy>>>();
+  if (g.empty()) g.emplace_back();
+  return g;
+}
 }  // namespace emu_async
 #endif
 
@@ -37,7 +58,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool in) 
                "r"(in ? 16 : 0)
                : "memory");
 #else
-  emu_async::groups.back().push_back({dst, in ? src : nullptr, 16});
+  const emu_async::Copy c{dst, in ? src : nullptr, 16};
+  if (emu_async::early)
+    emu_async::copy(c);
+  else
+    emu_async::groups().back().push_back(c);
 #endif
 }
 
@@ -49,7 +74,11 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool in) {
                "r"(in ? 4 : 0)
                : "memory");
 #else
-  emu_async::groups.back().push_back({dst, in ? src : nullptr, 4});
+  const emu_async::Copy c{dst, in ? src : nullptr, 4};
+  if (emu_async::early)
+    emu_async::copy(c);
+  else
+    emu_async::groups().back().push_back(c);
 #endif
 }
 
@@ -57,7 +86,7 @@ __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__)
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 #else
-  emu_async::groups.emplace_back();
+  emu_async::groups().emplace_back();
 #endif
 }
 
@@ -66,15 +95,10 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__)
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #else
-  auto& g = emu_async::groups;
+  auto& g = emu_async::groups();
   // g.back() is the open group; the committed ones are before it.
   while (g.size() - 1 > (size_t)N) {
-    for (const auto& c : g.front()) {
-      if (c.src)
-        std::memcpy(c.dst, c.src, c.bytes);
-      else
-        std::memset(c.dst, 0, c.bytes);
-    }
+    for (const auto& c : g.front()) emu_async::copy(c);
     g.pop_front();
   }
 #endif

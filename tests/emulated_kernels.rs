@@ -1,8 +1,8 @@
 //! taper's CUDA kernels run on the CPU: the same sources, compiled with
-//! g++ against the stand-ins in `tests/emulate/` (a thread per CUDA
-//! thread, barriers for `__syncthreads` and `__syncwarp`, and the
-//! tensor-core product of `kernels/mma.cuh` in f32), for machines without a
-//! GPU. On a GPU,
+//! g++ against the stand-ins in `tests/emulate/` (a fiber per CUDA thread,
+//! a warp at a time between barriers for `__syncthreads` and `__syncwarp`,
+//! and the tensor-core product of `kernels/mma.cuh` in f32), for machines
+//! without a GPU. On a GPU,
 //! `tests/cuda_kernels.rs` checks the same kernels for real; this catches
 //! indexing, masking, barrier and rounding mistakes before one is lent.
 //! - `kernels/flash.cu` (forward and both backward kernels) against the
@@ -65,29 +65,6 @@ fn check(
         .collect();
     std::fs::write(&input, bytes).expect("writing the input");
     let name = if dtype == DType::F16 { "f16" } else { "bf16" };
-    let o = Command::new(driver())
-        .args([b, t, heads, hd].map(|n| n.to_string()))
-        .arg(name)
-        .arg(&input)
-        .arg(&output)
-        .args(misaligned.then_some("misaligned"))
-        .args((warp_rows == 32).then_some("r32"))
-        .output()
-        .expect("running flash_main");
-    assert!(
-        o.status.success(),
-        "flash_main: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let got: Vec<f32> = std::fs::read(&output)
-        .expect("reading the output")
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let (n, rows) = (b * t * c, b * heads * t);
-    assert_eq!(got.len(), n + rows + 3 * n, "output values");
-    let (y, rest) = got.split_at(n);
-    let (lse, dqkv) = rest.split_at(rows);
 
     let x = Var::from_tensor(&qkv)?;
     let y64 = causal_attention(x.as_tensor(), heads)?;
@@ -95,21 +72,52 @@ fn check(
     let dx = grads.get(x.as_tensor()).expect("a gradient for qkv");
     let lse64 = log_sum_exp(&qkv, heads)?;
 
-    // Bounds as tests/cuda_kernels.rs sets them for the GPU: 8 bits of
-    // mantissa for bf16, 11 for f16; gradients round twice.
-    let bound = if dtype == DType::F16 { 2e-3 } else { 1.6e-2 };
-    let (ey, el, ed) = (
-        rel(y, &f32s(&y64)?),
-        rel(lse, &f32s(&lse64)?),
-        rel(dqkv, &f32s(dx)?),
-    );
-    let what = format!(
-        "b {b}, t {t}, {heads} heads of {hd}, {dtype:?}, misaligned {misaligned}, {warp_rows} rows a warp"
-    );
-    assert!(ey <= bound, "{what}: output off by {ey:.2e}");
-    assert!(el <= 1e-5, "{what}: log-sum-exp off by {el:.2e}");
-    assert!(ed <= 2.0 * bound, "{what}: gradient off by {ed:.2e}");
-    println!("{what}: y {ey:.1e}, lse {el:.1e}, dqkv {ed:.1e}");
+    // The tiles' asynchronous copies land as late as the hardware may land
+    // them (when their thread waits), then as early (when queued): a
+    // missing barrier before a tile is read shows in the first, one before
+    // a buffer is refilled in the second (kernels/cp_async.cuh).
+    for copies in ["late", "early"] {
+        let o = Command::new(driver())
+            .args([b, t, heads, hd].map(|n| n.to_string()))
+            .arg(name)
+            .arg(&input)
+            .arg(&output)
+            .args(misaligned.then_some("misaligned"))
+            .args((warp_rows == 32).then_some("r32"))
+            .env("CUDA_EMU_COPIES", copies)
+            .output()
+            .expect("running flash_main");
+        assert!(
+            o.status.success(),
+            "flash_main: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let got: Vec<f32> = std::fs::read(&output)
+            .expect("reading the output")
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let (n, rows) = (b * t * c, b * heads * t);
+        assert_eq!(got.len(), n + rows + 3 * n, "output values");
+        let (y, rest) = got.split_at(n);
+        let (lse, dqkv) = rest.split_at(rows);
+
+        // Bounds as tests/cuda_kernels.rs sets them for the GPU: 8 bits of
+        // mantissa for bf16, 11 for f16; gradients round twice.
+        let bound = if dtype == DType::F16 { 2e-3 } else { 1.6e-2 };
+        let (ey, el, ed) = (
+            rel(y, &f32s(&y64)?),
+            rel(lse, &f32s(&lse64)?),
+            rel(dqkv, &f32s(dx)?),
+        );
+        let what = format!(
+            "b {b}, t {t}, {heads} heads of {hd}, {dtype:?}, misaligned {misaligned}, {warp_rows} rows a warp, copies {copies}"
+        );
+        assert!(ey <= bound, "{what}: output off by {ey:.2e}");
+        assert!(el <= 1e-5, "{what}: log-sum-exp off by {el:.2e}");
+        assert!(ed <= 2.0 * bound, "{what}: gradient off by {ed:.2e}");
+        println!("{what}: y {ey:.1e}, lse {el:.1e}, dqkv {ed:.1e}");
+    }
     Ok(())
 }
 
