@@ -963,20 +963,6 @@ fn input_json(x: &Tensor) -> Result<tempfile::NamedTempFile> {
     Ok(input)
 }
 
-/// onnx's checker and onnxruntime on an ONNX export (interop_check.py
-/// onnx-logits): the logits of `x` and the model's metadata.
-fn onnx_logits(model: &Path, x: &Tensor) -> Result<Value> {
-    let input = input_json(x)?;
-    check_with(
-        "onnx, onnxruntime",
-        &[
-            "onnx-logits",
-            model.to_str().unwrap(),
-            input.path().to_str().unwrap(),
-        ],
-    )
-}
-
 /// A CNN with each activation computes the logits of the PyTorch model the
 /// reference describes (interop_check.py torch-cnn: `Conv2d`, the
 /// activation and `MaxPool2d(2)` per stage, `Flatten`, then `Linear`
@@ -996,7 +982,10 @@ fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
         ([1, 12, 12], 3, Some(0), Some(vec![false, true])),
         ([3, 16, 16], 5, Some(0), None),
     ];
-    for activation in [
+    // Each model's logits here, and the files PyTorch's side reads (all in
+    // one run of the tools).
+    let (mut cases, mut calls) = (Vec::new(), Vec::new());
+    for (i, (activation, (input, kernel, padding, pool))) in [
         Activation::Relu,
         Activation::Gelu,
         Activation::Tanh,
@@ -1004,8 +993,8 @@ fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
     ]
     .into_iter()
     .flat_map(|a| shapes.clone().map(|s| (a, s)))
+    .enumerate()
     {
-        let (activation, (input, kernel, padding, pool)) = activation;
         let spec = Cnn {
             input,
             channels: vec![4, 6],
@@ -1031,21 +1020,21 @@ fn a_cnn_computes_the_pytorch_model_its_reference_describes() -> Result<()> {
             &Device::Cpu,
         )?;
         let ours = trainer.frozen()?.forward(&x)?.to_vec2::<f32>()?;
-        let weights = dir.path().join("cnn.safetensors");
+        let weights = dir.path().join(format!("cnn{i}.safetensors"));
         candle_core::safetensors::save(&trainer.params().tensors(), &weights)?;
         let input = input_json(&x)?;
-        let theirs = check_with(
-            "torch",
-            &[
-                "torch-cnn",
-                weights.to_str().unwrap(),
-                &options,
-                input.path().to_str().unwrap(),
-            ],
-        )?;
+        calls.push(vec![
+            "torch-cnn".to_string(),
+            weights.to_string_lossy().into_owned(),
+            options,
+            input.path().to_string_lossy().into_owned(),
+        ]);
+        cases.push((format!("{activation:?}, {}", spec.describe()), ours, input));
+    }
+    let results = common::interop_checks("torch", &calls)?;
+    for ((what, ours, _input), theirs) in cases.iter().zip(&results) {
         let largest = ours.iter().flatten().fold(1f32, |m, v| m.max(v.abs())) as f64;
-        let diff = max_diff(&ours, &theirs["logits"]) / largest;
-        let what = format!("{activation:?}, {}", spec.describe());
+        let diff = max_diff(ours, &theirs["logits"]) / largest;
         eprintln!("{what}: logits differ from PyTorch's by {diff:.1e} (relative)");
         assert!(diff < 1e-5, "{what}: logits differ by {diff}");
     }
@@ -1131,6 +1120,9 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
             vec![3, input[0], input[1], input[2]],
         ));
     }
+    // Each export's logits here, and onnxruntime's (all in one run of the
+    // tools).
+    let (mut cases, mut calls) = (Vec::new(), Vec::new());
     for (i, (spec, shape)) in nets.into_iter().enumerate() {
         let describe = spec.describe();
         let trainer = Trainer::new(
@@ -1155,9 +1147,18 @@ fn onnxruntime_runs_the_onnx_export_with_the_same_logits() -> Result<()> {
         };
         let ty = taper::quant::ExportFormat::parse("f32").unwrap();
         taper::interop::export(&model, &path, "onnx", ty, false)?;
-        let theirs = onnx_logits(&path, &x)?;
+        let input = input_json(&x)?;
+        calls.push(vec![
+            "onnx-logits".to_string(),
+            path.to_string_lossy().into_owned(),
+            input.path().to_string_lossy().into_owned(),
+        ]);
+        cases.push((describe, ours, input));
+    }
+    let results = common::interop_checks("onnx, onnxruntime", &calls)?;
+    for ((describe, ours, _input), theirs) in cases.iter().zip(&results) {
         let largest = ours.iter().flatten().fold(1f32, |m, v| m.max(v.abs())) as f64;
-        let diff = max_diff(&ours, &theirs["logits"]) / largest;
+        let diff = max_diff(ours, &theirs["logits"]) / largest;
         eprintln!(
             "{describe}: opset {}, logits differ by {diff:.1e} (relative)",
             theirs["opset"]

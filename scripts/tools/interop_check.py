@@ -1,6 +1,10 @@
 """What the real tools make of taper's exports (tests/interop.rs runs it in
 the test virtualenv that scripts/fetch-data.sh makes). Prints JSON.
 
+    python interop_check.py batch CALLS_JSON
+        each call of the file's JSON list of argument lists (each as this
+        script takes them) in one process, the tools imported once: the list
+        of their results
     python interop_check.py hf-random DIR VOCAB CONTEXT WIDTH LAYERS HEADS
         transformers saves a randomly initialised GPT-2 (seed 0) to DIR
     python interop_check.py hf-logits DIR IDS_JSON
@@ -256,7 +260,7 @@ def bert_logits(d, ids):
 def bert_dropout(d, ids, draws, classifier_dropout):
     """The mean and standard deviation of each logit over `draws` forward
     passes in training mode (dropout at the config's rates, the pooled
-    output's at `classifier_dropout`), each pass its own seed."""
+    output's at `classifier_dropout`), each pass its own masks (draws_of)."""
     import torch
     from transformers import BertForSequenceClassification
 
@@ -264,12 +268,26 @@ def bert_dropout(d, ids, draws, classifier_dropout):
         d, torch_dtype=torch.float64, classifier_dropout=classifier_dropout).train()
     ids = torch.tensor(ids)
     mask = (ids != m.config.pad_token_id).long()
+    outs = draws_of(lambda k: m(input_ids=ids.repeat(k, 1), attention_mask=mask.repeat(k, 1)).logits,
+                    draws)
+    print(json.dumps(spread(outs)))
+
+
+def draws_of(forward, draws, chunk=50):
+    """`draws` outputs of a batch in training mode, each under masks of its
+    own: `forward(k)` runs k copies of the batch stacked along its first
+    dimension (dropout draws each element's mask independently, so each
+    copy is a draw of its own), `chunk` copies at a time; seeded."""
+    import torch
+
     outs = []
     with torch.no_grad():
-        for i in range(draws):
+        for i in range(0, draws, chunk):
+            k = min(chunk, draws - i)
             torch.manual_seed(i)
-            outs.append(m(input_ids=ids, attention_mask=mask).logits)
-    print(json.dumps(spread(outs)))
+            out = forward(k)
+            outs.extend(out.reshape(k, out.shape[0] // k, *out.shape[1:]).unbind(0))
+    return outs
 
 
 def spread(outs):
@@ -284,18 +302,13 @@ def spread(outs):
 def gpt2_dropout(d, ids, draws):
     """The mean and standard deviation of each logit of the GPT-2 in `d`
     for `ids` over `draws` passes in training mode (its config's dropout),
-    each pass its own seed."""
+    each pass its own masks (draws_of)."""
     import torch
     from transformers import GPT2LMHeadModel
 
     m = GPT2LMHeadModel.from_pretrained(d, torch_dtype=torch.float64).train()
     ids = torch.tensor([ids])
-    outs = []
-    with torch.no_grad():
-        for i in range(draws):
-            torch.manual_seed(i)
-            outs.append(m(ids).logits)
-    print(json.dumps(spread(outs)))
+    print(json.dumps(spread(draws_of(lambda k: m(ids.repeat(k, 1)).logits, draws))))
 
 
 def bert_pipeline(d, texts):
@@ -922,9 +935,32 @@ def chat_tokens(model, tokenizer, jsonl):
     print(json.dumps({"ids": ids, "mask": masks}))
 
 
+def batch(path):
+    """Each call of the JSON list in `path` (argument lists, as this script
+    takes them) in this one process, so the tools are imported once; prints
+    the list of their results (each call's last line of output)."""
+    import contextlib
+    import io
+
+    with open(path) as f:
+        calls = json.load(f)
+    results = []
+    for call in calls:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            run(call[0], call[1:])
+        results.append(json.loads(out.getvalue().splitlines()[-1]))
+    print(json.dumps(results))
+
+
 def main():
-    cmd, args = sys.argv[1], sys.argv[2:]
-    if cmd == "hf-random":
+    run(sys.argv[1], sys.argv[2:])
+
+
+def run(cmd, args):
+    if cmd == "batch":
+        batch(args[0])
+    elif cmd == "hf-random":
         hf_random(args[0], *map(int, args[1:6]))
     elif cmd == "hf-logits":
         hf_logits(args[0], json.loads(args[1]))

@@ -31,8 +31,15 @@ pub fn fetched(file: &str) -> Result<PathBuf> {
 /// made before the module was added).
 #[allow(dead_code)] // not every test binary needs the virtualenv
 pub fn test_python(modules: &str) -> Result<PathBuf> {
+    // Modules this test binary has seen import: checking takes a Python
+    // start and the imports (3 s or more for torch), as long as a quick call.
+    static IMPORTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join(".venv-test/bin/python");
+    let seen = || IMPORTED.lock().unwrap_or_else(|e| e.into_inner());
+    if seen().iter().any(|m| m == modules) {
+        return Ok(python);
+    }
     let imports = || {
         Command::new(&python)
             .args(["-c", &format!("import {modules}")])
@@ -50,6 +57,7 @@ pub fn test_python(modules: &str) -> Result<PathBuf> {
             "the test virtualenv cannot import {modules}: run `bash scripts/fetch-data.sh`"
         );
     }
+    seen().push(modules.to_string());
     Ok(python)
 }
 
@@ -72,6 +80,25 @@ pub fn interop_check(modules: &str, args: &[&str]) -> Result<serde_json::Value> 
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or_default();
     Ok(serde_json::from_str(last)?)
+}
+
+/// interop_check.py's `calls` (each an argument list, as for
+/// [`interop_check`]) in one run of it (`batch`: the tools imported once,
+/// where each run takes seconds to import torch): their results, in order.
+#[allow(dead_code)] // not every test binary drives the real tools
+pub fn interop_checks(modules: &str, calls: &[Vec<String>]) -> Result<Vec<serde_json::Value>> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("calls.json");
+    std::fs::write(&file, serde_json::to_string(calls)?)?;
+    let results = interop_check(modules, &["batch", &file.to_string_lossy()])?;
+    let results: Vec<serde_json::Value> = serde_json::from_value(results)?;
+    ensure!(
+        results.len() == calls.len(),
+        "interop_check.py batch: {} results for {} calls",
+        results.len(),
+        calls.len()
+    );
+    Ok(results)
 }
 
 /// The first `bytes` of Jane Austen's Emma (at most; whole characters), as
