@@ -221,7 +221,7 @@ fn the_minilm_classify_recipe_stops_and_resumes_to_the_same_weights() {
         "--set",
         "test_rows=16",
         "--set",
-        "context=32",
+        "context=16",
         "--set",
         "epochs=4",
     ]);
