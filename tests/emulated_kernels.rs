@@ -18,6 +18,8 @@
 //!   (`kernels/common.cuh`), against float64.
 //! - `kernels/gelu.cu` and `kernels/add.cu`, 16 bytes a thread and a
 //!   value at a time, against float64.
+//! - `kernels/rows.cu`'s softmax and `kernels/attention.cu`'s causal one,
+//!   forward and backward, against float64.
 
 #[path = "common/emulate.rs"]
 mod emulate;
@@ -646,6 +648,94 @@ fn gelu_and_add_kernels_match_float64() -> Result<()> {
                     (a - b).abs() <= bound * (1.0 + b.abs()),
                     "{what}: value {i}: {a} vs {b}"
                 );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The row softmax (`kernels/rows.cu`) and the causal attention's in-place
+/// softmax (`kernels/attention.cu`), forward and backward, against float64
+/// on the same rounded values: rows shorter than a warp, a warp's and
+/// eight-row blocks' worth, and rows long enough for a block each (3000, a
+/// block of 1024 threads and its shared-memory sums), f32 and bf16. Above
+/// the causal rows' diagonal the weights and their gradients are 0 exactly.
+#[test]
+fn softmax_kernels_match_float64() -> Result<()> {
+    let exe = build("softmax_main");
+    for (rows, cols) in [(19usize, 7usize), (19, 64), (9, 1000), (5, 3000)] {
+        for bf16 in [false, true] {
+            let round = |x: f32| {
+                if bf16 {
+                    half::bf16::from_f32(x).to_f32()
+                } else {
+                    x
+                }
+            };
+            let n = rows * cols;
+            let wave = |i: usize, k: usize, s: f32| round(((i * k % 997) as f32 / 997.0 - 0.5) * s);
+            let x: Vec<f32> = (0..n).map(|i| wave(i, 7919, 6.0)).collect();
+            let g: Vec<f32> = (0..n).map(|i| wave(i, 4481, 2.0)).collect();
+            let mut bytes = Vec::new();
+            for v in [bf16 as u32, rows as u32, cols as u32] {
+                bytes.extend(v.to_le_bytes());
+            }
+            for v in [&x, &g] {
+                bytes.extend(v.iter().flat_map(|v| v.to_le_bytes()));
+            }
+            let out = run_f32(&exe, "softmax_main", &bytes);
+            assert_eq!(out.len(), 4 * n);
+            let (y, rest) = out.split_at(n);
+            let (dx, rest) = rest.split_at(n);
+            let (p, dp) = rest.split_at(n);
+            // float64 references; each backward from the forward the kernel
+            // gave (as the GPU's backward reads it), over the row's live part.
+            let softmax = |row: &[f32]| -> Vec<f64> {
+                let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+                let e: Vec<f64> = row.iter().map(|&v| (v as f64 - m).exp()).collect();
+                let s: f64 = e.iter().sum();
+                e.iter().map(|v| v / s).collect()
+            };
+            let backward = |w: &[f32], g: &[f32]| -> Vec<f64> {
+                let dot: f64 = w.iter().zip(g).map(|(&a, &b)| a as f64 * b as f64).sum();
+                w.iter()
+                    .zip(g)
+                    .map(|(&a, &b)| a as f64 * (b as f64 - dot))
+                    .collect()
+            };
+            let (mut want_y, mut want_dx, mut want_p, mut want_dp) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for r in 0..rows {
+                let span = r * cols..(r + 1) * cols;
+                want_y.extend(softmax(&x[span.clone()]));
+                want_dx.extend(backward(&y[span.clone()], &g[span.clone()]));
+                let live = r % cols + 1;
+                let at = r * cols;
+                want_p.extend(softmax(&x[at..at + live]));
+                want_p.extend(std::iter::repeat_n(0.0, cols - live));
+                want_dp.extend(backward(&p[at..at + live], &g[at..at + live]));
+                want_dp.extend(std::iter::repeat_n(0.0, cols - live));
+                for i in at + live..at + cols {
+                    assert!(
+                        p[i].to_bits() == 0 && dp[i].to_bits() == 0,
+                        "rows {rows} x {cols}, bf16 {bf16}: value {i} above the diagonal: {} {}",
+                        p[i],
+                        dp[i]
+                    );
+                }
+            }
+            let what = format!("rows {rows} x {cols}, bf16 {bf16}");
+            let bound = if bf16 { 8e-3 } else { 1e-5 };
+            let as32 = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<_>>();
+            for (name, got, want) in [
+                ("softmax", y, &want_y),
+                ("softmax backward", dx, &want_dx),
+                ("causal softmax", p, &want_p),
+                ("causal softmax backward", dp, &want_dp),
+            ] {
+                let e = rel(got, &as32(want));
+                assert!(e < bound, "{what}: {name} off by {e:.2e}");
+                println!("{what}: {name} {e:.1e}");
             }
         }
     }
