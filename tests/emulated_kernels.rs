@@ -20,6 +20,8 @@
 //!   value at a time, against float64.
 //! - `kernels/rows.cu`'s softmax and `kernels/attention.cu`'s causal one,
 //!   forward and backward, against float64.
+//! - `kernels/embedding.cu`'s gradient and `kernels/rope.cu`, against
+//!   float64.
 
 #[path = "common/emulate.rs"]
 mod emulate;
@@ -737,6 +739,94 @@ fn softmax_kernels_match_float64() -> Result<()> {
                 assert!(e < bound, "{what}: {name} off by {e:.2e}");
                 println!("{what}: {name} {e:.1e}");
             }
+        }
+    }
+    Ok(())
+}
+
+/// The embedding lookup's gradient (`kernels/embedding.cu`: each row's
+/// gradient added into its table row with atomics, then rounded) and the
+/// rotary position embedding (`kernels/rope.cu`), forward and back, against
+/// float64 on the same rounded values, f32 and bf16: ids that repeat, a
+/// table row no id names (0 exactly), and ids past the table, which add
+/// nothing (the forward's lookup reports them).
+#[test]
+fn embedding_gradient_and_rope_kernels_match_float64() -> Result<()> {
+    let exe = build("lookup_main");
+    let (n, d, vocab, bh, t, half) = (37usize, 24usize, 11usize, 3usize, 5usize, 4usize);
+    // Row 7 is never named; 11 and u32::MAX are past the table.
+    let ids: Vec<u32> = (0..n as u32)
+        .map(|i| match i % 9 {
+            5 => 11,
+            8 => u32::MAX,
+            _ => (i * 5 % 11 + (i * 5 % 11 == 7) as u32) % 11,
+        })
+        .collect();
+    assert!(!ids.contains(&7) && ids.iter().filter(|&&i| i == 3).count() > 1);
+    for bf16 in [false, true] {
+        let round = |x: f32| {
+            if bf16 {
+                half::bf16::from_f32(x).to_f32()
+            } else {
+                x
+            }
+        };
+        let wave = |i: usize, k: usize, s: f32| ((i * k % 997) as f32 / 997.0 - 0.5) * s;
+        let g: Vec<f32> = (0..n * d).map(|i| round(wave(i, 4481, 2.0))).collect();
+        let nx = bh * t * 2 * half;
+        let x: Vec<f32> = (0..nx).map(|i| round(wave(i, 7919, 4.0))).collect();
+        let angle = |p: usize, i: usize| p as f64 / 10000f64.powf(i as f64 / half as f64);
+        let cos: Vec<f32> = (0..t * half)
+            .map(|k| angle(k / half, k % half).cos() as f32)
+            .collect();
+        let sin: Vec<f32> = (0..t * half)
+            .map(|k| angle(k / half, k % half).sin() as f32)
+            .collect();
+        let mut bytes = Vec::new();
+        for v in [bf16 as usize, n, d, vocab, bh, t, half] {
+            bytes.extend((v as u32).to_le_bytes());
+        }
+        bytes.extend(g.iter().flat_map(|v| v.to_le_bytes()));
+        bytes.extend(ids.iter().flat_map(|v| v.to_le_bytes()));
+        for v in [&x, &cos, &sin] {
+            bytes.extend(v.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        let out = run_f32(&exe, "lookup_main", &bytes);
+        assert_eq!(out.len(), vocab * d + 2 * nx);
+        let (table, rest) = out.split_at(vocab * d);
+        let (y, back) = rest.split_at(nx);
+
+        let mut want_table = vec![0f64; vocab * d];
+        for (i, &id) in ids.iter().enumerate() {
+            if (id as usize) < vocab {
+                for j in 0..d {
+                    want_table[id as usize * d + j] += g[i * d + j] as f64;
+                }
+            }
+        }
+        assert!(table[7 * d..8 * d].iter().all(|v| v.to_bits() == 0));
+        // Each pair (a, b) turned by its position's angle; back, by minus it.
+        let turn = |v: &[f32], sign: f64| -> Vec<f32> {
+            let mut o = vec![0f32; v.len()];
+            for k in 0..v.len() / 2 {
+                let (i, p) = (k % half, (k / half) % t);
+                let (c, s) = (cos[p * half + i] as f64, sign * sin[p * half + i] as f64);
+                let (a, b) = (v[2 * k] as f64, v[2 * k + 1] as f64);
+                o[2 * k] = (a * c - b * s) as f32;
+                o[2 * k + 1] = (a * s + b * c) as f32;
+            }
+            o
+        };
+        let bound = if bf16 { 8e-3 } else { 1e-6 };
+        let as32 = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<_>>();
+        for (name, got, want) in [
+            ("embedding gradient", table, as32(&want_table)),
+            ("rope", y, turn(&x, 1.0)),
+            ("rope back", back, turn(y, -1.0)),
+        ] {
+            let e = rel(got, &want);
+            assert!(e < bound, "bf16 {bf16}: {name} off by {e:.2e}");
+            println!("bf16 {bf16}: {name} {e:.1e}");
         }
     }
     Ok(())

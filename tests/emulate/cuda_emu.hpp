@@ -285,5 +285,11 @@ template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
   return emu::shuffle(v, emu::lane_id() ^ mask);
 }
 template <typename T> T __shfl_sync(unsigned, T v, int from) { return emu::shuffle(v, from % 32); }
+// Atomic as on a GPU: a fiber is not switched out inside it.
+inline float atomicAdd(float* p, float v) {
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
 using std::max;
 using std::min;
