@@ -35,7 +35,7 @@ use taper::kernels::adamw::AdamWStep;
 use taper::kernels::adamw_mixed::{adamw_mixed, Factor, MixedMoments};
 use taper::kernels::causal_attention;
 
-use emulate::{build, f32s, rel, run_f32};
+use emulate::{build, f32s, rel, run_f32, stored};
 
 fn driver() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
@@ -387,13 +387,7 @@ fn fused_cross_entropy_kernels_match_float64() -> Result<()> {
             (4, 1504, 1499, 0.1, 0),
             (4, 1504, 1499, 0.0, 1),
         ] {
-            let round = |x: f32| {
-                if bf16 {
-                    half::bf16::from_f32(x).to_f32()
-                } else {
-                    x
-                }
-            };
+            let round = |x: f32| stored(x, bf16);
             let z: Vec<f32> = (0..rows * cols)
                 .map(|i| {
                     round(
@@ -511,13 +505,7 @@ fn layer_norm_and_bias_sums_match_float64() -> Result<()> {
         (9, 6144, 1, 4, 4),
     ] {
         for bf16 in [false, true] {
-            let round = |x: f32| {
-                if bf16 {
-                    half::bf16::from_f32(x).to_f32()
-                } else {
-                    x
-                }
-            };
+            let round = |x: f32| stored(x, bf16);
             let (r, c) = (rows as usize, cols as usize);
             let wave = |i: usize, k: usize, s: f32| round(((i * k % 997) as f32 / 997.0 - 0.4) * s);
             let x: Vec<f32> = (0..r * c).map(|i| wave(i, 7919, 3.0) + 0.5).collect();
@@ -596,13 +584,7 @@ fn gelu_and_add_kernels_match_float64() -> Result<()> {
     let exe = build("gelu_main");
     for (n, shift) in [(4103u32, 0u32), (4103, 1), (5, 0)] {
         for bf16 in [false, true] {
-            let round = |x: f32| {
-                if bf16 {
-                    half::bf16::from_f32(x).to_f32()
-                } else {
-                    x
-                }
-            };
+            let round = |x: f32| stored(x, bf16);
             let x: Vec<f32> = (0..n)
                 .map(|i| round((i * 7919 % 4001) as f32 / 500.0 - 4.0))
                 .collect();
@@ -667,13 +649,7 @@ fn softmax_kernels_match_float64() -> Result<()> {
     let exe = build("softmax_main");
     for (rows, cols) in [(19usize, 7usize), (19, 64), (9, 1000), (5, 3000)] {
         for bf16 in [false, true] {
-            let round = |x: f32| {
-                if bf16 {
-                    half::bf16::from_f32(x).to_f32()
-                } else {
-                    x
-                }
-            };
+            let round = |x: f32| stored(x, bf16);
             let n = rows * cols;
             let wave = |i: usize, k: usize, s: f32| round(((i * k % 997) as f32 / 997.0 - 0.5) * s);
             let x: Vec<f32> = (0..n).map(|i| wave(i, 7919, 6.0)).collect();
@@ -764,13 +740,7 @@ fn embedding_gradient_and_rope_kernels_match_float64() -> Result<()> {
         .collect();
     assert!(!ids.contains(&7) && ids.iter().filter(|&&i| i == 3).count() > 1);
     for bf16 in [false, true] {
-        let round = |x: f32| {
-            if bf16 {
-                half::bf16::from_f32(x).to_f32()
-            } else {
-                x
-            }
-        };
+        let round = |x: f32| stored(x, bf16);
         let wave = |i: usize, k: usize, s: f32| ((i * k % 997) as f32 / 997.0 - 0.5) * s;
         let g: Vec<f32> = (0..n * d).map(|i| round(wave(i, 4481, 2.0))).collect();
         let nx = bh * t * 2 * half;

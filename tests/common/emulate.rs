@@ -84,3 +84,12 @@ pub fn rel(a: &[f32], r: &[f32]) -> f64 {
 pub fn f32s(t: &Tensor) -> Result<Vec<f32>> {
     t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
 }
+
+/// `x` as the kernels store it: rounded to bf16 (and back) when `bf16`.
+pub fn stored(x: f32, bf16: bool) -> f32 {
+    if bf16 {
+        half::bf16::from_f32(x).to_f32()
+    } else {
+        x
+    }
+}

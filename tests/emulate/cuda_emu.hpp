@@ -253,7 +253,8 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 threads, A... args) {
       for (unsigned wi = 0; wi < warps; wi++) {
         const unsigned w = forward ? wi : warps - 1 - wi;
         const unsigned lanes = std::min(32u, n - 32 * w);
-        for (uint64_t before = ~b.progress; before != b.progress;) {
+        uint64_t before;
+        do {
           before = b.progress;
           for (unsigned li = 0; li < lanes; li++) {
             Fiber& f = b.fibers[32 * w + (forward ? li : lanes - 1 - li)];
@@ -263,7 +264,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 threads, A... args) {
             swap(b.scheduler, f.ctx);
             left -= f.done;
           }
-        }
+        } while (b.progress != before);
       }
       if (b.progress == round) {
         fprintf(stderr,
